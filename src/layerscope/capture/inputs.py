@@ -1,0 +1,121 @@
+"""Example inputs: build them from sizes, and walk nested inputs/outputs for their tensors."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Iterator
+
+import torch
+
+from ..errors import InputError
+from ..trace import TensorSpec
+
+__all__ = ["make_inputs", "iter_tensors", "tensor_specs", "map_tensors", "dtype_name"]
+
+_MAX_DEPTH = 32
+
+
+def iter_tensors(obj: Any, _depth: int = 0) -> Iterator[torch.Tensor]:
+    """Every tensor inside args/kwargs/outputs of any nesting: lists, tuples, dicts (transformers'
+    ModelOutput is one), dataclasses and namedtuples."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+        return
+    if _depth > _MAX_DEPTH or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
+        return
+    if isinstance(obj, Mapping):
+        for v in obj.values():
+            yield from iter_tensors(v, _depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from iter_tensors(v, _depth + 1)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from iter_tensors(getattr(obj, f.name, None), _depth + 1)
+
+
+def map_tensors(obj: Any, fn, _depth: int = 0) -> Any:
+    """Rebuild a nested structure with fn applied to each tensor (containers of the same kind)."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if _depth > _MAX_DEPTH:
+        return obj
+    if isinstance(obj, Mapping):
+        new = {k: map_tensors(v, fn, _depth + 1) for k, v in obj.items()}
+        if type(obj) is dict:
+            return new
+        try:  # OrderedDict, transformers' ModelOutput, ...
+            return obj.__class__(**new)
+        except TypeError:
+            return new
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return obj.__class__(*(map_tensors(v, fn, _depth + 1) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return obj.__class__(map_tensors(v, fn, _depth + 1) for v in obj)
+    return obj
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def tensor_specs(obj: Any) -> tuple[TensorSpec, ...]:
+    return tuple(TensorSpec(tuple(int(s) for s in t.shape), dtype_name(t.dtype),
+                            int(t.numel()) * t.element_size()) for t in iter_tensors(obj))
+
+
+def _as_sizes(input_size: Any) -> list[tuple[int, ...]]:
+    """Normalise input_size to a list of shapes: (1, 3, 224, 224) or [(1, 16), (1, 16)]."""
+    if isinstance(input_size, torch.Size):
+        return [tuple(input_size)]
+    if isinstance(input_size, Sequence) and not isinstance(input_size, str) and input_size:
+        if all(isinstance(s, int) for s in input_size):
+            return [tuple(int(s) for s in input_size)]
+        if all(isinstance(s, (Sequence, torch.Size)) and not isinstance(s, str) for s in input_size):
+            out = []
+            for s in input_size:
+                if not all(isinstance(d, int) for d in s):
+                    break
+                out.append(tuple(int(d) for d in s))
+            else:
+                return out
+    raise InputError(f"input_size must be a shape like (1, 3, 224, 224) or a list of shapes, got {input_size!r}")
+
+
+def make_inputs(input_size: Any, dtypes: Any = None, batch_dim: int | None = None,
+                device: torch.device | str = "cpu") -> list[torch.Tensor]:
+    """Example tensors for ``input_size`` (torchinfo's convention).
+
+    Floating inputs are standard normal, integer inputs are 0 or 1 (valid token ids for any vocabulary
+    and valid masks), drawn from a private generator so the global RNG state is untouched. On the meta
+    device nothing is allocated. ``batch_dim`` inserts a batch dimension of size 1 at that index.
+    """
+    sizes = _as_sizes(input_size)
+    if dtypes is None:
+        dtypes = [torch.float32] * len(sizes)
+    elif isinstance(dtypes, torch.dtype):
+        dtypes = [dtypes] * len(sizes)
+    dtypes = list(dtypes)
+    if len(dtypes) != len(sizes):
+        raise InputError(f"dtypes has {len(dtypes)} entries but input_size describes {len(sizes)} inputs")
+    for d in dtypes:
+        if not isinstance(d, torch.dtype):
+            raise InputError(f"dtypes must be torch dtypes, got {d!r}")
+    device = torch.device(device)
+    out = []
+    gen = None if device.type == "meta" else torch.Generator(device=device).manual_seed(0)
+    for shape, dtype in zip(sizes, dtypes):
+        if any(s < 0 for s in shape):
+            raise InputError(f"input size {shape} has a negative dimension")
+        if batch_dim is not None:
+            shape = shape[:batch_dim] + (1,) + shape[batch_dim:]
+        if device.type == "meta":
+            out.append(torch.empty(shape, dtype=dtype, device=device))
+        elif dtype.is_floating_point or dtype.is_complex:
+            out.append(torch.randn(shape, dtype=dtype, device=device, generator=gen))
+        elif dtype == torch.bool:
+            out.append(torch.randint(0, 2, shape, device=device, generator=gen).bool())
+        else:
+            out.append(torch.randint(0, 2, shape, dtype=dtype, device=device, generator=gen))
+    return out

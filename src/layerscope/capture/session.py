@@ -1,0 +1,437 @@
+"""One run of the model under a module tracker and an aten op recorder.
+
+* The tracker is a forward pre-hook and an always-called forward hook on every module. It keeps the
+  stack of module calls (path + call index), the input/output shapes of each call, and names the call
+  that failed when the forward raises. Hooks are per module (no global hooks), ignore other threads,
+  and are removed in ``finally``.
+* The recorder is a TorchDispatchMode: it sees every aten op after autograd has decomposed composite
+  ops, prices it with the cost registry and attributes it to the innermost running module call.
+* Backward attribution is exact, not heuristic: during the forward the recorder notes the autograd
+  sequence number at each op; during backward, ``torch._C._current_autograd_node()`` names the node
+  being run, and its sequence number maps back to the forward op (and so the module call) that
+  created it. AccumulateGrad nodes map to the module that owns the parameter.
+* A StateGuard snapshots what a run can change (train/eval flags, requires_grad, .grad, buffers such
+  as BatchNorm statistics, the RNG state) and restores it, also when the model raises.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from bisect import bisect_right
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ..costs import CostOptions, OpCall, lookup
+from ..costs.registry import FREE
+from ..errors import ForwardError, InputError, LayerscopeError
+from ..trace import (BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER_UNKNOWN, Costs,
+                     LayerRecord, OpEvent, ParamSpec, Trace)
+from .inputs import iter_tensors, tensor_specs
+
+__all__ = ["StateGuard", "capture", "model_device", "describe_inputs"]
+
+_ACCUMULATE_GRAD_SEQ = 2 ** 64 - 1
+_get_seq = torch._C._autograd._get_sequence_nr
+_current_node = torch._C._current_autograd_node
+
+
+def model_device(model: nn.Module) -> torch.device:
+    for t in model.parameters():
+        return t.device
+    for t in model.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
+def describe_inputs(specs) -> str:
+    if not specs:
+        return "no tensors"
+    return ", ".join(f"Tensor{list(s.shape)} {s.dtype}" for s in specs)
+
+
+class StateGuard:
+    """Snapshot of what a run may change in a model; ``restore()`` puts every piece back."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.modes = [(m, m.training) for m in model.modules()]
+        self.params = [(p, p.requires_grad, p.grad) for p in model.parameters()]
+        self.buffers = []
+        for m in model.modules():
+            for name, b in m._buffers.items():
+                if b is not None:
+                    self.buffers.append((m, name, b, b.detach().clone()))
+        self.rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and \
+            torch.cuda.is_initialized() else None
+
+    def restore(self) -> None:
+        for m, training in self.modes:
+            m.training = training
+        for p, requires_grad, grad in self.params:
+            if p.requires_grad != requires_grad:
+                p.requires_grad_(requires_grad)
+            p.grad = grad
+        with torch.no_grad():
+            for m, name, b, saved in self.buffers:
+                if m._buffers.get(name) is not b:
+                    m._buffers[name] = b
+                if b.device.type != "meta":
+                    b.copy_(saved)
+        torch.set_rng_state(self.rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+
+
+class _Call:
+    __slots__ = ("module", "path", "type", "depth", "call_index", "parent", "children", "inputs",
+                 "outputs", "output_producers", "error")
+
+    def __init__(self, module, path, depth, call_index, parent, inputs) -> None:
+        self.module = module
+        self.path = path
+        self.type = type(module).__name__
+        self.depth = depth
+        self.call_index = call_index
+        self.parent = parent
+        self.children: list[int] = []
+        self.inputs = inputs
+        self.outputs = ()
+        self.output_producers: tuple[int, ...] = ()
+        self.error: BaseException | None = None
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, cap: "_Capture") -> None:
+        super().__init__()
+        self.cap = cap
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        cap = self.cap
+        seq = _get_seq() if cap.track_seq and cap.phase is FORWARD else 0
+        out = func(*args, **kwargs)
+        if not cap.paused:
+            cap.on_op(func, args, kwargs, out, seq)
+        return out
+
+
+class _Capture:
+    def __init__(self, model: nn.Module, options: CostOptions, track_seq: bool) -> None:
+        self.model = model
+        self.options = options
+        self.track_seq = track_seq
+        self.thread = threading.get_ident()
+        self.calls: list[_Call] = []
+        self.stack: list[int] = []
+        self.ncalls: dict[int, int] = defaultdict(int)
+        self.ops: list[OpEvent] = []
+        self.producers = WeakIdKeyDictionary()
+        self.phase = FORWARD
+        self.paused = False
+        self.seq_vals: list[int] = []
+        self.seq_layers: list[int] = []
+        self.seq_cache: dict[int, int] = {}
+        self.cost_cache: dict[Any, Any] = {}
+        self.param_layer: dict[int, int] = {}
+        self.paths: dict[int, str] = {}
+        self.handles: list = []
+
+    # ---- module tracker -------------------------------------------------------------------------
+    def install(self) -> None:
+        for path, m in self.model.named_modules():
+            self.paths[id(m)] = path
+            self.handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
+            self.handles.append(m.register_forward_hook(self._post, with_kwargs=True, always_call=True))
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+    def _pre(self, module, args, kwargs):
+        if threading.get_ident() != self.thread:
+            return None
+        idx = len(self.calls)
+        parent = self.stack[-1] if self.stack else None
+        key = id(module)
+        path = self.paths.get(key, type(module).__name__)
+        call = _Call(module, path, 0 if parent is None else self.calls[parent].depth + 1,
+                     self.ncalls[key], parent, tensor_specs((args, kwargs)))
+        self.ncalls[key] += 1
+        if parent is not None:
+            self.calls[parent].children.append(idx)
+        self.calls.append(call)
+        self.stack.append(idx)
+        return None
+
+    def _post(self, module, args, kwargs, output):
+        if threading.get_ident() != self.thread:
+            return None
+        stack = self.stack
+        while stack and self.calls[stack[-1]].module is not module:
+            stack.pop()
+        if not stack:
+            return None
+        call = self.calls[stack.pop()]
+        err = sys.exc_info()[1]
+        if err is not None:
+            call.error = err
+            return None
+        call.outputs = tensor_specs(output)
+        get = self.producers.get
+        call.output_producers = tuple(get(t, PRODUCER_UNKNOWN) for t in iter_tensors(output))
+        return None
+
+    # ---- op recorder ----------------------------------------------------------------------------
+    def _backward_layer(self) -> int:
+        node = _current_node()
+        if node is None:
+            return 0
+        seq = node._sequence_nr()
+        if seq == _ACCUMULATE_GRAD_SEQ:
+            var = getattr(node, "variable", None)
+            return self.param_layer.get(id(var), 0)
+        layer = self.seq_cache.get(seq)
+        if layer is None:
+            i = bisect_right(self.seq_vals, seq)
+            layer = self.seq_layers[i] if i < len(self.seq_layers) else 0
+            self.seq_cache[seq] = layer
+        return layer
+
+    def on_op(self, func, args, kwargs, out, seq) -> None:
+        fn = self.cost_cache.get(func, False)
+        if fn is False:
+            fn = lookup(func)
+            self.cost_cache[func] = fn
+        if self.phase is FORWARD:
+            layer = self.stack[-1] if self.stack else 0
+            if self.track_seq:
+                self.seq_vals.append(seq)
+                self.seq_layers.append(layer)
+        else:
+            layer = self._backward_layer()
+        ins = [a for a in args if isinstance(a, torch.Tensor)]
+        for a in args:
+            if isinstance(a, (list, tuple)):
+                ins.extend(x for x in a if isinstance(x, torch.Tensor))
+        if kwargs:
+            ins.extend(v for v in kwargs.values() if isinstance(v, torch.Tensor))
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        outs = [o for o in outs if isinstance(o, torch.Tensor)]
+        get = self.producers.get
+        producers = tuple(get(t, PRODUCER_UNKNOWN) for t in ins)
+        window = None
+        if fn is None:
+            status, costs = "uncounted", Costs()
+        elif fn is FREE:
+            status, costs = "free", Costs()
+        else:
+            try:
+                c = fn(OpCall(func, args, kwargs, out, self.options))
+            except Exception:  # a formula that cannot read these arguments: report, never crash
+                status, costs = "uncounted", Costs()
+            else:
+                status, window = "counted", c.window
+                br = c.bytes_read if c.bytes_read is not None else \
+                    sum(t.numel() * t.element_size() for t in ins)
+                bw = c.bytes_written if c.bytes_written is not None else \
+                    sum(t.numel() * t.element_size() for t in outs)
+                costs = Costs(int(c.macs), int(c.flops), int(br), int(bw))
+        index = len(self.ops)
+        self.ops.append(OpEvent(index, f"{func.namespace}.{func._opname}", layer, self.phase, status,
+                                costs, producers, window))
+        producers_map = self.producers
+        for o in outs:
+            producers_map[o] = index
+
+
+def _param_table(model: nn.Module):
+    """Per module: its direct params/buffers as ParamSpec, and who counts each shared tensor."""
+    holders: dict[int, int] = defaultdict(int)
+    first_owner: dict[int, int] = {}
+    for m in model.modules():
+        for p in m._parameters.values():
+            if p is not None:
+                holders[id(p)] += 1
+                first_owner.setdefault(id(p), id(m))
+        for b in m._buffers.values():
+            if b is not None:
+                holders[id(b)] += 1
+                first_owner.setdefault(id(b), id(m))
+    return holders, first_owner
+
+
+def _specs(items, holders, trainable_default=None) -> tuple[ParamSpec, ...]:
+    out = []
+    for name, t in items:
+        if t is None:
+            continue
+        n = int(t.numel())
+        out.append(ParamSpec(name, tuple(int(s) for s in t.shape), n, n * t.element_size(),
+                             t.requires_grad if trainable_default is None else trainable_default,
+                             holders[id(t)] > 1))
+    return tuple(out)
+
+
+def _kernel(module: nn.Module):
+    k = getattr(module, "kernel_size", None)
+    if isinstance(k, int):
+        return (k,)
+    if isinstance(k, tuple) and all(isinstance(x, int) for x in k):
+        return k
+    return None
+
+
+def _freeze_layers(cap: _Capture, model: nn.Module):
+    holders, first_owner = _param_table(model)
+    subtree_cache: dict[int, int] = {}
+    layers = []
+    for i, c in enumerate(cap.calls):
+        m = c.module
+        params = _specs(m._parameters.items(), holders)
+        buffers = _specs(m._buffers.items(), holders, trainable_default=False)
+        counted = trainable = 0
+        if c.call_index == 0:
+            for p in m._parameters.values():
+                if p is not None and first_owner.get(id(p)) == id(m):
+                    counted += int(p.numel())
+                    trainable += int(p.numel()) if p.requires_grad else 0
+        key = id(m)
+        if key not in subtree_cache:
+            subtree_cache[key] = sum(int(p.numel()) for p in m.parameters())
+        layers.append(LayerRecord(
+            index=i, path=c.path, type=c.type, depth=c.depth, call_index=c.call_index, parent=c.parent,
+            children=tuple(c.children), inputs=c.inputs, outputs=c.outputs, params=params,
+            buffers=buffers, num_params=counted, trainable_params=trainable,
+            subtree_params=subtree_cache[key], kernel_size=_kernel(m)))
+    return layers
+
+
+def _forward_error(cap: _Capture, err: BaseException, phase: str) -> ForwardError:
+    failed = [c for c in cap.calls if c.error is err]
+    where = max(failed, key=lambda c: c.depth) if failed else None
+    what = f"{type(err).__name__}: {err}"
+    if where is None:
+        return ForwardError(f"the model's {phase} failed outside any submodule: {what}")
+    name = f"layer '{where.path}'" if where.path else "the model"
+    return ForwardError(
+        f"{phase} failed in {name} ({where.type}) called with {describe_inputs(where.inputs)}: {what}",
+        path=where.path, module_type=where.type, input_shapes=tuple(s.shape for s in where.inputs))
+
+
+def _meta_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        out[name] = torch.empty_like(p, device="meta").requires_grad_(p.requires_grad)
+    for name, b in model.named_buffers(remove_duplicate=False):
+        out[name] = torch.empty_like(b, device="meta")
+    return out
+
+
+def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", backward: bool = False,
+            on_meta: bool = False, options: CostOptions | None = None) -> tuple[Trace, Any]:
+    """Run ``model(*args, **kwargs)`` once under the tracker and recorder; return (Trace, output).
+
+    ``on_meta`` runs a real model with meta copies of its parameters and buffers swapped in, so nothing
+    is computed or allocated and the model's own tensors are never touched.
+    """
+    if mode not in ("eval", "train", "same"):
+        raise InputError(f"mode must be 'eval', 'train' or 'same', got {mode!r}")
+    options = options or CostOptions()
+    guard = StateGuard(model)
+    cap = _Capture(model, options, track_seq=backward)
+    for t in iter_tensors((args, kwargs)):
+        cap.producers[t] = PRODUCER_INPUT
+    for t in list(model.parameters()) + list(model.buffers()):
+        cap.producers[t] = PRODUCER_STATE
+    output = None
+    try:
+        if mode == "eval":
+            model.eval()
+        elif mode == "train":
+            model.train()
+        cap.install()
+        with torch.set_grad_enabled(backward), _Recorder(cap):
+            try:
+                if on_meta:
+                    output = torch.func.functional_call(model, _meta_state(model), tuple(args), kwargs,
+                                                        tie_weights=True, strict=False)
+                else:
+                    output = model(*args, **kwargs)
+            except LayerscopeError:
+                raise
+            except Exception as e:
+                raise _forward_error(cap, e, "forward") from e
+            if backward:
+                _run_backward(cap, model, output)
+    finally:
+        cap.remove()
+        guard.restore()
+    layers = _freeze_layers(cap, model)
+    if not layers:
+        raise InputError("the model's forward never ran as a module call; nothing to analyse")
+    uncalled = tuple(p or "(root)" for m_id, p in cap.paths.items() if cap.ncalls.get(m_id, 0) == 0)
+    params = list(model.parameters())
+    buffers = list(model.buffers())
+    in_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors((args, kwargs))))
+    out_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors(output)))
+    holders, _ = _param_table(model)
+    trace = Trace(
+        model_name=type(model).__name__,
+        layers=tuple(layers),
+        ops=tuple(cap.ops),
+        layer_outputs=tuple(c.output_producers for c in cap.calls),
+        param_numel=sum(int(p.numel()) for p in params),
+        trainable_numel=sum(int(p.numel()) for p in params if p.requires_grad),
+        shared_numel=sum(int(p.numel()) for p in params if holders[id(p)] > 1),
+        param_bytes=sum(int(p.numel()) * p.element_size() for p in params),
+        buffer_numel=sum(int(b.numel()) for b in buffers),
+        buffer_bytes=sum(int(b.numel()) * b.element_size() for b in buffers),
+        input_bytes=in_bytes, output_bytes=out_bytes, uncalled_modules=uncalled, backward=backward,
+        options={"mode": mode, "causal": options.causal, "device": "meta" if on_meta else
+                 str(model_device(model))},
+    )
+    return trace, output
+
+
+def _unique(tensors):
+    seen = set()
+    for t in tensors:
+        if id(t) not in seen:
+            seen.add(id(t))
+            yield t
+
+
+def _run_backward(cap: _Capture, model: nn.Module, output: Any) -> None:
+    outs = [t for t in iter_tensors(output) if t.requires_grad and (t.is_floating_point() or t.is_complex())]
+    if not outs:
+        raise InputError("backward=True but no output of the model requires grad "
+                         "(are all parameters frozen, or does forward run under no_grad?)")
+    # parameter -> module call that owns it, for AccumulateGrad nodes
+    first_call: dict[int, int] = {}
+    for i, c in enumerate(cap.calls):
+        first_call.setdefault(id(c.module), i)
+    for m in model.modules():
+        for p in m._parameters.values():
+            if p is not None and id(m) in first_call:
+                cap.param_layer.setdefault(id(p), first_call[id(m)])
+    for p in model.parameters():
+        p.grad = None  # the guard restores the user's gradients afterwards
+    cap.paused = True
+    seeds = [torch.ones_like(t) for t in outs]
+    cap.paused = False
+    cap.phase = BACKWARD
+    try:
+        torch.autograd.backward(outs, seeds)
+    except LayerscopeError:
+        raise
+    except Exception as e:
+        raise ForwardError(f"backward failed: {type(e).__name__}: {e}") from e
+    finally:
+        cap.phase = FORWARD

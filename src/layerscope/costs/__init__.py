@@ -1,0 +1,13 @@
+"""Cost conventions and the registry of per-op cost formulas.
+
+MACs: multiply-accumulates of contractions only (conv, matmul family, attention, recurrent matmuls).
+FLOPs: 2 x MACs plus the documented arithmetic of every other op (see each formula module).
+Bytes: per op, every tensor input read once and every output written once (no cache reuse); views and
+metadata-only ops move nothing. Counts are per batch.
+"""
+
+from . import attention, conv, elementwise, matmul, movement, norm, pool, rnn  # noqa: F401 (registers)
+from .registry import FREE, CostOptions, OpCall, OpCost, lookup, register, register_free, registered_names
+
+__all__ = ["FREE", "CostOptions", "OpCall", "OpCost", "lookup", "register", "register_free",
+           "registered_names"]

@@ -1,0 +1,85 @@
+"""Matrix products. MACs = multiply-accumulates of the contraction; bias adds are FLOPs, not MACs.
+
+mm      [m,k]@[k,n]                  MACs m*k*n           FLOPs 2*MACs
+addmm   bias + [m,k]@[k,n]           MACs m*k*n           FLOPs 2*MACs + m*n (bias add)
+bmm     [b,m,k]@[b,k,n]              MACs b*m*k*n         FLOPs 2*MACs
+baddbmm bias + bmm                   MACs b*m*k*n         FLOPs 2*MACs + b*m*n
+mv      [m,k]@[k]                    MACs m*k             FLOPs 2*MACs
+addmv   bias + mv                    MACs m*k             FLOPs 2*MACs + m
+dot     [k].[k]                      MACs k               FLOPs 2*MACs
+addbmm  bias + sum_b bmm             MACs b*m*k*n         FLOPs 2*MACs + m*n
+linear  x[..., k] W[n, k] (+bias)    MACs rows*k*n        FLOPs 2*MACs (+ rows*n)
+alpha/beta scaling is not counted. matmul/einsum/linear decompose into these before dispatch.
+"""
+
+from __future__ import annotations
+
+from ._util import numel, prod, shape
+from .registry import OpCall, OpCost, register
+
+
+@register("mm", "_int_mm")
+def mm(c: OpCall) -> OpCost:
+    (m, k), n = shape(c.args[0]), shape(c.args[1])[1]
+    macs = m * k * n
+    return OpCost(macs, 2 * macs)
+
+
+@register("addmm", "addmm_")
+def addmm(c: OpCall) -> OpCost:
+    (m, k), n = shape(c.args[1]), shape(c.args[2])[1]
+    macs = m * k * n
+    return OpCost(macs, 2 * macs + m * n)
+
+
+@register("bmm")
+def bmm(c: OpCall) -> OpCost:
+    b, m, k = shape(c.args[0])
+    n = shape(c.args[1])[2]
+    macs = b * m * k * n
+    return OpCost(macs, 2 * macs)
+
+
+@register("baddbmm", "baddbmm_")
+def baddbmm(c: OpCall) -> OpCost:
+    b, m, k = shape(c.args[1])
+    n = shape(c.args[2])[2]
+    macs = b * m * k * n
+    return OpCost(macs, 2 * macs + b * m * n)
+
+
+@register("addbmm", "addbmm_")
+def addbmm(c: OpCall) -> OpCost:
+    b, m, k = shape(c.args[1])
+    n = shape(c.args[2])[2]
+    macs = b * m * k * n
+    return OpCost(macs, 2 * macs + m * n)
+
+
+@register("mv")
+def mv(c: OpCall) -> OpCost:
+    m, k = shape(c.args[0])
+    return OpCost(m * k, 2 * m * k)
+
+
+@register("addmv", "addmv_")
+def addmv(c: OpCall) -> OpCost:
+    m, k = shape(c.args[1])
+    return OpCost(m * k, 2 * m * k + m)
+
+
+@register("dot", "vdot")
+def dot(c: OpCall) -> OpCost:
+    k = numel(c.args[0])
+    return OpCost(k, 2 * k)
+
+
+@register("linear")
+def linear(c: OpCall) -> OpCost:
+    x, w = c.args[0], c.args[1]
+    k = shape(x)[-1]
+    rows = prod(shape(x)[:-1])
+    n = shape(w)[0]
+    macs = rows * k * n
+    bias = c.args[2] if len(c.args) > 2 else c.kwargs.get("bias")
+    return OpCost(macs, 2 * macs + (rows * n if bias is not None else 0))

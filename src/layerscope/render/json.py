@@ -1,0 +1,65 @@
+"""JSON export with a versioned schema.
+
+Top level: schema_version, model, totals (params, trainable_params, macs, flops, bytes_read,
+bytes_written, complete, and more), layers (one object per module call), coverage. Bump
+SCHEMA_VERSION's major number when a key changes meaning or disappears; adding keys is a minor bump.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..report import Report
+
+SCHEMA_VERSION = "1.0"
+
+
+def _costs(c) -> dict[str, int]:
+    return {"macs": c.macs, "flops": c.flops, "bytes_read": c.bytes_read, "bytes_written": c.bytes_written}
+
+
+def layer_dict(r) -> dict[str, Any]:
+    return {
+        "index": r.index, "path": r.path, "type": r.type, "depth": r.depth, "call_index": r.call_index,
+        "parent": r.parent, "children": list(r.children),
+        "inputs": [asdict(s) for s in r.inputs], "outputs": [asdict(s) for s in r.outputs],
+        "params": [asdict(p) for p in r.params], "buffers": [asdict(b) for b in r.buffers],
+        "num_params": r.num_params, "trainable_params": r.trainable_params,
+        "subtree_params": r.subtree_params,
+        "kernel_size": list(r.kernel_size) if r.kernel_size else None,
+        "forward": _costs(r.forward), "backward": _costs(r.backward),
+        "forward_total": _costs(r.forward_total), "backward_total": _costs(r.backward_total),
+        "uncounted_ops": r.uncounted_ops,
+        "receptive_field": asdict(r.receptive_field) if r.receptive_field else None,
+    }
+
+
+def report_dict(rep: "Report") -> dict[str, Any]:
+    t = rep.totals
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "model": {"name": rep.model_name, "options": dict(rep.trace.options)},
+        "totals": {
+            "params": t.params, "trainable_params": t.trainable_params, "frozen_params": t.frozen_params,
+            "shared_params": t.shared_params, "param_bytes": t.param_bytes, "buffers": t.buffers,
+            "buffer_bytes": t.buffer_bytes, "input_bytes": t.input_bytes, "output_bytes": t.output_bytes,
+            "macs": t.forward.macs, "flops": t.forward.flops, "bytes_read": t.forward.bytes_read,
+            "bytes_written": t.forward.bytes_written,
+            "backward": _costs(t.backward) if rep.trace.backward else None,
+            "complete": t.complete,
+        },
+        "layers": [layer_dict(r) for r in rep.layers],
+        "coverage": {
+            "complete": rep.coverage.complete,
+            "uncounted": [{"op": u.op, "count": u.count, "layers": list(u.layers)}
+                          for u in rep.coverage.uncounted],
+            "uncalled_modules": list(rep.coverage.uncalled_modules),
+        },
+    }
+
+
+def render_json(rep: "Report", indent: int | None = 2) -> str:
+    return json.dumps(report_dict(rep), indent=indent)
