@@ -376,7 +376,9 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     layers = _freeze_layers(cap, model)
     if not layers:
         raise InputError("the model's forward never ran as a module call; nothing to analyse")
-    uncalled = tuple(p or "(root)" for m_id, p in cap.paths.items() if cap.ncalls.get(m_id, 0) == 0)
+    # containers without a forward of their own (ModuleList, ModuleDict) are never called by design
+    uncalled = tuple(p or "(root)" for p, m in model.named_modules()
+                     if cap.ncalls.get(id(m), 0) == 0 and type(m).forward is not nn.Module.forward)
     params = list(model.parameters())
     buffers = list(model.buffers())
     in_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors((args, kwargs))))

@@ -126,7 +126,9 @@ def _tree_names(rows: list[LayerRecord], rep: "Report") -> list[str]:
         while p.parent is not None:
             chain.append("    " if last_child.get(p.index, True) else "│   ")
             p = rep.layers[p.parent]
-        local = r.path.rsplit(".", 1)[-1] if r.path else r.type
+        parent_path = rep.layers[r.parent].path
+        local = r.path[len(parent_path) + 1:] if parent_path and r.path.startswith(parent_path + ".") \
+            else (r.path or r.type)
         call = f" #{r.call_index + 1}" if r.call_index else ""
         names.append("".join(reversed(chain)) + ("└─" if last_child[r.index] else "├─")
                      + f"{local}: {r.type}{call}")

@@ -1,0 +1,219 @@
+"""Model specs for the CLI: build a model (and default example inputs) from a short string.
+
+  path/to/file.py:factory        runs the file (user code!) and calls factory()
+  package.module:factory         imports the module and calls factory()
+  hf:ConfigClass[:ModelClass]    a transformers config with its defaults (overrides via --set), the
+                                 base model (AutoModel) or the named model class / --head
+  torchvision:name, timm:name    when those packages are installed
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .errors import SpecError
+
+__all__ = ["BuiltModel", "build_model", "parse_overrides", "HEADS"]
+
+HEADS = {
+    "causal-lm": "AutoModelForCausalLM",
+    "masked-lm": "AutoModelForMaskedLM",
+    "seq2seq-lm": "AutoModelForSeq2SeqLM",
+    "seq-cls": "AutoModelForSequenceClassification",
+    "token-cls": "AutoModelForTokenClassification",
+    "image-cls": "AutoModelForImageClassification",
+}
+
+
+@dataclass
+class BuiltModel:
+    model: nn.Module
+    # builds default example inputs (args, kwargs) on a device when the user gave none
+    default_inputs: Callable[[torch.device], tuple[tuple, dict]] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SpecError(f"--set takes key=value, got {item!r}")
+        try:
+            out[key.strip()] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[key.strip()] = value
+    return out
+
+
+def _device_ctx(device: str | None):
+    return torch.device(device) if device else contextlib.nullcontext()
+
+
+def _call_factory(fn: Any, spec: str, device: str | None, overrides: dict) -> BuiltModel:
+    if not callable(fn):
+        raise SpecError(f"{spec}: {fn!r} is not callable")
+    try:
+        with _device_ctx(device):
+            model = fn(**overrides)
+    except Exception as e:
+        raise SpecError(f"{spec}: the factory raised {type(e).__name__}: {e}") from e
+    if not isinstance(model, nn.Module):
+        raise SpecError(f"{spec}: the factory returned {type(model).__name__}, not a torch.nn.Module")
+    default = None
+    size = getattr(fn, "input_size", None)
+    if size is not None:
+        dtype = getattr(fn, "input_dtype", torch.float32)
+
+        def default(dev: torch.device, size=size, dtype=dtype):
+            from .capture import make_inputs
+            return tuple(make_inputs(size, dtype, None, dev)), {}
+    return BuiltModel(model, default)
+
+
+def _from_file(spec: str, path: str, attr: str, device, overrides) -> BuiltModel:
+    if not os.path.isfile(path):
+        raise SpecError(f"{spec}: no such file {path!r}")
+    name = "_layerscope_user_" + os.path.splitext(os.path.basename(path))[0]
+    mod_spec = importlib.util.spec_from_file_location(name, path)
+    if mod_spec is None or mod_spec.loader is None:
+        raise SpecError(f"{spec}: cannot load {path!r} as Python")
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        mod_spec.loader.exec_module(module)
+    except Exception as e:
+        raise SpecError(f"{spec}: running {path} raised {type(e).__name__}: {e}") from e
+    finally:
+        sys.path.pop(0)
+    if not hasattr(module, attr):
+        raise SpecError(f"{spec}: {path} has no {attr!r}")
+    return _call_factory(getattr(module, attr), spec, device, overrides)
+
+
+def _from_module(spec: str, modname: str, attr: str, device, overrides) -> BuiltModel:
+    try:
+        module = importlib.import_module(modname)
+    except ImportError as e:
+        raise SpecError(f"{spec}: cannot import {modname!r} ({e})") from e
+    if not hasattr(module, attr):
+        raise SpecError(f"{spec}: module {modname!r} has no {attr!r}")
+    return _call_factory(getattr(module, attr), spec, device, overrides)
+
+
+def _hf_inputs(model: nn.Module, config: Any):
+    params = set(inspect.signature(model.forward).parameters)
+    vocab = getattr(config, "vocab_size", None)
+    n_pos = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    image = getattr(config, "image_size", None)
+    channels = getattr(config, "num_channels", 3)
+
+    def build(dev: torch.device, seq: int | None = None, batch: int = 1):
+        kwargs: dict[str, Any] = {}
+        if "input_ids" in params and vocab:
+            s = seq or min(128, n_pos or 128)
+            kwargs["input_ids"] = _ids((batch, s), vocab, dev)
+            if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False):
+                kwargs["decoder_input_ids"] = _ids((batch, s), vocab, dev)
+        elif "pixel_values" in params:
+            side = image if isinstance(image, int) else (image[0] if image else 224)
+            shape = (batch, channels, side, side)
+            kwargs["pixel_values"] = torch.empty(shape, device=dev) if dev.type == "meta" else \
+                torch.randn(shape, device=dev, generator=torch.Generator(dev).manual_seed(0))
+        else:
+            raise SpecError("cannot guess inputs for this model; give --input-size or --input-ids")
+        return (), kwargs
+
+    return build
+
+
+def _ids(shape, vocab: int, dev: torch.device) -> torch.Tensor:
+    if dev.type == "meta":
+        return torch.empty(shape, dtype=torch.long, device=dev)
+    return torch.randint(0, vocab, shape, device=dev, generator=torch.Generator(dev).manual_seed(0))
+
+
+def _from_hf(spec: str, rest: str, device, overrides, head: str | None) -> BuiltModel:
+    try:
+        import transformers
+    except ImportError as e:
+        raise SpecError(f"{spec}: the transformers package is not installed (pip install transformers)") from e
+    cfg_name, _, cls_name = rest.partition(":")
+    cfg_cls = getattr(transformers, cfg_name, None)
+    if cfg_cls is None or not isinstance(cfg_cls, type):
+        raise SpecError(f"{spec}: transformers has no config class {cfg_name!r} (e.g. hf:GPT2Config)")
+    try:
+        config = cfg_cls(**overrides)
+    except Exception as e:
+        raise SpecError(f"{spec}: {cfg_name}({overrides}) failed: {type(e).__name__}: {e}") from e
+    if cls_name and head:
+        raise SpecError(f"{spec}: give a model class or --head, not both")
+    if cls_name:
+        builder = getattr(transformers, cls_name, None)
+        if builder is None:
+            raise SpecError(f"{spec}: transformers has no model class {cls_name!r}")
+        make = lambda: builder(config)  # noqa: E731
+    else:
+        auto_name = HEADS.get(head or "", "AutoModel")
+        if head and head not in HEADS:
+            raise SpecError(f"unknown --head {head!r}; choose from {', '.join(HEADS)}")
+        auto = getattr(transformers, auto_name)
+        make = lambda: auto.from_config(config)  # noqa: E731
+    try:
+        with _device_ctx(device or "meta"):
+            model = make()
+    except Exception as e:
+        raise SpecError(f"{spec}: building the model failed: {type(e).__name__}: {e}") from e
+    return BuiltModel(model, _hf_inputs(model, config))
+
+
+def _from_zoo(spec: str, kind: str, name: str, device, overrides) -> BuiltModel:
+    try:
+        lib = importlib.import_module(kind)
+    except Exception as e:
+        raise SpecError(f"{spec}: {kind} is not installed or does not load here ({type(e).__name__}); "
+                        f"install {kind} to use {kind}: specs") from e
+    try:
+        with _device_ctx(device):
+            if kind == "torchvision":
+                model = lib.models.get_model(name, weights=None, **overrides)
+            else:
+                model = lib.create_model(name, pretrained=False, **overrides)
+    except Exception as e:
+        raise SpecError(f"{spec}: building {name!r} failed: {type(e).__name__}: {e}") from e
+
+    def default(dev: torch.device):
+        from .capture import make_inputs
+        return tuple(make_inputs((1, 3, 224, 224), None, None, dev)), {}
+
+    return BuiltModel(model, default)
+
+
+def build_model(spec: str, device: str | None = None, overrides: dict | None = None,
+                head: str | None = None) -> BuiltModel:
+    overrides = overrides or {}
+    if spec.startswith("hf:"):
+        return _from_hf(spec, spec[3:], device, overrides, head)
+    if head:
+        raise SpecError("--head applies to hf: specs only")
+    for kind in ("torchvision", "timm"):
+        if spec.startswith(kind + ":"):
+            return _from_zoo(spec, kind, spec[len(kind) + 1:], device, overrides)
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise SpecError(f"model spec {spec!r} is not one of path/to/file.py:factory, package.module:factory, "
+                        "hf:ConfigClass, torchvision:name, timm:name")
+    if target.endswith(".py") or os.sep in target:
+        return _from_file(spec, target, attr, device, overrides)
+    return _from_module(spec, target, attr, device, overrides)
