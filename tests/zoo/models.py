@@ -1,0 +1,169 @@
+"""Small edge-case models. Expected costs are derived by hand in each docstring."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ConvNet(nn.Module):
+    """input [2, 3, 16, 16]
+    conv1 3->8, k3, pad 1: out [2, 8, 16, 16] = 4,096 elems; MACs = 4,096 * 3 * 9 = 110,592
+    bn1 (eval): 4 FLOPs/elem = 16,384; relu 4,096; maxpool 2: out [2, 8, 8, 8] = 1,024 elems, 3 FLOPs each
+    conv2 8->16, k3, stride 2, pad 1, groups 2: out [2, 16, 4, 4] = 512; MACs = 512 * 4 * 9 = 18,432
+    fc 256->10: MACs = 2 * 256 * 10 = 5,120
+    total MACs = 110,592 + 18,432 + 5,120 = 134,144
+    """
+
+    MACS = 134_144
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.pool = nn.MaxPool2d(2)
+        self.conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1, groups=2)
+        self.fc = nn.Linear(256, 10)
+
+    def forward(self, x):
+        x = self.pool(F.relu(self.bn1(self.conv1(x))))
+        return self.fc(self.conv2(x).flatten(1))
+
+
+class SDPABlock(nn.Module):
+    """x [2, 8, 32], 4 heads of 8
+    qkv 32->96: MACs = 16 rows * 32 * 96 = 49,152
+    SDPA: Q.K^T 2*4*8*8*8 = 4,096; P.V 4,096 -> 8,192 (causal unmasked: 36 of 64 scores -> 4,608)
+    proj 32->32: 16 * 32 * 32 = 16,384
+    total = 73,728 (unmasked causal: 70,144)
+    """
+
+    MACS = 73_728
+    MACS_UNMASKED = 70_144
+
+    def __init__(self, dim: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(a.transpose(1, 2).reshape(b, s, d))
+
+
+class ExplicitAttention(nn.Module):
+    """q, k, v [2, 4, 8, 8] given as inputs; scores = q @ k^T / sqrt(8); softmax; @ v
+    q @ k^T: 2*4 * 8*8*8 = 4,096 MACs; p @ v: 4,096 MACs -> 8,192
+    """
+
+    MACS = 8_192
+
+    def forward(self, q, k, v):
+        p = torch.softmax(q @ k.transpose(-2, -1) / 8 ** 0.5, dim=-1)
+        return torch.einsum("bhqk,bhkd->bhqd", p, v)
+
+
+class MHA(nn.Module):
+    """nn.MultiheadAttention E=16, H=2 on [2, 5, 16] (batch_first), self-attention
+    in-proj 10 rows * 16 * 48 = 7,680; attention 2 * (2*5*5*16) = 1,600; out-proj 10*16*16 = 2,560
+    total 11,840 MACs whether the fused fast path (eval, no grad) or the unfused path runs.
+    """
+
+    MACS = 11_840
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+
+    def forward(self, x):
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
+class Tied(nn.Module):
+    """Embedding(100, 16) tied to the head Linear(16, 100, bias=False); LayerNorm(16) between.
+    params: 1,600 (shared, counted once) + 32 = 1,632; ids [2, 6] -> head MACs 12 * 16 * 100 = 19,200
+    """
+
+    PARAMS = 1_632
+    MACS = 19_200
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(100, 16)
+        self.ln = nn.LayerNorm(16)
+        self.head = nn.Linear(16, 100, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(self.ln(self.emb(ids)))
+
+
+class Reused(nn.Module):
+    """One Linear(8, 8) called three times on [4, 8]: 3 records; MACs 3 * 4*8*8 = 768; params 72 once."""
+
+    MACS = 768
+    PARAMS = 72
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(torch.relu(self.lin(torch.relu(self.lin(x)))))
+
+
+class LSTMNet(nn.Module):
+    """LSTM(16, 32, 2 layers) on [2, T, 16], batch first.
+    layer 1: T*2 * (16*128 + 32*128) = T * 12,288; layer 2: T*2 * (32*128 + 32*128) = T * 16,384
+    MACs = T * 28,672 (T = 5: 143,360; T = 10: 286,720)
+    """
+
+    MACS_PER_STEP = 28_672
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(16, 32, num_layers=2, batch_first=True)
+
+    def forward(self, x):
+        return self.rnn(x)[0]
+
+
+@dataclass
+class Out:
+    logits: torch.Tensor
+    extras: list
+
+
+class DictModel(nn.Module):
+    """dict in, dataclass out. a: [3, 4] -> Linear(4, 5); b: [3, 6] -> Linear(6, 5)
+    MACs = 3*4*5 + 3*6*5 = 60 + 90 = 150
+    """
+
+    MACS = 150
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fa = nn.Linear(4, 5)
+        self.fb = nn.Linear(6, 5)
+
+    def forward(self, batch: dict, scale: float = 1.0):
+        ya, yb = self.fa(batch["a"]), self.fb(batch["parts"][0])
+        return Out(logits=(ya + yb) * scale, extras=[{"a": ya}, (yb,)])
+
+
+class Raises(nn.Module):
+    """Fails inside `body.1` (a Linear fed the wrong width)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 6), nn.Linear(5, 2))
+        self.bn = nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        return self.body(self.bn(x))
