@@ -327,9 +327,10 @@ def _forward_error(cap: _Capture, err: BaseException, phase: str) -> ForwardErro
 
 def _meta_state(model: nn.Module) -> dict[str, torch.Tensor]:
     out = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
+    # one entry per tensor: functional_call(tie_weights=True) feeds tied names from it
+    for name, p in model.named_parameters():
         out[name] = torch.empty_like(p, device="meta").requires_grad_(p.requires_grad)
-    for name, b in model.named_buffers(remove_duplicate=False):
+    for name, b in model.named_buffers():
         out[name] = torch.empty_like(b, device="meta")
     return out
 

@@ -30,7 +30,9 @@ _movement(
     "reflection_pad1d_backward", "reflection_pad2d_backward", "replication_pad2d_backward",
     "_unsafe_masked_index", "alias_copy", "view_copy", "permute_copy", "expand_copy",
     "transpose_copy", "unsqueeze_copy", "squeeze_copy", "t_copy", "slice_copy", "select_copy",
-    "split_with_sizes_copy", "unbind_copy", "_reshape_copy", "contiguous",
+    "split_with_sizes_copy", "unbind_copy", "_reshape_copy", "contiguous", "narrow_copy",
+    # backward of views and indexing: write the gradient into a zero tensor of the input's shape
+    "slice_backward", "select_backward", "diagonal_backward", "unfold_backward",
 )
 
 
@@ -47,6 +49,11 @@ def gather(c: OpCall) -> OpCost:
 @register("embedding_dense_backward", "embedding_backward", "_embedding_bag_backward",
           "_embedding_bag_dense_backward")
 def embedding_backward(c: OpCall) -> OpCost:
+    return OpCost(0, numel(c.args[0]))
+
+
+@register("index_select_backward")
+def index_select_backward(c: OpCall) -> OpCost:
     return OpCost(0, numel(c.args[0]))
 
 
