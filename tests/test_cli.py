@@ -1,0 +1,75 @@
+"""The command line: specs, formats, and one-line errors with a non-zero exit (never a traceback)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from layerscope.cli import main
+
+
+def run(*argv):
+    return main(list(argv))
+
+
+def test_summary_example_table(capsys):
+    assert run("summary", "layerscope.examples:small_cnn", "--depth", "1") == 0
+    out = capsys.readouterr().out
+    assert "SmallCNN" in out and "Forward MACs" in out and "5.16 M" in out
+
+
+def test_summary_json_and_output_file(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert run("summary", "layerscope.examples:tiny_gpt", "--format", "json", "--output", str(out)) == 0
+    data = json.loads(out.read_text())
+    assert data["totals"]["params"] == 168_192
+    assert capsys.readouterr().out == ""
+
+
+def test_summary_csv_input_size(capsys):
+    assert run("summary", "layerscope.examples:small_cnn", "--input-size", "2,3,16,16", "--format", "csv") == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("index,path,type")
+    assert "2x3x16x16" in lines[1]
+
+
+def test_file_factory(tmp_path, capsys):
+    f = tmp_path / "net.py"
+    f.write_text("import torch.nn as nn\ndef build(width=4):\n    return nn.Linear(3, width)\n")
+    assert run("summary", f"{f}:build", "--input-size", "2,3", "--set", "width=5", "--columns", "macs") == 0
+    assert "30" in capsys.readouterr().out  # 2 * 3 * 5 MACs
+
+
+def test_hf_config_on_meta(capsys):
+    pytest.importorskip("transformers")
+    assert run("summary", "hf:GPT2Config", "--set", "n_layer=1", "--head", "causal-lm",
+               "--input-ids", "1,16", "--depth", "1", "--columns", "params,macs") == 0
+    out = capsys.readouterr().out
+    assert "GPT2LMHeadModel" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("summary", "no_such_module:thing"), "cannot import"),
+    (("summary", "hf:NoSuchConfig"), "no config class"),
+    (("summary", "torchvision:resnet50"), "torchvision"),
+    (("summary", "layerscope.examples:small_cnn", "--input-size", "1,5,32,32"), "stem.0"),
+    (("summary", "layerscope.examples:nope"), "has no 'nope'"),
+    (("summary", "justaword"), "model spec"),
+    (("summary", "layerscope.examples:small_cnn", "--columns", "bogus"), "unknown column"),
+])
+def test_errors_are_one_line(argv, message, capsys):
+    assert run(*argv) != 0
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+    assert err.count("\n") == 1
+
+
+def test_entry_point_subprocess():
+    res = subprocess.run([sys.executable, "-m", "layerscope.cli", "summary", "nope:x"], capture_output=True,
+                         text=True)
+    assert res.returncode == 1
+    assert res.stderr.startswith("layerscope: error:") and "Traceback" not in res.stderr
