@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import gc
 from typing import Any, Iterable
 
 import torch
@@ -60,9 +62,24 @@ def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, batch_di
     if causal not in ("dense", "unmasked"):
         raise InputError(f"causal must be 'dense' or 'unmasked', got {causal!r}")
     args, kwargs, on_meta = _prepare(model, args, kwargs, input_size, dtypes, batch_dim, device)
-    trace, _ = capture(model, args, kwargs, mode=mode, backward=backward, on_meta=on_meta,
-                       options=CostOptions(causal=causal))
-    return Report(trace, model)
+    with _gc_paused():
+        trace, _ = capture(model, args, kwargs, mode=mode, backward=backward, on_meta=on_meta,
+                           options=CostOptions(causal=causal))
+        return Report(trace, model)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Pause the cyclic garbage collector while records are built: its full passes over a large heap
+    made per-module time grow with model size (4,000 blocks: 117 us per call with it, 71 without).
+    Restored on exit; the run's garbage is freed by reference counting or the next collection."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def summary(model: nn.Module, input_size=None, input_data=None, batch_dim: int | None = None,

@@ -56,13 +56,17 @@ def map_tensors(obj: Any, fn, _depth: int = 0) -> Any:
     return obj
 
 
+_DTYPE_NAMES = {d: str(d).replace("torch.", "") for d in
+                (getattr(torch, n) for n in dir(torch)) if isinstance(d, torch.dtype)}
+
+
 def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
+    return _DTYPE_NAMES.get(dtype) or str(dtype).replace("torch.", "")
 
 
 def tensor_specs(obj: Any) -> tuple[TensorSpec, ...]:
-    return tuple(TensorSpec(tuple(int(s) for s in t.shape), dtype_name(t.dtype),
-                            int(t.numel()) * t.element_size()) for t in iter_tensors(obj))
+    return tuple(TensorSpec(tuple(t.shape), dtype_name(t.dtype), t.numel() * t.element_size())
+                 for t in iter_tensors(obj))
 
 
 def _as_sizes(input_size: Any) -> list[tuple[int, ...]]:

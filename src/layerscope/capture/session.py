@@ -58,11 +58,13 @@ def describe_inputs(specs) -> str:
 class StateGuard:
     """Snapshot of what a run may change in a model; ``restore()`` puts every piece back."""
 
-    def __init__(self, model: nn.Module) -> None:
-        self.modes = [(m, m.training) for m in model.modules()]
-        self.params = [(p, p.requires_grad, p.grad) for p in model.parameters()]
+    def __init__(self, model: nn.Module, modules: list[nn.Module] | None = None) -> None:
+        modules = list(model.modules()) if modules is None else modules
+        self.modes = [(m, m.training) for m in modules]
+        self.params = [(p, p.requires_grad, p.grad) for p in _unique(
+            p for m in modules for p in m._parameters.values() if p is not None)]
         self.buffers = []
-        for m in model.modules():
+        for m in modules:
             for name, b in m._buffers.items():
                 if b is not None:
                     self.buffers.append((m, name, b, b.detach().clone()))
@@ -143,8 +145,8 @@ class _Capture:
         self.handles: list = []
 
     # ---- module tracker -------------------------------------------------------------------------
-    def install(self) -> None:
-        for path, m in self.model.named_modules():
+    def install(self, named: list[tuple[str, nn.Module]]) -> None:
+        for path, m in named:
             self.paths[id(m)] = path
             self.handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
             self.handles.append(m.register_forward_hook(self._post, with_kwargs=True, always_call=True))
@@ -251,11 +253,11 @@ class _Capture:
             producers_map[o] = index
 
 
-def _param_table(model: nn.Module):
-    """Per module: its direct params/buffers as ParamSpec, and who counts each shared tensor."""
+def _param_table(modules: list[nn.Module]):
+    """How many (module, name) slots hold each param/buffer, and the first module holding it."""
     holders: dict[int, int] = defaultdict(int)
     first_owner: dict[int, int] = {}
-    for m in model.modules():
+    for m in modules:
         for p in m._parameters.values():
             if p is not None:
                 holders[id(p)] += 1
@@ -288,9 +290,35 @@ def _kernel(module: nn.Module):
     return None
 
 
-def _freeze_layers(cap: _Capture, model: nn.Module):
-    holders, first_owner = _param_table(model)
-    subtree_cache: dict[int, int] = {}
+def _subtree_params(model: nn.Module, holders: dict[int, int]) -> dict[int, int]:
+    """Unique parameter count of every module's subtree, in one post-order pass. Plain sums are
+    exact unless a parameter is shared; only subtrees holding a shared one are recounted."""
+    out: dict[int, int] = {}
+    shared_below: dict[int, bool] = {}
+
+    def visit(m: nn.Module) -> None:
+        if id(m) in out:
+            return
+        total, shared = 0, False
+        for p in m._parameters.values():
+            if p is not None:
+                total += int(p.numel())
+                shared = shared or holders[id(p)] > 1
+        for child in m._modules.values():
+            if child is not None:
+                visit(child)
+                total += out[id(child)]
+                shared = shared or shared_below[id(child)]
+        if shared:
+            total = sum(int(p.numel()) for p in m.parameters())
+        out[id(m)], shared_below[id(m)] = total, shared
+
+    visit(model)
+    return out
+
+
+def _freeze_layers(cap: _Capture, model: nn.Module, holders, first_owner):
+    subtree = _subtree_params(model, holders)
     layers = []
     for i, c in enumerate(cap.calls):
         m = c.module
@@ -302,14 +330,11 @@ def _freeze_layers(cap: _Capture, model: nn.Module):
                 if p is not None and first_owner.get(id(p)) == id(m):
                     counted += int(p.numel())
                     trainable += int(p.numel()) if p.requires_grad else 0
-        key = id(m)
-        if key not in subtree_cache:
-            subtree_cache[key] = sum(int(p.numel()) for p in m.parameters())
         layers.append(LayerRecord(
             index=i, path=c.path, type=c.type, depth=c.depth, call_index=c.call_index, parent=c.parent,
             children=tuple(c.children), inputs=c.inputs, outputs=c.outputs, params=params,
             buffers=buffers, num_params=counted, trainable_params=trainable,
-            subtree_params=subtree_cache[key], kernel_size=_kernel(m)))
+            subtree_params=subtree.get(id(m), 0), kernel_size=_kernel(m)))
     return layers
 
 
@@ -345,11 +370,16 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     if mode not in ("eval", "train", "same"):
         raise InputError(f"mode must be 'eval', 'train' or 'same', got {mode!r}")
     options = options or CostOptions()
-    guard = StateGuard(model)
+    named = list(model.named_modules())
+    modules = [m for _, m in named]
+    guard = StateGuard(model, modules)
     cap = _Capture(model, options, track_seq=backward)
+    holders, first_owner = _param_table(modules)
+    params = list(_unique(p for m in modules for p in m._parameters.values() if p is not None))
+    buffers = list(_unique(b for m in modules for b in m._buffers.values() if b is not None))
     for t in iter_tensors((args, kwargs)):
         cap.producers[t] = PRODUCER_INPUT
-    for t in list(model.parameters()) + list(model.buffers()):
+    for t in params + buffers:
         cap.producers[t] = PRODUCER_STATE
     output = None
     try:
@@ -357,7 +387,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
             model.eval()
         elif mode == "train":
             model.train()
-        cap.install()
+        cap.install(named)
         with torch.set_grad_enabled(backward), _Recorder(cap):
             try:
                 if on_meta:
@@ -374,17 +404,14 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     finally:
         cap.remove()
         guard.restore()
-    layers = _freeze_layers(cap, model)
+    layers = _freeze_layers(cap, model, holders, first_owner)
     if not layers:
         raise InputError("the model's forward never ran as a module call; nothing to analyse")
     # containers without a forward of their own (ModuleList, ModuleDict) are never called by design
-    uncalled = tuple(p or "(root)" for p, m in model.named_modules()
+    uncalled = tuple(p or "(root)" for p, m in named
                      if cap.ncalls.get(id(m), 0) == 0 and type(m).forward is not nn.Module.forward)
-    params = list(model.parameters())
-    buffers = list(model.buffers())
     in_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors((args, kwargs))))
     out_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors(output)))
-    holders, _ = _param_table(model)
     trace = Trace(
         model_name=type(model).__name__,
         layers=tuple(layers),
