@@ -167,3 +167,53 @@ class Raises(nn.Module):
 
     def forward(self, x):
         return self.body(self.bn(x))
+
+
+class Everything(nn.Module):
+    """One of each layer family, to check that every forward and backward op has a formula."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv1d(4, 4, 3, padding=1)
+        self.c2 = nn.Conv2d(4, 4, 3, padding=1)
+        self.c3 = nn.Conv3d(2, 2, 3, padding=1)
+        self.t2 = nn.ConvTranspose2d(4, 4, 2, stride=2)
+        self.norms = nn.ModuleList([nn.BatchNorm2d(4), nn.GroupNorm(2, 4), nn.InstanceNorm2d(4, affine=True)])
+        self.ln, self.rms = nn.LayerNorm(8), nn.RMSNorm(8)
+        self.emb = nn.Embedding(10, 8)
+        self.acts = nn.ModuleList([nn.ReLU(), nn.GELU(), nn.SiLU(), nn.Tanh(), nn.Sigmoid(), nn.LeakyReLU(),
+                                   nn.ELU(), nn.Hardswish(), nn.Softplus(), nn.Mish(), nn.Hardtanh(),
+                                   nn.PReLU(), nn.GELU(approximate="tanh"), nn.Hardsigmoid(), nn.ReLU6()])
+        self.pools = nn.ModuleList([nn.MaxPool2d(2), nn.AvgPool2d(2), nn.AdaptiveAvgPool2d(3),
+                                    nn.AdaptiveMaxPool2d(3)])
+        self.pools1d = nn.ModuleList([nn.MaxPool1d(2), nn.AvgPool1d(2), nn.AdaptiveAvgPool1d(3)])
+        self.pools3d = nn.ModuleList([nn.MaxPool3d(2), nn.AvgPool3d(2), nn.AdaptiveAvgPool3d(1)])
+        self.ups = nn.ModuleList([nn.Upsample(scale_factor=2, mode=m) for m in ("nearest", "bilinear", "bicubic")])
+        self.lstm, self.gru, self.rnn = nn.LSTM(8, 8), nn.GRU(8, 8), nn.RNN(8, 8)
+        self.mha = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.drop = nn.Dropout(0.1)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, img, ids, vol):
+        x = self.c2(img)
+        for n in self.norms:
+            x = n(x)
+        for a in self.acts:
+            x = a(x)
+        total = self.t2(x).mean()
+        for p in self.pools:
+            total = total + p(x).sum()
+        for u in self.ups:
+            total = total + u(x).amax()
+        seq = self.c1(x.flatten(2))
+        for p in self.pools1d:
+            total = total + p(seq).std()
+        for p in self.pools3d:
+            total = total + p(self.c3(vol)).logsumexp(dim=1).sum()
+        e = self.drop(self.rms(self.ln(self.emb(ids))))
+        e = e + self.mha(e, e, e)[0]
+        e = F.scaled_dot_product_attention(e.unsqueeze(1), e.unsqueeze(1), e.unsqueeze(1), is_causal=True)[:, 0]
+        h = self.lstm(e)[0] + self.gru(e)[0] + self.rnn(e)[0]
+        logits = self.head(h)
+        loss = F.cross_entropy(logits.flatten(0, 1), ids.flatten() % 3) + F.mse_loss(logits, logits.detach() * 0.5)
+        return torch.log_softmax(logits, -1).sum() + torch.softmax(logits, -1).max() + loss + total

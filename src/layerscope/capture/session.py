@@ -92,7 +92,7 @@ class StateGuard:
 
 class _Call:
     __slots__ = ("module", "path", "type", "depth", "call_index", "parent", "children", "inputs",
-                 "outputs", "output_producers", "error")
+                 "outputs", "output_producers", "error", "ambient")
 
     def __init__(self, module, path, depth, call_index, parent, inputs) -> None:
         self.module = module
@@ -106,6 +106,8 @@ class _Call:
         self.outputs = ()
         self.output_producers: tuple[int, ...] = ()
         self.error: BaseException | None = None
+        # the exception being handled around this call, if the model is run inside an except block
+        self.ambient = sys.exc_info()[1]
 
 
 class _Recorder(TorchDispatchMode):
@@ -182,7 +184,7 @@ class _Capture:
             return None
         call = self.calls[stack.pop()]
         err = sys.exc_info()[1]
-        if err is not None:
+        if err is not None and err is not call.ambient:  # the always-called hook of a failed forward
             call.error = err
             return None
         call.outputs = tensor_specs(output)
