@@ -133,6 +133,14 @@ def test_sdpa_flops_and_backward():
     assert (bwd[0].costs.macs, bwd[0].costs.flops) == (1_280, 2_912)
 
 
+def test_sdpa_mask_adds_one_flop_per_score():
+    q, mask = torch.randn(1, 2, 4, 8), torch.zeros(4, 4)
+    rep = costs(lambda a, m: F.scaled_dot_product_attention(a, a, a, attn_mask=m), q, mask)
+    c = [o for o in rep.trace.ops if o.costs.macs][0].costs
+    # 32 scores: 2 * 512 + 32 * (1 scale + 5 softmax + 1 mask) = 1,248
+    assert (c.macs, c.flops) == (512, 1_248)
+
+
 def test_causal_unmasked_rectangular():
     # Sq = 3, Sk = 5, top-left causal mask keeps 1 + 2 + 3 = 6 of 15 scores; D = 4:
     # MACs = 6 * (4 + 4) = 48 (dense: 15 * 8 = 120)

@@ -48,11 +48,13 @@ def _sdpa(q, k, v, causal: bool, has_mask: bool, backward: bool, options) -> OpC
           "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
           "_scaled_dot_product_fused_attention_overrideable")
 def sdpa_forward(c: OpCall) -> OpCost:
-    mask = c.arg("attn_mask", None)
-    if mask is None:
-        mask = c.arg("attn_bias", None)
-    return _sdpa(c.args[0], c.args[1], c.args[2], bool(c.arg("is_causal", False)), mask is not None,
-                 False, c.options)
+    return _sdpa(c.args[0], c.args[1], c.args[2], bool(c.arg("is_causal", False)), _has_mask(c), False,
+                 c.options)
+
+
+def _has_mask(c: OpCall) -> bool:
+    # backends name the additive mask attn_mask or attn_bias
+    return c.arg("attn_mask", None) is not None or c.arg("attn_bias", None) is not None
 
 
 @register("_scaled_dot_product_flash_attention_for_cpu_backward",
@@ -61,11 +63,8 @@ def sdpa_forward(c: OpCall) -> OpCost:
           "_scaled_dot_product_cudnn_attention_backward",
           "_scaled_dot_product_fused_attention_overrideable_backward")
 def sdpa_backward(c: OpCall) -> OpCost:
-    mask = c.arg("attn_mask", None)
-    if mask is None:
-        mask = c.arg("attn_bias", None)
-    return _sdpa(c.args[1], c.args[2], c.args[3], bool(c.arg("is_causal", False)), mask is not None,
-                 True, c.options)
+    return _sdpa(c.args[1], c.args[2], c.args[3], bool(c.arg("is_causal", False)), _has_mask(c), True,
+                 c.options)
 
 
 @register("_native_multi_head_attention")
