@@ -126,6 +126,14 @@ def _hf_inputs(model: nn.Module, config: Any):
             kwargs["input_ids"] = _ids((batch, s), vocab, dev)
             if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False):
                 kwargs["decoder_input_ids"] = _ids((batch, s), vocab, dev)
+        elif "input_features" in params and getattr(config, "num_mel_bins", None):
+            # speech encoders (Whisper): log-mel features, 2 frames per encoder position
+            frames = 2 * (getattr(config, "max_source_positions", 1500) or 1500)
+            shape = (batch, config.num_mel_bins, frames)
+            kwargs["input_features"] = torch.empty(shape, device=dev) if dev.type == "meta" else \
+                torch.randn(shape, device=dev, generator=torch.Generator(dev).manual_seed(0))
+            if "decoder_input_ids" in params and vocab:
+                kwargs["decoder_input_ids"] = _ids((batch, seq or 16), vocab, dev)
         elif "pixel_values" in params:
             side = image if isinstance(image, int) else (image[0] if image else 224)
             shape = (batch, channels, side, side)
