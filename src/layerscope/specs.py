@@ -71,15 +71,18 @@ def _call_factory(fn: Any, spec: str, device: str | None, overrides: dict) -> Bu
         raise SpecError(f"{spec}: the factory raised {type(e).__name__}: {e}") from e
     if not isinstance(model, nn.Module):
         raise SpecError(f"{spec}: the factory returned {type(model).__name__}, not a torch.nn.Module")
-    default = None
     size = getattr(fn, "input_size", None)
-    if size is not None:
-        dtype = getattr(fn, "input_dtype", torch.float32)
+    if size is None:
+        return BuiltModel(model)
+    return BuiltModel(model, _sized_inputs(size, getattr(fn, "input_dtype", torch.float32)))
 
-        def default(dev: torch.device, size=size, dtype=dtype):
-            from .capture import make_inputs
-            return tuple(make_inputs(size, dtype, None, dev)), {}
-    return BuiltModel(model, default)
+
+def _sized_inputs(size, dtype):
+    """Default inputs of a fixed size, built on whatever device the model runs on."""
+    def build(dev: torch.device):
+        from .capture import make_inputs
+        return tuple(make_inputs(size, dtype, None, dev)), {}
+    return build
 
 
 def _from_file(spec: str, path: str, attr: str, device, overrides) -> BuiltModel:
@@ -201,11 +204,7 @@ def _from_zoo(spec: str, kind: str, name: str, device, overrides) -> BuiltModel:
     except Exception as e:
         raise SpecError(f"{spec}: building {name!r} failed: {type(e).__name__}: {e}") from e
 
-    def default(dev: torch.device):
-        from .capture import make_inputs
-        return tuple(make_inputs((1, 3, 224, 224), None, None, dev)), {}
-
-    return BuiltModel(model, default)
+    return BuiltModel(model, _sized_inputs((1, 3, 224, 224), torch.float32))
 
 
 def build_model(spec: str, device: str | None = None, overrides: dict | None = None,
