@@ -9,3 +9,19 @@ def pytest_addoption(parser):
 @pytest.fixture
 def update_goldens(request):
     return request.config.getoption("--update-goldens")
+
+
+@pytest.fixture(autouse=True)
+def _every_report_adds_up(monkeypatch):
+    """Invariant on every model in the tests: per-layer sums equal the totals (see helpers.assert_sums)."""
+    from layerscope.report import Report
+
+    from tests.helpers import assert_sums
+
+    original = Report.__init__
+
+    def checked(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        assert_sums(self)
+
+    monkeypatch.setattr(Report, "__init__", checked)

@@ -291,3 +291,15 @@ def test_every_layer_family_forward_and_backward_has_a_formula(mode):
     assert_sums(rep)
     assert_unchanged(before, m)
     assert rep.totals.backward.flops > rep.totals.forward.flops
+
+
+def test_dataflow_producers():
+    rep = ls.analyze(zoo.ConvNet(), torch.randn(2, 3, 16, 16))
+    ops = rep.trace.ops
+    conv1 = next(o for o in ops if o.op == "aten.convolution")
+    # conv1 reads the model input and two parameters
+    assert conv1.producers == (ls.trace.PRODUCER_INPUT, ls.trace.PRODUCER_STATE, ls.trace.PRODUCER_STATE)
+    conv2 = [o for o in ops if o.op == "aten.convolution"][1]
+    pool = next(o for o in ops if o.op == "aten.max_pool2d_with_indices")
+    assert conv2.producers[0] == pool.index  # the pooled tensor feeds the second conv
+    assert all(p < o.index for o in ops for p in o.producers)
