@@ -303,3 +303,26 @@ def test_dataflow_producers():
     pool = next(o for o in ops if o.op == "aten.max_pool2d_with_indices")
     assert conv2.producers[0] == pool.index  # the pooled tensor feeds the second conv
     assert all(p < o.index for o in ops for p in o.producers)
+
+
+def test_activation_checkpointing_recompute_is_attributed():
+    from torch.utils.checkpoint import checkpoint
+
+    class Ckpt(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+
+        def forward(self, x):
+            return checkpoint(self.inner, x, use_reentrant=False)
+
+    x = torch.randn(4, 8, requires_grad=True)
+    rep = ls.analyze(Ckpt(), x, backward=True)
+    # forward: 2 linears * 4*8*8 = 512 MACs, one record per module call of the forward only
+    assert rep.totals.macs == 512
+    assert [r.path for r in rep.layers] == ["", "inner", "inner.0", "inner.1", "inner.2"]
+    # backward: grads (input and weight) of both linears 2 * 2 * 256 = 1,024, plus the recompute, which
+    # stops early once every saved tensor is back: inner.2's addmm saved its input, so only inner.0's
+    # matmul (256) reruns -> 1,280
+    assert rep.totals.backward.macs == 1_280
+    assert rep.layers[0].backward.macs == 0

@@ -159,7 +159,9 @@ class _Capture:
         self.handles.clear()
 
     def _pre(self, module, args, kwargs):
-        if threading.get_ident() != self.thread:
+        # Module calls during backward are activation-checkpoint recomputations: their ops are
+        # attributed through the autograd node that runs them, so they add no records.
+        if threading.get_ident() != self.thread or self.phase is BACKWARD:
             return None
         idx = len(self.calls)
         parent = self.stack[-1] if self.stack else None
@@ -209,10 +211,10 @@ class _Capture:
         return layer
 
     def on_op(self, func, args, kwargs, out, seq) -> None:
-        fn = self.cost_cache.get(func, False)
-        if fn is False:
-            fn = lookup(func)
-            self.cost_cache[func] = fn
+        entry = self.cost_cache.get(func)
+        if entry is None:
+            entry = self.cost_cache[func] = (lookup(func), f"{func.namespace}.{func._opname}")
+        fn, name = entry
         if self.phase is FORWARD:
             layer = self.stack[-1] if self.stack else 0
             if self.track_seq:
@@ -248,7 +250,7 @@ class _Capture:
                     sum(t.numel() * t.element_size() for t in outs)
                 costs = Costs(int(c.macs), int(c.flops), int(br), int(bw))
         index = len(self.ops)
-        self.ops.append(OpEvent(index, f"{func.namespace}.{func._opname}", layer, self.phase, status,
+        self.ops.append(OpEvent(index, name, layer, self.phase, status,
                                 costs, producers, window))
         producers_map = self.producers
         for o in outs:
