@@ -76,14 +76,13 @@ def _status(text: str):
 
 def _summary(ns: argparse.Namespace) -> int:
     from .api import analyze
-    from .capture import make_inputs
+    from .capture import make_inputs, model_device
     from .errors import InputError
-    from .specs import build_model, parse_overrides
+    from .specs import build_model, parse_overrides, token_ids
 
     with _status(f"building {ns.spec}"):
         built = build_model(ns.spec, ns.device, parse_overrides(ns.set), ns.head)
     model = built.model
-    from .capture import model_device
     dev = torch.device(ns.device) if ns.device else model_device(model)
     args: tuple = ()
     kwargs: dict = {}
@@ -98,8 +97,7 @@ def _summary(ns: argparse.Namespace) -> int:
         if len(ns.input_ids) != 2:
             raise InputError("--input-ids takes B,S")
         vocab = getattr(getattr(model, "config", None), "vocab_size", None) or 2
-        ids = torch.empty(ns.input_ids, dtype=torch.long, device=dev) if dev.type == "meta" else \
-            torch.randint(0, vocab, ns.input_ids, device=dev, generator=torch.Generator(dev).manual_seed(0))
+        ids = token_ids(ns.input_ids, vocab, dev)
         if hasattr(model, "config"):
             kwargs["input_ids"] = ids
         else:

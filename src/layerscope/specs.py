@@ -22,9 +22,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .capture.inputs import make_inputs
 from .errors import SpecError
 
-__all__ = ["BuiltModel", "build_model", "parse_overrides", "HEADS"]
+__all__ = ["BuiltModel", "build_model", "parse_overrides", "token_ids", "HEADS"]
 
 HEADS = {
     "causal-lm": "AutoModelForCausalLM",
@@ -80,7 +81,6 @@ def _call_factory(fn: Any, spec: str, device: str | None, overrides: dict) -> Bu
 def _sized_inputs(size, dtype):
     """Default inputs of a fixed size, built on whatever device the model runs on."""
     def build(dev: torch.device):
-        from .capture import make_inputs
         return tuple(make_inputs(size, dtype, None, dev)), {}
     return build
 
@@ -126,22 +126,20 @@ def _hf_inputs(model: nn.Module, config: Any):
         kwargs: dict[str, Any] = {}
         if "input_ids" in params and vocab:
             s = seq or min(128, n_pos or 128)
-            kwargs["input_ids"] = _ids((batch, s), vocab, dev)
+            kwargs["input_ids"] = token_ids((batch, s), vocab, dev)
             if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False):
-                kwargs["decoder_input_ids"] = _ids((batch, s), vocab, dev)
+                kwargs["decoder_input_ids"] = token_ids((batch, s), vocab, dev)
         elif "input_features" in params and getattr(config, "num_mel_bins", None):
             # speech encoders (Whisper): log-mel features, 2 frames per encoder position
             frames = 2 * (getattr(config, "max_source_positions", 1500) or 1500)
             shape = (batch, config.num_mel_bins, frames)
-            kwargs["input_features"] = torch.empty(shape, device=dev) if dev.type == "meta" else \
-                torch.randn(shape, device=dev, generator=torch.Generator(dev).manual_seed(0))
+            kwargs["input_features"] = make_inputs(shape, None, None, dev)[0]
             if "decoder_input_ids" in params and vocab:
-                kwargs["decoder_input_ids"] = _ids((batch, seq or 16), vocab, dev)
+                kwargs["decoder_input_ids"] = token_ids((batch, seq or 16), vocab, dev)
         elif "pixel_values" in params:
             side = image if isinstance(image, int) else (image[0] if image else 224)
             shape = (batch, channels, side, side)
-            kwargs["pixel_values"] = torch.empty(shape, device=dev) if dev.type == "meta" else \
-                torch.randn(shape, device=dev, generator=torch.Generator(dev).manual_seed(0))
+            kwargs["pixel_values"] = make_inputs(shape, None, None, dev)[0]
         else:
             raise SpecError("cannot guess inputs for this model; give --input-size or --input-ids")
         return (), kwargs
@@ -149,7 +147,8 @@ def _hf_inputs(model: nn.Module, config: Any):
     return build
 
 
-def _ids(shape, vocab: int, dev: torch.device) -> torch.Tensor:
+def token_ids(shape, vocab: int, dev: torch.device) -> torch.Tensor:
+    """Token ids in [0, vocab) from a private generator (the global RNG is untouched); empty on meta."""
     if dev.type == "meta":
         return torch.empty(shape, dtype=torch.long, device=dev)
     return torch.randint(0, vocab, shape, device=dev, generator=torch.Generator(dev).manual_seed(0))
