@@ -61,8 +61,7 @@ class StateGuard:
     def __init__(self, model: nn.Module, modules: list[nn.Module] | None = None) -> None:
         modules = list(model.modules()) if modules is None else modules
         self.modes = [(m, m.training) for m in modules]
-        self.params = [(p, p.requires_grad, p.grad) for p in _unique(
-            p for m in modules for p in m._parameters.values() if p is not None)]
+        self.params = [(p, p.requires_grad, p.grad) for p in _held(modules, "_parameters")]
         self.buffers = []
         for m in modules:
             for name, b in m._buffers.items():
@@ -379,8 +378,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     guard = StateGuard(model, modules)
     cap = _Capture(model, options, track_seq=backward)
     holders, first_owner = _param_table(modules)
-    params = list(_unique(p for m in modules for p in m._parameters.values() if p is not None))
-    buffers = list(_unique(b for m in modules for b in m._buffers.values() if b is not None))
+    params = _held(modules, "_parameters")
+    buffers = _held(modules, "_buffers")
     for t in iter_tensors((args, kwargs)):
         cap.producers[t] = PRODUCER_INPUT
     for t in params + buffers:
@@ -404,7 +403,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
             except Exception as e:
                 raise _forward_error(cap, e, "forward") from e
             if backward:
-                _run_backward(cap, model, output)
+                _run_backward(cap, modules, params, output)
     finally:
         cap.remove()
         guard.restore()
@@ -434,6 +433,11 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     return trace, output
 
 
+def _held(modules: list[nn.Module], slot: str) -> list[torch.Tensor]:
+    """The distinct tensors the modules hold directly in ``slot`` ("_parameters" or "_buffers")."""
+    return list(_unique(t for m in modules for t in getattr(m, slot).values() if t is not None))
+
+
 def _unique(tensors):
     seen = set()
     for t in tensors:
@@ -442,7 +446,7 @@ def _unique(tensors):
             yield t
 
 
-def _run_backward(cap: _Capture, model: nn.Module, output: Any) -> None:
+def _run_backward(cap: _Capture, modules: list[nn.Module], params: list[torch.Tensor], output: Any) -> None:
     outs = [t for t in iter_tensors(output) if t.requires_grad and (t.is_floating_point() or t.is_complex())]
     if not outs:
         raise InputError("backward=True but no output of the model requires grad "
@@ -451,11 +455,11 @@ def _run_backward(cap: _Capture, model: nn.Module, output: Any) -> None:
     first_call: dict[int, int] = {}
     for i, c in enumerate(cap.calls):
         first_call.setdefault(id(c.module), i)
-    for m in model.modules():
+    for m in modules:
         for p in m._parameters.values():
             if p is not None and id(m) in first_call:
                 cap.param_layer.setdefault(id(p), first_call[id(m)])
-    for p in model.parameters():
+    for p in params:
         p.grad = None  # the guard restores the user's gradients afterwards
     cap.paused = True
     seeds = [torch.ones_like(t) for t in outs]
