@@ -136,6 +136,19 @@ def test_backward_keeps_user_grads():
     assert_unchanged(before, m)
 
 
+def test_backward_leaves_input_grads_alone():
+    # regression: a backward analysis accumulated into .grad of the user's input tensor, so a second
+    # analysis of the same input counted an extra accumulate-add
+    x = torch.randn(4, 3, requires_grad=True)
+    m = nn.Linear(3, 2)
+    first = ls.analyze(m, x, backward=True)
+    assert x.grad is None
+    x.grad = torch.full_like(x, 7.0)
+    second = ls.analyze(m, x, backward=True)
+    assert torch.equal(x.grad, torch.full_like(x, 7.0))
+    assert second.totals.backward == first.totals.backward
+
+
 def test_train_mode_restores_batchnorm_stats_and_flags():
     m = zoo.ConvNet()
     m.eval()

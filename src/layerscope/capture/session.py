@@ -58,10 +58,14 @@ def describe_inputs(specs) -> str:
 class StateGuard:
     """Snapshot of what a run may change in a model; ``restore()`` puts every piece back."""
 
-    def __init__(self, model: nn.Module, modules: list[nn.Module] | None = None) -> None:
+    def __init__(self, model: nn.Module, modules: list[nn.Module] | None = None,
+                 inputs: Any = None) -> None:
         modules = list(model.modules()) if modules is None else modules
         self.modes = [(m, m.training) for m in modules]
-        self.params = [(p, p.requires_grad, p.grad) for p in _held(modules, "_parameters")]
+        # parameters, and input tensors a backward would accumulate a .grad into
+        leaves = _held(modules, "_parameters") + [t for t in _unique(iter_tensors(inputs))
+                                                  if t.is_leaf and t.requires_grad]
+        self.params = [(p, p.requires_grad, p.grad) for p in _unique(leaves)]
         self.buffers = []
         for m in modules:
             for name, b in m._buffers.items():
@@ -375,7 +379,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     options = options or CostOptions()
     named = list(model.named_modules())
     modules = [m for _, m in named]
-    guard = StateGuard(model, modules)
+    guard = StateGuard(model, modules, (args, kwargs))
     cap = _Capture(model, options, track_seq=backward)
     holders, first_owner = _param_table(modules)
     params = _held(modules, "_parameters")
@@ -403,7 +407,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
             except Exception as e:
                 raise _forward_error(cap, e, "forward") from e
             if backward:
-                _run_backward(cap, modules, params, output)
+                _run_backward(cap, modules, guard, output)
     finally:
         cap.remove()
         guard.restore()
@@ -446,7 +450,7 @@ def _unique(tensors):
             yield t
 
 
-def _run_backward(cap: _Capture, modules: list[nn.Module], params: list[torch.Tensor], output: Any) -> None:
+def _run_backward(cap: _Capture, modules: list[nn.Module], guard: StateGuard, output: Any) -> None:
     outs = [t for t in iter_tensors(output) if t.requires_grad and (t.is_floating_point() or t.is_complex())]
     if not outs:
         raise InputError("backward=True but no output of the model requires grad "
@@ -459,8 +463,8 @@ def _run_backward(cap: _Capture, modules: list[nn.Module], params: list[torch.Te
         for p in m._parameters.values():
             if p is not None and id(m) in first_call:
                 cap.param_layer.setdefault(id(p), first_call[id(m)])
-    for p in params:
-        p.grad = None  # the guard restores the user's gradients afterwards
+    for p, _, _ in guard.params:
+        p.grad = None  # the guard restores the user's gradients (params and inputs) afterwards
     cap.paused = True
     seeds = [torch.ones_like(t) for t in outs]
     cap.paused = False
