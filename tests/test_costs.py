@@ -281,3 +281,80 @@ def test_uncounted_op_is_reported_not_zero():
     assert any("fft" in n for n in names)
     u = [u for u in rep.coverage.uncounted if "fft" in u.op][0]
     assert u.count == 1 and u.layers == ("(root)",)
+
+
+# ---- backward, losses and the remaining formulas -------------------------------------------------
+def _bwd_op(rep, name):
+    return op(rep, name, phase="backward")
+
+
+def test_norm_backward_flops():
+    x = torch.randn(2, 8, requires_grad=True)
+    # LayerNorm(8) backward with affine: 16 elems * 14 = 224
+    rep = ls.analyze(nn.LayerNorm(8), x, backward=True)
+    assert _bwd_op(rep, "aten.native_layer_norm_backward").flops == 224
+    # BatchNorm1d(8) in eval (stored statistics) backward with affine: 16 * 7 = 112
+    rep = ls.analyze(nn.BatchNorm1d(8), x, backward=True)
+    assert _bwd_op(rep, "aten.native_batch_norm_backward").flops == 112
+    # in training (batch statistics): 16 * 14 = 224
+    rep = ls.analyze(nn.BatchNorm1d(8), x, backward=True, mode="train")
+    assert _bwd_op(rep, "aten.native_batch_norm_backward").flops == 224
+
+
+def test_softmax_pool_dropout_backward_flops():
+    x = torch.randn(1, 2, 4, 4, requires_grad=True)
+    # softmax backward: 32 elems * 4 = 128
+    rep = costs(lambda a: torch.softmax(a, -1), x, backward=True)
+    assert _bwd_op(rep, "aten._softmax_backward_data").flops == 128
+    # max pool 2 backward: one scatter-add per grad_out element: 8
+    rep = ls.analyze(nn.MaxPool2d(2), x, backward=True)
+    assert _bwd_op(rep, "aten.max_pool2d_with_indices_backward").flops == 8
+    # avg pool 2 backward: 8 grad_out elements * 4 window = 32
+    rep = ls.analyze(nn.AvgPool2d(2), x, backward=True)
+    assert _bwd_op(rep, "aten.avg_pool2d_backward").flops == 32
+    # nn.Dropout on CPU decomposes (bernoulli_, div_ 32, mul 32 -> 64 forward; backward mul 32)
+    rep = ls.analyze(nn.Dropout(0.5), x, backward=True, mode="train")
+    assert rep.totals.forward.flops == 64 and rep.totals.backward.flops == 32
+    # the fused kernel (CUDA's path), called directly: 32 * 2 = 64 (mask multiply and scale) each way
+    y = x.detach()
+    assert op(costs(lambda a: torch.ops.aten.native_dropout(a, 0.5, True)[0], y),
+              "aten.native_dropout").flops == 64
+    mask = torch.ones(1, 2, 4, 4, dtype=torch.bool)
+    assert op(costs(lambda g, m: torch.ops.aten.native_dropout_backward(g, m, 2.0), y, mask),
+              "aten.native_dropout_backward").flops == 64
+    # relu backward (threshold_backward): 2 per element = 64
+    rep = ls.analyze(nn.ReLU(), x, backward=True)
+    assert _bwd_op(rep, "aten.threshold_backward").flops == 64
+
+
+def test_losses():
+    pred, target = torch.randn(4, 3), torch.randn(4, 3)
+    # mse: 12 elems * 3 = 36
+    assert op(costs(F.mse_loss, pred, target), "aten.mse_loss").flops == 36
+    # nll: 1 per target: 4
+    logp, labels = torch.randn(4, 3).log_softmax(-1), torch.tensor([0, 1, 2, 0])
+    assert op(costs(F.nll_loss, logp, labels), "aten.nll_loss_forward").flops == 4
+    # binary cross-entropy: 12 * 4 = 48
+    probs = torch.rand(4, 3)
+    assert op(costs(F.binary_cross_entropy, probs, probs.round()), "aten.binary_cross_entropy").flops == 48
+
+
+def test_addbmm_sort_gather():
+    a, b = torch.randn(2, 3, 4), torch.randn(2, 4, 5)
+    # addbmm: 2*3*4*5 = 120 MACs; FLOPs 240 + 3*5 = 255
+    c = op(costs(lambda x, y: torch.addbmm(torch.zeros(3, 5), x, y), a, b), "aten.addbmm")
+    assert (c.macs, c.flops) == (120, 255)
+    # sort along 8 elements, 3 rows: 24 elems * ceil(log2 8) = 72 comparisons
+    assert op(costs(lambda x: torch.sort(x).values, torch.randn(3, 8)), "aten.sort").flops == 72
+    # index_select of 2 rows of a [10, 4] table: reads 2 int64 (16 B) + 8 floats (32 B); writes 32 B
+    src, idx = torch.randn(10, 4), torch.tensor([1, 5])
+    c = op(costs(torch.index_select, src, 0, idx), "aten.index_select")
+    assert (c.flops, c.bytes_read, c.bytes_written) == (0, 48, 32)
+
+
+def test_lstm_cell_flops():
+    # LSTM(4, 8) on [T=3, B=2, 4]: MACs = 6 * (4*32 + 8*32) = 2,304;
+    # FLOPs = 2 * 2,304 + 6 steps*rows * 21 per hidden unit * 8 units = 4,608 + 1,008 = 5,616
+    rep = ls.analyze(nn.LSTM(4, 8), torch.randn(3, 2, 4))
+    c = op(rep, "aten.mkldnn_rnn_layer")
+    assert (c.macs, c.flops) == (2_304, 5_616)
