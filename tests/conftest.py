@@ -13,7 +13,8 @@ def update_goldens(request):
 
 @pytest.fixture(autouse=True)
 def _every_report_adds_up(monkeypatch):
-    """Invariant on every model in the tests: per-layer sums equal the totals (see helpers.assert_sums)."""
+    """Invariant on every model in the tests: per-layer sums equal the totals (see helpers.assert_sums
+    and helpers.assert_memory_sums)."""
     from layerscope.report import Report
 
     from tests.helpers import assert_sums
@@ -25,3 +26,15 @@ def _every_report_adds_up(monkeypatch):
         assert_sums(self)
 
     monkeypatch.setattr(Report, "__init__", checked)
+
+    from layerscope.memory_report import MemoryReport
+
+    from tests.helpers import assert_memory_sums
+
+    original_mem = MemoryReport.__init__
+
+    def checked_mem(self, *args, **kwargs):
+        original_mem(self, *args, **kwargs)
+        assert_memory_sums(self)
+
+    monkeypatch.setattr(MemoryReport, "__init__", checked_mem)

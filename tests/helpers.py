@@ -63,3 +63,20 @@ def assert_sums(rep) -> None:
         for c in r.children:
             kids = kids + rep.layers[c].forward_total
         assert r.forward_total == r.forward + kids
+
+
+def assert_memory_sums(rep) -> None:
+    """Per-layer memory adds up: owned params/grads/optimizer state and saved activations sum to the
+    totals and to the root's subtree; each step's breakdown sums to its peak, which the timeline
+    shows at the peak op."""
+    t = rep.totals
+    layers = rep.layers
+    assert sum(r.param_bytes for r in layers) == t["parameter_bytes"] == layers[0].param_total
+    assert sum(r.grad_bytes for r in layers) == t["gradient_bytes"] == layers[0].grad_total
+    assert sum(r.optimizer_bytes for r in layers) + t["optimizer_unowned_bytes"] == t["optimizer_bytes"]
+    assert sum(r.optimizer_bytes for r in layers) == layers[0].optimizer_total
+    assert sum(r.saved_bytes for r in layers) == t["saved_activation_bytes"] == layers[0].saved_total
+    total = rep.timeline.total
+    for s in rep.steps:
+        assert sum(s.breakdown.values()) == s.peak_bytes == total[s.peak_op]
+        assert s.peak_bytes == max(total[s.phases[0].first_op:s.phases[-1].last_op + 1])

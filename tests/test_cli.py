@@ -73,3 +73,27 @@ def test_entry_point_subprocess():
                          text=True)
     assert res.returncode == 1
     assert res.stderr.startswith("layerscope: error:") and "Traceback" not in res.stderr
+
+
+def test_memory_training_step_with_limit(capsys):
+    assert run("memory", "layerscope.examples:tiny_gpt", "--optimizer", "adamw", "--autocast", "bf16",
+               "--limit", "20MiB", "--depth", "1") == 0
+    out = capsys.readouterr().out
+    assert "Saved for bwd" in out and "optimizer AdamW, autocast bfloat16" in out
+    assert "20.00 MiB: fits" in out and "largest batch that fits 20.00 MiB:" in out
+
+
+def test_memory_json_inference_and_cuda_rounding(capsys):
+    assert run("memory", "layerscope.examples:small_cnn", "--infer", "--batch-size", "4", "--format", "json",
+               "--device", "cuda") == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["kind"] == "memory" and data["model"]["options"]["training"] is False
+    assert data["model"]["options"]["allocation_block"] == 512
+    assert all(v % 512 == 0 for v in data["breakdown"].values())
+
+
+def test_memory_errors_are_one_line(capsys):
+    assert run("memory", "layerscope.examples:small_cnn", "--optimizer", "nope") == 1
+    assert "unknown optimizer 'nope'" in capsys.readouterr().err
+    assert run("memory", "layerscope.examples:small_cnn", "--optimizer", "adam", "--momentum", "0.9") == 1
+    assert "--momentum applies to --optimizer sgd" in capsys.readouterr().err

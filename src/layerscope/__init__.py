@@ -1,8 +1,9 @@
 """layerscope: what is inside any PyTorch model, layer by layer, with numbers you can trust."""
 
-from .api import activations, analyze, summary
+from .api import BatchFit, activations, analyze, max_batch_size, memory, summary
 from .costs import CostOptions
 from .errors import ForwardError, InputError, LayerscopeError, RegistryError, SpecError
+from .memory_report import CallMemory, MemoryLayer, MemoryReport, StepMemory
 from .report import Report
 from .trace import (Costs, Coverage, LayerRecord, OpEvent, ParamSpec, ReceptiveField, TensorSpec, Totals,
                     Trace)
@@ -10,7 +11,8 @@ from .trace import (Costs, Coverage, LayerRecord, OpEvent, ParamSpec, ReceptiveF
 __version__ = "0.1.0"
 
 __all__ = [
-    "analyze", "summary", "activations", "Report", "Trace", "LayerRecord", "OpEvent", "Costs",
+    "analyze", "summary", "activations", "memory", "max_batch_size", "BatchFit", "MemoryReport",
+    "MemoryLayer", "StepMemory", "CallMemory", "Report", "Trace", "LayerRecord", "OpEvent", "Costs",
     "Totals", "Coverage", "TensorSpec", "ParamSpec", "ReceptiveField", "CostOptions",
     "LayerscopeError", "InputError", "ForwardError", "SpecError", "RegistryError", "__version__",
 ]

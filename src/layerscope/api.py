@@ -1,4 +1,4 @@
-"""Thin public entry points: analyze(), summary(), activations()."""
+"""Thin public entry points: analyze(), summary(), activations(), memory(), max_batch_size()."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from .capture import StateGuard, capture, make_inputs, map_tensors, model_device
+from .capture import StateGuard, capture, iter_tensors, make_inputs, map_tensors, model_device
 from .costs import CostOptions
 from .errors import ForwardError, InputError
 from .report import Report
 
-__all__ = ["analyze", "summary", "activations"]
+__all__ = ["analyze", "summary", "activations", "memory", "max_batch_size", "BatchFit"]
 
 
 def _check_model(model: Any) -> nn.Module:
@@ -154,3 +154,256 @@ def activations(model: nn.Module, *args: Any, select=None, mode: str = "eval", *
         guard.restore()
     return out
 
+
+
+# ---- memory ---------------------------------------------------------------------------------------
+
+_AUTOCAST = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+             "float16": torch.float16, "half": torch.float16}
+
+
+def _optimizers() -> dict[str, type]:
+    return {name.lower(): cls for name, cls in vars(torch.optim).items()
+            if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)
+            and cls is not torch.optim.Optimizer}
+
+
+def _optimizer_factory(optimizer):
+    """A callable params -> Optimizer from a class, a factory, an instance (its class and defaults)
+    or a name such as "adamw"."""
+    if optimizer is None or callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
+        return optimizer
+    if isinstance(optimizer, torch.optim.Optimizer):
+        cls, defaults = type(optimizer), dict(optimizer.defaults)
+        return lambda params: cls(params, **defaults)
+    if isinstance(optimizer, str):
+        table = _optimizers()
+        cls = table.get(optimizer.lower().replace("-", "").replace("_", ""))
+        if cls is None:
+            raise InputError(f"unknown optimizer {optimizer!r}; torch.optim has {', '.join(sorted(table))}")
+        return cls
+    raise InputError(f"optimizer must be a torch.optim class, a factory taking the parameters, an "
+                     f"optimizer instance or a name, got {type(optimizer).__name__}")
+
+
+def _autocast_dtype(value) -> torch.dtype | None:
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str) and value.lower() in _AUTOCAST:
+        return _AUTOCAST[value.lower()]
+    raise InputError(f"autocast_dtype must be torch.bfloat16, torch.float16 or one of "
+                     f"{', '.join(_AUTOCAST)}, got {value!r}")
+
+
+def _rebatch(args: tuple, kwargs: dict, batch_dim: int, size: int):
+    """The same inputs with ``size`` along ``batch_dim``: every tensor whose batch dimension matches
+    the first tensor's is cut or repeated (real values repeat; meta/fake tensors have none)."""
+    first = next((t for t in iter_tensors((args, kwargs)) if t.dim() > batch_dim), None)
+    if first is None:
+        raise InputError(f"batch_size needs an input tensor with a dimension {batch_dim}")
+    old = first.shape[batch_dim]
+
+    def fix(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() <= batch_dim or t.shape[batch_dim] != old or old == size:
+            return t
+        if t.device.type == "meta" or old == 0:
+            shape = list(t.shape)
+            shape[batch_dim] = size
+            return torch.empty(shape, dtype=t.dtype, device=t.device)
+        idx = torch.arange(size, device=t.device) % old
+        return t.index_select(batch_dim, idx)
+
+    return map_tensors(tuple(args), fix), map_tensors(dict(kwargs), fix)
+
+
+def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, autocast_dtype=None,
+           device=None, batch_dim: int | None = None, input_size=None, dtypes=None,
+           batch_size: int | None = None, loss_fn=None, steps: int = 2, accumulation: int = 1,
+           simulate: bool = True, measure: bool | None = None, limit=None, **kwargs: Any):
+    """Memory of a training step (or, with ``training=False``, a no-grad forward), per category, over
+    time and per layer. Returns a MemoryReport.
+
+    The step is simulated on fake tensors: the model's own forward, autograd's backward and the
+    optimizer's real ``step()`` run without computing or allocating, and every storage they create or
+    free is recorded, so a model that fits nowhere can be planned anywhere. ``device`` is where the
+    memory is predicted for (default: where the model is; "cuda" rounds every storage to the CUDA
+    allocator's 512-byte blocks). ``optimizer`` is a torch.optim class, a factory taking the
+    parameters, an instance (its class and defaults are used) or a name like "adamw". ``steps``
+    training steps are run (optimizer state exists from the first step on); ``accumulation`` runs that
+    many forward/backward passes per step. ``loss_fn(output) -> scalar`` defaults to the output's
+    ``loss`` or the sum of the output. ``autocast_dtype`` (torch.bfloat16/float16 or "bf16"/"fp16")
+    runs forward and loss under torch.autocast. ``batch_size`` re-sizes the inputs along
+    ``batch_dim`` (default 0). ``simulate=False`` tracks the real step on the model's own tensors
+    instead (everything is restored afterwards). ``measure=True`` also runs the real step and measures
+    it with the allocator (default on for CUDA models). ``limit`` (bytes or "80GiB") is shown
+    against the peak.
+    """
+    from .analyses.memory import build_memory_report
+    from .capture.measure import measure_cpu, measure_cuda, state_bytes
+    from .capture.step import run_steps
+    from .capture.storage import StorageTracker, cuda_block_size
+    from .render.units import parse_bytes
+
+    _check_model(model)
+    if steps < 1 or accumulation < 1:
+        raise InputError("steps and accumulation must be at least 1")
+    if optimizer is not None and not training:
+        raise InputError("an optimizer only applies to a training step (training=True)")
+    factory = _optimizer_factory(optimizer)
+    amp = _autocast_dtype(autocast_dtype)
+    here = model_device(model)
+    target = torch.device(device) if device is not None else here
+    if target.type == "cuda" and target.index is None and torch.cuda.is_available():
+        target = torch.device("cuda", torch.cuda.current_device())
+    notes = []
+    real_ok = here.type not in ("meta",) and not _is_fake(model)
+    if not simulate and (not real_ok or target != here):
+        raise InputError(f"simulate=False tracks the real step where the model is ({here}); it needs "
+                         f"real tensors there" + (f", not device={str(target)!r}" if target != here else ""))
+    if measure is None:
+        measure = simulate and real_ok and here.type == "cuda" and target == here
+    if measure and (not real_ok or target != here or here.type not in ("cpu", "cuda")):
+        raise InputError(f"measure=True runs the real step on the model's device ({here}); it needs a "
+                         f"CPU or CUDA model with real tensors and device left at that")
+    # example inputs
+    in_device = here if (not simulate or measure) else torch.device("meta")
+    if input_size is not None:
+        if args:
+            raise InputError("give either input_size or example inputs, not both")
+        args = tuple(make_inputs(input_size, dtypes, batch_dim, in_device))
+    elif dtypes is not None:
+        raise InputError("dtypes only applies together with input_size")
+    if not args and not kwargs:
+        raise InputError("no example inputs: pass them as arguments (memory(model, x)) or give input_size")
+    if batch_size is not None:
+        if batch_size < 1:
+            raise InputError(f"batch_size must be at least 1, got {batch_size}")
+        args, kwargs = _rebatch(args, kwargs, batch_dim or 0, batch_size)
+    # where the simulation runs: fake tensors that claim the target device
+    sim_device = target
+    if target.type == "meta":
+        sim_device = torch.device("cpu")
+        notes.append("simulated as a CPU step (autocast follows CPU rules)")
+    elif target.type == "cuda" and not torch.cuda.is_available():
+        sim_device = torch.device("cpu")
+        notes.append("no CUDA here: simulated with fake CPU tensors and CUDA's 512-byte allocation "
+                     "blocks; autocast follows CPU rules, and the optimizer's foreach default is CUDA's")
+    block_size = cuda_block_size if target.type == "cuda" else None
+    options = {"device": str(target), "training": training, "optimizer": _optimizer_name(factory),
+               "autocast": str(amp).replace("torch.", "") if amp else None, "steps": steps if training else 1,
+               "accumulation": accumulation if training else 1, "simulated": simulate,
+               "allocation_block": 512 if block_size else 1,
+               "limit": parse_bytes(limit) if limit is not None else None}
+    step_kw = dict(optimizer=factory if training else None, training=training, autocast_dtype=amp,
+                   loss_fn=loss_fn, steps=steps, accumulation=accumulation)
+    tracker = StorageTracker(block_size)
+    with _gc_paused():
+        try:
+            run = run_steps(model, args, kwargs, simulate=simulate, device=sim_device if simulate else here,
+                            tracker=tracker, foreach_default=target.type == "cuda", **step_kw)
+        except ForwardError as e:
+            raise _simulation_hint(e) if simulate else e
+        measured = None
+        if measure:
+            real_args = args
+            before = state_bytes([*model.parameters(), *model.buffers(), *iter_tensors((args, kwargs))])
+
+            def real(on_step):
+                run_steps(model, real_args, kwargs, simulate=False, device=here, tracker=None,
+                          on_step=on_step, **step_kw)
+
+            measured = measure_cuda(real, here, options["steps"]) if here.type == "cuda" else \
+                measure_cpu(real, before, options["steps"])
+        if tracker.untracked:
+            notes.append(f"{tracker.untracked} tensors without a plain storage (sparse, nested) were "
+                         "not tracked")
+        return build_memory_report(run, model, options=options, measured=measured, notes=notes)
+
+
+def _is_fake(model: nn.Module) -> bool:
+    return any(getattr(p, "fake_mode", None) is not None for p in model.parameters())
+
+
+def _optimizer_name(factory) -> str | None:
+    if factory is None:
+        return None
+    if isinstance(factory, type):
+        return factory.__name__
+    func = getattr(factory, "func", None)  # functools.partial
+    if isinstance(func, type):
+        kw = ", ".join(f"{k}={v!r}" for k, v in factory.keywords.items())
+        return f"{func.__name__}({kw})"
+    return getattr(factory, "__name__", type(factory).__name__)
+
+
+def _simulation_hint(err: ForwardError) -> ForwardError:
+    cause = type(err.__cause__).__name__ if err.__cause__ is not None else ""
+    if cause in ("DataDependentOutputException", "DynamicOutputShapeException",
+                 "UnsupportedOperatorException", "GuardOnDataDependentSymNode"):
+        return ForwardError(f"{err} -- the simulation runs on fake tensors without values, and this op "
+                            "needs them; track the real step instead with simulate=False",
+                            path=err.path, module_type=err.module_type, input_shapes=err.input_shapes)
+    return err
+
+
+class BatchFit:
+    """Result of max_batch_size: the largest batch whose predicted peak fits the limit."""
+
+    def __init__(self, batch_size: int, peak_bytes: int | None, limit_bytes: int, samples, report):
+        self.batch_size = batch_size
+        self.peak_bytes = peak_bytes
+        self.limit_bytes = limit_bytes
+        self.samples = tuple(samples)   # (batch size, predicted peak) for every simulated batch
+        self.report = report            # the MemoryReport at batch_size (None when nothing fits)
+
+    def __repr__(self) -> str:
+        from .render.units import iec
+        peak = iec(self.peak_bytes) if self.peak_bytes is not None else "--"
+        return (f"<BatchFit batch_size={self.batch_size} peak={peak} limit={iec(self.limit_bytes)} "
+                f"simulations={len(self.samples)}>")
+
+
+def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_batch: int = 1 << 20,
+                   **kwargs: Any) -> BatchFit:
+    """The largest batch size whose predicted peak (``memory(...)`` with the same arguments) fits
+    ``limit`` (bytes, or a string such as "80GiB"). Peaks at batch 1 and 2 give a line; the batch it
+    predicts is simulated and the answer is bracketed by bisection, so the result is verified by a
+    simulation at that batch and one above it."""
+    from .render.units import parse_bytes
+    limit_bytes = parse_bytes(limit)
+    reports: dict[int, Any] = {}
+
+    def peak(b: int) -> int:
+        if b not in reports:
+            reports[b] = memory(model, *args, batch_dim=batch_dim, batch_size=b, **kwargs)
+        return reports[b].peak_bytes
+
+    def result(b: int) -> BatchFit:
+        samples = sorted((k, r.peak_bytes) for k, r in reports.items())
+        return BatchFit(b, reports[b].peak_bytes if b else None, limit_bytes, samples,
+                        reports.get(b))
+
+    if peak(1) > limit_bytes:
+        return result(0)
+    slope = peak(2) - peak(1)
+    if peak(2) > limit_bytes:
+        return result(1)
+    if slope <= 0:
+        raise InputError("the predicted peak does not grow with the batch size; check batch_dim")
+    lo, hi = 2, None
+    first = b = min(max_batch, max(3, 1 + (limit_bytes - peak(1)) // slope))
+    while hi is None:  # from the linear estimate: one above it, then doubling until one fails
+        if peak(b) > limit_bytes:
+            hi = b
+        elif b >= max_batch:
+            return result(b)
+        else:
+            lo = b
+            b = min(max_batch, b + 1 if b == first else b * 2)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if peak(mid) <= limit_bytes:
+            lo = mid
+        else:
+            hi = mid
+    return result(lo)

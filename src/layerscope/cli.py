@@ -40,29 +40,58 @@ def _dtype(text: str) -> torch.dtype:
     return dt
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="layerscope", description="What is inside a PyTorch model, layer by layer.")
-    sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("summary", help="per-layer shapes, params, MACs, FLOPs, bytes",
-                       formatter_class=argparse.RawTextHelpFormatter)
+def _model_args(s: argparse.ArgumentParser) -> None:
+    """Arguments every subcommand that builds a model shares."""
     s.add_argument("spec", help=_SPEC_HELP)
     s.add_argument("--input-size", type=_ints, action="append", metavar="1,3,224,224",
                    help="shape of an example input (repeat for several inputs)")
     s.add_argument("--input-ids", type=_ints, metavar="B,S", help="token ids of shape B,S (int64)")
     s.add_argument("--dtype", type=_dtype, action="append", help="dtype per --input-size (default float32)")
-    s.add_argument("--device", help="cpu, cuda, or meta (count without computing)")
+    s.add_argument("--set", action="append", metavar="KEY=VALUE", help="config/factory override (repeatable)")
+    s.add_argument("--head", help="hf: model head: causal-lm, masked-lm, seq2seq-lm, seq-cls, token-cls, image-cls")
     s.add_argument("--depth", type=int, default=3, help="deepest layer level shown (default 3)")
+    s.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    s.add_argument("--output", "-o", help="write to this file instead of standard output")
+
+
+_MEMORY_EXAMPLES = """examples:
+  layerscope memory hf:GPT2Config --head causal-lm --input-ids 8,1024 --optimizer adamw --autocast bf16
+  layerscope memory hf:LlamaConfig --set num_hidden_layers=80 --optimizer adamw --device cuda --limit 80GiB
+  layerscope memory layerscope.examples:small_cnn --infer --batch-size 64"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="layerscope", description="What is inside a PyTorch model, layer by layer.")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("summary", help="per-layer shapes, params, MACs, FLOPs, bytes",
+                       formatter_class=argparse.RawTextHelpFormatter)
+    _model_args(s)
+    s.add_argument("--device", help="cpu, cuda, or meta (count without computing)")
     s.add_argument("--columns", help="comma-separated: input_shape,output_shape,params,params_percent,"
                                      "kernel,macs,flops,bytes_read,bytes_written,trainable,receptive_field,"
                                      "backward_macs,backward_flops")
-    s.add_argument("--format", choices=("table", "json", "csv"), default="table")
-    s.add_argument("--output", "-o", help="write to this file instead of standard output")
-    s.add_argument("--set", action="append", metavar="KEY=VALUE", help="config/factory override (repeatable)")
-    s.add_argument("--head", help="hf: model head: causal-lm, masked-lm, seq2seq-lm, seq-cls, token-cls, image-cls")
     s.add_argument("--mode", choices=("eval", "train", "same"), default="eval")
     s.add_argument("--backward", action="store_true", help="also run and count a backward pass")
     s.add_argument("--causal", choices=("dense", "unmasked"), default="dense",
                    help="count causal attention densely (default) or only its unmasked part")
+    m = sub.add_parser("memory", help="memory of a training step or inference: per category, peak, per layer",
+                       formatter_class=argparse.RawTextHelpFormatter, epilog=_MEMORY_EXAMPLES)
+    _model_args(m)
+    m.add_argument("--device", help="the device to predict for: cpu or cuda (512-byte allocator blocks); "
+                                    "default where the model is (hf: specs are built on meta)")
+    m.add_argument("--optimizer", help="a torch.optim class name: adamw, adam, sgd, adagrad, rmsprop, ...")
+    m.add_argument("--momentum", type=float, help="momentum for --optimizer sgd")
+    m.add_argument("--batch-size", type=int, help="re-size the inputs' batch dimension to N")
+    m.add_argument("--autocast", choices=("bf16", "fp16"), help="run forward and loss under torch.autocast")
+    mode = m.add_mutually_exclusive_group()
+    mode.add_argument("--train", dest="training", action="store_true", default=True,
+                      help="a training step: forward, loss, backward, optimizer step (default)")
+    mode.add_argument("--infer", dest="training", action="store_false", help="a no-grad forward")
+    m.add_argument("--steps", type=int, default=2, help="training steps to run (default 2)")
+    m.add_argument("--accumulation", type=int, default=1, help="micro-batches per step (default 1)")
+    m.add_argument("--limit", help="memory limit such as 80GiB: says whether the peak fits, and the "
+                                   "largest batch that does")
+    m.add_argument("--measure", action="store_true", help="also run the real step and measure it")
     return p
 
 
@@ -74,16 +103,16 @@ def _status(text: str):
     return Console(stderr=True).status(text)
 
 
-def _summary(ns: argparse.Namespace) -> int:
-    from .api import analyze
+def _build(ns: argparse.Namespace, device: str | None):
+    """The model and example inputs a subcommand asked for: (model, args, kwargs)."""
     from .capture import make_inputs, model_device
     from .errors import InputError
     from .specs import build_model, parse_overrides, token_ids
 
     with _status(f"building {ns.spec}"):
-        built = build_model(ns.spec, ns.device, parse_overrides(ns.set), ns.head)
+        built = build_model(ns.spec, device, parse_overrides(ns.set), ns.head)
     model = built.model
-    dev = torch.device(ns.device) if ns.device else model_device(model)
+    dev = torch.device(device) if device else model_device(model)
     args: tuple = ()
     kwargs: dict = {}
     if ns.input_size:
@@ -106,19 +135,21 @@ def _summary(ns: argparse.Namespace) -> int:
         if built.default_inputs is None:
             raise InputError(f"no inputs for {ns.spec}: give --input-size (or --input-ids)")
         args, kwargs = built.default_inputs(dev)
-    with _status("analysing"):
-        rep = analyze(model, *args, device=ns.device, mode=ns.mode, backward=ns.backward,
-                      causal=ns.causal, **kwargs)
+    return model, args, kwargs
+
+
+def _emit(ns: argparse.Namespace, rep) -> int:
     if ns.format == "json":
         text = rep.to_json()
     elif ns.format == "csv":
         text = rep.to_csv()
     else:
         if ns.output is None:
-            rep.print(depth=ns.depth, columns=ns.columns)
+            rep.print(depth=ns.depth, **({"columns": ns.columns} if hasattr(ns, "columns") else {}))
             return 0
-        text = rep.table(depth=ns.depth, columns=ns.columns)
+        text = rep.table(depth=ns.depth, **({"columns": ns.columns} if hasattr(ns, "columns") else {}))
     if ns.output:
+        from .errors import InputError
         try:
             with open(ns.output, "w", encoding="utf-8") as f:
                 f.write(text)
@@ -129,11 +160,58 @@ def _summary(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _summary(ns: argparse.Namespace) -> int:
+    from .api import analyze
+
+    model, args, kwargs = _build(ns, ns.device)
+    with _status("analysing"):
+        rep = analyze(model, *args, device=ns.device, mode=ns.mode, backward=ns.backward,
+                      causal=ns.causal, **kwargs)
+    return _emit(ns, rep)
+
+
+def _memory(ns: argparse.Namespace) -> int:
+    import functools
+
+    from .api import _optimizer_factory, max_batch_size, memory
+    from .errors import InputError
+    from .render.units import iec
+
+    # hf: specs and factories are built where the model will live; a cuda prediction is simulated
+    build_on = ns.device if ns.measure else (None if ns.device in (None, "cuda") else ns.device)
+    model, args, kwargs = _build(ns, build_on)
+    optimizer = _optimizer_factory(ns.optimizer) if ns.optimizer else None
+    if ns.momentum is not None:
+        if optimizer is not torch.optim.SGD:
+            raise InputError("--momentum applies to --optimizer sgd")
+        optimizer = functools.partial(torch.optim.SGD, momentum=ns.momentum)
+    kw = dict(optimizer=optimizer, training=ns.training, autocast_dtype=ns.autocast, device=ns.device,
+              steps=ns.steps, accumulation=ns.accumulation)
+    with _status("simulating the step"):
+        rep = memory(model, *args, batch_size=ns.batch_size, limit=ns.limit,
+                     measure=ns.measure or None, **kw, **kwargs)
+    code = _emit(ns, rep)
+    if ns.limit and ns.format == "table":
+        try:
+            with _status("finding the largest batch that fits"):
+                fit = max_batch_size(model, *args, limit=ns.limit, **kw, **kwargs)
+        except LayerscopeError as e:
+            sys.stdout.write(f"largest batch that fits: not found ({e})\n")
+            return code
+        where = f"largest batch that fits {iec(fit.limit_bytes)}: {fit.batch_size}"
+        peak = f" (predicted peak {iec(fit.peak_bytes)})" if fit.peak_bytes is not None else \
+            " (even batch 1 does not fit)"
+        sys.stdout.write(where + peak + f", from {len(fit.samples)} simulations\n")
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
     try:
         if ns.command == "summary":
             return _summary(ns)
+        if ns.command == "memory":
+            return _memory(ns)
     except LayerscopeError as e:
         print(f"layerscope: error: {e}", file=sys.stderr)
         return EXIT_ERROR

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 import weakref
 from typing import Any, TextIO
 
@@ -12,6 +11,7 @@ from torch import nn
 from .analyses.flops import coverage, layer_costs
 from .analyses.receptive_field import receptive_fields
 from .errors import InputError
+from .render.output import dataframe, print_report, write_text
 from .trace import Coverage, LayerRecord, Totals, Trace
 
 __all__ = ["Report"]
@@ -73,12 +73,7 @@ class Report:
 
     def print(self, depth: int | None = None, columns=None, file: TextIO | None = None) -> None:
         """Print the table: a rich table on a terminal, plain text otherwise."""
-        file = file or sys.stdout
-        if getattr(file, "isatty", lambda: False)():
-            from rich.console import Console
-            Console(file=file).print(self.rich_table(depth, columns))
-        else:
-            file.write(self.table(depth, columns))
+        print_report(lambda: self.rich_table(depth, columns), lambda: self.table(depth, columns), file)
 
     def to_dict(self) -> dict[str, Any]:
         from .render.json import report_dict
@@ -86,28 +81,16 @@ class Report:
 
     def to_json(self, path: str | None = None, indent: int | None = 2) -> str:
         from .render import render_json
-        text = render_json(self, indent)
-        if path is not None:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-        return text
+        return write_text(render_json(self, indent), path)
 
     def to_csv(self, path: str | None = None) -> str:
         from .render import render_csv
-        text = render_csv(self)
-        if path is not None:
-            with open(path, "w", encoding="utf-8", newline="") as f:
-                f.write(text)
-        return text
+        return write_text(render_csv(self), path)
 
     def to_dataframe(self):
         """The layer rows as a pandas DataFrame (needs the ``pandas`` extra)."""
-        try:
-            import pandas as pd
-        except ImportError as e:
-            raise InputError("to_dataframe() needs pandas: pip install 'layerscope[pandas]'") from e
         from .render.csv import layer_row
-        return pd.DataFrame([layer_row(r) for r in self.layers])
+        return dataframe(layer_row(r) for r in self.layers)
 
     def __str__(self) -> str:
         return self.table()

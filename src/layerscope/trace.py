@@ -11,11 +11,14 @@ from dataclasses import dataclass, field
 __all__ = [
     "Costs", "TensorSpec", "ParamSpec", "Window", "ReceptiveField", "OpEvent", "LayerRecord",
     "UncountedOp", "Coverage", "Totals", "Trace", "FORWARD", "BACKWARD",
-    "PRODUCER_INPUT", "PRODUCER_STATE", "PRODUCER_UNKNOWN",
+    "PRODUCER_INPUT", "PRODUCER_STATE", "PRODUCER_UNKNOWN", "LOSS", "OPTIMIZER",
 ]
 
 FORWARD = "forward"
 BACKWARD = "backward"
+# phases of a training step that run outside the model (memory simulation only)
+LOSS = "loss"
+OPTIMIZER = "optimizer"
 
 # Producer codes for op inputs that no recorded op produced.
 PRODUCER_INPUT = -1     # an example input handed to the model
@@ -85,7 +88,7 @@ class OpEvent:
     index: int
     op: str                        # "aten.addmm", ...
     layer: int                     # index of the LayerRecord (module call) it ran in
-    phase: str                     # FORWARD or BACKWARD
+    phase: str                     # FORWARD or BACKWARD (LOSS, OPTIMIZER in a training step)
     status: str                    # "counted", "free" or "uncounted"
     costs: Costs
     producers: tuple[int, ...]     # per tensor input: index of the op that produced it, or PRODUCER_*

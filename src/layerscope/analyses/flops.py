@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..trace import BACKWARD, Costs, Coverage, Trace, UncountedOp
+from ..trace import BACKWARD, FORWARD, Costs, Coverage, Trace, UncountedOp
 
 __all__ = ["layer_costs", "coverage"]
 
@@ -27,7 +27,7 @@ def layer_costs(trace: Trace):
             continue
         if op.phase == BACKWARD:
             bwd[op.layer] = bwd[op.layer] + op.costs
-        else:
+        elif op.phase == FORWARD:  # a training step's loss and optimizer ops are not the model's
             fwd[op.layer] = fwd[op.layer] + op.costs
     fwd_t, bwd_t, unc_t = list(fwd), list(bwd), list(unc)
     # calls are recorded in pre-order, so a child's index is larger than its parent's

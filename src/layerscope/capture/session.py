@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from bisect import bisect_right
@@ -34,7 +35,7 @@ from ..trace import (BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER
                      LayerRecord, OpEvent, ParamSpec, Trace)
 from .inputs import iter_tensors, tensor_specs
 
-__all__ = ["StateGuard", "capture", "model_device", "describe_inputs"]
+__all__ = ["StateGuard", "capture", "build_trace", "swapped_state", "model_device", "describe_inputs"]
 
 _ACCUMULATE_GRAD_SEQ = 2 ** 64 - 1
 _get_seq = torch._C._autograd._get_sequence_nr
@@ -95,7 +96,7 @@ class StateGuard:
 
 class _Call:
     __slots__ = ("module", "path", "type", "depth", "call_index", "parent", "children", "inputs",
-                 "outputs", "output_producers", "error", "ambient")
+                 "outputs", "output_producers", "error", "ambient", "span")
 
     def __init__(self, module, path, depth, call_index, parent, inputs) -> None:
         self.module = module
@@ -111,6 +112,7 @@ class _Call:
         self.error: BaseException | None = None
         # the exception being handled around this call, if the model is run inside an except block
         self.ambient = sys.exc_info()[1]
+        self.span = (0, -1)  # indices of the first and last op that ran inside the call
 
 
 class _Recorder(TorchDispatchMode):
@@ -122,15 +124,51 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         cap = self.cap
         seq = _get_seq() if cap.track_seq and cap.phase is FORWARD else 0
-        out = func(*args, **kwargs)
-        if not cap.paused:
+        if func is _LOCAL_SCALAR and cap.simulated and _unknown_value(args[0]):
+            # A simulation has no values: a value read back from a fake tensor (.item(), bool(t))
+            # reads as 1, so data-dependent branches take their "nonzero" side.
+            out = _one_of(args[0].dtype)
+        else:
+            out = func(*args, **kwargs)
+        # prim.device / prim.layout are metadata queries that only tensor subclasses (fake tensors)
+        # route through dispatch: recording them would make a fake run differ from a real one
+        if not cap.paused and func.namespace != "prim":
             cap.on_op(func, args, kwargs, out, seq)
         return out
 
 
+_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
+
+
+def _layer_norm_stats(args, outs):
+    """CPU's native_layer_norm returns mean and rstd in float32 for a bf16/fp16 input; its fake
+    (meta) version returns them in the input's dtype. Size them as the real kernel allocates them."""
+    x = args[0]
+    if x.device.type != "cpu" or x.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    return {i: outs[i].numel() * 4 for i in (1, 2) if i < len(outs)}
+
+
+# per op: the output sizes (by output index) a real kernel allocates where a fake run differs
+_FAKE_SIZE_FIXES = {torch.ops.aten.native_layer_norm.default: _layer_norm_stats}
+
+
+def _unknown_value(t) -> bool:
+    return getattr(t, "fake_mode", None) is not None and getattr(t, "constant", None) is None
+
+
+def _one_of(dtype: torch.dtype):
+    if dtype == torch.bool:
+        return True
+    return 1.0 if dtype.is_floating_point or dtype.is_complex else 1
+
+
 class _Capture:
-    def __init__(self, model: nn.Module, options: CostOptions, track_seq: bool) -> None:
+    def __init__(self, model: nn.Module, options: CostOptions, track_seq: bool, storage=None,
+                 simulated: bool = False) -> None:
         self.model = model
+        self.storage = storage      # a StorageTracker when memory is tracked
+        self.simulated = simulated  # running on fake tensors
         self.options = options
         self.track_seq = track_seq
         self.thread = threading.get_ident()
@@ -149,6 +187,13 @@ class _Capture:
         self.paths: dict[int, str] = {}
         self.handles: list = []
 
+    def seed_producers(self, inputs: Any, state) -> None:
+        """Dataflow sources: the example inputs and the parameters/buffers the ops will read."""
+        for t in iter_tensors(inputs):
+            self.producers[t] = PRODUCER_INPUT
+        for t in state:
+            self.producers[t] = PRODUCER_STATE
+
     # ---- module tracker -------------------------------------------------------------------------
     def install(self, named: list[tuple[str, nn.Module]]) -> None:
         for path, m in named:
@@ -160,6 +205,9 @@ class _Capture:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+        # drop the weak references to the model's tensors now: a tensor with a weakref on it cannot
+        # be swapped later (module.to_empty() / .to() on tensor subclasses use swap_tensors)
+        self.producers = WeakIdKeyDictionary()
 
     def _pre(self, module, args, kwargs):
         # Module calls during backward are activation-checkpoint recomputations: their ops are
@@ -175,6 +223,7 @@ class _Capture:
         self.ncalls[key] += 1
         if parent is not None:
             self.calls[parent].children.append(idx)
+        call.span = (len(self.ops), -1)
         self.calls.append(call)
         self.stack.append(idx)
         return None
@@ -188,6 +237,7 @@ class _Capture:
         if not stack:
             return None
         call = self.calls[stack.pop()]
+        call.span = (call.span[0], len(self.ops) - 1)
         err = sys.exc_info()[1]
         if err is not None and err is not call.ambient:  # the always-called hook of a failed forward
             call.error = err
@@ -223,8 +273,10 @@ class _Capture:
             if self.track_seq:
                 self.seq_vals.append(seq)
                 self.seq_layers.append(layer)
-        else:
+        elif self.phase is BACKWARD:
             layer = self._backward_layer()
+        else:  # loss and optimizer ops run outside any module call: the root's
+            layer = 0
         ins = [a for a in args if isinstance(a, torch.Tensor)]
         for a in args:
             if isinstance(a, (list, tuple)):
@@ -258,6 +310,13 @@ class _Capture:
         producers_map = self.producers
         for o in outs:
             producers_map[o] = index
+        storage = self.storage
+        if storage is not None:
+            storage.layer, storage.phase = layer, self.phase
+            # a lift's input is the same logical tensor as its output (a fake run makes a new one)
+            fix = _FAKE_SIZE_FIXES.get(func) if self.simulated else None
+            storage.on_op(() if func._opname.startswith("lift") else ins, outs,
+                          fix(args, outs) if fix is not None else None)
 
 
 def _param_table(modules: list[nn.Module]):
@@ -357,9 +416,19 @@ def _forward_error(cap: _Capture, err: BaseException, phase: str) -> ForwardErro
         path=where.path, module_type=where.type, input_shapes=tuple(s.shape for s in where.inputs))
 
 
+def swapped_state(model: nn.Module, state: dict[str, torch.Tensor] | None):
+    """Run the model with other tensors in place of its parameters and buffers (what
+    torch.func.functional_call does), for as long as the context lasts: through backward too, so
+    that activation checkpointing recomputes with the swapped tensors, not the model's own."""
+    if state is None:
+        return contextlib.nullcontext()
+    from torch.nn.utils.stateless import _reparametrize_module
+    return _reparametrize_module(model, state, tie_weights=True, strict=False)
+
+
 def _meta_state(model: nn.Module) -> dict[str, torch.Tensor]:
     out = {}
-    # one entry per tensor: functional_call(tie_weights=True) feeds tied names from it
+    # one entry per tensor: swapped_state (tie_weights=True) feeds tied names from it
     for name, p in model.named_parameters():
         out[name] = torch.empty_like(p, device="meta").requires_grad_(p.requires_grad)
     for name, b in model.named_buffers():
@@ -381,13 +450,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     modules = [m for _, m in named]
     guard = StateGuard(model, modules, (args, kwargs))
     cap = _Capture(model, options, track_seq=backward)
-    holders, first_owner = _param_table(modules)
-    params = _held(modules, "_parameters")
-    buffers = _held(modules, "_buffers")
-    for t in iter_tensors((args, kwargs)):
-        cap.producers[t] = PRODUCER_INPUT
-    for t in params + buffers:
-        cap.producers[t] = PRODUCER_STATE
+    cap.seed_producers((args, kwargs), _held(modules, "_parameters") + _held(modules, "_buffers"))
     output = None
     try:
         if mode == "eval":
@@ -395,13 +458,10 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
         elif mode == "train":
             model.train()
         cap.install(named)
-        with torch.set_grad_enabled(backward), _Recorder(cap):
+        with torch.set_grad_enabled(backward), _Recorder(cap), \
+                swapped_state(model, _meta_state(model) if on_meta else None):
             try:
-                if on_meta:
-                    output = torch.func.functional_call(model, _meta_state(model), tuple(args), kwargs,
-                                                        tie_weights=True, strict=False)
-                else:
-                    output = model(*args, **kwargs)
+                output = model(*args, **kwargs)
             except LayerscopeError:
                 raise
             except Exception as e:
@@ -411,15 +471,28 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     finally:
         cap.remove()
         guard.restore()
+    trace = build_trace(cap, model, named, (args, kwargs), output, backward=backward,
+                        options={"mode": mode, "causal": options.causal,
+                                 "device": "meta" if on_meta else str(model_device(model))})
+    return trace, output
+
+
+def build_trace(cap: _Capture, model: nn.Module, named: list[tuple[str, nn.Module]], inputs: Any,
+                output: Any, *, backward: bool, options: dict) -> Trace:
+    """Freeze what one capture saw into a Trace."""
+    modules = [m for _, m in named]
+    holders, first_owner = _param_table(modules)
+    params = _held(modules, "_parameters")
+    buffers = _held(modules, "_buffers")
     layers = _freeze_layers(cap, model, holders, first_owner)
     if not layers:
         raise InputError("the model's forward never ran as a module call; nothing to analyse")
     # containers without a forward of their own (ModuleList, ModuleDict) are never called by design
     uncalled = tuple(p or "(root)" for p, m in named
                      if cap.ncalls.get(id(m), 0) == 0 and type(m).forward is not nn.Module.forward)
-    in_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors((args, kwargs))))
+    in_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors(inputs)))
     out_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors(output)))
-    trace = Trace(
+    return Trace(
         model_name=type(model).__name__,
         layers=tuple(layers),
         ops=tuple(cap.ops),
@@ -431,10 +504,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
         buffer_numel=sum(int(b.numel()) for b in buffers),
         buffer_bytes=sum(int(b.numel()) * b.element_size() for b in buffers),
         input_bytes=in_bytes, output_bytes=out_bytes, uncalled_modules=uncalled, backward=backward,
-        options={"mode": mode, "causal": options.causal, "device": "meta" if on_meta else
-                 str(model_device(model))},
+        options=options,
     )
-    return trace, output
 
 
 def _held(modules: list[nn.Module], slot: str) -> list[torch.Tensor]:

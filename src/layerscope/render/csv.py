@@ -37,10 +37,14 @@ def layer_row(r) -> dict[str, Any]:
     }
 
 
-def render_csv(rep: "Report") -> str:
+def csv_text(fields, rows) -> str:
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=FIELDS, lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
     w.writeheader()
-    for r in rep.layers:
-        w.writerow(layer_row(r))
+    for row in rows:
+        w.writerow(row)
     return buf.getvalue()
+
+
+def render_csv(rep: "Report") -> str:
+    return csv_text(FIELDS, (layer_row(r) for r in rep.layers))

@@ -17,7 +17,11 @@ if TYPE_CHECKING:
 
 def render_rich(rep: "Report", depth: int | None = None, columns=None) -> Group:
     header, body = build_rows(rep, depth, columns)
-    table = Table(title=f"layerscope: {rep.model_name}", box=box.SIMPLE_HEAVY, header_style="bold")
+    return rich_table(f"layerscope: {rep.model_name}", header, body, footer_lines(rep))
+
+
+def rich_table(title: str, header: list[str], body: list[list[str]], footer: list[tuple[str, str]]) -> Group:
+    table = Table(title=title, box=box.SIMPLE_HEAVY, header_style="bold")
     table.add_column(header[0], no_wrap=True)
     for h in header[1:]:
         table.add_column(h, justify="right", no_wrap=True)
@@ -26,6 +30,6 @@ def render_rich(rep: "Report", depth: int | None = None, columns=None) -> Group:
     foot = Table.grid(padding=(0, 2))
     foot.add_column(style="bold")
     foot.add_column()
-    for k, v in footer_lines(rep):
-        foot.add_row(Text(k), Text(v, style="red" if v.startswith("INCOMPLETE") else ""))
+    for k, v in footer:
+        foot.add_row(Text(k), Text(v, style="red" if v.startswith(("INCOMPLETE", "DOES NOT FIT")) else ""))
     return Group(table, foot)

@@ -12,6 +12,11 @@ if TYPE_CHECKING:
 
 def render_text(rep: "Report", depth: int | None = None, columns=None) -> str:
     header, body = build_rows(rep, depth, columns)
+    return text_table(header, body, footer_lines(rep))
+
+
+def text_table(header: list[str], body: list[list[str]], footer: list[tuple[str, str]]) -> str:
+    """A tree column on the left, right-aligned numbers, and a key/value footer."""
     widths = [max(len(row[i]) for row in [header] + body) for i in range(len(header))]
 
     def line(row):
@@ -23,8 +28,7 @@ def render_text(rep: "Report", depth: int | None = None, columns=None) -> str:
     out = ["=" * total, line(header), "=" * total]
     out += [line(r) for r in body]
     out.append("=" * total)
-    foot = footer_lines(rep)
-    kw = max(len(k) for k, _ in foot)
-    out += [f"{k.ljust(kw)}  {v}" for k, v in foot]
+    kw = max((len(k) for k, _ in footer), default=0)
+    out += [f"{k.ljust(kw)}  {v}" for k, v in footer]
     out.append("=" * total)
     return "\n".join(out) + "\n"

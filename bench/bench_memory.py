@@ -1,0 +1,175 @@
+"""Memory simulation: accuracy against the allocator, and the cost of planning a 70B training step.
+
+  python bench/bench_memory.py            # both parts (about a minute on 2 cores)
+  python bench/bench_memory.py --llama    # only the Llama-2-70B part
+
+Part 1, accuracy on CPU. For each model, one training step twice over (optimizer state exists from
+the first step on):
+  predicted  layerscope.memory on fake tensors (nothing computed)
+  tracked    the same tracker on the real step (simulate=False): must equal the prediction
+  meta       the model moved to meta first: must equal the prediction
+  allocator  the real step measured by the CPU allocator (torch.profiler, profile_memory=True),
+             which also sees workspace that kernels allocate and free inside themselves
+Part 2: Llama-2-70B (hidden 8192, 80 layers, 64 heads, 8 KV heads, intermediate 28672, vocab 32000),
+batch 1, seq 2048, AdamW, bf16 autocast, predicted for CUDA, model built on meta; wall time and the
+peak RSS of a fresh process.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import resource
+import subprocess
+import sys
+import time
+
+import torch
+from torch import nn
+
+import layerscope as ls
+from layerscope.render.units import iec
+
+
+def _ids(b, s, vocab):
+    return torch.randint(0, vocab, (b, s), generator=torch.Generator().manual_seed(0))
+
+
+def gpt2():
+    import transformers as tf
+    cfg = tf.GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=2000, n_positions=256,
+                        bos_token_id=0, eos_token_id=0)
+    return tf.GPT2LMHeadModel(cfg), (), {"input_ids": _ids(4, 128, 2000)}, \
+        dict(optimizer=torch.optim.AdamW)
+
+
+def bn_cnn():
+    m = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+                      nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+                      nn.Conv2d(64, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+    return m, (torch.randn(16, 3, 32, 32),), {}, \
+        dict(optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9))
+
+
+def bert_bf16():
+    import transformers as tf
+    cfg = tf.BertConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024,
+                        vocab_size=2000, max_position_embeddings=256)
+    return tf.BertForMaskedLM(cfg), (), {"input_ids": _ids(4, 128, 2000)}, \
+        dict(optimizer=torch.optim.Adam, autocast_dtype=torch.bfloat16)
+
+
+class _Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.ln, self.fc1, self.fc2 = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.fc2(nn.functional.gelu(self.fc1(self.ln(x))))
+
+
+class FrozenCheckpointed(nn.Module):
+    def __init__(self, d=256, vocab=2000):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d).requires_grad_(False)
+        self.blocks = nn.ModuleList(_Block(d) for _ in range(4))
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for b in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=False)
+        return self.head(x)
+
+
+def frozen_ckpt():
+    return FrozenCheckpointed(), (_ids(4, 128, 2000),), {}, dict(optimizer=torch.optim.AdamW)
+
+
+CASES = [("GPT-2 shrunk + AdamW", gpt2), ("CNN + BatchNorm + SGD momentum", bn_cnn),
+         ("BERT shrunk + Adam, bf16 autocast", bert_bf16),
+         ("frozen embeddings + checkpointed blocks + AdamW", frozen_ckpt)]
+
+
+def _to_meta(model, args, kwargs):
+    groups: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    meta = copy.deepcopy(model).to("meta")
+    for names in groups.values():  # Module._apply unties shared weights when the device changes
+        for name in names[1:]:
+            owner, _, attr = name.rpartition(".")
+            setattr(meta.get_submodule(owner), attr, meta.get_parameter(names[0]))
+    move = lambda t: t.to("meta")  # noqa: E731
+    return meta, ls.capture.map_tensors(args, move), ls.capture.map_tensors(kwargs, move)
+
+
+def accuracy() -> list[tuple]:
+    rows = []
+    for name, make in CASES:
+        torch.manual_seed(0)
+        model, args, kwargs, kw = make()
+        t0 = time.perf_counter()
+        pred = ls.memory(model, *args, measure=True, **kw, **kwargs)
+        seconds = time.perf_counter() - t0  # includes the measured real step
+        tracked = ls.memory(model, *args, simulate=False, **kw, **kwargs)
+        m_model, m_args, m_kwargs = _to_meta(model, args, kwargs)
+        meta = ls.memory(m_model, *m_args, **kw, **m_kwargs)
+        same_tracked = [s.peak_bytes for s in pred.steps] == [s.peak_bytes for s in tracked.steps] \
+            and pred.breakdown == tracked.breakdown
+        same_meta = [s.peak_bytes for s in pred.steps] == [s.peak_bytes for s in meta.steps] \
+            and pred.breakdown == meta.breakdown and pred.totals == meta.totals
+        for i, s in enumerate(pred.steps):
+            measured = pred.measured.step_peaks[i]
+            rows.append((name, i + 1, s.peak_bytes, tracked.steps[i].peak_bytes, measured,
+                         100.0 * (s.peak_bytes - measured) / measured, same_tracked, same_meta, seconds))
+    return rows
+
+
+def llama70b() -> None:
+    import transformers as tf
+    cfg = tf.LlamaConfig(hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                         intermediate_size=28672, vocab_size=32000, use_cache=False)
+    t0 = time.perf_counter()
+    with torch.device("meta"):
+        model = tf.LlamaForCausalLM(cfg)
+    build = time.perf_counter() - t0
+    ids = torch.zeros(1, 2048, dtype=torch.long, device="meta")
+    t0 = time.perf_counter()
+    rep = ls.memory(model, input_ids=ids, optimizer=torch.optim.AdamW, autocast_dtype=torch.bfloat16,
+                    device="cuda")
+    seconds = time.perf_counter() - t0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # KiB -> GiB
+    print(rep.table(depth=1))
+    print(f"Llama-2-70B training step (batch 1, seq 2048, AdamW, bf16 autocast, predicted for CUDA): "
+          f"memory() {seconds:.1f} s (target <= 60 s), model build on meta {build:.1f} s, "
+          f"peak RSS of the process {rss:.2f} GiB (target <= 2 GiB), {len(rep.timeline):,} ops tracked")
+    for s in rep.steps:
+        parts = ", ".join(f"{k} {iec(v)}" for k, v in s.breakdown.items() if v)
+        print(f"  step {s.step + 1}: peak {iec(s.peak_bytes)} in {s.peak_phase}: {parts}")
+
+
+def main() -> None:
+    if "--llama" in sys.argv:
+        llama70b()
+        return
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+    rows = accuracy()
+    head = f"{'model':<48} {'step':>4} {'predicted':>12} {'tracked':>12} {'allocator':>12} {'vs alloc':>9}  " \
+           f"{'=tracked':>8} {'=meta':>6}"
+    print(head)
+    print("-" * len(head))
+    for name, step, pred, tracked, measured, err, st, sm, _ in rows:
+        print(f"{name:<48} {step:>4} {pred:>12,} {tracked:>12,} {measured:>12,} {err:>+8.2f}%  "
+              f"{str(st):>8} {str(sm):>6}")
+    print("\n(allocator = real CPU step measured by torch.profiler allocation events; it includes workspace "
+          "that oneDNN kernels allocate and free inside a convolution or a bf16 matmul, which no storage "
+          "tracker sees)\n")
+    sys.stdout.flush()
+    # a fresh process, so its peak RSS is the 70B simulation's alone
+    subprocess.run([sys.executable, __file__, "--llama"], check=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""Memory analysis: pure functions of the storage blocks and traces of a tracked step run.
+
+A block is alive during op ``t`` when ``alloc <= t <= free`` (``free`` is the last op that ran
+before the storage died). So the live bytes "during" an op count its inputs and its outputs at
+once, as the allocator holds them, and the peak is the largest such sum.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from itertools import accumulate
+
+from ..capture.storage import CATEGORIES
+from ..memory_report import (CallMemory, Marker, MemoryLayer, MemoryReport, PhaseSpan, StepMemory,
+                             Timeline)
+from ..trace import BACKWARD
+
+if TYPE_CHECKING:
+    from ..capture.step import StepRun
+
+__all__ = ["build_memory_report", "live_bytes"]
+
+_ACTIVATION = CATEGORIES.index("activation")
+
+
+def live_bytes(blocks, n_ops: int):
+    """(during, allocs_at, frees_at): ``during[c][t]`` live bytes of category c during op t; per-op
+    totals of bytes allocated at t and freed right after t. Plain Python (no tensors), so it runs the
+    same inside a user's FakeTensorMode."""
+    n = max(n_ops, 1)
+    diff = [[0] * (n + 1) for _ in CATEGORIES]
+    allocs = [0] * n
+    frees = [0] * n
+    for b in blocks:
+        a = max(b.alloc, 0)
+        f = n - 1 if b.free is None else b.free
+        if f < a or not b.nbytes:
+            continue
+        row = diff[b.category]
+        row[a] += b.nbytes
+        row[f + 1] -= b.nbytes
+        if b.alloc >= 0:
+            allocs[a] += b.nbytes
+        if b.free is not None:
+            frees[f] += b.nbytes
+    during = [list(accumulate(row[:n])) for row in diff]
+    return during, allocs, frees
+
+
+def build_memory_report(run: "StepRun", model, *, options: dict, measured=None, notes=()) -> MemoryReport:
+    tracker = run.tracker
+    n = tracker.clock + 1
+    during, allocs, frees = live_bytes(tracker.blocks, n)
+    total = [sum(col) for col in zip(*during)]
+
+    # which pass / phase / layer each global op belongs to
+    op_step = [0] * n
+    op_phase = ["optimizer"] * n
+    for step, phase, first, last in run.phase_ranges:
+        for t in range(first, min(last, n - 1) + 1):
+            op_step[t] = step
+            op_phase[t] = phase
+
+    def layer_at(t: int) -> str | None:
+        for p in run.passes:
+            if p.offset <= t < p.offset + len(p.trace.ops):
+                return p.trace.layers[p.trace.ops[t - p.offset].layer].path
+        return None
+
+    static = {c: 0 for c in CATEGORIES}
+    for b in tracker.blocks:
+        if b.alloc < 0 and (b.free is None or b.free >= 0):
+            static[CATEGORIES[b.category]] += b.nbytes
+
+    steps = []
+    for i, (first, last) in enumerate(run.step_ranges):
+        if last < first:
+            continue
+        t = max(range(first, last + 1), key=total.__getitem__)  # the first op at the peak
+        phases = tuple(PhaseSpan(s, ph, a, z, max(total[a:z + 1]) if z >= a else 0)
+                       for s, ph, a, z in run.phase_ranges if s == i)
+        steps.append(StepMemory(
+            step=i, peak_bytes=total[t], peak_op=t, peak_phase=op_phase[t], peak_layer=layer_at(t),
+            breakdown={c: during[k][t] for k, c in enumerate(CATEGORIES)},
+            start_bytes=total[first] - allocs[first], end_bytes=total[last] - frees[last],
+            phases=phases))
+
+    last_pass = run.passes[-1]
+    layers = _layers(run, last_pass, total, allocs, frees)
+    markers = [Marker("step", f"step {i + 1}", a, z) for i, (a, z) in enumerate(run.step_ranges)]
+    markers += [Marker("phase", ph, a, z) for _, ph, a, z in run.phase_ranges]
+    for p in run.passes:
+        for rec, (a, z) in zip(p.trace.layers, p.spans):
+            if rec.depth == 1:
+                markers.append(Marker("module", rec.path, a, z))
+    timeline = Timeline(categories=CATEGORIES, bytes=tuple(tuple(row) for row in during),
+                        step=tuple(op_step), phase=tuple(op_phase), markers=tuple(markers))
+    saved = sum(r.saved_bytes for r in layers)
+    totals = {
+        "peak_bytes": max((s.peak_bytes for s in steps), default=0),
+        "parameter_bytes": sum(run.param_bytes.values()),
+        "buffer_bytes": static["buffer"],
+        "input_bytes": static["input"],
+        "gradient_bytes": sum(run.grad_bytes.values()),
+        "optimizer_bytes": sum(run.optimizer_bytes.values()) + run.optimizer_other_bytes,
+        "optimizer_unowned_bytes": run.optimizer_other_bytes,
+        "saved_activation_bytes": saved,
+        "output_bytes": max((s.breakdown["output"] for s in steps), default=0),
+    }
+    return MemoryReport(model_name=type(model).__name__, options=options, steps=tuple(steps),
+                        static=static, totals=totals, layers=layers, timeline=timeline,
+                        trace=last_pass.trace, measured=measured, notes=tuple(notes), model=model)
+
+
+def _call_memory(first: int, last: int, total, allocs, frees) -> CallMemory | None:
+    if last < first:
+        return None
+    return CallMemory(entry=total[first] - allocs[first], exit=total[last] - frees[last],
+                      peak=max(total[first:last + 1]))
+
+
+def _layers(run: "StepRun", last_pass, total, allocs, frees) -> tuple[MemoryLayer, ...]:
+    trace = last_pass.trace
+    recs = trace.layers
+    k = len(recs)
+    pass_index = len(run.passes) - 1
+    saved = [0] * k
+    for b in run.tracker.blocks:
+        if b.saved_by is not None and b.saved_by[0] == pass_index and b.category == _ACTIVATION:
+            saved[b.saved_by[1]] += b.nbytes
+    # owned params / grads / optimizer state: by the owning module's first call
+    first_call: dict[str, int] = {}
+    for r in recs:
+        first_call.setdefault(r.path, r.index)
+    params, grads, opt = [0] * k, [0] * k, [0] * k
+    for name, nbytes in run.param_bytes.items():
+        owner = first_call.get(name.rpartition(".")[0], 0)
+        params[owner] += nbytes
+        grads[owner] += run.grad_bytes.get(name, 0)
+        opt[owner] += run.optimizer_bytes.get(name, 0)
+    # backward spans: the ops autograd ran for each call's subtree
+    lo, hi = [None] * k, [None] * k
+    for op in trace.ops:
+        if op.phase == BACKWARD:
+            t = last_pass.offset + op.index
+            i = op.layer
+            lo[i] = t if lo[i] is None else min(lo[i], t)
+            hi[i] = t if hi[i] is None else max(hi[i], t)
+    subtree = [list(x) for x in zip(saved, params, grads, opt)]
+    for r in reversed(recs):
+        p = r.parent
+        if p is None:
+            continue
+        for j in range(4):
+            subtree[p][j] += subtree[r.index][j]
+        if lo[r.index] is not None:
+            lo[p] = lo[r.index] if lo[p] is None else min(lo[p], lo[r.index])
+            hi[p] = hi[r.index] if hi[p] is None else max(hi[p], hi[r.index])
+    out = []
+    for r in recs:
+        a, z = last_pass.spans[r.index]
+        out.append(MemoryLayer(
+            index=r.index, path=r.path, type=r.type, depth=r.depth, call_index=r.call_index,
+            parent=r.parent, children=r.children, input_bytes=sum(s.nbytes for s in r.inputs),
+            saved_bytes=saved[r.index], param_bytes=params[r.index], grad_bytes=grads[r.index],
+            optimizer_bytes=opt[r.index], saved_total=subtree[r.index][0],
+            param_total=subtree[r.index][1], grad_total=subtree[r.index][2],
+            optimizer_total=subtree[r.index][3],
+            forward=_call_memory(a, z, total, allocs, frees),
+            backward=_call_memory(lo[r.index], hi[r.index], total, allocs, frees)
+            if lo[r.index] is not None else None))
+    return tuple(out)

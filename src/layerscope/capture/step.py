@@ -1,0 +1,322 @@
+"""A training step (or an inference forward) run under the tracker, the op recorder and the storage
+tracker, on fake tensors (a simulation) or on the model's own tensors.
+
+The step is what a plain training loop does::
+
+    for micro in range(accumulation):
+        with autocast:                       # when asked
+            out = model(*args, **kwargs)
+            loss = loss_fn(out)              # default: sum of the output (or its .loss)
+        loss.backward()                      # `out` is still referenced here, as in most loops
+    optimizer.step()
+    optimizer.zero_grad()                    # set_to_none, PyTorch's default
+
+repeated ``steps`` times, because optimizer state exists only from the first step on.
+
+In a simulation the model runs on fake tensors (torch's FakeTensorMode) that carry shape, dtype,
+device and storage size but no data: the model's own code, autograd and the optimizer's real
+``step()`` run, and every storage they create is recorded, while nothing is computed or allocated.
+The user's model runs with fake copies of its parameters and buffers swapped in (as
+``torch.func.functional_call`` does, but through backward too, so checkpointed blocks recompute with
+them), so its own tensors are never touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..costs import CostOptions
+from ..errors import ForwardError, InputError, LayerscopeError
+from ..trace import BACKWARD, FORWARD, LOSS, OPTIMIZER, Trace
+from .inputs import iter_tensors, map_tensors
+from .session import StateGuard, _Capture, _forward_error, _Recorder, build_trace, swapped_state
+from .storage import BUFFER, GRAD, INPUT, OPT, OUTPUT, PARAM, StorageTracker
+
+__all__ = ["StepRun", "PassRecord", "run_steps", "default_loss", "fake_mode_for"]
+
+
+@dataclass
+class PassRecord:
+    """One forward (+ backward) pass: its trace and where its ops sit on the global op clock."""
+
+    step: int
+    micro: int
+    offset: int                                  # global index of the pass's first op
+    trace: Trace
+    spans: list[tuple[int, int]]                 # per layer call: global (first, last) forward op
+
+
+@dataclass
+class StepRun:
+    tracker: StorageTracker | None
+    passes: list[PassRecord] = field(default_factory=list)
+    step_ranges: list[tuple[int, int]] = field(default_factory=list)     # global (first, last) op
+    phase_ranges: list[tuple[int, str, int, int]] = field(default_factory=list)  # step, phase, first, last
+    param_bytes: dict[str, int] = field(default_factory=dict)            # param name -> bytes
+    grad_bytes: dict[str, int] = field(default_factory=dict)             # param name -> bytes of .grad
+    optimizer_bytes: dict[str, int] = field(default_factory=dict)        # param name -> state bytes
+    optimizer_other_bytes: int = 0                                       # state not keyed by a param
+    param_names: dict[int, str] = field(default_factory=dict)
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """The output's ``loss`` when it has one (transformers models given labels), else the sum of every
+    floating-point output tensor that requires grad."""
+    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+        return loss
+    outs = [t for t in iter_tensors(output) if t.requires_grad and (t.is_floating_point() or t.is_complex())]
+    if not outs:
+        raise InputError("a training step needs an output that requires grad (are all parameters "
+                         "frozen, or does forward run under no_grad?)")
+    total = outs[0].sum()
+    for t in outs[1:]:
+        total = total + t.sum()
+    return total
+
+
+def fake_mode_for():
+    """The FakeTensorMode already active (the user's), or a new one."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    for mode in reversed(_get_current_dispatch_mode_stack()):
+        if isinstance(mode, FakeTensorMode):
+            return mode, False
+    return FakeTensorMode(allow_non_fake_inputs=True), True
+
+
+def _fake_like(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    out = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=device)
+    return out.requires_grad_(t.requires_grad) if t.is_leaf and t.requires_grad else out
+
+
+def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, device: torch.device,
+              tracker: StorageTracker | None, optimizer: Callable | None, training: bool,
+              autocast_dtype: torch.dtype | None, loss_fn: Callable | None, steps: int,
+              accumulation: int, options: CostOptions | None = None, foreach_default: bool = False,
+              on_step: Callable[[int, str], None] | None = None) -> StepRun:
+    """Run ``steps`` training steps (or one inference forward) and return what the trackers saw.
+
+    ``foreach_default`` makes optimizers that leave ``foreach`` unset use it, as they do on CUDA.
+    With ``tracker=None`` nothing is recorded (the measured run); ``on_step(step, "begin"|"end")`` is
+    called around each step. The model's parameters, buffers, gradients, modes and RNG state are
+    restored afterwards.
+    """
+    named = list(model.named_modules())
+    modules = [m for _, m in named]
+    guard = StateGuard(model, modules, (args, kwargs))
+    run = StepRun(tracker)
+    fake_ctx, snapshot = contextlib.nullcontext(), []
+    if simulate:
+        fake_mode, own = fake_mode_for()
+        fake_ctx = fake_mode if own else contextlib.nullcontext()
+    try:
+        with fake_ctx:
+            if simulate:
+                params = {n: nn.Parameter(_fake_like(p, device), requires_grad=p.requires_grad)
+                          for n, p in model.named_parameters()}
+                buffers = {n: _fake_like(b, device) for n, b in model.named_buffers()}
+                args, kwargs = map_tensors((tuple(args), dict(kwargs)), lambda t: _fake_like(t, device))
+                swap = {**params, **buffers}
+            else:
+                params = dict(model.named_parameters())
+                buffers = dict(model.named_buffers())
+                with torch.no_grad():  # the optimizer's step changes weights in place: undone below
+                    snapshot = [(p, p.detach().to("cpu", copy=True)) for p in params.values()]
+                for p in params.values():
+                    p.grad = None
+                swap = None
+
+            def call():
+                return model(*args, **kwargs)
+            run.param_names = {id(p): n for n, p in params.items()}
+            if tracker is not None:
+                for n, p in params.items():
+                    b = tracker.mark(p, PARAM)
+                    run.param_bytes[n] = b.nbytes if b is not None else 0
+                for b in buffers.values():
+                    tracker.mark(b, BUFFER)
+                for t in iter_tensors((args, kwargs)):
+                    tracker.mark(t, INPUT)
+            opt = _make_optimizer(optimizer, list(params.values()), foreach_default) \
+                if training and optimizer else None
+            model.train(training)
+            _loop(run, model, named, call, swap, (args, kwargs), params, buffers, opt, simulate=simulate,
+                  training=training, autocast_dtype=autocast_dtype, device=device,
+                  loss_fn=loss_fn or default_loss, steps=steps if training else 1,
+                  accumulation=accumulation if training else 1, options=options or CostOptions(),
+                  on_step=on_step)
+    finally:
+        if snapshot:
+            with torch.no_grad():
+                for p, saved in snapshot:
+                    p.copy_(saved)
+        guard.restore()
+        if tracker is not None:
+            tracker.close()
+    return run
+
+
+def _make_optimizer(optimizer, params: list[torch.Tensor], foreach_default: bool):
+    try:
+        opt = optimizer(params)
+    except Exception as e:
+        raise InputError(f"could not build the optimizer from {optimizer!r}: {type(e).__name__}: {e}") from e
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise InputError(f"optimizer must build a torch.optim.Optimizer, got {type(opt).__name__}")
+    if foreach_default:
+        # On real CUDA tensors PyTorch picks the foreach implementation by default; fake tensors do
+        # not qualify for that default, so make the simulated choice match the real one.
+        for group in opt.param_groups:
+            if "foreach" in group and group["foreach"] is None and not group.get("fused"):
+                group["foreach"] = True
+    return opt
+
+
+def _loop(run: StepRun, model, named, call, swap, inputs, params, buffers, opt, *, simulate, training,
+          autocast_dtype, device, loss_fn, steps, accumulation, options, on_step) -> None:
+    tracker = run.tracker
+    state = list(params.values()) + list(buffers.values())
+    autocast = (lambda: torch.autocast(device_type=device.type, dtype=autocast_dtype)) \
+        if autocast_dtype is not None else contextlib.nullcontext
+    last_micro = None
+    for step in range(steps):
+        if on_step:
+            on_step(step, "begin")
+        first_op = tracker.clock + 1 if tracker else 0
+        for micro in range(accumulation):
+            cap = _Capture(model, options, track_seq=training, storage=tracker, simulated=simulate)
+            cap.seed_producers(inputs, state)
+            offset = tracker.clock + 1 if tracker else 0
+            if tracker:
+                tracker.pass_index = len(run.passes)
+            with swapped_state(model, swap):
+                output = _one_pass(run, cap, named, call, autocast, loss_fn, training)
+            if tracker:
+                trace = build_trace(cap, model, named, inputs, output, backward=training,
+                                    options={"mode": "train" if training else "eval",
+                                             "causal": options.causal, "device": str(device)})
+                run.passes.append(PassRecord(step, micro, offset, trace,
+                                             [(offset + c.span[0], offset + c.span[1]) for c in cap.calls]))
+            del output
+            last_micro = cap
+        if training:
+            for name, p in params.items():
+                if p.grad is not None:
+                    b = tracker.mark(p.grad, GRAD) if tracker else None
+                    if b is not None and step == steps - 1:
+                        run.grad_bytes[name] = b.nbytes
+        if opt is not None:
+            cap = last_micro
+            start = tracker.clock + 1 if tracker else 0
+            cap.phase = OPTIMIZER
+            with _Recorder(cap) if tracker else contextlib.nullcontext():
+                try:
+                    opt.step()
+                except LayerscopeError:
+                    raise
+                except Exception as e:
+                    raise InputError(f"optimizer.step() failed ({'fake' if simulate else 'real'} "
+                                     f"parameters): {type(e).__name__}: {e}") from e
+                if tracker:
+                    _mark_optimizer_state(run, opt, step == steps - 1)
+                opt.zero_grad()
+            cap.remove()
+            if tracker:
+                run.phase_ranges.append((step, OPTIMIZER, start, tracker.clock))
+        elif training:
+            for p in params.values():
+                p.grad = None
+        if tracker:
+            run.step_ranges.append((first_op, tracker.clock))
+        if on_step:
+            on_step(step, "end")
+
+
+def _one_pass(run: StepRun, cap: _Capture, named, call, autocast, loss_fn, training: bool):
+    tracker = cap.storage
+    tracked = tracker is not None
+    step_phase = []
+
+    def mark_phase(phase):
+        if tracker is not None:
+            step_phase.append((phase, tracker.clock + 1))
+        cap.phase = phase
+
+    def pack(t):
+        cap.paused = True
+        try:
+            if tracker is not None:
+                layer = cap.stack[-1] if cap.stack and cap.phase is FORWARD else 0
+                tracker.mark_saved(t, layer)
+            return t.detach()
+        finally:
+            cap.paused = False
+
+    saved_hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) \
+        if training and tracked else contextlib.nullcontext()
+    output = None
+    if tracked:
+        cap.install(named)
+    try:
+        with torch.set_grad_enabled(training), _Recorder(cap) if tracked else contextlib.nullcontext():
+            with saved_hooks:
+                mark_phase(FORWARD)
+                with autocast():
+                    try:
+                        output = call()
+                    except LayerscopeError:
+                        raise
+                    except Exception as e:
+                        raise _forward_error(cap, e, "forward") from e
+                    if tracker is not None:
+                        for t in iter_tensors(output):
+                            tracker.mark(t, OUTPUT)
+                    if training:
+                        mark_phase(LOSS)
+                        loss = loss_fn(output)
+                        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                            raise InputError("loss_fn must return a scalar tensor")
+            if training:
+                if tracker is not None:
+                    tracker.backward_starts()
+                mark_phase(BACKWARD)
+                try:
+                    loss.backward()
+                except LayerscopeError:
+                    raise
+                except Exception as e:
+                    raise ForwardError(f"backward failed: {type(e).__name__}: {e}") from e
+                del loss
+    finally:
+        cap.remove()
+        cap.phase = FORWARD
+    if tracker is not None:
+        bounds = step_phase + [(None, tracker.clock + 1)]
+        for (phase, first), (_, nxt) in zip(bounds, bounds[1:]):
+            run.phase_ranges.append((len(run.step_ranges), phase, first, nxt - 1))
+    return output
+
+
+def _mark_optimizer_state(run: StepRun, opt: torch.optim.Optimizer, last: bool) -> None:
+    tracker = run.tracker
+    seen: set[int] = set()
+    for p, st in opt.state.items():
+        name = run.param_names.get(id(p))
+        for v in (st.values() if isinstance(st, dict) else ()):
+            for t in iter_tensors(v):
+                b = tracker.mark(t, OPT)
+                if b is None or id(b) in seen:
+                    continue
+                seen.add(id(b))
+                if not last:
+                    continue
+                if name is not None:
+                    run.optimizer_bytes[name] = run.optimizer_bytes.get(name, 0) + b.nbytes
+                else:
+                    run.optimizer_other_bytes += b.nbytes

@@ -1,0 +1,143 @@
+"""Storage lifetimes: every storage created or freed during a run, de-duplicated by storage.
+
+The op recorder hands each op's outputs (and inputs) to ``StorageTracker.on_op``. A storage seen for
+the first time becomes a Block, allocated at the current op; a weak reference on the storage's Python
+object (PyTorch keeps one Python object per live storage) marks the Block freed at the op that was
+running when the last tensor using it died. Views share their base's storage, so they cost nothing.
+This works the same on real, meta and fake tensors: only ``nbytes`` is read, never data.
+
+A Block's category is decided after the run from the roles it played, highest first:
+parameter, buffer, gradient, optimizer_state, input, output, activation (saved for backward),
+temporary. So a gradient is a gradient from the op that computed it, although AccumulateGrad only
+adopts it as ``.grad`` later.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+__all__ = ["CATEGORIES", "Block", "StorageTracker", "PARAM", "BUFFER", "GRAD", "OPT", "INPUT", "OUTPUT",
+           "SAVED", "cuda_block_size"]
+
+CATEGORIES = ("parameter", "buffer", "gradient", "optimizer_state", "input", "output", "activation",
+              "temporary")
+# role bits, in category order
+PARAM, BUFFER, GRAD, OPT, INPUT, OUTPUT, SAVED = (1 << i for i in range(7))
+_TEMPORARY = len(CATEGORIES) - 1
+
+
+def cuda_block_size(nbytes: int) -> int:
+    """Bytes the CUDA caching allocator hands out for a request: 512-byte blocks, nothing for 0 bytes
+    (c10/cuda/CUDACachingAllocator.cpp: kMinBlockSize = 512, round_size)."""
+    if nbytes <= 0:
+        return 0
+    return (nbytes + 511) // 512 * 512
+
+
+class Block:
+    """One storage: its size, when it was allocated and freed (global op indices), and its roles."""
+
+    __slots__ = ("nbytes", "alloc", "free", "pass_index", "layer", "phase", "roles", "saved_by",
+                 "__weakref__")
+
+    def __init__(self, nbytes: int, alloc: int, pass_index: int, layer: int, phase: str) -> None:
+        self.nbytes = nbytes
+        self.alloc = alloc          # -1: existed before the run
+        self.free: int | None = None  # last op during which it was alive; None: alive at the end
+        self.pass_index = pass_index  # which forward/backward pass created it (-1: before the run)
+        self.layer = layer          # layer index (in that pass's trace) of the op that created it
+        self.phase = phase
+        self.roles = 0
+        self.saved_by: tuple[int, int] | None = None  # (pass, layer) that saved it for backward
+
+    @property
+    def category(self) -> int:
+        roles = self.roles
+        if not roles:
+            return _TEMPORARY
+        return (roles & -roles).bit_length() - 1  # lowest set bit = highest-priority role
+
+
+class StorageTracker:
+    """Live storages of a run and the op clock they are timed against."""
+
+    def __init__(self, block_size=None) -> None:
+        self.block_size = block_size or (lambda n: n)
+        self.blocks: list[Block] = []
+        self.live: dict[int, Block] = {}
+        self._refs: dict[int, weakref.ref] = {}
+        self.clock = -1             # index of the op running now (global across passes)
+        self.pass_index = -1
+        self.layer = 0
+        self.phase = "setup"
+        self.untracked = 0          # tensors without a plain storage (sparse, nested, ...)
+
+    # ---- storages --------------------------------------------------------------------------------
+    def _storage(self, t: torch.Tensor):
+        try:
+            return t.untyped_storage()
+        except (RuntimeError, NotImplementedError, TypeError):
+            self.untracked += 1
+            return None
+
+    def block_of(self, t: torch.Tensor, register: bool = True, nbytes: int | None = None) -> Block | None:
+        st = self._storage(t)
+        if st is None:
+            return None
+        key = id(st)
+        b = self.live.get(key)
+        if b is None and register:
+            size = int(st.nbytes()) if nbytes is None else nbytes
+            b = Block(self.block_size(size), self.clock, self.pass_index, self.layer, self.phase)
+            self.live[key] = b
+            self.blocks.append(b)
+            self._refs[key] = weakref.ref(st, self._freed_cb(key, b))
+        return b
+
+    def _freed_cb(self, key: int, block: Block):
+        def freed(_ref) -> None:
+            block.free = self.clock
+            if self.live.get(key) is block:
+                del self.live[key]
+                del self._refs[key]
+        return freed
+
+    def mark(self, t: torch.Tensor, role: int) -> Block | None:
+        b = self.block_of(t)
+        if b is not None:
+            b.roles |= role
+        return b
+
+    def close(self) -> None:
+        """Stop watching: storages that die after the run no longer change its blocks."""
+        self._refs.clear()
+        self.live.clear()
+
+    # ---- events ----------------------------------------------------------------------------------
+    def on_op(self, ins, outs, sizes: dict[int, int] | None = None) -> None:
+        """An op ran: its outputs (and any input never seen before) are live from this op on.
+        ``sizes`` corrects the bytes of some outputs (by index) where a fake kernel differs."""
+        self.clock += 1
+        for i, t in enumerate(outs):
+            self.block_of(t, nbytes=sizes.get(i) if sizes else None)
+        for t in ins:
+            self.block_of(t)
+
+    def mark_saved(self, t: torch.Tensor, layer: int) -> None:
+        b = self.block_of(t)
+        if b is not None:
+            b.roles |= SAVED
+            if b.saved_by is None:
+                b.saved_by = (self.pass_index, layer)
+
+    def backward_starts(self) -> None:
+        """Storages made by this pass's forward that are still alive when its backward begins are held
+        for backward (by autograd, or by a checkpoint or a hook of the model's own)."""
+        p = self.pass_index
+        for b in self.live.values():
+            if b.pass_index == p and b.phase == "forward":
+                b.roles |= SAVED
+                if b.saved_by is None:
+                    b.saved_by = (p, b.layer)
