@@ -33,18 +33,28 @@ def _prepare(model: nn.Module, args: tuple, kwargs: dict, input_size, dtypes, ba
         raise InputError(f"the model is on {here} but device={str(target)!r} was asked; layerscope never "
                          "moves a model: move it first, or pass device='meta' to analyse it without "
                          "running it")
-    if input_size is not None:
-        if args:
-            raise InputError("give either input_size or example inputs, not both")
-        args = tuple(make_inputs(input_size, dtypes, batch_dim, target))
-    elif dtypes is not None or batch_dim is not None:
+    if input_size is None and batch_dim is not None:
         raise InputError("dtypes and batch_dim only apply together with input_size")
+    args = _example_inputs(args, kwargs, input_size, dtypes, batch_dim, target, "analyze")
     if on_meta:
         to_meta = lambda t: torch.empty_like(t, device="meta")  # noqa: E731
         args, kwargs = map_tensors(tuple(args), to_meta), map_tensors(dict(kwargs), to_meta)
-    if not args and not kwargs:
-        raise InputError("no example inputs: pass them as arguments (analyze(model, x)) or give input_size")
     return tuple(args), dict(kwargs), on_meta
+
+
+def _example_inputs(args: tuple, kwargs: dict, input_size, dtypes, batch_dim, device, entry: str) -> tuple:
+    """The positional inputs: as given, or built from ``input_size`` on ``device``; refuses both, and
+    neither."""
+    if input_size is not None:
+        if args:
+            raise InputError("give either input_size or example inputs, not both")
+        args = tuple(make_inputs(input_size, dtypes, batch_dim, device))
+    elif dtypes is not None:
+        raise InputError("dtypes and batch_dim only apply together with input_size" if entry == "analyze"
+                         else "dtypes only applies together with input_size")
+    if not args and not kwargs:
+        raise InputError(f"no example inputs: pass them as arguments ({entry}(model, x)) or give input_size")
+    return tuple(args)
 
 
 def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, batch_dim: int | None = None,
@@ -267,14 +277,7 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
                          f"CPU or CUDA model with real tensors and device left at that")
     # example inputs
     in_device = here if (not simulate or measure) else torch.device("meta")
-    if input_size is not None:
-        if args:
-            raise InputError("give either input_size or example inputs, not both")
-        args = tuple(make_inputs(input_size, dtypes, batch_dim, in_device))
-    elif dtypes is not None:
-        raise InputError("dtypes only applies together with input_size")
-    if not args and not kwargs:
-        raise InputError("no example inputs: pass them as arguments (memory(model, x)) or give input_size")
+    args = _example_inputs(args, kwargs, input_size, dtypes, batch_dim, in_device, "memory")
     if batch_size is not None:
         if batch_size < 1:
             raise InputError(f"batch_size must be at least 1, got {batch_size}")
@@ -305,11 +308,10 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
             raise _simulation_hint(e) if simulate else e
         measured = None
         if measure:
-            real_args = args
             before = state_bytes([*model.parameters(), *model.buffers(), *iter_tensors((args, kwargs))])
 
             def real(on_step):
-                run_steps(model, real_args, kwargs, simulate=False, device=here, tracker=None,
+                run_steps(model, args, kwargs, simulate=False, device=here, tracker=None,
                           on_step=on_step, **step_kw)
 
             measured = measure_cuda(real, here, options["steps"]) if here.type == "cuda" else \

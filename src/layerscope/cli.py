@@ -144,10 +144,11 @@ def _emit(ns: argparse.Namespace, rep) -> int:
     elif ns.format == "csv":
         text = rep.to_csv()
     else:
+        view = {"depth": ns.depth, **({"columns": ns.columns} if hasattr(ns, "columns") else {})}
         if ns.output is None:
-            rep.print(depth=ns.depth, **({"columns": ns.columns} if hasattr(ns, "columns") else {}))
+            rep.print(**view)
             return 0
-        text = rep.table(depth=ns.depth, **({"columns": ns.columns} if hasattr(ns, "columns") else {}))
+        text = rep.table(**view)
     if ns.output:
         from .errors import InputError
         try:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["build_memory_report", "live_bytes"]
 
 _ACTIVATION = CATEGORIES.index("activation")
+_OUTPUT = CATEGORIES.index("output")
 
 
 def live_bytes(blocks, n_ops: int):
@@ -106,7 +107,9 @@ def build_memory_report(run: "StepRun", model, *, options: dict, measured=None, 
         "optimizer_bytes": sum(run.optimizer_bytes.values()) + run.optimizer_other_bytes,
         "optimizer_unowned_bytes": run.optimizer_other_bytes,
         "saved_activation_bytes": saved,
-        "output_bytes": max((s.breakdown["output"] for s in steps), default=0),
+        # the last pass's model output (the breakdown only has it when the peak falls while it lives)
+        "output_bytes": sum(b.nbytes for b in tracker.blocks
+                            if b.category == _OUTPUT and b.pass_index == len(run.passes) - 1),
     }
     return MemoryReport(model_name=type(model).__name__, options=options, steps=tuple(steps),
                         static=static, totals=totals, layers=layers, timeline=timeline,

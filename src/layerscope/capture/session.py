@@ -35,7 +35,8 @@ from ..trace import (BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER
                      LayerRecord, OpEvent, ParamSpec, Trace)
 from .inputs import iter_tensors, tensor_specs
 
-__all__ = ["StateGuard", "capture", "build_trace", "swapped_state", "model_device", "describe_inputs"]
+__all__ = ["StateGuard", "capture", "build_trace", "swapped_state", "empty_state", "empty_like_on",
+           "run_forward", "run_backward", "model_device", "describe_inputs"]
 
 _ACCUMULATE_GRAD_SEQ = 2 ** 64 - 1
 _get_seq = torch._C._autograd._get_sequence_nr
@@ -426,14 +427,19 @@ def swapped_state(model: nn.Module, state: dict[str, torch.Tensor] | None):
     return _reparametrize_module(model, state, tie_weights=True, strict=False)
 
 
-def _meta_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    out = {}
-    # one entry per tensor: swapped_state (tie_weights=True) feeds tied names from it
-    for name, p in model.named_parameters():
-        out[name] = torch.empty_like(p, device="meta").requires_grad_(p.requires_grad)
-    for name, b in model.named_buffers():
-        out[name] = torch.empty_like(b, device="meta")
-    return out
+def empty_like_on(t: torch.Tensor, device) -> torch.Tensor:
+    """A tensor with ``t``'s shape, strides and dtype on ``device``, and nothing in it (on meta, or
+    under a FakeTensorMode, nothing is allocated). A leaf that requires grad stays one."""
+    out = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=device)
+    return out.requires_grad_(t.requires_grad) if t.is_leaf and t.requires_grad else out
+
+
+def empty_state(model: nn.Module, device) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Empty copies of the model's parameters and of its buffers, by name, one entry per tensor:
+    swapped_state (tie_weights=True) feeds tied names from it."""
+    params = {name: empty_like_on(p, device) for name, p in model.named_parameters()}
+    buffers = {name: empty_like_on(b, device) for name, b in model.named_buffers()}
+    return params, buffers
 
 
 def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", backward: bool = False,
@@ -458,14 +464,12 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
         elif mode == "train":
             model.train()
         cap.install(named)
-        with torch.set_grad_enabled(backward), _Recorder(cap), \
-                swapped_state(model, _meta_state(model) if on_meta else None):
-            try:
-                output = model(*args, **kwargs)
-            except LayerscopeError:
-                raise
-            except Exception as e:
-                raise _forward_error(cap, e, "forward") from e
+        swap = None
+        if on_meta:
+            meta_params, meta_buffers = empty_state(model, "meta")
+            swap = {**meta_params, **meta_buffers}
+        with torch.set_grad_enabled(backward), _Recorder(cap), swapped_state(model, swap):
+            output = run_forward(cap, lambda: model(*args, **kwargs))
             if backward:
                 _run_backward(cap, modules, guard, output)
     finally:
@@ -521,12 +525,19 @@ def _unique(tensors):
             yield t
 
 
-def _run_backward(cap: _Capture, modules: list[nn.Module], guard: StateGuard, output: Any) -> None:
-    outs = [t for t in iter_tensors(output) if t.requires_grad and (t.is_floating_point() or t.is_complex())]
-    if not outs:
-        raise InputError("backward=True but no output of the model requires grad "
-                         "(are all parameters frozen, or does forward run under no_grad?)")
-    # parameter -> module call that owns it, for AccumulateGrad nodes
+def run_forward(cap: _Capture, call) -> Any:
+    """``call()`` (the model's forward) with a failure turned into a ForwardError naming the layer."""
+    try:
+        return call()
+    except LayerscopeError:
+        raise
+    except Exception as e:
+        raise _forward_error(cap, e, "forward") from e
+
+
+def run_backward(cap: _Capture, modules: list[nn.Module], backward) -> None:
+    """``backward()`` in the BACKWARD phase, ops attributed to the forward calls that made their
+    autograd nodes; AccumulateGrad nodes to the module call that owns the parameter."""
     first_call: dict[int, int] = {}
     for i, c in enumerate(cap.calls):
         first_call.setdefault(id(c.module), i)
@@ -534,17 +545,25 @@ def _run_backward(cap: _Capture, modules: list[nn.Module], guard: StateGuard, ou
         for p in m._parameters.values():
             if p is not None and id(m) in first_call:
                 cap.param_layer.setdefault(id(p), first_call[id(m)])
-    for p, _, _ in guard.params:
-        p.grad = None  # the guard restores the user's gradients (params and inputs) afterwards
-    cap.paused = True
-    seeds = [torch.ones_like(t) for t in outs]
-    cap.paused = False
     cap.phase = BACKWARD
     try:
-        torch.autograd.backward(outs, seeds)
+        backward()
     except LayerscopeError:
         raise
     except Exception as e:
         raise ForwardError(f"backward failed: {type(e).__name__}: {e}") from e
     finally:
         cap.phase = FORWARD
+
+
+def _run_backward(cap: _Capture, modules: list[nn.Module], guard: StateGuard, output: Any) -> None:
+    outs = [t for t in iter_tensors(output) if t.requires_grad and (t.is_floating_point() or t.is_complex())]
+    if not outs:
+        raise InputError("backward=True but no output of the model requires grad "
+                         "(are all parameters frozen, or does forward run under no_grad?)")
+    for p, _, _ in guard.params:
+        p.grad = None  # the guard restores the user's gradients (params and inputs) afterwards
+    cap.paused = True
+    seeds = [torch.ones_like(t) for t in outs]
+    cap.paused = False
+    run_backward(cap, modules, lambda: torch.autograd.backward(outs, seeds))

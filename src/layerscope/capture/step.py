@@ -31,10 +31,11 @@ import torch
 from torch import nn
 
 from ..costs import CostOptions
-from ..errors import ForwardError, InputError, LayerscopeError
+from ..errors import InputError, LayerscopeError
 from ..trace import BACKWARD, FORWARD, LOSS, OPTIMIZER, Trace
 from .inputs import iter_tensors, map_tensors
-from .session import StateGuard, _Capture, _forward_error, _Recorder, build_trace, swapped_state
+from .session import (StateGuard, _Capture, _Recorder, build_trace, empty_like_on, empty_state, run_backward,
+                      run_forward, swapped_state)
 from .storage import BUFFER, GRAD, INPUT, OPT, OUTPUT, PARAM, StorageTracker
 
 __all__ = ["StepRun", "PassRecord", "run_steps", "default_loss", "fake_mode_for"]
@@ -90,11 +91,6 @@ def fake_mode_for():
     return FakeTensorMode(allow_non_fake_inputs=True), True
 
 
-def _fake_like(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    out = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=device)
-    return out.requires_grad_(t.requires_grad) if t.is_leaf and t.requires_grad else out
-
-
 def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, device: torch.device,
               tracker: StorageTracker | None, optimizer: Callable | None, training: bool,
               autocast_dtype: torch.dtype | None, loss_fn: Callable | None, steps: int,
@@ -118,10 +114,8 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
     try:
         with fake_ctx:
             if simulate:
-                params = {n: nn.Parameter(_fake_like(p, device), requires_grad=p.requires_grad)
-                          for n, p in model.named_parameters()}
-                buffers = {n: _fake_like(b, device) for n, b in model.named_buffers()}
-                args, kwargs = map_tensors((tuple(args), dict(kwargs)), lambda t: _fake_like(t, device))
+                params, buffers = empty_state(model, device)
+                args, kwargs = map_tensors((tuple(args), dict(kwargs)), lambda t: empty_like_on(t, device))
                 swap = {**params, **buffers}
             else:
                 params = dict(model.named_parameters())
@@ -268,12 +262,7 @@ def _one_pass(run: StepRun, cap: _Capture, named, call, autocast, loss_fn, train
             with saved_hooks:
                 mark_phase(FORWARD)
                 with autocast():
-                    try:
-                        output = call()
-                    except LayerscopeError:
-                        raise
-                    except Exception as e:
-                        raise _forward_error(cap, e, "forward") from e
+                    output = run_forward(cap, call)
                     if tracker is not None:
                         for t in iter_tensors(output):
                             tracker.mark(t, OUTPUT)
@@ -286,12 +275,7 @@ def _one_pass(run: StepRun, cap: _Capture, named, call, autocast, loss_fn, train
                 if tracker is not None:
                     tracker.backward_starts()
                 mark_phase(BACKWARD)
-                try:
-                    loss.backward()
-                except LayerscopeError:
-                    raise
-                except Exception as e:
-                    raise ForwardError(f"backward failed: {type(e).__name__}: {e}") from e
+                run_backward(cap, [m for _, m in named], loss.backward)
                 del loss
     finally:
         cap.remove()

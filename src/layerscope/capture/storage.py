@@ -82,13 +82,14 @@ class StorageTracker:
             self.untracked += 1
             return None
 
-    def block_of(self, t: torch.Tensor, register: bool = True, nbytes: int | None = None) -> Block | None:
+    def block_of(self, t: torch.Tensor, nbytes: int | None = None) -> Block | None:
+        """The Block of ``t``'s storage, registered (allocated now) the first time it is seen."""
         st = self._storage(t)
         if st is None:
             return None
         key = id(st)
         b = self.live.get(key)
-        if b is None and register:
+        if b is None:
             size = int(st.nbytes()) if nbytes is None else nbytes
             b = Block(self.block_size(size), self.clock, self.pass_index, self.layer, self.phase)
             self.live[key] = b
@@ -125,12 +126,16 @@ class StorageTracker:
         for t in ins:
             self.block_of(t)
 
+    @staticmethod
+    def _saved(b: Block, by: tuple[int, int]) -> None:
+        b.roles |= SAVED
+        if b.saved_by is None:
+            b.saved_by = by
+
     def mark_saved(self, t: torch.Tensor, layer: int) -> None:
         b = self.block_of(t)
         if b is not None:
-            b.roles |= SAVED
-            if b.saved_by is None:
-                b.saved_by = (self.pass_index, layer)
+            self._saved(b, (self.pass_index, layer))
 
     def backward_starts(self) -> None:
         """Storages made by this pass's forward that are still alive when its backward begins are held
@@ -138,6 +143,4 @@ class StorageTracker:
         p = self.pass_index
         for b in self.live.values():
             if b.pass_index == p and b.phase == "forward":
-                b.roles |= SAVED
-                if b.saved_by is None:
-                    b.saved_by = (p, b.layer)
+                self._saved(b, (p, b.layer))
