@@ -1,8 +1,9 @@
 """layerscope: what is inside any PyTorch model, layer by layer, with numbers you can trust."""
 
-from .api import BatchFit, activations, analyze, max_batch_size, memory, summary
+from .api import BatchFit, activations, analyze, max_batch_size, memory, partition, summary
 from .costs import CostOptions
-from .errors import ForwardError, InputError, LayerscopeError, RegistryError, SpecError
+from .errors import ForwardError, InputError, LayerscopeError, PlanError, RegistryError, SpecError
+from .pipeline import SplitUnits, Stage, StagePlan, Unit
 from .memory_report import CallMemory, MemoryLayer, MemoryReport, StepMemory
 from .report import Report
 from .trace import (Costs, Coverage, LayerRecord, OpEvent, ParamSpec, ReceptiveField, TensorSpec, Totals,
@@ -15,4 +16,5 @@ __all__ = [
     "MemoryLayer", "StepMemory", "CallMemory", "Report", "Trace", "LayerRecord", "OpEvent", "Costs",
     "Totals", "Coverage", "TensorSpec", "ParamSpec", "ReceptiveField", "CostOptions",
     "LayerscopeError", "InputError", "ForwardError", "SpecError", "RegistryError", "__version__",
+    "partition", "StagePlan", "Stage", "Unit", "SplitUnits", "PlanError",
 ]

@@ -15,7 +15,7 @@ from .costs import CostOptions
 from .errors import ForwardError, InputError
 from .report import Report
 
-__all__ = ["analyze", "summary", "activations", "memory", "max_batch_size", "BatchFit"]
+__all__ = ["analyze", "summary", "activations", "memory", "max_batch_size", "BatchFit", "partition"]
 
 
 def _check_model(model: Any) -> nn.Module:
@@ -409,3 +409,84 @@ def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_
         else:
             hi = mid
     return result(lo)
+
+
+def micro_batch(args: tuple, kwargs: dict, microbatches: int, batch_dim: int = 0):
+    """The first of ``microbatches`` equal chunks of the inputs along ``batch_dim`` (as the pipeline
+    schedules split them). Integer-free leaves and tensors without that dim pass through."""
+    sizes = {t.shape[batch_dim] for t in iter_tensors((args, kwargs)) if t.dim() > batch_dim}
+    if not sizes:
+        raise InputError("the inputs have no tensor with a batch dimension to split into micro-batches")
+    if len(sizes) > 1:
+        raise InputError(f"the inputs disagree on the batch size along dim {batch_dim}: {sorted(sizes)}")
+    batch = sizes.pop()
+    if batch % microbatches:
+        raise InputError(f"batch size {batch} does not split into {microbatches} equal micro-batches")
+    return _rebatch(args, kwargs, batch_dim, batch // microbatches) + (batch // microbatches,)
+
+
+def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit=None,
+              schedule: str = "1f1b", microbatches: int = 1, optimizer=None, stages_per_rank: int = 2,
+              batch_dim: int = 0, input_size=None, dtypes=None, autocast_dtype=None, device=None,
+              latency_repeats: int = 5, **kwargs: Any):
+    """Split a model into ``stages`` pipeline stages with the smallest bottleneck (the largest stage
+    cost), each fitting ``memory_limit`` (bytes or "16GiB"; a list gives one limit per stage). Returns
+    a StagePlan.
+
+    ``model_or_report``: a model with its example inputs (the whole batch; it is cut into
+    ``microbatches`` chunks along ``batch_dim`` as the schedule will), a MemoryReport (of one
+    micro-batch) or a Report (costs and parameters only: no activation memory). ``by``: "flops"
+    (forward + backward), "macs", "params", "memory", "latency" (measured here on the real model) or a
+    callable Unit -> cost. ``schedule``: "gpipe", "1f1b" or "interleaved" (``stages_per_rank`` stages
+    on each rank). ``optimizer`` (class, factory, instance or name) sets the optimizer state counted
+    in each stage's memory; the training step is simulated on fake tensors, so a model on the meta
+    device plans without memory.
+    """
+    from .memory_report import MemoryReport
+    from .pipeline.partition import build_plan
+    from .pipeline.units import split_units, unit_latencies
+
+    notes: list[str] = []
+    options = {"optimizer": None, "autocast": None}
+    if isinstance(model_or_report, Report):
+        units = split_units(model_or_report.trace, model=model_or_report._model() if model_or_report._model
+                            else None)
+        notes.append("planned from a Report: activations and optimizer state are not counted "
+                     "(pass the model, or a MemoryReport, for memory-aware plans)")
+    elif isinstance(model_or_report, MemoryReport):
+        rep = model_or_report
+        units = _units_from_memory(rep, rep._model() if rep._model else None)
+        options.update(optimizer=rep.options.get("optimizer"), autocast=rep.options.get("autocast"))
+    else:
+        model = _check_model(model_or_report)
+        args = _example_inputs(args, kwargs, input_size, dtypes, None, model_device(model), "partition")
+        mb_args, mb_kwargs, mb = micro_batch(args, kwargs, microbatches, batch_dim)
+        rep = memory(model, *mb_args, optimizer=optimizer, autocast_dtype=autocast_dtype, device=device,
+                     steps=2 if optimizer is not None else 1, batch_dim=batch_dim, **mb_kwargs)
+        if by == "latency" and (model_device(model).type == "meta" or _is_fake(model)):
+            raise InputError("by='latency' times the units on the real model; this one has no data "
+                             "(meta or fake tensors)")
+        units = _units_from_memory(rep, model, micro=mb)
+        if by == "latency":
+            with _gc_paused():
+                lat = unit_latencies(model, units, mb_args, mb_kwargs, repeats=latency_repeats)
+            units = _with_latencies(units, lat)
+        options.update(optimizer=rep.options.get("optimizer"), autocast=rep.options.get("autocast"),
+                       device=rep.options.get("device"))
+    return build_plan(units, stages=stages, by=by, memory_limit=memory_limit, schedule=schedule,
+                      microbatches=microbatches, stages_per_rank=stages_per_rank, options=options,
+                      notes=notes)
+
+
+def _units_from_memory(rep, model, micro=None):
+    from .pipeline.units import split_units
+    grads = rep.totals.get("gradient_bytes") or 0
+    ratio = (rep.totals.get("optimizer_bytes") or 0) / grads if grads else 0.0
+    return split_units(rep.trace, memory_layers=rep.layers, model=model, optimizer_ratio=ratio,
+                       micro_batch=micro)
+
+
+def _with_latencies(units, latencies: dict):
+    import dataclasses
+    return dataclasses.replace(units, units=tuple(dataclasses.replace(u, latency=latencies.get(u.name))
+                                                  for u in units.units))

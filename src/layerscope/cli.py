@@ -92,7 +92,64 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--limit", help="memory limit such as 80GiB: says whether the peak fits, and the "
                                    "largest batch that does")
     m.add_argument("--measure", action="store_true", help="also run the real step and measure it")
+    sp = sub.add_parser("split", help="optimal pipeline stages; --run trains them under torchrun",
+                        formatter_class=argparse.RawTextHelpFormatter, epilog=_SPLIT_EXAMPLES)
+    _model_args(sp)
+    sp.add_argument("--stages", type=int, required=True, help="number of pipeline stages")
+    sp.add_argument("--by", choices=("flops", "macs", "params", "memory", "latency"), default="flops",
+                    help="the stage cost to balance (default flops, forward + backward)")
+    sp.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"), default="1f1b")
+    sp.add_argument("--microbatches", type=int, default=4)
+    sp.add_argument("--batch-size", type=int, default=8, help="the whole batch, split into micro-batches")
+    sp.add_argument("--optimizer", default="adamw", help="optimizer whose state each stage holds")
+    sp.add_argument("--memory-limit", help="per-stage memory limit such as 16GiB")
+    sp.add_argument("--device", help="the device to plan for (cpu or cuda)")
+    sp.add_argument("--run", action="store_true",
+                    help="train the stages under torchrun (gloo on CPU) and compare with one process")
+    sp.add_argument("--steps", type=int, default=3, help="training steps for --run (default 3)")
     return p
+
+
+_SPLIT_EXAMPLES = """examples:
+  layerscope split hf:GPT2Config --head causal-lm --set n_layer=4 --input-ids 8,64 --stages 2
+  layerscope split layerscope.examples:tiny_gpt --stages 2 --schedule gpipe --microbatches 4 --run
+  layerscope split hf:LlamaConfig --set num_hidden_layers=80 --stages 8 --memory-limit 80GiB --device cuda
+
+--run starts torchrun with one process per stage (the model is rebuilt in each from SPEC and --set)."""
+
+
+def _split(ns: argparse.Namespace) -> int:
+    from .api import _rebatch, partition
+    from .specs import parse_overrides
+
+    if ns.run:
+        from .pipeline.run import launch
+        with _status(f"training {ns.stages} stages under torchrun"):
+            res = launch(ns.spec, overrides=parse_overrides(ns.set), stages=ns.stages, by=ns.by,
+                         schedule=ns.schedule, microbatches=ns.microbatches, batch_size=ns.batch_size,
+                         steps=ns.steps, optimizer=ns.optimizer)
+        text = res.plan.table() + "\n" + res.table()
+        return _write(ns, text)
+    model, args, kwargs = _build(ns, None if ns.device == "cuda" else ns.device)
+    args, kwargs = _rebatch(args, kwargs, 0, ns.batch_size)
+    with _status("planning"):
+        plan = partition(model, *args, stages=ns.stages, by=ns.by, memory_limit=ns.memory_limit,
+                         schedule=ns.schedule, microbatches=ns.microbatches, optimizer=ns.optimizer,
+                         device=ns.device, **kwargs)
+    return _emit(ns, plan)
+
+
+def _write(ns: argparse.Namespace, text: str) -> int:
+    if ns.output:
+        from .errors import InputError
+        try:
+            with open(ns.output, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as e:
+            raise InputError(f"cannot write {ns.output}: {e.strerror}") from e
+    else:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return 0
 
 
 def _status(text: str):
@@ -149,16 +206,7 @@ def _emit(ns: argparse.Namespace, rep) -> int:
             rep.print(**view)
             return 0
         text = rep.table(**view)
-    if ns.output:
-        from .errors import InputError
-        try:
-            with open(ns.output, "w", encoding="utf-8") as f:
-                f.write(text)
-        except OSError as e:
-            raise InputError(f"cannot write {ns.output}: {e.strerror}") from e
-    else:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
-    return 0
+    return _write(ns, text)
 
 
 def _summary(ns: argparse.Namespace) -> int:
@@ -213,6 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _summary(ns)
         if ns.command == "memory":
             return _memory(ns)
+        if ns.command == "split":
+            return _split(ns)
     except LayerscopeError as e:
         print(f"layerscope: error: {e}", file=sys.stderr)
         return EXIT_ERROR

@@ -7,7 +7,7 @@ attached as ``__cause__`` so nothing is lost.
 
 from __future__ import annotations
 
-__all__ = ["LayerscopeError", "InputError", "ForwardError", "SpecError", "RegistryError"]
+__all__ = ["LayerscopeError", "InputError", "ForwardError", "SpecError", "RegistryError", "PlanError"]
 
 
 class LayerscopeError(Exception):
@@ -35,3 +35,12 @@ class ForwardError(LayerscopeError, RuntimeError):
         self.path = path
         self.module_type = module_type
         self.input_shapes = input_shapes
+
+
+class PlanError(LayerscopeError, ValueError):
+    """No pipeline split satisfies the constraints; says what would (a memory limit, a stage count)."""
+
+    def __init__(self, message: str, *, min_memory: int | None = None, min_stages: int | None = None) -> None:
+        super().__init__(message)
+        self.min_memory = min_memory
+        self.min_stages = min_stages

@@ -1,0 +1,237 @@
+"""The optimal contiguous split of units into pipeline stages, under per-stage memory limits.
+
+Objective: minimise the bottleneck, the largest stage cost (the pipeline's throughput is set by its
+slowest stage). Constraint: each stage's memory fits its device. A stage's memory depends on where
+it sits (how many micro-batches the schedule keeps in flight there) and on its first and last unit
+(the boundary buffers), so it is not a plain sum and greedy splitting is not exact. The solver is a
+dynamic programme over (stage, first unit):
+
+    best[s][x] = min over y > x of  max(cost_s(x, y), best[s + 1][y])   with  mem_s(x, y) <= limit_s
+
+evaluated a whole row of ``y`` at a time with tensors: O(K·n²) work, exact for any costs (ties between
+equal bottlenecks go to the earliest cut). Memory of stage s over units [x, y), per the schedule:
+
+    state (params + grads + optimizer state, tied weights once per stage)
+    + held(s) × saved activations per micro-batch
+    + held(s) × the stage's output (kept for its backward)
+    + boundary buffers: M received inputs (s > 0) and M received output gradients (s < K - 1),
+      which is how torch.distributed.pipelining allocates its receive buffers (one per micro-batch)
+
+held(s): GPipe keeps all M micro-batches; 1F1B keeps min(K - s, M); interleaved 1F1B with v stages per
+rank keeps, on rank r of p, min(M, ceil(((p - r - 1)·2 + (v - 1)·p + 1) / v)) per stage (Megatron's
+warm-up count spread over the rank's stages).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from ..errors import InputError, PlanError
+from .units import SplitUnits, Unit
+
+__all__ = ["solve", "held_microbatches", "stage_memory", "SCHEDULES", "COSTS"]
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+COSTS = ("flops", "macs", "params", "memory", "latency")
+
+
+def held_microbatches(schedule: str, stages: int, microbatches: int, stage: int,
+                      stages_per_rank: int = 2) -> int:
+    m = microbatches
+    if schedule == "gpipe":
+        return m
+    if schedule == "1f1b":
+        return min(stages - stage, m)
+    v = stages_per_rank
+    p = stages // v
+    r = stage % p
+    return min(m, math.ceil(((p - r - 1) * 2 + (v - 1) * p + 1) / v))
+
+
+def _unit_cost(by) -> Callable[[Unit], float]:
+    if callable(by):
+        return lambda u: float(by(u))
+    if by == "flops":
+        return lambda u: float(u.flops)
+    if by == "macs":
+        return lambda u: float(u.macs)
+    if by == "params":
+        return lambda u: float(u.params)
+    if by == "latency":
+        def lat(u):
+            if u.latency is None:
+                raise InputError(f"unit {u.name!r} has no measured latency (partition(..., by='latency') "
+                                 "measures it on a real model; a meta model or a report cannot be timed)")
+            return float(u.latency)
+        return lat
+    raise InputError(f"by must be one of {', '.join(COSTS)} or a callable unit -> cost, got {by!r}")
+
+
+class _Tables:
+    """Prefix sums over units, so any stage's cost and memory are O(1) tensor expressions."""
+
+    def __init__(self, units: SplitUnits, by, microbatches: int) -> None:
+        us = units.units
+        self.n = len(us)
+        d = torch.float64
+
+        def prefix(vals):
+            return torch.cat([torch.zeros(1, dtype=d), torch.cumsum(torch.tensor(vals, dtype=d), 0)])
+
+        self.by_memory = by == "memory"
+        self.cost = None if self.by_memory else prefix([_unit_cost(by)(u) for u in us])
+        self.state = prefix([u.state_bytes for u in us])
+        self.act = prefix([u.saved_bytes for u in us])
+        self.inb = torch.tensor([u.input_bytes for u in us] + [0], dtype=d)
+        self.outb = torch.tensor([0] + [u.output_bytes for u in us], dtype=d)   # of unit y-1
+        self.ties = [(prefix([1.0 if i in t.units else 0.0 for i in range(self.n)]), float(t.state_bytes))
+                     for t in units.ties]
+        self.m = microbatches
+
+    def _grid(self, p, x, y):
+        return p[y][None, :] - p[x][:, None]
+
+    def memory(self, x, y, held: int, first: bool, last: bool):
+        """Memory of a stage over units [x, y) for every pair in the index vectors x (rows), y (cols)."""
+        mem = self._grid(self.state, x, y) + held * self._grid(self.act, x, y)
+        for pre, nbytes in self.ties:
+            cnt = self._grid(pre, x, y)
+            mem = mem - torch.clamp(cnt - 1, min=0) * nbytes
+        if not first:
+            mem = mem + (self.m * self.inb[x])[:, None]
+        # the stage's output is kept per micro-batch in flight until its backward, and (but on the
+        # last stage, whose gradient comes from the loss) a gradient buffer is received per micro-batch
+        mem = mem + ((held + (0 if last else self.m)) * self.outb[y])[None, :]
+        return mem
+
+    def cost_grid(self, x, y, mem):
+        return mem if self.by_memory else self._grid(self.cost, x, y)
+
+
+def solve(units: SplitUnits, stages: int, by, limits: list[float] | None, schedule: str,
+          microbatches: int, stages_per_rank: int = 2):
+    """Exact min-max split. Returns (bounds, bottleneck) with bounds[s] = (x, y), or None when no split
+    fits the limits."""
+    t = _Tables(units, by, microbatches)
+    n, k = t.n, stages
+    if k > n:
+        return None
+    inf = float("inf")
+    best = torch.full((n + 1,), inf, dtype=torch.float64)
+    best[n] = 0.0
+    choice: list[torch.Tensor] = [None] * k  # type: ignore[list-item]
+    for s in range(k - 1, -1, -1):
+        lo, hi = s, n - (k - s)                 # stage s starts in [lo, hi]
+        x = torch.arange(lo, hi + 1)
+        y = torch.arange(lo + 1, n - (k - s - 1) + 1)
+        held = held_microbatches(schedule, k, microbatches, s, stages_per_rank)
+        mem = t.memory(x, y, held, s == 0, s == k - 1)
+        val = torch.maximum(t.cost_grid(x, y, mem), best[y][None, :])
+        bad = y[None, :] <= x[:, None]
+        if limits is not None:
+            bad = bad | (mem > limits[s])
+        val = val.masked_fill(bad, inf)
+        row_best, arg = val.min(dim=1)
+        nb = torch.full((n + 1,), inf, dtype=torch.float64)
+        nb[lo:hi + 1] = row_best
+        full = torch.zeros(n + 1, dtype=torch.long)
+        full[lo:hi + 1] = y[arg]
+        choice[s] = full
+        best = nb
+    if not math.isfinite(best[0].item()):
+        return None
+    bounds, x = [], 0
+    for s in range(k):
+        y = int(choice[s][x])
+        bounds.append((x, y))
+        x = y
+    return bounds, best[0].item()
+
+
+def stage_memory(units: SplitUnits, x: int, y: int, stage: int, stages: int, schedule: str,
+                 microbatches: int, stages_per_rank: int = 2) -> dict:
+    """Breakdown of one stage's memory (bytes): state, activations, boundary, total."""
+    us = units.units[x:y]
+    held = held_microbatches(schedule, stages, microbatches, stage, stages_per_rank)
+    dup = 0
+    for tie in units.ties:
+        c = sum(1 for i in tie.units if x <= i < y)
+        dup += max(c - 1, 0) * tie.state_bytes
+    params = sum(u.param_bytes for u in us)
+    grads = sum(u.grad_bytes for u in us)
+    opt = sum(u.optimizer_bytes for u in us)
+    act = held * sum(u.saved_bytes for u in us)
+    boundary = (microbatches * us[0].input_bytes if stage > 0 else 0) + \
+        (microbatches * us[-1].output_bytes if stage < stages - 1 else 0)
+    outputs = held * us[-1].output_bytes
+    state = params + grads + opt - dup
+    dup, state = int(dup), int(state)
+    return {"params": params, "grads": grads, "optimizer": opt, "tied_dedup": dup, "state": state,
+            "held_microbatches": held, "activations": act, "outputs": outputs, "boundary": boundary,
+            "total": state + act + outputs + boundary}
+
+
+def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: str, microbatches: int,
+               stages_per_rank: int = 2, options: dict | None = None, notes=()):
+    """Solve and package the result as a StagePlan; infeasible -> PlanError with what would work."""
+    from ..render.units import iec, parse_bytes
+    from .plan import Stage, StagePlan
+
+    if schedule not in SCHEDULES:
+        raise InputError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if not isinstance(stages, int) or stages < 1:
+        raise InputError(f"stages must be a positive integer, got {stages!r}")
+    if microbatches < 1:
+        raise InputError(f"microbatches must be at least 1, got {microbatches}")
+    if schedule == "interleaved" and (stages_per_rank < 2 or stages % stages_per_rank):
+        raise InputError(f"the interleaved schedule puts {stages_per_rank} stages on each rank: stages "
+                         f"({stages}) must be a multiple of stages_per_rank (at least 2)")
+    n = len(units)
+    if stages > n:
+        raise PlanError(f"{units.model_name} has only {n} split units "
+                        f"({', '.join(u.name for u in units.units[:8])}{' ...' if n > 8 else ''}); "
+                        f"it cannot be cut into {stages} stages", min_stages=None)
+    limits = None
+    if memory_limit is not None:
+        raw = memory_limit if isinstance(memory_limit, (list, tuple)) else [memory_limit] * stages
+        if len(raw) != stages:
+            raise InputError(f"memory_limit has {len(raw)} entries for {stages} stages")
+        limits = [float(parse_bytes(v)) for v in raw]
+    _unit_cost(by) if by != "memory" else None   # validates ``by`` early
+    found = solve(units, stages, by, limits, schedule, microbatches, stages_per_rank)
+    if found is None:
+        fit = solve(units, stages, "memory", None, schedule, microbatches, stages_per_rank)
+        need = int(math.ceil(fit[1])) if fit else None
+        k_ok = None
+        for k in range(stages + 1, n + 1):
+            if schedule == "interleaved" and k % stages_per_rank:
+                continue
+            lim_k = None if limits is None else [min(limits)] * k
+            if solve(units, k, by, lim_k, schedule, microbatches, stages_per_rank) is not None:
+                k_ok = k
+                break
+        raise PlanError(
+            f"no split of {units.model_name} into {stages} stages fits the memory limit "
+            f"({', '.join(iec(int(v)) for v in sorted(set(limits or [])))}); "
+            + (f"the smallest per-stage limit that works with {stages} stages is {iec(need)}" if need else "")
+            + (f"; with this limit the smallest stage count that works is {k_ok}" if k_ok
+               else "; no stage count works with this limit"),
+            min_memory=need, min_stages=k_ok)
+    bounds, bottleneck = found
+    cost_of = None if by == "memory" else _unit_cost(by)
+    p = stages // stages_per_rank if schedule == "interleaved" else stages
+    out = []
+    for s, (x, y) in enumerate(bounds):
+        us = units.units[x:y]
+        mem = stage_memory(units, x, y, s, stages, schedule, microbatches, stages_per_rank)
+        out.append(Stage(index=s, first=x, last=y - 1, units=tuple(u.name for u in us),
+                         cost=float(mem["total"]) if cost_of is None else sum(cost_of(u) for u in us),
+                         flops=sum(u.flops for u in us), macs=sum(u.macs for u in us),
+                         params=sum(u.params for u in us), memory=mem,
+                         limit=int(limits[s]) if limits else None, rank=s % p))
+    return StagePlan(units=units, stages=tuple(out), by=by if isinstance(by, str) else "custom",
+                     schedule=schedule, microbatches=microbatches, bottleneck=bottleneck,
+                     options=dict(options or {}), notes=tuple(notes))

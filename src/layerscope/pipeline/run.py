@@ -1,0 +1,257 @@
+"""Run a StagePlan as a real pipeline: torchrun, one process per rank, gloo on CPU (NCCL on GPU).
+
+``launch()`` (the CLI's ``split --run``) writes the run's settings to a JSON file and starts
+``torchrun --nproc_per_node P -m layerscope.pipeline.run FILE``. Every rank builds the model from
+the same spec and seed, computes the same plan, builds its own stage (export path when torch.export
+traces the model, module ownership otherwise), trains ``steps`` steps with the schedule and writes
+its measured step time, peak memory (the CPU allocator's events for the last step, plus the stage's
+parameters, gradients and optimizer state alive before it) and, on the last rank, the losses.
+The launcher trains the same model in one process with the same micro-batches (gradient
+accumulation) and compares the losses.
+
+``pipeline_stage(plan, model, rank, args, kwargs)`` gives a user the PipelineStage for their rank,
+for their own training loop (with ``TieSync`` for tied weights across stages).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import InputError
+from .stages import TieSync, build_stage_module, export_stages, flat_inputs, main_tensor
+
+__all__ = ["pipeline_stage", "launch", "RunResult", "reference_losses"]
+
+
+def pipeline_stage(plan, model: torch.nn.Module, rank: int, args: tuple, kwargs: dict | None = None,
+                   device=None, path: str = "auto", group=None):
+    """(PipelineStage, TieSync, path) for ``rank``'s stage. ``args``/``kwargs``: one micro-batch of
+    example inputs. The model is cut down in place on the ownership path (other stages' modules
+    become stubs), so pass the rank's own copy. Call the TieSync after backward, before the step."""
+    from torch.distributed.pipelining import PipelineStage
+
+    kwargs = kwargs or {}
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if plan.schedule == "interleaved":
+        raise InputError("pipeline_stage() builds one stage per rank; the interleaved schedule needs "
+                         "several per rank (build each with build_stage_module on its own model copy)")
+    if path in ("auto", "export"):
+        try:
+            pipe, _ = export_stages(model, plan, args, kwargs)
+            stage = pipe.build_stage(rank, device, group)
+            return stage, TieSync(plan, stage.submod, rank, prefix="model."), "export"
+        except InputError:
+            raise
+        except Exception:  # noqa: BLE001 - export failed: module ownership
+            if path == "export":
+                raise
+    mod = build_stage_module(model, plan, rank, args, kwargs, copy_model=False).to(device)
+    stage = PipelineStage(mod, rank, plan.num_stages, device, group=group)
+    return stage, TieSync(plan, mod, rank, prefix="model."), "ownership"
+
+
+def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(out.float(), target.float())
+
+
+def _setup(cfg: dict):
+    from ..api import _rebatch, micro_batch, partition
+    from ..capture.inputs import map_tensors
+    from ..specs import build_model
+
+    torch.manual_seed(cfg["seed"])
+    built = build_model(cfg["spec"], None, cfg.get("overrides") or {})
+    model = built.model
+    if built.default_inputs is None:
+        raise InputError(f"{cfg['spec']} gives no default inputs to run a pipeline with")
+    args, kwargs = built.default_inputs(torch.device("cpu"))
+    args, kwargs = _rebatch(args, kwargs, 0, cfg["batch_size"])
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+
+    def fresh(t: torch.Tensor) -> torch.Tensor:   # distinct samples in every row of the batch
+        if t.is_floating_point():
+            return torch.randn(t.shape, dtype=t.dtype)
+        return torch.randint(0, int(vocab or (int(t.max()) + 1)), t.shape, dtype=t.dtype)
+
+    args, kwargs = map_tensors(args, fresh), map_tensors(kwargs, fresh)
+    model.train() if cfg.get("train_mode", True) else model.eval()
+    plan = partition(model, *args, stages=cfg["stages"], by=cfg["by"], schedule=cfg["schedule"],
+                     microbatches=cfg["microbatches"], optimizer=cfg["optimizer"], **kwargs)
+    mb_args, mb_kwargs, _ = micro_batch(args, kwargs, cfg["microbatches"])
+    with torch.no_grad():
+        out = main_tensor(model(*mb_args, **mb_kwargs))
+    g = torch.Generator().manual_seed(cfg["seed"] + 1)
+    target = torch.randn((out.shape[0] * cfg["microbatches"],) + tuple(out.shape[1:]), generator=g)
+    return model, args, kwargs, mb_args, mb_kwargs, plan, target
+
+
+def _optimizer(name: str, params):
+    from ..api import _optimizer_factory
+    return _optimizer_factory(name)(params)
+
+
+def reference_losses(cfg: dict) -> list[float]:
+    """Single-process training with the same micro-batches, loss and optimizer."""
+    model, args, kwargs, _, _, _, target = _setup(cfg)
+    tensors, rebuild = flat_inputs(args, kwargs)
+    m = cfg["microbatches"]
+    chunks = list(zip(*[t.chunk(m) for t in tensors]))
+    targets = target.chunk(m)
+    opt = _optimizer(cfg["optimizer"], [p for p in model.parameters() if p.requires_grad])
+    losses = []
+    for _ in range(cfg["steps"]):
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for c, t in zip(chunks, targets):
+            a, k = rebuild(c)
+            loss = _loss(main_tensor(model(*a, **k)), t)
+            (loss / m).backward()
+            total += loss.item()
+        opt.step()
+        losses.append(total / m)
+    return losses
+
+
+def worker(cfg_path: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+
+    from ..capture.measure import measure_cpu, state_bytes
+
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    cuda = torch.cuda.is_available() and cfg.get("device", "cpu") != "cpu"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    try:
+        model, args, kwargs, mb_args, mb_kwargs, plan, target = _setup(cfg)
+        if plan.num_stages != world:
+            raise InputError(f"the plan has {plan.num_stages} stages for {world} ranks")
+        stage, sync, path = pipeline_stage(plan, model, rank, mb_args, mb_kwargs, device=device,
+                                           path=cfg.get("path", "auto"))
+        params = [p for p in stage.submod.parameters() if p.requires_grad]
+        opt = _optimizer(cfg["optimizer"], params)
+        cls = ScheduleGPipe if cfg["schedule"] == "gpipe" else Schedule1F1B
+        sched = cls(stage, n_microbatches=cfg["microbatches"], loss_fn=_loss)
+        tensors, _ = flat_inputs(args, kwargs)
+        tensors = [t.to(device) for t in tensors]
+        times, losses = [], []
+
+        def one_step():
+            opt.zero_grad(set_to_none=True)
+            t0 = time.perf_counter()
+            mb_losses: list = []
+            if rank == 0:
+                sched.step(*tensors, target=target.to(device) if world == 1 else None,
+                           losses=mb_losses if world == 1 else None, return_outputs=False)
+            elif rank == world - 1:
+                sched.step(target=target.to(device), losses=mb_losses, return_outputs=False)
+            else:
+                sched.step(return_outputs=False)
+            sync()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+            if mb_losses:
+                losses.append(sum(x.item() for x in mb_losses) / len(mb_losses))
+
+        for _ in range(cfg["steps"] - 1):
+            one_step()
+        before = state_bytes([*stage.submod.parameters(), *stage.submod.buffers(),
+                              *[v for s in opt.state.values() for v in s.values()
+                                if isinstance(v, torch.Tensor)]])
+
+        def last(on_step):
+            on_step(0, "begin")
+            one_step()
+            on_step(0, "end")
+
+        measured = measure_cpu(last, before, 1) if device.type == "cpu" else None
+        peak = measured.peak_bytes if measured else torch.cuda.max_memory_allocated(device)
+        out = {"rank": rank, "path": path, "times": times, "losses": losses, "peak_bytes": peak,
+               "predicted_bytes": plan.stages[rank].memory_bytes,
+               "params": sum(p.numel() for p in stage.submod.parameters())}
+        with open(os.path.join(cfg["out"], f"rank{rank}.json"), "w") as f:
+            json.dump(out, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@dataclass(frozen=True)
+class RunResult:
+    plan: object
+    ranks: tuple[dict, ...]
+    reference: tuple[float, ...]
+    losses: tuple[float, ...]
+    path: str
+
+    @property
+    def loss_rel_diff(self) -> float:
+        return max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(self.losses, self.reference))
+
+    def table(self) -> str:
+        from ..render.text import text_table
+        from ..render.units import iec
+        header = ["Stage", "Step time (median)", "Peak measured", "Peak predicted", "Error"]
+        body = []
+        for r in self.ranks:
+            ts = sorted(r["times"][1:] or r["times"])
+            err = (r["predicted_bytes"] - r["peak_bytes"]) / r["peak_bytes"] if r["peak_bytes"] else 0.0
+            body.append([str(r["rank"]), f"{ts[len(ts) // 2] * 1e3:.1f} ms", iec(r["peak_bytes"]),
+                         iec(r["predicted_bytes"]), f"{100 * err:+.1f}%"])
+        footer = [("Stages built by", "torch.export + pipeline()" if self.path == "export"
+                   else "module ownership (torch.export could not trace the model)"),
+                  ("Loss per step", ", ".join(f"{x:.6g}" for x in self.losses)),
+                  ("Single process", ", ".join(f"{x:.6g}" for x in self.reference)),
+                  ("Max relative diff", f"{self.loss_rel_diff:.2e}")]
+        return text_table(header, body, footer)
+
+
+def launch(spec: str, *, overrides: dict | None = None, stages: int, by: str = "flops", schedule: str = "1f1b", microbatches: int = 4,
+           batch_size: int = 8, steps: int = 3, optimizer: str = "sgd", seed: int = 0, path: str = "auto",
+           device: str = "cpu", timeout: float = 600.0) -> RunResult:
+    """Train ``steps`` steps of the split model under torchrun and compare with one process."""
+    if schedule == "interleaved":
+        raise InputError("--run supports the gpipe and 1f1b schedules")
+    with tempfile.TemporaryDirectory(prefix="layerscope-run-") as tmp:
+        cfg = {"spec": spec, "overrides": overrides or {}, "stages": stages, "by": by, "schedule": schedule,
+               "microbatches": microbatches, "batch_size": batch_size, "steps": steps,
+               "optimizer": optimizer, "seed": seed, "out": tmp, "path": path, "device": device}
+        cfg_path = os.path.join(tmp, "run.json")
+        with open(cfg_path, "w") as f:
+            json.dump(cfg, f)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(stages),
+               "--master_port", str(_free_port()), "-m", "layerscope.pipeline.run", cfg_path]
+        env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // stages)))
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+            raise InputError(f"the pipeline run failed (torchrun exit {proc.returncode}):\n{tail}")
+        ranks = []
+        for r in range(stages):
+            with open(os.path.join(tmp, f"rank{r}.json")) as f:
+                ranks.append(json.load(f))
+        ref = reference_losses(cfg)
+        plan = _setup(cfg)[5]
+    return RunResult(plan=plan, ranks=tuple(ranks), reference=tuple(ref), losses=tuple(ranks[-1]["losses"]),
+                     path=ranks[0]["path"])
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1])

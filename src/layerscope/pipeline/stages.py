@@ -1,0 +1,309 @@
+"""Runnable stages from a StagePlan, two ways, and a check that the chain reproduces the model.
+
+(a) ``torch.distributed.pipelining.pipeline()`` with a SplitPoint at the start of each stage, when
+    torch.export can trace the model (wrapped so that it returns one tensor).
+(b) Module ownership, for models export cannot trace (as torchtitan does): each stage keeps the
+    model's structure but only its own units' modules; every other parameterised unit is replaced by
+    a stub returning zeros of the right shape, parameter-free units (dropout, rotary embeddings) are
+    kept everywhere. A stage runs the model's own forward: at its first unit a pre-hook swaps in the
+    received arguments (the ones that depend on earlier units' parameters, found once at build time by
+    making every unit's output require grad), and at the next stage's first unit a pre-hook takes that
+    unit's arguments and stops the forward. The cut is valid by construction (``units.py``), so the
+    glue the stage re-runs on placeholders only produces values it does not use.
+
+Tied weights held by two stages are kept in both; ``TieSync`` sums their gradients across the ranks
+after each backward, which is exactly the gradient of the single tied parameter.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from ..capture.session import StateGuard
+from ..errors import InputError
+from .plan import StagePlan
+
+__all__ = ["StageModule", "build_stage_module", "main_tensor", "verify_chain", "TieSync", "ExportedStages",
+           "export_stages", "flat_inputs"]
+
+
+def main_tensor(out: Any) -> torch.Tensor:
+    """The tensor a pipeline's last stage hands to the loss: the model's output if it is one, else its
+    ``logits``, ``last_hidden_state`` or first tensor."""
+    if isinstance(out, torch.Tensor):
+        return out
+    for key in ("logits", "last_hidden_state"):
+        v = out.get(key) if isinstance(out, dict) else getattr(out, key, None)
+        if isinstance(v, torch.Tensor):
+            return v
+    leaves = [x for x in pytree.tree_leaves(out) if isinstance(x, torch.Tensor)]
+    if not leaves:
+        raise InputError("the model's output holds no tensor a pipeline could hand to a loss")
+    return leaves[0]
+
+
+def flat_inputs(args: tuple, kwargs: dict):
+    """(tensors, rebuild): the input tensors in order, and a function tensors -> (args, kwargs)."""
+    leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    where = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+
+    def rebuild(tensors):
+        out = list(leaves)
+        for i, t in zip(where, tensors):
+            out[i] = t
+        return pytree.tree_unflatten(out, spec)
+
+    return tuple(leaves[i] for i in where), rebuild
+
+
+class _Stop(Exception):
+    pass
+
+
+class _Stub(nn.Module):
+    """Stands in for a unit another stage owns: zeros shaped like the unit's recorded output."""
+
+    def __init__(self, name: str, metas, spec, batch: int) -> None:
+        super().__init__()
+        self.name = name
+        self.metas = metas
+        self.spec = spec
+        self.batch = batch
+
+    def forward(self, *args, **kwargs):
+        dev = next((t.device for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)),
+                   torch.device("cpu"))
+        out = [torch.zeros(m[0], dtype=m[1], device=dev) if isinstance(m, tuple) else m for m in self.metas]
+        return pytree.tree_unflatten(out, self.spec)
+
+    def extra_repr(self) -> str:
+        return f"stub for {self.name}"
+
+
+def _record(model: nn.Module, plan: StagePlan, tensors: tuple, rebuild):
+    """One forward in which every parameterised unit's output is a fresh leaf requiring grad: gives
+    the units' output templates and, at each stage's first unit, which arguments depend on earlier
+    units (the boundary)."""
+    units = plan.units.units
+    templates: dict[int, tuple] = {}
+    boundary: dict[int, list[int]] = {}
+    firsts = {plan.stages[s].first: s for s in range(1, plan.num_stages)}
+    handles = []
+    guard = StateGuard(model, inputs=tensors)
+
+    def post(u):
+        def hook(mod, a, out):
+            leaves, spec = pytree.tree_flatten(out)
+            templates[u] = ([(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in leaves],
+                            spec)
+            return pytree.tree_unflatten(
+                [x.detach().requires_grad_(x.is_floating_point()) if isinstance(x, torch.Tensor) else x
+                 for x in leaves], spec)
+        return hook
+
+    def pre(u):
+        def hook(mod, a, kw):
+            leaves = pytree.tree_leaves((a, kw))
+            boundary[u] = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.requires_grad]
+        return hook
+
+    try:
+        for u in units:
+            for p in _stubbed(model, u):
+                handles.append(model.get_submodule(p).register_forward_hook(post(p)))
+        for u in firsts:
+            handles.append(model.get_submodule(units[u].paths[0]).register_forward_pre_hook(
+                pre(u), with_kwargs=True))
+        with torch.enable_grad():
+            a, k = rebuild(tensors)
+            model(*a, **k)
+    finally:
+        for h in handles:
+            h.remove()
+        guard.restore()
+    return templates, boundary
+
+
+def _stubbed(model: nn.Module, unit) -> list[str]:
+    """The unit's modules a stage that does not own it replaces by stubs: those with parameters."""
+    return [p for p in unit.paths if any(True for _ in model.get_submodule(p).parameters())]
+
+
+class StageModule(nn.Module):
+    """One stage of a module-ownership split (path b). Its parameters are its own units' only."""
+
+    def __init__(self, model: nn.Module, plan: StagePlan, stage: int, tensors: tuple, rebuild,
+                 templates: dict, boundary: dict) -> None:
+        super().__init__()
+        st = plan.stages[stage]
+        units = plan.units.units
+        self.stage, self.num_stages = stage, plan.num_stages
+        self.rebuild = rebuild
+        self.input_metas = [(tuple(t.shape), t.dtype) for t in tensors]
+        self.first_boundary = boundary.get(st.first, []) if stage > 0 else []
+        self.needs_inputs = stage == 0 or units[st.first].needs_inputs
+        self.next_boundary = boundary.get(st.last + 1, []) if stage < plan.num_stages - 1 else []
+        self.pass_inputs = stage < plan.num_stages - 1 and any(
+            units[plan.stages[t].first].needs_inputs for t in range(stage + 1, plan.num_stages))
+        for u in units:
+            if st.first <= u.index <= st.last:
+                continue
+            for p in _stubbed(model, u):
+                metas, spec = templates.get(p, ([], pytree.tree_flatten(None)[1]))
+                parent, _, name = p.rpartition(".")
+                model.get_submodule(parent)._modules[name] = _Stub(p, metas, spec, 0)
+        self.model = model
+        self._received: tuple = ()
+        self._sent: list = []
+        if stage > 0:
+            model.get_submodule(units[st.first].paths[0]).register_forward_pre_hook(
+                self._inject, with_kwargs=True)
+        if stage < plan.num_stages - 1:
+            model.get_submodule(units[st.last + 1].paths[0]).register_forward_pre_hook(
+                self._stop, with_kwargs=True)
+
+    def _inject(self, mod, args, kwargs):
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        for i, t in zip(self.first_boundary, self._received):
+            leaves[i] = t
+        return pytree.tree_unflatten(leaves, spec)
+
+    def _stop(self, mod, args, kwargs):
+        leaves = pytree.tree_leaves((args, kwargs))
+        self._sent = [leaves[i] for i in self.next_boundary]
+        raise _Stop
+
+    def forward(self, *flat):
+        nb = len(self.first_boundary)
+        self._received = flat[:nb]
+        if self.needs_inputs:
+            inputs = flat[nb:]
+        else:
+            dev = flat[0].device if flat else torch.device("cpu")
+            inputs = [torch.zeros(s, dtype=d, device=dev) for s, d in self.input_metas]
+        args, kwargs = self.rebuild(inputs)
+        try:
+            out = self.model(*args, **kwargs)
+        except _Stop:
+            sent = tuple(self._sent)
+            self._sent = []
+            return sent + (tuple(inputs) if self.pass_inputs else ())
+        finally:
+            self._received = ()
+        return main_tensor(out)
+
+
+def build_stage_module(model: nn.Module, plan: StagePlan, stage: int, args: tuple, kwargs: dict,
+                       copy_model: bool = True) -> StageModule:
+    """The module of ``stage`` for path (b). ``args``/``kwargs`` are one micro-batch of inputs.
+    With ``copy_model=False`` the model itself is cut down (other stages' modules replaced by stubs),
+    as on a rank that holds only its stage."""
+    tensors, rebuild = flat_inputs(args, kwargs)
+    templates, boundary = _record(model, plan, tensors, rebuild)
+    target = copy.deepcopy(model) if copy_model else model
+    return StageModule(target, plan, stage, tensors, rebuild, templates, boundary)
+
+
+class ExportedStages:
+    """Path (a): the traced pipeline and its stage submodules."""
+
+    def __init__(self, pipe, names: list[list[str]]) -> None:
+        self.pipe = pipe
+        self.names = names
+
+
+class _Main(nn.Module):
+    def __init__(self, model: nn.Module, rebuild) -> None:
+        super().__init__()
+        self.model = model
+        self.rebuild = rebuild
+
+    def forward(self, *tensors):
+        a, k = self.rebuild(tensors)
+        return main_tensor(self.model(*a, **k))
+
+
+def export_stages(model: nn.Module, plan: StagePlan, args: tuple, kwargs: dict):
+    """Path (a): torch.distributed.pipelining.pipeline() with a SplitPoint before each stage."""
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    tensors, rebuild = flat_inputs(args, kwargs)
+    spec = {"model." + p: SplitPoint.BEGINNING for p in plan.split_points}
+    pipe = pipeline(_Main(model, rebuild), mb_args=tensors, split_spec=spec)
+    if pipe.num_stages != plan.num_stages:
+        raise InputError(f"torch.export produced {pipe.num_stages} stages for {plan.num_stages} split points")
+    return pipe, tensors
+
+
+def verify_chain(model: nn.Module, plan: StagePlan, args: tuple, kwargs: dict, path: str = "auto"):
+    """Run the stages one after another on one micro-batch and compare with the whole model.
+    Returns (path used, max abs diff, reason export was not used or None)."""
+    tensors, rebuild = flat_inputs(args, kwargs)
+    guard = StateGuard(model, inputs=tensors)
+    try:
+        with torch.no_grad():
+            ref = main_tensor(model(*args, **kwargs)).detach()
+    finally:
+        guard.restore()
+    why = None
+    if path in ("auto", "export"):
+        try:
+            m2 = copy.deepcopy(model)
+            pipe, _ = export_stages(m2, plan, args, kwargs)
+            with torch.no_grad():
+                out = pipe(*tensors)
+            out = out[0] if isinstance(out, tuple) else out
+            return "export", float((out.detach().float() - ref.float()).abs().max()), None
+        except Exception as e:  # noqa: BLE001 - any trace failure means: use module ownership
+            if path == "export":
+                raise InputError(f"torch.export could not trace {type(model).__name__} for pipeline(): "
+                                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+            why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+    templates, boundary = _record(model, plan, tensors, rebuild)
+    x: tuple = tensors
+    with torch.no_grad():
+        for s in range(plan.num_stages):
+            mod = StageModule(copy.deepcopy(model), plan, s, tensors, rebuild, templates, boundary)
+            mod.eval() if not model.training else mod.train()
+            out = mod(*x)
+            x = out if isinstance(out, tuple) else (out,)
+            del mod
+    return "ownership", float((x[0].detach().float() - ref.float()).abs().max()), why
+
+
+class TieSync:
+    """Sums the gradients of tied weights held by several stages (one all-reduce per tie)."""
+
+    def __init__(self, plan: StagePlan, module: nn.Module, rank: int, prefix: str = "") -> None:
+        import torch.distributed as dist
+        self.pairs = []
+        for tie in plan.units.ties:
+            ranks = sorted({plan.stages[plan.stage_of(u)].rank for u in tie.units})
+            if len(ranks) < 2:
+                continue
+            group = dist.new_group(ranks)     # every rank creates every group, in the same order
+            if rank in ranks:
+                p = _find(module, tie.names, prefix)
+                if p is not None:
+                    self.pairs.append((p, group))
+
+    def __call__(self) -> None:
+        import torch.distributed as dist
+        for p, group in self.pairs:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad, group=group)
+
+
+def _find(module: nn.Module, names, prefix: str):
+    for n in names:
+        try:
+            return module.get_parameter(prefix + n)
+        except AttributeError:
+            continue
+    return None

@@ -1,0 +1,424 @@
+"""Split units: the places where a model can be cut into pipeline stages, and what each piece costs.
+
+A model is expanded top-down into the finest modules it can be cut between: a module is opened up
+when it has child calls, holds no parameters of its own (its own glue would use them) and no module
+below it is called from two of its children (a reused module cannot live in two stages). A cut
+before unit j is *valid* when everything computed after unit j starts needs, from the parameterised
+units before the cut, only unit j's own arguments: found from the trace's data-flow graph (each op
+knows the ops that produced its inputs), so residual connections across the cut, an encoder output
+consumed by every decoder layer, or a model output that returns an earlier hidden state make the cut
+invalid and the units on both sides are merged. This is exactly the condition the module-ownership
+stages of ``stages.py`` need: a later stage re-runs the model's glue with placeholders for the units
+it does not own and injects unit j's received arguments.
+
+Ops that run in a parent between its children ("glue": the add of token and position embeddings,
+mask building) belong to no unit; their forward costs go to the unit that follows them, their
+backward costs and saved activations to the unit that received most of that parent's forward glue,
+so the units' numbers add up to the model's totals.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+import torch
+
+from ..trace import FORWARD, PRODUCER_INPUT, Costs, Trace
+
+__all__ = ["Unit", "Tie", "SplitUnits", "split_units"]
+
+_FLOAT = ("float16", "bfloat16", "float32", "float64")
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """One piece of the model a stage can own. Byte counts are per micro-batch where they scale."""
+
+    index: int
+    name: str                      # module path, or "a+b" for units merged across an invalid cut
+    paths: tuple[str, ...]         # the modules it owns (maximal: no path is inside another)
+    type: str
+    params: int                    # distinct parameters (numel); tied ones count in every holder
+    param_bytes: int
+    grad_bytes: int                # trainable parameters' gradients
+    optimizer_bytes: int
+    saved_bytes: int               # activations saved for backward, per micro-batch
+    input_bytes: int               # floating-point tensors it receives: the boundary when a stage starts here
+    output_bytes: int
+    forward: Costs
+    backward: Costs
+    latency: float | None = None   # measured forward + backward seconds, when measured
+    needs_inputs: bool = False     # a stage starting here also needs the model's inputs
+
+    @property
+    def flops(self) -> int:
+        return self.forward.flops + self.backward.flops
+
+    @property
+    def macs(self) -> int:
+        return self.forward.macs + self.backward.macs
+
+    @property
+    def state_bytes(self) -> int:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Tie:
+    """A parameter held by more than one unit (tied weights): each stage holding it keeps a copy."""
+
+    names: tuple[str, ...]
+    units: tuple[int, ...]
+    state_bytes: int               # parameter + gradient + optimizer state of one copy
+
+
+@dataclass(frozen=True)
+class SplitUnits:
+    model_name: str
+    units: tuple[Unit, ...]
+    ties: tuple[Tie, ...] = ()
+    micro_batch: int | None = None
+    notes: tuple[str, ...] = ()
+    options: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.units)
+
+    def __getitem__(self, i: int) -> Unit:
+        return self.units[i]
+
+
+class _Flow:
+    """The forward data-flow graph of a trace, and which cuts between candidate units are valid."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.recs = trace.layers
+        self.fops = [op for op in trace.ops if op.phase == FORWARD]
+        self.pos = {op.index: n for n, op in enumerate(self.fops)}
+        self.outputs = [self.pos[p] for p in (trace.layer_outputs[0] if trace.layer_outputs else ())
+                        if p in self.pos]
+
+    def member(self, units: list[list[int]], params: list[bool] | None = None) -> list[int]:
+        """Record -> unit holding it (-1: glue of a record that contains units). With ``params``,
+        also fills it: whether the record lies in one of the unit's modules that holds parameters
+        (a stage that does not own the unit stubs those; parameter-free ones run everywhere)."""
+        out = [-1] * len(self.recs)
+        for u, idx in enumerate(units):
+            for top in idx:
+                p = self.recs[top].subtree_params > 0
+                stack = [top]
+                while stack:
+                    j = stack.pop()
+                    out[j] = u
+                    if params is not None:
+                        params[j] = p
+                    stack.extend(self.recs[j].children)
+        return out
+
+    def check(self, units: list[list[int]]):
+        """(bad, need, first): per unit j, whether the cut before it is invalid, whether a stage
+        starting there needs the model's inputs, and where its ops start (glue belongs to none)."""
+        in_params = [False] * len(self.recs)
+        member = self.member(units, in_params)
+        n = len(units)
+        first, last = [None] * n, [None] * n
+        for k, op in enumerate(self.fops):
+            u = member[op.layer]
+            if u >= 0:
+                first[u] = k if first[u] is None else first[u]
+                last[u] = k
+        span_f, span_e, prev = [], [], -0.5
+        for u in range(n):          # a unit without ops sits right after the previous one's last op
+            if first[u] is None:
+                prev += 0.25
+                span_f.append(prev)
+                span_e.append(prev)
+            else:
+                span_f.append(float(first[u]))
+                span_e.append(float(last[u]))
+                prev = float(last[u])
+        invalid, needs = [0] * (n + 1), [0] * (n + 1)
+
+        def mark(diff, p, o, inclusive=False):
+            """Every unit after producer p and before consumer o (or holding o, when inclusive)."""
+            lo = bisect.bisect_right(span_f, p)
+            hi = bisect.bisect_right(span_f, o) - 1 if inclusive else bisect.bisect_left(span_e, o) - 1
+            if lo <= hi:
+                diff[lo] += 1
+                diff[hi + 1] -= 1
+
+        tainted = [False] * len(self.fops)      # depends on a parameterised unit
+        from_input = [False] * len(self.fops)   # depends on input data, through no such unit
+        for k, op in enumerate(self.fops):
+            src = in_params[op.layer]
+            t = src
+            f = False
+            for p in op.producers:
+                if p == PRODUCER_INPUT:
+                    f = f or not src
+                    continue
+                q = self.pos.get(p)
+                if q is None:
+                    continue
+                if tainted[q]:
+                    t = True
+                    mark(invalid, q, k)
+                if from_input[q]:
+                    f = f or not src
+                    mark(needs, q, k, inclusive=True)
+            tainted[k] = t
+            from_input[k] = f
+        end = float(len(self.fops)) + 1
+        for q in self.outputs:
+            if tainted[q]:
+                mark(invalid, q, end)
+        bad, need, a, b = [], [], 0, 0
+        for j in range(n):
+            a += invalid[j]
+            b += needs[j]
+            bad.append(a > 0)
+            need.append(b > 0)
+        return bad, need, span_f
+
+
+def _closed(recs) -> set[int]:
+    """Records that cannot be opened: the lowest one holding every call of a reused module."""
+    calls: dict[str, list[int]] = {}
+    for r in recs:
+        calls.setdefault(r.path, []).append(r.index)
+
+    def ancestors(i):
+        out = []
+        while i is not None:
+            out.append(i)
+            i = recs[i].parent
+        return out
+
+    closed: set[int] = set()
+    for idx in calls.values():
+        if len(idx) > 1:
+            common = set(ancestors(idx[0]))
+            for c in idx[1:]:
+                common &= set(ancestors(c))
+            closed.add(max(common, key=lambda i: recs[i].depth) if common else 0)
+            closed.update(idx)
+    return closed
+
+
+def _units(flow: _Flow) -> list[list[int]]:
+    """Open modules top-down while the cuts between their children are valid; pieces between
+    invalid cuts stay together as one unit (whose members may still be opened)."""
+    recs = flow.recs
+    closed = _closed(recs)
+    units: list[list[int]] = [[0]]
+    failed: set[int] = set()
+    i = 0
+    while i < len(units):
+        for r in units[i]:
+            rec = recs[r]
+            if r in failed or not rec.children or rec.params or r in closed:
+                continue
+            pieces = [[c] for x in units[i] for c in (rec.children if x == r else (x,))]
+            bad, _, _ = flow.check(units[:i] + pieces + units[i + 1:])
+            groups: list[list[int]] = []
+            if not (i > 0 and bad[i]):
+                for k, piece in enumerate(pieces):
+                    if groups and bad[i + k]:
+                        groups[-1].extend(piece)
+                    else:
+                        groups.append(list(piece))
+            if len(groups) >= 2 or (len(pieces) == 1 and groups):
+                units = units[:i] + groups + units[i + 1:]
+                break
+            failed.add(r)
+        else:
+            i += 1
+    while True:   # opening later modules can only shrink the taint, but check the final cuts once more
+        bad, _, _ = flow.check(units)
+        j = next((j for j in range(1, len(units)) if bad[j]), None)
+        if j is None:
+            return units
+        units = units[:j - 1] + [units[j - 1] + units[j]] + units[j + 1:]
+
+
+def split_units(trace: Trace, *, memory_layers=None, model=None, optimizer_ratio: float = 0.0,
+                latencies: dict | None = None, micro_batch: int | None = None) -> SplitUnits:
+    """Units of ``trace`` (a forward, or the last pass of a training step). ``memory_layers``
+    (MemoryReport.layers of the same pass) adds saved activations, gradients and optimizer state;
+    ``model`` finds tied parameters; ``latencies`` maps unit names to measured seconds."""
+    from ..analyses.flops import layer_costs
+
+    recs = trace.layers
+    _, bwd_self, fwd_t, bwd_t, _ = layer_costs(trace)
+    flow = _Flow(trace)
+    groups = _units(flow)
+    _, need, g_first = flow.check(groups)
+    fops = flow.fops
+    member = flow.member(groups)
+    # glue: ops of records inside no unit
+    glue_fwd = [Costs() for _ in groups]
+    share: dict[int, dict[int, int]] = {}   # glue record -> unit -> forward flops it got
+    for n, op in enumerate(fops):
+        if member[op.layer] >= 0:
+            continue
+        g = min(bisect.bisect_left(g_first, n), len(groups) - 1)
+        glue_fwd[g] = glue_fwd[g] + op.costs
+        d = share.setdefault(op.layer, {})
+        d[g] = d.get(g, 0) + op.costs.flops + 1
+    glue_owner = {r: max(d, key=d.get) for r, d in share.items()}
+    glue_bwd = [Costs() for _ in groups]
+    glue_saved = [0] * len(groups)
+    for i, r in enumerate(recs):
+        if member[i] >= 0:
+            continue
+        g = glue_owner.get(i, len(groups) - 1 if i == 0 else glue_owner.get(recs[i].parent, 0))
+        glue_bwd[g] = glue_bwd[g] + bwd_self[i]
+        if memory_layers is not None:
+            glue_saved[g] += memory_layers[i].saved_bytes
+    # parameters per unit, from the live model when there is one (tied weights in every holder)
+    params_of: list[dict] = [dict() for _ in groups]
+    ties: list[Tie] = []
+    named: dict[int, list[str]] = {}
+    if model is not None:
+        owner_paths = {}
+        for g, idx in enumerate(groups):
+            for i in idx:
+                owner_paths[recs[i].path] = g
+        for name, p in model.named_parameters(remove_duplicate=False):
+            mod = name.rpartition(".")[0]
+            g = _owner(mod, owner_paths)
+            if g is None:
+                continue
+            params_of[g][id(p)] = p
+            named.setdefault(id(p), []).append(name)
+        holders: dict[int, list[int]] = {}
+        for g, d in enumerate(params_of):
+            for pid in d:
+                holders.setdefault(pid, []).append(g)
+        for pid, gs in holders.items():
+            if len(gs) > 1:
+                p = params_of[gs[0]][pid]
+                nb = p.numel() * p.element_size()
+                ties.append(Tie(names=tuple(named[pid]), units=tuple(gs),
+                                state_bytes=nb * (1 + p.requires_grad + (optimizer_ratio if p.requires_grad else 0))))
+    units = []
+    for g, idx in enumerate(groups):
+        name, paths, typ = _name(recs, idx)
+        f = glue_fwd[g]
+        b = glue_bwd[g]
+        for i in idx:
+            f = f + fwd_t[i]
+            b = b + bwd_t[i]
+        if model is not None:
+            ps = list(params_of[g].values())
+            numel = sum(p.numel() for p in ps)
+            pbytes = sum(p.numel() * p.element_size() for p in ps)
+            gbytes = sum(p.numel() * p.element_size() for p in ps if p.requires_grad)
+        else:
+            numel = sum(recs[i].subtree_params for i in idx)
+            pbytes = gbytes = 0
+        saved = glue_saved[g]
+        obytes = 0
+        if memory_layers is not None:
+            saved += sum(memory_layers[i].saved_total for i in idx)
+            if model is None:
+                pbytes = sum(memory_layers[i].param_total for i in idx)
+                gbytes = sum(memory_layers[i].grad_total for i in idx)
+            obytes = sum(memory_layers[i].optimizer_total for i in idx)
+            if model is not None:   # state of tied copies counted at another owner in the report
+                obytes = max(obytes, int(round(gbytes * optimizer_ratio)))
+        in_rec, out_rec = recs[idx[0]], recs[idx[-1]]
+        units.append(Unit(
+            index=g, name=name, paths=paths, type=typ, params=numel, param_bytes=pbytes,
+            grad_bytes=gbytes, optimizer_bytes=obytes, saved_bytes=saved,
+            input_bytes=sum(s.nbytes for s in in_rec.inputs if s.dtype in _FLOAT),
+            output_bytes=sum(s.nbytes for s in out_rec.outputs if s.dtype in _FLOAT),
+            forward=f, backward=b, latency=(latencies or {}).get(name),
+            needs_inputs=need[g] and g > 0))
+    return SplitUnits(model_name=trace.model_name, units=tuple(units), ties=tuple(ties),
+                      micro_batch=micro_batch)
+
+
+def _owner(path: str, owner_paths: dict) -> int | None:
+    while True:
+        if path in owner_paths:
+            return owner_paths[path]
+        if not path:
+            return None
+        path = path.rpartition(".")[0]
+
+
+def _name(recs, idx: list[int]) -> tuple[str, tuple[str, ...], str]:
+    """Name a run of leaf records by the largest modules it covers whole."""
+    if len(idx) == 1:
+        r = recs[idx[0]]
+        return r.path or "(root)", (r.path,), r.type
+    covered = set(idx)
+    # climb: a parent is covered when all its children are
+    changed = True
+    while changed:
+        changed = False
+        for i in list(covered):
+            p = recs[i].parent
+            if p is not None and p not in covered and all(c in covered for c in recs[p].children):
+                covered.add(p)
+                changed = True
+    top = [i for i in sorted(covered) if recs[i].parent not in covered]
+    if len(top) == 1:
+        r = recs[top[0]]
+        return r.path or "(root)", (r.path,), r.type
+    paths = tuple(recs[i].path for i in top)
+    return "+".join(paths), paths, "+".join(dict.fromkeys(recs[i].type for i in top))
+
+
+def unit_latencies(model: torch.nn.Module, units: SplitUnits, args: tuple, kwargs: dict,
+                   repeats: int = 5) -> dict[str, float]:
+    """Median forward + backward seconds per unit, timed with hooks around the units' modules."""
+    import statistics
+    import time
+
+    from ..capture.session import StateGuard
+    from ..capture.step import default_loss
+
+    times: dict[str, list[float]] = {u.name: [] for u in units.units}
+    acc: dict[str, float] = {}
+    handles = []
+    start: dict[str, float] = {}
+
+    for u in units.units:
+        for path in u.paths:
+            mod = model.get_submodule(path)
+
+            def pre(m, a, name=u.name, key=path):
+                start[key] = time.perf_counter()
+
+            def post(m, a, o, name=u.name, key=path):
+                acc[name] = acc.get(name, 0.0) + time.perf_counter() - start.pop(key, time.perf_counter())
+
+            def bpre(m, g, key=path):
+                start["b:" + key] = time.perf_counter()
+
+            def bpost(m, gi, go, name=u.name, key=path):
+                acc[name] = acc.get(name, 0.0) + time.perf_counter() - start.pop("b:" + key, time.perf_counter())
+
+            handles.append(mod.register_forward_pre_hook(pre))
+            handles.append(mod.register_forward_hook(post))
+            handles.append(mod.register_full_backward_pre_hook(bpre))
+            handles.append(mod.register_full_backward_hook(bpost))
+    guard = StateGuard(model, inputs=(args, kwargs))
+    try:
+        for r in range(repeats + 1):
+            acc.clear()
+            out = model(*args, **kwargs)
+            loss = default_loss(out)
+            if loss.requires_grad:
+                loss.backward()
+            if r:
+                for name in times:
+                    times[name].append(acc.get(name, 0.0))
+    finally:
+        for h in handles:
+            h.remove()
+        guard.restore()
+    return {k: statistics.median(v) for k, v in times.items()}
