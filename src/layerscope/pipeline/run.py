@@ -98,9 +98,9 @@ def _optimizer(name: str, params):
     return _optimizer_factory(name)(params)
 
 
-def reference_losses(cfg: dict) -> list[float]:
-    """Single-process training with the same micro-batches, loss and optimizer."""
-    model, args, kwargs, _, _, _, target = _setup(cfg)
+def reference_losses(cfg: dict):
+    """Single-process training with the same micro-batches, loss and optimizer: (losses, plan)."""
+    model, args, kwargs, _, _, plan, target = _setup(cfg)
     tensors, rebuild = flat_inputs(args, kwargs)
     m = cfg["microbatches"]
     chunks = list(zip(*[t.chunk(m) for t in tensors]))
@@ -117,7 +117,7 @@ def reference_losses(cfg: dict) -> list[float]:
             total += loss.item()
         opt.step()
         losses.append(total / m)
-    return losses
+    return losses, plan
 
 
 def worker(cfg_path: str) -> None:
@@ -240,8 +240,7 @@ def launch(spec: str, *, overrides: dict | None = None, stages: int, by: str = "
         for r in range(stages):
             with open(os.path.join(tmp, f"rank{r}.json")) as f:
                 ranks.append(json.load(f))
-        ref = reference_losses(cfg)
-        plan = _setup(cfg)[5]
+        ref, plan = reference_losses(cfg)   # the plan every rank computed, from the same setup
     return RunResult(plan=plan, ranks=tuple(ranks), reference=tuple(ref), losses=tuple(ranks[-1]["losses"]),
                      path=ranks[0]["path"])
 

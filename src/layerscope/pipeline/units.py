@@ -390,7 +390,7 @@ def unit_latencies(model: torch.nn.Module, units: SplitUnits, args: tuple, kwarg
         for path in u.paths:
             mod = model.get_submodule(path)
 
-            def pre(m, a, name=u.name, key=path):
+            def pre(m, a, key=path):
                 start[key] = time.perf_counter()
 
             def post(m, a, o, name=u.name, key=path):
