@@ -23,20 +23,22 @@ transformers = pytest.importorskip("transformers")
 warnings.filterwarnings("ignore", category=UserWarning)
 
 
-def _unit(i, flops=0, state=0, saved=0, inb=0, outb=0):
+def _unit(i, flops=0, state=0, saved=0, inb=0, outb=0, grads=0, work=0):
     return Unit(index=i, name=f"u{i}", paths=(f"u{i}",), type="X", params=state, param_bytes=state,
-                grad_bytes=0, optimizer_bytes=0, saved_bytes=saved, input_bytes=inb, output_bytes=outb,
-                forward=Costs(flops=flops), backward=Costs())
+                grad_bytes=grads, optimizer_bytes=0, saved_bytes=saved, input_bytes=inb, output_bytes=outb,
+                forward=Costs(flops=flops), backward=Costs(), work_bytes=work)
 
 
 def _random_units(n, rng):
     us = tuple(_unit(i, rng.randint(0, 1000), rng.randint(0, 100), rng.randint(0, 50), rng.randint(0, 20),
-                     rng.randint(0, 20)) for i in range(n))
+                     rng.randint(0, 20), grads=rng.choice([0, rng.randint(0, 60)]),
+                     work=rng.choice([0, rng.randint(0, 80)])) for i in range(n))
     ties = ()
     if n >= 2 and rng.random() < 0.3:
         a, b = sorted(rng.sample(range(n), 2))
         ties = (Tie(names=("w",), units=(a, b), state_bytes=min(us[a].param_bytes, us[b].param_bytes)),)
-    return SplitUnits("m", us, ties)
+    loss = rng.choice([0, rng.randint(0, 100)])
+    return SplitUnits("m", us, ties, loss_bytes=loss, loss_saved_bytes=rng.choice([0, rng.randint(0, 30)]))
 
 
 def _brute(units, k, schedule, m, limits):
@@ -96,6 +98,24 @@ def test_hand_derived_split_and_memory():
     assert [(s.first, s.last) for s in plan.stages] == [(0, 0), (1, 3)] and plan.bottleneck == 6
 
 
+def test_hand_derived_working_memory_loss_and_gradient_overlap():
+    # two units: parameters 10 B + gradients 10 B each, saving 3 B per micro-batch, 2 B in and out,
+    # working memory 5 B and 7 B; the loss saves 4 B per micro-batch and works with 9 B more
+    units = SplitUnits("m", (_unit(0, 1, state=10, saved=3, inb=2, outb=2, grads=10, work=5),
+                             _unit(1, 1, state=10, saved=3, inb=2, outb=2, grads=10, work=7)),
+                       loss_bytes=9, loss_saved_bytes=4)
+    # one GPipe stage, M = 2: state 2 x 20 = 40; per micro-batch saved 6 + output 2 + loss 4 = 12,
+    # held 2 -> 24; all M in flight, so the first backward frees one micro-batch's 12 while the
+    # gradients (20) appear: -min(12, 20) = -12; no boundary; working max(5, 7, loss 9) = 9 -> 61
+    m = stage_memory(units, 0, 2, 0, 1, "gpipe", 2)
+    assert (m["activations"], m["outputs"], m["grad_overlap"], m["working"], m["total"]) == (20, 4, -12, 9, 61)
+    # two 1F1B stages, M = 2. Stage 0 holds min(2, 2) = 2 = M: state 20 + 2 x (3 + 2) = 10
+    # - min(5, 10) = 5 + gradient buffers 2 x 2 = 4 + working 5 -> 34. Stage 1 holds 1 < M: state 20
+    # + 1 x (3 + 2 + 4) = 9 + received inputs 2 x 2 = 4 + working max(7, 9) = 9 -> 42
+    plan = build_plan(units, stages=2, by="flops", memory_limit=None, schedule="1f1b", microbatches=2)
+    assert [s.memory_bytes for s in plan.stages] == [34, 42]
+
+
 def test_infeasible_says_what_would_work():
     units = SplitUnits("m", tuple(_unit(i, 1, state=100) for i in range(4)))
     with pytest.raises(ls.PlanError) as e:
@@ -109,10 +129,11 @@ def test_infeasible_says_what_would_work():
         build_plan(units, stages=2, by="flops", memory_limit=None, schedule="zb", microbatches=1)
 
 
-def _gpt2(layers=4):
+def _gpt2(layers=4, train=False, cache=False):
     cfg = transformers.GPT2Config(n_layer=layers, n_embd=64, n_head=4, vocab_size=500, n_positions=64,
-                                  use_cache=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    return transformers.GPT2LMHeadModel(cfg)
+                                  use_cache=cache, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    m = transformers.GPT2LMHeadModel(cfg)
+    return m.train() if train else m.eval()
 
 
 def _llama():
@@ -163,6 +184,15 @@ def test_stage_chain_reproduces_the_model_both_paths():
     path, diff, _ = verify_chain(m, plan, (ids[:2],), {}, path="ownership")
     assert path == "ownership" and diff == 0.0
     assert_unchanged(before, m)
+    # with use_cache on (GPT2Config's default) GPT-2 sends its causal mask expanded over the batch
+    # (stride 0) to every stage: send/recv need contiguous tensors, so the export path is refused
+    # and module ownership runs it
+    t = _gpt2(train=True, cache=True)
+    before = snapshot(t)
+    plan = ls.partition(t, ids, stages=3, microbatches=2)
+    path, diff, why = verify_chain(t, plan, (ids[:2],), {})
+    assert path == "ownership" and diff == 0.0 and "not contiguous" in why
+    assert_unchanged(before, t)
     # Llama: torch.export's pipeline() cannot trace it; the module-ownership path runs it exactly
     llama = _llama().eval()
     plan = ls.partition(llama, input_ids=ids, stages=3, microbatches=2)
@@ -182,13 +212,44 @@ def test_plan_renders_as_table_json_and_csv():
     assert plan.to_csv().splitlines()[0].startswith("stage,rank,first_unit,last_unit")
 
 
-@pytest.mark.parametrize("spec,schedule", [("layerscope.examples:tiny_gpt", "1f1b"),
-                                           ("layerscope.examples:small_cnn", "gpipe")])
-def test_torchrun_training_matches_one_process(spec, schedule):
+GPT2_RUN = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 300, "n_positions": 32,
+            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}   # no dropout: losses comparable
+
+
+@pytest.mark.parametrize("spec,overrides,schedule,path", [
+    ("hf:GPT2Config", GPT2_RUN, "1f1b", "ownership"),        # export refused: the mask boundary
+    ("layerscope.examples:small_cnn", {}, "gpipe", "export")])
+def test_torchrun_training_matches_one_process(spec, overrides, schedule, path):
     from layerscope.pipeline.run import launch
-    res = launch(spec, stages=2, schedule=schedule, microbatches=2, batch_size=4, steps=2, optimizer="sgd")
-    assert len(res.losses) == 2 and res.loss_rel_diff < 1e-5
+    res = launch(spec, overrides=overrides, stages=2, schedule=schedule, microbatches=2, batch_size=4,
+                 steps=2, optimizer="sgd")
+    assert len(res.losses) == 2 and res.loss_rel_diff < 1e-5 and res.path == path
     assert all(r["peak_bytes"] > 0 and r["predicted_bytes"] > 0 for r in res.ranks)
+
+
+def test_export_stages_drop_a_tied_weight_they_do_not_use():
+    from layerscope.pipeline.stages import drop_unused_params, export_stages
+    m = tiny_gpt()
+    ids = torch.randint(0, 1000, (4, 32))
+    before = snapshot(m)
+    plan = ls.partition(m, ids, stages=2, microbatches=2)
+    pipe, _ = export_stages(m, plan, (ids[:2],), {})
+    first = pipe.get_stage_module(0)
+    # pipeline() puts the output head's weight (tied to the token embedding) on stage 0 too
+    assert "model.head.weight" in dict(first.named_parameters())
+    assert drop_unused_params(first) == ["model.head.weight"]
+    assert "model.tok.weight" in dict(first.named_parameters())
+    assert drop_unused_params(pipe.get_stage_module(1)) == []
+    assert_unchanged(before, m)
+
+
+def test_worker_errors_are_named():
+    from layerscope.pipeline.run import _worker_error
+    text = ("[rank1]: Traceback (most recent call last):\n[rank1]:   File x\n"
+            "[rank1]: RuntimeError: input tensor has to be contiguous\n"
+            "[rank0]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1\n"
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n")
+    assert _worker_error(text) == "rank 1: RuntimeError: input tensor has to be contiguous"
 
 
 def test_cli_split(capsys):

@@ -428,7 +428,7 @@ def micro_batch(args: tuple, kwargs: dict, microbatches: int, batch_dim: int = 0
 def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit=None,
               schedule: str = "1f1b", microbatches: int = 1, optimizer=None, stages_per_rank: int = 2,
               batch_dim: int = 0, input_size=None, dtypes=None, autocast_dtype=None, device=None,
-              latency_repeats: int = 5, **kwargs: Any):
+              latency_repeats: int = 5, loss_fn=None, **kwargs: Any):
     """Split a model into ``stages`` pipeline stages with the smallest bottleneck (the largest stage
     cost), each fitting ``memory_limit`` (bytes or "16GiB"; a list gives one limit per stage). Returns
     a StagePlan.
@@ -440,7 +440,8 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
     callable Unit -> cost. ``schedule``: "gpipe", "1f1b" or "interleaved" (``stages_per_rank`` stages
     on each rank). ``optimizer`` (class, factory, instance or name) sets the optimizer state counted
     in each stage's memory; the training step is simulated on fake tensors, so a model on the meta
-    device plans without memory.
+    device plans without memory. ``loss_fn(output) -> scalar`` (as in ``memory()``; default: the
+    output's ``loss`` or its sum) sets the loss's working memory, which the last stage holds.
     """
     from .memory_report import MemoryReport
     from .pipeline.partition import build_plan
@@ -462,7 +463,8 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
         args = _example_inputs(args, kwargs, input_size, dtypes, None, model_device(model), "partition")
         mb_args, mb_kwargs, mb = micro_batch(args, kwargs, microbatches, batch_dim)
         rep = memory(model, *mb_args, optimizer=optimizer, autocast_dtype=autocast_dtype, device=device,
-                     steps=2 if optimizer is not None else 1, batch_dim=batch_dim, **mb_kwargs)
+                     steps=2 if optimizer is not None else 1, batch_dim=batch_dim, loss_fn=loss_fn,
+                     **mb_kwargs)
         if by == "latency" and (model_device(model).type == "meta" or _is_fake(model)):
             raise InputError("by='latency' times the units on the real model; this one has no data "
                              "(meta or fake tensors)")
@@ -479,11 +481,12 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
 
 
 def _units_from_memory(rep, model, micro=None):
-    from .pipeline.units import split_units
+    from .pipeline.units import loss_working_bytes, split_units
     grads = rep.totals.get("gradient_bytes") or 0
     ratio = (rep.totals.get("optimizer_bytes") or 0) / grads if grads else 0.0
     return split_units(rep.trace, memory_layers=rep.layers, model=model, optimizer_ratio=ratio,
-                       micro_batch=micro)
+                       micro_batch=micro, loss_bytes=loss_working_bytes(rep) if grads else 0,
+                       loss_saved_bytes=(rep.totals.get("loss_saved_bytes") or 0) if grads else 0)
 
 
 def _with_latencies(units, latencies: dict):

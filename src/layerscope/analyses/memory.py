@@ -110,6 +110,8 @@ def build_memory_report(run: "StepRun", model, *, options: dict, measured=None, 
         # the last pass's model output (the breakdown only has it when the peak falls while it lives)
         "output_bytes": sum(b.nbytes for b in tracker.blocks
                             if b.category == _OUTPUT and b.pass_index == len(run.passes) - 1),
+        # what the last pass's loss saved for its backward (not counted as any layer's activations)
+        "loss_saved_bytes": _loss_saved(run),
     }
     return MemoryReport(model_name=type(model).__name__, options=options, steps=tuple(steps),
                         static=static, totals=totals, layers=layers, timeline=timeline,
@@ -123,14 +125,29 @@ def _call_memory(first: int, last: int, total, allocs, frees) -> CallMemory | No
                       peak=max(total[first:last + 1]))
 
 
+def _in_loss(run: "StepRun"):
+    return [(a, z) for _, ph, a, z in run.phase_ranges if ph == "loss"]
+
+
+def _loss_saved(run: "StepRun") -> int:
+    last = len(run.passes) - 1
+    spans = _in_loss(run)
+    return sum(b.nbytes for b in run.tracker.blocks
+               if b.saved_by is not None and b.saved_by[0] == last and b.category == _ACTIVATION
+               and any(a <= b.alloc <= z for a, z in spans))
+
+
 def _layers(run: "StepRun", last_pass, total, allocs, frees) -> tuple[MemoryLayer, ...]:
     trace = last_pass.trace
     recs = trace.layers
     k = len(recs)
     pass_index = len(run.passes) - 1
     saved = [0] * k
+    # what the loss saves for its backward is the loss's, not the model's (root) call's
+    in_loss = _in_loss(run)
     for b in run.tracker.blocks:
-        if b.saved_by is not None and b.saved_by[0] == pass_index and b.category == _ACTIVATION:
+        if b.saved_by is not None and b.saved_by[0] == pass_index and b.category == _ACTIVATION \
+                and not any(a <= b.alloc <= z for a, z in in_loss):
             saved[b.saved_by[1]] += b.nbytes
     # owned params / grads / optimizer state: by the owning module's first call
     first_call: dict[str, int] = {}

@@ -12,10 +12,14 @@ evaluated a whole row of ``y`` at a time with tensors: O(K·n²) work, exact for
 equal bottlenecks go to the earliest cut). Memory of stage s over units [x, y), per the schedule:
 
     state (params + grads + optimizer state, tied weights once per stage)
-    + held(s) × saved activations per micro-batch
-    + held(s) × the stage's output (kept for its backward)
+    + held(s) × (saved activations + the stage's output, kept for its backward, + on the last stage
+      what the loss saves) per micro-batch
+    - when held(s) = M (GPipe; 1F1B with M <= stages left): min(one micro-batch's share, gradients),
+      as the first backward frees one micro-batch's activations while the gradients appear
     + boundary buffers: M received inputs (s > 0) and M received output gradients (s < K - 1),
       which is how torch.distributed.pipelining allocates its receive buffers (one per micro-batch)
+    + working memory: the largest transient of one unit's forward or backward (a range maximum),
+      and on the last stage at least the loss's forward and backward working memory
 
 held(s): GPipe keeps all M micro-batches; 1F1B keeps min(K - s, M); interleaved 1F1B with v stages per
 rank keeps, on rank r of p, min(M, ceil(((p - r - 1)·2 + (v - 1)·p + 1) / v)) per stage (Megatron's
@@ -84,28 +88,44 @@ class _Tables:
         self.by_memory = by == "memory"
         self.cost = None if self.by_memory else prefix([_unit_cost(by)(u) for u in us])
         self.state = prefix([u.state_bytes for u in us])
+        self.grads = prefix([u.grad_bytes for u in us])
         self.act = prefix([u.saved_bytes for u in us])
         self.inb = torch.tensor([u.input_bytes for u in us] + [0], dtype=d)
         self.outb = torch.tensor([0] + [u.output_bytes for u in us], dtype=d)   # of unit y-1
         self.ties = [(prefix([1.0 if i in t.units else 0.0 for i in range(self.n)]), float(t.state_bytes))
                      for t in units.ties]
         self.m = microbatches
+        # work[x, y] = the largest working memory of units x .. y-1 (a range maximum, O(n^2) once)
+        w = torch.tensor([float(u.work_bytes) for u in us], dtype=d)
+        j = torch.arange(self.n)
+        rows = torch.where(j[None, :] >= torch.arange(self.n)[:, None], w[None, :], torch.zeros(1, dtype=d))
+        self.work = torch.zeros((self.n + 1, self.n + 1), dtype=d)
+        if self.n:
+            self.work[:self.n, 1:] = torch.cummax(rows, dim=1).values
+        self.loss = float(units.loss_bytes)
+        self.loss_saved = float(units.loss_saved_bytes)
 
     def _grid(self, p, x, y):
         return p[y][None, :] - p[x][:, None]
 
     def memory(self, x, y, held: int, first: bool, last: bool):
         """Memory of a stage over units [x, y) for every pair in the index vectors x (rows), y (cols)."""
-        mem = self._grid(self.state, x, y) + held * self._grid(self.act, x, y)
+        mem = self._grid(self.state, x, y)
         for pre, nbytes in self.ties:
             cnt = self._grid(pre, x, y)
             mem = mem - torch.clamp(cnt - 1, min=0) * nbytes
+        # per micro-batch in flight: saved activations, the stage's output (kept until its backward)
+        # and on the last stage what the loss saved
+        per_mb = self._grid(self.act, x, y) + self.outb[y][None, :] + (self.loss_saved if last else 0.0)
+        mem = mem + held * per_mb
+        if held == self.m:   # all in flight: the first backward frees one as the gradients appear
+            mem = mem - torch.minimum(per_mb, self._grid(self.grads, x, y))
         if not first:
             mem = mem + (self.m * self.inb[x])[:, None]
-        # the stage's output is kept per micro-batch in flight until its backward, and (but on the
-        # last stage, whose gradient comes from the loss) a gradient buffer is received per micro-batch
-        mem = mem + ((held + (0 if last else self.m)) * self.outb[y])[None, :]
-        return mem
+        if not last:
+            mem = mem + (self.m * self.outb[y])[None, :]
+        work = self.work[x][:, y]
+        return mem + (torch.clamp(work, min=self.loss) if last else work)
 
     def cost_grid(self, x, y, mem):
         return mem if self.by_memory else self._grid(self.cost, x, y)
@@ -163,15 +183,23 @@ def stage_memory(units: SplitUnits, x: int, y: int, stage: int, stages: int, sch
     params = sum(u.param_bytes for u in us)
     grads = sum(u.grad_bytes for u in us)
     opt = sum(u.optimizer_bytes for u in us)
-    act = held * sum(u.saved_bytes for u in us)
-    boundary = (microbatches * us[0].input_bytes if stage > 0 else 0) + \
-        (microbatches * us[-1].output_bytes if stage < stages - 1 else 0)
+    last = stage == stages - 1
+    loss_saved = units.loss_saved_bytes if last else 0
+    act = held * (sum(u.saved_bytes for u in us) + loss_saved)
     outputs = held * us[-1].output_bytes
+    per_mb = sum(u.saved_bytes for u in us) + loss_saved + us[-1].output_bytes
+    overlap = -min(per_mb, grads) if held == microbatches else 0
+    boundary = (microbatches * us[0].input_bytes if stage > 0 else 0) + \
+        (microbatches * us[-1].output_bytes if not last else 0)
+    work = max(u.work_bytes for u in us)
+    if last:
+        work = max(work, units.loss_bytes)
     state = params + grads + opt - dup
     dup, state = int(dup), int(state)
     return {"params": params, "grads": grads, "optimizer": opt, "tied_dedup": dup, "state": state,
-            "held_microbatches": held, "activations": act, "outputs": outputs, "boundary": boundary,
-            "total": state + act + outputs + boundary}
+            "held_microbatches": held, "activations": act, "outputs": outputs,
+            "grad_overlap": overlap, "boundary": boundary, "working": work,
+            "total": state + act + outputs + overlap + boundary + work}
 
 
 def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: str, microbatches: int,

@@ -27,7 +27,7 @@ class Stage:
     macs: int
     params: int
     memory: dict                   # params, grads, optimizer, tied_dedup, state, held_microbatches,
-    #                                activations, boundary, total (bytes)
+    #                                activations, outputs, grad_overlap, boundary, working, total (bytes)
     limit: int | None
     rank: int
 
@@ -81,7 +81,7 @@ class StagePlan:
     # ---- rendering ------------------------------------------------------------------------------
     def _rows(self) -> tuple[list[str], list[list[str]]]:
         header = ["Stage", "Units", "#", "Params", "FLOPs fwd+bwd", f"Cost ({self._by_name()})", "Share",
-                  "Memory", "State", "Activations", "Boundary", "Limit"]
+                  "Memory", "State", "Activations", "Boundary", "Working", "Limit"]
         total = sum(s.cost for s in self.stages) or 1.0
         body = []
         for s in self.stages:
@@ -89,8 +89,9 @@ class StagePlan:
             m = s.memory
             body.append([str(s.index), names, str(len(s.units)), _num(s.params), _num(s.flops),
                          self._cost_str(s.cost), f"{100 * s.cost / total:.1f}%", iec(m["total"]),
-                         iec(m["state"]), f"{iec(m['activations'] + m['outputs'])} ({m['held_microbatches']} mb)",
-                         iec(m["boundary"]), iec(s.limit) if s.limit else "--"])
+                         iec(m["state"]),
+                         f"{iec(m['activations'] + m['outputs'] + m['grad_overlap'])} ({m['held_microbatches']} mb)",
+                         iec(m["boundary"]), iec(m["working"]), iec(s.limit) if s.limit else "--"])
         return header, body
 
     def _by_name(self) -> str:

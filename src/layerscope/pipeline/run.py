@@ -4,8 +4,9 @@
 ``torchrun --nproc_per_node P -m layerscope.pipeline.run FILE``. Every rank builds the model from
 the same spec and seed, computes the same plan, builds its own stage (export path when torch.export
 traces the model, module ownership otherwise), trains ``steps`` steps with the schedule and writes
-its measured step time, peak memory (the CPU allocator's events for the last step, plus the stage's
-parameters, gradients and optimizer state alive before it) and, on the last rank, the losses.
+its measured step time, peak memory (the stage's parameters and buffers plus the CPU allocator's
+events from the first step on, peak taken in the last step; CUDA: max_memory_allocated in the last
+step) and, on the last rank, the losses.
 The launcher trains the same model in one process with the same micro-batches (gradient
 accumulation) and compares the losses.
 
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InputError
-from .stages import TieSync, build_stage_module, export_stages, flat_inputs, main_tensor
+from .stages import TieSync, build_stage_module, drop_unused_params, export_stages, flat_inputs, main_tensor
 
 __all__ = ["pipeline_stage", "launch", "RunResult", "reference_losses"]
 
@@ -46,6 +47,7 @@ def pipeline_stage(plan, model: torch.nn.Module, rank: int, args: tuple, kwargs:
     if path in ("auto", "export"):
         try:
             pipe, _ = export_stages(model, plan, args, kwargs)
+            drop_unused_params(pipe.get_stage_module(rank))
             stage = pipe.build_stage(rank, device, group)
             return stage, TieSync(plan, stage.submod, rank, prefix="model."), "export"
         except InputError:
@@ -59,7 +61,10 @@ def pipeline_stage(plan, model: torch.nn.Module, rank: int, args: tuple, kwargs:
 
 
 def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.mse_loss(out.float(), target.float())
+    # the mean squared error, written out: F.mse_loss's scalar result shares the storage of an
+    # output-sized buffer (torch 2.13, CPU), so every loss the schedule keeps until the step ends
+    # would hold a copy of the stage's output alive
+    return (out.float() - target.float()).pow(2).mean()
 
 
 def _setup(cfg: dict):
@@ -68,7 +73,7 @@ def _setup(cfg: dict):
     from ..specs import build_model
 
     torch.manual_seed(cfg["seed"])
-    built = build_model(cfg["spec"], None, cfg.get("overrides") or {})
+    built = build_model(cfg["spec"], "cpu", cfg.get("overrides") or {})   # real weights to train
     model = built.model
     if built.default_inputs is None:
         raise InputError(f"{cfg['spec']} gives no default inputs to run a pipeline with")
@@ -83,8 +88,11 @@ def _setup(cfg: dict):
 
     args, kwargs = map_tensors(args, fresh), map_tensors(kwargs, fresh)
     model.train() if cfg.get("train_mode", True) else model.eval()
+    # the loss's working memory is planned with a stand-in target (a view of the output: no
+    # allocation, as the run's target, which exists before the step)
     plan = partition(model, *args, stages=cfg["stages"], by=cfg["by"], schedule=cfg["schedule"],
-                     microbatches=cfg["microbatches"], optimizer=cfg["optimizer"], **kwargs)
+                     microbatches=cfg["microbatches"], optimizer=cfg["optimizer"],
+                     loss_fn=lambda o: _loss(main_tensor(o), main_tensor(o).detach()), **kwargs)
     mb_args, mb_kwargs, _ = micro_batch(args, kwargs, cfg["microbatches"])
     with torch.no_grad():
         out = main_tensor(model(*mb_args, **mb_kwargs))
@@ -164,19 +172,25 @@ def worker(cfg_path: str) -> None:
             if mb_losses:
                 losses.append(sum(x.item() for x in mb_losses) / len(mb_losses))
 
-        for _ in range(cfg["steps"] - 1):
-            one_step()
-        before = state_bytes([*stage.submod.parameters(), *stage.submod.buffers(),
-                              *[v for s in opt.state.values() for v in s.values()
-                                if isinstance(v, torch.Tensor)]])
+        steps = cfg["steps"]
+        # live tensor bytes of this rank from here on: the stage's parameters and buffers (alive now)
+        # plus every allocation from the first step on (optimizer state, the schedule's receive
+        # buffers, gradients, activations); the peak is taken in the last step (steady state)
+        before = state_bytes([*stage.submod.parameters(), *stage.submod.buffers()])
 
-        def last(on_step):
-            on_step(0, "begin")
-            one_step()
-            on_step(0, "end")
+        def all_steps(on_step):
+            for i in range(steps):
+                on_step(i, "begin")
+                one_step()
+                on_step(i, "end")
 
-        measured = measure_cpu(last, before, 1) if device.type == "cpu" else None
-        peak = measured.peak_bytes if measured else torch.cuda.max_memory_allocated(device)
+        if device.type == "cpu":
+            measured = measure_cpu(all_steps, before, steps)
+            peak = measured.step_peaks[-1]
+        else:
+            all_steps(lambda i, when: torch.cuda.reset_peak_memory_stats(device)
+                      if when == "begin" and i == steps - 1 else None)
+            peak = torch.cuda.max_memory_allocated(device)
         out = {"rank": rank, "path": path, "times": times, "losses": losses, "peak_bytes": peak,
                "predicted_bytes": plan.stages[rank].memory_bytes,
                "params": sum(p.numel() for p in stage.submod.parameters())}
@@ -234,8 +248,8 @@ def launch(spec: str, *, overrides: dict | None = None, stages: int, by: str = "
         env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // stages)))
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         if proc.returncode != 0:
-            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-            raise InputError(f"the pipeline run failed (torchrun exit {proc.returncode}):\n{tail}")
+            raise InputError(f"the pipeline run failed (torchrun exit {proc.returncode}):\n"
+                             + _worker_error(proc.stderr or proc.stdout or ""))
         ranks = []
         for r in range(stages):
             with open(os.path.join(tmp, f"rank{r}.json")) as f:
@@ -243,6 +257,17 @@ def launch(spec: str, *, overrides: dict | None = None, stages: int, by: str = "
         ref, plan = reference_losses(cfg)   # the plan every rank computed, from the same setup
     return RunResult(plan=plan, ranks=tuple(ranks), reference=tuple(ref), losses=tuple(ranks[-1]["losses"]),
                      path=ranks[0]["path"])
+
+
+def _worker_error(text: str) -> str:
+    """The workers' own exceptions (torchrun's summary at the end of stderr says only 'exit 1')."""
+    import re
+    errs = []
+    for line in text.splitlines():
+        m = re.match(r"\[rank(\d+)\]: ([\w.]*(?:Error|Exception)\b.*)", line)
+        if m and "Connection closed by peer" not in m.group(2):
+            errs.append(f"rank {m.group(1)}: {m.group(2)}")
+    return "\n".join(dict.fromkeys(errs)) if errs else "\n".join(text.strip().splitlines()[-15:])
 
 
 def _free_port() -> int:

@@ -237,12 +237,64 @@ def export_stages(model: nn.Module, plan: StagePlan, args: tuple, kwargs: dict):
     pipe = pipeline(_Main(model, rebuild), mb_args=tensors, split_spec=spec)
     if pipe.num_stages != plan.num_stages:
         raise InputError(f"torch.export produced {pipe.num_stages} stages for {plan.num_stages} split points")
+    for s in range(1, pipe.num_stages):
+        for node in pipe.get_stage_module(s).graph.nodes:
+            val = node.meta.get("val") if node.op == "placeholder" else None
+            if isinstance(val, torch.Tensor) and not val.is_contiguous():
+                # the receive buffer would be as strided as the value, and gloo/NCCL send and
+                # receive contiguous tensors only (GPT-2's causal mask, expanded over the batch)
+                raise RuntimeError(f"stage {s} receives {node.name} {tuple(val.shape)} with strides "
+                                   f"{val.stride()}: not contiguous, which send/recv cannot carry")
     return pipe, tensors
+
+
+def _used_names(gm: nn.Module, prefix: str = "") -> set[str] | None:
+    """Qualified names of what the graph module's code reaches (get_attr targets, and called
+    submodules, looked into when they are graph modules themselves); None for a module without a graph."""
+    graph = getattr(gm, "graph", None)
+    if graph is None:
+        return None
+    used: set[str] = set()
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            used.add(prefix + node.target)
+        elif node.op == "call_module":
+            inner = _used_names(gm.get_submodule(node.target), prefix + node.target + ".")
+            used |= inner if inner is not None else {prefix + node.target}
+    return used
+
+
+def drop_unused_params(gm: nn.Module) -> list[str]:
+    """pipeline() copies a weight tied across stages into every stage module, also where the stage's
+    code never reads it (GPT's output head on the embedding's stage): remove those, so the stage
+    does not hold (and the optimizer does not keep state for) a weight it does not use."""
+    used = _used_names(gm)
+    if used is None:
+        return []
+    gone = []
+    for name, _ in list(gm.named_parameters(remove_duplicate=False)):
+        if name in used or any(name.startswith(u + ".") for u in used):
+            continue
+        owner, _, leaf = name.rpartition(".")
+        mod = gm.get_submodule(owner) if owner else gm
+        if leaf in mod._parameters:
+            del mod._parameters[leaf]
+            gone.append(name)
+    return gone
 
 
 def verify_chain(model: nn.Module, plan: StagePlan, args: tuple, kwargs: dict, path: str = "auto"):
     """Run the stages one after another on one micro-batch and compare with the whole model.
-    Returns (path used, max abs diff, reason export was not used or None)."""
+    Returns (path used, max abs diff, reason export was not used or None). The global RNG state is
+    put back (a training-mode model draws dropout masks in every run)."""
+    rng = torch.get_rng_state()
+    try:
+        return _verify_chain(model, plan, args, kwargs, path)
+    finally:
+        torch.set_rng_state(rng)
+
+
+def _verify_chain(model: nn.Module, plan: StagePlan, args: tuple, kwargs: dict, path: str):
     tensors, rebuild = flat_inputs(args, kwargs)
     guard = StateGuard(model, inputs=tensors)
     try:

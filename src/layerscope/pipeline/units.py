@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..trace import FORWARD, PRODUCER_INPUT, Costs, Trace
+from ..trace import BACKWARD, FORWARD, PRODUCER_INPUT, Costs, Trace
 
 __all__ = ["Unit", "Tie", "SplitUnits", "split_units"]
 
@@ -50,6 +50,8 @@ class Unit:
     backward: Costs
     latency: float | None = None   # measured forward + backward seconds, when measured
     needs_inputs: bool = False     # a stage starting here also needs the model's inputs
+    work_bytes: int = 0            # transient bytes while it runs, above what it keeps (largest of
+                                   # its calls' backward peak - entry and forward peak - exit), per micro-batch
 
     @property
     def flops(self) -> int:
@@ -79,6 +81,9 @@ class SplitUnits:
     units: tuple[Unit, ...]
     ties: tuple[Tie, ...] = ()
     micro_batch: int | None = None
+    loss_bytes: int = 0            # the loss's transient working memory (forward and backward) per
+                                   # micro-batch, above the output and what it saves: on the last stage
+    loss_saved_bytes: int = 0      # what the loss saves for its backward, per micro-batch in flight
     notes: tuple[str, ...] = ()
     options: dict = field(default_factory=dict)
 
@@ -243,7 +248,8 @@ def _units(flow: _Flow) -> list[list[int]]:
 
 
 def split_units(trace: Trace, *, memory_layers=None, model=None, optimizer_ratio: float = 0.0,
-                latencies: dict | None = None, micro_batch: int | None = None) -> SplitUnits:
+                latencies: dict | None = None, micro_batch: int | None = None,
+                loss_bytes: int = 0, loss_saved_bytes: int = 0) -> SplitUnits:
     """Units of ``trace`` (a forward, or the last pass of a training step). ``memory_layers``
     (MemoryReport.layers of the same pass) adds saved activations, gradients and optimizer state;
     ``model`` finds tied parameters; ``latencies`` maps unit names to measured seconds."""
@@ -328,6 +334,14 @@ def split_units(trace: Trace, *, memory_layers=None, model=None, optimizer_ratio
             obytes = sum(memory_layers[i].optimizer_total for i in idx)
             if model is not None:   # state of tied copies counted at another owner in the report
                 obytes = max(obytes, int(round(gbytes * optimizer_ratio)))
+        work = 0
+        if memory_layers is not None:
+            for i in idx:
+                fw, bw = memory_layers[i].forward, memory_layers[i].backward
+                if fw is not None:
+                    work = max(work, fw.peak - fw.exit)
+                if bw is not None:
+                    work = max(work, bw.peak - bw.entry)
         in_rec, out_rec = recs[idx[0]], recs[idx[-1]]
         units.append(Unit(
             index=g, name=name, paths=paths, type=typ, params=numel, param_bytes=pbytes,
@@ -335,9 +349,33 @@ def split_units(trace: Trace, *, memory_layers=None, model=None, optimizer_ratio
             input_bytes=sum(s.nbytes for s in in_rec.inputs if s.dtype in _FLOAT),
             output_bytes=sum(s.nbytes for s in out_rec.outputs if s.dtype in _FLOAT),
             forward=f, backward=b, latency=(latencies or {}).get(name),
-            needs_inputs=need[g] and g > 0))
+            needs_inputs=need[g] and g > 0, work_bytes=int(work)))
     return SplitUnits(model_name=trace.model_name, units=tuple(units), ties=tuple(ties),
-                      micro_batch=micro_batch)
+                      micro_batch=micro_batch, loss_bytes=int(loss_bytes),
+                      loss_saved_bytes=int(loss_saved_bytes))
+
+
+def loss_working_bytes(rep) -> int:
+    """The loss's transient working memory in a simulated training step (MemoryReport ``rep``): the
+    most live bytes from the end of the last forward through the loss and its backward (ops at the
+    model's root, before any module's backward), minus the live bytes when the forward ended and
+    minus what the loss saved for its backward (counted per micro-batch in flight)."""
+    if not rep.steps:
+        return 0
+    total = [sum(col) for col in zip(*rep.timeline.bytes)]
+    fwd = next((p for p in rep.steps[-1].phases if p.phase == FORWARD), None)
+    if fwd is None:
+        return 0
+    off, end = fwd.first_op, fwd.last_op
+    peak = total[end]
+    for j, op in enumerate(rep.trace.ops):
+        t = off + j
+        if t <= end:
+            continue
+        if t >= len(total) or (op.phase == BACKWARD and op.layer != 0):
+            break
+        peak = max(peak, total[t])
+    return max(0, peak - total[end] - int(rep.totals.get("loss_saved_bytes") or 0))
 
 
 def _owner(path: str, owner_paths: dict) -> int | None:
