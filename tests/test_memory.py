@@ -390,3 +390,15 @@ def test_data_dependent_shapes_say_how_to_proceed():
         ls.memory(DataDependent(), torch.randn(3, 4))
     rep = ls.memory(DataDependent(), torch.randn(3, 4), simulate=False)
     assert rep.peak_bytes > 0
+
+
+def test_what_the_loss_saves_is_the_loss_s_not_the_model_s():
+    m = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    before = snapshot(m)
+    rep = ls.memory(m, x, loss_fn=lambda o: (o - o.detach()).pow(2).mean())
+    # the loss's sub makes a 2 x 3 float32 tensor (24 B) that pow saves for its backward; it is the
+    # loss's (loss_saved_bytes), not an activation of the model's call (the input x is an input)
+    assert rep.totals["loss_saved_bytes"] == 2 * 3 * 4
+    assert rep.totals["saved_activation_bytes"] == 0
+    assert_unchanged(before, m)
