@@ -70,6 +70,23 @@ def test_partition_equals_brute_force_on_1000_random_instances():
     assert 100 < infeasible < 900      # the limits bind in a good share of the instances
 
 
+def test_in_flight_peak_is_the_largest_backward():
+    # the solver only evaluates the backwards that can be the peak; every backward j gives the same
+    from layerscope.pipeline.partition import _in_flight_parts, flight_counts
+    rng = random.Random(2)
+    for _ in range(2000):
+        a, o, grads, inb = (rng.randint(0, 50) for _ in range(4))
+        m, k = rng.randint(1, 9), rng.randint(1, 6)
+        s, schedule = rng.randrange(k), rng.choice(["gpipe", "1f1b"])
+        held = held_microbatches(schedule, k, m, s)
+        first, last = s == 0, s == k - 1
+        kept_out = not last and (schedule == "gpipe" or held == 2)
+        every = [acts * a + outs * o + sends * inb - (min(a if kept_out else a + o, grads) if j == 0 else 0)
+                 for j, (acts, outs, sends) in enumerate(flight_counts(schedule, held, m, first, last))]
+        p = _in_flight_parts(a, o, grads, inb, held, m, schedule, first, last)
+        assert p["activations"] + p["outputs"] + p["sends"] + p["grad_overlap"] == max(every)
+
+
 def test_partition_1000_units_64_stages():
     rng = random.Random(1)
     units = SplitUnits("m", tuple(_unit(i, rng.randint(1, 1000)) for i in range(1000)))
@@ -86,15 +103,19 @@ def test_hand_derived_split_and_memory():
     plan = build_plan(units, stages=2, by="flops", memory_limit=None, schedule="1f1b", microbatches=4)
     assert [(s.first, s.last) for s in plan.stages] == [(0, 1), (2, 3)]
     assert plan.bottleneck == 5 and plan.lower_bound == 5 and plan.imbalance == 1.0
-    # stage 0 of 2 under 1F1B holds min(2 - 0, 4) = 2 micro-batches: state 20 + 2 x saved 6 = 12
-    # + its output kept per held micro-batch 2 x 2 = 4 + gradient buffers for 4 micro-batches 4 x 2 = 8
-    # -> 44. Stage 1 holds min(2 - 1, 4) = 1: 20 + 6 + output 1 x 2 + received inputs 4 x 2 = 36.
-    assert [s.memory_bytes for s in plan.stages] == [44, 36]
+    # stage 0 of 2 under 1F1B warms up with min(2 - 0, 4) = 2 micro-batches; at its second backward
+    # (j = 1) it holds min(2 + 1, 4) - 1 = 2 micro-batches' saved 2 x 6 = 12 and outputs 2 x 2 = 4,
+    # plus micro-batch 0's output 2 that the warm-up's send work still holds (W - 2 = 0 < j = 1 <=
+    # M - W = 2): state 20 + 18 + gradient buffers for 4 micro-batches 4 x 2 = 8 -> 46 (j = 0: 16 < 18).
+    # Stage 1 holds min(1 + j, 4) - j = 1: at j >= 1 saved 6 + output 2 + the previous backward's
+    # input gradient 2 waiting to be sent = 10; + 20 + received inputs 4 x 2 = 8 -> 38.
+    assert [s.memory_bytes for s in plan.stages] == [46, 38]
     assert held_microbatches("gpipe", 4, 8, 3) == 8
     assert [held_microbatches("1f1b", 4, 8, s) for s in range(4)] == [4, 3, 2, 1]
-    # per-device limits 40 and 50 bytes rule out stage 0 = [0, 1] (44). [4] | [1, 1, 4]: stage 0 =
-    # 10 + 2 x 3 + 2 x 2 + 4 x 2 = 28 <= 40; stage 1 = 30 + 1 x 9 + 1 x 2 + 4 x 2 = 49 <= 50 -> bottleneck 6
-    plan = build_plan(units, stages=2, by="flops", memory_limit=[40, 50], schedule="1f1b", microbatches=4)
+    # per-device limits 40 and 52 bytes rule out stage 0 = [0, 1] (46). [4] | [1, 1, 4]: stage 0 =
+    # 10 + (2 x 3 + 3 x 2 = 12 at j = 1, as above) + 4 x 2 = 30 <= 40; stage 1 = 30 + 1 x 9 + 1 x 2
+    # + input gradient 2 + 4 x 2 = 51 <= 52 -> bottleneck 6
+    plan = build_plan(units, stages=2, by="flops", memory_limit=[40, 52], schedule="1f1b", microbatches=4)
     assert [(s.first, s.last) for s in plan.stages] == [(0, 0), (1, 3)] and plan.bottleneck == 6
 
 
@@ -109,11 +130,15 @@ def test_hand_derived_working_memory_loss_and_gradient_overlap():
     # gradients (20) appear: -min(12, 20) = -12; no boundary; working max(5, 7, loss 9) = 9 -> 61
     m = stage_memory(units, 0, 2, 0, 1, "gpipe", 2)
     assert (m["activations"], m["outputs"], m["grad_overlap"], m["working"], m["total"]) == (20, 4, -12, 9, 61)
-    # two 1F1B stages, M = 2. Stage 0 holds min(2, 2) = 2 = M: state 20 + 2 x (3 + 2) = 10
-    # - min(5, 10) = 5 + gradient buffers 2 x 2 = 4 + working 5 -> 34. Stage 1 holds 1 < M: state 20
-    # + 1 x (3 + 2 + 4) = 9 + received inputs 2 x 2 = 4 + working max(7, 9) = 9 -> 42
+    # two 1F1B stages, M = 2. Stage 0 warms up with min(2, 2) = 2 = M: at backward 0 it holds
+    # 2 x (3 + 2) = 10; that backward frees micro-batch 0's saved 3 but not its output (the warm-up's
+    # send work holds it, W = 2) while the gradients appear: - min(3, 10) -> 7 (backward 1: 3 + 2 = 5);
+    # state 20 + 7 + gradient buffers 2 x 2 = 4 + working 5 -> 36. Stage 1 warms up with 1 < M: at
+    # backward 1 it holds 1 x (3 + 2 + 4) = 9 and backward 0's input gradient 2 waiting to be sent
+    # (backward 0: 9 - min(9, 10) = 0); state 20 + 11 + received inputs 2 x 2 = 4 + working
+    # max(7, 9) = 9 -> 44
     plan = build_plan(units, stages=2, by="flops", memory_limit=None, schedule="1f1b", microbatches=2)
-    assert [s.memory_bytes for s in plan.stages] == [34, 42]
+    assert [s.memory_bytes for s in plan.stages] == [36, 44]
 
 
 def test_infeasible_says_what_would_work():
@@ -264,3 +289,45 @@ def test_cli_split(capsys):
 def test_small_cnn_units():
     plan = ls.partition(small_cnn(), torch.randn(4, 3, 32, 32), stages=2, microbatches=2)
     assert len(plan.units) >= 4
+
+
+def test_saved_inputs_and_outputs_are_not_counted_twice():
+    from layerscope.api import _units_from_memory
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    units = _units_from_memory(ls.memory(m, torch.randn(3, 4), optimizer="sgd", steps=2), m)
+    got = [(u.saved_bytes, u.received_saved_bytes, u.output_saved_bytes) for u in units.units]
+    # batch 3 x 8 float32 = 96 B. Unit 0 saves only the model's input (an input, not an activation).
+    # Unit 1 (Linear) saves its input, unit 0's output, which existed before it began: received 96.
+    # Unit 2 (Tanh) saves its own output: output 96. Unit 3 (Linear) saves its input, the storage
+    # Tanh already saved, counted once (at Tanh).
+    assert got == [(0, 0, 0), (96, 96, 0), (96, 0, 96), (0, 0, 0)]
+    # a middle stage of units 1..2 (1F1B, 3 stages, M = 1): per micro-batch saved 192 - received
+    # input 96 (a receive buffer) - its saved output 96 (the output) = 0 activations; output 96
+    mem = stage_memory(units, 1, 3, 1, 3, "1f1b", 1)
+    assert (mem["activations"], mem["outputs"], mem["sends"]) == (0, 96, 0)
+
+
+def test_working_memory_spans_from_timed_events():
+    from layerscope.pipeline.units import _work_from_events
+    ev = [(0, 0, "0.f"), (1, 1, 100), (2, 1, 50), (3, 1, -50), (4, 0, "1.f"), (5, 1, 30), (6, 1, -30),
+          (7, 0, "end.f"), (8, 1, 10), (9, 0, "1.b"), (10, 1, 40), (11, 1, -40), (12, 1, 20),
+          (13, 0, "0.b"), (14, 1, 60), (15, 1, -20)]
+    # live bytes 0 -> 100 -> 150 -> 100 | 130 -> 100 | end 100 -> 110 | 150 -> 110 -> 130 | 190 -> 170
+    # unit 0 forward: peak 150 - 100 at its end (unit 1's mark) = 50; unit 1 forward: 130 - 100 = 30;
+    # unit 1 backward: from its mark (110) to unit 0's: peak 150 - 110 = 40; unit 0 backward: to the
+    # end, including the weight gradient after its hook: 190 - 130 = 60
+    assert _work_from_events(ev, ["a", "b"]) == {"a": 60, "b": 40}
+
+
+def test_partition_measures_working_memory_and_leaves_the_model_alone():
+    m, x = small_cnn(), torch.randn(4, 3, 32, 32)
+    before = snapshot(m)
+    simulated = ls.partition(m, x, stages=2, microbatches=2, optimizer="adamw", measure_working=False)
+    measured = ls.partition(m, x, stages=2, microbatches=2, optimizer="adamw")
+    assert_unchanged(before, m)
+    assert any("measured" in n for n in measured.notes)
+    pairs = [(a.work_bytes, b.work_bytes) for a, b in zip(simulated.units.units, measured.units.units)]
+    assert all(b >= a for a, b in pairs) and any(b > a for a, b in pairs)
+    with pytest.raises(ls.InputError, match="no data"):
+        ls.partition(small_cnn().to("meta"), torch.randn(4, 3, 32, 32, device="meta"), stages=2,
+                     optimizer="adamw", measure_working=True)

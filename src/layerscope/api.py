@@ -428,7 +428,8 @@ def micro_batch(args: tuple, kwargs: dict, microbatches: int, batch_dim: int = 0
 def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit=None,
               schedule: str = "1f1b", microbatches: int = 1, optimizer=None, stages_per_rank: int = 2,
               batch_dim: int = 0, input_size=None, dtypes=None, autocast_dtype=None, device=None,
-              latency_repeats: int = 5, loss_fn=None, **kwargs: Any):
+              latency_repeats: int = 5, loss_fn=None, measure_working: bool | None = None,
+              **kwargs: Any):
     """Split a model into ``stages`` pipeline stages with the smallest bottleneck (the largest stage
     cost), each fitting ``memory_limit`` (bytes or "16GiB"; a list gives one limit per stage). Returns
     a StagePlan.
@@ -442,10 +443,13 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
     in each stage's memory; the training step is simulated on fake tensors, so a model on the meta
     device plans without memory. ``loss_fn(output) -> scalar`` (as in ``memory()``; default: the
     output's ``loss`` or its sum) sets the loss's working memory, which the last stage holds.
+    ``measure_working`` (default: when the model has real weights) runs one real training step of a
+    micro-batch to measure each unit's working memory on the model's device (kernel scratch buffers
+    that simulation cannot see); a unit's working memory is the larger of simulated and measured.
     """
     from .memory_report import MemoryReport
     from .pipeline.partition import build_plan
-    from .pipeline.units import split_units, unit_latencies
+    from .pipeline.units import split_units, unit_latencies, unit_work_bytes
 
     notes: list[str] = []
     options = {"optimizer": None, "autocast": None}
@@ -465,10 +469,19 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
         rep = memory(model, *mb_args, optimizer=optimizer, autocast_dtype=autocast_dtype, device=device,
                      steps=2 if optimizer is not None else 1, batch_dim=batch_dim, loss_fn=loss_fn,
                      **mb_kwargs)
-        if by == "latency" and (model_device(model).type == "meta" or _is_fake(model)):
+        no_data = model_device(model).type == "meta" or _is_fake(model)
+        if by == "latency" and no_data:
             raise InputError("by='latency' times the units on the real model; this one has no data "
                              "(meta or fake tensors)")
         units = _units_from_memory(rep, model, micro=mb)
+        if measure_working and no_data:
+            raise InputError("measure_working=True runs a real step; this model has no data (meta or "
+                             "fake tensors)")
+        if measure_working or (measure_working is None and not no_data and rep.totals.get("gradient_bytes")):
+            with _gc_paused():
+                work = unit_work_bytes(model, units, mb_args, mb_kwargs, loss_fn=loss_fn)
+            units = _with_work(units, work)
+            notes.append(f"working memory: the larger of simulated and measured on {model_device(model)}")
         if by == "latency":
             with _gc_paused():
                 lat = unit_latencies(model, units, mb_args, mb_kwargs, repeats=latency_repeats)
@@ -487,6 +500,12 @@ def _units_from_memory(rep, model, micro=None):
     return split_units(rep.trace, memory_layers=rep.layers, model=model, optimizer_ratio=ratio,
                        micro_batch=micro, loss_bytes=loss_working_bytes(rep) if grads else 0,
                        loss_saved_bytes=(rep.totals.get("loss_saved_bytes") or 0) if grads else 0)
+
+
+def _with_work(units, work: dict):
+    import dataclasses
+    return dataclasses.replace(units, units=tuple(
+        dataclasses.replace(u, work_bytes=max(u.work_bytes, work.get(u.name, 0))) for u in units.units))
 
 
 def _with_latencies(units, latencies: dict):

@@ -50,6 +50,11 @@ class MemoryLayer:
     optimizer_total: int
     forward: CallMemory | None
     backward: CallMemory | None
+    first_op: int = 0              # the global op index at which the call began
+    # the storages this call itself saved for backward: (global op index of the allocation, bytes)
+    saved_blocks: tuple[tuple[int, int], ...] = ()
+    # its output tensors: (global op index that produced it, bytes)
+    output_allocs: tuple[tuple[int, int], ...] = ()
 
     @property
     def name(self) -> str:

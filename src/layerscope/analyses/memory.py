@@ -145,10 +145,12 @@ def _layers(run: "StepRun", last_pass, total, allocs, frees) -> tuple[MemoryLaye
     saved = [0] * k
     # what the loss saves for its backward is the loss's, not the model's (root) call's
     in_loss = _in_loss(run)
+    blocks: list[list[tuple[int, int]]] = [[] for _ in range(k)]
     for b in run.tracker.blocks:
         if b.saved_by is not None and b.saved_by[0] == pass_index and b.category == _ACTIVATION \
                 and not any(a <= b.alloc <= z for a, z in in_loss):
             saved[b.saved_by[1]] += b.nbytes
+            blocks[b.saved_by[1]].append((b.alloc, b.nbytes))
     # owned params / grads / optimizer state: by the owning module's first call
     first_call: dict[str, int] = {}
     for r in recs:
@@ -189,5 +191,8 @@ def _layers(run: "StepRun", last_pass, total, allocs, frees) -> tuple[MemoryLaye
             optimizer_total=subtree[r.index][3],
             forward=_call_memory(a, z, total, allocs, frees),
             backward=_call_memory(lo[r.index], hi[r.index], total, allocs, frees)
-            if lo[r.index] is not None else None))
+            if lo[r.index] is not None else None,
+            first_op=a, saved_blocks=tuple(blocks[r.index]),
+            output_allocs=tuple((last_pass.offset + q, spec.nbytes)
+                                for q, spec in zip(trace.layer_outputs[r.index], r.outputs) if q >= 0)))
     return tuple(out)

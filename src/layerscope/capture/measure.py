@@ -8,6 +8,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import tempfile
 from typing import Callable
 
 import torch
@@ -15,7 +19,7 @@ import torch
 from ..errors import InputError
 from ..memory_report import Measured
 
-__all__ = ["measure_cpu", "measure_cuda", "state_bytes"]
+__all__ = ["measure_cpu", "measure_cuda", "state_bytes", "profile_events"]
 
 
 def state_bytes(tensors) -> int:
@@ -30,10 +34,54 @@ def state_bytes(tensors) -> int:
     return total
 
 
+@contextlib.contextmanager
+def _kineto_quiet():
+    """Hold back what the profiler's C++ side writes to stderr as it starts and stops (torch 2.13's
+    kineto logs "USDT: ... profiler_start" lines whatever the log level): fd 2 goes to a temporary
+    file for the duration, and any other line written there is passed on."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):    # no real fd 2 (embedded interpreters): nothing to hold back
+        yield
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            rest = [ln for ln in tmp.read().decode(errors="replace").splitlines(keepends=True)
+                    if "USDT:" not in ln and "ActivityProfilerHandler" not in ln]
+            if rest:
+                sys.stderr.write("".join(rest))
+
+
+def profile_events(run: Callable, cuda: bool = False):
+    """Run ``run()`` under the profiler with allocation events; return the result's event tree."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    prof = profile(activities=activities, profile_memory=True)
+    with _kineto_quiet():
+        prof.__enter__()
+    try:
+        run()
+    finally:
+        with _kineto_quiet():
+            prof.__exit__(None, None, None)
+    try:
+        return prof.profiler.kineto_results.experimental_event_tree()
+    except AttributeError as e:  # the profiler's result tree is not public API; say so if it moves
+        raise InputError(f"this torch build's profiler gives no allocation events: {e}") from e
+
+
 def measure_cpu(run: Callable, before: int, steps: int) -> Measured:
     """``run(on_step)`` runs the step; allocations inside each step's profiler range are summed."""
     from torch.autograd.profiler import record_function
-    from torch.profiler import ProfilerActivity, profile
 
     ranges: list = []
 
@@ -44,12 +92,7 @@ def measure_cpu(run: Callable, before: int, steps: int) -> Measured:
         else:
             ranges[-1].__exit__(None, None, None)
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run(on_step)
-    try:
-        tree = prof.profiler.kineto_results.experimental_event_tree()
-    except AttributeError as e:  # the profiler's result tree is not public API; say so if it moves
-        raise InputError(f"this torch build's profiler gives no allocation events: {e}") from e
+    tree = profile_events(lambda: run(on_step))
     events: list[tuple[int, int, int]] = []   # (time, bytes, step)
 
     def walk(node, step):

@@ -12,10 +12,17 @@ evaluated a whole row of ``y`` at a time with tensors: O(K·n²) work, exact for
 equal bottlenecks go to the earliest cut). Memory of stage s over units [x, y), per the schedule:
 
     state (params + grads + optimizer state, tied weights once per stage)
-    + held(s) × (saved activations + the stage's output, kept for its backward, + on the last stage
-      what the loss saves) per micro-batch
-    - when held(s) = M (GPipe; 1F1B with M <= stages left): min(one micro-batch's share, gradients),
-      as the first backward frees one micro-batch's activations while the gradients appear
+    + in flight: the most that is held during the backward of any micro-batch j = 0 .. M-1, of
+        a = one micro-batch's saved activations, less what the stage's first unit saves of its own
+            inputs (those are the receive buffers) and what its last unit saves of its output (that
+            is o); on the last stage plus what the loss saves
+        o = one micro-batch's output, kept for its backward
+        g = one micro-batch's input gradient (s > 0), kept while the schedule waits on its send
+      counted as torch.distributed.pipelining's schedules keep them (``flight_counts``). GPipe:
+      (M - j) × a, the outputs of all M (the forward sends are never dropped; M - j on the last
+      stage) and j × g. 1F1B, W = held(s) = min(K - s, M) warm-up forwards: (min(W + j, M) - j) ×
+      (a + o), one g (j >= 1), and with W >= 2 one more o while the warm-up's send work holds it.
+      At j = 0 the gradients appear as that micro-batch is freed: min(freed, gradients) less.
     + boundary buffers: M received inputs (s > 0) and M received output gradients (s < K - 1),
       which is how torch.distributed.pipelining allocates its receive buffers (one per micro-batch)
     + working memory: the largest transient of one unit's forward or backward (a range maximum),
@@ -77,7 +84,7 @@ def _unit_cost(by) -> Callable[[Unit], float]:
 class _Tables:
     """Prefix sums over units, so any stage's cost and memory are O(1) tensor expressions."""
 
-    def __init__(self, units: SplitUnits, by, microbatches: int) -> None:
+    def __init__(self, units: SplitUnits, by, microbatches: int, schedule: str = "1f1b") -> None:
         us = units.units
         self.n = len(us)
         d = torch.float64
@@ -91,10 +98,15 @@ class _Tables:
         self.grads = prefix([u.grad_bytes for u in us])
         self.act = prefix([u.saved_bytes for u in us])
         self.inb = torch.tensor([u.input_bytes for u in us] + [0], dtype=d)
+        # what a stage starting at x saves of its received inputs (counted as receive buffers)
+        self.recv = torch.tensor([min(u.received_saved_bytes, u.input_bytes) for u in us] + [0], dtype=d)
+        # what a stage ending at y - 1 saves of its own output (counted as the output)
+        self.osaved = torch.tensor([0] + [min(u.output_saved_bytes, u.output_bytes) for u in us], dtype=d)
         self.outb = torch.tensor([0] + [u.output_bytes for u in us], dtype=d)   # of unit y-1
         self.ties = [(prefix([1.0 if i in t.units else 0.0 for i in range(self.n)]), float(t.state_bytes))
                      for t in units.ties]
         self.m = microbatches
+        self.schedule = schedule
         # work[x, y] = the largest working memory of units x .. y-1 (a range maximum, O(n^2) once)
         w = torch.tensor([float(u.work_bytes) for u in us], dtype=d)
         j = torch.arange(self.n)
@@ -114,12 +126,13 @@ class _Tables:
         for pre, nbytes in self.ties:
             cnt = self._grid(pre, x, y)
             mem = mem - torch.clamp(cnt - 1, min=0) * nbytes
-        # per micro-batch in flight: saved activations, the stage's output (kept until its backward)
-        # and on the last stage what the loss saved
-        per_mb = self._grid(self.act, x, y) + self.outb[y][None, :] + (self.loss_saved if last else 0.0)
-        mem = mem + held * per_mb
-        if held == self.m:   # all in flight: the first backward frees one as the gradients appear
-            mem = mem - torch.minimum(per_mb, self._grid(self.grads, x, y))
+        # per micro-batch in flight: saved activations (less the received inputs the first unit
+        # saves; on the last stage plus what the loss saved) and the stage's output
+        act = self._grid(self.act, x, y) + (self.loss_saved if last else 0.0) - self.osaved[y][None, :]
+        if not first:
+            act = act - self.recv[x][:, None]
+        mem = mem + in_flight(act, self.outb[y][None, :], self._grid(self.grads, x, y),
+                              self.inb[x][:, None], held, self.m, self.schedule, first, last)
         if not first:
             mem = mem + (self.m * self.inb[x])[:, None]
         if not last:
@@ -135,7 +148,7 @@ def solve(units: SplitUnits, stages: int, by, limits: list[float] | None, schedu
           microbatches: int, stages_per_rank: int = 2):
     """Exact min-max split. Returns (bounds, bottleneck) with bounds[s] = (x, y), or None when no split
     fits the limits."""
-    t = _Tables(units, by, microbatches)
+    t = _Tables(units, by, microbatches, schedule)
     n, k = t.n, stages
     if k > n:
         return None
@@ -185,10 +198,12 @@ def stage_memory(units: SplitUnits, x: int, y: int, stage: int, stages: int, sch
     opt = sum(u.optimizer_bytes for u in us)
     last = stage == stages - 1
     loss_saved = units.loss_saved_bytes if last else 0
-    act = held * (sum(u.saved_bytes for u in us) + loss_saved)
-    outputs = held * us[-1].output_bytes
-    per_mb = sum(u.saved_bytes for u in us) + loss_saved + us[-1].output_bytes
-    overlap = -min(per_mb, grads) if held == microbatches else 0
+    recv = min(us[0].received_saved_bytes, us[0].input_bytes) if stage > 0 else 0
+    a = sum(u.saved_bytes for u in us) - recv - min(us[-1].output_saved_bytes, us[-1].output_bytes) \
+        + loss_saved
+    o = us[-1].output_bytes
+    parts = _in_flight_parts(a, o, grads, us[0].input_bytes, held, microbatches, schedule, stage == 0,
+                             last)
     boundary = (microbatches * us[0].input_bytes if stage > 0 else 0) + \
         (microbatches * us[-1].output_bytes if not last else 0)
     work = max(u.work_bytes for u in us)
@@ -196,10 +211,86 @@ def stage_memory(units: SplitUnits, x: int, y: int, stage: int, stages: int, sch
         work = max(work, units.loss_bytes)
     state = params + grads + opt - dup
     dup, state = int(dup), int(state)
+    flight = parts["activations"] + parts["outputs"] + parts["grad_overlap"] + parts["sends"]
     return {"params": params, "grads": grads, "optimizer": opt, "tied_dedup": dup, "state": state,
-            "held_microbatches": held, "activations": act, "outputs": outputs,
-            "grad_overlap": overlap, "boundary": boundary, "working": work,
-            "total": state + act + outputs + overlap + boundary + work}
+            "held_microbatches": held, **parts, "boundary": boundary, "working": work,
+            "total": state + flight + boundary + work}
+
+
+def flight_counts(schedule: str, held: int, m: int, first: bool, last: bool) -> list[tuple[int, int, int]]:
+    """For the backward of each micro-batch j = 0 .. M-1 on a stage: how many micro-batches'
+    activations, outputs and input gradients are alive, as torch.distributed.pipelining's schedules
+    keep them (a tensor handed to a send stays alive while the schedule holds the send's work or op
+    list). The first entry is j = 0, when the gradients appear.
+
+    GPipe: all M forwards run first; backward j holds M - j micro-batches' activations, and the
+    outputs of all M on a stage that sends them (the forward sends' works are kept to the end), and j
+    input gradients (the backward sends are waited on after the last backward).
+    1F1B with W = held warm-up forwards: backward j comes after min(W + j, M) forwards, so
+    min(W + j, M) - j micro-batches are in flight; the input gradient of backward j - 1 is still
+    held (its op list is replaced after backward j); and with W >= 2 the warm-up's send work keeps
+    the output of micro-batch W - 2 alive until the steady phase ends (backward M - W).
+    Interleaved: as 1F1B, with ``held`` from its own warm-up count."""
+    out = []
+    for j in range(m):
+        if schedule == "gpipe":
+            acts = m - j
+            outs = acts if last else m
+            sends = j
+        else:
+            acts = min(held + j, m) - j
+            stale = schedule == "1f1b" and not last and held >= 2 and held - 2 < j <= m - held
+            outs = acts + stale
+            sends = min(j, 1)
+        out.append((acts, outs, 0 if first else sends))
+    return out
+
+
+def in_flight(a, o, grads, inb, held: int, m: int, schedule: str, first: bool, last: bool):
+    """Bytes a stage holds for micro-batches in flight at its peak: the largest over its backwards
+    (``flight_counts``) of ``a`` activations and ``o`` output per micro-batch and ``inb`` bytes per
+    input gradient waiting to be sent; during the first backward the gradients appear as that
+    micro-batch's activations (and its output, when nothing else holds it) are freed, so that
+    backward counts min(freed, gradients) less. On the solver's tensor grids."""
+    best = None
+    for j, acts, outs, sends, freed in _candidates(a, o, held, m, schedule, first, last):
+        v = acts * a + outs * o + sends * inb
+        if freed is not None:
+            v = v - torch.minimum(freed, grads)
+        best = v if best is None else torch.maximum(best, v)
+    return best
+
+
+def _candidates(a, o, held, m, schedule, first, last):
+    """(j, activations, outputs, input gradients, what backward 0 frees or None) for the backwards
+    that can be the peak: counts are non-negative multipliers of non-negative sizes, so a backward
+    whose counts are all at most another's (j = 0 included: it also subtracts) cannot be; under
+    GPipe the counts are linear in j >= 1, so the peak is at j = 0, 1 or M - 1."""
+    counts = flight_counts(schedule, held, m, first, last)
+    js = range(m) if schedule != "gpipe" else sorted({0, min(1, m - 1), m - 1})
+
+    def covered(j: int, i: int) -> bool:   # backward i holds at least what backward j does
+        ci, cj = counts[i], counts[j]
+        return all(x <= y for x, y in zip(cj, ci)) and (cj != ci or i < j or j == 0)
+
+    keep = [j for j in js if not any(covered(j, i) for i in js if i not in (0, j))]
+    # micro-batch 0's output outlives its backward when a pending forward send holds it
+    kept_out = not last and (schedule == "gpipe" or (schedule == "1f1b" and held == 2))
+    for j in keep:
+        yield (j, *counts[j], (a if kept_out else a + o) if j == 0 else None)
+
+
+def _in_flight_parts(a: int, o: int, grads: int, inb: int, held, m, schedule, first, last) -> dict:
+    """``in_flight`` on numbers, with the parts of the backward where it peaks."""
+    best = None
+    for j, acts, outs, sends, freed in _candidates(a, o, held, m, schedule, first, last):
+        overlap = -min(freed, grads) if freed is not None else 0
+        parts = {"peak_backward": j, "activations": acts * a, "outputs": outs * o,
+                 "grad_overlap": overlap, "sends": sends * inb}
+        v = acts * a + outs * o + sends * inb + overlap
+        if best is None or v > best[0]:
+            best = (v, parts)
+    return best[1]
 
 
 def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: str, microbatches: int,

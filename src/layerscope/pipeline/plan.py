@@ -27,7 +27,9 @@ class Stage:
     macs: int
     params: int
     memory: dict                   # params, grads, optimizer, tied_dedup, state, held_microbatches,
-    #                                activations, outputs, grad_overlap, boundary, working, total (bytes)
+    #                                peak_backward (the micro-batch whose backward is the peak), and at
+    #                                that peak activations, outputs, grad_overlap, sends (tensors pending
+    #                                sends keep alive); boundary, working, total (bytes)
     limit: int | None
     rank: int
 
@@ -90,7 +92,8 @@ class StagePlan:
             body.append([str(s.index), names, str(len(s.units)), _num(s.params), _num(s.flops),
                          self._cost_str(s.cost), f"{100 * s.cost / total:.1f}%", iec(m["total"]),
                          iec(m["state"]),
-                         f"{iec(m['activations'] + m['outputs'] + m['grad_overlap'])} ({m['held_microbatches']} mb)",
+                         f"{iec(m['activations'] + m['outputs'] + m['grad_overlap'] + m['sends'])} "
+                         f"({m['held_microbatches']} mb)",
                          iec(m["boundary"]), iec(m["working"]), iec(s.limit) if s.limit else "--"])
         return header, body
 

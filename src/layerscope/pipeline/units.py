@@ -20,10 +20,12 @@ so the units' numbers add up to the model's totals.
 from __future__ import annotations
 
 import bisect
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
+from ..capture.inputs import iter_tensors
 from ..trace import BACKWARD, FORWARD, PRODUCER_INPUT, Costs, Trace
 
 __all__ = ["Unit", "Tie", "SplitUnits", "split_units"]
@@ -52,6 +54,10 @@ class Unit:
     needs_inputs: bool = False     # a stage starting here also needs the model's inputs
     work_bytes: int = 0            # transient bytes while it runs, above what it keeps (largest of
                                    # its calls' backward peak - entry and forward peak - exit), per micro-batch
+    received_saved_bytes: int = 0  # of saved_bytes: storages that existed before the unit began (its
+                                   # inputs), which a stage starting here holds as receive buffers
+    output_saved_bytes: int = 0    # of saved_bytes: its own outputs, which a stage ending here holds
+                                   # as its output anyway
 
     @property
     def flops(self) -> int:
@@ -275,13 +281,23 @@ def split_units(trace: Trace, *, memory_layers=None, model=None, optimizer_ratio
     glue_owner = {r: max(d, key=d.get) for r, d in share.items()}
     glue_bwd = [Costs() for _ in groups]
     glue_saved = [0] * len(groups)
+    received = [0] * len(groups)   # saved storages that existed before the unit began: its inputs
+    out_saved = [0] * len(groups)  # saved storages the unit made and returns: its outputs
     for i, r in enumerate(recs):
-        if member[i] >= 0:
-            continue
-        g = glue_owner.get(i, len(groups) - 1 if i == 0 else glue_owner.get(recs[i].parent, 0))
-        glue_bwd[g] = glue_bwd[g] + bwd_self[i]
+        g = member[i]
+        if g < 0:
+            g = glue_owner.get(i, len(groups) - 1 if i == 0 else glue_owner.get(recs[i].parent, 0))
+            glue_bwd[g] = glue_bwd[g] + bwd_self[i]
+            if memory_layers is not None:
+                glue_saved[g] += memory_layers[i].saved_bytes
         if memory_layers is not None:
-            glue_saved[g] += memory_layers[i].saved_bytes
+            start = memory_layers[groups[g][0]].first_op
+            outs = set(memory_layers[groups[g][-1]].output_allocs)
+            for at, nb in memory_layers[i].saved_blocks:
+                if at < start:
+                    received[g] += nb
+                elif (at, nb) in outs:   # made by the op that returned the output, and its size
+                    out_saved[g] += nb
     # parameters per unit, from the live model when there is one (tied weights in every holder)
     params_of: list[dict] = [dict() for _ in groups]
     ties: list[Tie] = []
@@ -349,7 +365,8 @@ def split_units(trace: Trace, *, memory_layers=None, model=None, optimizer_ratio
             input_bytes=sum(s.nbytes for s in in_rec.inputs if s.dtype in _FLOAT),
             output_bytes=sum(s.nbytes for s in out_rec.outputs if s.dtype in _FLOAT),
             forward=f, backward=b, latency=(latencies or {}).get(name),
-            needs_inputs=need[g] and g > 0, work_bytes=int(work)))
+            needs_inputs=need[g] and g > 0, work_bytes=int(work), received_saved_bytes=int(received[g]),
+            output_saved_bytes=int(out_saved[g])))
     return SplitUnits(model_name=trace.model_name, units=tuple(units), ties=tuple(ties),
                       micro_batch=micro_batch, loss_bytes=int(loss_bytes),
                       loss_saved_bytes=int(loss_saved_bytes))
@@ -410,53 +427,143 @@ def _name(recs, idx: list[int]) -> tuple[str, tuple[str, ...], str]:
     return "+".join(paths), paths, "+".join(dict.fromkeys(recs[i].type for i in top))
 
 
-def unit_latencies(model: torch.nn.Module, units: SplitUnits, args: tuple, kwargs: dict,
-                   repeats: int = 5) -> dict[str, float]:
-    """Median forward + backward seconds per unit, timed with hooks around the units' modules."""
-    import statistics
-    import time
-
+def _hooked_steps(model: torch.nn.Module, units: SplitUnits, args: tuple, kwargs: dict, fire,
+                  steps: int, loss_fn=None, after_step=None) -> None:
+    """Run ``steps`` forward + loss + backward passes with hooks on every unit's modules calling
+    ``fire(unit_index, path, phase, when)`` (phase "f" or "b", when "begin" or "end"); gradients
+    start empty and the model is left as it was found (StateGuard), hooks removed even on error."""
     from ..capture.session import StateGuard
     from ..capture.step import default_loss
 
-    times: dict[str, list[float]] = {u.name: [] for u in units.units}
-    acc: dict[str, float] = {}
     handles = []
-    start: dict[str, float] = {}
-
-    for u in units.units:
+    for g, u in enumerate(units.units):
         for path in u.paths:
             mod = model.get_submodule(path)
-
-            def pre(m, a, key=path):
-                start[key] = time.perf_counter()
-
-            def post(m, a, o, name=u.name, key=path):
-                acc[name] = acc.get(name, 0.0) + time.perf_counter() - start.pop(key, time.perf_counter())
-
-            def bpre(m, g, key=path):
-                start["b:" + key] = time.perf_counter()
-
-            def bpost(m, gi, go, name=u.name, key=path):
-                acc[name] = acc.get(name, 0.0) + time.perf_counter() - start.pop("b:" + key, time.perf_counter())
-
-            handles.append(mod.register_forward_pre_hook(pre))
-            handles.append(mod.register_forward_hook(post))
-            handles.append(mod.register_full_backward_pre_hook(bpre))
-            handles.append(mod.register_full_backward_hook(bpost))
+            handles += [
+                mod.register_forward_pre_hook(lambda m, a, g=g, k=path: fire(g, k, "f", "begin")),
+                mod.register_forward_hook(lambda m, a, o, g=g, k=path: fire(g, k, "f", "end")),
+                mod.register_full_backward_pre_hook(lambda m, go, g=g, k=path: fire(g, k, "b", "begin")),
+                mod.register_full_backward_hook(lambda m, gi, go, g=g, k=path: fire(g, k, "b", "end"))]
     guard = StateGuard(model, inputs=(args, kwargs))
     try:
-        for r in range(repeats + 1):
-            acc.clear()
-            out = model(*args, **kwargs)
-            loss = default_loss(out)
-            if loss.requires_grad:
-                loss.backward()
-            if r:
-                for name in times:
-                    times[name].append(acc.get(name, 0.0))
+        with warnings.catch_warnings():
+            # a first unit whose input needs no gradient: its full backward hook fires before its
+            # weight gradient is computed, which the callers allow for
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            for r in range(steps):
+                for p in model.parameters():
+                    p.grad = None
+                loss = (loss_fn or default_loss)(model(*args, **kwargs))
+                if loss.requires_grad:
+                    loss.backward()
+                del loss
+                if after_step is not None:
+                    after_step(r)
     finally:
         for h in handles:
             h.remove()
         guard.restore()
+
+
+def unit_latencies(model: torch.nn.Module, units: SplitUnits, args: tuple, kwargs: dict,
+                   repeats: int = 5) -> dict[str, float]:
+    """Median forward + backward seconds per unit, timed with hooks around the units' modules (the
+    first pass is a warm-up)."""
+    import statistics
+    import time
+
+    times: dict[str, list[float]] = {u.name: [] for u in units.units}
+    acc: dict[int, float] = {}
+    start: dict[tuple, float] = {}
+
+    def fire(g, path, phase, when):
+        if when == "begin":
+            start[path, phase] = time.perf_counter()
+        else:
+            now = time.perf_counter()
+            acc[g] = acc.get(g, 0.0) + now - start.pop((path, phase), now)
+
+    def after_step(r):
+        if r:
+            for g, u in enumerate(units.units):
+                times[u.name].append(acc.get(g, 0.0))
+        acc.clear()
+
+    _hooked_steps(model, units, args, kwargs, fire, repeats + 1, after_step=after_step)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def unit_work_bytes(model: torch.nn.Module, units: SplitUnits, args: tuple, kwargs: dict,
+                    loss_fn=None) -> dict[str, int]:
+    """Each unit's working memory measured on the real device: one training step (after a warm-up
+    step) runs under the profiler's allocation events, with a marker where each unit's forward and
+    backward begin. A unit's forward spans from its first module's entry to the next unit's entry
+    (the last unit: to its own exit); its backward from its first backward hook to the previous
+    unit's (the first unit: to the end of the step), so kernels that run after a module's backward
+    hook (the weight gradient of a first layer whose input needs none) count for it. Working memory
+    is as in the simulation: forward, the peak minus the live bytes at the span's end; backward, the
+    peak minus the live bytes at its start. This sees what simulation on fake tensors cannot: the
+    scratch buffers of the device's kernels (oneDNN reorders a convolution's gradient into an
+    activation-sized buffer)."""
+    from torch.autograd.profiler import record_function
+
+    from ..capture.measure import profile_events
+
+    device = next((t.device for t in model.parameters()), None) or \
+        next((t.device for t in iter_tensors((args, kwargs))), torch.device("cpu"))
+    marks: dict[tuple, bool] = {}
+
+    def fire(g, path, phase, when):
+        if when == "begin" and (g, phase) not in marks:   # the unit's first module to run
+            marks[g, phase] = True
+            with record_function(f"layerscope.unit.{g}.{phase}"):
+                pass
+        elif when == "end" and phase == "f" and path == units.units[-1].paths[-1]:
+            with record_function("layerscope.unit.end.f"):
+                pass
+
+    def after_step(r):
+        marks.clear()
+
+    _hooked_steps(model, units, args, kwargs, fire, 1, loss_fn=loss_fn, after_step=after_step)
+    tree = profile_events(lambda: _hooked_steps(model, units, args, kwargs, fire, 1, loss_fn=loss_fn,
+                                                after_step=after_step), cuda=device.type == "cuda")
+    events: list[tuple[int, int, object]] = []   # (time, 0 mark / 1 allocation, name / bytes)
+
+    def walk(node):
+        extra = getattr(node, "extra_fields", None)
+        if type(extra).__name__ == "_ExtraFields_Allocation":
+            if extra.device == device or (extra.device.type == device.type and device.index is None):
+                events.append((node.start_time_ns, 1, int(extra.alloc_size)))
+        elif node.name.startswith("layerscope.unit."):
+            events.append((node.start_time_ns, 0, node.name[len("layerscope.unit."):]))
+        for child in node.children:
+            walk(child)
+
+    for root in tree:
+        walk(root)
+    return _work_from_events(events, [u.name for u in units.units])
+
+
+def _work_from_events(events, names: list[str]) -> dict[str, int]:
+    """Working memory per unit from a step's timed events: (time, 0, "<unit>.f" / "<unit>.b" /
+    "end.f") marks and (time, 1, +/- bytes) allocations (see ``unit_work_bytes``)."""
+    events = sorted(events, key=lambda e: (e[0], e[1]))
+    # the live-bytes series, and the marks in the order they fell with their place in it
+    live, marks_at, running = [0], [], 0
+    for _, kind, v in events:
+        if kind:
+            running += v
+            live.append(running)
+        else:
+            marks_at.append((v, len(live) - 1))
+    work = {name: 0 for name in names}
+    for j, (mark, s) in enumerate(marks_at):
+        g, _, phase = mark.partition(".")
+        if g == "end":
+            continue
+        e = next((x for m, x in marks_at[j + 1:] if m.endswith("." + phase)), len(live) - 1)
+        span = live[s:e + 1]
+        w = max(span) - (span[-1] if phase == "f" else span[0])
+        work[names[int(g)]] = max(work[names[int(g)]], int(w))
+    return work
