@@ -443,9 +443,10 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
     in each stage's memory; the training step is simulated on fake tensors, so a model on the meta
     device plans without memory. ``loss_fn(output) -> scalar`` (as in ``memory()``; default: the
     output's ``loss`` or its sum) sets the loss's working memory, which the last stage holds.
-    ``measure_working`` (default: when the model has real weights) runs one real training step of a
-    micro-batch to measure each unit's working memory on the model's device (kernel scratch buffers
-    that simulation cannot see); a unit's working memory is the larger of simulated and measured.
+    ``measure_working`` (default: when the model has real weights and is planned for its own device
+    without autocast) runs one real training step of a micro-batch to measure each unit's working
+    memory there (kernel scratch buffers that simulation cannot see); a unit's working memory is the
+    larger of simulated and measured.
     """
     from .memory_report import MemoryReport
     from .pipeline.partition import build_plan
@@ -477,7 +478,14 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
         if measure_working and no_data:
             raise InputError("measure_working=True runs a real step; this model has no data (meta or "
                              "fake tensors)")
-        if measure_working or (measure_working is None and not no_data and rep.totals.get("gradient_bytes")):
+        # the real step runs as the model is: not for another device or under autocast
+        here = (device is None or torch.device(device).type == model_device(model).type) and \
+            autocast_dtype is None
+        if measure_working and not here:
+            raise InputError("measure_working=True measures on the model's own device without "
+                             "autocast; leave device= and autocast_dtype= unset for it")
+        if measure_working or (measure_working is None and not no_data and here
+                               and rep.totals.get("gradient_bytes")):
             with _gc_paused():
                 work = unit_work_bytes(model, units, mb_args, mb_kwargs, loss_fn=loss_fn)
             units = _with_work(units, work)
