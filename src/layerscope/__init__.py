@@ -1,10 +1,11 @@
 """layerscope: what is inside any PyTorch model, layer by layer, with numbers you can trust."""
 
-from .api import BatchFit, activations, analyze, max_batch_size, memory, partition, summary
+from .api import BatchFit, activations, analyze, max_batch_size, memory, partition, profile, summary
 from .costs import CostOptions
 from .errors import ForwardError, InputError, LayerscopeError, PlanError, RegistryError, SpecError
 from .pipeline import SplitUnits, Stage, StagePlan, Unit
 from .memory_report import CallMemory, MemoryLayer, MemoryReport, StepMemory
+from .latency_report import LatencyLayer, LatencyReport
 from .report import Report
 from .trace import (Costs, Coverage, LayerRecord, OpEvent, ParamSpec, ReceptiveField, TensorSpec, Totals,
                     Trace)
@@ -17,4 +18,5 @@ __all__ = [
     "Totals", "Coverage", "TensorSpec", "ParamSpec", "ReceptiveField", "CostOptions",
     "LayerscopeError", "InputError", "ForwardError", "SpecError", "RegistryError", "__version__",
     "partition", "StagePlan", "Stage", "Unit", "SplitUnits", "PlanError",
+    "profile", "LatencyReport", "LatencyLayer",
 ]

@@ -12,7 +12,7 @@ from torch import nn
 
 from .capture import StateGuard, capture, iter_tensors, make_inputs, map_tensors, model_device
 from .costs import CostOptions
-from .errors import ForwardError, InputError
+from .errors import ForwardError, InputError, LayerscopeError
 from .report import Report
 
 __all__ = ["analyze", "summary", "activations", "memory", "max_batch_size", "BatchFit", "partition"]
@@ -520,3 +520,119 @@ def _with_latencies(units, latencies: dict):
     import dataclasses
     return dataclasses.replace(units, units=tuple(dataclasses.replace(u, latency=latencies.get(u.name))
                                                   for u in units.units))
+
+
+def profile(model: nn.Module, *args: Any, warmup: int = 3, repeats: int = 20, backward: bool = False,
+            device=None, input_size=None, dtypes=None, loss_fn=None, progress: bool = False,
+            **kwargs: Any):
+    """Time every module call of ``model`` on its own device: forward (and with ``backward=True``
+    backward) time per call, inclusive and self, median and quartiles over ``repeats`` after
+    ``warmup`` runs. Returns a LatencyReport whose totals put the uninstrumented forward (and
+    backward) beside the instrumented one and the sum of self times, so the hooks' overhead shows.
+
+    Forward-only runs are under ``torch.no_grad()`` (as inference runs); with ``backward=True`` each
+    repeat runs forward, ``loss_fn(output)`` (default: the output's ``loss`` or its sum) and backward,
+    with gradients cleared first. Costs (FLOPs, bytes) come from an analysis on meta copies of the
+    weights, so achieved FLOP/s and arithmetic intensity are per call. ``device`` only says where
+    example inputs built from ``input_size`` go; layerscope never moves a model. ``progress=True``
+    shows a progress bar on stderr. The model is left as it was (weights, buffers, flags, grads, RNG).
+    """
+    from .analyses.latency import time_calls, timing
+    from .capture.step import default_loss
+    from .latency_report import LatencyLayer, LatencyReport
+
+    _check_model(model)
+    if warmup < 0 or repeats < 1:
+        raise InputError(f"warmup must be >= 0 and repeats >= 1, got {warmup} and {repeats}")
+    here = model_device(model)
+    if here.type == "meta" or _is_fake(model):
+        raise InputError("profile() times real computation; this model has no data (meta or fake "
+                         "tensors)")
+    if device is not None and torch.device(device).type != here.type:
+        raise InputError(f"the model is on {here} but device={str(device)!r} was asked; layerscope never "
+                         "moves a model: move it first")
+    args = _example_inputs(args, kwargs, input_size, dtypes, None, here, "profile")
+    try:
+        costs = analyze(model, *args, device="meta", mode="same", backward=backward, **kwargs)
+    except LayerscopeError:   # a model that reads values: count on the real tensors
+        costs = analyze(model, *args, mode="same", backward=backward, **kwargs)
+    by_call = {(r.path, r.call_index): r for r in costs.layers}
+
+    def run():
+        if backward:
+            return model(*args, **kwargs)
+        with torch.no_grad():
+            return model(*args, **kwargs)
+
+    def backward_of(out):
+        for p in model.parameters():
+            p.grad = None
+        (loss_fn or default_loss)(out).backward()
+
+    guard = StateGuard(model, inputs=(args, kwargs))
+    bar = _Bar(warmup + repeats, "profiling") if progress else None
+    try:
+        with _gc_paused():
+            calls, plain_f, plain_b = time_calls(model, run, backward_of if backward else None,
+                                                 device=here, warmup=warmup, repeats=repeats,
+                                                 progress=bar.advance if bar else None)
+    finally:
+        guard.restore()
+        if bar:
+            bar.close()
+    layers = []
+    for i, c in enumerate(calls):
+        kids = [calls[k] for k in c.children]
+        f_self = [t - sum(k.forward[r] for k in kids) for r, t in enumerate(c.forward)]
+        b_self = [t - sum(k.backward[r] for k in kids) for r, t in enumerate(c.backward)]
+        rec = by_call.get((c.path, c.call_index))
+        layers.append(LatencyLayer(
+            index=i, path=c.path, type=c.type, depth=c.depth, call_index=c.call_index, parent=c.parent,
+            children=tuple(c.children), params=rec.subtree_params if rec else 0,
+            input_shapes=tuple(s.shape for s in rec.inputs) if rec else (),
+            output_shapes=tuple(s.shape for s in rec.outputs) if rec else (),
+            forward=timing(c.forward), forward_self=timing(f_self),
+            backward=timing(c.backward) if backward else None,
+            backward_self=timing(b_self) if backward else None,
+            flops=rec.forward_total.flops if rec else 0,
+            bytes_moved=rec.forward_total.bytes_moved if rec else 0,
+            backward_flops=rec.backward_total.flops if rec else 0,
+            backward_bytes=rec.backward_total.bytes_moved if rec else 0))
+    root = layers[0]
+    totals = {
+        "forward_plain": timing(plain_f).median,
+        "forward_instrumented": root.forward.median,
+        "forward_overhead": root.forward.median / timing(plain_f).median - 1 if plain_f else 0.0,
+        "forward_self_sum": sum(r.forward_self.median for r in layers),
+        "forward_spread": timing(plain_f).spread,
+        "flops": costs.totals.flops,
+    }
+    if backward:
+        pb = timing(plain_b).median
+        totals.update(backward_plain=pb, backward_instrumented=root.backward.median,
+                      backward_overhead=root.backward.median / pb - 1 if pb else 0.0,
+                      backward_self_sum=sum(r.backward_self.median for r in layers))
+    notes = []
+    if backward:
+        notes.append("backward spans: from a module's full backward pre-hook to its backward hook; a "
+                     "first layer (inputs need no gradient) runs to the next module's backward")
+    return LatencyReport(model_name=type(model).__name__, device=str(here),
+                         options={"warmup": warmup, "repeats": repeats, "backward": backward},
+                         layers=tuple(layers), totals=totals, notes=tuple(notes))
+
+
+class _Bar:
+    """A transient progress bar on stderr (rich)."""
+
+    def __init__(self, total: int, text: str) -> None:
+        from rich.console import Console
+        from rich.progress import Progress
+        self._p = Progress(transient=True, console=Console(stderr=True))
+        self._p.start()
+        self._task = self._p.add_task(text, total=total)
+
+    def advance(self) -> None:
+        self._p.advance(self._task)
+
+    def close(self) -> None:
+        self._p.stop()

@@ -92,6 +92,13 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--limit", help="memory limit such as 80GiB: says whether the peak fits, and the "
                                    "largest batch that does")
     m.add_argument("--measure", action="store_true", help="also run the real step and measure it")
+    pf = sub.add_parser("profile", help="per-module forward (and backward) time, self and inclusive, "
+                                        "achieved FLOP/s", formatter_class=argparse.RawTextHelpFormatter)
+    _model_args(pf)
+    pf.add_argument("--device", help="where to build the model and run it: cpu (default) or cuda")
+    pf.add_argument("--backward", action="store_true", help="also time the backward pass")
+    pf.add_argument("--repeats", type=int, default=20, help="timed repeats (default 20)")
+    pf.add_argument("--warmup", type=int, default=3, help="untimed warm-up runs (default 3)")
     sp = sub.add_parser("split", help="optimal pipeline stages; --run trains them under torchrun",
                         formatter_class=argparse.RawTextHelpFormatter, epilog=_SPLIT_EXAMPLES)
     _model_args(sp)
@@ -254,6 +261,16 @@ def _memory(ns: argparse.Namespace) -> int:
     return code
 
 
+def _profile(ns: argparse.Namespace) -> int:
+    from .api import profile
+
+    model, args, kwargs = _build(ns, ns.device or "cpu")   # real weights: hf: specs build on meta otherwise
+    model.eval()
+    rep = profile(model, *args, warmup=ns.warmup, repeats=ns.repeats, backward=ns.backward,
+                  progress=sys.stderr.isatty(), **kwargs)
+    return _emit(ns, rep)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
     try:
@@ -263,6 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _memory(ns)
         if ns.command == "split":
             return _split(ns)
+        if ns.command == "profile":
+            return _profile(ns)
     except LayerscopeError as e:
         print(f"layerscope: error: {e}", file=sys.stderr)
         return EXIT_ERROR
