@@ -599,11 +599,15 @@ def profile(model: nn.Module, *args: Any, warmup: int = 3, repeats: int = 20, ba
             backward_flops=rec.backward_total.flops if rec else 0,
             backward_bytes=rec.backward_total.bytes_moved if rec else 0))
     root = layers[0]
+
+    def self_sum(phase: str) -> float:   # per repeat the self times add up to the root's time
+        return timing([sum(getattr(c, phase)[r] - sum(getattr(calls[k], phase)[r] for k in c.children)
+                           for c in calls) for r in range(repeats)]).median
     totals = {
         "forward_plain": timing(plain_f).median,
         "forward_instrumented": root.forward.median,
         "forward_overhead": root.forward.median / timing(plain_f).median - 1 if plain_f else 0.0,
-        "forward_self_sum": sum(r.forward_self.median for r in layers),
+        "forward_self_sum": self_sum("forward"),
         "forward_spread": timing(plain_f).spread,
         "flops": costs.totals.flops,
     }
@@ -611,7 +615,7 @@ def profile(model: nn.Module, *args: Any, warmup: int = 3, repeats: int = 20, ba
         pb = timing(plain_b).median
         totals.update(backward_plain=pb, backward_instrumented=root.backward.median,
                       backward_overhead=root.backward.median / pb - 1 if pb else 0.0,
-                      backward_self_sum=sum(r.backward_self.median for r in layers))
+                      backward_self_sum=self_sum("backward"))
     notes = []
     if backward:
         notes.append("backward spans: from a module's full backward pre-hook to its backward hook; a "

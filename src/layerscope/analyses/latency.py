@@ -149,10 +149,16 @@ def time_calls(model: nn.Module, run: Callable[[], Any], backward_of: Callable[[
         the backward's end). A module with children ends no earlier than they do."""
         end: dict[int, int] = {}
         for i in range(len(fwd) - 1, -1, -1):     # children come after their parent in pre-order
+            kids = [end[k] for k in calls[i].children if k in end]
             if i not in bpos:
+                if not kids:
+                    continue
+                # no hooks fired (an output that is not a tensor, e.g. a ModelOutput): the span of
+                # its children's backwards
+                bpos[i] = min(bpos[k] for k in calls[i].children if k in end)
+                end[i] = max(kids)
                 continue
             e = epos.get(i, len(seq) - 1)
-            kids = [end[k] for k in calls[i].children if k in end]
             if kids:
                 e = max([e] + kids) if i not in no_grad_in else max(kids)
             elif i in no_grad_in:
@@ -186,6 +192,8 @@ def time_calls(model: nn.Module, run: Callable[[], Any], backward_of: Callable[[
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            # a module returning a non-tensor (ModelOutput) gets no backward hooks: spanned by its children
+            warnings.filterwarnings("ignore", message="For backward hooks to be called")
             for r in range(warmup + repeats):
                 timed = r >= warmup
                 t0, t1, t2 = once()            # the reference: no hooks
