@@ -580,42 +580,43 @@ def profile(model: nn.Module, *args: Any, warmup: int = 3, repeats: int = 20, ba
         guard.restore()
         if bar:
             bar.close()
+    def self_times(c, phase: str) -> list[float]:   # per repeat: inclusive minus direct children
+        kids = [getattr(calls[k], phase) for k in c.children]
+        return [t - sum(k[r] for k in kids) for r, t in enumerate(getattr(c, phase))]
+
+    f_self = [self_times(c, "forward") for c in calls]
+    b_self = [self_times(c, "backward") for c in calls]
     layers = []
     for i, c in enumerate(calls):
-        kids = [calls[k] for k in c.children]
-        f_self = [t - sum(k.forward[r] for k in kids) for r, t in enumerate(c.forward)]
-        b_self = [t - sum(k.backward[r] for k in kids) for r, t in enumerate(c.backward)]
         rec = by_call.get((c.path, c.call_index))
         layers.append(LatencyLayer(
             index=i, path=c.path, type=c.type, depth=c.depth, call_index=c.call_index, parent=c.parent,
             children=tuple(c.children), params=rec.subtree_params if rec else 0,
             input_shapes=tuple(s.shape for s in rec.inputs) if rec else (),
             output_shapes=tuple(s.shape for s in rec.outputs) if rec else (),
-            forward=timing(c.forward), forward_self=timing(f_self),
+            forward=timing(c.forward), forward_self=timing(f_self[i]),
             backward=timing(c.backward) if backward else None,
-            backward_self=timing(b_self) if backward else None,
+            backward_self=timing(b_self[i]) if backward else None,
             flops=rec.forward_total.flops if rec else 0,
             bytes_moved=rec.forward_total.bytes_moved if rec else 0,
             backward_flops=rec.backward_total.flops if rec else 0,
             backward_bytes=rec.backward_total.bytes_moved if rec else 0))
     root = layers[0]
-
-    def self_sum(phase: str) -> float:   # per repeat the self times add up to the root's time
-        return timing([sum(getattr(c, phase)[r] - sum(getattr(calls[k], phase)[r] for k in c.children)
-                           for c in calls) for r in range(repeats)]).median
+    plain = timing(plain_f)
+    # per repeat the self times add up to the root's time; the median of those sums
     totals = {
-        "forward_plain": timing(plain_f).median,
+        "forward_plain": plain.median,
         "forward_instrumented": root.forward.median,
-        "forward_overhead": root.forward.median / timing(plain_f).median - 1 if plain_f else 0.0,
-        "forward_self_sum": self_sum("forward"),
-        "forward_spread": timing(plain_f).spread,
+        "forward_overhead": root.forward.median / plain.median - 1 if plain.median else 0.0,
+        "forward_self_sum": timing([sum(col) for col in zip(*f_self)]).median,
+        "forward_spread": plain.spread,
         "flops": costs.totals.flops,
     }
     if backward:
         pb = timing(plain_b).median
         totals.update(backward_plain=pb, backward_instrumented=root.backward.median,
                       backward_overhead=root.backward.median / pb - 1 if pb else 0.0,
-                      backward_self_sum=self_sum("backward"))
+                      backward_self_sum=timing([sum(col) for col in zip(*b_self)]).median)
     notes = []
     if backward:
         notes.append("backward spans: from a module's full backward pre-hook to its backward hook; a "

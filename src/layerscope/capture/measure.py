@@ -60,8 +60,10 @@ def _kineto_quiet():
                 sys.stderr.write("".join(rest))
 
 
-def profile_events(run: Callable, cuda: bool = False):
-    """Run ``run()`` under the profiler with allocation events; return the result's event tree."""
+def profile_events(run: Callable, cuda: bool = False, prefix: str = "layerscope."):
+    """Run ``run()`` under the profiler with allocation events. Returns (allocations, ranges):
+    allocations as (time ns, +/- bytes, device, innermost enclosing range named ``prefix``... or
+    None), and the ranges named ``prefix``... as (time ns, name)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -74,9 +76,26 @@ def profile_events(run: Callable, cuda: bool = False):
         with _kineto_quiet():
             prof.__exit__(None, None, None)
     try:
-        return prof.profiler.kineto_results.experimental_event_tree()
+        tree = prof.profiler.kineto_results.experimental_event_tree()
     except AttributeError as e:  # the profiler's result tree is not public API; say so if it moves
         raise InputError(f"this torch build's profiler gives no allocation events: {e}") from e
+    allocations: list[tuple] = []
+    ranges: list[tuple[int, str]] = []
+
+    def walk(node, scope):
+        name = getattr(node, "name", "")
+        if name.startswith(prefix):
+            ranges.append((node.start_time_ns, name))
+            scope = name
+        extra = getattr(node, "extra_fields", None)
+        if type(extra).__name__ == "_ExtraFields_Allocation":
+            allocations.append((node.start_time_ns, int(extra.alloc_size), extra.device, scope))
+        for child in node.children:
+            walk(child, scope)
+
+    for root in tree:
+        walk(root, None)
+    return allocations, ranges
 
 
 def measure_cpu(run: Callable, before: int, steps: int) -> Measured:
@@ -92,22 +111,9 @@ def measure_cpu(run: Callable, before: int, steps: int) -> Measured:
         else:
             ranges[-1].__exit__(None, None, None)
 
-    tree = profile_events(lambda: run(on_step))
-    events: list[tuple[int, int, int]] = []   # (time, bytes, step)
-
-    def walk(node, step):
-        name = getattr(node, "name", "")
-        if name.startswith("layerscope.step."):
-            step = int(name.rsplit(".", 1)[1])
-        extra = getattr(node, "extra_fields", None)
-        if type(extra).__name__ == "_ExtraFields_Allocation" and step is not None:
-            events.append((node.start_time_ns, int(extra.alloc_size), step))
-        for child in node.children:
-            walk(child, step)
-
-    for root in tree:
-        walk(root, None)
-    events.sort()
+    allocations, _ = profile_events(lambda: run(on_step), prefix="layerscope.step.")
+    events = sorted((t, size, int(scope.rsplit(".", 1)[1])) for t, size, _, scope in allocations
+                    if scope is not None)   # (time, bytes, step)
     running, peaks = 0, [0] * steps
     for _, size, step in events:
         running += size

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..capture.inputs import iter_tensors
+from ..capture.session import model_device
 from ..trace import BACKWARD, FORWARD, PRODUCER_INPUT, Costs, Trace
 
 __all__ = ["Unit", "Tie", "SplitUnits", "split_units"]
@@ -509,8 +509,7 @@ def unit_work_bytes(model: torch.nn.Module, units: SplitUnits, args: tuple, kwar
 
     from ..capture.measure import profile_events
 
-    device = next((t.device for t in model.parameters()), None) or \
-        next((t.device for t in iter_tensors((args, kwargs))), torch.device("cpu"))
+    device = model_device(model)
     marks: dict[tuple, bool] = {}
 
     def fire(g, path, phase, when):
@@ -526,22 +525,13 @@ def unit_work_bytes(model: torch.nn.Module, units: SplitUnits, args: tuple, kwar
         marks.clear()
 
     _hooked_steps(model, units, args, kwargs, fire, 1, loss_fn=loss_fn, after_step=after_step)
-    tree = profile_events(lambda: _hooked_steps(model, units, args, kwargs, fire, 1, loss_fn=loss_fn,
-                                                after_step=after_step), cuda=device.type == "cuda")
-    events: list[tuple[int, int, object]] = []   # (time, 0 mark / 1 allocation, name / bytes)
-
-    def walk(node):
-        extra = getattr(node, "extra_fields", None)
-        if type(extra).__name__ == "_ExtraFields_Allocation":
-            if extra.device == device or (extra.device.type == device.type and device.index is None):
-                events.append((node.start_time_ns, 1, int(extra.alloc_size)))
-        elif node.name.startswith("layerscope.unit."):
-            events.append((node.start_time_ns, 0, node.name[len("layerscope.unit."):]))
-        for child in node.children:
-            walk(child)
-
-    for root in tree:
-        walk(root)
+    allocations, ranges = profile_events(
+        lambda: _hooked_steps(model, units, args, kwargs, fire, 1, loss_fn=loss_fn, after_step=after_step),
+        cuda=device.type == "cuda", prefix="layerscope.unit.")
+    # (time, 0 mark / 1 allocation, name / bytes): this device's allocations and the units' marks
+    events = [(t, 1, size) for t, size, dev, _ in allocations
+              if dev == device or (dev.type == device.type and device.index is None)]
+    events += [(t, 0, name[len("layerscope.unit."):]) for t, name in ranges]
     return _work_from_events(events, [u.name for u in units.units])
 
 
