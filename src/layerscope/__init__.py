@@ -6,6 +6,8 @@ from .errors import ForwardError, InputError, LayerscopeError, PlanError, Regist
 from .pipeline import SplitUnits, Stage, StagePlan, Unit
 from .memory_report import CallMemory, MemoryLayer, MemoryReport, StepMemory
 from .latency_report import LatencyLayer, LatencyReport
+from .profiler import Profiler
+from .analyses.roofline import Roofline, measure_roofline
 from .report import Report
 from .trace import (Costs, Coverage, LayerRecord, OpEvent, ParamSpec, ReceptiveField, TensorSpec, Totals,
                     Trace)
@@ -18,5 +20,5 @@ __all__ = [
     "Totals", "Coverage", "TensorSpec", "ParamSpec", "ReceptiveField", "CostOptions",
     "LayerscopeError", "InputError", "ForwardError", "SpecError", "RegistryError", "__version__",
     "partition", "StagePlan", "Stage", "Unit", "SplitUnits", "PlanError",
-    "profile", "LatencyReport", "LatencyLayer",
+    "profile", "LatencyReport", "LatencyLayer", "Profiler", "Roofline", "measure_roofline",
 ]

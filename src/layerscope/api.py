@@ -492,7 +492,8 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
             notes.append(f"working memory: the larger of simulated and measured on {model_device(model)}")
         if by == "latency":
             with _gc_paused():
-                lat = unit_latencies(model, units, mb_args, mb_kwargs, repeats=latency_repeats)
+                lat = unit_latencies(model, units, mb_args, mb_kwargs, repeats=latency_repeats,
+                                     loss_fn=loss_fn)
             units = _with_latencies(units, lat)
         options.update(optimizer=rep.options.get("optimizer"), autocast=rep.options.get("autocast"),
                        device=rep.options.get("device"))
@@ -523,7 +524,7 @@ def _with_latencies(units, latencies: dict):
 
 
 def profile(model: nn.Module, *args: Any, warmup: int = 3, repeats: int = 20, backward: bool = False,
-            device=None, input_size=None, dtypes=None, loss_fn=None, progress: bool = False,
+            device=None, input_size=None, dtypes=None, loss_fn=None, roofline=None, progress: bool = False,
             **kwargs: Any):
     """Time every module call of ``model`` on its own device: forward (and with ``backward=True``
     backward) time per call, inclusive and self, median and quartiles over ``repeats`` after
@@ -533,13 +534,18 @@ def profile(model: nn.Module, *args: Any, warmup: int = 3, repeats: int = 20, ba
     Forward-only runs are under ``torch.no_grad()`` (as inference runs); with ``backward=True`` each
     repeat runs forward, ``loss_fn(output)`` (default: the output's ``loss`` or its sum) and backward,
     with gradients cleared first. Costs (FLOPs, bytes) come from an analysis on meta copies of the
-    weights, so achieved FLOP/s and arithmetic intensity are per call. ``device`` only says where
-    example inputs built from ``input_size`` go; layerscope never moves a model. ``progress=True``
+    weights, so achieved FLOP/s and arithmetic intensity are per call. ``roofline``: a device name
+    from the built-in table ("A100", "H100", "H200", ...), "measure" (a short microbenchmark here),
+    "auto" (the table for a known GPU, else measured), ``(peak_flops, peak_bytes_per_s)`` or a
+    Roofline: each call is then classed compute- or memory-bound with its distance from the roof.
+    ``device`` only says where example inputs built from ``input_size`` go; layerscope never moves a
+    model. ``progress=True``
     shows a progress bar on stderr. The model is left as it was (weights, buffers, flags, grads, RNG).
     """
-    from .analyses.latency import time_calls, timing
+    from .analyses.latency import time_calls
+    from .analyses.roofline import roofline_for
     from .capture.step import default_loss
-    from .latency_report import LatencyLayer, LatencyReport
+    from .latency_report import LatencyReport, latency_layers, latency_totals
 
     _check_model(model)
     if warmup < 0 or repeats < 1:
@@ -556,7 +562,7 @@ def profile(model: nn.Module, *args: Any, warmup: int = 3, repeats: int = 20, ba
         costs = analyze(model, *args, device="meta", mode="same", backward=backward, **kwargs)
     except LayerscopeError:   # a model that reads values: count on the real tensors
         costs = analyze(model, *args, mode="same", backward=backward, **kwargs)
-    by_call = {(r.path, r.call_index): r for r in costs.layers}
+    roof = roofline_for(roofline, here, _float_dtype(model))
 
     def run():
         if backward:
@@ -564,66 +570,34 @@ def profile(model: nn.Module, *args: Any, warmup: int = 3, repeats: int = 20, ba
         with torch.no_grad():
             return model(*args, **kwargs)
 
-    def backward_of(out):
+    def loss_of(out):
         for p in model.parameters():
             p.grad = None
-        (loss_fn or default_loss)(out).backward()
+        return (loss_fn or default_loss)(out)
 
     guard = StateGuard(model, inputs=(args, kwargs))
     bar = _Bar(warmup + repeats, "profiling") if progress else None
     try:
         with _gc_paused():
-            calls, plain_f, plain_b = time_calls(model, run, backward_of if backward else None,
-                                                 device=here, warmup=warmup, repeats=repeats,
-                                                 progress=bar.advance if bar else None)
+            calls, plain, hooked = time_calls(model, run, loss_of if backward else None, device=here,
+                                              warmup=warmup, repeats=repeats,
+                                              progress=bar.advance if bar else None)
     finally:
         guard.restore()
         if bar:
             bar.close()
-    def self_times(c, phase: str) -> list[float]:   # per repeat: inclusive minus direct children
-        kids = [getattr(calls[k], phase) for k in c.children]
-        return [t - sum(k[r] for k in kids) for r, t in enumerate(getattr(c, phase))]
-
-    f_self = [self_times(c, "forward") for c in calls]
-    b_self = [self_times(c, "backward") for c in calls]
-    layers = []
-    for i, c in enumerate(calls):
-        rec = by_call.get((c.path, c.call_index))
-        layers.append(LatencyLayer(
-            index=i, path=c.path, type=c.type, depth=c.depth, call_index=c.call_index, parent=c.parent,
-            children=tuple(c.children), params=rec.subtree_params if rec else 0,
-            input_shapes=tuple(s.shape for s in rec.inputs) if rec else (),
-            output_shapes=tuple(s.shape for s in rec.outputs) if rec else (),
-            forward=timing(c.forward), forward_self=timing(f_self[i]),
-            backward=timing(c.backward) if backward else None,
-            backward_self=timing(b_self[i]) if backward else None,
-            flops=rec.forward_total.flops if rec else 0,
-            bytes_moved=rec.forward_total.bytes_moved if rec else 0,
-            backward_flops=rec.backward_total.flops if rec else 0,
-            backward_bytes=rec.backward_total.bytes_moved if rec else 0))
-    root = layers[0]
-    plain = timing(plain_f)
-    # per repeat the self times add up to the root's time; the median of those sums
-    totals = {
-        "forward_plain": plain.median,
-        "forward_instrumented": root.forward.median,
-        "forward_overhead": root.forward.median / plain.median - 1 if plain.median else 0.0,
-        "forward_self_sum": timing([sum(col) for col in zip(*f_self)]).median,
-        "forward_spread": plain.spread,
-        "flops": costs.totals.flops,
-    }
-    if backward:
-        pb = timing(plain_b).median
-        totals.update(backward_plain=pb, backward_instrumented=root.backward.median,
-                      backward_overhead=root.backward.median / pb - 1 if pb else 0.0,
-                      backward_self_sum=timing([sum(col) for col in zip(*b_self)]).median)
-    notes = []
-    if backward:
-        notes.append("backward spans: from a module's full backward pre-hook to its backward hook; a "
-                     "first layer (inputs need no gradient) runs to the next module's backward")
+    totals = latency_totals(calls, hooked, plain, backward)
+    totals["flops"] = costs.totals.flops
     return LatencyReport(model_name=type(model).__name__, device=str(here),
-                         options={"warmup": warmup, "repeats": repeats, "backward": backward},
-                         layers=tuple(layers), totals=totals, notes=tuple(notes))
+                         options={"warmup": warmup, "repeats": repeats, "backward": backward,
+                                  "unit": "repeat"},
+                         layers=tuple(latency_layers(calls, costs, backward)), totals=totals,
+                         roofline=roof)
+
+
+def _float_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of the model's first floating-point parameter (float32 when it has none)."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
 class _Bar:

@@ -99,6 +99,13 @@ def _parser() -> argparse.ArgumentParser:
     pf.add_argument("--backward", action="store_true", help="also time the backward pass")
     pf.add_argument("--repeats", type=int, default=20, help="timed repeats (default 20)")
     pf.add_argument("--warmup", type=int, default=3, help="untimed warm-up runs (default 3)")
+    pf.add_argument("--roofline", metavar="PEAKS",
+                    help="class each layer compute- or memory-bound and show its distance from the roof:\n"
+                         "a GPU from the built-in table (V100, A100, A100-40GB, L4, H100, H100-PCIE, H200),\n"
+                         "'measure' (a short matmul and copy microbenchmark here), 'auto' (the table\n"
+                         "for a known GPU, else measured) or 'FLOPS,BYTES_PER_S' such as 989e12,3.35e12")
+    pf.add_argument("--trace", metavar="FILE.json",
+                    help="also write a Chrome trace / Perfetto JSON of the module spans of one repeat")
     sp = sub.add_parser("split", help="optimal pipeline stages; --run trains them under torchrun",
                         formatter_class=argparse.RawTextHelpFormatter, epilog=_SPLIT_EXAMPLES)
     _model_args(sp)
@@ -267,7 +274,9 @@ def _profile(ns: argparse.Namespace) -> int:
     model, args, kwargs = _build(ns, ns.device or "cpu")   # real weights: hf: specs build on meta otherwise
     model.eval()
     rep = profile(model, *args, warmup=ns.warmup, repeats=ns.repeats, backward=ns.backward,
-                  progress=sys.stderr.isatty(), **kwargs)
+                  roofline=ns.roofline, progress=sys.stderr.isatty(), **kwargs)
+    if ns.trace:
+        rep.to_chrome_trace(ns.trace)
     return _emit(ns, rep)
 
 

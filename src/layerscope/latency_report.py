@@ -6,10 +6,11 @@ import json
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from .analyses.latency import Timing
+from .analyses.latency import CallTimes, Timing, timing
+from .analyses.roofline import Roofline
 from .render.output import dataframe, print_report, write_text
 
-__all__ = ["LatencyLayer", "LatencyReport"]
+__all__ = ["LatencyLayer", "LatencyReport", "latency_layers", "latency_totals"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,10 @@ class LatencyLayer:
     bytes_moved: int               # forward bytes read + written of the subtree
     backward_flops: int = 0
     backward_bytes: int = 0
+    # where the call ran in one representative run (the one whose forward is the median), in
+    # seconds from that run's start: for traces
+    forward_span: tuple[float, float] | None = None
+    backward_span: tuple[float, float] | None = None
 
     @property
     def name(self) -> str:
@@ -53,6 +58,15 @@ class LatencyLayer:
         """Arithmetic intensity: FLOPs per byte moved (forward)."""
         return self.flops / self.bytes_moved if self.bytes_moved else None
 
+    def bound(self, roof: Roofline | None) -> str | None:
+        """"compute" or "memory": which roof limits this call's forward at its intensity."""
+        i = self.intensity
+        return roof.bound(i) if roof is not None and i else None
+
+    def roof_fraction(self, roof: Roofline | None) -> float | None:
+        """Achieved forward FLOP/s over the roof's attainable FLOP/s at this intensity."""
+        return roof.fraction(self.flops, self.bytes_moved, self.forward.median) if roof is not None else None
+
 
 @dataclass(frozen=True)
 class LatencyReport:
@@ -60,14 +74,22 @@ class LatencyReport:
     device: str
     options: dict
     layers: tuple[LatencyLayer, ...]
-    totals: dict                   # see api.profile
+    totals: dict                   # see latency_totals
     notes: tuple[str, ...] = ()
+    roofline: Roofline | None = None
 
     def top(self, k: int = 5, depth: int | None = None, by: str = "forward_self") -> list[LatencyLayer]:
         """The k calls with the largest median ``by`` time (``forward``, ``forward_self``,
         ``backward``, ``backward_self``), optionally only at one depth."""
         rows = [r for r in self.layers if depth is None or r.depth == depth]
         return sorted(rows, key=lambda r: getattr(r, by).median if getattr(r, by) else 0.0, reverse=True)[:k]
+
+    def to_chrome_trace(self, path: str | None = None) -> str:
+        """Chrome trace / Perfetto JSON of the module spans of one repeat (the one whose forward is
+        the median), forward and backward on separate tracks; open in ui.perfetto.dev or
+        chrome://tracing."""
+        from .render.latency import chrome_trace
+        return write_text(json.dumps(chrome_trace(self)), path)
 
     def table(self, depth: int | None = None) -> str:
         from .render.latency import render_latency_text
@@ -93,12 +115,72 @@ class LatencyReport:
 
     def to_dataframe(self):
         from .render.latency import latency_row
-        return dataframe(latency_row(r) for r in self.layers)
+        return dataframe(latency_row(r, self.roofline) for r in self.layers)
 
     def __str__(self) -> str:
         return self.table()
 
     def __repr__(self) -> str:
         t = self.totals
-        return (f"<LatencyReport {self.model_name}: forward {t['forward_plain'] * 1e3:.3f} ms "
-                f"({len(self.layers)} calls, {self.options['repeats']} repeats on {self.device})>")
+        return (f"<LatencyReport {self.model_name}: forward {t['forward_instrumented'] * 1e3:.3f} ms "
+                f"({len(self.layers)} calls, {t['runs']} {self.options.get('unit', 'repeat')}s on "
+                f"{self.device})>")
+
+
+def _per_run(calls: list[CallTimes], phase: str) -> tuple[list[list[float]], list[list[float]]]:
+    """Inclusive and self seconds per call and run (self: inclusive minus the direct children's)."""
+    incl = [getattr(c, phase) for c in calls]
+    selfs = [[t - sum(incl[k][r] for k in c.children) for r, t in enumerate(incl[i])]
+             for i, c in enumerate(calls)]
+    return incl, selfs
+
+
+def latency_layers(calls: list[CallTimes], costs, backward: bool) -> list[LatencyLayer]:
+    """Report rows from timed calls and (optionally) an analysis Report of the same model whose
+    records give each call's parameters, shapes and costs."""
+    by_call = {(r.path, r.call_index): r for r in costs.layers} if costs is not None else {}
+    _, f_self = _per_run(calls, "forward")
+    _, b_self = _per_run(calls, "backward")
+    roots = [i for i, c in enumerate(calls) if c.parent is None]
+    runs = len(calls[0].forward) if calls else 0
+    per_run = sorted(range(runs), key=lambda r: sum(calls[i].forward[r] for i in roots))
+    rep = per_run[len(per_run) // 2] if per_run else 0
+    layers = []
+    for i, c in enumerate(calls):
+        rec = by_call.get((c.path, c.call_index))
+        layers.append(LatencyLayer(
+            index=i, path=c.path, type=c.type, depth=c.depth, call_index=c.call_index, parent=c.parent,
+            children=tuple(c.children), params=rec.subtree_params if rec else 0,
+            input_shapes=tuple(s.shape for s in rec.inputs) if rec else (),
+            output_shapes=tuple(s.shape for s in rec.outputs) if rec else (),
+            forward=timing(c.forward), forward_self=timing(f_self[i]),
+            backward=timing(c.backward) if backward else None,
+            backward_self=timing(b_self[i]) if backward else None,
+            flops=rec.forward_total.flops if rec else 0,
+            bytes_moved=rec.forward_total.bytes_moved if rec else 0,
+            backward_flops=rec.backward_total.flops if rec else 0,
+            backward_bytes=rec.backward_total.bytes_moved if rec else 0,
+            forward_span=c.forward_span[rep] if runs else None,
+            backward_span=c.backward_span[rep] if runs and backward else None))
+    return layers
+
+
+def latency_totals(calls: list[CallTimes], hooked: dict[str, list[float]],
+                   plain: dict[str, list[float]] | None, backward: bool) -> dict[str, float]:
+    """Medians over runs of: the measured forward (and backward) with hooks, without them when
+    ``plain`` is given (and the overhead), and the sum of every call's self time (the top-level
+    calls' inclusive times, per run). ``spread``: interquartile range over median of the runs."""
+    roots = [i for i, c in enumerate(calls) if c.parent is None]
+    out: dict[str, float] = {"runs": len(hooked["forward"])}
+    for phase in ("forward", "backward") if backward else ("forward",):
+        self_sums = [sum(getattr(calls[i], phase)[r] for i in roots) for r in range(out["runs"])]
+        h = timing(hooked[phase])
+        out[f"{phase}_instrumented"] = h.median
+        out[f"{phase}_self_sum"] = timing(self_sums).median
+        out[f"{phase}_spread"] = h.spread
+        if plain is not None:
+            p = timing(plain[phase])
+            out[f"{phase}_plain"] = p.median
+            out[f"{phase}_overhead"] = h.median / p.median - 1 if p.median else 0.0
+            out[f"{phase}_spread"] = p.spread
+    return out

@@ -1,29 +1,39 @@
 """Per-module latency: timed runs with hooks on every module, beside uninstrumented runs.
 
-Each repeat runs the model once without hooks (the reference) and once with them, in that order,
-so drift (frequency scaling, caches) hits both alike. A module call's inclusive time is from its
-forward pre-hook to its forward hook; its self time is that minus its direct children's inclusive
-times, per repeat, so self times add up to the root's inclusive time exactly in every repeat.
-Backward (``backward=True``): from a module's full backward pre-hook (gradients of its outputs are
-ready) to its full backward hook (gradients of its inputs are computed).
+Forward: a module call's inclusive time runs from its forward pre-hook to its forward hook; its self
+time is that minus its direct children's inclusive times, per repeat, so self times add up to the
+root's inclusive time exactly in every repeat.
+
+Backward: no module backward hooks (PyTorch's full backward hooks wrap every module's inputs and
+outputs in extra autograd nodes, which tripled the backward of a small GPT-2). Instead each module
+call notes the autograd sequence numbers its forward used; after the root's forward every node of
+its graph gets a cheap pre-hook, and a node belongs to the innermost call whose forward created it
+(a parameter's gradient accumulation belongs to the module that owns the parameter). A node's time
+runs from its pre-hook to the next node's (or the end of the backward pass), so a call's backward
+self time is the sum over its nodes and, again, self times add up to the root's backward exactly.
 
 CPU clocks are ``time.perf_counter``; on CUDA the hooks record CUDA events (no synchronize inside a
 hook, which would stall the kernel stream and inflate every layer) and the times are read after one
-synchronize at the end of each repeat.
+synchronize at the end of each repeat or step.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-__all__ = ["Timing", "timing", "CallTimes", "time_calls"]
+from ..capture.inputs import iter_tensors
+
+__all__ = ["Timing", "timing", "CallTimes", "Recorder", "merge_steps", "time_calls"]
+
+# the next autograd sequence number of this thread (nodes are numbered as the forward creates them)
+_next_seq = getattr(torch._C._autograd, "_get_sequence_nr", None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +64,8 @@ def timing(values: list[float]) -> Timing:
 
 @dataclass
 class CallTimes:
-    """One module call, in pre-order, with its inclusive seconds per repeat."""
+    """One module call (in pre-order) with its seconds per repeat or step: inclusive forward and
+    backward, and where its spans lie from the start of the repeat (for traces; None: no span)."""
 
     path: str
     type: str
@@ -62,8 +73,14 @@ class CallTimes:
     call_index: int
     parent: int | None
     children: list[int]
-    forward: list[float]
-    backward: list[float]
+    forward: list[float] = field(default_factory=list)
+    backward: list[float] = field(default_factory=list)
+    forward_span: list[tuple[float, float] | None] = field(default_factory=list)
+    backward_span: list[tuple[float, float] | None] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.path, self.call_index
 
 
 class _Clock:
@@ -87,148 +104,282 @@ class _Clock:
         return a.elapsed_time(b) / 1e3 if self.cuda else b - a
 
 
-def time_calls(model: nn.Module, run: Callable[[], Any], backward_of: Callable[[Any], None] | None, *,
-               device: torch.device, warmup: int, repeats: int, progress: Callable[[], None] | None = None):
-    """Time every module call. ``run()`` is one forward; ``backward_of(output)`` its backward (None:
-    forward only). Returns (calls, plain_forward, plain_backward): the calls in pre-order with their
-    inclusive seconds per timed repeat, and the seconds of each uninstrumented repeat."""
-    from ..errors import InputError
+class _Call:
+    __slots__ = ("path", "type", "depth", "call_index", "parent", "children", "f0", "f1", "s0", "s1")
 
-    clock = _Clock(device)
-    paths = {id(m): p for p, m in model.named_modules(remove_duplicate=False)}
-    modules = list(dict.fromkeys(model.modules()))
-    calls: list[CallTimes] = []
-    fwd: list[list] = []             # per call of this repeat: [start, end] stamps
-    stack: list[int] = []
-    seen: dict[str, int] = {}
-    fwd_of: dict[int, list[int]] = {}   # module id -> its calls this repeat, in forward order
-    bwd_of: dict[int, list[int]] = {}   # module id -> its calls whose backward has begun
-    seq: list[tuple] = []            # backward events in order: (stamp, "b" begin / "e" end / "end")
-    bpos: dict[int, int] = {}        # call -> place of its backward begin in seq
-    epos: dict[int, int] = {}        # call -> place of its backward end
-    no_grad_in: set[int] = set()     # calls none of whose tensor inputs needs a gradient
-    building = [True]
+    def __init__(self, path, type_, depth, call_index, parent) -> None:
+        self.path, self.type, self.depth, self.call_index, self.parent = path, type_, depth, call_index, parent
+        self.children: list[int] = []
+        self.f0 = self.f1 = None
+        self.s0 = self.s1 = 0
 
-    def pre(m, args):
-        path = paths.get(id(m), "?")
-        k = seen.get(path, 0)
-        seen[path] = k + 1
-        i = len(fwd)
-        if building[0]:
-            parent = stack[-1] if stack else None
-            calls.append(CallTimes(path, type(m).__name__, len(stack), k, parent, [], [], []))
-            if parent is not None:
-                calls[parent].children.append(i)
-        fwd.append([clock.stamp(), None])
-        if backward_of is not None and not any(isinstance(t, torch.Tensor) and t.requires_grad for t in args):
-            no_grad_in.add(i)
-        stack.append(i)
-        fwd_of.setdefault(id(m), []).append(i)
 
-    def post(m, args, out):
-        fwd[stack.pop()][1] = clock.stamp()
+class Recorder:
+    """Hooks that time every module call of ``model``, step by step: ``attach()``, then per step
+    ``begin()`` ... ``end()`` (which returns that step's calls, or None when it made none), then
+    ``detach()``. With ``backward``, the backward of every graph a root call built is timed too, on
+    whatever thread autograd runs it. Nothing is kept from one step to the next."""
 
-    def bpre(m, grad_out):
-        queue = fwd_of.get(id(m))
-        if queue:   # a module's calls run backward in reverse order of their forwards
-            i = queue.pop()
-            bpos[i] = len(seq)
-            seq.append((clock.stamp(), "b"))
-            bwd_of.setdefault(id(m), []).append(i)
+    def __init__(self, model: nn.Module, device: torch.device, backward: bool) -> None:
+        self.clock = _Clock(device)
+        self.backward = backward and _next_seq is not None
+        self.paths: dict[int, str] = {}
+        for p, m in model.named_modules(remove_duplicate=False):
+            self.paths.setdefault(id(m), p)      # the first path, as the analysis names it
+        self.modules = list(dict.fromkeys(model.modules()))
+        self.param_module: dict[int, int] = {}   # parameter -> the module that registers it
+        for m in self.modules:
+            for p in m._parameters.values():
+                if p is not None:
+                    self.param_module.setdefault(id(p), id(m))
+        self.handles: list = []
+        self._begin_state()
 
-    def bpost(m, grad_in, grad_out):
-        started = bwd_of.get(id(m))
-        if started:
-            epos[started.pop()] = len(seq)
-            seq.append((clock.stamp(), "e"))
+    def _begin_state(self) -> None:
+        self.calls: list[_Call] = []
+        self.stack: list[int] = []
+        self.seen: dict[str, int] = {}
+        self.first_call: dict[int, int] = {}   # module -> its first call of the step
+        self.events: list[tuple[Any, int]] = []   # backward: (stamp, call), call -1 = a pass ended
+        self.node_handles: list = []
+        self.hooked_leaves: dict[int, Any] = {}   # gradient accumulators already hooked this step
+        self.in_pass = False
+        self.marks: list[tuple[str, Any]] = []
+        self.t0 = self.clock.stamp()
 
-    def backward_ends() -> dict[int, int]:
-        """Where each call's backward ends in seq. PyTorch fires a module's full backward hook as
-        soon as its backward begins when none of its inputs needs a gradient (the first layer),
-        before its weight gradients are computed: such a leaf runs to the next backward begin (or
-        the backward's end). A module with children ends no earlier than they do."""
-        end: dict[int, int] = {}
-        for i in range(len(fwd) - 1, -1, -1):     # children come after their parent in pre-order
-            kids = [end[k] for k in calls[i].children if k in end]
-            if i not in bpos:
-                if not kids:
-                    continue
-                # no hooks fired (an output that is not a tensor, e.g. a ModelOutput): the span of
-                # its children's backwards
-                bpos[i] = min(bpos[k] for k in calls[i].children if k in end)
-                end[i] = max(kids)
+    def mark(self, name: str) -> None:
+        """A named instant of this step (seconds from its start come back from ``end()``)."""
+        self.marks.append((name, self.clock.stamp()))
+
+    # hooks ---------------------------------------------------------------------------------
+    def _pre(self, m, args) -> None:
+        path = self.paths.get(id(m), "?")
+        k = self.seen.get(path, 0)
+        self.seen[path] = k + 1
+        parent = self.stack[-1] if self.stack else None
+        i = len(self.calls)
+        c = _Call(path, type(m).__name__, len(self.stack), k, parent)
+        self.calls.append(c)
+        if parent is not None:
+            self.calls[parent].children.append(i)
+        self.first_call.setdefault(id(m), i)
+        self.stack.append(i)
+        if self.backward:
+            c.s0 = _next_seq()
+        c.f0 = self.clock.stamp()
+
+    def _post(self, m, args, out) -> None:
+        t = self.clock.stamp()
+        if not self.stack:
+            return
+        i = self.stack.pop()
+        c = self.calls[i]
+        c.f1 = t
+        if self.backward:
+            c.s1 = _next_seq()
+            if c.parent is None and c.s1 > c.s0 and out is not None:
+                self._hook_graph(i, out)
+
+    def _hook_graph(self, root: int, out) -> None:
+        """Give every node of the graph ``root``'s forward built a pre-hook naming its call."""
+        r = self.calls[root]
+        base, n = r.s0, r.s1 - r.s0
+        owner = [root] * n
+        for j in range(root + 1, len(self.calls)):   # pre-order: the root's descendants follow it
+            d = self.calls[j]
+            if d.s1 > d.s0:
+                owner[d.s0 - base:d.s1 - base] = [j] * (d.s1 - d.s0)
+        todo = [t.grad_fn for t in iter_tensors(out) if t.grad_fn is not None]
+        seen: dict[int, Any] = {}
+        while todo:
+            node = todo.pop()
+            if id(node) in seen:
                 continue
-            e = epos.get(i, len(seq) - 1)
-            if kids:
-                e = max([e] + kids) if i not in no_grad_in else max(kids)
-            elif i in no_grad_in:
-                e = next(p for p in range(bpos[i] + 1, len(seq)) if seq[p][1] != "e")
-            end[i] = e
-        return end
+            seen[id(node)] = node
+            s = node._sequence_nr() - base
+            if 0 <= s < n:
+                call = owner[s]
+            elif hasattr(node, "variable"):        # AccumulateGrad: a parameter's (or input's) .grad
+                if id(node) in self.hooked_leaves:
+                    continue
+                self.hooked_leaves[id(node)] = node
+                call = self.first_call.get(self.param_module.get(id(node.variable)), root)
+            else:                                  # made before this call: its inputs' history
+                continue
+            self.node_handles.append(node.register_prehook(partial(self._node, call)))
+            todo.extend(f for f, _ in node.next_functions if f is not None)
 
-    def attach() -> list:
-        hs = []
-        for m in modules:
-            hs += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
-            if backward_of is not None:
-                hs += [m.register_full_backward_pre_hook(bpre), m.register_full_backward_hook(bpost)]
-        return hs
+    def _node(self, call: int, grad_outputs) -> None:
+        t = self.clock.stamp()
+        if not self.in_pass:
+            self.in_pass = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._pass_end)
+        self.events.append((t, call))
+
+    def _pass_end(self) -> None:
+        self.events.append((self.clock.stamp(), -1))
+        self.in_pass = False
+
+    # control -------------------------------------------------------------------------------
+    def attach(self) -> None:
+        for m in self.modules:
+            self.handles += [m.register_forward_pre_hook(self._pre),
+                             m.register_forward_hook(self._post, always_call=True)]
+
+    def detach(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self._drop_node_hooks()
+
+    def _drop_node_hooks(self) -> None:
+        for h in self.node_handles:
+            h.remove()
+        self.node_handles = []
+        self.hooked_leaves = {}
+
+    def begin(self) -> None:
+        self._drop_node_hooks()
+        self._begin_state()
+
+    def end(self) -> tuple[list[CallTimes], float, list[tuple[str, float]]]:
+        """This step's calls with their seconds (one entry per list), the step's length and its marks
+        (seconds from its start). Node hooks come off."""
+        t_end = self.clock.stamp()
+        self.clock.sync()
+        self._drop_node_hooks()
+        calls, ev, sec, t0 = self.calls, self.events, self.clock.seconds, self.t0
+        marks = [(name, sec(t0, t)) for name, t in self.marks]
+        out = [CallTimes(c.path, c.type, c.depth, c.call_index, c.parent, list(c.children)) for c in calls]
+        for o, c in zip(out, calls):
+            done = c.f1 is not None and c.f0 is not None
+            o.forward.append(sec(c.f0, c.f1) if done else 0.0)
+            o.forward_span.append((sec(t0, c.f0), sec(t0, c.f1)) if done else None)
+        b_self = [0.0] * len(calls)
+        span: list[list[float] | None] = [None] * len(calls)
+        for k in range(len(ev) - 1):
+            t, i = ev[k]
+            if i < 0:
+                continue
+            d = sec(t, ev[k + 1][0])
+            b_self[i] += d
+            s = sec(t0, t)
+            if span[i] is None:
+                span[i] = [s, s + d]
+            else:
+                span[i][0], span[i][1] = min(span[i][0], s), max(span[i][1], s + d)
+        incl = b_self[:]
+        for i in range(len(calls) - 1, -1, -1):    # children follow their parent in pre-order
+            for k in calls[i].children:
+                incl[i] += incl[k]
+                if span[k] is not None:
+                    span[i] = list(span[k]) if span[i] is None else [min(span[i][0], span[k][0]),
+                                                                     max(span[i][1], span[k][1])]
+        for i, o in enumerate(out):
+            o.backward.append(incl[i])
+            o.backward_span.append(tuple(span[i]) if span[i] is not None else None)
+        return out, sec(t0, t_end), marks
+
+
+def merge_steps(steps: list[list[CallTimes]]) -> list[CallTimes]:
+    """One list of calls from several steps' (each with one entry per list): a call is known by its
+    path and call index; one missing from a step gets zero time there (its parent's self time
+    holds it). The result is in pre-order."""
+    merged: dict[tuple[str, int], CallTimes] = {}
+    order: list[tuple[str, int]] = []
+    for r, step in enumerate(steps):
+        for c in step:
+            m = merged.get(c.key)
+            if m is None:
+                m = merged[c.key] = CallTimes(c.path, c.type, c.depth, c.call_index, None, [],
+                                              [0.0] * r, [0.0] * r, [None] * r, [None] * r)
+                m.parent = step[c.parent].key if c.parent is not None else None   # a key until the end
+                order.append(c.key)
+            m.forward += c.forward
+            m.backward += c.backward
+            m.forward_span += c.forward_span
+            m.backward_span += c.backward_span
+        for m in merged.values():                 # absent from this step
+            if len(m.forward) == r:
+                m.forward.append(0.0)
+                m.backward.append(0.0)
+                m.forward_span.append(None)
+                m.backward_span.append(None)
+    kids: dict[Any, list[tuple[str, int]]] = {}
+    for k in order:
+        kids.setdefault(merged[k].parent, []).append(k)
+    out: list[CallTimes] = []
+
+    def visit(k, parent: int | None) -> None:
+        c = merged[k]
+        c.parent = parent
+        i = len(out)
+        out.append(c)
+        c.children = []
+        if parent is not None:
+            out[parent].children.append(i)
+        for kk in kids.get(k, []):
+            visit(kk, i)
+
+    for k in kids.get(None, []):
+        visit(k, None)
+    return out
+
+
+def time_calls(model: nn.Module, run: Callable[[], Any], loss_of: Callable[[Any], torch.Tensor] | None, *,
+               device: torch.device, warmup: int, repeats: int, progress: Callable[[], None] | None = None):
+    """Time every module call. ``run()`` is one forward; ``loss_of(output)`` the loss whose backward
+    is timed (None: forward only). Each repeat runs once without hooks (the reference), then once
+    with them, so drift hits both alike. Returns (calls, plain, hooked): the calls in pre-order with
+    their seconds per timed repeat, and the forward and backward seconds of each run without and
+    with hooks: ``{"forward": [...], "backward": [...]}``."""
+    clock = _Clock(device)
+    rec = Recorder(model, device, backward=loss_of is not None)
 
     def once():
         clock.sync()
         t0 = clock.stamp()
         out = run()
         t1 = clock.stamp()
-        if backward_of is not None:
-            backward_of(out)
+        if loss_of is not None:
+            loss_of(out).backward()
         del out
         t2 = clock.stamp()
         clock.sync()
-        return t0, t1, t2
+        return clock.seconds(t0, t1), clock.seconds(t1, t2)
 
-    plain_f: list[float] = []
-    plain_b: list[float] = []
-    handles: list = []
+    from ..errors import InputError
+
+    plain: dict[str, list[float]] = {"forward": [], "backward": []}
+    hooked: dict[str, list[float]] = {"forward": [], "backward": []}
+    steps: list[list[CallTimes]] = []
+    first: list | None = None
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            # a module returning a non-tensor (ModelOutput) gets no backward hooks: spanned by its children
-            warnings.filterwarnings("ignore", message="For backward hooks to be called")
-            for r in range(warmup + repeats):
-                timed = r >= warmup
-                t0, t1, t2 = once()            # the reference: no hooks
-                if timed:
-                    plain_f.append(clock.seconds(t0, t1))
-                    if backward_of is not None:
-                        plain_b.append(clock.seconds(t1, t2))
-                for d in (fwd, stack, seq):
-                    d.clear()
-                for d in (seen, fwd_of, bwd_of, bpos, epos):
-                    d.clear()
-                no_grad_in.clear()
-                handles = attach()
-                try:
-                    _, _, t2 = once()
-                finally:
-                    for h in handles:
-                        h.remove()
-                seq.append((t2, "end"))
-                if building[0]:
-                    building[0] = False
-                elif len(fwd) != len(calls):
-                    raise InputError(f"the model made {len(fwd)} module calls in one run and "
-                                     f"{len(calls)} in the first: per-call times need the same calls "
-                                     "in every run (data-dependent control flow?)")
-                ends = backward_ends() if backward_of is not None else {}
-                if timed:
-                    for i, (c, st) in enumerate(zip(calls, fwd)):
-                        c.forward.append(clock.seconds(st[0], st[1]) if st[1] is not None else 0.0)
-                        if backward_of is not None:
-                            c.backward.append(clock.seconds(seq[bpos[i]][0], seq[ends[i]][0])
-                                              if i in ends else 0.0)
-                if progress is not None:
-                    progress()
+        for r in range(warmup + repeats):
+            f, b = once()                     # the reference: no hooks
+            rec.attach()
+            rec.begin()
+            try:
+                hf, hb = once()
+            finally:
+                rec.detach()
+            step = rec.end()[0]
+            keys = [c.key for c in step]
+            if first is None:
+                first = keys
+            elif keys != first:
+                raise InputError(f"the model made {len(keys)} module calls in one run and {len(first)} "
+                                 "in the first: per-call times need the same calls in every run "
+                                 "(data-dependent control flow?)")
+            if r >= warmup:
+                steps.append(step)
+                plain["forward"].append(f)
+                hooked["forward"].append(hf)
+                if loss_of is not None:
+                    plain["backward"].append(b)
+                    hooked["backward"].append(hb)
+            if progress is not None:
+                progress()
     finally:
-        for h in handles:
-            h.remove()
-    return calls, plain_f, plain_b
+        rec.detach()
+    return merge_steps(steps), plain, hooked

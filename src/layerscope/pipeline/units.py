@@ -466,31 +466,33 @@ def _hooked_steps(model: torch.nn.Module, units: SplitUnits, args: tuple, kwargs
 
 
 def unit_latencies(model: torch.nn.Module, units: SplitUnits, args: tuple, kwargs: dict,
-                   repeats: int = 5) -> dict[str, float]:
-    """Median forward + backward seconds per unit, timed with hooks around the units' modules (the
-    first pass is a warm-up)."""
+                   repeats: int = 5, loss_fn=None) -> dict[str, float]:
+    """Median forward + backward seconds per unit over ``repeats`` training passes (after one
+    warm-up), from the profiler's per-call times (``analyses.latency.time_calls``): a unit's time is
+    the inclusive time of every call of its modules. Backward time is that of the autograd nodes
+    each module's forward made, so a first unit's weight gradients count for it."""
     import statistics
-    import time
 
-    times: dict[str, list[float]] = {u.name: [] for u in units.units}
-    acc: dict[int, float] = {}
-    start: dict[tuple, float] = {}
+    from ..analyses.latency import time_calls
+    from ..capture.session import StateGuard
+    from ..capture.step import default_loss
 
-    def fire(g, path, phase, when):
-        if when == "begin":
-            start[path, phase] = time.perf_counter()
-        else:
-            now = time.perf_counter()
-            acc[g] = acc.get(g, 0.0) + now - start.pop((path, phase), now)
+    def loss_of(out):
+        for p in model.parameters():
+            p.grad = None
+        return (loss_fn or default_loss)(out)
 
-    def after_step(r):
-        if r:
-            for g, u in enumerate(units.units):
-                times[u.name].append(acc.get(g, 0.0))
-        acc.clear()
-
-    _hooked_steps(model, units, args, kwargs, fire, repeats + 1, after_step=after_step)
-    return {k: statistics.median(v) for k, v in times.items()}
+    guard = StateGuard(model, inputs=(args, kwargs))
+    try:
+        calls, _, _ = time_calls(model, lambda: model(*args, **kwargs), loss_of, device=model_device(model),
+                                 warmup=1, repeats=repeats)
+    finally:
+        guard.restore()
+    out = {}
+    for u in units.units:
+        mine = [c for c in calls if c.path in u.paths]
+        out[u.name] = statistics.median(sum(c.forward[r] + c.backward[r] for c in mine) for r in range(repeats))
+    return out
 
 
 def unit_work_bytes(model: torch.nn.Module, units: SplitUnits, args: tuple, kwargs: dict,

@@ -1,0 +1,211 @@
+"""Profiler: per-module latency of the user's own training (or inference) loop.
+
+    prof = layerscope.Profiler(model, optimizer)
+    with prof:                              # start_profile() ... stop_profile()
+        for x, y in batches:
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()                # ends a step (or call prof.step() yourself)
+            optimizer.zero_grad()
+    prof.report().print(depth=2)            # generate_report(): medians over the steps
+    prof.end_profile()                      # forget the steps
+
+Every module call's forward and backward time is recorded per step, as ``profile()`` does (the
+same hooks), and each step's wall time is split into forward, backward, optimizer and the rest
+(loss, data loading, the user's own Python). ``step_on`` says where steps end: "optimizer" (after
+``optimizer.step()``; the default when an optimizer is given), "forward" (at the next top-level
+forward; the default without one) or "manual" (only at ``step()``, for gradient accumulation);
+``step()`` ends a step in any case. The first ``warmup_steps`` are left
+out of the report when more steps than that were recorded. Nothing accumulates across reports:
+medians over steps do not grow with the number of steps or with reuse of the profiler, and
+``end_profile()`` forgets everything.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .analyses.latency import CallTimes, Recorder, merge_steps, timing
+from .errors import InputError
+
+__all__ = ["Profiler"]
+
+
+class Profiler:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                 warmup_steps: int = 1, step_on: str | None = None, costs: bool = True,
+                 roofline=None) -> None:
+        from .api import _check_model, model_device
+        _check_model(model)
+        if warmup_steps < 0:
+            raise InputError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        step_on = step_on or ("optimizer" if optimizer is not None else "forward")
+        if step_on not in ("optimizer", "forward", "manual") or step_on == "optimizer" and optimizer is None:
+            raise InputError(f"step_on must be 'optimizer' (with an optimizer), 'forward' or 'manual'; got "
+                             f"{step_on!r}")
+        self.step_on = step_on
+        self.model, self.optimizer = model, optimizer
+        self.warmup_steps, self.costs, self.roofline = warmup_steps, costs, roofline
+        self.device = model_device(model)
+        self._rec = Recorder(model, self.device, backward=True)
+        self._handles: list = []
+        self._steps: list[tuple[list[CallTimes], float, list[tuple[str, float]]]] = []
+        self._example: tuple | None = None     # meta copies of the first top-level call's inputs
+        self.running = False
+
+    # the DeepSpeed-shaped API ----------------------------------------------------------------
+    def start_profile(self) -> None:
+        """Put the hooks on and begin a step."""
+        if self.running:
+            return
+        self._handles.append(self.model.register_forward_pre_hook(self._root_pre, prepend=True,
+                                                                  with_kwargs=True))
+        if self.optimizer is not None:
+            self._handles += [self.optimizer.register_step_pre_hook(self._opt_pre),
+                              self.optimizer.register_step_post_hook(self._opt_post)]
+        self._rec.attach()
+        self._rec.begin()
+        self.running = True
+
+    def stop_profile(self) -> None:
+        """End the current step (kept when it ran any module) and take every hook off."""
+        if not self.running:
+            return
+        try:
+            self._close_step()
+        finally:
+            self._rec.detach()
+            for h in self._handles:
+                h.remove()
+            self._handles = []
+            self.running = False
+
+    def step(self) -> None:
+        """End the current step and begin the next."""
+        self._next_step()
+
+    def _next_step(self) -> None:
+        if self.running:
+            self._close_step()
+            self._rec.begin()
+
+    def generate_report(self):
+        """A LatencyReport of the steps so far (medians over steps, after the warm-up steps)."""
+        return self.report()
+
+    def end_profile(self) -> None:
+        """Stop and forget every recorded step."""
+        self.stop_profile()
+        self._steps = []
+        self._example = None
+
+    def __enter__(self) -> "Profiler":
+        self.start_profile()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_profile()
+
+    @property
+    def steps(self) -> int:
+        return len(self._steps)
+
+    # hooks -----------------------------------------------------------------------------------
+    def _root_pre(self, module, args, kwargs) -> None:
+        if self.step_on == "forward" and self._rec.calls and self._rec.calls[0].f1 is not None:
+            self._next_step()                   # no other marker: a step per top-level forward
+        if self._example is None:
+            self._example = (_meta(args), _meta(kwargs), module.training)
+
+    def _opt_pre(self, opt, args, kwargs) -> None:
+        self._rec.mark("optimizer")
+
+    def _opt_post(self, opt, args, kwargs) -> None:
+        self._rec.mark("/optimizer")
+        if self.step_on == "optimizer":
+            self._next_step()
+
+    def _close_step(self) -> None:
+        calls, seconds, marks = self._rec.end()
+        if calls:
+            self._steps.append((calls, seconds, marks))
+
+    # the report ------------------------------------------------------------------------------
+    def report(self, warmup_steps: int | None = None):
+        from .latency_report import LatencyReport, latency_layers
+        skip = self.warmup_steps if warmup_steps is None else warmup_steps
+        steps = self._steps[skip:] if len(self._steps) > skip else self._steps
+        if not steps:
+            raise InputError("no step was recorded: run the model between start_profile() and "
+                             "stop_profile() (or inside `with profiler:`)")
+        notes = []
+        if len(self._steps) <= skip:
+            notes.append(f"only {len(self._steps)} step(s) recorded: the {skip} warm-up step(s) are "
+                         "included")
+        calls = merge_steps([s[0] for s in steps])
+        costs = self._costs(notes)
+        backward = any(any(c.backward) for c in calls)
+        totals = _step_totals(calls, steps)
+        if costs is not None:
+            totals["flops"] = costs.totals.flops
+        from .analyses.roofline import roofline_for
+        from .api import _float_dtype
+        return LatencyReport(
+            model_name=type(self.model).__name__, device=str(self.device),
+            options={"steps": len(steps), "warmup": len(self._steps) - len(steps), "backward": backward,
+                     "unit": "step", "optimizer": type(self.optimizer).__name__ if self.optimizer else None},
+            layers=tuple(latency_layers(calls, costs, backward)), totals=totals, notes=tuple(notes),
+            roofline=roofline_for(self.roofline, self.device, _float_dtype(self.model)))
+
+    def _costs(self, notes: list[str]):
+        if not self.costs or self._example is None:
+            return None
+        from .api import analyze
+        from .errors import LayerscopeError
+        args, kwargs, training = self._example
+        try:
+            return analyze(self.model, *args, device="meta", mode="train" if training else "eval", **kwargs)
+        except LayerscopeError as e:
+            notes.append(f"no costs (FLOPs, bytes): the analysis of the first step's inputs failed: {e}")
+            return None
+
+
+def _meta(obj: Any) -> Any:
+    """Meta copies of the tensors in args/kwargs (shapes and dtypes kept, nothing held alive)."""
+    if isinstance(obj, torch.Tensor):
+        return torch.empty_like(obj, device="meta").requires_grad_(obj.requires_grad) \
+            if obj.is_floating_point() or obj.is_complex() else torch.empty_like(obj, device="meta")
+    if isinstance(obj, dict):
+        return {k: _meta(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(_meta(v) for v in obj)
+    return obj
+
+
+def _step_totals(calls: list[CallTimes], steps) -> dict[str, float]:
+    """Medians over steps: the step's wall time, the top-level calls' forward and backward, the
+    optimizer's step (between its marks) and the rest (loss, data, the loop's own code)."""
+    roots = [i for i, c in enumerate(calls) if c.parent is None]
+    rows = {"step": [], "forward": [], "backward": [], "optimizer": [], "other": []}
+    for r, (_, seconds, marks) in enumerate(steps):
+        f = sum(calls[i].forward[r] for i in roots)
+        b = sum(calls[i].backward[r] for i in roots)
+        opt, start = 0.0, None
+        for name, t in marks:
+            if name == "optimizer":
+                start = t
+            elif name == "/optimizer" and start is not None:
+                opt, start = opt + t - start, None
+        for k, v in (("step", seconds), ("forward", f), ("backward", b), ("optimizer", opt),
+                     ("other", seconds - f - b - opt)):
+            rows[k].append(v)
+    out: dict[str, float] = {"runs": len(steps)}
+    for k, v in rows.items():
+        out[k] = timing(v).median
+    out["forward_instrumented"] = out["forward_self_sum"] = out["forward"]
+    out["backward_instrumented"] = out["backward_self_sum"] = out["backward"]
+    out["step_spread"] = timing(rows["step"]).spread
+    return out
