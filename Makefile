@@ -28,6 +28,7 @@ test: $(VENV)/.test
 bench: $(VENV)/.test
 	$(PY) bench/bench_analyze.py
 	$(PY) bench/bench_memory.py
+	$(PY) bench/bench_latency.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

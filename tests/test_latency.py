@@ -74,8 +74,26 @@ def test_calls_self_times_and_costs():
     assert rep.layers[1].backward.max > 0 and rep.layers[2].backward.max > 0
     t = rep.totals
     assert t["forward_plain"] > 0 and t["backward_plain"] > 0 and t["runs"] == 3
-    assert t["forward_overhead"] == pytest.approx(t["forward_instrumented"] / t["forward_plain"] - 1)
+    assert -1 < t["forward_overhead"] and t["forward_self_sum"] <= t["forward_instrumented"]
     assert rep.top(1, depth=1)[0].depth == 1
+    per_depth = rep.top_per_depth(2)
+    assert list(per_depth) == [1] and len(per_depth[1]) == 2
+    assert per_depth[1][0].forward.median >= per_depth[1][1].forward.median
+    assert "Top depth 1" in rep.table() and "Top depth" not in rep.table(top=0)
+
+
+def test_totals_pair_each_repeat():
+    from layerscope.analyses.latency import CallTimes
+    from layerscope.latency_report import latency_totals
+    root = CallTimes("", "M", 0, 0, None, [1], forward=[1.0, 2.0, 3.0])
+    kid = CallTimes("a", "L", 1, 0, 0, [], forward=[0.5, 0.5, 0.5])
+    t = latency_totals([root, kid], {"forward": [1.1, 2.2, 3.0]}, {"forward": [1.0, 2.0, 3.0]}, False)
+    # per-repeat ratios 1.1/1.0 - 1 = 0.1, 2.2/2.0 - 1 = 0.1, 3.0/3.0 - 1 = 0: median 0.1
+    assert t["forward_overhead"] == pytest.approx(0.1)
+    # medians: instrumented 2.2, uninstrumented 2.0, self sum = the root's 2.0 (the child's 0.5 inside)
+    assert (t["forward_instrumented"], t["forward_plain"], t["forward_self_sum"]) == (2.2, 2.0, 2.0)
+    # spread of the uninstrumented runs: quartiles 1.5 and 2.5 (inclusive method) over median 2.0
+    assert t["forward_spread"] == pytest.approx(0.5) and t["runs"] == 3
 
 
 def test_self_times_add_up_to_the_root_in_every_repeat():
@@ -258,6 +276,14 @@ def test_training_profiler_without_optimizer_and_manual_steps():
     assert prof.steps == 2 and [(r.path, r.call_index) for r in rep.layers if r.depth == 0] == [("", 0), ("", 1)]
     with pytest.raises(ls.InputError, match="step_on"):
         ls.Profiler(m, step_on="optimizer")
+    # a loop that raises inside a module: the hooks still come off, the step so far is kept
+    hooks = snapshot(m)["hooks"]
+    prof = ls.Profiler(m)
+    with pytest.raises(RuntimeError):
+        with prof:
+            m(x).sum().backward()
+            m(torch.randn(2, 3))          # wrong width: the Linear raises
+    assert snapshot(m)["hooks"] == hooks and prof.steps == 2
     for p in m.parameters():
         p.grad = None
 

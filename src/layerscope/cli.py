@@ -104,6 +104,8 @@ def _parser() -> argparse.ArgumentParser:
                          "a GPU from the built-in table (V100, A100, A100-40GB, L4, H100, H100-PCIE, H200),\n"
                          "'measure' (a short matmul and copy microbenchmark here), 'auto' (the table\n"
                          "for a known GPU, else measured) or 'FLOPS,BYTES_PER_S' such as 989e12,3.35e12")
+    pf.add_argument("--top", type=int, default=3, metavar="K",
+                    help="name the K slowest calls at each depth under the table (default 3; 0: none)")
     pf.add_argument("--trace", metavar="FILE.json",
                     help="also write a Chrome trace / Perfetto JSON of the module spans of one repeat")
     sp = sub.add_parser("split", help="optimal pipeline stages; --run trains them under torchrun",
@@ -215,7 +217,8 @@ def _emit(ns: argparse.Namespace, rep) -> int:
     elif ns.format == "csv":
         text = rep.to_csv()
     else:
-        view = {"depth": ns.depth, **({"columns": ns.columns} if hasattr(ns, "columns") else {})}
+        view = {"depth": ns.depth, **({"columns": ns.columns} if hasattr(ns, "columns") else {}),
+                **({"top": ns.top} if hasattr(ns, "top") else {})}
         if ns.output is None:
             rep.print(**view)
             return 0

@@ -84,6 +84,11 @@ class LatencyReport:
         rows = [r for r in self.layers if depth is None or r.depth == depth]
         return sorted(rows, key=lambda r: getattr(r, by).median if getattr(r, by) else 0.0, reverse=True)[:k]
 
+    def top_per_depth(self, k: int = 3, by: str = "forward") -> dict[int, list[LatencyLayer]]:
+        """The k slowest calls at each depth below the root (DeepSpeed's "top modules at each
+        depth"), by median ``by`` time."""
+        return {d: self.top(k, depth=d, by=by) for d in sorted({r.depth for r in self.layers}) if d > 0}
+
     def to_chrome_trace(self, path: str | None = None) -> str:
         """Chrome trace / Perfetto JSON of the module spans of one repeat (the one whose forward is
         the median), forward and backward on separate tracks; open in ui.perfetto.dev or
@@ -91,16 +96,17 @@ class LatencyReport:
         from .render.latency import chrome_trace
         return write_text(json.dumps(chrome_trace(self)), path)
 
-    def table(self, depth: int | None = None) -> str:
+    def table(self, depth: int | None = None, top: int = 3) -> str:
+        """The tree table; the footer names the ``top`` slowest calls at each depth (0: none)."""
         from .render.latency import render_latency_text
-        return render_latency_text(self, depth)
+        return render_latency_text(self, depth, top)
 
-    def rich_table(self, depth: int | None = None):
+    def rich_table(self, depth: int | None = None, top: int = 3):
         from .render.latency import render_latency_rich
-        return render_latency_rich(self, depth)
+        return render_latency_rich(self, depth, top)
 
-    def print(self, depth: int | None = None, file: TextIO | None = None) -> None:
-        print_report(lambda: self.rich_table(depth), lambda: self.table(depth), file)
+    def print(self, depth: int | None = None, top: int = 3, file: TextIO | None = None) -> None:
+        print_report(lambda: self.rich_table(depth, top), lambda: self.table(depth, top), file)
 
     def to_dict(self) -> dict[str, Any]:
         from .render.latency import latency_dict
@@ -168,7 +174,7 @@ def latency_layers(calls: list[CallTimes], costs, backward: bool) -> list[Latenc
 def latency_totals(calls: list[CallTimes], hooked: dict[str, list[float]],
                    plain: dict[str, list[float]] | None, backward: bool) -> dict[str, float]:
     """Medians over runs of: the measured forward (and backward) with hooks, without them when
-    ``plain`` is given (and the overhead), and the sum of every call's self time (the top-level
+    ``plain`` is given (and the overhead: the median of the per-repeat ratios), and the sum of every call's self time (the top-level
     calls' inclusive times, per run). ``spread``: interquartile range over median of the runs."""
     roots = [i for i, c in enumerate(calls) if c.parent is None]
     out: dict[str, float] = {"runs": len(hooked["forward"])}
@@ -181,6 +187,9 @@ def latency_totals(calls: list[CallTimes], hooked: dict[str, list[float]],
         if plain is not None:
             p = timing(plain[phase])
             out[f"{phase}_plain"] = p.median
-            out[f"{phase}_overhead"] = h.median / p.median - 1 if p.median else 0.0
+            # the median over repeats of each repeat's own ratio (both runs of a repeat are
+            # back to back, so the machine's drift cancels)
+            out[f"{phase}_overhead"] = timing([a / b - 1 for a, b in zip(hooked[phase], plain[phase])
+                                               if b > 0] or [0.0]).median
             out[f"{phase}_spread"] = p.spread
     return out

@@ -52,7 +52,7 @@ class Profiler:
         self.device = model_device(model)
         self._rec = Recorder(model, self.device, backward=True)
         self._handles: list = []
-        self._steps: list[tuple[list[CallTimes], float, list[tuple[str, float]]]] = []
+        self._steps: list[tuple[list[CallTimes], float, list[tuple[str, float]], float]] = []
         self._example: tuple | None = None     # meta copies of the first top-level call's inputs
         self.running = False
 
@@ -129,9 +129,9 @@ class Profiler:
             self._next_step()
 
     def _close_step(self) -> None:
-        calls, seconds, marks = self._rec.end()
-        if calls:
-            self._steps.append((calls, seconds, marks))
+        step = self._rec.end()
+        if step[0]:
+            self._steps.append(step)
 
     # the report ------------------------------------------------------------------------------
     def report(self, warmup_steps: int | None = None):
@@ -187,10 +187,11 @@ def _meta(obj: Any) -> Any:
 
 def _step_totals(calls: list[CallTimes], steps) -> dict[str, float]:
     """Medians over steps: the step's wall time, the top-level calls' forward and backward, the
-    optimizer's step (between its marks) and the rest (loss, data, the loop's own code)."""
+    optimizer's step (between its marks) and the rest (loss, data, the loop's own code), of which
+    ``graph_hooks`` is the profiler's own work of hooking each step's autograd graph."""
     roots = [i for i, c in enumerate(calls) if c.parent is None]
-    rows = {"step": [], "forward": [], "backward": [], "optimizer": [], "other": []}
-    for r, (_, seconds, marks) in enumerate(steps):
+    rows = {"step": [], "forward": [], "backward": [], "optimizer": [], "other": [], "graph_hooks": []}
+    for r, (_, seconds, marks, hooking) in enumerate(steps):
         f = sum(calls[i].forward[r] for i in roots)
         b = sum(calls[i].backward[r] for i in roots)
         opt, start = 0.0, None
@@ -200,7 +201,7 @@ def _step_totals(calls: list[CallTimes], steps) -> dict[str, float]:
             elif name == "/optimizer" and start is not None:
                 opt, start = opt + t - start, None
         for k, v in (("step", seconds), ("forward", f), ("backward", b), ("optimizer", opt),
-                     ("other", seconds - f - b - opt)):
+                     ("other", seconds - f - b - opt), ("graph_hooks", hooking)):
             rows[k].append(v)
     out: dict[str, float] = {"runs": len(steps)}
     for k, v in rows.items():

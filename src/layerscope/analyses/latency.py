@@ -120,8 +120,9 @@ class Recorder:
     ``detach()``. With ``backward``, the backward of every graph a root call built is timed too, on
     whatever thread autograd runs it. Nothing is kept from one step to the next."""
 
-    def __init__(self, model: nn.Module, device: torch.device, backward: bool) -> None:
+    def __init__(self, model: nn.Module, device: torch.device, backward: bool, defer: bool = False) -> None:
         self.clock = _Clock(device)
+        self.defer = defer        # hook the graph at hook_pending(), not in the root's forward hook
         self.backward = backward and _next_seq is not None
         self.paths: dict[int, str] = {}
         for p, m in model.named_modules(remove_duplicate=False):
@@ -144,6 +145,8 @@ class Recorder:
         self.node_handles: list = []
         self.hooked_leaves: dict[int, Any] = {}   # gradient accumulators already hooked this step
         self.in_pass = False
+        self.pending: list[tuple[int, Any]] = []
+        self.hook_seconds = 0.0    # CPU seconds spent putting pre-hooks on graph nodes
         self.marks: list[tuple[str, Any]] = []
         self.t0 = self.clock.stamp()
 
@@ -178,10 +181,20 @@ class Recorder:
         if self.backward:
             c.s1 = _next_seq()
             if c.parent is None and c.s1 > c.s0 and out is not None:
-                self._hook_graph(i, out)
+                self.pending.append((i, out))
+                if not self.defer:
+                    self.hook_pending()
+
+    def hook_pending(self) -> None:
+        """Give every node of the graphs the finished root calls built a pre-hook naming its call
+        (``defer``: the caller does this between forward and backward, outside both timings)."""
+        t = time.perf_counter()
+        for root, out in self.pending:
+            self._hook_graph(root, out)
+        self.pending = []
+        self.hook_seconds += time.perf_counter() - t
 
     def _hook_graph(self, root: int, out) -> None:
-        """Give every node of the graph ``root``'s forward built a pre-hook naming its call."""
         r = self.calls[root]
         base, n = r.s0, r.s1 - r.s0
         owner = [root] * n
@@ -242,12 +255,13 @@ class Recorder:
         self._drop_node_hooks()
         self._begin_state()
 
-    def end(self) -> tuple[list[CallTimes], float, list[tuple[str, float]]]:
-        """This step's calls with their seconds (one entry per list), the step's length and its marks
-        (seconds from its start). Node hooks come off."""
+    def end(self) -> tuple[list[CallTimes], float, list[tuple[str, float]], float]:
+        """This step's calls with their seconds (one entry per list), the step's length, its marks
+        (seconds from its start) and the CPU seconds spent hooking graph nodes. Node hooks come off."""
         t_end = self.clock.stamp()
         self.clock.sync()
         self._drop_node_hooks()
+        self.pending = []
         calls, ev, sec, t0 = self.calls, self.events, self.clock.seconds, self.t0
         marks = [(name, sec(t0, t)) for name, t in self.marks]
         out = [CallTimes(c.path, c.type, c.depth, c.call_index, c.parent, list(c.children)) for c in calls]
@@ -278,7 +292,7 @@ class Recorder:
         for i, o in enumerate(out):
             o.backward.append(incl[i])
             o.backward_span.append(tuple(span[i]) if span[i] is not None else None)
-        return out, sec(t0, t_end), marks
+        return out, sec(t0, t_end), marks, self.hook_seconds
 
 
 def merge_steps(steps: list[list[CallTimes]]) -> list[CallTimes]:
@@ -329,24 +343,26 @@ def merge_steps(steps: list[list[CallTimes]]) -> list[CallTimes]:
 def time_calls(model: nn.Module, run: Callable[[], Any], loss_of: Callable[[Any], torch.Tensor] | None, *,
                device: torch.device, warmup: int, repeats: int, progress: Callable[[], None] | None = None):
     """Time every module call. ``run()`` is one forward; ``loss_of(output)`` the loss whose backward
-    is timed (None: forward only). Each repeat runs once without hooks (the reference), then once
-    with them, so drift hits both alike. Returns (calls, plain, hooked): the calls in pre-order with
+    is timed (None: forward only). Each repeat runs once without hooks (the reference) and once
+    with them, in alternating order, so drift and order effects hit both alike. Returns (calls, plain, hooked): the calls in pre-order with
     their seconds per timed repeat, and the forward and backward seconds of each run without and
     with hooks: ``{"forward": [...], "backward": [...]}``."""
     clock = _Clock(device)
-    rec = Recorder(model, device, backward=loss_of is not None)
+    rec = Recorder(model, device, backward=loss_of is not None, defer=True)
 
     def once():
         clock.sync()
         t0 = clock.stamp()
         out = run()
         t1 = clock.stamp()
+        rec.hook_pending()            # untimed: between the forward and the backward
+        t1b = clock.stamp()
         if loss_of is not None:
             loss_of(out).backward()
         del out
         t2 = clock.stamp()
         clock.sync()
-        return clock.seconds(t0, t1), clock.seconds(t1, t2)
+        return clock.seconds(t0, t1), clock.seconds(t1b, t2)
 
     from ..errors import InputError
 
@@ -356,7 +372,8 @@ def time_calls(model: nn.Module, run: Callable[[], Any], loss_of: Callable[[Any]
     first: list | None = None
     try:
         for r in range(warmup + repeats):
-            f, b = once()                     # the reference: no hooks
+            if r % 2 == 0:
+                f, b = once()                 # the reference: no hooks
             rec.attach()
             rec.begin()
             try:
@@ -364,6 +381,8 @@ def time_calls(model: nn.Module, run: Callable[[], Any], loss_of: Callable[[Any]
             finally:
                 rec.detach()
             step = rec.end()[0]
+            if r % 2 == 1:                    # every other repeat runs the reference second
+                f, b = once()
             keys = [c.key for c in step]
             if first is None:
                 first = keys

@@ -61,14 +61,14 @@ def _phase_line(t: dict, phase: str) -> str:
     return line + f"sum of self times {t[f'{phase}_self_sum'] * 1e3:.3f} ms{share}"
 
 
-def latency_footer(rep: "LatencyReport") -> list[tuple[str, str]]:
+def latency_footer(rep: "LatencyReport", top: int = 3) -> list[tuple[str, str]]:
     t, o = rep.totals, rep.options
     if o.get("unit") == "step":
         lines = [("Run", f"{o['steps']} steps after {o['warmup']} warm-up on {rep.device}; medians per step")]
         lines.append(("Step", f"{t['step'] * 1e3:.3f} ms = forward {t['forward'] * 1e3:.3f} + backward "
                               f"{t['backward'] * 1e3:.3f} + optimizer {t['optimizer'] * 1e3:.3f} + other "
-                              f"(loss, data, loop) {t['other'] * 1e3:.3f}; spread (IQR/median) "
-                              f"{100 * t['step_spread']:.1f}%"))
+                              f"(loss, data, loop) {t['other'] * 1e3:.3f}, of which {t['graph_hooks'] * 1e3:.3f} "
+                              f"the profiler's graph hooks; spread (IQR/median) {100 * t['step_spread']:.1f}%"))
     else:
         lines = [("Run", f"{o['repeats']} timed repeats after {o['warmup']} warm-up on {rep.device}; medians")]
         lines.append(("Forward", _phase_line(t, "forward") +
@@ -80,21 +80,26 @@ def latency_footer(rep: "LatencyReport") -> list[tuple[str, str]]:
         lines.append(("Roofline", f"{r.name}: {si(r.peak_flops)}FLOP/s, {si(r.peak_bandwidth)}B/s, ridge "
                                   f"{r.ridge:.1f} FLOP/B ({r.source}); % of roof = achieved / attainable "
                                   "at the call's intensity"))
+    if top > 0:
+        for d, rows in rep.top_per_depth(top).items():
+            lines.append((f"Top depth {d}", ", ".join(f"{r.name} {r.forward.median * 1e3:.3f} ms" +
+                                                       (f" + {r.backward.median * 1e3:.3f} bwd" if r.backward else "")
+                                                       for r in rows)))
     for note in rep.notes:
         lines.append(("Note", note))
     return lines
 
 
-def render_latency_text(rep: "LatencyReport", depth: int | None = None) -> str:
+def render_latency_text(rep: "LatencyReport", depth: int | None = None, top: int = 3) -> str:
     from .text import text_table
     header, body = latency_rows(rep, depth)
-    return text_table(header, body, latency_footer(rep))
+    return text_table(header, body, latency_footer(rep, top))
 
 
-def render_latency_rich(rep: "LatencyReport", depth: int | None = None):
+def render_latency_rich(rep: "LatencyReport", depth: int | None = None, top: int = 3):
     from .table import rich_table
     header, body = latency_rows(rep, depth)
-    return rich_table(f"layerscope profile: {rep.model_name}", header, body, latency_footer(rep))
+    return rich_table(f"layerscope profile: {rep.model_name}", header, body, latency_footer(rep, top))
 
 
 def _timing(t: "Timing | None") -> dict[str, float] | None:
