@@ -174,8 +174,9 @@ def latency_layers(calls: list[CallTimes], costs, backward: bool) -> list[Latenc
 def latency_totals(calls: list[CallTimes], hooked: dict[str, list[float]],
                    plain: dict[str, list[float]] | None, backward: bool) -> dict[str, float]:
     """Medians over runs of: the measured forward (and backward) with hooks, without them when
-    ``plain`` is given (and the overhead: the median of the per-repeat ratios), and the sum of every call's self time (the top-level
-    calls' inclusive times, per run). ``spread``: interquartile range over median of the runs."""
+    ``plain`` is given (and the overhead: the median of the per-repeat ratios), and the sum of every
+    call's self time (the top-level calls' inclusive times, per run). ``spread``: interquartile
+    range over median of the runs."""
     roots = [i for i, c in enumerate(calls) if c.parent is None]
     out: dict[str, float] = {"runs": len(hooked["forward"])}
     for phase in ("forward", "backward") if backward else ("forward",):

@@ -15,8 +15,8 @@ same hooks), and each step's wall time is split into forward, backward, optimize
 (loss, data loading, the user's own Python). ``step_on`` says where steps end: "optimizer" (after
 ``optimizer.step()``; the default when an optimizer is given), "forward" (at the next top-level
 forward; the default without one) or "manual" (only at ``step()``, for gradient accumulation);
-``step()`` ends a step in any case. The first ``warmup_steps`` are left
-out of the report when more steps than that were recorded. Nothing accumulates across reports:
+``step()`` ends a step in any case. The first ``warmup_steps`` are left out of the report when
+more steps than that were recorded. Nothing accumulates across reports:
 medians over steps do not grow with the number of steps or with reuse of the profiler, and
 ``end_profile()`` forgets everything.
 """
@@ -35,6 +35,10 @@ __all__ = ["Profiler"]
 
 
 class Profiler:
+    """Per-module latency of the user's own loop (see the module's documentation). ``costs``: also
+    analyse the first step's inputs on meta copies for FLOPs and bytes per call; ``roofline`` as in
+    ``profile()``."""
+
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  warmup_steps: int = 1, step_on: str | None = None, costs: bool = True,
                  roofline=None) -> None:

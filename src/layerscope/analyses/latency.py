@@ -116,8 +116,7 @@ class _Call:
 
 class Recorder:
     """Hooks that time every module call of ``model``, step by step: ``attach()``, then per step
-    ``begin()`` ... ``end()`` (which returns that step's calls, or None when it made none), then
-    ``detach()``. With ``backward``, the backward of every graph a root call built is timed too, on
+    ``begin()`` ... ``end()`` (which returns that step's calls and times), then ``detach()``. With ``backward``, the backward of every graph a root call built is timed too, on
     whatever thread autograd runs it. Nothing is kept from one step to the next."""
 
     def __init__(self, model: nn.Module, device: torch.device, backward: bool, defer: bool = False) -> None:
@@ -200,6 +199,8 @@ class Recorder:
         owner = [root] * n
         for j in range(root + 1, len(self.calls)):   # pre-order: the root's descendants follow it
             d = self.calls[j]
+            if d.parent is None:                     # the next top-level call
+                break
             if d.s1 > d.s0:
                 owner[d.s0 - base:d.s1 - base] = [j] * (d.s1 - d.s0)
         todo = [t.grad_fn for t in iter_tensors(out) if t.grad_fn is not None]
