@@ -78,6 +78,22 @@ def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, batch_di
         return Report(trace, model)
 
 
+def analyze_onnx(model, input_shapes: dict | None = None) -> Report:
+    """Analyse an ONNX model (a path or an ``onnx.ModelProto``) into the same Report as a PyTorch
+    model: layers follow the module paths the exporter recorded (else one layer per node), costs
+    follow the same conventions, and ``report.graph`` holds the nodes (attributes with defaults,
+    shapes, params, MACs, FLOPs, bytes read and written), the op histogram and the peak activation
+    memory. ``input_shapes``: ``{input name: shape}`` and/or ``{symbolic dim: value}``; dims left
+    symbolic keep their names, and nodes they make unknown are listed in coverage. Needs the
+    ``onnx`` extra; external data is never read."""
+    import importlib.util
+    if importlib.util.find_spec("onnx") is None:
+        raise InputError("ONNX analysis needs the onnx package: pip install 'layerscope[onnx]'")
+    from .formats.onnx import onnx_trace
+    trace, graph = onnx_trace(model, input_shapes)
+    return Report(trace, graph=graph)
+
+
 @contextlib.contextmanager
 def _gc_paused():
     """Pause the cyclic garbage collector while records are built: its full passes over a large heap

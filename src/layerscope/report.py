@@ -20,7 +20,7 @@ __all__ = ["Report"]
 class Report:
     """Results of ``layerscope.analyze``. Everything in it is frozen; renderers only read it."""
 
-    def __init__(self, trace: Trace, model: nn.Module | None = None) -> None:
+    def __init__(self, trace: Trace, model: nn.Module | None = None, graph=None) -> None:
         fwd, bwd, fwd_t, bwd_t, unc = layer_costs(trace)
         rfs = receptive_fields(trace)
         self.trace = trace
@@ -41,6 +41,8 @@ class Report:
             input_bytes=trace.input_bytes, output_bytes=trace.output_bytes, forward=f_sum, backward=b_sum,
             complete=self.coverage.complete)
         self._model = weakref.ref(model) if model is not None else None
+        # an exported model's own view (formats.onnx.OnnxGraph: nodes, op histogram, peak activations)
+        self.graph = graph
 
     # ---- access ---------------------------------------------------------------------------------
     @property

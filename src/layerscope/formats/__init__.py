@@ -1,0 +1,1 @@
+"""Exported models (ONNX, TorchScript) as Traces: the same records, costs and renderers."""

@@ -1,0 +1,698 @@
+"""ONNX models as a Trace: the same records, costs and tables as a PyTorch model.
+
+Shapes come from onnx's shape inference with data propagation, after the user's values replace
+symbolic dims (or whole input shapes); a dim nobody gave stays symbolic, and a node whose shapes are
+not all known is listed in coverage rather than counted as zero. Per node: op type, the PyTorch
+module path the exporter recorded (metadata ``pkg.torch.onnx.name_scopes``), input and output
+shapes and dtypes, attributes with the schema's defaults filled in (a conv's kernel from its weight,
+``auto_pad`` resolved into pads), parameters (floating-point initializers, each once however many
+nodes read it; integer initializers are shape constants, not parameters), MACs and FLOPs under the
+conventions of ``layerscope.costs`` and bytes read and written.
+
+The layer tree follows the module paths when the exporter recorded them (a node belongs to its
+innermost module); otherwise each node is a layer of its own under the graph.
+
+External data is never read: costs need shapes, not weights. A tensor whose external data file
+lies outside the model's folder is refused all the same, as a malformed or hostile model.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InputError
+from ..trace import (FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER_UNKNOWN, Costs, LayerRecord, OpEvent,
+                     ParamSpec, TensorSpec, Trace, Window)
+
+__all__ = ["NodeRecord", "OnnxGraph", "load_onnx", "onnx_trace"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """One ONNX node. Shapes hold ints, or strings for symbolic dims; None when unknown."""
+
+    index: int
+    name: str
+    op_type: str
+    domain: str
+    module: str | None                     # the PyTorch module path the exporter recorded
+    inputs: tuple[tuple[str, tuple | None, str], ...]    # (value name, shape, dtype)
+    outputs: tuple[tuple[str, tuple | None, str], ...]
+    attributes: dict
+    params: int                            # parameters first read by this node
+    param_bytes: int
+    costs: Costs
+    status: str                            # "counted", "free", "uncounted", "unknown shape"
+
+    @property
+    def bytes_read(self) -> int:
+        return self.costs.bytes_read
+
+    @property
+    def bytes_written(self) -> int:
+        return self.costs.bytes_written
+
+
+@dataclass(frozen=True)
+class OnnxGraph:
+    """What the ONNX path adds to a Report: the nodes and graph-level figures."""
+
+    nodes: tuple[NodeRecord, ...]
+    opset: int
+    histogram: dict[str, int]              # op type -> count
+    peak_activation_bytes: int | None      # liveness over the node order; None when a size is unknown
+    unknown_shapes: tuple[str, ...]        # values whose shape could not be inferred
+    symbolic_dims: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+# ---- loading -----------------------------------------------------------------------------------
+
+def load_onnx(src) -> tuple[Any, str | None]:
+    """(ModelProto, its folder) from a path or a ModelProto. External data is not loaded, and a
+    location outside the model's folder is refused."""
+    import onnx
+    if isinstance(src, onnx.ModelProto):
+        return src, None
+    path = os.fspath(src)
+    if not os.path.isfile(path):
+        raise InputError(f"no ONNX file at {path!r}")
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except Exception as e:   # onnx raises DecodeError and others
+        raise InputError(f"{path!r} is not a readable ONNX model: {e}") from None
+    folder = os.path.dirname(os.path.realpath(path))
+    for t in _all_initializers(model.graph):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            loc = {e.key: e.value for e in t.external_data}.get("location", "")
+            full = os.path.realpath(os.path.join(folder, loc))
+            if os.path.isabs(loc) or os.path.commonpath([folder, full]) != folder:
+                raise InputError(f"initializer {t.name!r} keeps its data at {loc!r}, outside the model's "
+                                 f"folder {folder!r}: refused")
+    return model, folder
+
+
+def _all_initializers(graph):
+    yield from graph.initializer
+    for node in graph.node:
+        for a in node.attribute:
+            if a.g is not None and a.g.ByteSize():
+                yield from _all_initializers(a.g)
+            for g in a.graphs:
+                yield from _all_initializers(g)
+
+
+# ---- shapes ------------------------------------------------------------------------------------
+
+def _dtype(elem_type: int) -> tuple[str, int]:
+    import onnx
+    try:
+        np_dt = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
+        return str(np_dt), np_dt.itemsize
+    except Exception:
+        name = onnx.TensorProto.DataType.Name(elem_type).lower() if elem_type else "unknown"
+        return name, {"bfloat16": 2, "float8e4m3fn": 1, "float8e5m2": 1}.get(name, 0)
+
+
+def _type_shape(tp) -> tuple[tuple | None, int]:
+    if not tp.HasField("tensor_type"):
+        return None, 0
+    tt = tp.tensor_type
+    if not tt.HasField("shape"):
+        return None, tt.elem_type
+    dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim)
+    return dims, tt.elem_type
+
+
+def _with_inputs(model, input_shapes: dict | None):
+    """A copy of the model whose graph inputs carry the user's shapes or symbolic-dim values."""
+    import onnx
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    if not input_shapes:
+        return m
+    init = {t.name for t in m.graph.initializer}
+    names = [i.name for i in m.graph.input if i.name not in init]
+    dims_given = {k: v for k, v in input_shapes.items() if k not in names}
+    for k, v in input_shapes.items():
+        if k in names and not isinstance(v, (list, tuple)):
+            raise InputError(f"input_shapes[{k!r}] must be a shape such as (1, 3, 224, 224), got {v!r}")
+    symbols = {d.dim_param for i in m.graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}
+    unknown = [k for k in dims_given if k not in symbols]
+    if unknown:
+        raise InputError(f"input_shapes names {unknown}: neither graph inputs ({names}) nor symbolic dims "
+                         f"({sorted(symbols)})")
+    for i in m.graph.input:
+        if i.name in init or not i.type.HasField("tensor_type"):
+            continue
+        shape = input_shapes.get(i.name)
+        dims = i.type.tensor_type.shape.dim
+        if shape is not None:
+            if len(shape) != len(dims) and len(dims):
+                raise InputError(f"input {i.name!r} has rank {len(dims)}; input_shapes gave {tuple(shape)}")
+            i.type.tensor_type.shape.Clear()
+            for s in shape:
+                i.type.tensor_type.shape.dim.add().dim_value = int(s)
+            continue
+        for d in dims:
+            if d.dim_param in dims_given:
+                d.dim_value = int(dims_given[d.dim_param])
+    return m
+
+
+def _infer(model):
+    import onnx
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:       # inference that fails on one op: keep what the model states
+        return model
+
+
+# ---- attributes --------------------------------------------------------------------------------
+
+def _attributes(node, opset: int, shapes: dict) -> dict:
+    import onnx
+    out: dict[str, Any] = {}
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
+        for name, a in schema.attributes.items():
+            if a.default_value is not None and a.default_value.type:
+                out[name] = onnx.helper.get_attribute_value(a.default_value)
+    except Exception:     # not a known op (custom domain): its own attributes only
+        pass
+    for a in node.attribute:
+        v = onnx.helper.get_attribute_value(a)
+        out[a.name] = v.decode() if isinstance(v, bytes) else v
+    for k, v in list(out.items()):
+        if isinstance(v, bytes):
+            out[k] = v.decode()
+        elif isinstance(v, list):
+            out[k] = [x.decode() if isinstance(x, bytes) else x for x in v]
+    if node.op_type in ("Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool"):
+        _window_attributes(node, out, shapes)
+    return out
+
+
+def _window_attributes(node, out: dict, shapes: dict) -> None:
+    """Fill kernel_shape (a conv's from its weight), strides, dilations and explicit pads (auto_pad
+    resolved as the spec says)."""
+    x = shapes.get(node.input[0]) if node.input else None
+    if node.op_type in ("Conv", "ConvTranspose") and len(node.input) > 1:
+        w = shapes.get(node.input[1])
+        if w is not None and "kernel_shape" not in out:
+            out["kernel_shape"] = list(w[2:])
+    k = out.get("kernel_shape")
+    if k is None:
+        return
+    nd = len(k)
+    out.setdefault("strides", [1] * nd)
+    out.setdefault("dilations", [1] * nd)
+    if node.op_type in ("Conv", "ConvTranspose"):
+        out.setdefault("group", 1)
+    auto = out.get("auto_pad", "NOTSET")
+    if auto in ("SAME_UPPER", "SAME_LOWER") and x is not None and all(isinstance(d, int) for d in x[2:]):
+        pads_b, pads_e = [], []
+        for i in range(nd):
+            s, d, kk, n = out["strides"][i], out["dilations"][i], k[i], x[2 + i]
+            if node.op_type == "ConvTranspose":
+                total = max(0, s * (n - 1) + ((kk - 1) * d + 1) - n * s)
+            else:
+                total = max(0, (math.ceil(n / s) - 1) * s + (kk - 1) * d + 1 - n)
+            small, big = total // 2, total - total // 2
+            pads_b.append(big if auto == "SAME_LOWER" else small)
+            pads_e.append(small if auto == "SAME_LOWER" else big)
+        out["pads"] = pads_b + pads_e
+    elif auto == "VALID":
+        out["pads"] = [0] * (2 * nd)
+    out.setdefault("pads", [0] * (2 * nd))
+
+
+# ---- costs -------------------------------------------------------------------------------------
+
+def _numel(shape) -> int | None:
+    if shape is None or any(not isinstance(d, int) for d in shape):
+        return None
+    return math.prod(shape)
+
+
+FREE_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Shape", "Size", "Constant",
+            "Dropout", "Optional", "OptionalGetElement", "OptionalHasElement"}
+# data movement: no arithmetic, every input read and output written
+MOVE_OPS = {"Transpose", "Concat", "Split", "Slice", "Gather", "GatherElements", "GatherND", "Expand",
+            "Tile", "Pad", "Cast", "CastLike", "ConstantOfShape", "Range", "ScatterND", "ScatterElements",
+            "Trilu", "DepthToSpace", "SpaceToDepth", "OneHot", "NonZero", "Compress", "ReverseSequence",
+            "EyeLike", "SequenceConstruct", "SplitToSequence", "ConcatFromSequence", "SequenceAt",
+            "Col2Im", "CenterCropPad", "Unique"}
+# one FLOP per output element (as layerscope.costs.elementwise counts the aten ops)
+POINTWISE = {"Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Neg", "Abs", "Exp", "Log", "Relu",
+             "Sigmoid", "Tanh", "Erf", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh",
+             "Acosh", "Atanh", "Floor", "Ceil", "Round", "Sign", "Mod", "Where", "Equal", "Less",
+             "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And", "Or", "Xor", "BitwiseAnd",
+             "BitwiseOr", "BitwiseXor", "BitwiseNot", "BitShift", "IsNaN", "IsInf", "Clip", "LeakyRelu",
+             "Elu", "Selu", "Celu", "HardSigmoid", "HardSwish", "Softplus", "Softsign", "ThresholdedRelu",
+             "PRelu", "Gelu", "Mish", "Shrink", "Max", "Min", "Sum", "Mean"}
+
+
+def _variadic(op: str, n_in: int, out_numel: int) -> int:
+    if op in ("Max", "Min", "Sum", "Mean"):       # n inputs: n - 1 per element (Mean: + 1 divide)
+        return out_numel * (max(1, n_in - 1) + (1 if op == "Mean" else 0))
+    return out_numel
+
+
+def _matmul_macs(a, b) -> int:
+    """numpy matmul semantics: 1-D operands are promoted and the added dim removed again."""
+    a = list(a)
+    b = list(b)
+    if len(a) == 1:
+        a = [1] + a
+    if len(b) == 1:
+        b = b + [1]
+    m, k, n = a[-2], a[-1], b[-1]
+    batch_a, batch_b = a[:-2], b[:-2]
+    nd = max(len(batch_a), len(batch_b))
+    batch_a = [1] * (nd - len(batch_a)) + batch_a
+    batch_b = [1] * (nd - len(batch_b)) + batch_b
+    batch = math.prod(max(x, y) for x, y in zip(batch_a, batch_b))
+    return batch * m * k * n
+
+
+def _einsum_macs(eq: str, shapes) -> int | None:
+    lhs = eq.replace(" ", "").split("->")[0]
+    terms = lhs.split(",")
+    if len(terms) < 2 or any("..." in t for t in terms):
+        return None
+    size: dict[str, int] = {}
+    for t, s in zip(terms, shapes):
+        if len(t) != len(s):
+            return None
+        for ch, d in zip(t, s):
+            size[ch] = max(size.get(ch, 1), d)
+    return math.prod(size.values())
+
+
+def _rnn(op: str, ins, attrs) -> tuple[int, int] | None:
+    x, w, r = ins[0], ins[1], ins[2]
+    if x is None or w is None or r is None:
+        return None
+    steps_batch = x[0] * x[1]                         # [T, B, I] or [B, T, I] (layout 1)
+    dirs, gates, inp = w
+    hidden = r[2]
+    macs = steps_batch * dirs * (gates * inp + gates * hidden)
+    cell = {"LSTM": 21, "GRU": 18, "RNN": 4}[op]
+    return macs, 2 * macs + steps_batch * dirs * hidden * cell
+
+
+def _attention(ins, attrs) -> tuple[int, int] | None:
+    q, k, v = ins[0], ins[1], ins[2]
+    if q is None or k is None or v is None:
+        return None
+    if len(q) == 3:                                   # [B, S, H*D]: heads from the attributes
+        hq, hkv = attrs.get("q_num_heads"), attrs.get("kv_num_heads")
+        if not hq or not hkv:
+            return None
+        b, sq, d = q[0], q[1], q[2] // hq
+        sk, dv = k[1], v[2] // hkv
+        heads = b * hq
+    else:
+        heads, sq, d = math.prod(q[:-2]), q[-2], q[-1]
+        sk, dv = k[-2], v[-1]
+    scores = heads * sq * sk
+    macs = scores * (d + dv)
+    has_mask = len(ins) > 3 and ins[3] is not None
+    return macs, 2 * macs + scores * (1 + 5 + int(has_mask))
+
+
+def node_costs(op: str, ins: list, outs: list, attrs: dict) -> tuple[str, int, int]:
+    """(status, MACs, FLOPs) of one node from its input and output shapes (None: unknown)."""
+    if op in FREE_OPS:
+        return "free", 0, 0
+    if op in MOVE_OPS:
+        return "counted", 0, 0
+    y = outs[0] if outs else None
+    ny = _numel(y)
+    need = {"Conv": (0, 1), "ConvTranspose": (0, 1), "Gemm": (0, 1), "MatMul": (0, 1), "LSTM": (0, 1, 2),
+            "GRU": (0, 1, 2), "RNN": (0, 1, 2), "Attention": (0, 1, 2)}.get(op, (0,))
+    if any(i >= len(ins) or _numel(ins[i]) is None for i in need) or (ny is None and op not in (
+            "LSTM", "GRU", "RNN", "Attention")):
+        return ("unknown shape" if op in _KNOWN else "uncounted"), 0, 0
+    x = ins[0]
+    nx = _numel(x)
+    has = (lambda i: len(ins) > i and ins[i] is not None)
+    if op == "Conv":
+        w = ins[1]
+        macs = ny * w[1] * math.prod(w[2:])
+        return "counted", macs, 2 * macs + (ny if has(2) else 0)
+    if op == "ConvTranspose":
+        w = ins[1]
+        macs = nx * w[1] * math.prod(w[2:])
+        return "counted", macs, 2 * macs + (ny if has(2) else 0)
+    if op == "Gemm":
+        a, b = ins[0], ins[1]
+        m, k = (a[1], a[0]) if attrs.get("transA") else (a[0], a[1])
+        n = b[0] if attrs.get("transB") else b[1]
+        macs = m * k * n
+        return "counted", macs, 2 * macs + (m * n if has(2) else 0)
+    if op in ("MatMul", "MatMulInteger"):
+        macs = _matmul_macs(ins[0], ins[1])
+        return "counted", macs, 2 * macs
+    if op == "Einsum":
+        shapes = [s for s in ins if s is not None]
+        macs = _einsum_macs(attrs.get("equation", ""), shapes) if len(shapes) == len(ins) else None
+        if macs is None:
+            return "uncounted", 0, 0
+        return "counted", macs, 2 * macs
+    if op in ("LSTM", "GRU", "RNN"):
+        r = _rnn(op, ins, attrs)
+        return ("counted", *r) if r else ("unknown shape", 0, 0)
+    if op == "Attention":
+        r = _attention(ins, attrs)
+        return ("counted", *r) if r else ("unknown shape", 0, 0)
+    if op in POINTWISE:
+        return "counted", 0, _variadic(op, len(ins), ny)
+    if op in ("Softmax", "LogSoftmax"):
+        return "counted", 0, 5 * nx
+    if op in ("LayerNormalization", "GroupNormalization", "InstanceNormalization"):
+        return "counted", 0, nx * (4 + 2 + int(has(1)) + int(has(2)))
+    if op == "BatchNormalization":
+        return "counted", 0, nx * ((4 if attrs.get("training_mode") else 0) + 2 + 1 + 1)
+    if op in ("RMSNormalization", "SimplifiedLayerNormalization"):
+        return "counted", 0, nx * (3 + int(has(1)))
+    if op == "MaxPool":
+        return "counted", 0, ny * (math.prod(attrs["kernel_shape"]) - 1)
+    if op == "AveragePool":
+        return "counted", 0, ny * math.prod(attrs["kernel_shape"])
+    if op in ("GlobalAveragePool", "ReduceMean"):
+        return "counted", 0, nx + ny
+    if op in ("GlobalMaxPool", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ArgMax", "ArgMin",
+              "ReduceL1", "CumSum"):
+        return "counted", 0, nx
+    if op in ("ReduceSumSquare", "ReduceL2", "ReduceLogSumExp", "ReduceLogSum"):
+        return "counted", 0, 2 * nx
+    if op == "Resize":
+        mode = attrs.get("mode", "nearest")
+        resized = sum(1 for a, b in zip(x, y) if a != b) if len(x) == len(y) else 0
+        per = 0 if mode == "nearest" else (2 ** (resized + 1) - 1 if mode == "linear" else 31)
+        return "counted", 0, per * ny
+    if op in ("TopK",):
+        n = x[attrs.get("axis", -1)]
+        return "counted", 0, nx * max(1, math.ceil(math.log2(max(n, 2))))
+    return "uncounted", 0, 0
+
+
+_KNOWN = FREE_OPS | MOVE_OPS | POINTWISE | {
+    "Conv", "ConvTranspose", "Gemm", "MatMul", "MatMulInteger", "Einsum", "LSTM", "GRU", "RNN", "Attention",
+    "Softmax", "LogSoftmax", "LayerNormalization", "GroupNormalization", "InstanceNormalization",
+    "BatchNormalization", "RMSNormalization", "SimplifiedLayerNormalization", "MaxPool", "AveragePool",
+    "GlobalAveragePool", "ReduceMean", "GlobalMaxPool", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
+    "ArgMax", "ArgMin", "ReduceL1", "CumSum", "ReduceSumSquare", "ReduceL2", "ReduceLogSumExp",
+    "ReduceLogSum", "Resize", "TopK"}
+
+
+# ---- the trace ---------------------------------------------------------------------------------
+
+def _scopes(node) -> tuple[list[str], list[str]] | None:
+    meta = {p.key: p.value for p in node.metadata_props}
+    raw = meta.get("pkg.torch.onnx.name_scopes")
+    if not raw:
+        return None
+    try:
+        scopes = ast.literal_eval(raw)
+        classes = ast.literal_eval(meta.get("pkg.torch.onnx.class_hierarchy", "[]"))
+    except (ValueError, SyntaxError):
+        return None
+    scopes, classes = list(scopes)[:-1], list(classes)[:-1]      # the last entry is the op itself
+    if not scopes or scopes[0] != "":
+        scopes = [""] + scopes
+        classes = [""] + classes
+    return scopes, classes
+
+
+def onnx_trace(src, input_shapes: dict | None = None) -> tuple[Trace, OnnxGraph]:
+    """The Trace of an ONNX model (path or ModelProto) and its node-level view."""
+    model, _ = load_onnx(src)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    inferred = _infer(_with_inputs(model, input_shapes))
+    g = inferred.graph
+    shapes: dict[str, tuple | None] = {}
+    dtypes: dict[str, tuple[str, int]] = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        s, et = _type_shape(vi.type)
+        if s is not None or vi.name not in shapes:
+            shapes[vi.name] = s
+        if et:
+            dtypes[vi.name] = _dtype(et)
+    inits = {t.name: t for t in g.initializer}
+    for t in g.initializer:
+        shapes[t.name] = tuple(t.dims)
+        dtypes[t.name] = _dtype(t.data_type)
+    for node in g.node:                                  # Constant nodes' values
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value" and node.output:
+                    shapes[node.output[0]] = tuple(a.t.dims)
+                    dtypes[node.output[0]] = _dtype(a.t.data_type)
+
+    def nbytes(name: str) -> int | None:
+        n = _numel(shapes.get(name))
+        return None if n is None else n * dtypes.get(name, ("", 0))[1]
+
+    def is_param(name: str) -> bool:
+        t = inits.get(name)
+        return t is not None and dtypes[name][0].startswith(("float", "bfloat", "complex"))
+
+    graph_inputs = [i.name for i in g.input if i.name not in inits]
+    # ---- layers: module scopes, or one per node
+    scoped = [_scopes(n) for n in g.node]
+    use_scopes = any(s is not None for s in scoped)
+    layer_of_path: dict[str, int] = {"": 0}
+    recs: list[dict] = [{"path": "", "type": g.name or "graph", "parent": None, "children": [], "depth": 0}]
+
+    def layer_for(scopes: list[str], classes: list[str]) -> int:
+        parent = 0
+        for depth, (p, cls) in enumerate(zip(scopes, classes + [""] * len(scopes))):
+            if depth == 0:
+                continue
+            i = layer_of_path.get(p)
+            if i is None:
+                i = layer_of_path[p] = len(recs)
+                recs.append({"path": p, "type": cls.rsplit(".", 1)[-1] or "Module", "parent": parent,
+                             "children": [], "depth": depth})
+                recs[parent]["children"].append(i)
+            parent = i
+        return parent
+
+    node_layer: list[int] = []
+    for k, node in enumerate(g.node):
+        if use_scopes:
+            s = scoped[k]
+            node_layer.append(layer_for(*s) if s else 0)
+        else:
+            name = node.name or f"{node.op_type}_{k}"
+            i = len(recs)
+            recs.append({"path": name, "type": node.op_type, "parent": 0, "children": [], "depth": 1})
+            recs[0]["children"].append(i)
+            node_layer.append(i)
+    # ---- nodes and ops
+    producer: dict[str, int] = {}
+    param_first: dict[str, int] = {}       # initializer -> first node reading it
+    param_users: dict[str, set] = {}
+    nodes: list[NodeRecord] = []
+    ops: list[OpEvent] = []
+    unknown: dict[str, None] = {}
+    for k, node in enumerate(g.node):
+        attrs = _attributes(node, opset, shapes)
+        ins = [shapes.get(n) if n else None for n in node.input]
+        outs = [shapes.get(n) for n in node.output]
+        op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+        if node.op_type in ("If", "Loop", "Scan"):
+            status, macs, flops = "uncounted", 0, 0
+        elif node.domain not in ("", "ai.onnx"):
+            status, macs, flops = "uncounted", 0, 0
+        else:
+            status, macs, flops = node_costs(node.op_type, ins, outs, attrs)
+        for n in list(node.input) + list(node.output):
+            if n and _numel(shapes.get(n)) is None:
+                unknown[n] = None
+        r_bytes = [nbytes(n) for n in node.input if n]
+        w_bytes = [nbytes(n) for n in node.output if n]
+        if status == "free":
+            read = written = 0
+        elif status == "counted" and None not in r_bytes + w_bytes:
+            read, written = sum(r_bytes), sum(w_bytes)
+        elif status == "counted":
+            status = "unknown shape"
+            read = written = 0
+            macs = flops = 0
+        else:
+            read = written = 0
+        params = pbytes = 0
+        for n in node.input:
+            if n and is_param(n):
+                param_users.setdefault(n, set()).add(node_layer[k])
+                if n not in param_first:
+                    param_first[n] = k
+                    params += _numel(shapes[n]) or 0
+                    pbytes += nbytes(n) or 0
+        costs = Costs(macs, flops, read, written)
+        scopes = scoped[k]
+        module = scopes[0][-1] if scopes else None
+        nodes.append(NodeRecord(
+            index=k, name=node.name or f"{node.op_type}_{k}", op_type=node.op_type, domain=node.domain,
+            module=module,
+            inputs=tuple((n, shapes.get(n), dtypes.get(n, ("?", 0))[0]) for n in node.input),
+            outputs=tuple((n, shapes.get(n), dtypes.get(n, ("?", 0))[0]) for n in node.output),
+            attributes=attrs, params=params, param_bytes=pbytes, costs=costs, status=status))
+        prods = []
+        for n in node.input:
+            if not n:
+                continue
+            if n in producer:
+                prods.append(producer[n])
+            elif n in graph_inputs:
+                prods.append(PRODUCER_INPUT)
+            elif n in inits:
+                prods.append(PRODUCER_STATE)
+            else:
+                prods.append(PRODUCER_UNKNOWN)
+        window = None
+        if node.op_type in ("Conv", "ConvTranspose", "MaxPool", "AveragePool") and "kernel_shape" in attrs:
+            nd = len(attrs["kernel_shape"])
+            window = Window("tconv" if node.op_type == "ConvTranspose" else "conv", tuple(attrs["kernel_shape"]),
+                            tuple(attrs["strides"]), tuple(attrs["pads"][:nd]), tuple(attrs["dilations"]))
+        ops.append(OpEvent(index=k, op=f"onnx.{op}" + (" (unknown shape)" if status == "unknown shape" else ""),
+                           layer=node_layer[k], phase=FORWARD,
+                           status="uncounted" if status == "unknown shape" else status, costs=costs,
+                           producers=tuple(prods), window=window))
+        for n in node.output:
+            if n:
+                producer[n] = k
+    # ---- layer records
+    n_layers = len(recs)
+    params_at: list[list[ParamSpec]] = [[] for _ in range(n_layers)]
+    counted_at = [0] * n_layers
+    for name, k in param_first.items():
+        layer = node_layer[k]
+        t = shapes[name]
+        spec = ParamSpec(name, t, _numel(t) or 0, nbytes(name) or 0, True, len(param_users[name]) > 1)
+        params_at[layer].append(spec)
+        counted_at[layer] += spec.numel
+    subtree = list(counted_at)
+    for i in range(n_layers - 1, 0, -1):
+        subtree[recs[i]["parent"]] += subtree[i]
+    in_layer: list[set] = [set() for _ in range(n_layers)]
+    for k, li in enumerate(node_layer):        # each node counts for its layer and the ancestors
+        while li is not None:
+            in_layer[li].add(k)
+            li = recs[li]["parent"]
+    consumers: dict[str, list[int]] = {}
+    for k, node in enumerate(g.node):
+        for n in node.input:
+            if n:
+                consumers.setdefault(n, []).append(k)
+    graph_outputs = {o.name for o in g.output}
+
+    def spec(name: str) -> TensorSpec:
+        s = shapes.get(name)
+        return TensorSpec(tuple(d if isinstance(d, int) else -1 for d in s) if s is not None else (),
+                          dtypes.get(name, ("?", 0))[0], nbytes(name) or 0)
+
+    layers: list[LayerRecord] = []
+    layer_outputs: list[tuple[int, ...]] = []
+    for i, r in enumerate(recs):
+        mine = in_layer[i]
+        ins_, outs_ = {}, {}
+        for k in sorted(mine):
+            for n in g.node[k].input:
+                if n and n not in inits and (producer.get(n) not in mine) and not is_param(n):
+                    ins_[n] = None
+            for n in g.node[k].output:
+                if n and (n in graph_outputs or any(c not in mine for c in consumers.get(n, []))):
+                    outs_[n] = None
+        if i == 0:
+            ins_ = dict.fromkeys(graph_inputs)
+            outs_ = dict.fromkeys(o.name for o in g.output)
+        kernel = None
+        conv_nodes = [k for k in mine if g.node[k].op_type in ("Conv", "ConvTranspose")]
+        if len(conv_nodes) == 1 and (not r["children"]):
+            kernel = tuple(nodes[conv_nodes[0]].attributes.get("kernel_shape", ())) or None
+        layers.append(LayerRecord(
+            index=i, path=r["path"], type=r["type"], depth=r["depth"], call_index=0, parent=r["parent"],
+            children=tuple(r["children"]), inputs=tuple(spec(n) for n in ins_),
+            outputs=tuple(spec(n) for n in outs_), params=tuple(params_at[i]), buffers=(),
+            num_params=counted_at[i], trainable_params=counted_at[i], subtree_params=subtree[i],
+            kernel_size=kernel))
+        layer_outputs.append(tuple(producer.get(n, PRODUCER_INPUT) for n in outs_))
+    # layers must be in pre-order (a parent before its children, subtrees contiguous)
+    order: list[int] = []
+
+    def visit(i: int) -> None:
+        order.append(i)
+        for c in recs[i]["children"]:
+            visit(c)
+    visit(0)
+    if order != list(range(n_layers)):
+        remap = {old: new for new, old in enumerate(order)}
+        layers = [_renumber(layers[old], remap) for old in order]
+        layer_outputs = [layer_outputs[old] for old in order]
+        ops = [_replace_layer(o, remap[o.layer]) for o in ops]
+    total_params = sum(_numel(shapes[n]) or 0 for n in param_first)
+    param_bytes = sum(nbytes(n) or 0 for n in param_first)
+    shared = sum(_numel(shapes[n]) or 0 for n in param_first if len(param_users[n]) > 1)
+    trace = Trace(
+        model_name=g.name or "onnx", layers=tuple(layers), ops=tuple(ops), layer_outputs=tuple(layer_outputs),
+        param_numel=total_params, trainable_numel=total_params, shared_numel=shared, param_bytes=param_bytes,
+        buffer_numel=0, buffer_bytes=0, input_bytes=sum(nbytes(n) or 0 for n in graph_inputs),
+        output_bytes=sum(nbytes(o.name) or 0 for o in g.output), options={"format": "onnx", "opset": opset})
+    hist: dict[str, int] = {}
+    for n in nodes:
+        hist[n.op_type] = hist.get(n.op_type, 0) + 1
+    symbolic = sorted({d for s in shapes.values() if s for d in s if isinstance(d, str)})
+    info = OnnxGraph(nodes=tuple(nodes), opset=opset, histogram=dict(sorted(hist.items(), key=lambda kv: -kv[1])),
+                     peak_activation_bytes=_peak(g, graph_inputs, inits, nbytes, consumers, graph_outputs),
+                     unknown_shapes=tuple(unknown), symbolic_dims=tuple(symbolic))
+    return trace, info
+
+
+def _renumber(r: LayerRecord, remap: dict[int, int]) -> LayerRecord:
+    import dataclasses
+    return dataclasses.replace(r, index=remap[r.index], parent=None if r.parent is None else remap[r.parent],
+                               children=tuple(remap[c] for c in r.children))
+
+
+def _replace_layer(o: OpEvent, layer: int) -> OpEvent:
+    import dataclasses
+    return dataclasses.replace(o, layer=layer)
+
+
+def _peak(g, graph_inputs, inits, nbytes, consumers, graph_outputs) -> int | None:
+    """Largest sum of live activation bytes over the node order: a value lives from the node that
+    makes it (graph inputs: from the start) to its last reader (graph outputs: to the end).
+    Initializers are weights, not activations."""
+    last: dict[str, int] = {}
+    for n, users in consumers.items():
+        last[n] = max(users)
+    live = 0
+    for n in graph_inputs:
+        b = nbytes(n)
+        if b is None:
+            return None
+        live += b
+    peak = live
+    for k, node in enumerate(g.node):
+        for n in node.output:
+            if not n:
+                continue
+            b = nbytes(n)
+            if b is None:
+                return None
+            live += b
+        peak = max(peak, live)
+        for n in set(list(node.input) + list(node.output)):
+            if n and n not in inits and n not in graph_outputs and last.get(n, k) == k:
+                b = nbytes(n)
+                live -= b or 0
+    return peak

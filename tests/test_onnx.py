@@ -1,0 +1,153 @@
+"""ONNX analysis: hand-derived costs of single nodes, shapes and attributes, parameters, liveness,
+coverage of unknown shapes, external-data safety, and agreement with the PyTorch analysis of the
+same model exported with torch.onnx (dynamo)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import layerscope as ls
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=20, value_info=()):
+    g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits), value_info=list(value_info))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _f(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def _w(name, shape, dtype=torch.float32):
+    return numpy_helper.from_array(torch.zeros(shape, dtype=dtype).numpy(), name)
+
+
+def test_conv_transpose_hand_count():
+    # ConvTranspose2d 64 -> 32, kernel 4, stride 2, padding 1: 16x16 -> 32x32. Each of the
+    # 64*16*16 = 16,384 input elements is scattered through 32 output channels x 4*4 taps:
+    # 16,384 * 32 * 16 = 8,388,608 MACs; FLOPs 2 * MACs + bias adds 32*32*32 = 32,768
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1])
+    m = _model([node], [_f("x", [1, 64, 16, 16])], [_f("y", None)], [_w("w", (64, 32, 4, 4)), _w("b", (32,))])
+    rep = ls.analyze_onnx(m)
+    n = rep.graph.nodes[0]
+    assert n.outputs[0][1] == (1, 32, 32, 32)
+    assert rep.totals.macs == 8_388_608 and rep.totals.flops == 2 * 8_388_608 + 32_768
+    assert n.attributes["kernel_shape"] == [4, 4] and n.attributes["dilations"] == [1, 1]
+    # params: 64*32*4*4 = 32,768 weights + 32 biases
+    assert rep.totals.params == 32_800 and n.params == 32_800
+    # bytes: read x 64*16*16*4 = 65,536 + w 131,072 + b 128; write 32*32*32*4 = 131,072
+    assert (n.bytes_read, n.bytes_written) == (196_736, 131_072)
+
+
+def test_matmul_vector_and_decomposed_attention():
+    # [4, 8] x [8]: the vector is promoted to [8, 1]: 4 * 8 * 1 = 32 MACs
+    mv = _model([helper.make_node("MatMul", ["a", "v"], ["y"])], [_f("a", [4, 8]), _f("v", [8])], [_f("y", None)])
+    assert ls.analyze_onnx(mv).totals.macs == 32
+    # attention B=1, H=12, S=64, D=64: Q.K^T = 12*64*64*64 = 3,145,728 MACs, P.V the same: 6,291,456
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["o"])]
+    shape = [1, 12, 64, 64]
+    att = _model(nodes, [_f("q", shape), _f("k", shape), _f("v", shape)], [_f("o", None)])
+    rep = ls.analyze_onnx(att)
+    assert rep.totals.macs == 6_291_456
+    # FLOPs: 2 * MACs + softmax 5 per score (12*64*64 = 49,152 scores); the transpose moves data only
+    assert rep.totals.flops == 2 * 6_291_456 + 5 * 49_152
+    assert rep.graph.histogram == {"MatMul": 2, "Transpose": 1, "Softmax": 1}
+    # the opset-23 Attention op counts the same MACs
+    fused = helper.make_model(helper.make_graph(
+        [helper.make_node("Attention", ["q", "k", "v"], ["o"])], "g",
+        [_f("q", shape), _f("k", shape), _f("v", shape)], [_f("o", None)]),
+        opset_imports=[helper.make_opsetid("", 23)])
+    assert ls.analyze_onnx(fused).totals.macs == 6_291_456
+
+
+def test_lstm_scales_with_sequence_length():
+    # LSTM hidden 16, input 8, one direction: W [1, 64, 8], R [1, 64, 16]; per step and batch row
+    # 64*8 + 64*16 = 1,536 MACs -> T=10, B=2: 30,720; T=20: 61,440
+    def lstm(t):
+        node = helper.make_node("LSTM", ["x", "w", "r"], ["y", "h", "c"], hidden_size=16)
+        return _model([node], [_f("x", [t, 2, 8])], [_f("y", None)], [_w("w", (1, 64, 8)), _w("r", (1, 64, 16))])
+    a, b = ls.analyze_onnx(lstm(10)).totals.macs, ls.analyze_onnx(lstm(20)).totals.macs
+    assert (a, b) == (30_720, 61_440)
+
+
+def test_symbolic_dims_params_and_liveness():
+    # Gemm on a symbolic batch N: unknown until N is given; the weight is shared by two Gemms
+    # (counted once) and an int64 shape constant is not a parameter
+    nodes = [helper.make_node("Gemm", ["x", "w"], ["h"], transB=1),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Gemm", ["r", "w"], ["y"], transB=1),
+             helper.make_node("Reshape", ["y", "shape"], ["z"])]
+    inits = [_w("w", (16, 16)), numpy_helper.from_array(torch.tensor([-1], dtype=torch.int64).numpy(), "shape")]
+    m = _model(nodes, [_f("x", ["N", 16])], [_f("z", None)], inits)
+    open_rep = ls.analyze_onnx(m)
+    assert not open_rep.totals.complete and "N" in open_rep.graph.symbolic_dims
+    assert any("unknown shape" in u.op for u in open_rep.coverage.uncounted)
+    rep = ls.analyze_onnx(m, input_shapes={"N": 4})
+    assert rep.totals.complete
+    # two Gemms of 4 x 16 x 16 = 1,024 MACs each
+    # the weight is read by two layers (here one per node): shared, counted once
+    assert rep.totals.macs == 2_048 and rep.totals.params == 256 and rep.totals.shared_params == 256
+    assert rep.graph.nodes[0].params == 256 and rep.graph.nodes[2].params == 0
+    # liveness (bytes of [4, 16] float = 256): x live, h made (512), x and h... peak: x + h = 512 at
+    # the first Gemm, h + r = 512, r + y = 512, y + z = 512 (z is a graph output)
+    assert rep.graph.peak_activation_bytes == 512
+    same = ls.analyze_onnx(m, input_shapes={"x": (4, 16)})
+    assert same.totals.macs == 2_048
+    with pytest.raises(ls.InputError, match="neither graph inputs"):
+        ls.analyze_onnx(m, input_shapes={"batch": 4})
+
+
+def test_auto_pad_is_resolved_into_pads():
+    # SAME_UPPER, kernel 3, stride 2 on 7 columns: out = ceil(7/2) = 4, total pad = (4-1)*2 + 3 - 7
+    # = 2 -> 1 before, 1 after
+    node = helper.make_node("Conv", ["x", "w"], ["y"], strides=[2, 2], auto_pad="SAME_UPPER")
+    m = _model([node], [_f("x", [1, 1, 7, 7])], [_f("y", None)], [_w("w", (1, 1, 3, 3))])
+    n = ls.analyze_onnx(m).graph.nodes[0]
+    assert n.attributes["pads"] == [1, 1, 1, 1] and n.outputs[0][1] == (1, 1, 4, 4)
+
+
+def test_unknown_ops_are_uncounted_not_zero():
+    node = helper.make_node("Frobnicate", ["x"], ["y"], domain="com.example")
+    g = helper.make_graph([node], "g", [_f("x", [2, 2])], [_f("y", [2, 2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("com.example", 1)])
+    rep = ls.analyze_onnx(m)
+    assert not rep.totals.complete and rep.coverage.uncounted[0].op == "onnx.com.example.Frobnicate"
+
+
+def test_external_data_outside_the_folder_is_refused(tmp_path):
+    w = _w("w", (4, 4))
+    w.data_location = TensorProto.EXTERNAL
+    entry = w.external_data.add()
+    entry.key, entry.value = "location", "../../etc/passwd"
+    w.ClearField("raw_data")
+    m = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [_f("x", [2, 4])], [_f("y", None)], [w])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    with pytest.raises(ls.InputError, match="outside the model's folder"):
+        ls.analyze_onnx(str(path))
+    with pytest.raises(ls.InputError, match="no ONNX file"):
+        ls.analyze_onnx(str(tmp_path / "missing.onnx"))
+
+
+def test_exported_cnn_matches_the_pytorch_analysis(tmp_path):
+    from layerscope.examples import small_cnn
+    torch.manual_seed(0)
+    m, x = small_cnn().eval(), torch.randn(1, 3, 32, 32)
+    path = tmp_path / "cnn.onnx"
+    torch.onnx.export(m, (x,), dynamo=True).save(str(path))
+    rep, ref = ls.analyze_onnx(str(path)), ls.analyze(m, x)
+    assert rep.totals.macs == ref.totals.macs and rep.totals.complete
+    # the exporter folds each BatchNorm (16 weights + 16 biases) into its conv: 3 * 32 = 96 fewer
+    assert ref.totals.params - rep.totals.params == 96
+    # layers follow the module paths the exporter recorded
+    assert {"stem", "block", "head", "head.2"} <= {r.path for r in rep.layers}
+    assert rep.find("head.2")[0].macs == 160            # Linear(16, 10) on one row
+    assert rep.graph.nodes[0].module == "stem.1"        # the conv, fused with stem.1's BatchNorm
+    assert "BatchNorm2d" in rep.table() and rep.graph.histogram["Conv"] == 3
