@@ -151,3 +151,26 @@ def test_exported_cnn_matches_the_pytorch_analysis(tmp_path):
     assert rep.find("head.2")[0].macs == 160            # Linear(16, 10) on one row
     assert rep.graph.nodes[0].module == "stem.1"        # the conv, fused with stem.1's BatchNorm
     assert "BatchNorm2d" in rep.table() and rep.graph.histogram["Conv"] == 3
+
+
+def test_node_table_sorts_and_totals(tmp_path, capsys):
+    from layerscope.cli import main
+    nodes = [helper.make_node("Gemm", ["x", "w"], ["h"], transB=1), helper.make_node("Relu", ["h"], ["y"])]
+    m = _model(nodes, [_f("x", ["N", 16])], [_f("y", None)], [_w("w", (32, 16))])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    g = ls.analyze_onnx(str(path), {"N": 2}).graph
+    # Gemm reads x 2*16*4 = 128 + w 32*16*4 = 2,048 and writes 2*32*4 = 256; Relu reads and writes 256
+    assert [n.op_type for n in g.nodes] == ["Gemm", "Relu"]
+    assert [(n.costs.bytes_read, n.costs.bytes_written) for n in g.nodes] == [(2176, 256), (256, 256)]
+    text = g.table(sort="write")
+    assert "moved 2.88 KiB" in text and "Peak activations" in text   # 2,176 + 256 + 512 = 2,944 B
+    assert g.to_csv(sort="read", top=1).splitlines()[1].startswith("0,")
+    with pytest.raises(ls.InputError, match="sort must be"):
+        g.table(sort="size")
+    assert main(["onnx", str(path), "--input", "N=2", "--sort", "bytes", "--format", "json"]) == 0
+    import json
+    d = json.loads(capsys.readouterr().out)
+    assert d["graph"]["nodes"][0]["macs"] == 2 * 16 * 32 and d["totals"]["macs"] == 1024
+    assert main(["onnx", str(path), "--input", "N"]) == 1
+    assert "expected NAME=DIMS" in capsys.readouterr().err

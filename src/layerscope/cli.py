@@ -60,6 +60,11 @@ _MEMORY_EXAMPLES = """examples:
   layerscope memory layerscope.examples:small_cnn --infer --batch-size 64"""
 
 
+_ONNX_EXAMPLES = """examples:
+  layerscope onnx model.onnx --input batch=1 --sort bytes --top 20
+  layerscope onnx model.onnx --input input_ids=1,128 --format json -o report.json"""
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="layerscope", description="What is inside a PyTorch model, layer by layer.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -74,6 +79,19 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--backward", action="store_true", help="also run and count a backward pass")
     s.add_argument("--causal", choices=("dense", "unmasked"), default="dense",
                    help="count causal attention densely (default) or only its unmasked part")
+    o = sub.add_parser("onnx", help="an ONNX model: the module tree and the per-node table (shapes, params, "
+                                    "MACs, FLOPs, bytes read/written)",
+                       formatter_class=argparse.RawTextHelpFormatter, epilog=_ONNX_EXAMPLES)
+    o.add_argument("file", help="the .onnx file (external data is never read)")
+    o.add_argument("--input", action="append", metavar="NAME=DIMS",
+                   help="an input's shape (input_ids=1,128) or a symbolic dim's value (batch=8); repeatable")
+    o.add_argument("--sort", choices=("order", "read", "write", "bytes", "macs", "flops", "params"),
+                   default="order", help="order of the node table (default: graph order)")
+    o.add_argument("--top", type=int, help="only the first N rows of the node table")
+    o.add_argument("--depth", type=int, default=3, help="deepest module level shown (default 3)")
+    o.add_argument("--format", choices=("table", "json", "csv"), default="table",
+                   help="table: module tree + node table; json: the whole report with its nodes; csv: nodes")
+    o.add_argument("--output", "-o", help="write to this file instead of standard output")
     m = sub.add_parser("memory", help="memory of a training step or inference: per category, peak, per layer",
                        formatter_class=argparse.RawTextHelpFormatter, epilog=_MEMORY_EXAMPLES)
     _model_args(m)
@@ -283,6 +301,37 @@ def _profile(ns: argparse.Namespace) -> int:
     return _emit(ns, rep)
 
 
+def _onnx(ns: argparse.Namespace) -> int:
+    from .api import analyze_onnx
+    from .errors import InputError
+
+    shapes: dict = {}
+    for item in ns.input or []:
+        name, sep, dims = item.partition("=")
+        try:
+            vals = [int(d) for d in dims.split(",")] if sep else None
+        except ValueError:
+            vals = None
+        if not vals or not name:
+            raise InputError(f"--input {item!r}: expected NAME=DIMS such as x=1,3,224,224 or batch=8")
+        shapes[name] = vals[0] if len(vals) == 1 and not name[:1].isdigit() and _is_symbol(ns.file, name) \
+            else tuple(vals)
+    with _status(f"analysing {ns.file}"):
+        rep = analyze_onnx(ns.file, shapes or None)
+    if ns.format == "json":
+        return _write(ns, rep.to_json())
+    if ns.format == "csv":
+        return _write(ns, rep.graph.to_csv(ns.sort, ns.top))
+    return _write(ns, rep.table(depth=ns.depth) + "\n" + rep.graph.table(ns.sort, ns.top))
+
+
+def _is_symbol(path: str, name: str) -> bool:
+    """Whether --input NAME=N names a symbolic dim rather than a 1-D input."""
+    from .formats.onnx import load_onnx
+    model, _ = load_onnx(path)
+    return name not in {i.name for i in model.graph.input}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
     try:
@@ -294,6 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _split(ns)
         if ns.command == "profile":
             return _profile(ns)
+        if ns.command == "onnx":
+            return _onnx(ns)
     except LayerscopeError as e:
         print(f"layerscope: error: {e}", file=sys.stderr)
         return EXIT_ERROR

@@ -58,6 +58,7 @@ def report_dict(rep: "Report") -> dict[str, Any]:
                           for u in rep.coverage.uncounted],
             "uncalled_modules": list(rep.coverage.uncalled_modules),
         },
+        **({"graph": rep.graph.to_dict()} if getattr(rep, "graph", None) is not None else {}),
     }
 
 
