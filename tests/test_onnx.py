@@ -15,7 +15,8 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 def _model(nodes, inputs, outputs, inits=(), opset=20, value_info=()):
     g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits), value_info=list(value_info))
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    # IR version 10: what onnxruntime 1.2x runs (onnx's newest is ahead of it)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
 
 
 def _f(name, shape):
@@ -174,3 +175,50 @@ def test_node_table_sorts_and_totals(tmp_path, capsys):
     assert d["graph"]["nodes"][0]["macs"] == 2 * 16 * 32 and d["totals"]["macs"] == 1024
     assert main(["onnx", str(path), "--input", "N"]) == 1
     assert "expected NAME=DIMS" in capsys.readouterr().err
+
+
+def _rand(name, shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    return numpy_helper.from_array((torch.rand(shape, generator=g) - 0.5).numpy(), name)
+
+
+def test_tiling_gemm_keeps_macs_and_values():
+    # Gemm x[3, 100] @ W[130, 100]^T + C[130] in blocks of (2, 64, 64): M -> 2+1, K -> 64+36,
+    # N -> 64+64+2: 2 * 2 * 3 = 12 block Gemms, 6 Sums of 2 pieces
+    node = helper.make_node("Gemm", ["x", "w", "c"], ["y"], transB=1, name="fc")
+    m = _model([node], [_f("x", [3, 100])], [_f("y", [3, 130])], [_rand("w", (130, 100), 1), _rand("c", (130,), 2)])
+    res = ls.onnx_tile(m, block=(2, 64, 64), verify=True)
+    assert res.tiled == ["fc"] and res.blocks == 12 and res.skipped == [] and res.checked
+    a, b = ls.analyze_onnx(m), ls.analyze_onnx(res.model)
+    # MACs 3 * 100 * 130 = 39,000 either way; FLOPs 2 * 39,000 + 390 bias adds = 78,390 before;
+    # after, + the Sums: (2 - 1) pieces added per output element = 3 * 130 = 390 -> 78,780
+    assert a.totals.macs == b.totals.macs == 39_000
+    assert (a.totals.flops, b.totals.flops) == (78_390, 78_780)
+    assert b.graph.histogram["Gemm"] == 12 and b.graph.histogram["Sum"] == 6
+    assert res.verified["mse"] < 1e-10 and res.verified["max_abs_error"] < 1e-5
+    # transposed A, alpha and beta: the same values
+    node = helper.make_node("Gemm", ["x", "w", "c"], ["y"], transA=1, alpha=0.5, beta=2.0)
+    m2 = _model([node], [_f("x", [100, 3])], [_f("y", None)], [_rand("w", (100, 130), 3), _rand("c", (130,), 4)])
+    assert ls.onnx_tile(m2, block=(2, 64, 64), verify=True).verified["mse"] < 1e-10
+
+
+def test_tiling_batched_matmul_and_what_it_skips(tmp_path, capsys):
+    from layerscope.cli import main
+    # [2, 5, 70] @ [70, 33] in blocks (4, 64, 16): M 4+1, K 64+6, N 16+16+1 -> 12 blocks;
+    # MACs 2 * 5 * 70 * 33 = 23,100
+    node = helper.make_node("MatMul", ["x", "w"], ["y"])
+    m = _model([node], [_f("x", [2, 5, 70])], [_f("y", [2, 5, 33])], [_rand("w", (70, 33), 5)])
+    res = ls.onnx_tile(m, block=(4, 64, 16), verify=True)
+    assert res.blocks == 12 and res.checked and ls.analyze_onnx(res.model).totals.macs == 23_100
+    assert res.verified["mse"] < 1e-10
+    dyn = _model([node], [_f("x", ["B", 5, 70])], [_f("y", None)], [_rand("w", (70, 33), 5)])
+    skipped = ls.onnx_tile(dyn)
+    assert skipped.tiled == [] and "not static" in skipped.skipped[0][1]
+    assert ls.onnx_tile(dyn, input_shapes={"B": 2}).blocks == 2      # K 64+6, N 33 < 64, M 5 < 64
+    with pytest.raises(ls.InputError, match="block must be"):
+        ls.onnx_tile(m, block=(0, 1, 1))
+    src, out = tmp_path / "m.onnx", tmp_path / "t.onnx"
+    src.write_bytes(m.SerializeToString())
+    assert main(["onnx-tile", str(src), str(out), "--block", "4,64,16", "--verify"]) == 0
+    text = capsys.readouterr().out
+    assert "into 12 blocks" in text and "MSE" in text and out.exists()

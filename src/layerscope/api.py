@@ -94,6 +94,20 @@ def analyze_onnx(model, input_shapes: dict | None = None) -> Report:
     return Report(trace, graph=graph)
 
 
+def onnx_tile(model, block=(64, 64, 64), ops=("Gemm", "MatMul"), nodes=None, input_shapes=None,
+              verify: bool = False):
+    """Rewrite every Gemm/MatMul (or the ``nodes`` named) of an ONNX model into Split + block
+    Gemm/MatMul + Sum + Concat of at most ``block`` = (M, K, N), the bias added once; the result is
+    checked with onnx.checker. Returns a TileResult (``.model``, ``.tiled``, ``.skipped``,
+    ``.blocks``, ``.save(path)``); with ``verify=True`` its ``.verified`` holds onnxruntime's
+    comparison with the original on random inputs (max abs error, MSE)."""
+    from .formats.onnx_rewrite import onnx_tile as tile, verify_tiling
+    res = tile(model, block=block, ops=tuple(ops), nodes=nodes, input_shapes=input_shapes)
+    if verify:
+        res.verified = verify_tiling(model, res, input_shapes=input_shapes)
+    return res
+
+
 @contextlib.contextmanager
 def _gc_paused():
     """Pause the cyclic garbage collector while records are built: its full passes over a large heap

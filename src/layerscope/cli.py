@@ -92,6 +92,16 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--format", choices=("table", "json", "csv"), default="table",
                    help="table: module tree + node table; json: the whole report with its nodes; csv: nodes")
     o.add_argument("--output", "-o", help="write to this file instead of standard output")
+    t = sub.add_parser("onnx-tile", help="rewrite Gemm/MatMul nodes into M x K x N blocks (Split + blocks + "
+                                         "Sum + Concat)", formatter_class=argparse.RawTextHelpFormatter)
+    t.add_argument("file", help="the .onnx file to rewrite")
+    t.add_argument("out", help="where to write the tiled model")
+    t.add_argument("--block", type=_ints, default=(64, 64, 64), metavar="M,K,N", help="block sizes (default 64,64,64)")
+    t.add_argument("--ops", default="Gemm,MatMul", help="node types to tile (default Gemm,MatMul)")
+    t.add_argument("--nodes", help="only these nodes (comma-separated names)")
+    t.add_argument("--input", action="append", metavar="NAME=DIMS", help="as for `layerscope onnx`")
+    t.add_argument("--verify", action="store_true",
+                   help="run both models in onnxruntime on random inputs and report the max abs error and MSE")
     m = sub.add_parser("memory", help="memory of a training step or inference: per category, peak, per layer",
                        formatter_class=argparse.RawTextHelpFormatter, epilog=_MEMORY_EXAMPLES)
     _model_args(m)
@@ -301,8 +311,30 @@ def _profile(ns: argparse.Namespace) -> int:
     return _emit(ns, rep)
 
 
-def _onnx(ns: argparse.Namespace) -> int:
-    from .api import analyze_onnx
+def _onnx_tile(ns: argparse.Namespace) -> int:
+    from .api import onnx_tile
+    from .errors import InputError
+
+    if len(ns.block) != 3:
+        raise InputError(f"--block needs three sizes M,K,N, got {ns.block}")
+    with _status(f"tiling {ns.file}"):
+        res = onnx_tile(ns.file, block=tuple(ns.block), ops=tuple(ns.ops.split(",")),
+                        nodes=ns.nodes.split(",") if ns.nodes else None, input_shapes=_input_shapes(ns),
+                        verify=ns.verify)
+    res.save(ns.out)
+    lines = [f"tiled {len(res.tiled)} node(s) into {res.blocks} blocks of at most "
+             f"{'x'.join(str(b) for b in ns.block)}: {ns.out}"]
+    lines += [f"skipped {name}: {why}" for name, why in res.skipped]
+    if res.verified:
+        v = res.verified
+        lines.append(f"onnxruntime, {v['runs']} random inputs: max abs error {v['max_abs_error']:.3g}, "
+                     f"MSE {v['mse']:.3g}")
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+def _input_shapes(ns: argparse.Namespace) -> dict | None:
+    """--input NAME=DIMS items: an input's shape, or a symbolic dim's value."""
     from .errors import InputError
 
     shapes: dict = {}
@@ -314,10 +346,15 @@ def _onnx(ns: argparse.Namespace) -> int:
             vals = None
         if not vals or not name:
             raise InputError(f"--input {item!r}: expected NAME=DIMS such as x=1,3,224,224 or batch=8")
-        shapes[name] = vals[0] if len(vals) == 1 and not name[:1].isdigit() and _is_symbol(ns.file, name) \
-            else tuple(vals)
+        shapes[name] = vals[0] if len(vals) == 1 and _is_symbol(ns.file, name) else tuple(vals)
+    return shapes or None
+
+
+def _onnx(ns: argparse.Namespace) -> int:
+    from .api import analyze_onnx
+
     with _status(f"analysing {ns.file}"):
-        rep = analyze_onnx(ns.file, shapes or None)
+        rep = analyze_onnx(ns.file, _input_shapes(ns))
     if ns.format == "json":
         return _write(ns, rep.to_json())
     if ns.format == "csv":
@@ -345,6 +382,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _profile(ns)
         if ns.command == "onnx":
             return _onnx(ns)
+        if ns.command == "onnx-tile":
+            return _onnx_tile(ns)
     except LayerscopeError as e:
         print(f"layerscope: error: {e}", file=sys.stderr)
         return EXIT_ERROR
