@@ -187,7 +187,9 @@ def test_tiling_gemm_keeps_macs_and_values():
     # N -> 64+64+2: 2 * 2 * 3 = 12 block Gemms, 6 Sums of 2 pieces
     node = helper.make_node("Gemm", ["x", "w", "c"], ["y"], transB=1, name="fc")
     m = _model([node], [_f("x", [3, 100])], [_f("y", [3, 130])], [_rand("w", (130, 100), 1), _rand("c", (130,), 2)])
+    before = m.SerializeToString()
     res = ls.onnx_tile(m, block=(2, 64, 64), verify=True)
+    assert m.SerializeToString() == before                # the caller's model is not touched
     assert res.tiled == ["fc"] and res.blocks == 12 and res.skipped == [] and res.checked
     a, b = ls.analyze_onnx(m), ls.analyze_onnx(res.model)
     # MACs 3 * 100 * 130 = 39,000 either way; FLOPs 2 * 39,000 + 390 bias adds = 78,390 before;
