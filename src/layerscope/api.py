@@ -94,6 +94,24 @@ def analyze_onnx(model, input_shapes: dict | None = None) -> Report:
     return Report(trace, graph=graph)
 
 
+def analyze_torchscript(model, *example_inputs: Any, input_size=None, dtypes=None) -> Report:
+    """Analyse a TorchScript module (a path loaded with ``torch.jit.load``, never pickle, or a
+    ScriptModule) on example inputs (or ``input_size``): its inlined forward graph runs node by node
+    under the same op recorder as ``analyze()``, so layers, parameters, shapes and costs come out
+    the same. The module is run as it is (its train/eval flags), on CPU, without gradients."""
+    from .capture.inputs import make_inputs
+    from .formats.torchscript import load_torchscript, torchscript_trace
+    module = load_torchscript(model)
+    if input_size is not None:
+        if example_inputs:
+            raise InputError("give example inputs or input_size, not both")
+        example_inputs = tuple(make_inputs(input_size, dtypes, None, torch.device("cpu")))
+    if not example_inputs:
+        raise InputError("a TorchScript model needs example inputs (or input_size) to analyse")
+    with _gc_paused():
+        return Report(torchscript_trace(module, tuple(example_inputs)), module)
+
+
 def onnx_tile(model, block=(64, 64, 64), ops=("Gemm", "MatMul"), nodes=None, input_shapes=None,
               verify: bool = False):
     """Rewrite every Gemm/MatMul (or the ``nodes`` named) of an ONNX model into Split + block

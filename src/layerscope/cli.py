@@ -20,7 +20,9 @@ _SPEC_HELP = """model spec, one of:
   hf:ConfigClass[:Model]    a transformers config with defaults (built on meta unless --device),
                             e.g. hf:GPT2Config, hf:BertConfig:BertForMaskedLM
   torchvision:name          e.g. torchvision:resnet50 (needs torchvision)
-  timm:name                 e.g. timm:vit_base_patch16_224 (needs timm)"""
+  timm:name                 e.g. timm:vit_base_patch16_224 (needs timm)
+  model.pt                  a TorchScript archive (torch.jit.load, never pickle; summary only;
+                            give --input-size)"""
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -258,6 +260,15 @@ def _summary(ns: argparse.Namespace) -> int:
     from .api import analyze
 
     model, args, kwargs = _build(ns, ns.device)
+    if isinstance(model, torch.jit.ScriptModule):
+        from .api import analyze_torchscript
+        from .errors import InputError
+        if kwargs or ns.backward or ns.device not in (None, "cpu"):
+            raise InputError("a TorchScript file is analysed on CPU, forward only, with positional inputs "
+                             "(--input-size)")
+        with _status("analysing"):
+            rep = analyze_torchscript(model, *args)
+        return _emit(ns, rep)
     with _status("analysing"):
         rep = analyze(model, *args, device=ns.device, mode=ns.mode, backward=ns.backward,
                       causal=ns.causal, **kwargs)

@@ -206,9 +206,17 @@ def _from_zoo(spec: str, kind: str, name: str, device, overrides) -> BuiltModel:
     return BuiltModel(model, _sized_inputs((1, 3, 224, 224), torch.float32))
 
 
+_TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".torchscript")
+
+
 def build_model(spec: str, device: str | None = None, overrides: dict | None = None,
                 head: str | None = None) -> BuiltModel:
     overrides = overrides or {}
+    if spec.endswith(_TORCHSCRIPT_SUFFIXES) and ":" not in os.path.basename(spec):
+        from .formats.torchscript import load_torchscript
+        if overrides or head:
+            raise SpecError("--set and --head do not apply to a TorchScript file")
+        return BuiltModel(load_torchscript(spec))
     if spec.startswith("hf:"):
         return _from_hf(spec, spec[3:], device, overrides, head)
     if head:

@@ -86,7 +86,7 @@ class StateGuard:
             p.grad = grad
         with torch.no_grad():
             for m, name, b, saved in self.buffers:
-                if m._buffers.get(name) is not b:
+                if (m._buffers[name] if name in m._buffers else None) is not b:   # script modules too
                     m._buffers[name] = b
                 if b.device.type != "meta":
                     b.copy_(saved)
@@ -492,8 +492,7 @@ def build_trace(cap: _Capture, model: nn.Module, named: list[tuple[str, nn.Modul
     if not layers:
         raise InputError("the model's forward never ran as a module call; nothing to analyse")
     # containers without a forward of their own (ModuleList, ModuleDict) are never called by design
-    uncalled = tuple(p or "(root)" for p, m in named
-                     if cap.ncalls.get(id(m), 0) == 0 and type(m).forward is not nn.Module.forward)
+    uncalled = tuple(p or "(root)" for p, m in named if cap.ncalls.get(id(m), 0) == 0 and _own_forward(m))
     in_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors(inputs)))
     out_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors(output)))
     return Trace(
@@ -510,6 +509,13 @@ def build_trace(cap: _Capture, model: nn.Module, named: list[tuple[str, nn.Modul
         input_bytes=in_bytes, output_bytes=out_bytes, uncalled_modules=uncalled, backward=backward,
         options=options,
     )
+
+
+def _own_forward(m: nn.Module) -> bool:
+    """Whether the module defines a forward (a ModuleList does not); script modules say so in C++."""
+    if isinstance(m, torch.jit.ScriptModule):
+        return m._c._has_method("forward")
+    return type(m).forward is not nn.Module.forward
 
 
 def _held(modules: list[nn.Module], slot: str) -> list[torch.Tensor]:

@@ -1,0 +1,281 @@
+"""TorchScript models as a Trace: the same records as the PyTorch path, from the same capture.
+
+A scripted or traced module's forward graph is inlined (every method and function call spliced in;
+each node keeps the module hierarchy it came from) and run node by node by a small interpreter on
+the example inputs, under layerscope's op recorder. Aten nodes dispatch to the real operators, so
+every cost comes from the same formulas as an nn.Module's; the interpreter enters and leaves module
+calls as the nodes' hierarchy changes, so layers, parameters (read from the script module's own
+submodules) and shapes come out as ``analyze()`` gives them. ``prim::If`` runs the branch its
+condition picks; ``prim::Loop`` runs its body as many times as it says.
+
+Files load with ``torch.jit.load`` (TorchScript's own format, never pickle).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any
+
+import torch
+
+from ..errors import ForwardError, InputError
+
+__all__ = ["load_torchscript", "torchscript_trace"]
+
+_FRAME = re.compile(r"([^.()]+)\(([^()]*)\)")
+
+
+def load_torchscript(src) -> torch.jit.ScriptModule:
+    if isinstance(src, torch.jit.ScriptModule):
+        return src
+    path = os.fspath(src)
+    if not os.path.isfile(path):
+        raise InputError(f"no TorchScript file at {path!r}")
+    try:
+        return torch.jit.load(path, map_location="cpu")
+    except Exception as e:   # a zip that is not TorchScript, a truncated file, ...
+        raise InputError(f"{path!r} is not a TorchScript archive torch.jit.load can read: "
+                         f"{str(e).splitlines()[0][:200]}") from None
+
+
+def _module_path(hierarchy: str, children: dict[str, list[tuple[str, str, str]]]) -> list[str]:
+    """'transformer(GPT2Model).0(GPT2Block).SELF(GPT2Block)' -> ['transformer', 'transformer.h.0']:
+    the chain of submodule paths. A frame names an attribute of the module before it, or of a
+    container in it that is never called (GPT-2's ModuleList ``h``); its type settles which. A
+    function frame (UNKNOWN_INSTANCE) ends the chain; SELF is the module itself."""
+    chain, path = [], ""
+    for name, typ in _FRAME.findall(hierarchy or ""):
+        if name == "SELF":
+            continue
+        if name == "UNKNOWN_INSTANCE":
+            break
+        found = [p for n, t, p in children.get(path, ()) if n == name]
+        if len(found) > 1:
+            found = [p for n, t, p in children.get(path, ()) if n == name and t == typ] or found
+        if not found:
+            break
+        path = found[0]
+        chain.append(path)
+    return chain
+
+
+def _children(named: list[tuple[str, Any]]) -> dict[str, list[tuple[str, str, str]]]:
+    """Per module path: (attribute name, type, path) of the modules a hierarchy frame can name next:
+    its children, and the children of its children that are containers without a forward."""
+    from ..capture.session import _own_forward
+    kids: dict[str, list[tuple[str, str, str]]] = {}
+    types = {p: getattr(m, "original_name", type(m).__name__) for p, m in named}
+    calls = {p: _own_forward(m) for p, m in named}
+    for p, _ in named:
+        if not p:
+            continue
+        parent, _, name = p.rpartition(".")
+        kids.setdefault(parent, []).append((name, types[p], p))
+    out: dict[str, list[tuple[str, str, str]]] = {}
+    for p, _ in named:
+        stack = list(kids.get(p, ()))
+        while stack:
+            name, typ, q = stack.pop(0)
+            out.setdefault(p, []).append((name, typ, q))
+            if not calls[q]:
+                stack.extend(kids.get(q, ()))
+    return out
+
+
+_SCALAR_OPS = {
+    "aten::len": len, "aten::__getitem__": lambda x, i: x[i], "aten::__not__": lambda a: not a,
+    "aten::__is__": lambda a, b: a is b, "aten::__isnot__": lambda a, b: a is not b,
+    "aten::__contains__": lambda a, b: b in a, "aten::eq": lambda a, b: a == b, "aten::ne": lambda a, b: a != b,
+    "aten::lt": lambda a, b: a < b, "aten::le": lambda a, b: a <= b, "aten::gt": lambda a, b: a > b,
+    "aten::ge": lambda a, b: a >= b, "aten::add": lambda a, b: a + b, "aten::sub": lambda a, b: a - b,
+    "aten::mul": lambda a, b: a * b, "aten::div": lambda a, b: a / b, "aten::floordiv": lambda a, b: a // b,
+    "aten::remainder": lambda a, b: a % b, "aten::neg": lambda a: -a, "aten::Int": int, "aten::Float": float,
+    "aten::Bool": bool, "aten::list": list, "aten::str": str, "aten::format": lambda f, *a: f.format(*a),
+    "aten::warn": lambda *a: None, "aten::append": lambda lst, x: lst.append(x) or lst,
+    "aten::dim": lambda t: t.dim(), "aten::size": lambda t, d=None: list(t.size()) if d is None else t.size(d),
+    "aten::numel": lambda t: t.numel(), "aten::__and__": lambda a, b: a and b, "aten::__or__": lambda a, b: a or b,
+    "aten::min": lambda *a: min(*a), "aten::max": lambda *a: max(*a), "aten::sqrt": lambda a: a ** 0.5,
+    "prim::min": lambda *a: min(*a), "prim::max": lambda *a: max(*a), "aten::item": lambda t: t.item(),
+    "aten::is_floating_point": lambda t: t.is_floating_point(), "aten::manual_seed": lambda *a: None,
+}
+
+
+def _op_for(node) -> Any:
+    """The OpOverload a node's schema names."""
+    schema = torch._C.parse_schema(node.schema())
+    ns, name = schema.name.split("::")
+    packet = getattr(getattr(torch.ops, ns), name)
+    return getattr(packet, schema.overload_name or "default"), schema
+
+
+class _Interpreter:
+    def __init__(self, root, named: list[tuple[str, Any]], enter, leave) -> None:
+        self.root, self.modules = root, dict(named)
+        self.children = _children(named)
+        self.chains: dict[str, list[str]] = {}
+        self.enter, self.leave = enter, leave      # module call tracking (the capture's pre/post hooks)
+        self.open: list[str] = []                  # module paths entered, outermost first
+        self.ran: list[set] = []                   # per open call: the nodes that ran in it
+        self.alive: dict[int, Any] = {}           # node wrappers kept alive, so their ids stay theirs
+        self.last_out: Any = None
+        self.ops_cache: dict[str, Any] = {}
+
+    def _move_to(self, chain: list[str], inputs, node=None) -> None:
+        """Leave the open calls the node is not in and enter those it is in. A node that already ran
+        in an open call (a loop calling the same module again) ends that call and begins another."""
+        k = 0
+        while k < len(self.open) and k < len(chain) and self.open[k] == chain[k]:
+            if node is not None and node in self.ran[k]:
+                break
+            k += 1
+        while len(self.open) > k:
+            self.leave(self.modules[self.open.pop()], self.last_out)
+            self.ran.pop()
+        for path in chain[k:]:
+            if path not in self.modules:
+                break
+            self.enter(self.modules[path], inputs)
+            self.open.append(path)
+            self.ran.append(set())
+        if node is not None:
+            for seen in self.ran:
+                seen.add(node)
+
+    def close(self, output) -> None:
+        self.last_out = output
+        self._move_to([], ())
+
+    def run(self, block, env: dict) -> list:
+        for node in block.nodes():
+            outs = self.node(node, env)
+            for v, o in zip(node.outputs(), outs):
+                env[v.unique()] = o
+        return [env[v.unique()] for v in block.outputs()]
+
+    def node(self, node, env: dict) -> list:
+        kind = node.kind()
+        ins = [env[v.unique()] for v in node.inputs()]
+        if kind == "prim::Constant":
+            return [node.output().toIValue()]
+        if kind == "prim::GetAttr":
+            return [getattr(ins[0], node.s("name"))]
+        if kind in ("prim::ListConstruct",):
+            return [list(ins)]
+        if kind == "prim::TupleConstruct":
+            return [tuple(ins)]
+        if kind == "prim::DictConstruct":
+            return [dict(zip(ins[::2], ins[1::2]))]
+        if kind in ("prim::ListUnpack", "prim::TupleUnpack"):
+            return list(ins[0])
+        if kind == "prim::TupleIndex":
+            return [ins[0][ins[1]]]
+        if kind in ("prim::unchecked_cast", "prim::Uninitialized", "aten::detach_", "prim::profile"):
+            return [ins[0] if ins else None]
+        if kind == "prim::dtype":
+            return [ins[0].dtype]
+        if kind == "prim::device":
+            return [ins[0].device]
+        if kind == "prim::NumToTensor":
+            return [torch.scalar_tensor(ins[0])]
+        if kind == "prim::RaiseException":
+            raise InputError(f"the TorchScript model raised: {ins[0] if ins else ''}")
+        if kind == "prim::If":
+            return self.run(list(node.blocks())[0 if ins[0] else 1], env)
+        if kind == "prim::Loop":
+            body = list(node.blocks())[0]
+            trips, cond, carried = ins[0], ins[1], list(ins[2:])
+            params = list(body.inputs())
+            i = 0
+            while cond and i < trips:
+                env[params[0].unique()] = i
+                for p, v in zip(params[1:], carried):
+                    env[p.unique()] = v
+                res = self.run(body, env)
+                cond, carried = res[0], list(res[1:])
+                i += 1
+            return carried
+        if kind.startswith("prim::") and kind not in _SCALAR_OPS or kind in ("prim::CallMethod", "prim::CallFunction"):
+            raise InputError(f"TorchScript node {kind} is not supported by the analysis")
+        if not any(isinstance(a, torch.Tensor) or (isinstance(a, (list, tuple)) and
+                                                   any(isinstance(x, torch.Tensor) for x in a)) for a in ins):
+            fn = _SCALAR_OPS.get(kind)
+            if fn is not None:
+                return [fn(*ins)]
+        if kind in ("aten::size", "aten::dim", "aten::numel", "aten::item", "aten::len", "aten::__getitem__",
+                    "aten::append", "aten::is_floating_point", "aten::warn", "aten::__is__", "aten::__isnot__",
+                    "aten::format", "aten::list"):
+            return [_SCALAR_OPS[kind](*ins)]
+        # a tensor op: dispatch to the operator the node's schema names
+        h = node.getModuleHierarchy()
+        chain = self.chains.get(h)
+        if chain is None:
+            chain = self.chains[h] = _module_path(h, self.children)
+        self.alive[id(node)] = node
+        self._move_to(chain, [a for a in ins if isinstance(a, torch.Tensor)], id(node))
+        op, schema = self.ops_cache.get(node.schema()) or self.ops_cache.setdefault(node.schema(), _op_for(node))
+        args, kwargs = [], {}
+        for a, v in zip(schema.arguments, ins):
+            if a.kwarg_only:
+                kwargs[a.name] = v
+            else:
+                args.append(v)
+        out = op(*args, **kwargs)
+        self.last_out = out
+        n = node.outputsSize()
+        return list(out) if n > 1 else [out]
+
+
+def torchscript_trace(src, example_inputs: tuple, options=None):
+    """Run a TorchScript module on ``example_inputs`` under the capture; returns the Trace."""
+    from ..capture.session import (_Capture, _held, _Recorder, build_trace, StateGuard)
+    from ..costs import CostOptions
+
+    module = load_torchscript(src)
+    if not isinstance(example_inputs, tuple):
+        example_inputs = (example_inputs,)
+    graph = module.forward.graph.copy()
+    torch._C._jit_pass_inline(graph)
+    named = list(module.named_modules())
+    mods = [m for _, m in named]
+    cap = _Capture(module, options or CostOptions(), track_seq=False)
+    for path, m in named:
+        cap.paths[id(m)] = path
+    cap.seed_producers(example_inputs, _held(mods, "_parameters") + _held(mods, "_buffers"))
+    guard = StateGuard(module, mods, example_inputs)
+    interp = _Interpreter(module, named, lambda m, ins: cap._pre(m, tuple(ins), {}),
+                          lambda m, out: cap._post(m, (), {}, out))
+    inputs = list(graph.inputs())
+    if len(inputs) - 1 != len(example_inputs):
+        raise InputError(f"the TorchScript forward takes {len(inputs) - 1} inputs "
+                         f"({', '.join(v.debugName() for v in inputs[1:])}); {len(example_inputs)} were given")
+    env = {inputs[0].unique(): module}
+    for v, x in zip(inputs[1:], example_inputs):
+        env[v.unique()] = x
+    try:
+        with torch.no_grad(), _Recorder(cap):
+            cap._pre(module, example_inputs, {})
+            try:
+                out = interp.run(graph, env)
+            except InputError:
+                raise
+            except Exception as e:
+                where = interp.open[-1] if interp.open else "(root)"
+                raise ForwardError(f"the TorchScript forward failed in {where}: {type(e).__name__}: "
+                                   f"{str(e).splitlines()[0][:300]}") from e
+            output = out[0] if len(out) == 1 else tuple(out)
+            interp.close(output)
+            cap._post(module, example_inputs, {}, output)
+    finally:
+        guard.restore()
+    for c in cap.calls:                   # script modules keep their Python class name aside
+        c.type = getattr(c.module, "original_name", c.type)
+    trace = build_trace(cap, module, named, example_inputs, output, backward=False,
+                        options={"mode": "same", "format": "torchscript", "device": "cpu"})
+    # a module that computes nothing (nn.Identity) leaves no node in the graph: only a module with
+    # parameters of its own and no node is reported as never called
+    held = {p for p, m in named if any(True for _ in m.parameters(recurse=False))}
+    uncalled = tuple(p for p in trace.uncalled_modules if p in held)
+    return dataclasses.replace(trace, model_name=getattr(module, "original_name", trace.model_name),
+                               uncalled_modules=uncalled)
