@@ -224,3 +224,58 @@ def test_tiling_batched_matmul_and_what_it_skips(tmp_path, capsys):
     assert main(["onnx-tile", str(src), str(out), "--block", "4,64,16", "--verify"]) == 0
     text = capsys.readouterr().out
     assert "into 12 blocks" in text and "MSE" in text and out.exists()
+
+
+def test_if_loop_and_scan_subgraphs():
+    from onnx import numpy_helper as nh
+    w = _rand("w", (8, 8), 7)
+    # Loop: 5 trips of x @ w with x [2, 8]: 2 * 8 * 8 = 128 MACs per iteration -> 640
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("MatMul", ["x_in", "w"], ["x_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []), _f("x_in", [2, 8])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), _f("x_out", [2, 8])])
+    trips = nh.from_array(torch.tensor(5, dtype=torch.int64).numpy(), "trips")
+    cond = nh.from_array(torch.tensor(True).numpy(), "cond")
+    loop = helper.make_node("Loop", ["trips", "cond", "x"], ["y"], body=body)
+    rep = ls.analyze_onnx(_model([loop], [_f("x", [2, 8])], [_f("y", [2, 8])], [w, trips, cond]))
+    n = rep.graph.nodes[0]
+    assert rep.totals.macs == 640 and n.attributes["trip_count"] == 5 and n.attributes["iteration_macs"] == 128
+    # a trip count that is an input: per-iteration cost shown, the node uncounted (never a zero)
+    loop2 = helper.make_node("Loop", ["m", "cond", "x"], ["y"], body=body)
+    m2 = _model([loop2], [_f("x", [2, 8]), helper.make_tensor_value_info("m", TensorProto.INT64, [])],
+                [_f("y", [2, 8])], [w, cond])
+    rep2 = ls.analyze_onnx(m2)
+    assert not rep2.totals.complete and rep2.graph.nodes[0].attributes["iteration_macs"] == 128
+    # If: then = MatMul (128 MACs), else = Add (16 FLOPs): the costlier branch counts, both shown
+    then = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["t"])], "then", [], [_f("t", [2, 8])])
+    other = helper.make_graph([helper.make_node("Add", ["x", "x"], ["e"])], "else", [], [_f("e", [2, 8])])
+    iff = helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)
+    rep3 = ls.analyze_onnx(_model([iff], [_f("x", [2, 8]), helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                                  [_f("y", [2, 8])], [w]))
+    a = rep3.graph.nodes[0].attributes
+    assert rep3.totals.macs == 128 and (a["then_macs"], a["else_flops"], a["counted_branch"]) == (128, 16, "then")
+    # Scan over axis 0 of a [4, 2, 8] sequence: 4 iterations of [2, 8] @ [8, 8] -> 512 MACs
+    sbody = helper.make_graph([helper.make_node("MatMul", ["s_in", "w"], ["s_out"])], "sbody",
+                              [_f("s_in", [2, 8])], [_f("s_out", [2, 8])])
+    scan = helper.make_node("Scan", ["seq"], ["out"], body=sbody, num_scan_inputs=1)
+    rep4 = ls.analyze_onnx(_model([scan], [_f("seq", [4, 2, 8])], [_f("out", [4, 2, 8])], [w]))
+    assert rep4.totals.macs == 512 and rep4.graph.nodes[0].attributes["trip_count"] == 4
+
+
+def test_a_model_over_2gb_with_external_data_is_analysed_without_reading_it(tmp_path):
+    # a 65,536 x 65,536 float weight is 16 GiB: kept in an external file that does not even exist;
+    # the analysis needs its dims only
+    w = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[65_536, 65_536])
+    w.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", "weights.bin"), ("offset", "0"), ("length", str(65_536 ** 2 * 4))):
+        e = w.external_data.add()
+        e.key, e.value = k, v
+    m = _model([helper.make_node("Gemm", ["x", "w"], ["y"])], [_f("x", [1, 65_536])], [_f("y", None)], [w])
+    path = tmp_path / "big.onnx"
+    path.write_bytes(m.SerializeToString())
+    rep = ls.analyze_onnx(str(path))
+    # 1 x 65,536 x 65,536 = 4,294,967,296 MACs; the weight: 4,294,967,296 params, 16 GiB
+    assert rep.totals.macs == 65_536 ** 2 and rep.totals.params == 65_536 ** 2
+    assert rep.totals.param_bytes == 16 * 2 ** 30

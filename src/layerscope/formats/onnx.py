@@ -6,7 +6,7 @@ not all known is listed in coverage rather than counted as zero. Per node: op ty
 module path the exporter recorded (metadata ``pkg.torch.onnx.name_scopes``), input and output
 shapes and dtypes, attributes with the schema's defaults filled in (a conv's kernel from its weight,
 ``auto_pad`` resolved into pads), parameters (floating-point initializers, each once however many
-nodes read it; integer initializers are shape constants, not parameters), MACs and FLOPs under the
+nodes read it; integer and 0-d initializers are constants, not parameters), MACs and FLOPs under the
 conventions of ``layerscope.costs`` and bytes read and written.
 
 The layer tree follows the module paths when the exporter recorded them (a node belongs to its
@@ -463,30 +463,18 @@ def onnx_trace(src, input_shapes: dict | None = None) -> tuple[Trace, OnnxGraph]
     g = inferred.graph
     shapes: dict[str, tuple | None] = {}
     dtypes: dict[str, tuple[str, int]] = {}
-    for vi in list(g.input) + list(g.value_info) + list(g.output):
-        s, et = _type_shape(vi.type)
-        if s is not None or vi.name not in shapes:
-            shapes[vi.name] = s
-        if et:
-            dtypes[vi.name] = _dtype(et)
+    consts: dict[str, Any] = {}                          # small integer constants' values (trip counts)
+    _collect_shapes(g, shapes, dtypes, consts)
     inits = {t.name: t for t in g.initializer}
-    for t in g.initializer:
-        shapes[t.name] = tuple(t.dims)
-        dtypes[t.name] = _dtype(t.data_type)
-    for node in g.node:                                  # Constant nodes' values
-        if node.op_type == "Constant":
-            for a in node.attribute:
-                if a.name == "value" and node.output:
-                    shapes[node.output[0]] = tuple(a.t.dims)
-                    dtypes[node.output[0]] = _dtype(a.t.data_type)
 
     def nbytes(name: str) -> int | None:
         n = _numel(shapes.get(name))
         return None if n is None else n * dtypes.get(name, ("", 0))[1]
 
     def is_param(name: str) -> bool:
+        # floating-point initializers with at least one dim; 0-d ones are the exporter's scalar constants
         t = inits.get(name)
-        return t is not None and dtypes[name][0].startswith(("float", "bfloat", "complex"))
+        return t is not None and len(t.dims) > 0 and dtypes[name][0].startswith(("float", "bfloat", "complex"))
 
     graph_inputs = [i.name for i in g.input if i.name not in inits]
     # ---- layers: module scopes, or one per node
@@ -533,7 +521,8 @@ def onnx_trace(src, input_shapes: dict | None = None) -> tuple[Trace, OnnxGraph]
         outs = [shapes.get(n) for n in node.output]
         op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
         if node.op_type in ("If", "Loop", "Scan"):
-            status, macs, flops = "uncounted", 0, 0
+            status, macs, flops, extra = _control_flow(node, attrs, shapes, consts, opset)
+            attrs = {k: v for k, v in attrs.items() if not hasattr(v, "node")} | extra
         elif node.domain not in ("", "ai.onnx"):
             status, macs, flops = "uncounted", 0, 0
         else:
@@ -679,6 +668,82 @@ def onnx_trace(src, input_shapes: dict | None = None) -> tuple[Trace, OnnxGraph]
                      peak_activation_bytes=_peak(g, graph_inputs, inits, nbytes, consumers, graph_outputs),
                      unknown_shapes=tuple(unknown), symbolic_dims=tuple(symbolic))
     return trace, info
+
+
+def _collect_shapes(g, shapes: dict, dtypes: dict, consts: dict) -> None:
+    """Shapes and dtypes of every value of a graph and, recursively, of its subgraphs (If branches,
+    Loop and Scan bodies); the values of small integer initializers and Constants."""
+    import onnx
+    from onnx import numpy_helper
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        s, et = _type_shape(vi.type)
+        if s is not None or vi.name not in shapes:
+            shapes[vi.name] = s
+        if et:
+            dtypes[vi.name] = _dtype(et)
+    tensors = [(t.name, t) for t in g.initializer]
+    tensors += [(n.output[0], a.t) for n in g.node if n.op_type == "Constant" and n.output
+                for a in n.attribute if a.name == "value"]
+    for name, t in tensors:
+        shapes[name] = tuple(t.dims)
+        dtypes[name] = _dtype(t.data_type)
+        if t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL) and \
+                math.prod(t.dims) <= 16 and t.data_location != onnx.TensorProto.EXTERNAL:
+            consts[name] = numpy_helper.to_array(t)
+    for n in g.node:
+        for a in n.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                _collect_shapes(sub, shapes, dtypes, consts)
+
+
+def _graph_costs(g, shapes: dict, consts: dict, opset: int) -> tuple[Costs, int]:
+    """Costs of every node of a (sub)graph, and how many nodes could not be counted."""
+    total, missed = Costs(), 0
+    for node in g.node:
+        attrs = _attributes(node, opset, shapes)
+        if node.op_type in ("If", "Loop", "Scan"):
+            status, macs, flops, _ = _control_flow(node, attrs, shapes, consts, opset)
+        elif node.domain not in ("", "ai.onnx"):
+            status, macs, flops = "uncounted", 0, 0
+        else:
+            status, macs, flops = node_costs(node.op_type, [shapes.get(n) if n else None for n in node.input],
+                                             [shapes.get(n) for n in node.output], attrs)
+        if status not in ("counted", "free"):
+            missed += 1
+            continue
+        if status == "counted":
+            total = total + Costs(macs, flops)
+    return total, missed
+
+
+def _control_flow(node, attrs: dict, shapes: dict, consts: dict, opset: int):
+    """(status, MACs, FLOPs, attributes to show) of If, Loop and Scan from their subgraphs. If: the
+    costlier branch (an upper bound; both are shown). Loop: the body times the trip count when the
+    count is a constant (else uncounted, with the per-iteration cost shown). Scan: the body times
+    the scanned axis's length."""
+    graphs = {a.name: a.g for a in node.attribute if a.HasField("g")}
+    if node.op_type == "If":
+        then, t_miss = _graph_costs(graphs["then_branch"], shapes, consts, opset)
+        other, e_miss = _graph_costs(graphs["else_branch"], shapes, consts, opset)
+        big = max(then, other, key=lambda c: (c.flops, c.macs))
+        extra = {"then_macs": then.macs, "then_flops": then.flops, "else_macs": other.macs,
+                 "else_flops": other.flops, "counted_branch": "then" if big is then else "else"}
+        return ("counted" if not (t_miss or e_miss) else "uncounted"), big.macs, big.flops, extra
+    body, miss = _graph_costs(graphs["body"], shapes, consts, opset)
+    trips = None
+    if node.op_type == "Loop":
+        m = consts.get(node.input[0]) if node.input and node.input[0] else None
+        trips = int(m.reshape(-1)[0]) if m is not None and m.size == 1 else None
+    else:                                                  # Scan: the first scan input's axis
+        n_scan = len(node.input) - int(attrs.get("num_scan_inputs", 0))
+        first = node.input[n_scan] if n_scan < len(node.input) else None
+        shape = shapes.get(first) if first else None
+        axes = attrs.get("scan_input_axes") or [0]
+        trips = shape[axes[0]] if shape is not None and isinstance(shape[axes[0]], int) else None
+    extra = {"iteration_macs": body.macs, "iteration_flops": body.flops, "trip_count": trips}
+    if trips is None or miss:
+        return "uncounted", 0, 0, extra
+    return "counted", body.macs * trips, body.flops * trips, extra
 
 
 def _renumber(r: LayerRecord, remap: dict[int, int]) -> LayerRecord:
