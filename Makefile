@@ -29,6 +29,7 @@ bench: $(VENV)/.test
 	$(PY) bench/bench_analyze.py
 	$(PY) bench/bench_memory.py
 	$(PY) bench/bench_latency.py
+	$(PY) bench/bench_exported.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
