@@ -21,8 +21,8 @@ _SPEC_HELP = """model spec, one of:
                             e.g. hf:GPT2Config, hf:BertConfig:BertForMaskedLM
   torchvision:name          e.g. torchvision:resnet50 (needs torchvision)
   timm:name                 e.g. timm:vit_base_patch16_224 (needs timm)
-  model.pt                  a TorchScript archive (torch.jit.load, never pickle; summary only;
-                            give --input-size)"""
+  model.pt                  a TorchScript archive (torch.jit.load; summary only; give --input-size);
+                            a pickled nn.Module only with --allow-pickle (that runs code from the file)"""
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -51,6 +51,9 @@ def _model_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--dtype", type=_dtype, action="append", help="dtype per --input-size (default float32)")
     s.add_argument("--set", action="append", metavar="KEY=VALUE", help="config/factory override (repeatable)")
     s.add_argument("--head", help="hf: model head: causal-lm, masked-lm, seq2seq-lm, seq-cls, token-cls, image-cls")
+    s.add_argument("--allow-pickle", action="store_true",
+                   help="load a .pt/.pth that is a pickled nn.Module (unpickling RUNS code from the file:\n"
+                        "only for files you trust); without it only TorchScript and weights_only loads")
     s.add_argument("--depth", type=int, default=3, help="deepest layer level shown (default 3)")
     s.add_argument("--format", choices=("table", "json", "csv"), default="table")
     s.add_argument("--output", "-o", help="write to this file instead of standard output")
@@ -213,7 +216,8 @@ def _build(ns: argparse.Namespace, device: str | None):
     from .specs import build_model, parse_overrides, token_ids
 
     with _status(f"building {ns.spec}"):
-        built = build_model(ns.spec, device, parse_overrides(ns.set), ns.head)
+        built = build_model(ns.spec, device, parse_overrides(ns.set), ns.head,
+                            allow_pickle=getattr(ns, "allow_pickle", False))
     model = built.model
     dev = torch.device(device) if device else model_device(model)
     args: tuple = ()

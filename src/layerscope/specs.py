@@ -209,14 +209,54 @@ def _from_zoo(spec: str, kind: str, name: str, device, overrides) -> BuiltModel:
 _TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".torchscript")
 
 
+def _from_saved(path: str, allow_pickle: bool) -> BuiltModel:
+    """A saved model file: a TorchScript archive (torch.jit.load), else a pickled nn.Module only
+    with ``allow_pickle`` (unpickling runs code from the file). Without it the file is read with
+    ``torch.load(weights_only=True)``, which executes nothing: a state dict is then refused with what
+    to do instead."""
+    import zipfile
+
+    import torch
+
+    from .errors import InputError
+    from .formats.torchscript import load_torchscript
+    if not os.path.isfile(path):
+        raise SpecError(f"no model file at {path!r}")
+    is_zip = zipfile.is_zipfile(path)
+    if is_zip:
+        with zipfile.ZipFile(path) as z:
+            if any(n.endswith("/constants.pkl") or n.endswith("/code/__torch__.py") or "/code/" in n
+                   for n in z.namelist()):
+                return BuiltModel(load_torchscript(path))
+    if allow_pickle:
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:
+            raise SpecError(f"{path!r} could not be loaded: {type(e).__name__}: {str(e).splitlines()[0][:200]}") \
+                from None
+        if isinstance(obj, torch.nn.Module):
+            return BuiltModel(obj)
+        raise SpecError(f"{path!r} holds a {type(obj).__name__}, not a model")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        if "weights_only" in str(e) or "Unpickl" in type(e).__name__ or "GLOBAL" in str(e):
+            raise SpecError(f"{path!r} is a pickled model: loading it runs code from the file. If you "
+                            "trust it, pass --allow-pickle (allow_pickle=True)") from None
+        raise InputError(f"{path!r} is not a model file torch can read: {str(e).splitlines()[0][:200]}") \
+            from None
+    raise SpecError(f"{path!r} holds {'a state dict' if isinstance(obj, dict) else type(obj).__name__} "
+                    "(weights only, no architecture): build the model with path/to/file.py:factory or "
+                    "hf:Config and load the weights there")
+
+
 def build_model(spec: str, device: str | None = None, overrides: dict | None = None,
-                head: str | None = None) -> BuiltModel:
+                head: str | None = None, allow_pickle: bool = False) -> BuiltModel:
     overrides = overrides or {}
     if spec.endswith(_TORCHSCRIPT_SUFFIXES) and ":" not in os.path.basename(spec):
-        from .formats.torchscript import load_torchscript
         if overrides or head:
-            raise SpecError("--set and --head do not apply to a TorchScript file")
-        return BuiltModel(load_torchscript(spec))
+            raise SpecError("--set and --head do not apply to a saved model file")
+        return _from_saved(spec, allow_pickle)
     if spec.startswith("hf:"):
         return _from_hf(spec, spec[3:], device, overrides, head)
     if head:

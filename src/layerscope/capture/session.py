@@ -125,10 +125,15 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         cap = self.cap
         seq = _get_seq() if cap.track_seq and cap.phase is FORWARD else 0
-        if func is _LOCAL_SCALAR and cap.simulated and _unknown_value(args[0]):
-            # A simulation has no values: a value read back from a fake tensor (.item(), bool(t))
-            # reads as 1, so data-dependent branches take their "nonzero" side.
+        if func is _LOCAL_SCALAR and (cap.simulated and _unknown_value(args[0]) or args[0].is_meta):
+            # A simulation or a meta run has no values: a value read back (.item(), bool(t)) reads
+            # as 1, so data-dependent branches take their "nonzero" side.
             out = _one_of(args[0].dtype)
+        elif func is _GROUPED_MM and (args[0].is_meta or cap.simulated) and _grouped_mm_shape(args):
+            # the meta kernel of _grouped_mm insists on bf16 and 16-byte strides (the CUDA kernel's
+            # rules) though CPU runs float32 at any size: the output, by the op's shape rule
+            out = torch.empty(_grouped_mm_shape(args), dtype=kwargs.get("out_dtype") or args[0].dtype,
+                              device=args[0].device)
         else:
             out = func(*args, **kwargs)
         # prim.device / prim.layout are metadata queries that only tensor subclasses (fake tensors)
@@ -139,6 +144,21 @@ class _Recorder(TorchDispatchMode):
 
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
+_GROUPED_MM = torch.ops.aten._grouped_mm.default
+
+
+def _grouped_mm_shape(args) -> tuple[int, ...] | None:
+    """_grouped_mm's output shape: a[M,K] @ b[G,K,N] -> [M,N]; a[G,M,K] @ b[G,K,N] -> [G,M,N];
+    a[M,K] @ b[K,N] grouped over K by offs[G] -> [G,M,N]; None for another layout."""
+    a, b = args[0], args[1]
+    offs = args[2] if len(args) > 2 else None
+    if a.dim() == 2 and b.dim() == 3:
+        return (a.shape[0], b.shape[2])
+    if a.dim() == 3 and b.dim() == 3:
+        return (a.shape[0], a.shape[1], b.shape[2])
+    if a.dim() == 2 and b.dim() == 2 and isinstance(offs, torch.Tensor):
+        return (offs.shape[0], a.shape[0], b.shape[1])
+    return None
 
 
 def _layer_norm_stats(args, outs):

@@ -94,6 +94,7 @@ def softmax_backward(c: OpCall) -> OpCost:
 # Reductions: one FLOP per input element read.
 @register("sum", "nansum", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "any", "all",
           "cumsum", "cumsum_", "cumprod", "cumprod_", "cummax", "cummin", "count_nonzero", "aminmax",
+          "histc", "bincount",
           "logcumsumexp")
 def reduce_one(c: OpCall) -> OpCost:
     return OpCost(0, numel(c.args[0]), window=_global_window(c))

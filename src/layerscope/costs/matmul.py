@@ -9,6 +9,8 @@ addmv   bias + mv                    MACs m*k             FLOPs 2*MACs + m
 dot     [k].[k]                      MACs k               FLOPs 2*MACs
 addbmm  bias + sum_b bmm             MACs b*m*k*n         FLOPs 2*MACs + m*n
 linear  x[..., k] W[n, k] (+bias)    MACs rows*k*n        FLOPs 2*MACs (+ rows*n)
+_grouped_mm (mixture-of-experts)     a[M,k] @ b[G,k,n] (each row meets one group): M*k*n;
+        a[G,m,k] @ b[G,k,n]: G*m*k*n; a[m,K] @ b[K,n] with groups over K: m*K*n   FLOPs 2*MACs (+ bias)
 alpha/beta scaling is not counted. matmul/einsum/linear decompose into these before dispatch.
 """
 
@@ -72,6 +74,18 @@ def addmv(c: OpCall) -> OpCost:
 def dot(c: OpCall) -> OpCost:
     k = numel(c.args[0])
     return OpCost(k, 2 * k)
+
+
+@register("_grouped_mm")
+def grouped_mm(c: OpCall) -> OpCost:
+    a, b = c.args[0], c.args[1]
+    out = c.outs[0]
+    if a.dim() == 2 and b.dim() == 2:       # the groups split the contraction: each k once
+        macs = shape(a)[0] * shape(a)[1] * shape(b)[1]
+    else:                                   # every output element is one dot product of length k
+        macs = numel(out) * shape(a)[-1]
+    bias = c.arg("bias")
+    return OpCost(macs, 2 * macs + (numel(out) if bias is not None else 0))
 
 
 @register("linear")

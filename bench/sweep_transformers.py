@@ -1,0 +1,195 @@
+"""Every model class transformers can build from a config, shrunk, through analyze() on CPU and on
+meta and a backward on CPU. Prints a table of architecture -> pass / fail / skip with reasons and
+the pass rate; asserts nothing.
+
+  python bench/sweep_transformers.py [--mapping base|all] [--only TYPE,...] [--limit N]
+                                      [--csv out.csv] [--seconds 60]
+
+A class is *skipped* when transformers cannot build it from its default config shrunk to tiny sizes,
+or when its own forward fails on the example inputs made for it (token ids, pixel values, audio
+features, decoder inputs): then there is nothing for layerscope to analyse. It *passes* when
+analyze() on CPU, analyze(device="meta") and analyze(backward=True) all return a report (complete,
+or with its uncounted ops listed). It *fails* otherwise; a failure that is a LayerscopeError naming
+the layer is told apart from an internal crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import signal
+import sys
+import time
+import traceback
+import warnings
+
+import torch
+
+import layerscope as ls
+
+SMALL = {
+    # widths
+    "hidden_size": 32, "d_model": 32, "n_embd": 32, "embed_dim": 32, "dim": 32, "hidden_dim": 64,
+    "intermediate_size": 64, "ffn_dim": 64, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "d_ff": 64,
+    "n_inner": 64, "d_kv": 16, "head_dim": 16, "projection_dim": 32, "text_embed_dim": 32,
+    "vision_embed_dim": 32,
+    # depth
+    "num_hidden_layers": 2, "n_layer": 2, "n_layers": 2, "num_layers": 2, "encoder_layers": 1,
+    "decoder_layers": 1, "num_decoder_layers": 1, "num_encoder_layers": 1,
+    # heads
+    "num_attention_heads": 2, "n_head": 2, "n_heads": 2, "num_heads": 2, "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2, "num_key_value_heads": 2,
+    # experts
+    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
+    # sizes of inputs
+    "image_size": 32, "patch_size": 8, "max_position_embeddings": 128, "num_mel_bins": 16,
+}
+
+
+def shrink(config) -> None:
+    """Set the small sizes on every attribute the config has, in it and in its sub-configs."""
+    for sub_name in ("text_config", "vision_config", "audio_config", "encoder", "decoder"):
+        sub = getattr(config, sub_name, None)
+        if sub is not None and hasattr(sub, "to_dict"):
+            shrink(sub)
+    for k, v in SMALL.items():
+        cur = getattr(config, k, None)
+        if isinstance(cur, int) and not isinstance(cur, bool) and cur > v:
+            try:
+                setattr(config, k, v)
+            except Exception:
+                pass
+    if hasattr(config, "vocab_size") and isinstance(config.vocab_size, int) and config.vocab_size > 512:
+        ids = [getattr(config, n, None) for n in ("pad_token_id", "bos_token_id", "eos_token_id",
+                                                   "decoder_start_token_id")]
+        need = max([i for i in ids if isinstance(i, int)] + [0]) + 1
+        if need <= 512:
+            config.vocab_size = 512
+
+
+def inputs_for(model, config) -> dict:
+    name = getattr(model, "main_input_name", "input_ids")
+    vocab = getattr(config, "vocab_size", None) or 128
+    out: dict = {}
+    if name == "input_ids":
+        out["input_ids"] = torch.randint(0, min(vocab, 512), (1, 8))
+    elif name == "pixel_values":
+        size = getattr(config, "image_size", 32)
+        size = size[0] if isinstance(size, (list, tuple)) else size
+        out["pixel_values"] = torch.randn(1, getattr(config, "num_channels", 3), size, size)
+    elif name == "input_features":
+        out["input_features"] = torch.randn(1, getattr(config, "num_mel_bins", 16), 64)
+    elif name == "input_values":
+        out["input_values"] = torch.randn(1, 1600)
+    else:
+        raise RuntimeError(f"main input {name!r}")
+    if getattr(config, "is_encoder_decoder", False):
+        out["decoder_input_ids"] = torch.randint(0, min(vocab, 512), (1, 4))
+    return out
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Timeout()
+
+
+def one(model_type: str, cls_name: str, seconds: int) -> tuple[str, str]:
+    import transformers as T
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(seconds)
+    try:
+        try:
+            cls = getattr(T, cls_name)
+            config = T.AutoConfig.for_model(model_type)
+            shrink(config)
+            torch.manual_seed(0)
+            model = cls(config).eval()
+            kwargs = inputs_for(model, config)
+            with torch.no_grad():
+                model(**kwargs)
+        except _Timeout:
+            return "skip", "timeout building or running its own forward"
+        except Exception as e:
+            return "skip", f"own: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+        steps = [("cpu", {}), ("meta", {"device": "meta"})]
+        if any(p.requires_grad for p in model.parameters()):
+            steps.append(("backward", {"backward": True, "mode": "train"}))
+        notes = []
+        for label, kw in steps:
+            try:
+                rep = ls.analyze(model, **kw, **kwargs)
+            except ls.LayerscopeError as e:
+                return "fail", f"{label}: LayerscopeError: {str(e).splitlines()[0][:160]}"
+            except _Timeout:
+                return "fail", f"{label}: timeout"
+            except Exception as e:
+                tb = traceback.extract_tb(e.__traceback__)[-1]
+                return "fail", (f"{label}: CRASH {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+                                f" at {tb.filename.rsplit('/', 1)[-1]}:{tb.lineno}")
+            if not rep.coverage.complete and label == "cpu":
+                notes.append("uncounted: " + ", ".join(f"{u.op} x{u.count}" for u in rep.coverage.uncounted[:4]))
+        return "pass", "; ".join(notes)
+    finally:
+        signal.alarm(0)
+
+
+def classes(mapping: str) -> list[tuple[str, str]]:
+    import transformers.models.auto.modeling_auto as ma
+    tables = ["MODEL_MAPPING_NAMES"] if mapping == "base" else \
+        [n for n in dir(ma) if n.startswith("MODEL") and n.endswith("_MAPPING_NAMES")]
+    pairs: dict[tuple[str, str], None] = {}
+    for n in tables:
+        for k, v in getattr(ma, n).items():
+            for c in (v if isinstance(v, (list, tuple)) else [v]):
+                pairs[(k, c)] = None
+    return sorted(pairs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mapping", choices=("base", "all"), default="base",
+                    help="base: one class per architecture (MODEL_MAPPING); all: every head too")
+    ap.add_argument("--only", help="comma-separated model types")
+    ap.add_argument("--limit", type=int)
+    ap.add_argument("--csv")
+    ap.add_argument("--seconds", type=int, default=60, help="per class")
+    ns = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    import transformers
+    transformers.logging.set_verbosity_error()
+    todo = classes(ns.mapping)
+    if ns.only:
+        keep = set(ns.only.split(","))
+        todo = [p for p in todo if p[0] in keep]
+    if ns.limit:
+        todo = todo[:ns.limit]
+    rows = []
+    t0 = time.time()
+    for i, (mt, cls) in enumerate(todo):
+        status, why = one(mt, cls, ns.seconds)
+        rows.append((mt, cls, status, why))
+        print(f"[{i + 1}/{len(todo)}] {status:<4} {mt:<28} {cls:<44} {why}", flush=True)
+        gc.collect()
+    passed = sum(r[2] == "pass" for r in rows)
+    failed = [r for r in rows if r[2] == "fail"]
+    crashes = [r for r in failed if "CRASH" in r[3]]
+    runnable = passed + len(failed)
+    print(f"\n{len(rows)} classes in {time.time() - t0:.0f} s: {passed} pass, {len(failed)} fail "
+          f"({len(crashes)} internal crashes), {len(rows) - runnable} skip (their own forward does not run "
+          f"on tiny inputs); pass rate of runnable {100 * passed / max(runnable, 1):.1f}%")
+    for r in failed:
+        print(f"  FAIL {r[0]} {r[1]}: {r[3]}")
+    if ns.csv:
+        with open(ns.csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["model_type", "class", "status", "reason"])
+            w.writerows(rows)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
