@@ -215,3 +215,12 @@ def test_grouped_mm_is_counted_on_cpu_and_meta():
     for kw in ({}, {"device": "meta"}):
         rep = ls.analyze(m, x, **kw)
         assert rep.totals.complete and (rep.totals.macs, rep.totals.flops) == (192, 384)
+
+
+def test_weight_norm_counted():
+    # weight_norm over Linear(4, 3): v [3, 4] -> the norm (2 per element) and the scale (1) on its
+    # 12 elements = 36 FLOPs, plus the Linear: 2 rows * 4 * 3 = 24 MACs -> 48 FLOPs + 6 bias adds
+    with pytest.warns(FutureWarning):          # the old API, still what audio models use
+        m = torch.nn.utils.weight_norm(nn.Linear(4, 3))
+    rep = ls.analyze(m, torch.randn(2, 4))
+    assert rep.totals.complete and rep.totals.flops == 36 + 48 + 6

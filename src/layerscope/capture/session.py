@@ -129,6 +129,9 @@ class _Recorder(TorchDispatchMode):
             # A simulation or a meta run has no values: a value read back (.item(), bool(t)) reads
             # as 1, so data-dependent branches take their "nonzero" side.
             out = _one_of(args[0].dtype)
+        elif func is _REPEAT_INTERLEAVE and args[0].is_meta and kwargs.get("output_size") is None:
+            # values read as 1 on meta: every repeat count is 1, so the output has one per count
+            out = func(*args, **{**kwargs, "output_size": args[0].numel()})
         elif func is _GROUPED_MM and (args[0].is_meta or cap.simulated) and _grouped_mm_shape(args):
             # the meta kernel of _grouped_mm insists on bf16 and 16-byte strides (the CUDA kernel's
             # rules) though CPU runs float32 at any size: the output, by the op's shape rule
@@ -145,6 +148,19 @@ class _Recorder(TorchDispatchMode):
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _GROUPED_MM = torch.ops.aten._grouped_mm.default
+_REPEAT_INTERLEAVE = torch.ops.aten.repeat_interleave.Tensor
+
+
+@contextlib.contextmanager
+def _meta_values(on_meta: bool):
+    """On meta, data-dependent sizes follow the rule that values read as 1: ``nonzero`` finds every
+    element nonzero (torch's own switch for its meta kernel, restored afterwards)."""
+    if not on_meta:
+        yield
+        return
+    import torch.fx.experimental._config as fx_config
+    with fx_config.patch(meta_nonzero_assume_all_nonzero=True):
+        yield
 
 
 def _grouped_mm_shape(args) -> tuple[int, ...] | None:
@@ -488,7 +504,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
         if on_meta:
             meta_params, meta_buffers = empty_state(model, "meta")
             swap = {**meta_params, **meta_buffers}
-        with torch.set_grad_enabled(backward), _Recorder(cap), swapped_state(model, swap):
+        with torch.set_grad_enabled(backward), _Recorder(cap), swapped_state(model, swap), _meta_values(on_meta):
             output = run_forward(cap, lambda: model(*args, **kwargs))
             if backward:
                 _run_backward(cap, modules, guard, output)

@@ -115,6 +115,19 @@ def norm(c: OpCall) -> OpCost:
     return OpCost(0, 2 * numel(c.args[0]))
 
 
+@register("_weight_norm_interface")
+def weight_norm(c: OpCall) -> OpCost:
+    """w = g * v / ||v|| (per output row): the norm 2 per element of v, the scale 1 per element."""
+    return OpCost(0, 3 * numel(c.args[0]))
+
+
+@register("_weight_norm_interface_backward")
+def weight_norm_backward(c: OpCall) -> OpCost:
+    """grad_v = g/||v|| * (grad_w - w_hat * sum(grad_w * w_hat)), grad_g = sum(grad_w * w_hat): 5 per
+    element of v."""
+    return OpCost(0, 5 * numel(c.args[0]))
+
+
 @register("logsumexp")
 def logsumexp(c: OpCall) -> OpCost:
     return OpCost(0, 4 * numel(c.args[0]))
