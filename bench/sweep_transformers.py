@@ -45,6 +45,7 @@ SMALL = {
     "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
     # sizes of inputs
     "image_size": 32, "patch_size": 8, "max_position_embeddings": 128, "num_mel_bins": 16,
+    "max_source_positions": 32,
 }
 
 
@@ -80,7 +81,8 @@ def inputs_for(model, config) -> dict:
         size = size[0] if isinstance(size, (list, tuple)) else size
         out["pixel_values"] = torch.randn(1, getattr(config, "num_channels", 3), size, size)
     elif name == "input_features":
-        out["input_features"] = torch.randn(1, getattr(config, "num_mel_bins", 16), 64)
+        frames = 2 * getattr(config, "max_source_positions", 32)      # Whisper's conv stem halves it
+        out["input_features"] = torch.randn(1, getattr(config, "num_mel_bins", 16), frames)
     elif name == "input_values":
         out["input_values"] = torch.randn(1, 1600)
     else:
