@@ -178,6 +178,15 @@ def test_two_threads_agree_with_one_at_a_time():
         t.join()
     assert not errors
     assert all(t == alone[0] for t in out["a"]) and all(t == alone[1] for t in out["b"])
+    # the same model from two threads: they take turns (an analysis sets the model's flags while it
+    # runs), so each gets what it gets alone; small_cnn is built in train mode, analysed in eval
+    out.clear()
+    threads = [threading.Thread(target=run, args=(k, a, xa)) for k in ("a1", "a2")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and all(t == alone[0] for k in ("a1", "a2") for t in out[k])
 
 
 def test_saved_files_load_safely(tmp_path):

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import gc
+import threading
+import weakref
 from typing import Any, Iterable
 
 import torch
@@ -57,6 +60,28 @@ def _example_inputs(args: tuple, kwargs: dict, input_size, dtypes, batch_dim, de
     return tuple(args)
 
 
+
+# One lock per model object: an analysis sets a model's flags (eval/train) and swaps its tensors
+# while it runs, so two threads analysing the same model take turns; different models run at once.
+_MODEL_LOCKS: "weakref.WeakKeyDictionary[nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def _exclusive(fn):
+    @functools.wraps(fn)
+    def wrapper(model, *args, **kwargs):
+        if not isinstance(model, nn.Module):
+            return fn(model, *args, **kwargs)
+        with _LOCKS_GUARD:
+            lock = _MODEL_LOCKS.get(model)
+            if lock is None:
+                lock = _MODEL_LOCKS[model] = threading.RLock()
+        with lock:
+            return fn(model, *args, **kwargs)
+    return wrapper
+
+
+@_exclusive
 def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, batch_dim: int | None = None,
             device=None, mode: str = "eval", backward: bool = False, causal: str = "dense",
             **kwargs: Any) -> Report:
@@ -173,6 +198,7 @@ def _selector(select) -> Any:
     return lambda path, m: (types and isinstance(m, types)) or any(fnmatch.fnmatchcase(path, p) for p in patterns)
 
 
+@_exclusive
 def activations(model: nn.Module, *args: Any, select=None, mode: str = "eval", **kwargs: Any) -> dict[str, Any]:
     """Detached outputs of the selected layers for one no-grad forward.
 
@@ -274,6 +300,7 @@ def _rebatch(args: tuple, kwargs: dict, batch_dim: int, size: int):
     return map_tensors(tuple(args), fix), map_tensors(dict(kwargs), fix)
 
 
+@_exclusive
 def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, autocast_dtype=None,
            device=None, batch_dim: int | None = None, input_size=None, dtypes=None,
            batch_size: int | None = None, loss_fn=None, steps: int = 2, accumulation: int = 1,
@@ -413,6 +440,7 @@ class BatchFit:
                 f"simulations={len(self.samples)}>")
 
 
+@_exclusive
 def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_batch: int = 1 << 20,
                    **kwargs: Any) -> BatchFit:
     """The largest batch size whose predicted peak (``memory(...)`` with the same arguments) fits
@@ -473,6 +501,7 @@ def micro_batch(args: tuple, kwargs: dict, microbatches: int, batch_dim: int = 0
     return _rebatch(args, kwargs, batch_dim, batch // microbatches) + (batch // microbatches,)
 
 
+@_exclusive
 def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit=None,
               schedule: str = "1f1b", microbatches: int = 1, optimizer=None, stages_per_rank: int = 2,
               batch_dim: int = 0, input_size=None, dtypes=None, autocast_dtype=None, device=None,
@@ -571,6 +600,7 @@ def _with_latencies(units, latencies: dict):
                                                   for u in units.units))
 
 
+@_exclusive
 def profile(model: nn.Module, *args: Any, warmup: int = 3, repeats: int = 20, backward: bool = False,
             device=None, input_size=None, dtypes=None, loss_fn=None, roofline=None, progress: bool = False,
             **kwargs: Any):
