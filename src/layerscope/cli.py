@@ -353,6 +353,7 @@ def _input_shapes(ns: argparse.Namespace) -> dict | None:
     from .errors import InputError
 
     shapes: dict = {}
+    inputs: set[str] | None = None       # the graph's input names, read once when a single value needs them
     for item in ns.input or []:
         name, sep, dims = item.partition("=")
         try:
@@ -361,7 +362,11 @@ def _input_shapes(ns: argparse.Namespace) -> dict | None:
             vals = None
         if not vals or not name:
             raise InputError(f"--input {item!r}: expected NAME=DIMS such as x=1,3,224,224 or batch=8")
-        shapes[name] = vals[0] if len(vals) == 1 and _is_symbol(ns.file, name) else tuple(vals)
+        if len(vals) == 1 and inputs is None:
+            from .formats.onnx import load_onnx
+            inputs = {i.name for i in load_onnx(ns.file).graph.input}
+        # one value for a name that is not a graph input: a symbolic dim's value
+        shapes[name] = vals[0] if len(vals) == 1 and name not in inputs else tuple(vals)
     return shapes or None
 
 
@@ -377,28 +382,13 @@ def _onnx(ns: argparse.Namespace) -> int:
     return _write(ns, rep.table(depth=ns.depth) + "\n" + rep.graph.table(ns.sort, ns.top))
 
 
-def _is_symbol(path: str, name: str) -> bool:
-    """Whether --input NAME=N names a symbolic dim rather than a 1-D input."""
-    from .formats.onnx import load_onnx
-    model, _ = load_onnx(path)
-    return name not in {i.name for i in model.graph.input}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
+    commands = {"summary": _summary, "memory": _memory, "split": _split, "profile": _profile, "onnx": _onnx,
+                "onnx-tile": _onnx_tile}
     try:
-        if ns.command == "summary":
-            return _summary(ns)
-        if ns.command == "memory":
-            return _memory(ns)
-        if ns.command == "split":
-            return _split(ns)
-        if ns.command == "profile":
-            return _profile(ns)
-        if ns.command == "onnx":
-            return _onnx(ns)
-        if ns.command == "onnx-tile":
-            return _onnx_tile(ns)
+        if ns.command in commands:
+            return commands[ns.command](ns)
     except LayerscopeError as e:
         print(f"layerscope: error: {e}", file=sys.stderr)
         return EXIT_ERROR

@@ -133,20 +133,19 @@ class LatencyReport:
                 f"{self.device})>")
 
 
-def _per_run(calls: list[CallTimes], phase: str) -> tuple[list[list[float]], list[list[float]]]:
-    """Inclusive and self seconds per call and run (self: inclusive minus the direct children's)."""
+def _self_times(calls: list[CallTimes], phase: str) -> list[list[float]]:
+    """Self seconds per call and run: inclusive minus the direct children's."""
     incl = [getattr(c, phase) for c in calls]
-    selfs = [[t - sum(incl[k][r] for k in c.children) for r, t in enumerate(incl[i])]
-             for i, c in enumerate(calls)]
-    return incl, selfs
+    return [[t - sum(incl[k][r] for k in c.children) for r, t in enumerate(incl[i])]
+            for i, c in enumerate(calls)]
 
 
 def latency_layers(calls: list[CallTimes], costs, backward: bool) -> list[LatencyLayer]:
     """Report rows from timed calls and (optionally) an analysis Report of the same model whose
     records give each call's parameters, shapes and costs."""
     by_call = {(r.path, r.call_index): r for r in costs.layers} if costs is not None else {}
-    _, f_self = _per_run(calls, "forward")
-    _, b_self = _per_run(calls, "backward")
+    f_self = _self_times(calls, "forward")
+    b_self = _self_times(calls, "backward")
     roots = [i for i, c in enumerate(calls) if c.parent is None]
     runs = len(calls[0].forward) if calls else 0
     per_run = sorted(range(runs), key=lambda r: sum(calls[i].forward[r] for i in roots))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import ast
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputError
@@ -67,7 +67,6 @@ class OnnxGraph:
     peak_activation_bytes: int | None      # liveness over the node order; None when a size is unknown
     unknown_shapes: tuple[str, ...]        # values whose shape could not be inferred
     symbolic_dims: tuple[str, ...] = ()
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
     def table(self, sort: str = "order", top: int | None = None) -> str:
         """The per-node table (bytes read, written and moved, MACs, FLOPs, params) with the model
@@ -88,12 +87,12 @@ class OnnxGraph:
 
 # ---- loading -----------------------------------------------------------------------------------
 
-def load_onnx(src) -> tuple[Any, str | None]:
-    """(ModelProto, its folder) from a path or a ModelProto. External data is not loaded, and a
+def load_onnx(src):
+    """The ModelProto of a path, or the ModelProto given. External data is not loaded, and a
     location outside the model's folder is refused."""
     import onnx
     if isinstance(src, onnx.ModelProto):
-        return src, None
+        return src
     path = os.fspath(src)
     if not os.path.isfile(path):
         raise InputError(f"no ONNX file at {path!r}")
@@ -109,7 +108,7 @@ def load_onnx(src) -> tuple[Any, str | None]:
             if os.path.isabs(loc) or os.path.commonpath([folder, full]) != folder:
                 raise InputError(f"initializer {t.name!r} keeps its data at {loc!r}, outside the model's "
                                  f"folder {folder!r}: refused")
-    return model, folder
+    return model
 
 
 def _all_initializers(graph):
@@ -457,7 +456,7 @@ def _scopes(node) -> tuple[list[str], list[str]] | None:
 
 def onnx_trace(src, input_shapes: dict | None = None) -> tuple[Trace, OnnxGraph]:
     """The Trace of an ONNX model (path or ModelProto) and its node-level view."""
-    model, _ = load_onnx(src)
+    model = load_onnx(src)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     inferred = _infer(_with_inputs(model, input_shapes))
     g = inferred.graph

@@ -89,7 +89,7 @@ def onnx_tile(model, block: tuple[int, int, int] = (64, 64, 64), ops=("Gemm", "M
     if len(block) != 3 or any(int(b) < 1 for b in block):
         raise InputError(f"block must be three positive sizes (M, K, N), got {block!r}")
     bm, bk, bn = (int(b) for b in block)
-    src, _ = load_onnx(model)
+    src = load_onnx(model)
     opset = next((o.version for o in src.opset_import if o.domain in ("", "ai.onnx")), 0)
     inferred = _infer(_with_inputs(src, input_shapes))
     shapes: dict[str, Any] = {}
@@ -202,8 +202,8 @@ def verify_tiling(original, tiled, input_shapes: dict | None = None, runs: int =
     "runs"} over every output of every run."""
     import onnxruntime as ort
     from .onnx import load_onnx
-    a, _ = load_onnx(original)
-    b, _ = load_onnx(tiled.model if isinstance(tiled, TileResult) else tiled)
+    a = load_onnx(original)
+    b = load_onnx(tiled.model if isinstance(tiled, TileResult) else tiled)
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL   # compare as written
     try:

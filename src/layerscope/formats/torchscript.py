@@ -111,8 +111,8 @@ def _op_for(node) -> Any:
 
 
 class _Interpreter:
-    def __init__(self, root, named: list[tuple[str, Any]], enter, leave) -> None:
-        self.root, self.modules = root, dict(named)
+    def __init__(self, named: list[tuple[str, Any]], enter, leave) -> None:
+        self.modules = dict(named)
         self.children = _children(named)
         self.chains: dict[str, list[str]] = {}
         self.enter, self.leave = enter, leave      # module call tracking (the capture's pre/post hooks)
@@ -244,7 +244,7 @@ def torchscript_trace(src, example_inputs: tuple, options=None):
         cap.paths[id(m)] = path
     cap.seed_producers(example_inputs, _held(mods, "_parameters") + _held(mods, "_buffers"))
     guard = StateGuard(module, mods, example_inputs)
-    interp = _Interpreter(module, named, lambda m, ins: cap._pre(m, tuple(ins), {}),
+    interp = _Interpreter(named, lambda m, ins: cap._pre(m, tuple(ins), {}),
                           lambda m, out: cap._post(m, (), {}, out))
     inputs = list(graph.inputs())
     if len(inputs) - 1 != len(example_inputs):
