@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
+import inspect
 import signal
 import sys
 import time
@@ -28,6 +29,7 @@ import warnings
 import torch
 
 import layerscope as ls
+from layerscope.capture.inputs import iter_tensors
 
 SMALL = {
     # widths
@@ -46,16 +48,30 @@ SMALL = {
     # sizes of inputs
     "image_size": 32, "patch_size": 8, "max_position_embeddings": 128, "num_mel_bins": 16,
     "max_source_positions": 32,
+    # what a part sees of another part's width (a Q-Former reading the vision tower)
+    "encoder_hidden_size": 32,
 }
 
 
-def shrink(config) -> None:
+class _Timeout(BaseException):
+    """A BaseException, like KeyboardInterrupt, so that no `except Exception` on the way swallows it."""
+
+
+DEPTH_ONLY = {k: v for k, v in SMALL.items()
+              if k.startswith(("num_hidden_layers", "n_layer", "num_layers", "encoder_layers", "decoder_layers",
+                               "num_decoder_layers", "num_encoder_layers", "num_experts", "num_local_experts",
+                               "n_routed_experts"))}
+SUB_CONFIGS = ("text_config", "vision_config", "audio_config", "encoder", "decoder", "qformer_config",
+               "speech_config", "backbone_config")
+
+
+def shrink(config, sizes: dict = SMALL) -> None:
     """Set the small sizes on every attribute the config has, in it and in its sub-configs."""
-    for sub_name in ("text_config", "vision_config", "audio_config", "encoder", "decoder"):
+    for sub_name in SUB_CONFIGS:
         sub = getattr(config, sub_name, None)
         if sub is not None and hasattr(sub, "to_dict"):
-            shrink(sub)
-    for k, v in SMALL.items():
+            shrink(sub, sizes)
+    for k, v in sizes.items():
         cur = getattr(config, k, None)
         if isinstance(cur, int) and not isinstance(cur, bool) and cur > v:
             try:
@@ -70,30 +86,107 @@ def shrink(config) -> None:
             config.vocab_size = 512
 
 
-def inputs_for(model, config) -> dict:
-    name = getattr(model, "main_input_name", "input_ids")
-    vocab = getattr(config, "vocab_size", None) or 128
-    out: dict = {}
-    if name == "input_ids":
-        out["input_ids"] = torch.randint(0, min(vocab, 512), (1, 8))
-    elif name == "pixel_values":
-        size = getattr(config, "image_size", 32)
-        size = size[0] if isinstance(size, (list, tuple)) else size
-        out["pixel_values"] = torch.randn(1, getattr(config, "num_channels", 3), size, size)
-    elif name == "input_features":
-        frames = 2 * getattr(config, "max_source_positions", 32)      # Whisper's conv stem halves it
-        out["input_features"] = torch.randn(1, getattr(config, "num_mel_bins", 16), frames)
-    elif name == "input_values":
-        out["input_values"] = torch.randn(1, 1600)
-    else:
-        raise RuntimeError(f"main input {name!r}")
+def _sub(config, name: str):
+    sub = getattr(config, name, None)
+    return sub if sub is not None and hasattr(sub, "to_dict") else config
+
+
+def _vocab(config) -> int:
+    for c in (config, _sub(config, "text_config"), _sub(config, "decoder")):
+        v = getattr(c, "vocab_size", None)
+        if isinstance(v, int) and v > 0:
+            return min(v, 512)
+    return 128
+
+
+def _pixels(config) -> torch.Tensor:
+    vc = _sub(config, "vision_config")
+    size = getattr(vc, "image_size", None) or getattr(config, "image_size", None) or 32
+    if isinstance(size, dict):
+        size = [size.get("height", 32), size.get("width", 32)]
+    h, w = (size[0], size[-1]) if isinstance(size, (list, tuple)) else (size, size)
+    channels = getattr(vc, "num_channels", None) or 3
+    frames = getattr(vc, "num_frames", None)
+    shape = (1, frames, channels, h, w) if isinstance(frames, int) and frames > 0 else (1, channels, h, w)
+    return torch.randn(*shape)
+
+
+def _features(config) -> torch.Tensor:
+    ac = _sub(config, "audio_config")
+    frames = 2 * (getattr(ac, "max_source_positions", None) or 32)    # Whisper's conv stem halves it
+    return torch.randn(1, getattr(ac, "num_mel_bins", None) or 16, frames)
+
+
+def _boxes(config) -> torch.Tensor:
+    return torch.tensor([[0, 0, 1, 1]] * 8).unsqueeze(0)              # LayoutLM: x0 <= x1, y0 <= y1
+
+
+MAKERS = {
+    "input_ids": lambda c: torch.randint(0, _vocab(c), (1, 8)),
+    "decoder_input_ids": lambda c: torch.randint(0, _vocab(c), (1, 4)),
+    "pixel_values": _pixels,
+    "input_features": _features,
+    "input_values": lambda c: torch.randn(1, 1600),
+    "bbox": _boxes,
+}
+
+
+def input_candidates(model, config) -> list[dict]:
+    """Example inputs to try, in order: the main input alone (plus decoder ids for an encoder-decoder),
+    then every input of forward() we know how to make that is required or that a multimodal model
+    needs (token ids with pixel values, boxes for layout models)."""
+    main = getattr(model, "main_input_name", "input_ids")
+    if main not in MAKERS:
+        raise RuntimeError(f"main input {main!r}")
+    first = {main: MAKERS[main](config)}
     if getattr(config, "is_encoder_decoder", False):
-        out["decoder_input_ids"] = torch.randint(0, min(vocab, 512), (1, 4))
+        first["decoder_input_ids"] = MAKERS["decoder_input_ids"](config)
+    out = [first]
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return out
+    wide = dict(first)
+    for name, p in params.items():
+        required = p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        wanted = required or name in ("input_ids", "pixel_values", "bbox", "decoder_input_ids")
+        if name in MAKERS and name not in wide and wanted:
+            wide[name] = MAKERS[name](config)
+    if wide.keys() != first.keys():
+        out.append(wide)
     return out
 
 
-class _Timeout(Exception):
-    pass
+def inputs_for(model, config) -> dict:
+    return input_candidates(model, config)[0]
+
+
+def build(model_type: str, cls_name: str):
+    """The model, in eval mode, and inputs its own forward runs on: the config shrunk to tiny sizes
+    first; when that model does not run (shrinking can break a config's own consistency: heads that
+    no longer divide the width, a projection sized for the original width), only its depth and vocab
+    shrunk. When nothing runs, raises the error of the widest inputs on the first tier."""
+    import transformers as T
+    cls = getattr(T, cls_name)
+    first_error = None
+    for tier, sizes in enumerate((SMALL, DEPTH_ONLY)):
+        try:
+            config = T.AutoConfig.for_model(model_type)
+            shrink(config, sizes)
+            torch.manual_seed(0)
+            model = cls(config).eval()
+            for kwargs in input_candidates(model, config):
+                try:
+                    with torch.no_grad():
+                        own = model(**kwargs)
+                    return model, kwargs, own
+                except Exception as e:
+                    first_error = e if tier == 0 else first_error
+        except _Timeout:
+            raise
+        except Exception as e:
+            first_error = first_error or e
+    raise first_error
 
 
 def _alarm(signum, frame):
@@ -101,29 +194,23 @@ def _alarm(signum, frame):
 
 
 def one(model_type: str, cls_name: str, seconds: int) -> tuple[str, str]:
-    import transformers as T
     signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(seconds)
     try:
         try:
-            cls = getattr(T, cls_name)
-            config = T.AutoConfig.for_model(model_type)
-            shrink(config)
-            torch.manual_seed(0)
-            model = cls(config).eval()
-            kwargs = inputs_for(model, config)
-            with torch.no_grad():
-                model(**kwargs)
+            model, kwargs, own = build(model_type, cls_name)
         except _Timeout:
             return "skip", "timeout building or running its own forward"
         except Exception as e:
             return "skip", f"own: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
         steps = [("cpu", {}), ("meta", {"device": "meta"})]
-        if any(p.requires_grad for p in model.parameters()):
+        # a backbone with no out_features chosen returns no tensor: there is nothing to differentiate
+        has_output = any(t.is_floating_point() for t in iter_tensors(own))
+        if any(p.requires_grad for p in model.parameters()) and has_output:
             # backward in eval mode, as the model's own forward ran: train-only behaviour (BatchNorm
             # over one value, SpecAugment masks longer than a tiny input) is the model's, not ours
             steps.append(("backward", {"backward": True, "mode": "eval"}))
-        notes = []
+        notes = [] if has_output else ["no tensor output: backward not run"]
         for label, kw in steps:
             try:
                 rep = ls.analyze(model, **kw, **kwargs)

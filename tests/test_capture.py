@@ -230,6 +230,18 @@ def test_backward_without_grad_outputs():
     with pytest.raises(ls.InputError, match="requires grad"):
         ls.analyze(m, torch.randn(1, 2), backward=True)
 
+    class NoTensor(nn.Module):  # like a transformers backbone with no out_features chosen
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x):
+            self.lin(x)
+            return {"feature_maps": None}
+
+    with pytest.raises(ls.InputError, match=r"output \(dict\) holds no tensor"):
+        ls.analyze(NoTensor(), torch.randn(1, 2), backward=True)
+
 
 def test_same_numbers_on_second_call():
     m = zoo.SDPABlock()

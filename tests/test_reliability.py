@@ -142,6 +142,53 @@ def test_bad_input_catalogue(bad, error, message):
         bad()
 
 
+class Interrupted(nn.Module):
+    """Ctrl-C in the middle of a forward, after one layer has run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm1d(4)
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        self.fc(self.bn(x))
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("run", [
+    lambda m, x: ls.analyze(m, x, mode="train", backward=True),
+    lambda m, x: ls.memory(m, x, optimizer="adamw"),
+    lambda m, x: ls.profile(m, x, warmup=0, repeats=1),
+])
+def test_interrupt_leaves_the_model_as_it_was(run):
+    m = Interrupted().train()
+    x = torch.randn(3, 4)
+    before = snapshot(m)
+    with pytest.raises(KeyboardInterrupt):
+        run(m, x)
+    assert_unchanged(before, m)  # hooks off, BatchNorm statistics and mode as they were
+
+
+class Route(nn.Module):
+    """Picks an expert by a tensor's value, as switch_transformers does: meta has no value to read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = nn.ModuleDict({"e0": nn.Linear(4, 4), "e1": nn.Linear(4, 4)})
+
+    def forward(self, x):
+        return self.experts[f"e{x.sum().gt(0).long()}"](x)
+
+
+def test_value_dependent_code_on_meta_says_what_to_do():
+    m = Route()
+    assert ls.analyze(m, torch.randn(2, 4)).totals.macs == 2 * 4 * 4  # one expert on 2 rows
+    with pytest.raises(ls.ForwardError, match="analyse the model on cpu instead") as ei:
+        ls.analyze(m, torch.randn(2, 4), device="meta")
+    assert "Route" in str(ei.value) and "Tensor[2, 4]" in str(ei.value)
+    assert isinstance(ei.value.__cause__, KeyError)  # the model's own error, kept
+
+
 def test_edge_inputs_that_are_fine():
     # an empty model: the input comes back, nothing is counted, nothing crashes
     rep = ls.analyze(nn.Sequential(), torch.randn(2, 4))

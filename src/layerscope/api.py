@@ -98,8 +98,13 @@ def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, batch_di
         raise InputError(f"causal must be 'dense' or 'unmasked', got {causal!r}")
     args, kwargs, on_meta = _prepare(model, args, kwargs, input_size, dtypes, batch_dim, device)
     with _gc_paused():
-        trace, _ = capture(model, args, kwargs, mode=mode, backward=backward, on_meta=on_meta,
-                           options=CostOptions(causal=causal))
+        try:
+            trace, _ = capture(model, args, kwargs, mode=mode, backward=backward, on_meta=on_meta,
+                               options=CostOptions(causal=causal))
+        except ForwardError as e:
+            if not (on_meta or model_device(model).type == "meta"):
+                raise
+            raise _meta_hint(e) from e.__cause__
         return Report(trace, model)
 
 
@@ -380,7 +385,9 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
             run = run_steps(model, args, kwargs, simulate=simulate, device=sim_device if simulate else here,
                             tracker=tracker, foreach_default=target.type == "cuda", **step_kw)
         except ForwardError as e:
-            raise _simulation_hint(e) if simulate else e
+            if not simulate:
+                raise
+            raise _simulation_hint(e) from e.__cause__
         measured = None
         if measure:
             before = state_bytes([*model.parameters(), *model.buffers(), *iter_tensors((args, kwargs))])
@@ -411,6 +418,13 @@ def _optimizer_name(factory) -> str | None:
         kw = ", ".join(f"{k}={v!r}" for k, v in factory.keywords.items())
         return f"{func.__name__}({kw})"
     return getattr(factory, "__name__", type(factory).__name__)
+
+
+def _meta_hint(err: ForwardError) -> ForwardError:
+    return ForwardError(f"{err} -- on meta, tensors have shapes but no values: code that reads values "
+                        "(routing tokens to experts by index, masks built with nonzero or .tolist()) "
+                        "cannot run there; analyse the model on cpu instead",
+                        path=err.path, module_type=err.module_type, input_shapes=err.input_shapes)
 
 
 def _simulation_hint(err: ForwardError) -> ForwardError:

@@ -601,6 +601,9 @@ def run_backward(cap: _Capture, modules: list[nn.Module], backward) -> None:
 def _run_backward(cap: _Capture, modules: list[nn.Module], guard: StateGuard, output: Any) -> None:
     outs = [t for t in iter_tensors(output) if t.requires_grad and (t.is_floating_point() or t.is_complex())]
     if not outs:
+        if not any(True for _ in iter_tensors(output)):
+            raise InputError(f"backward=True but the model's output ({type(output).__name__}) holds no "
+                             "tensor: nothing to differentiate (a backbone with no out_features chosen?)")
         raise InputError("backward=True but no output of the model requires grad "
                          "(are all parameters frozen, or does forward run under no_grad?)")
     for p, _, _ in guard.params:
