@@ -53,7 +53,7 @@ def test_hf_config_on_meta(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (("summary", "no_such_module:thing"), "cannot import"),
-    (("summary", "hf:NoSuchConfig"), "no config class"),
+    (("summary", "hf:NoSuchConfig"), "neither a preset"),
     (("summary", "torchvision:resnet50"), "torchvision"),
     (("summary", "layerscope.examples:small_cnn", "--input-size", "1,5,32,32"), "stem.0"),
     (("summary", "layerscope.examples:nope"), "has no 'nope'"),

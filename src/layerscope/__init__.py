@@ -10,6 +10,8 @@ from .latency_report import LatencyLayer, LatencyReport
 from .profiler import Profiler
 from .analyses.roofline import Roofline, measure_roofline
 from .report import Report
+from .compare import Comparison, compare
+from .specs import presets
 from .trace import (Costs, Coverage, LayerRecord, OpEvent, ParamSpec, ReceptiveField, TensorSpec, Totals,
                     Trace)
 
@@ -22,4 +24,5 @@ __all__ = [
     "LayerscopeError", "InputError", "ForwardError", "SpecError", "RegistryError", "__version__",
     "partition", "StagePlan", "Stage", "Unit", "SplitUnits", "PlanError",
     "analyze_onnx", "analyze_torchscript", "onnx_tile", "profile", "LatencyReport", "LatencyLayer", "Profiler", "Roofline", "measure_roofline",
+    "compare", "Comparison", "presets",
 ]

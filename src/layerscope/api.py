@@ -309,7 +309,8 @@ def _rebatch(args: tuple, kwargs: dict, batch_dim: int, size: int):
 def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, autocast_dtype=None,
            device=None, batch_dim: int | None = None, input_size=None, dtypes=None,
            batch_size: int | None = None, loss_fn=None, steps: int = 2, accumulation: int = 1,
-           simulate: bool = True, measure: bool | None = None, limit=None, **kwargs: Any):
+           simulate: bool = True, measure: bool | None = None, limit=None, progress: bool = False,
+           **kwargs: Any):
     """Memory of a training step (or, with ``training=False``, a no-grad forward), per category, over
     time and per layer. Returns a MemoryReport.
 
@@ -318,7 +319,8 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     free is recorded, so a model that fits nowhere can be planned anywhere. ``device`` is where the
     memory is predicted for (default: where the model is; "cuda" rounds every storage to the CUDA
     allocator's 512-byte blocks). ``optimizer`` is a torch.optim class, a factory taking the
-    parameters, an instance (its class and defaults are used) or a name like "adamw". ``steps``
+    parameters, an instance (its class and defaults are used) or a name like "adamw". ``progress=True``
+    shows a bar on stderr, one tick per step. ``steps``
     training steps are run (optimizer state exists from the first step on); ``accumulation`` runs that
     many forward/backward passes per step. ``loss_fn(output) -> scalar`` defaults to the output's
     ``loss`` or the sum of the output. ``autocast_dtype`` (torch.bfloat16/float16 or "bf16"/"fp16")
@@ -380,14 +382,21 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     step_kw = dict(optimizer=factory if training else None, training=training, autocast_dtype=amp,
                    loss_fn=loss_fn, steps=steps, accumulation=accumulation)
     tracker = StorageTracker(block_size)
+    bar = _Bar(steps if training else 1, "simulating the step" if simulate else "running the step") \
+        if progress else None
     with _gc_paused():
         try:
             run = run_steps(model, args, kwargs, simulate=simulate, device=sim_device if simulate else here,
-                            tracker=tracker, foreach_default=target.type == "cuda", **step_kw)
+                            tracker=tracker, foreach_default=target.type == "cuda",
+                            on_step=(lambda step, when: bar.advance() if when == "end" else None) if bar else None,
+                            **step_kw)
         except ForwardError as e:
             if not simulate:
                 raise
             raise _simulation_hint(e) from e.__cause__
+        finally:
+            if bar is not None:
+                bar.close()
         measured = None
         if measure:
             before = state_bytes([*model.parameters(), *model.buffers(), *iter_tensors((args, kwargs))])

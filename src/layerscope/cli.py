@@ -17,6 +17,8 @@ _SPEC_HELP = """model spec, one of:
   path/to/file.py:factory   imports and RUNS that file (it is your code: only use files you trust),
                             then calls factory()
   package.module:factory    e.g. layerscope.examples:small_cnn
+  hf:PRESET                 a shipped architecture (built on meta unless --device): gpt2, bert-base,
+                            llama-2-70b, mixtral-8x7b, ... (layerscope list-presets)
   hf:ConfigClass[:Model]    a transformers config with defaults (built on meta unless --device),
                             e.g. hf:GPT2Config, hf:BertConfig:BertForMaskedLM
   torchvision:name          e.g. torchvision:resnet50 (needs torchvision)
@@ -42,9 +44,18 @@ def _dtype(text: str) -> torch.dtype:
     return dt
 
 
-def _model_args(s: argparse.ArgumentParser) -> None:
-    """Arguments every subcommand that builds a model shares."""
-    s.add_argument("spec", help=_SPEC_HELP)
+FORMATS = ("table", "json", "csv", "html")
+
+
+def _output_args(s: argparse.ArgumentParser, formats=FORMATS) -> None:
+    s.add_argument("--format", choices=formats, default="table",
+                   help="table (terminal), json, csv" + (", html (the self-contained page)" if "html" in formats
+                                                          else ""))
+    s.add_argument("--output", "-o", help="write to this file instead of standard output")
+    s.add_argument("--quiet", "-q", action="store_true", help="no spinner or progress bar on stderr")
+
+
+def _input_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--input-size", type=_ints, action="append", metavar="1,3,224,224",
                    help="shape of an example input (repeat for several inputs)")
     s.add_argument("--input-ids", type=_ints, metavar="B,S", help="token ids of shape B,S (int64)")
@@ -54,65 +65,66 @@ def _model_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--allow-pickle", action="store_true",
                    help="load a .pt/.pth that is a pickled nn.Module (unpickling RUNS code from the file:\n"
                         "only for files you trust); without it only TorchScript and weights_only loads")
+
+
+def _model_args(s: argparse.ArgumentParser, formats=FORMATS) -> None:
+    """Arguments every subcommand that builds a model shares."""
+    s.add_argument("spec", help=_SPEC_HELP)
+    _input_args(s)
     s.add_argument("--depth", type=int, default=3, help="deepest layer level shown (default 3)")
-    s.add_argument("--format", choices=("table", "json", "csv"), default="table")
-    s.add_argument("--output", "-o", help="write to this file instead of standard output")
+    s.add_argument("--expand", action="store_true",
+                   help="show every block of a run of identical blocks (folded by default: 'layers.0-79 x80')")
+    _output_args(s, formats)
 
 
-_MEMORY_EXAMPLES = """examples:
-  layerscope memory hf:GPT2Config --head causal-lm --input-ids 8,1024 --optimizer adamw --autocast bf16
-  layerscope memory hf:LlamaConfig --set num_hidden_layers=80 --optimizer adamw --device cuda --limit 80GiB
-  layerscope memory layerscope.examples:small_cnn --infer --batch-size 64"""
+_EXAMPLES = {
+    "summary": """examples:
+  layerscope summary layerscope.examples:small_cnn --columns input_shape,output_shape,params,kernel,macs
+  layerscope summary hf:llama-2-70b --depth 2                  # on meta: nothing is allocated
+  layerscope summary hf:gpt2 --input-ids 4,512 --backward --format json -o gpt2.json
+  layerscope summary path/to/net.py:build --input-size 1,3,224,224 --format html -o net.html""",
+    "memory": """examples:
+  layerscope memory hf:gpt2 --input-ids 8,1024 --optimizer adamw --autocast bf16
+  layerscope memory hf:llama-2-70b --input-ids 1,4096 --optimizer adamw --device cuda --limit 80GiB
+  layerscope memory layerscope.examples:small_cnn --infer --batch-size 64""",
+    "profile": """examples:
+  layerscope profile layerscope.examples:tiny_gpt --backward --repeats 50
+  layerscope profile hf:GPT2Config --set n_layer=2 --input-ids 1,128 --roofline measure --trace gpt2.json""",
+    "split": """examples:
+  layerscope split hf:GPT2Config --head causal-lm --set n_layer=4 --input-ids 8,64 --stages 2
+  layerscope split layerscope.examples:tiny_gpt --stages 2 --schedule gpipe --microbatches 4 --run
+  layerscope split hf:llama-2-70b --input-ids 8,4096 --stages 8 --memory-limit 80GiB --device cuda
 
-
-_ONNX_EXAMPLES = """examples:
+--run starts torchrun with one process per stage (the model is rebuilt in each from SPEC and --set).""",
+    "onnx": """examples:
   layerscope onnx model.onnx --input batch=1 --sort bytes --top 20
-  layerscope onnx model.onnx --input input_ids=1,128 --format json -o report.json"""
+  layerscope onnx model.onnx --input input_ids=1,128 --format json -o report.json""",
+    "onnx-tile": """examples:
+  layerscope onnx-tile model.onnx tiled.onnx --block 64,64,64 --verify
+  layerscope onnx-tile model.onnx tiled.onnx --nodes /fc1/Gemm,/fc2/Gemm --block 128,128,128""",
+    "report": """examples:
+  layerscope report layerscope.examples:tiny_gpt -o report.html --profile --stages 2
+  layerscope report hf:llama-3-8b --input-ids 1,2048 --stages 4 -o llama3.html
+  layerscope report gpt2.json gpt2-memory.json -o gpt2.html      # saved JSON reports, on one page""",
+    "compare": """examples:
+  layerscope compare hf:gpt2 hf:gpt2-medium --depth 1
+  layerscope compare before.json after.json --changed               # saved JSON reports
+  layerscope compare hf:llama-2-7b hf:mistral-7b --input-ids 1,1024 --format csv -o diff.csv""",
+    "list-presets": """examples:
+  layerscope list-presets
+  layerscope summary hf:mixtral-8x7b --depth 2""",
+}
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="layerscope", description="What is inside a PyTorch model, layer by layer.")
-    sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("summary", help="per-layer shapes, params, MACs, FLOPs, bytes",
-                       formatter_class=argparse.RawTextHelpFormatter)
-    _model_args(s)
-    s.add_argument("--device", help="cpu, cuda, or meta (count without computing)")
-    s.add_argument("--columns", help="comma-separated: input_shape,output_shape,params,params_percent,"
-                                     "kernel,macs,flops,bytes_read,bytes_written,trainable,receptive_field,"
-                                     "backward_macs,backward_flops")
-    s.add_argument("--mode", choices=("eval", "train", "same"), default="eval")
-    s.add_argument("--backward", action="store_true", help="also run and count a backward pass")
-    s.add_argument("--causal", choices=("dense", "unmasked"), default="dense",
-                   help="count causal attention densely (default) or only its unmasked part")
-    o = sub.add_parser("onnx", help="an ONNX model: the module tree and the per-node table (shapes, params, "
-                                    "MACs, FLOPs, bytes read/written)",
-                       formatter_class=argparse.RawTextHelpFormatter, epilog=_ONNX_EXAMPLES)
-    o.add_argument("file", help="the .onnx file (external data is never read)")
-    o.add_argument("--input", action="append", metavar="NAME=DIMS",
-                   help="an input's shape (input_ids=1,128) or a symbolic dim's value (batch=8); repeatable")
-    o.add_argument("--sort", choices=("order", "read", "write", "bytes", "macs", "flops", "params"),
-                   default="order", help="order of the node table (default: graph order)")
-    o.add_argument("--top", type=int, help="only the first N rows of the node table")
-    o.add_argument("--depth", type=int, default=3, help="deepest module level shown (default 3)")
-    o.add_argument("--format", choices=("table", "json", "csv"), default="table",
-                   help="table: module tree + node table; json: the whole report with its nodes; csv: nodes")
-    o.add_argument("--output", "-o", help="write to this file instead of standard output")
-    t = sub.add_parser("onnx-tile", help="rewrite Gemm/MatMul nodes into M x K x N blocks (Split + blocks + "
-                                         "Sum + Concat)", formatter_class=argparse.RawTextHelpFormatter)
-    t.add_argument("file", help="the .onnx file to rewrite")
-    t.add_argument("out", help="where to write the tiled model")
-    t.add_argument("--block", type=_ints, default=(64, 64, 64), metavar="M,K,N", help="block sizes (default 64,64,64)")
-    t.add_argument("--ops", default="Gemm,MatMul", help="node types to tile (default Gemm,MatMul)")
-    t.add_argument("--nodes", help="only these nodes (comma-separated names)")
-    t.add_argument("--input", action="append", metavar="NAME=DIMS", help="as for `layerscope onnx`")
-    t.add_argument("--verify", action="store_true",
-                   help="run both models in onnxruntime on random inputs and report the max abs error and MSE")
-    m = sub.add_parser("memory", help="memory of a training step or inference: per category, peak, per layer",
-                       formatter_class=argparse.RawTextHelpFormatter, epilog=_MEMORY_EXAMPLES)
-    _model_args(m)
-    m.add_argument("--device", help="the device to predict for: cpu or cuda (512-byte allocator blocks); "
-                                    "default where the model is (hf: specs are built on meta)")
-    m.add_argument("--optimizer", help="a torch.optim class name: adamw, adam, sgd, adagrad, rmsprop, ...")
+def _sub(sub, name: str, help_text: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=help_text, description=help_text, epilog=_EXAMPLES[name],
+                          formatter_class=argparse.RawTextHelpFormatter)
+
+
+def _memory_args(m: argparse.ArgumentParser, optimizer_default: str | None = None) -> None:
+    m.add_argument("--optimizer", default=optimizer_default,
+                   help="a torch.optim class name: adamw, adam, sgd, adagrad, rmsprop, ..."
+                        + (f" (default {optimizer_default})" if optimizer_default else ""))
     m.add_argument("--momentum", type=float, help="momentum for --optimizer sgd")
     m.add_argument("--batch-size", type=int, help="re-size the inputs' batch dimension to N")
     m.add_argument("--autocast", choices=("bf16", "fp16"), help="run forward and loss under torch.autocast")
@@ -122,11 +134,53 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--infer", dest="training", action="store_false", help="a no-grad forward")
     m.add_argument("--steps", type=int, default=2, help="training steps to run (default 2)")
     m.add_argument("--accumulation", type=int, default=1, help="micro-batches per step (default 1)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="layerscope", description="What is inside a PyTorch model, layer by layer.",
+        epilog="run `layerscope COMMAND --help` for each command's options and examples")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = _sub(sub, "summary", "per-layer shapes, params, MACs, FLOPs, bytes")
+    _model_args(s)
+    s.add_argument("--device", help="cpu, cuda, or meta (count without computing)")
+    s.add_argument("--columns", help="comma-separated: input_shape,output_shape,params,params_percent,"
+                                     "kernel,macs,flops,bytes_read,bytes_written,trainable,receptive_field,"
+                                     "backward_macs,backward_flops")
+    s.add_argument("--mode", choices=("eval", "train", "same"), default="eval")
+    s.add_argument("--backward", action="store_true", help="also run and count a backward pass")
+    s.add_argument("--causal", choices=("dense", "unmasked"), default="dense",
+                   help="count causal attention densely (default) or only its unmasked part")
+    o = _sub(sub, "onnx", "an ONNX model: the module tree and the per-node table (shapes, params, MACs, FLOPs, "
+                          "bytes read/written)")
+    o.add_argument("file", help="the .onnx file (external data is never read)")
+    o.add_argument("--input", action="append", metavar="NAME=DIMS",
+                   help="an input's shape (input_ids=1,128) or a symbolic dim's value (batch=8); repeatable")
+    o.add_argument("--sort", choices=("order", "read", "write", "bytes", "macs", "flops", "params"),
+                   default="order", help="order of the node table (default: graph order)")
+    o.add_argument("--top", type=int, help="only the first N rows of the node table")
+    o.add_argument("--depth", type=int, default=3, help="deepest module level shown (default 3)")
+    o.add_argument("--expand", action="store_true", help="do not fold runs of identical blocks")
+    _output_args(o)
+    t = _sub(sub, "onnx-tile", "rewrite Gemm/MatMul nodes into M x K x N blocks (Split + blocks + Sum + Concat)")
+    t.add_argument("file", help="the .onnx file to rewrite")
+    t.add_argument("out", help="where to write the tiled model")
+    t.add_argument("--block", type=_ints, default=(64, 64, 64), metavar="M,K,N", help="block sizes (default 64,64,64)")
+    t.add_argument("--ops", default="Gemm,MatMul", help="node types to tile (default Gemm,MatMul)")
+    t.add_argument("--nodes", help="only these nodes (comma-separated names)")
+    t.add_argument("--input", action="append", metavar="NAME=DIMS", help="as for `layerscope onnx`")
+    t.add_argument("--verify", action="store_true",
+                   help="run both models in onnxruntime on random inputs and report the max abs error and MSE")
+    t.add_argument("--quiet", "-q", action="store_true", help="no spinner on stderr")
+    m = _sub(sub, "memory", "memory of a training step or inference: per category, peak, per layer")
+    _model_args(m)
+    m.add_argument("--device", help="the device to predict for: cpu or cuda (512-byte allocator blocks); "
+                                    "default where the model is (hf: specs are built on meta)")
+    _memory_args(m)
     m.add_argument("--limit", help="memory limit such as 80GiB: says whether the peak fits, and the "
                                    "largest batch that does")
     m.add_argument("--measure", action="store_true", help="also run the real step and measure it")
-    pf = sub.add_parser("profile", help="per-module forward (and backward) time, self and inclusive, "
-                                        "achieved FLOP/s", formatter_class=argparse.RawTextHelpFormatter)
+    pf = _sub(sub, "profile", "per-module forward (and backward) time, self and inclusive, achieved FLOP/s")
     _model_args(pf)
     pf.add_argument("--device", help="where to build the model and run it: cpu (default) or cuda")
     pf.add_argument("--backward", action="store_true", help="also time the backward pass")
@@ -141,9 +195,43 @@ def _parser() -> argparse.ArgumentParser:
                     help="name the K slowest calls at each depth under the table (default 3; 0: none)")
     pf.add_argument("--trace", metavar="FILE.json",
                     help="also write a Chrome trace / Perfetto JSON of the module spans of one repeat")
-    sp = sub.add_parser("split", help="optimal pipeline stages; --run trains them under torchrun",
-                        formatter_class=argparse.RawTextHelpFormatter, epilog=_SPLIT_EXAMPLES)
+    sp = _sub(sub, "split", "optimal pipeline stages; --run trains them under torchrun")
     _model_args(sp)
+    _split_args(sp)
+    sp.add_argument("--run", action="store_true",
+                    help="train the stages under torchrun (gloo on CPU) and compare with one process")
+    sp.add_argument("--steps", type=int, default=3, help="training steps for --run (default 3)")
+    r = _sub(sub, "report", "one self-contained HTML page: layer tree, charts of MACs, params, memory and "
+                            "latency, the memory timeline, the stage split, coverage")
+    r.add_argument("spec", nargs="+", help=_SPEC_HELP + "\n  or one or more saved JSON reports (--format json)")
+    _input_args(r)
+    r.add_argument("--output", "-o", required=True, help="the .html file to write")
+    r.add_argument("--title", help="page title (default: layerscope: MODEL)")
+    r.add_argument("--device", help="where to build and run the model (hf: specs are built on meta)")
+    r.add_argument("--no-memory", dest="memory", action="store_false", help="leave out the memory section")
+    _memory_args(r, optimizer_default="adamw")
+    r.add_argument("--profile", action="store_true", help="also time every layer (needs real weights: "
+                                                          "the model is built on cpu)")
+    r.add_argument("--repeats", type=int, default=10, help="timed repeats for --profile (default 10)")
+    r.add_argument("--stages", type=int, help="also plan this many pipeline stages")
+    r.add_argument("--by", choices=("flops", "macs", "params", "memory", "latency"), default="flops",
+                   help="the stage cost to balance (default flops)")
+    r.add_argument("--quiet", "-q", action="store_true", help="no spinner or progress bar on stderr")
+    c = _sub(sub, "compare", "two models, or two saved JSON reports, layer by layer: params, MACs, FLOPs, "
+                             "memory, latency, and the difference")
+    c.add_argument("a", help="a model spec (as for summary) or a saved JSON report")
+    c.add_argument("b", help="the other one")
+    _input_args(c)
+    c.add_argument("--device", help="where to build the models (hf: specs are built on meta)")
+    c.add_argument("--depth", type=int, default=2, help="deepest layer level shown (default 2)")
+    c.add_argument("--changed", action="store_true", help="only the layers that differ")
+    _output_args(c, ("table", "json", "csv"))
+    lp = _sub(sub, "list-presets", "the architectures shipped as configs, for hf:NAME")
+    _output_args(lp, ("table", "json", "csv"))
+    return p
+
+
+def _split_args(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--stages", type=int, required=True, help="number of pipeline stages")
     sp.add_argument("--by", choices=("flops", "macs", "params", "memory", "latency"), default="flops",
                     help="the stage cost to balance (default flops, forward + backward)")
@@ -153,18 +241,6 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--optimizer", default="adamw", help="optimizer whose state each stage holds")
     sp.add_argument("--memory-limit", help="per-stage memory limit such as 16GiB")
     sp.add_argument("--device", help="the device to plan for (cpu or cuda)")
-    sp.add_argument("--run", action="store_true",
-                    help="train the stages under torchrun (gloo on CPU) and compare with one process")
-    sp.add_argument("--steps", type=int, default=3, help="training steps for --run (default 3)")
-    return p
-
-
-_SPLIT_EXAMPLES = """examples:
-  layerscope split hf:GPT2Config --head causal-lm --set n_layer=4 --input-ids 8,64 --stages 2
-  layerscope split layerscope.examples:tiny_gpt --stages 2 --schedule gpipe --microbatches 4 --run
-  layerscope split hf:LlamaConfig --set num_hidden_layers=80 --stages 8 --memory-limit 80GiB --device cuda
-
---run starts torchrun with one process per stage (the model is rebuilt in each from SPEC and --set)."""
 
 
 def _split(ns: argparse.Namespace) -> int:
@@ -173,7 +249,7 @@ def _split(ns: argparse.Namespace) -> int:
 
     if ns.run:
         from .pipeline.run import launch
-        with _status(f"training {ns.stages} stages under torchrun"):
+        with _status(f"training {ns.stages} stages under torchrun", ns):
             res = launch(ns.spec, overrides=parse_overrides(ns.set), stages=ns.stages, by=ns.by,
                          schedule=ns.schedule, microbatches=ns.microbatches, batch_size=ns.batch_size,
                          steps=ns.steps, optimizer=ns.optimizer)
@@ -181,7 +257,7 @@ def _split(ns: argparse.Namespace) -> int:
         return _write(ns, text)
     model, args, kwargs = _build(ns, None if ns.device == "cuda" else ns.device)
     args, kwargs = _rebatch(args, kwargs, 0, ns.batch_size)
-    with _status("planning"):
+    with _status("planning", ns):
         plan = partition(model, *args, stages=ns.stages, by=ns.by, memory_limit=ns.memory_limit,
                          schedule=ns.schedule, microbatches=ns.microbatches, optimizer=ns.optimizer,
                          device=ns.device, **kwargs)
@@ -201,9 +277,14 @@ def _write(ns: argparse.Namespace, text: str) -> int:
     return 0
 
 
-def _status(text: str):
-    """A spinner on stderr while work runs, only when stderr is a terminal."""
-    if not sys.stderr.isatty():
+def _live(ns: argparse.Namespace) -> bool:
+    """Spinners and progress bars: only on a terminal, and not with --quiet."""
+    return sys.stderr.isatty() and not getattr(ns, "quiet", False)
+
+
+def _status(text: str, ns: argparse.Namespace | None = None):
+    """A spinner on stderr while work runs, only when stderr is a terminal (and not --quiet)."""
+    if not sys.stderr.isatty() or getattr(ns, "quiet", False):
         return contextlib.nullcontext()
     from rich.console import Console
     return Console(stderr=True).status(text)
@@ -215,7 +296,7 @@ def _build(ns: argparse.Namespace, device: str | None):
     from .errors import InputError
     from .specs import build_model, parse_overrides, token_ids
 
-    with _status(f"building {ns.spec}"):
+    with _status(f"building {ns.spec}", ns):
         built = build_model(ns.spec, device, parse_overrides(ns.set), ns.head,
                             allow_pickle=getattr(ns, "allow_pickle", False))
     model = built.model
@@ -250,9 +331,13 @@ def _emit(ns: argparse.Namespace, rep) -> int:
         text = rep.to_json()
     elif ns.format == "csv":
         text = rep.to_csv()
+    elif ns.format == "html":
+        text = rep.to_html()
     else:
         view = {"depth": ns.depth, **({"columns": ns.columns} if hasattr(ns, "columns") else {}),
-                **({"top": ns.top} if hasattr(ns, "top") else {})}
+                **({"top": ns.top} if hasattr(ns, "top") else {}),
+                **({"fold": not ns.expand} if hasattr(rep, "_html_part") and rep._html_part in ("summary", "memory")
+                   else {})}
         if ns.output is None:
             rep.print(**view)
             return 0
@@ -270,10 +355,10 @@ def _summary(ns: argparse.Namespace) -> int:
         if kwargs or ns.backward or ns.device not in (None, "cpu"):
             raise InputError("a TorchScript file is analysed on CPU, forward only, with positional inputs "
                              "(--input-size)")
-        with _status("analysing"):
+        with _status("analysing", ns):
             rep = analyze_torchscript(model, *args)
         return _emit(ns, rep)
-    with _status("analysing"):
+    with _status("analysing", ns):
         rep = analyze(model, *args, device=ns.device, mode=ns.mode, backward=ns.backward,
                       causal=ns.causal, **kwargs)
     return _emit(ns, rep)
@@ -296,13 +381,13 @@ def _memory(ns: argparse.Namespace) -> int:
         optimizer = functools.partial(torch.optim.SGD, momentum=ns.momentum)
     kw = dict(optimizer=optimizer, training=ns.training, autocast_dtype=ns.autocast, device=ns.device,
               steps=ns.steps, accumulation=ns.accumulation)
-    with _status("simulating the step"):
+    with _status("simulating the step", ns):
         rep = memory(model, *args, batch_size=ns.batch_size, limit=ns.limit,
                      measure=ns.measure or None, **kw, **kwargs)
     code = _emit(ns, rep)
     if ns.limit and ns.format == "table":
         try:
-            with _status("finding the largest batch that fits"):
+            with _status("finding the largest batch that fits", ns):
                 fit = max_batch_size(model, *args, limit=ns.limit, **kw, **kwargs)
         except LayerscopeError as e:
             sys.stdout.write(f"largest batch that fits: not found ({e})\n")
@@ -320,7 +405,7 @@ def _profile(ns: argparse.Namespace) -> int:
     model, args, kwargs = _build(ns, ns.device or "cpu")   # real weights: hf: specs build on meta otherwise
     model.eval()
     rep = profile(model, *args, warmup=ns.warmup, repeats=ns.repeats, backward=ns.backward,
-                  roofline=ns.roofline, progress=sys.stderr.isatty(), **kwargs)
+                  roofline=ns.roofline, progress=_live(ns), **kwargs)
     if ns.trace:
         rep.to_chrome_trace(ns.trace)
     return _emit(ns, rep)
@@ -332,7 +417,7 @@ def _onnx_tile(ns: argparse.Namespace) -> int:
 
     if len(ns.block) != 3:
         raise InputError(f"--block needs three sizes M,K,N, got {ns.block}")
-    with _status(f"tiling {ns.file}"):
+    with _status(f"tiling {ns.file}", ns):
         res = onnx_tile(ns.file, block=tuple(ns.block), ops=tuple(ns.ops.split(",")),
                         nodes=ns.nodes.split(",") if ns.nodes else None, input_shapes=_input_shapes(ns),
                         verify=ns.verify)
@@ -373,19 +458,123 @@ def _input_shapes(ns: argparse.Namespace) -> dict | None:
 def _onnx(ns: argparse.Namespace) -> int:
     from .api import analyze_onnx
 
-    with _status(f"analysing {ns.file}"):
+    with _status(f"analysing {ns.file}", ns):
         rep = analyze_onnx(ns.file, _input_shapes(ns))
     if ns.format == "json":
         return _write(ns, rep.to_json())
     if ns.format == "csv":
         return _write(ns, rep.graph.to_csv(ns.sort, ns.top))
-    return _write(ns, rep.table(depth=ns.depth) + "\n" + rep.graph.table(ns.sort, ns.top))
+    if ns.format == "html":
+        return _write(ns, rep.to_html())
+    return _write(ns, rep.table(depth=ns.depth, fold=not ns.expand) + "\n" + rep.graph.table(ns.sort, ns.top))
+
+
+def _load_json(path: str) -> dict:
+    """A saved report (``--format json``): its dict, with ``kind`` (reports saved before the field
+    existed are summaries)."""
+    import json
+
+    from .errors import InputError
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror}") from e
+    except ValueError as e:
+        raise InputError(f"{path} is not JSON: {e}") from e
+    if not isinstance(data, dict) or "schema_version" not in data:
+        raise InputError(f"{path} is not a layerscope report (no schema_version)")
+    data.setdefault("kind", "summary")
+    return data
+
+
+_PART = {"summary": "summary", "memory": "memory", "latency": "latency", "stage_plan": "plan"}
+
+
+def _report(ns: argparse.Namespace) -> int:
+    from .errors import InputError
+    from .render.html import html_page
+
+    if all(s.endswith(".json") for s in ns.spec):
+        parts: dict = {}
+        for path in ns.spec:
+            data = _load_json(path)
+            part = _PART.get(data["kind"])
+            if part is None or part in parts:
+                raise InputError(f"{path}: a {data['kind']} report "
+                                 + ("is already on the page" if part else "cannot go on the page"))
+            parts[part] = data
+        return _write(ns, html_page(ns.title, **parts))
+    if len(ns.spec) > 1:
+        raise InputError("report takes one model spec, or saved JSON reports (*.json)")
+    from .api import _optimizer_factory, analyze, memory, partition, profile
+    ns.spec = ns.spec[0]
+    device = "cpu" if ns.profile and not ns.device else ns.device   # timing needs real weights
+    model, args, kwargs = _build(ns, device)
+    with _status("analysing", ns):
+        summary = analyze(model, *args, device=device, backward=ns.training, **kwargs)
+    mem = lat = plan = None
+    if ns.memory:
+        with _status("simulating the step", ns):
+            mem = memory(model, *args, optimizer=_optimizer_factory(ns.optimizer) if ns.training else None,
+                         training=ns.training, autocast_dtype=ns.autocast, batch_size=ns.batch_size,
+                         steps=ns.steps, accumulation=ns.accumulation, device=device, **kwargs)
+    if ns.profile:
+        lat = profile(model, *args, repeats=ns.repeats, backward=ns.training, progress=_live(ns), **kwargs)
+    if ns.stages:
+        with _status("planning", ns):
+            plan = partition(model, *args, stages=ns.stages, by=ns.by, optimizer=ns.optimizer, device=device,
+                             **kwargs)
+    return _write(ns, summary.to_html(memory=mem, latency=lat, plan=plan, title=ns.title))
+
+
+def _side(ns: argparse.Namespace, spec: str) -> dict:
+    """One side of a comparison: a saved report's dict, or a fresh analysis of a model spec."""
+    if spec.endswith(".json"):
+        return _load_json(spec)
+    from .api import analyze
+    ns.spec = spec
+    model, args, kwargs = _build(ns, ns.device)
+    with _status(f"analysing {spec}", ns):
+        return analyze(model, *args, device=ns.device, **kwargs).to_dict()
+
+
+def _compare(ns: argparse.Namespace) -> int:
+    from .compare import compare
+    a, b = _side(ns, ns.a), _side(ns, ns.b)
+    diff = compare(a, b, names=(ns.a, ns.b))
+    if ns.format == "json":
+        return _write(ns, diff.to_json())
+    if ns.format == "csv":
+        return _write(ns, diff.to_csv())
+    return _write(ns, diff.table(depth=ns.depth, changed=ns.changed))
+
+
+def _list_presets(ns: argparse.Namespace) -> int:
+    import json
+
+    from .render.csv import csv_text
+    from .render.text import text_table
+    from .render.units import si
+    from .specs import presets
+
+    rows = [{"name": f"hf:{k}", "model": v["model"], "params": v["params"], "default_inputs":
+             ", ".join(f"{n}={'x'.join(map(str, s))}" for n, s in v["inputs"].items()),
+             "description": v["description"]} for k, v in presets().items()]
+    if ns.format == "json":
+        return _write(ns, json.dumps(rows, indent=2))
+    if ns.format == "csv":
+        return _write(ns, csv_text(list(rows[0]), rows))
+    body = [[r["name"], r["model"], si(r["params"]), r["default_inputs"], r["description"]] for r in rows]
+    footer = [("Presets", f"{len(rows)}, built on meta by default (nothing allocated); --set changes any "
+                          "config field, --input-ids the sequence")]
+    return _write(ns, text_table(["Spec", "Model", "Params", "Default inputs", "Description"], body, footer))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
     commands = {"summary": _summary, "memory": _memory, "split": _split, "profile": _profile, "onnx": _onnx,
-                "onnx-tile": _onnx_tile}
+                "onnx-tile": _onnx_tile, "report": _report, "compare": _compare, "list-presets": _list_presets}
     try:
         if ns.command in commands:
             return commands[ns.command](ns)

@@ -8,7 +8,7 @@ from typing import Any, TextIO
 
 from .analyses.latency import CallTimes, Timing, timing
 from .analyses.roofline import Roofline
-from .render.output import dataframe, print_report, write_text
+from .render.output import HtmlOutput, dataframe, print_report, write_text
 
 __all__ = ["LatencyLayer", "LatencyReport", "latency_layers", "latency_totals"]
 
@@ -69,7 +69,7 @@ class LatencyLayer:
 
 
 @dataclass(frozen=True)
-class LatencyReport:
+class LatencyReport(HtmlOutput):
     model_name: str
     device: str
     options: dict
@@ -118,6 +118,12 @@ class LatencyReport:
     def to_csv(self, path: str | None = None) -> str:
         from .render.latency import render_latency_csv
         return write_text(render_latency_csv(self), path)
+
+    _html_part = "latency"
+
+    def _html_rows(self, depth):
+        from .render.latency import latency_footer, latency_rows
+        return (*latency_rows(self, depth), latency_footer(self))
 
     def to_dataframe(self):
         from .render.latency import latency_row

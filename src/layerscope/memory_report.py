@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from .capture.storage import CATEGORIES
-from .render.output import dataframe, print_report, write_text
+from .render.output import HtmlOutput, dataframe, print_report, write_text
 from .trace import Trace
 
 __all__ = ["MemoryReport", "MemoryLayer", "CallMemory", "StepMemory", "PhaseSpan", "Timeline", "Marker",
@@ -128,7 +128,7 @@ class Measured:
     notes: tuple[str, ...] = ()
 
 
-class MemoryReport:
+class MemoryReport(HtmlOutput):
     """Results of ``layerscope.memory``. Frozen; renderers only read it."""
 
     def __init__(self, *, model_name: str, options: dict, steps: tuple[StepMemory, ...],
@@ -168,17 +168,18 @@ class MemoryReport:
         return [r for r in self.layers if r.path == path]
 
     # ---- rendering ----------------------------------------------------------------------------
-    def table(self, depth: int | None = None) -> str:
+    def table(self, depth: int | None = None, fold: bool = True) -> str:
+        """The per-layer table as plain text (``fold``: runs of identical blocks as one row)."""
         from .render.memory import render_memory_text
-        return render_memory_text(self, depth)
+        return render_memory_text(self, depth, fold)
 
-    def rich_table(self, depth: int | None = None):
+    def rich_table(self, depth: int | None = None, fold: bool = True):
         from .render.memory import render_memory_rich
-        return render_memory_rich(self, depth)
+        return render_memory_rich(self, depth, fold)
 
-    def print(self, depth: int | None = None, file: TextIO | None = None) -> None:
+    def print(self, depth: int | None = None, file: TextIO | None = None, fold: bool = True) -> None:
         """Print the table: a rich table on a terminal, plain text otherwise."""
-        print_report(lambda: self.rich_table(depth), lambda: self.table(depth), file)
+        print_report(lambda: self.rich_table(depth, fold), lambda: self.table(depth, fold), file)
 
     def to_dict(self, timeline: bool = True) -> dict[str, Any]:
         from .render.memory import memory_dict
@@ -190,6 +191,12 @@ class MemoryReport:
     def to_csv(self, path: str | None = None) -> str:
         from .render.memory import render_memory_csv
         return write_text(render_memory_csv(self), path)
+
+    _html_part = "memory"
+
+    def _html_rows(self, depth):
+        from .render.memory import memory_footer, memory_rows
+        return (*memory_rows(self, depth), memory_footer(self))
 
     def to_dataframe(self):
         """The per-layer memory rows as a pandas DataFrame (needs the ``pandas`` extra)."""

@@ -11,13 +11,13 @@ from torch import nn
 from .analyses.flops import coverage, layer_costs
 from .analyses.receptive_field import receptive_fields
 from .errors import InputError
-from .render.output import dataframe, print_report, write_text
+from .render.output import HtmlOutput, dataframe, print_report, write_text
 from .trace import Coverage, LayerRecord, Totals, Trace
 
 __all__ = ["Report"]
 
 
-class Report:
+class Report(HtmlOutput):
     """Results of ``layerscope.analyze``. Everything in it is frozen; renderers only read it."""
 
     def __init__(self, trace: Trace, model: nn.Module | None = None, graph=None) -> None:
@@ -64,18 +64,19 @@ class Report:
         return [r for r in self.layers if r.path == path]
 
     # ---- rendering ------------------------------------------------------------------------------
-    def table(self, depth: int | None = None, columns=None) -> str:
-        """The layer table as plain text."""
+    def table(self, depth: int | None = None, columns=None, fold: bool = True) -> str:
+        """The layer table as plain text. ``fold``: runs of 3 or more identical blocks show as one
+        row, ``layers.0-79: LlamaDecoderLayer x80 (each)`` (``fold=False`` shows every block)."""
         from .render import render_text
-        return render_text(self, depth, columns)
+        return render_text(self, depth, columns, fold)
 
-    def rich_table(self, depth: int | None = None, columns=None):
+    def rich_table(self, depth: int | None = None, columns=None, fold: bool = True):
         from .render import render_rich
-        return render_rich(self, depth, columns)
+        return render_rich(self, depth, columns, fold)
 
-    def print(self, depth: int | None = None, columns=None, file: TextIO | None = None) -> None:
+    def print(self, depth: int | None = None, columns=None, file: TextIO | None = None, fold: bool = True) -> None:
         """Print the table: a rich table on a terminal, plain text otherwise."""
-        print_report(lambda: self.rich_table(depth, columns), lambda: self.table(depth, columns), file)
+        print_report(lambda: self.rich_table(depth, columns, fold), lambda: self.table(depth, columns, fold), file)
 
     def to_dict(self) -> dict[str, Any]:
         from .render.json import report_dict
@@ -88,6 +89,10 @@ class Report:
     def to_csv(self, path: str | None = None) -> str:
         from .render import render_csv
         return write_text(render_csv(self), path)
+
+    def _html_rows(self, depth):
+        from .render.columns import build_rows, footer_lines
+        return (*build_rows(self, depth, None), footer_lines(self))
 
     def to_dataframe(self):
         """The layer rows as a pandas DataFrame (needs the ``pandas`` extra)."""

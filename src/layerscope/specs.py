@@ -2,6 +2,8 @@
 
   path/to/file.py:factory        runs the file (user code!) and calls factory()
   package.module:factory         imports the module and calls factory()
+  hf:PRESET                      a well-known architecture shipped as a config file (hf_presets/*.json:
+                                 gpt2, llama-2-70b, ...), built on meta unless a device is given
   hf:ConfigClass[:ModelClass]    a transformers config with its defaults (overrides via --set), the
                                  base model (AutoModel) or the named model class / --head
   torchvision:name, timm:name    when those packages are installed
@@ -25,7 +27,7 @@ from torch import nn
 from .capture.inputs import make_inputs
 from .errors import SpecError
 
-__all__ = ["BuiltModel", "build_model", "parse_overrides", "token_ids", "HEADS"]
+__all__ = ["BuiltModel", "build_model", "parse_overrides", "token_ids", "HEADS", "presets"]
 
 HEADS = {
     "causal-lm": "AutoModelForCausalLM",
@@ -154,15 +156,41 @@ def token_ids(shape, vocab: int, dev: torch.device) -> torch.Tensor:
     return torch.randint(0, vocab, shape, device=dev, generator=torch.Generator(dev).manual_seed(0))
 
 
+def presets() -> dict[str, dict]:
+    """The architectures shipped as config files (``hf:NAME``): name -> {description, config, model,
+    params (the published count; a test builds each and checks it), settings, inputs}."""
+    from importlib import resources
+    import json
+    import re
+    files = [f for f in resources.files("layerscope.hf_presets").iterdir() if f.name.endswith(".json")]
+    # natural order: gpt2 before gpt2-medium, llama-2-7b before llama-2-13b
+    natural = lambda f: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", f.name[:-5])]  # noqa: E731
+    return {f.name[:-5]: json.loads(f.read_text(encoding="utf-8")) for f in sorted(files, key=natural)}
+
+
+def _preset_inputs(shapes: dict[str, list[int]], vocab: int | None):
+    """Default inputs of a preset: token ids (in [0, vocab)) or pixel values of the shapes it names."""
+    def build(dev: torch.device):
+        kwargs = {k: token_ids(tuple(v), vocab or 2, dev) if k.endswith("input_ids")
+                  else make_inputs(tuple(v), None, None, dev)[0] for k, v in shapes.items()}
+        return (), kwargs
+    return build
+
+
 def _from_hf(spec: str, rest: str, device, overrides, head: str | None) -> BuiltModel:
     try:
         import transformers
     except ImportError as e:
         raise SpecError(f"{spec}: the transformers package is not installed (pip install transformers)") from e
     cfg_name, _, cls_name = rest.partition(":")
+    preset = presets().get(cfg_name)
+    if preset is not None:
+        cfg_name, overrides = preset["config"], {**preset["settings"], **overrides}
+        cls_name = cls_name or ("" if head else preset["model"])
     cfg_cls = getattr(transformers, cfg_name, None)
     if cfg_cls is None or not isinstance(cfg_cls, type):
-        raise SpecError(f"{spec}: transformers has no config class {cfg_name!r} (e.g. hf:GPT2Config)")
+        raise SpecError(f"{spec}: {cfg_name!r} is neither a preset (layerscope list-presets) nor a "
+                        "transformers config class (e.g. hf:gpt2, hf:GPT2Config)")
     try:
         config = cfg_cls(**overrides)
     except Exception as e:
@@ -185,6 +213,8 @@ def _from_hf(spec: str, rest: str, device, overrides, head: str | None) -> Built
             model = make()
     except Exception as e:
         raise SpecError(f"{spec}: building the model failed: {type(e).__name__}: {e}") from e
+    if preset is not None:
+        return BuiltModel(model, _preset_inputs(preset["inputs"], getattr(config, "vocab_size", None)))
     return BuiltModel(model, _hf_inputs(model, config))
 
 

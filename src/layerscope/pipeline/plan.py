@@ -9,7 +9,7 @@ from typing import Any, TextIO
 from ..render.columns import _num
 from ..render.csv import csv_text
 from ..render.json import SCHEMA_VERSION
-from ..render.output import dataframe, print_report, write_text
+from ..render.output import HtmlOutput, dataframe, print_report, write_text
 from ..render.units import iec
 from .units import SplitUnits
 
@@ -38,7 +38,7 @@ class Stage:
         return int(self.memory["total"])
 
 
-class StagePlan:
+class StagePlan(HtmlOutput):
     """Result of ``layerscope.partition``. Frozen; renderers only read it."""
 
     def __init__(self, *, units: SplitUnits, stages: tuple[Stage, ...], by: str, schedule: str,
@@ -171,6 +171,11 @@ class StagePlan:
 
     def to_dataframe(self):
         return dataframe(self.stage_row(s) for s in self.stages)
+
+    _html_part = "plan"
+
+    def _html_rows(self, depth):
+        return (*self._rows(), self._footer())
 
 
 def _unit_dict(u) -> dict[str, Any]:

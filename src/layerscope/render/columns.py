@@ -15,7 +15,12 @@ if TYPE_CHECKING:
     from ..report import Report
 
 __all__ = ["COLUMNS", "DEFAULT_COLUMNS", "resolve_columns", "build_rows", "footer_lines", "shape_str",
-           "rf_str"]
+           "rf_str", "fold_runs", "shorten"]
+
+import re
+
+NAME_WIDTH = 40          # a layer name longer than this loses its middle
+FOLD_MIN = 3             # runs of at least this many identical blocks fold into one row
 
 
 def shape_str(specs) -> str:
@@ -129,19 +134,104 @@ def _tree_names(rows: list[LayerRecord], rep: "Report") -> list[str]:
         parent_path = rep.layers[r.parent].path
         local = r.path[len(parent_path) + 1:] if parent_path and r.path.startswith(parent_path + ".") \
             else (r.path or r.type)
+        local = shorten(local)
         call = f" #{r.call_index + 1}" if r.call_index else ""
         names.append("".join(reversed(chain)) + ("└─" if last_child[r.index] else "├─")
                      + f"{local}: {r.type}{call}")
     return names
 
 
-def build_rows(rep: "Report", depth: int | None, columns) -> tuple[list[str], list[list[str]]]:
+def build_rows(rep: "Report", depth: int | None, columns, fold: bool = True) -> tuple[list[str], list[list[str]]]:
     keys = resolve_columns(columns)
     rows = _visible(rep, depth)
     names = _tree_names(rows, rep)
     header = ["Layer (type)"] + [COLUMNS[k][0] for k in keys]
     body = [[n] + [COLUMNS[k][1](r, rep) for k in keys] for n, r in zip(names, rows)]
-    return header, body
+    return header, fold_runs(rows, body) if fold else body
+
+
+def shorten(name: str, width: int = NAME_WIDTH) -> str:
+    """A long dotted path keeps its first part and as much of its end as fits: the end says which
+    layer it is, the start where it lives."""
+    if len(name) <= width:
+        return name
+    head = name.split(".", 1)[0][: width // 3]
+    return head + "…" + name[-(width - len(head) - 1):]
+
+
+_INDEXED = re.compile(r"^(.*?)(\d+)$")
+
+
+def fold_runs(rows: list, body: list[list[str]], min_run: int = FOLD_MIN,
+              volatile: dict[int, tuple[Callable, Callable]] | None = None) -> list[list[str]]:
+    """Fold runs of identical blocks into one row: ``layers.0-79: LlamaDecoderLayer x80 (each)``,
+    followed by the first block's own rows. Blocks are siblings whose paths end in consecutive
+    numbers, of one type, whose rows (their own and every descendant's, names aside) render the same:
+    nothing shown is hidden by the fold, it only stops repeating. ``rows`` are the records behind
+    ``body`` (anything with index, path, type, depth, parent, call_index), in pre-order.
+
+    ``volatile``: columns that depend on when a block ran, not on what it is (memory live at a
+    call's peak): column -> (value of a record, its text). They are left out of the comparison;
+    the fold row shows the highest over the run's blocks and the rows under it show "··"."""
+    volatile = volatile or {}
+    n = len(rows)
+    end = list(range(n))               # end[i]: the last row of i's subtree
+    for i in range(n - 1, -1, -1):
+        j = i + 1
+        while j < n and rows[j].depth > rows[i].depth:
+            j = end[j] + 1
+        end[i] = j - 1
+
+    def signature(i: int) -> tuple:
+        rel = len(rows[i].path)
+        return tuple((rows[k].path[rel:], rows[k].type,
+                      tuple(c for j, c in enumerate(body[k]) if j and j not in volatile))
+                     for k in range(i, end[i] + 1))
+
+    out: list[list[str]] = []
+    i = 0
+    while i < n:
+        r = rows[i]
+        m = _INDEXED.match(r.path) if r.call_index == 0 else None
+        run = [i]
+        if m:
+            prefix, num, sig = m.group(1), int(m.group(2)), None
+            k = end[i] + 1
+            while k < n and rows[k].depth == r.depth and rows[k].parent == r.parent and rows[k].type == r.type \
+                    and rows[k].path == f"{prefix}{num + len(run)}" and rows[k].call_index == 0:
+                sig = sig or signature(i)
+                if signature(k) != sig:
+                    break
+                run.append(k)
+                k = end[k] + 1
+        if len(run) < min_run:
+            out.append(body[i])
+            i += 1
+            continue
+        first, last = rows[run[0]], rows[run[-1]]
+        name = body[i][0]
+        at = 4 * (first.depth - 1)                 # where _tree_names put this row's connector
+        tree = name[:at + 2] if first.depth > 0 else ""
+        local = name[len(tree):].split(": ", 1)[0]
+        label = f"{local}-{last.path[len(prefix):]}: {first.type} x{len(run)} (each)"
+        # when the run's last block closes its parent's branch, the fold row closes it instead
+        closes = first.depth > 0 and body[run[-1]][0][at:at + 2] == "└─"
+        if closes:
+            tree = tree[:at] + "└─"
+        folded = [tree + label] + body[i][1:]
+        for col, (get, text) in volatile.items():
+            vals = [v for v in (get(rows[k]) for k in run) if v is not None]
+            folded[col] = text(max(vals)) if vals else folded[col]
+        out.append(folded)
+        for k in range(i + 1, end[i] + 1):
+            row = list(body[k])
+            for col in volatile:
+                row[col] = "··"
+            if closes and row[0][at:at + 1] == "│":
+                row[0] = row[0][:at] + " " + row[0][at + 1:]
+            out.append(row)
+        i = end[run[-1]] + 1
+    return out
 
 
 def footer_lines(rep: "Report") -> list[tuple[str, str]]:

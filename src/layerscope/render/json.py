@@ -41,6 +41,7 @@ def report_dict(rep: "Report") -> dict[str, Any]:
     t = rep.totals
     return {
         "schema_version": SCHEMA_VERSION,
+        "kind": "summary",
         "model": {"name": rep.model_name, "options": dict(rep.trace.options)},
         "totals": {
             "params": t.params, "trainable_params": t.trainable_params, "frozen_params": t.frozen_params,

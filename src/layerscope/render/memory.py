@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .columns import _tree_names, _visible
+from .columns import _tree_names, _visible, fold_runs
 from .json import SCHEMA_VERSION
 from .units import iec
 
@@ -27,7 +27,7 @@ def _b(n: int | None) -> str:
     return iec(n) if n else "--"
 
 
-def memory_rows(rep: "MemoryReport", depth: int | None) -> tuple[list[str], list[list[str]]]:
+def memory_rows(rep: "MemoryReport", depth: int | None, fold: bool = True) -> tuple[list[str], list[list[str]]]:
     rows = _visible(rep, depth)
     names = _tree_names(rows, rep)
     body = []
@@ -35,7 +35,10 @@ def memory_rows(rep: "MemoryReport", depth: int | None) -> tuple[list[str], list
         body.append([name, _b(r.input_bytes), _b(r.saved_total), _b(r.param_total), _b(r.grad_total),
                      _b(r.optimizer_total), _b(r.total), _b(r.forward.peak if r.forward else None),
                      _b(r.backward.peak if r.backward else None)])
-    return list(_HEADER), body
+    # the peaks depend on when a call ran (what earlier blocks left alive), not on the block
+    volatile = {7: (lambda r: r.forward.peak if r.forward else None, _b),
+                8: (lambda r: r.backward.peak if r.backward else None, _b)}
+    return list(_HEADER), fold_runs(rows, body, volatile=volatile) if fold else body
 
 
 def memory_footer(rep: "MemoryReport") -> list[tuple[str, str]]:
@@ -79,15 +82,15 @@ def memory_footer(rep: "MemoryReport") -> list[tuple[str, str]]:
     return lines
 
 
-def render_memory_text(rep: "MemoryReport", depth: int | None = None) -> str:
+def render_memory_text(rep: "MemoryReport", depth: int | None = None, fold: bool = True) -> str:
     from .text import text_table
-    header, body = memory_rows(rep, depth)
+    header, body = memory_rows(rep, depth, fold)
     return text_table(header, body, memory_footer(rep))
 
 
-def render_memory_rich(rep: "MemoryReport", depth: int | None = None):
+def render_memory_rich(rep: "MemoryReport", depth: int | None = None, fold: bool = True):
     from .table import rich_table
-    header, body = memory_rows(rep, depth)
+    header, body = memory_rows(rep, depth, fold)
     return rich_table(f"layerscope memory: {rep.model_name}", header, body, memory_footer(rep))
 
 

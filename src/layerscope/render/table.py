@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from ..report import Report
 
 
-def render_rich(rep: "Report", depth: int | None = None, columns=None) -> Group:
-    header, body = build_rows(rep, depth, columns)
+def render_rich(rep: "Report", depth: int | None = None, columns=None, fold: bool = True) -> Group:
+    header, body = build_rows(rep, depth, columns, fold)
     return rich_table(f"layerscope: {rep.model_name}", header, body, footer_lines(rep))
 
 

@@ -10,8 +10,8 @@ if TYPE_CHECKING:
     from ..report import Report
 
 
-def render_text(rep: "Report", depth: int | None = None, columns=None) -> str:
-    header, body = build_rows(rep, depth, columns)
+def render_text(rep: "Report", depth: int | None = None, columns=None, fold: bool = True) -> str:
+    header, body = build_rows(rep, depth, columns, fold)
     return text_table(header, body, footer_lines(rep))
 
 
