@@ -515,10 +515,12 @@ def _report(ns: argparse.Namespace) -> int:
         summary = analyze(model, *args, device=device, backward=ns.training, **kwargs)
     mem = lat = plan = None
     if ns.memory:
+        model.train(ns.training)           # a training step with dropout on; inference without
         with _status("simulating the step", ns):
             mem = memory(model, *args, optimizer=_optimizer_factory(ns.optimizer) if ns.training else None,
                          training=ns.training, autocast_dtype=ns.autocast, batch_size=ns.batch_size,
                          steps=ns.steps, accumulation=ns.accumulation, device=device, **kwargs)
+    model.eval()                           # timed and split as `profile` and `split` run it
     if ns.profile:
         lat = profile(model, *args, repeats=ns.repeats, backward=ns.training, progress=_live(ns), **kwargs)
     if ns.stages:
