@@ -8,7 +8,7 @@ from typing import Any, TextIO
 
 from .analyses.latency import CallTimes, Timing, timing
 from .analyses.roofline import Roofline
-from .render.output import HtmlOutput, dataframe, print_report, write_text
+from .render.output import ReportOutput, dataframe, print_report, write_text
 
 __all__ = ["LatencyLayer", "LatencyReport", "latency_layers", "latency_totals"]
 
@@ -69,7 +69,7 @@ class LatencyLayer:
 
 
 @dataclass(frozen=True)
-class LatencyReport(HtmlOutput):
+class LatencyReport(ReportOutput):
     model_name: str
     device: str
     options: dict
@@ -112,9 +112,6 @@ class LatencyReport(HtmlOutput):
         from .render.latency import latency_dict
         return latency_dict(self)
 
-    def to_json(self, path: str | None = None, indent: int | None = 2) -> str:
-        return write_text(json.dumps(self.to_dict(), indent=indent), path)
-
     def to_csv(self, path: str | None = None) -> str:
         from .render.latency import render_latency_csv
         return write_text(render_latency_csv(self), path)
@@ -128,9 +125,6 @@ class LatencyReport(HtmlOutput):
     def to_dataframe(self):
         from .render.latency import latency_row
         return dataframe(latency_row(r, self.roofline) for r in self.layers)
-
-    def __str__(self) -> str:
-        return self.table()
 
     def __repr__(self) -> str:
         t = self.totals

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from .capture.storage import CATEGORIES
-from .render.output import HtmlOutput, dataframe, print_report, write_text
+from .render.output import ReportOutput, dataframe, print_report, write_text
 from .trace import Trace
 
 __all__ = ["MemoryReport", "MemoryLayer", "CallMemory", "StepMemory", "PhaseSpan", "Timeline", "Marker",
@@ -128,7 +128,7 @@ class Measured:
     notes: tuple[str, ...] = ()
 
 
-class MemoryReport(HtmlOutput):
+class MemoryReport(ReportOutput):
     """Results of ``layerscope.memory``. Frozen; renderers only read it."""
 
     def __init__(self, *, model_name: str, options: dict, steps: tuple[StepMemory, ...],
@@ -202,9 +202,6 @@ class MemoryReport(HtmlOutput):
         """The per-layer memory rows as a pandas DataFrame (needs the ``pandas`` extra)."""
         from .render.memory import memory_row
         return dataframe(memory_row(r) for r in self.layers)
-
-    def __str__(self) -> str:
-        return self.table()
 
     def __repr__(self) -> str:
         from .render.units import iec

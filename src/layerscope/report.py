@@ -11,13 +11,13 @@ from torch import nn
 from .analyses.flops import coverage, layer_costs
 from .analyses.receptive_field import receptive_fields
 from .errors import InputError
-from .render.output import HtmlOutput, dataframe, print_report, write_text
+from .render.output import ReportOutput, dataframe, print_report, write_text
 from .trace import Coverage, LayerRecord, Totals, Trace
 
 __all__ = ["Report"]
 
 
-class Report(HtmlOutput):
+class Report(ReportOutput):
     """Results of ``layerscope.analyze``. Everything in it is frozen; renderers only read it."""
 
     def __init__(self, trace: Trace, model: nn.Module | None = None, graph=None) -> None:
@@ -82,10 +82,6 @@ class Report(HtmlOutput):
         from .render.json import report_dict
         return report_dict(self)
 
-    def to_json(self, path: str | None = None, indent: int | None = 2) -> str:
-        from .render import render_json
-        return write_text(render_json(self, indent), path)
-
     def to_csv(self, path: str | None = None) -> str:
         from .render import render_csv
         return write_text(render_csv(self), path)
@@ -98,9 +94,6 @@ class Report(HtmlOutput):
         """The layer rows as a pandas DataFrame (needs the ``pandas`` extra)."""
         from .render.csv import layer_row
         return dataframe(layer_row(r) for r in self.layers)
-
-    def __str__(self) -> str:
-        return self.table()
 
     def __repr__(self) -> str:
         t = self.totals

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
 from ..render.columns import _num
 from ..render.csv import csv_text
 from ..render.json import SCHEMA_VERSION
-from ..render.output import HtmlOutput, dataframe, print_report, write_text
+from ..render.output import ReportOutput, dataframe, print_report, write_text
 from ..render.units import iec
 from .units import SplitUnits
 
@@ -38,7 +37,7 @@ class Stage:
         return int(self.memory["total"])
 
 
-class StagePlan(HtmlOutput):
+class StagePlan(ReportOutput):
     """Result of ``layerscope.partition``. Frozen; renderers only read it."""
 
     def __init__(self, *, units: SplitUnits, stages: tuple[Stage, ...], by: str, schedule: str,
@@ -138,9 +137,6 @@ class StagePlan(HtmlOutput):
     def print(self, file: TextIO | None = None, **_: Any) -> None:
         print_report(self.rich_table, self.table, file)
 
-    def __str__(self) -> str:
-        return self.table()
-
     def __repr__(self) -> str:
         return (f"StagePlan({self.model_name}, {self.num_stages} stages by {self._by_name()}, "
                 f"bottleneck {self._cost_str(self.bottleneck)})")
@@ -161,9 +157,6 @@ class StagePlan(HtmlOutput):
                 "units": [_unit_dict(u) for u in self.units.units],
                 "ties": [{"names": list(t.names), "units": list(t.units), "state_bytes": t.state_bytes}
                          for t in self.units.ties]}
-
-    def to_json(self, path: str | None = None, indent: int | None = 2) -> str:
-        return write_text(json.dumps(self.to_dict(), indent=indent), path)
 
     def to_csv(self, path: str | None = None) -> str:
         rows = [self.stage_row(s) for s in self.stages]

@@ -61,7 +61,3 @@ def report_dict(rep: "Report") -> dict[str, Any]:
         },
         **({"graph": rep.graph.to_dict()} if getattr(rep, "graph", None) is not None else {}),
     }
-
-
-def render_json(rep: "Report", indent: int | None = 2) -> str:
-    return json.dumps(report_dict(rep), indent=indent)

@@ -7,7 +7,7 @@ from typing import Callable, Iterable, TextIO
 
 from ..errors import InputError
 
-__all__ = ["print_report", "write_text", "dataframe", "html_table", "HtmlOutput"]
+__all__ = ["print_report", "write_text", "dataframe", "html_table", "ReportOutput"]
 
 
 def print_report(rich: Callable, plain: Callable[[], str], file: TextIO | None = None) -> None:
@@ -53,13 +53,21 @@ def html_table(header: list[str], body: list[list[str]], footer: list[tuple[str,
             f"<tbody>{rows}</tbody><tfoot>{foot}</tfoot></table></div>")
 
 
-class HtmlOutput:
-    """HTML for every report kind: ``to_html()`` / ``save_html()`` (the self-contained page with
+class ReportOutput:
+    """What every report kind renders the same way: ``to_json()`` (of its ``to_dict()``), ``str()``
+    (its ``table()``), ``to_html()`` / ``save_html()`` (the self-contained page with
     charts; pass the other reports of the same model to put them on one page) and
     ``_repr_html_()`` (a plain table, which Jupyter shows for a report left at the end of a cell).
     A class sets ``_html_part`` (summary, memory, latency or plan) and ``_html_rows(depth)``."""
 
     _html_part = "summary"
+
+    def to_json(self, path: str | None = None, indent: int | None = 2) -> str:
+        import json
+        return write_text(json.dumps(self.to_dict(), indent=indent), path)
+
+    def __str__(self) -> str:
+        return self.table()
 
     def _html_rows(self, depth: int | None):            # -> header, body, footer  # pragma: no cover
         raise NotImplementedError
