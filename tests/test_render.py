@@ -53,7 +53,7 @@ def test_rich_table_renders(cnn_report):
 
 def test_json_schema(cnn_report):
     data = json.loads(cnn_report.to_json())
-    assert data["schema_version"] == "1.0"
+    assert data["schema_version"] == "1.1"
     assert set(data) == {"schema_version", "kind", "model", "totals", "layers", "coverage"}
     assert data["kind"] == "summary"  # every report kind names itself (memory, latency, stage_plan)
     for key in ("params", "trainable_params", "macs", "flops", "bytes_read", "bytes_written", "complete"):

@@ -1,20 +1,19 @@
 """JSON export with a versioned schema.
 
-Top level: schema_version, model, totals (params, trainable_params, macs, flops, bytes_read,
+Top level: schema_version, kind ("summary"; the other reports: memory, latency, stage_plan), model, totals (params, trainable_params, macs, flops, bytes_read,
 bytes_written, complete, and more), layers (one object per module call), coverage. Bump
 SCHEMA_VERSION's major number when a key changes meaning or disappears; adding keys is a minor bump.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..report import Report
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"   # 1.1: every report names its kind
 
 
 def _costs(c) -> dict[str, int]:
