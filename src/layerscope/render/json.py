@@ -1,7 +1,8 @@
 """JSON export with a versioned schema.
 
-Top level: schema_version, kind ("summary"; the other reports: memory, latency, stage_plan), model, totals (params, trainable_params, macs, flops, bytes_read,
-bytes_written, complete, and more), layers (one object per module call), coverage. Bump
+Top level: schema_version, kind ("summary"; the other reports say memory, latency, stage_plan),
+model, totals (params, trainable_params, macs, flops, bytes_read, bytes_written, complete, and more),
+layers (one object per module call), coverage. Bump
 SCHEMA_VERSION's major number when a key changes meaning or disappears; adding keys is a minor bump.
 """
 
