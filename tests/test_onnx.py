@@ -175,6 +175,12 @@ def test_node_table_sorts_and_totals(tmp_path, capsys):
     assert d["graph"]["nodes"][0]["macs"] == 2 * 16 * 32 and d["totals"]["macs"] == 1024
     assert main(["onnx", str(path), "--input", "N"]) == 1
     assert "expected NAME=DIMS" in capsys.readouterr().err
+    # the summary command takes the file too (shapes as the file has them: N stays symbolic), and
+    # the HTML page draws it like any report
+    assert main(["summary", str(path), "--format", "html", "-o", str(tmp_path / "m.html")]) == 0
+    assert "Gemm" in (tmp_path / "m.html").read_text()
+    assert main(["summary", str(path), "--input-size", "2,16"]) == 1
+    assert "layerscope onnx FILE --input" in capsys.readouterr().err
 
 
 def _rand(name, shape, seed):

@@ -23,6 +23,7 @@ _SPEC_HELP = """model spec, one of:
                             e.g. hf:GPT2Config, hf:BertConfig:BertForMaskedLM
   torchvision:name          e.g. torchvision:resnet50 (needs torchvision)
   timm:name                 e.g. timm:vit_base_patch16_224 (needs timm)
+  model.onnx                an ONNX model (summary; `layerscope onnx` for its node table)
   model.pt                  a TorchScript archive (torch.jit.load; summary only; give --input-size);
                             a pickled nn.Module only with --allow-pickle (that runs code from the file)"""
 
@@ -348,6 +349,14 @@ def _emit(ns: argparse.Namespace, rep) -> int:
 def _summary(ns: argparse.Namespace) -> int:
     from .api import analyze
 
+    if ns.spec.endswith(".onnx"):
+        from .api import analyze_onnx
+        from .errors import InputError
+        if ns.input_size or ns.input_ids or ns.set or ns.backward:
+            raise InputError("an ONNX file's input shapes come from the file: use `layerscope onnx FILE "
+                             "--input NAME=DIMS` to set them")
+        with _status(f"analysing {ns.spec}", ns):
+            return _emit(ns, analyze_onnx(ns.spec))
     model, args, kwargs = _build(ns, ns.device)
     if isinstance(model, torch.jit.ScriptModule):
         from .api import analyze_torchscript
