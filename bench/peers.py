@@ -35,8 +35,8 @@ VENV = ROOT / "bench" / ".venv-peers"
 REQS = ROOT / "bench" / "requirements-peers.txt"
 
 
-def setup_and_reexec() -> None:
-    """Build bench/.venv-peers once (again when the requirements change), then run this script in it."""
+def setup_and_reexec(script: str = __file__) -> None:
+    """Build bench/.venv-peers once (again when the requirements change), then run ``script`` in it."""
     py = VENV / "bin" / "python"
     stamp = VENV / ".installed"
     want = REQS.read_text()
@@ -47,7 +47,7 @@ def setup_and_reexec() -> None:
         subprocess.run(pip + ["torch==2.13.0"], check=True)
         subprocess.run(pip + ["-r", str(REQS), "-e", str(ROOT)], check=True)
         stamp.write_text(want)
-    os.execv(str(py), [str(py), __file__, "--no-setup", *sys.argv[1:]])
+    os.execv(str(py), [str(py), script, "--no-setup", *sys.argv[1:]])
 
 
 # ---- models and their hand-derived references ---------------------------------------------------
@@ -249,7 +249,6 @@ def t_deepspeed(m, x):
 
 
 def t_flopcounter(m, x):
-    import torch
     from torch.utils.flop_counter import FlopCounterMode
     with FlopCounterMode(display=False) as f:
         m(x)
@@ -371,7 +370,7 @@ def _versions(tools) -> str:
 
 def write_markdown(rows, models, tools, seconds) -> None:
     import torch
-    lines = ["# layerscope next to its peers", "",
+    lines = ["## Accuracy: layerscope next to its peers", "",
              f"Produced by `python bench/peers.py` on {datetime.date.today().isoformat()}: "
              f"{os.cpu_count()} CPU cores ({platform.machine()}), torch {torch.__version__}, Python "
              f"{platform.python_version()}; {_versions(tools)}. The run took {seconds:.0f} s. Raw rows: "
@@ -382,7 +381,7 @@ def write_markdown(rows, models, tools, seconds) -> None:
     for name in models:
         sub = [r for r in rows if r["model"] == name]
         ref_m, ref_p = sub[0]["ref_macs"], sub[0]["ref_params"]
-        lines += [f"## {name}", "", f"Reference: **{ref_m:,} MACs**, **{ref_p:,} parameters**; a plain "
+        lines += [f"### {name}", "", f"Reference: **{ref_m:,} MACs**, **{ref_p:,} parameters**; a plain "
                   f"forward takes {sub[0]['forward_seconds'] * 1e3:.1f} ms.", "",
                   "| tool | params | vs ref | MACs | vs ref | FLOPs | seconds | error |",
                   "|---|---:|---:|---:|---:|---:|---:|---|"]
@@ -392,11 +391,24 @@ def write_markdown(rows, models, tools, seconds) -> None:
                          f"{_err(r['params'], ref_p)} | {_g(r['macs'], 4)} | {_err(r['macs'], ref_m)} | "
                          f"{_g(r['flops'], 4)} | {r['seconds']:.2f} | {r['error']} |")
         lines.append("")
-    lines += ["## Headline", "", "| tool | MACs exact (of models) | MACs within 1% | params exact | errors | "
+    lines += ["### Headline", "", "| tool | MACs exact (of models) | MACs within 1% | params exact | errors | "
               "median seconds |", "|---|---:|---:|---:|---:|---:|"]
     for t, exact, close, pexact, errors, med in _scores(rows, tools):
         lines.append(f"| {t} | {exact} | {close} | {pexact} | {errors} | {med:.2f} |")
-    (ROOT / "docs" / "benchmarks.md").write_text("\n".join(lines) + "\n")
+    write_section("peers", lines)
+
+
+def write_section(name: str, lines: list[str]) -> None:
+    """Replace this script's part of docs/benchmarks.md (between its markers), keeping the others."""
+    path = ROOT / "docs" / "benchmarks.md"
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    block = begin + "\n" + "\n".join(lines) + "\n" + end
+    if begin in text and end in text:
+        text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(text)
 
 
 def _scores(rows, tools):

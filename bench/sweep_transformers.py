@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
+import os
 import inspect
 import signal
 import sys
@@ -51,6 +52,9 @@ SMALL = {
     # what a part sees of another part's width (a Q-Former reading the vision tower)
     "encoder_hidden_size": 32,
 }
+
+
+MAX_PARAMS = 300_000_000        # the depth-only tier builds nothing larger
 
 
 class _Timeout(BaseException):
@@ -173,6 +177,12 @@ def build(model_type: str, cls_name: str):
         try:
             config = T.AutoConfig.for_model(model_type)
             shrink(config, sizes)
+            if tier:
+                # full widths can mean billions of parameters: count them on meta first
+                with torch.device("meta"):
+                    n = sum(p.numel() for p in cls(config).parameters())
+                if n > MAX_PARAMS:
+                    break
             torch.manual_seed(0)
             model = cls(config).eval()
             for kwargs in input_candidates(model, config):
@@ -187,6 +197,21 @@ def build(model_type: str, cls_name: str):
         except Exception as e:
             first_error = first_error or e
     raise first_error
+
+
+def _own_backward(model, kwargs) -> str | None:
+    """Run the model's own forward and backward (eval mode, no layerscope). None when it works, else
+    the error: some models refuse a backward in eval mode (Reformer asserts model.train()) and
+    cannot run one in train mode on short inputs."""
+    try:
+        out = model(**kwargs)
+        ts = [t for t in iter_tensors(out) if t.requires_grad]
+        torch.autograd.backward(ts, [torch.ones_like(t) for t in ts])
+        return None
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
+    finally:
+        model.zero_grad(set_to_none=True)
 
 
 def _alarm(signum, frame):
@@ -213,7 +238,17 @@ def one(model_type: str, cls_name: str, seconds: int) -> tuple[str, str]:
         notes = [] if has_output else ["no tensor output: backward not run"]
         for label, kw in steps:
             try:
-                rep = ls.analyze(model, **kw, **kwargs)
+                try:
+                    rep = ls.analyze(model, **kw, **kwargs)
+                except ls.ForwardError:
+                    if label != "backward":
+                        raise
+                    own = _own_backward(model, kwargs)
+                    if own is not None:
+                        # the model cannot do it either: nothing for layerscope to count
+                        notes.append(f"backward not run: the model's own fails ({own})")
+                        continue
+                    raise
             except ls.LayerscopeError as e:
                 return "fail", f"{label}: LayerscopeError: {str(e).splitlines()[0][:160]}"
             except _Timeout:
@@ -241,13 +276,46 @@ def classes(mapping: str) -> list[tuple[str, str]]:
     return sorted(pairs)
 
 
+def _init_worker() -> None:
+    warnings.filterwarnings("ignore")
+    import transformers
+    transformers.logging.set_verbosity_error()
+
+
+def _one_row(pair: tuple[str, str], seconds: int) -> tuple[str, str, str, str]:
+    status, why = one(*pair, seconds)
+    gc.collect()
+    return (*pair, status, why)
+
+
+def _run_all(todo: list[tuple[str, str]], seconds: int):
+    """Each class in a worker process, a fresh worker every 20 classes: what a model leaves behind
+    (caches, leaked references) cannot pile up, and a worker the kernel kills for memory costs only
+    the class it was running, reported as a fail."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    i = 0
+    while i < len(todo):
+        with ProcessPoolExecutor(1, initializer=_init_worker, max_tasks_per_child=20) as pool:
+            try:
+                for pair in todo[i:]:
+                    row = pool.submit(_one_row, pair, seconds).result()
+                    i += 1
+                    yield row
+            except BrokenProcessPool:
+                yield (*todo[i], "fail", "the worker process died (killed for memory?)")
+                i += 1
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mapping", choices=("base", "all"), default="base",
                     help="base: one class per architecture (MODEL_MAPPING); all: every head too")
     ap.add_argument("--only", help="comma-separated model types")
     ap.add_argument("--limit", type=int)
-    ap.add_argument("--csv")
+    ap.add_argument("--csv", help="write the rows here as they come")
+    ap.add_argument("--resume", metavar="CSV", help="keep the rows of an earlier --csv and run the rest")
     ap.add_argument("--seconds", type=int, default=60, help="per class")
     ns = ap.parse_args()
     warnings.filterwarnings("ignore")
@@ -259,13 +327,23 @@ def main() -> None:
         todo = [p for p in todo if p[0] in keep]
     if ns.limit:
         todo = todo[:ns.limit]
-    rows = []
+    rows, done = [], set()
+    if ns.resume and os.path.exists(ns.resume):
+        with open(ns.resume, newline="") as f:
+            rows = [tuple(r) for r in csv.reader(f)][1:]
+        done = {(r[0], r[1]) for r in rows}
+    out = open(ns.csv or os.devnull, "w", newline="")
+    writer = csv.writer(out)
+    writer.writerow(["model_type", "class", "status", "reason"])
+    writer.writerows(rows)
     t0 = time.time()
-    for i, (mt, cls) in enumerate(todo):
-        status, why = one(mt, cls, ns.seconds)
-        rows.append((mt, cls, status, why))
-        print(f"[{i + 1}/{len(todo)}] {status:<4} {mt:<28} {cls:<44} {why}", flush=True)
-        gc.collect()
+    left = [p for p in todo if p not in done]
+    for i, row in enumerate(_run_all(left, ns.seconds)):
+        rows.append(row)
+        writer.writerow(row)
+        out.flush()
+        print(f"[{len(done) + i + 1}/{len(todo)}] {row[2]:<4} {row[0]:<28} {row[1]:<44} {row[3]}", flush=True)
+    out.close()
     passed = sum(r[2] == "pass" for r in rows)
     failed = [r for r in rows if r[2] == "fail"]
     crashes = [r for r in failed if "CRASH" in r[3]]
@@ -275,11 +353,6 @@ def main() -> None:
           f"on tiny inputs); pass rate of runnable {100 * passed / max(runnable, 1):.1f}%")
     for r in failed:
         print(f"  FAIL {r[0]} {r[1]}: {r[3]}")
-    if ns.csv:
-        with open(ns.csv, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["model_type", "class", "status", "reason"])
-            w.writerows(rows)
     sys.exit(0)
 
 

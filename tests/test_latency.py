@@ -239,7 +239,9 @@ def test_training_profiler_steps_phases_and_reuse():
     t = rep.totals
     assert rep.options["steps"] == 3 and rep.options["warmup"] == 1 and t["runs"] == 3
     assert t["optimizer"] > 0 and t["backward"] > 0 and t["forward"] > 0
-    assert t["step"] >= t["forward"] + t["backward"] + t["optimizer"]
+    # each step holds its forward, backward and optimizer step, so each median is at most the step's
+    # (the sum of medians is not the median of sums: comparing with it failed on a busy machine)
+    assert t["step"] >= max(t["forward"], t["backward"], t["optimizer"])
     assert [r.path for r in rep.layers][:3] == ["", "stem", "stem.0"] and len(rep.layers) == 16
     # costs from a meta analysis of the first step's inputs: Linear(16, 10) on 4 rows = 4*16*10 MACs
     # -> 1280 FLOPs + 40 bias adds

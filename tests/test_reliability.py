@@ -189,6 +189,20 @@ def test_value_dependent_code_on_meta_says_what_to_do():
     assert isinstance(ei.value.__cause__, KeyError)  # the model's own error, kept
 
 
+class Uniq(nn.Module):
+    def forward(self, ids):
+        return torch.unique(ids, return_inverse=True, return_counts=True)
+
+
+def test_unique_on_meta_reads_values_as_one():
+    ids = torch.tensor([[1, 2], [3, 1]])
+    # on meta every value reads as 1: one unique value, inverse indices shaped like the input, one
+    # count; on cpu the real values: 1, 2, 3 and their counts
+    shapes = lambda rep: [s.shape for s in rep.layers[0].outputs]  # noqa: E731
+    assert shapes(ls.analyze(Uniq(), ids, device="meta")) == [(1,), (2, 2), (1,)]
+    assert shapes(ls.analyze(Uniq(), ids)) == [(3,), (2, 2), (3,)]
+
+
 def test_edge_inputs_that_are_fine():
     # an empty model: the input comes back, nothing is counted, nothing crashes
     rep = ls.analyze(nn.Sequential(), torch.randn(2, 4))

@@ -132,6 +132,9 @@ class _Recorder(TorchDispatchMode):
         elif func is _REPEAT_INTERLEAVE and args[0].is_meta and kwargs.get("output_size") is None:
             # values read as 1 on meta: every repeat count is 1, so the output has one per count
             out = func(*args, **{**kwargs, "output_size": args[0].numel()})
+        elif func is _UNIQUE2 and args[0].is_meta:
+            # values read as 1 on meta: every element is the same, so there is one unique value
+            out = _unique2_of_ones(args[0], *args[1:], **kwargs)
         elif func is _GROUPED_MM and (args[0].is_meta or cap.simulated) and _grouped_mm_shape(args):
             # the meta kernel of _grouped_mm insists on bf16 and 16-byte strides (the CUDA kernel's
             # rules) though CPU runs float32 at any size: the output, by the op's shape rule
@@ -151,10 +154,24 @@ _GROUPED_MM = torch.ops.aten._grouped_mm.default
 _REPEAT_INTERLEAVE = torch.ops.aten.repeat_interleave.Tensor
 
 
+_UNIQUE2 = torch.ops.aten._unique2.default
+
+
+def _unique2_of_ones(x, sorted=True, return_inverse=False, return_counts=False):
+    """torch.unique's outputs when every value is 1: one unique value (none for an empty input),
+    every inverse index 0, one count of all elements; an output not asked for is empty, as on CPU."""
+    n = 1 if x.numel() else 0
+    long = dict(dtype=torch.long, device=x.device)
+    return (torch.empty(n, dtype=x.dtype, device=x.device),
+            torch.empty(tuple(x.shape) if return_inverse else (0,), **long),
+            torch.empty(n if return_counts else 0, **long))
+
+
 @contextlib.contextmanager
 def _meta_values(on_meta: bool):
     """On meta, data-dependent sizes follow the rule that values read as 1: ``nonzero`` finds every
-    element nonzero (torch's own switch for its meta kernel, restored afterwards)."""
+    element nonzero (torch's own switch for its meta kernel, restored afterwards); ``unique`` finds
+    one value (in the recorder)."""
     if not on_meta:
         yield
         return

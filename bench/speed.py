@@ -1,0 +1,262 @@
+"""How fast is layerscope, and how fast are its peers, on the same models in one run.
+
+  python bench/speed.py [--quick] [--no-setup]
+
+1. Analysis time / a plain no-grad forward, batch 1, real CPU weights, for layerscope and each peer:
+   GPT-2 small, BERT base, a shrunk Llama, HF ViT-B/16, HF ResNet-50 (the models of bench/peers.py).
+2. Module-count scaling: a deep MLP of 250 / 1,000 / 4,000 / 16,000 blocks (3 module calls each):
+   time per module call, for each tool (a tool that takes over 120 s is stopped and not run larger).
+3. Llama-2-70B on meta (seq 2048): wall time and peak RSS of a fresh process per tool, for every tool
+   that accepts a meta model.
+4. Memory simulation of a training step (AdamW): layerscope.memory() time on GPT-2 small next to the
+   real step it predicts, and on Llama-2-70B on meta.
+
+Sets up bench/.venv-peers like bench/peers.py and re-runs itself there. Writes its section of
+docs/benchmarks.md and bench/results/speed.csv; prints the headline ratios at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peers  # noqa: E402  (the models, tools and environment set-up are shared)
+
+RATIO_MODELS = ["GPT-2 small (S=128)", "BERT base (S=128)", "Llama shrunk (4x512, S=128)", "HF ViT-B/16 (224)",
+                "HF ResNet-50 (224)"]
+META_TOOLS = ["layerscope", "torchinfo", "fvcore", "ptflops (aten)", "calflops", "DeepSpeed", "FlopCounterMode"]
+
+
+def _median(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def ratios(repeats: int) -> list[dict]:
+    import torch
+    rows = []
+    for name in RATIO_MODELS:
+        m, x, _, _ = peers.MODELS[name]()
+        m.eval()
+        with torch.no_grad():
+            m(x)
+            fwd = _median(lambda: m(x), repeats)
+        for tool, fn in peers.TOOLS.items():
+            first = peers.run_one(fn, m, x)          # warm-up, and the error if it fails
+            if first["error"]:
+                rows.append({"section": "ratio", "model": name, "tool": tool, "seconds": None,
+                             "forward_seconds": fwd, "ratio": None, "error": first["error"]})
+                continue
+            secs = statistics.median([first["seconds"]] + [peers.run_one(fn, m, x)["seconds"]
+                                                         for _ in range(repeats - 1)])
+            rows.append({"section": "ratio", "model": name, "tool": tool, "seconds": secs, "forward_seconds": fwd,
+                         "ratio": secs / fwd, "error": ""})
+            print(f"{name:<30} {tool:<18} {secs * 1e3:9.1f} ms  {secs / fwd:6.2f}x forward", flush=True)
+
+    return rows
+
+
+def scaling(sizes: list[int]) -> list[dict]:
+    import torch
+    from torch import nn
+    rows, stopped = [], set()
+    for blocks in sizes:
+        torch.manual_seed(0)
+        m = nn.Sequential(*(nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(blocks))).eval()
+        x = torch.randn(8, 64)
+        with torch.no_grad():
+            fwd = _median(lambda: m(x), 3)
+        calls = 1 + 3 * blocks
+        for tool, fn in peers.TOOLS.items():
+            if tool in stopped:
+                continue
+            r = peers.run_one(fn, m, x, seconds=120)
+            if r["error"]:
+                stopped.add(tool)
+            per = None if r["error"] else r["seconds"] / calls
+            rows.append({"section": "scaling", "model": f"MLP {blocks} blocks", "tool": tool,
+                         "seconds": None if r["error"] else r["seconds"], "forward_seconds": fwd,
+                         "ratio": None if r["error"] else r["seconds"] / fwd, "per_call_us": per and per * 1e6,
+                         "error": r["error"]})
+            print(f"MLP {blocks:>6} blocks {tool:<18} " + (f"{per * 1e6:8.1f} us per module call"
+                  if per else r["error"]), flush=True)
+    return rows
+
+
+_META_CHILD = r"""
+import json, sys, time, warnings, logging, io, contextlib
+warnings.filterwarnings("ignore"); logging.disable(logging.WARNING)
+sys.path.insert(0, sys.argv[2])
+import torch, peers, transformers as T
+T.logging.set_verbosity_error()
+cfg = T.LlamaConfig(hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                    intermediate_size=28672, vocab_size=32000, max_position_embeddings=4096)
+with torch.device("meta"):
+    model = peers.Wrap(T.LlamaForCausalLM(cfg), "input_ids", "logits")
+x = torch.empty(1, 2048, dtype=torch.long, device="meta")
+r = peers.run_one(peers.TOOLS[sys.argv[1]], model, x, seconds=300)
+print(json.dumps(r))
+"""
+
+
+def meta_llama() -> list[dict]:
+    rows = []
+    here = os.path.dirname(os.path.abspath(__file__))
+    for tool in META_TOOLS:
+        p = subprocess.Popen([sys.executable, "-c", _META_CHILD, tool, here], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+        out = p.stdout.read()
+        _, status, usage = os.wait4(p.pid, 0)
+        rss = usage.ru_maxrss * 1024
+        try:
+            r = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            r = {"seconds": None, "macs": None, "error": f"process exited with status {status}"}
+        rows.append({"section": "meta-70b", "model": "Llama-2-70B on meta (S=2048)", "tool": tool,
+                     "seconds": None if r["error"] else r["seconds"], "peak_rss": rss, "macs": r.get("macs"),
+                     "error": r["error"]})
+        print(f"llama-2-70b meta  {tool:<18} " + (f"{r['seconds']:7.2f} s  peak RSS {rss / 2**30:5.2f} GiB  "
+              f"MACs {peers._g(r['macs'], 4)}" if not r["error"] else r["error"][:90]), flush=True)
+    return rows
+
+
+def memory_sim() -> list[dict]:
+    import torch
+
+    import layerscope as ls
+    rows = []
+    m, x, _, _ = peers.MODELS["GPT-2 small (S=128)"]()
+    m.train()
+    opt = torch.optim.AdamW(m.parameters())
+
+    def real_step():
+        out = m(x)
+        out.float().sum().backward()
+        opt.step()
+        opt.zero_grad()
+    real_step()
+    step = _median(real_step, 3)
+    ls.memory(m, x, optimizer="adamw", steps=1)
+    sim = _median(lambda: ls.memory(m, x, optimizer="adamw", steps=1), 3)
+    rows.append({"section": "memory", "model": "GPT-2 small (S=128), AdamW step", "tool": "layerscope",
+                 "seconds": sim, "forward_seconds": step, "ratio": sim / step, "error": ""})
+    print(f"memory() GPT-2 small training step: {sim:.2f} s simulated vs {step:.2f} s real step "
+          f"({sim / step:.2f}x)", flush=True)
+
+    import transformers as T
+    cfg = T.LlamaConfig(hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                        intermediate_size=28672, vocab_size=32000, max_position_embeddings=4096)
+    with torch.device("meta"):
+        big = T.LlamaForCausalLM(cfg)
+    ids = torch.empty(1, 2048, dtype=torch.long, device="meta")
+    t = time.perf_counter()
+    rep = ls.memory(big, input_ids=ids, optimizer="adamw", steps=1)
+    secs = time.perf_counter() - t
+    rows.append({"section": "memory", "model": "Llama-2-70B on meta (S=2048), AdamW step", "tool": "layerscope",
+                 "seconds": secs, "forward_seconds": None, "ratio": None, "error": "",
+                 "peak_bytes": rep.peak_bytes})
+    print(f"memory() Llama-2-70B on meta, AdamW step: {secs:.2f} s, predicted peak {rep.peak_bytes / 2**30:.1f} GiB",
+          flush=True)
+    return rows
+
+
+def write(rows: list[dict], seconds: float, command: str) -> None:
+    import torch
+    out = peers.ROOT / "bench" / "results" / "speed.csv"
+    out.parent.mkdir(exist_ok=True)
+    fields = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
+    with open(out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    tools = list(peers.TOOLS)
+    lines = ["## Speed", "", f"Produced by `{command}` on {datetime.date.today().isoformat()}: {os.cpu_count()} CPU "
+             f"cores ({platform.machine()}), torch {torch.__version__}, {torch.get_num_threads()} threads; the run "
+             f"took {seconds:.0f} s. Raw rows: `bench/results/speed.csv`.", "",
+             "### Analysis time / a plain forward (median of 3; batch 1, real weights)", "",
+             "| model | forward | " + " | ".join(tools) + " |", "|---|---:|" + "---:|" * len(tools)]
+    for name in RATIO_MODELS:
+        sub = {r["tool"]: r for r in rows if r["section"] == "ratio" and r["model"] == name}
+        if not sub:
+            continue
+        fwd = next(iter(sub.values()))["forward_seconds"]
+        cells = [f"{sub[t]['ratio']:.2f}x" if t in sub and sub[t]["ratio"] else "error" for t in tools]
+        lines.append(f"| {name} | {fwd * 1e3:.1f} ms | " + " | ".join(cells) + " |")
+    lines += ["", "### Time per module call, deep MLP (µs; 3 module calls per block)", "",
+              "| blocks | " + " | ".join(tools) + " |", "|---:|" + "---:|" * len(tools)]
+    for size in sorted({r["model"] for r in rows if r["section"] == "scaling"}, key=lambda s: int(s.split()[1])):
+        sub = {r["tool"]: r for r in rows if r["section"] == "scaling" and r["model"] == size}
+        cells = [f"{sub[t]['per_call_us']:.1f}" if t in sub and sub[t]["per_call_us"] else
+                 ("stopped" if t in sub else "--") for t in tools]
+        lines.append(f"| {size.split()[1]} | " + " | ".join(cells) + " |")
+    lines += ["", "### Llama-2-70B on meta (S = 2048), a fresh process per tool", "",
+              "| tool | seconds | peak RSS | MACs | error |", "|---|---:|---:|---:|---|"]
+    for r in (r for r in rows if r["section"] == "meta-70b"):
+        secs = "--" if r["seconds"] is None else f"{r['seconds']:.2f}"
+        lines.append(f"| {r['tool']} | {secs} | {r['peak_rss'] / 2**30:.2f} GiB | {peers._g(r['macs'], 4)} | "
+                     f"{r['error'][:80]} |")
+    lines += ["", "### Memory simulation of a training step (AdamW)", ""]
+    for r in (r for r in rows if r["section"] == "memory"):
+        extra = f" ({r['ratio']:.2f}x the real step's {r['forward_seconds']:.2f} s)" if r.get("ratio") else \
+            (f", predicted peak {r['peak_bytes'] / 2**30:.1f} GiB" if r.get("peak_bytes") else "")
+        lines.append(f"- {r['model']}: {r['seconds']:.2f} s{extra}")
+    peers.write_section("speed", lines)
+
+
+def headline(rows: list[dict]) -> None:
+    print("\nheadline:")
+    for tool in peers.TOOLS:
+        rs = [r["ratio"] for r in rows if r["section"] == "ratio" and r["tool"] == tool and r["ratio"]]
+        meta = next((r for r in rows if r["section"] == "meta-70b" and r["tool"] == tool), None)
+        sc = [r for r in rows if r["section"] == "scaling" and r["tool"] == tool and r["per_call_us"]]
+        m = f"meta 70B {meta['seconds']:.1f} s / {meta['peak_rss'] / 2**30:.2f} GiB" if meta and meta["seconds"] \
+            else ("meta 70B: fails" if meta else "")
+        s = f"{sc[-1]['per_call_us']:.0f} us/call at {sc[-1]['model'].split()[1]} blocks" if sc else ""
+        print(f"  {tool:<18} median {statistics.median(rs):5.2f}x forward  {s:<28} {m}" if rs else
+              f"  {tool:<18} (no ratio)  {m}")
+    print("written: docs/benchmarks.md (speed section), bench/results/speed.csv")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="1 repeat, MLPs up to 1,000 blocks, no 70B")
+    ap.add_argument("--no-setup", action="store_true", help="run in the current environment")
+    ns = ap.parse_args()
+    if not ns.no_setup:
+        peers.setup_and_reexec(os.path.abspath(__file__))
+    warnings.filterwarnings("ignore")
+    import logging
+    logging.disable(logging.WARNING)
+    import torch
+    import transformers
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    t0 = time.time()
+    warm_m, warm_x, _, _ = peers.tied()
+    for fn in peers.TOOLS.values():
+        peers.run_one(fn, warm_m, warm_x)
+    rows = ratios(1 if ns.quick else 3)
+    rows += scaling([250, 1000] if ns.quick else [250, 1000, 4000, 16000])
+    if not ns.quick:
+        rows += meta_llama()
+    rows += memory_sim() if not ns.quick else []
+    write(rows, time.time() - t0, "python bench/speed.py" + (" --quick" if ns.quick else ""))
+    headline(rows)
+
+
+if __name__ == "__main__":
+    main()
