@@ -32,18 +32,14 @@ import warnings
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402  (the models, tools and environment set-up are shared)
 
+
+def _median(fn, repeats: int) -> float:
+    from bench_analyze import _median_time
+    return _median_time(fn, repeats)
+
 RATIO_MODELS = ["GPT-2 small (S=128)", "BERT base (S=128)", "Llama shrunk (4x512, S=128)", "HF ViT-B/16 (224)",
                 "HF ResNet-50 (224)"]
 META_TOOLS = ["layerscope", "torchinfo", "fvcore", "ptflops (aten)", "calflops", "DeepSpeed", "FlopCounterMode"]
-
-
-def _median(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def ratios(repeats: int) -> list[dict]:

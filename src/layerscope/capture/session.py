@@ -132,8 +132,8 @@ class _Recorder(TorchDispatchMode):
         elif func is _REPEAT_INTERLEAVE and args[0].is_meta and kwargs.get("output_size") is None:
             # values read as 1 on meta: every repeat count is 1, so the output has one per count
             out = func(*args, **{**kwargs, "output_size": args[0].numel()})
-        elif func is _UNIQUE2 and args[0].is_meta:
-            # values read as 1 on meta: every element is the same, so there is one unique value
+        elif func is _UNIQUE2 and (args[0].is_meta or cap.simulated and _unknown_value(args[0])):
+            # values read as 1 (meta, simulation): every element is the same: one unique value
             out = _unique2_of_ones(args[0], *args[1:], **kwargs)
         elif func is _GROUPED_MM and (args[0].is_meta or cap.simulated) and _grouped_mm_shape(args):
             # the meta kernel of _grouped_mm insists on bf16 and 16-byte strides (the CUDA kernel's
