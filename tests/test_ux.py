@@ -127,6 +127,12 @@ def test_compare_models_and_saved_reports(tmp_path, capsys):
     diff = ls.compare(ls.analyze(m1, x), ls.analyze(m2, x))
     assert diff.totals[1]["params"] - diff.totals[0]["params"] == 208
     assert json.loads(diff.to_json())["kind"] == "comparison"
+    # two specs with --memory: the summary and the training step's memory, each compared
+    assert run("compare", "layerscope.examples:tiny_gpt", "layerscope.examples:tiny_gpt", "--memory",
+               "--format", "json") == 0
+    both = json.loads(capsys.readouterr().out)
+    assert [d["compared"] for d in both] == ["summary", "memory"]
+    assert all(r["memory_delta"] == 0 for r in both[1]["layers"])
     with pytest.raises(ls.InputError, match="cannot compare a summary report with a memory"):
         ls.compare(ls.analyze(m1, x), ls.memory(m1, x))
 

@@ -226,6 +226,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--device", help="where to build the models (hf: specs are built on meta)")
     c.add_argument("--depth", type=int, default=2, help="deepest layer level shown (default 2)")
     c.add_argument("--changed", action="store_true", help="only the layers that differ")
+    c.add_argument("--memory", action="store_true", help="specs: also compare a training step's memory per layer "
+                                                         "(AdamW)")
+    c.add_argument("--profile", action="store_true", help="specs: also compare per-layer times (built on cpu)")
     _output_args(c, ("table", "json", "csv"))
     lp = _sub(sub, "list-presets", "the architectures shipped as configs, for hf:NAME")
     _output_args(lp, ("table", "json", "csv"))
@@ -539,26 +542,43 @@ def _report(ns: argparse.Namespace) -> int:
     return _write(ns, summary.to_html(memory=mem, latency=lat, plan=plan, title=ns.title))
 
 
-def _side(ns: argparse.Namespace, spec: str) -> dict:
-    """One side of a comparison: a saved report's dict, or a fresh analysis of a model spec."""
+def _sides(ns: argparse.Namespace, spec: str) -> list[dict]:
+    """One side of a comparison: a saved report's dict, or a fresh analysis of a model spec (with
+    its training-step memory for --memory, its per-layer times for --profile)."""
     if spec.endswith(".json"):
-        return _load_json(spec)
-    from .api import analyze
+        return [_load_json(spec)]
+    from .api import analyze, memory, profile
     ns.spec = spec
-    model, args, kwargs = _build(ns, ns.device)
+    device = "cpu" if ns.profile and not ns.device else ns.device       # timing needs real weights
+    model, args, kwargs = _build(ns, device)
     with _status(f"analysing {spec}", ns):
-        return analyze(model, *args, device=ns.device, **kwargs).to_dict()
+        out = [analyze(model, *args, device=device, **kwargs).to_dict()]
+        if ns.memory:
+            out.append(memory(model, *args, optimizer="adamw", device=device, **kwargs).to_dict(timeline=False))
+    if ns.profile:
+        model.eval()
+        out.append(profile(model, *args, progress=_live(ns), **kwargs).to_dict())
+    return out
 
 
 def _compare(ns: argparse.Namespace) -> int:
+    import json
+
     from .compare import compare
-    a, b = _side(ns, ns.a), _side(ns, ns.b)
-    diff = compare(a, b, names=(ns.a, ns.b))
+    from .errors import InputError
+    a, b = _sides(ns, ns.a), _sides(ns, ns.b)
+    if len(a) != len(b):
+        raise InputError("compare two saved reports, or two model specs (--memory and --profile apply to specs)")
+    diffs = [compare(x, y, names=(ns.a, ns.b)) for x, y in zip(a, b)]
     if ns.format == "json":
-        return _write(ns, diff.to_json())
+        return _write(ns, json.dumps([d.to_dict() for d in diffs] if len(diffs) > 1 else diffs[0].to_dict(),
+                                     indent=2))
     if ns.format == "csv":
-        return _write(ns, diff.to_csv())
-    return _write(ns, diff.table(depth=ns.depth, changed=ns.changed))
+        from .render.csv import csv_text
+        rows = [{"compared": d.kind, **r} for d in diffs for r in d.rows()]
+        return _write(ns, csv_text(list(dict.fromkeys(k for r in rows for k in r)), rows))
+    return _write(ns, "\n".join(f"{d.kind}:\n" + d.table(depth=ns.depth, changed=ns.changed) if len(diffs) > 1
+                                else d.table(depth=ns.depth, changed=ns.changed) for d in diffs))
 
 
 def _list_presets(ns: argparse.Namespace) -> int:
