@@ -51,10 +51,13 @@ SMALL = {
     "max_source_positions": 32,
     # what a part sees of another part's width (a Q-Former reading the vision tower)
     "encoder_hidden_size": 32,
+    # sub-widths of attention that must stay within the head (rotary parts, latent attention)
+    "rotary_dim": 8, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "kv_lora_rank": 32,
+    "q_lora_rank": 32, "index_head_dim": 16,
 }
 
 
-MAX_PARAMS = 300_000_000        # the depth-only tier builds nothing larger
+MAX_PARAMS = 1_500_000_000      # the depth-only tier builds nothing larger (6 GB of float32)
 
 
 class _Timeout(BaseException):
