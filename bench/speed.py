@@ -7,8 +7,9 @@
 2. Module-count scaling: a deep MLP of 250 / 1,000 / 4,000 / 16,000 blocks (3 module calls each):
    time per module call, for each tool (a tool whose smaller run predicts over 90 s at the next
    size, or that fails or takes over 120 s, is not run larger).
-3. Llama-2-70B on meta (seq 2048): wall time and peak RSS of a fresh process per tool, for every tool
-   that accepts a meta model.
+3. Llama-2-70B on meta (seq 2048): wall time and peak RSS of a fresh process per tool (and the RSS
+   the process had before the tool ran: importing torch and transformers and building the model on
+   meta), every tool tried.
 4. Memory simulation of a training step (AdamW): layerscope.memory() time on GPT-2 small next to the
    real step it predicts, and on Llama-2-70B on meta.
 
@@ -40,7 +41,6 @@ def _median(fn, repeats: int) -> float:
 
 RATIO_MODELS = ["GPT-2 small (S=128)", "BERT base (S=128)", "Llama shrunk (4x512, S=128)", "HF ViT-B/16 (224)",
                 "HF ResNet-50 (224)"]
-META_TOOLS = ["layerscope", "torchinfo", "fvcore", "ptflops (aten)", "calflops", "DeepSpeed", "FlopCounterMode"]
 
 
 def ratios(repeats: int) -> list[dict]:
@@ -114,7 +114,12 @@ cfg = T.LlamaConfig(hidden_size=8192, num_hidden_layers=80, num_attention_heads=
 with torch.device("meta"):
     model = peers.Wrap(T.LlamaForCausalLM(cfg), "input_ids", "logits")
 x = torch.empty(1, 2048, dtype=torch.long, device="meta")
+def hwm():   # this process's peak RSS (VmHWM belongs to the address space exec made: no parent in it)
+    line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
+before = hwm()
 r = peers.run_one(peers.TOOLS[sys.argv[1]], model, x, seconds=300)
+r["rss_before"], r["peak_rss"] = before, hwm()
 print(json.dumps(r))
 """
 
@@ -122,21 +127,21 @@ print(json.dumps(r))
 def meta_llama() -> list[dict]:
     rows = []
     here = os.path.dirname(os.path.abspath(__file__))
-    for tool in META_TOOLS:
+    for tool in peers.TOOLS:
         p = subprocess.Popen([sys.executable, "-c", _META_CHILD, tool, here], stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True)
-        out = p.stdout.read()
-        _, status, usage = os.wait4(p.pid, 0)
-        rss = usage.ru_maxrss * 1024
+        out, _ = p.communicate()
         try:
             r = json.loads(out.strip().splitlines()[-1])
         except (ValueError, IndexError):
-            r = {"seconds": None, "macs": None, "error": f"process exited with status {status}"}
+            r = {"seconds": None, "macs": None, "error": f"process exited with status {p.returncode}"}
+        rss = r.get("peak_rss")
         rows.append({"section": "meta-70b", "model": "Llama-2-70B on meta (S=2048)", "tool": tool,
-                     "seconds": None if r["error"] else r["seconds"], "peak_rss": rss, "macs": r.get("macs"),
-                     "error": r["error"]})
-        print(f"llama-2-70b meta  {tool:<18} " + (f"{r['seconds']:7.2f} s  peak RSS {rss / 2**30:5.2f} GiB  "
-              f"MACs {peers._g(r['macs'], 4)}" if not r["error"] else r["error"][:90]), flush=True)
+                     "seconds": None if r["error"] else r["seconds"], "peak_rss": rss,
+                     "rss_before": r.get("rss_before"), "macs": r.get("macs"), "error": r["error"]})
+        print(f"llama-2-70b meta  {tool:<18} " + (f"{r['seconds']:7.2f} s  peak RSS {rss / 2**30:5.2f} GiB "
+              f"(before the tool {r['rss_before'] / 2**30:.2f})  MACs {peers._g(r['macs'], 4)}"
+              if not r["error"] else r["error"][:90]), flush=True)
     return rows
 
 
@@ -211,11 +216,13 @@ def write(rows: list[dict], seconds: float, command: str) -> None:
                   "error" if t in sub else "--") for t in tools]
         lines.append(f"| {size.split()[1]} | " + " | ".join(cells) + " |")
     lines += ["", "### Llama-2-70B on meta (S = 2048), a fresh process per tool", "",
-              "| tool | seconds | peak RSS | MACs | error |", "|---|---:|---:|---:|---|"]
+              "| tool | seconds | peak RSS | RSS before the tool | MACs | error |", "|---|---:|---:|---:|---:|---|"]
     for r in (r for r in rows if r["section"] == "meta-70b"):
         secs = "--" if r["seconds"] is None else f"{r['seconds']:.2f}"
-        lines.append(f"| {r['tool']} | {secs} | {r['peak_rss'] / 2**30:.2f} GiB | {peers._g(r['macs'], 4)} | "
-                     f"{r['error'][:80]} |")
+        before = "--" if r.get("rss_before") is None else f"{r['rss_before'] / 2**30:.2f} GiB"
+        peak = "--" if r.get("peak_rss") is None else f"{r['peak_rss'] / 2**30:.2f} GiB"
+        lines.append(f"| {r['tool']} | {secs} | {peak} | {before} | "
+                     f"{peers._g(r['macs'], 4)} | {r['error'][:80]} |")
     lines += ["", "### Memory simulation of a training step (AdamW)", ""]
     for r in (r for r in rows if r["section"] == "memory"):
         extra = f" ({r['ratio']:.2f}x the real step's {r['forward_seconds']:.2f} s)" if r.get("ratio") else \
