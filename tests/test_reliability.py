@@ -3,6 +3,7 @@ two threads at once agree with one at a time, and saved model files load safely.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -96,7 +97,8 @@ def _unique_params(m: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in m.parameters()}.values())
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=int(os.environ.get("LAYERSCOPE_FUZZ_EXAMPLES", "60")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(tree=trees, tie=st.booleans(), train=st.booleans(), backward=st.booleans())
 def test_fuzzed_trees_keep_every_invariant(tree, tie, train, backward):
     torch.manual_seed(0)
