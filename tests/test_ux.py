@@ -57,6 +57,9 @@ def test_preset_summary_folds_the_decoder_layers(capsys):
     assert run("summary", "hf:gpt2", "--set", "n_layer=3", "--depth", "2", "--expand", "--input-ids", "1,8") == 0
     out = capsys.readouterr().out
     assert "0: GPT2Block" in out and "2: GPT2Block" in out and "x3" not in out
+    # an encoder-decoder preset with --input-ids gets decoder ids of the same shape
+    assert run("summary", "hf:t5-base", "--input-ids", "1,8", "--depth", "1", "--format", "json") == 0
+    assert json.loads(capsys.readouterr().out)["totals"]["params"] == 222_903_552
 
 
 class Block(nn.Module):

@@ -321,6 +321,8 @@ def _build(ns: argparse.Namespace, device: str | None):
         ids = token_ids(ns.input_ids, vocab, dev)
         if hasattr(model, "config"):
             kwargs["input_ids"] = ids
+            if getattr(model.config, "is_encoder_decoder", False):
+                kwargs["decoder_input_ids"] = ids      # an encoder-decoder (T5) needs both
         else:
             args = args + (ids,)
     if not args and not kwargs:
