@@ -274,12 +274,13 @@ def test_lstm_backward_is_counted():
 
 
 def test_uncounted_op_is_reported_not_zero():
-    # torch.fft has no formula: listed in coverage with its count and layer, totals flagged incomplete
-    rep = costs(lambda a: torch.fft.fft(a).real, torch.randn(8))
+    # a Bessel function has no formula: listed in coverage with its count and layer, totals
+    # flagged incomplete
+    rep = costs(lambda a: torch.special.bessel_j0(a), torch.randn(8))
     assert not rep.totals.complete
     names = [u.op for u in rep.coverage.uncounted]
-    assert any("fft" in n for n in names)
-    u = [u for u in rep.coverage.uncounted if "fft" in u.op][0]
+    assert any("bessel" in n for n in names)
+    u = [u for u in rep.coverage.uncounted if "bessel" in u.op][0]
     assert u.count == 1 and u.layers == ("(root)",)
 
 
@@ -358,3 +359,37 @@ def test_lstm_cell_flops():
     rep = ls.analyze(nn.LSTM(4, 8), torch.randn(3, 2, 4))
     c = op(rep, "aten.mkldnn_rnn_layer")
     assert (c.macs, c.flops) == (2_304, 5_616)
+
+
+def test_fft_bucketize_grid_sample_polar_all_true():
+    class F(nn.Module):
+        def __init__(self, fn):
+            super().__init__()
+            self.fn = fn
+
+        def forward(self, *x):
+            return self.fn(*x)
+
+    def flops(fn, *x):
+        rep = ls.analyze(F(fn), *x)
+        assert rep.coverage.complete
+        return rep.totals.flops
+
+    z = torch.randn(4, 8, dtype=torch.complex64)
+    # 4 complex transforms of N = 8 points: 5 * 8 * log2(8) = 120 each -> 480; no MACs
+    assert flops(torch.fft.fft, z) == 480
+    # norm="ortho" scales every output element: + 4 * 8
+    assert flops(lambda t: torch.fft.fft(t, norm="ortho"), z) == 512
+    # a real transform is half: 2.5 * 8 * 3 * 4 = 240
+    assert flops(torch.fft.rfft, torch.randn(4, 8)) == 240
+    # irfft to n = 8 real points: 240, and the inverse's 1/n scaling of its 32 outputs
+    assert flops(lambda t: torch.fft.irfft(t, n=8), torch.randn(4, 5, dtype=torch.complex64)) == 272
+    # 10 values into 7 boundaries: a binary search of ceil(log2(8)) = 3 comparisons each
+    assert flops(torch.bucketize, torch.randn(10), torch.sort(torch.randn(7)).values) == 30
+    # bilinear grid sampling: 7 per output element, output 1 x 3 x 4 x 5 = 60 -> 420
+    g = torch.rand(1, 4, 5, 2) * 2 - 1
+    assert flops(lambda x, grid: nn.functional.grid_sample(x, grid, align_corners=False),
+                 torch.randn(1, 3, 8, 8), g) == 420
+    # polar: cos, sin and two products per element: 4 * 6
+    assert flops(torch.polar, torch.rand(6), torch.rand(6)) == 24
+    assert flops(torch._is_all_true, torch.ones(5, dtype=torch.bool)) == 5

@@ -6,7 +6,7 @@ Bytes: per op, every tensor input read once and every output written once (no ca
 metadata-only ops move nothing. Counts are per batch.
 """
 
-from . import attention, conv, elementwise, matmul, movement, norm, pool, rnn  # noqa: F401 (registers)
+from . import attention, conv, elementwise, matmul, movement, norm, pool, rnn, spectral  # noqa: F401 (registers)
 from .registry import FREE, CostOptions, OpCall, OpCost, lookup, register, register_free, registered_names
 
 __all__ = ["FREE", "CostOptions", "OpCall", "OpCost", "lookup", "register", "register_free",
