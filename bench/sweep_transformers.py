@@ -319,6 +319,8 @@ def main() -> None:
     ap.add_argument("--limit", type=int)
     ap.add_argument("--csv", help="write the rows here as they come")
     ap.add_argument("--resume", metavar="CSV", help="keep the rows of an earlier --csv and run the rest")
+    ap.add_argument("--shard", metavar="K/N", help="run only every N-th class from the K-th (0-based): N "
+                                                   "processes share the work; merge their --csv files")
     ap.add_argument("--seconds", type=int, default=60, help="per class")
     ns = ap.parse_args()
     warnings.filterwarnings("ignore")
@@ -341,6 +343,10 @@ def main() -> None:
     writer.writerows(rows)
     t0 = time.time()
     left = [p for p in todo if p not in done]
+    if ns.shard:
+        k, n = (int(v) for v in ns.shard.split("/"))
+        left = left[k::n]
+        torch.set_num_threads(1)           # the shards share the cores
     for i, row in enumerate(_run_all(left, ns.seconds)):
         rows.append(row)
         writer.writerow(row)
