@@ -22,6 +22,7 @@ import gc
 import os
 import inspect
 import signal
+import tempfile
 import sys
 import time
 import traceback
@@ -217,6 +218,18 @@ def _own_backward(model, kwargs) -> str | None:
         model.zero_grad(set_to_none=True)
 
 
+# where the worker is, for the parent to read when the kernel kills it: building and running the
+# model's own forward ("build") or analysing it ("analyze")
+# (the parent names the file; its spawned workers inherit the name through the environment)
+_STAGE = os.environ.setdefault("LAYERSCOPE_SWEEP_STAGE",
+                               os.path.join(tempfile.gettempdir(), f"layerscope-sweep-{os.getpid()}.stage"))
+
+
+def _stage(what: str) -> None:
+    with open(_STAGE, "w") as f:
+        f.write(what)
+
+
 def _alarm(signum, frame):
     raise _Timeout()
 
@@ -226,7 +239,9 @@ def one(model_type: str, cls_name: str, seconds: int) -> tuple[str, str]:
     signal.alarm(seconds)
     try:
         try:
+            _stage("build")
             model, kwargs, own = build(model_type, cls_name)
+            _stage("analyze")
         except _Timeout:
             return "skip", "timeout building or running its own forward"
         except Exception as e:
@@ -307,7 +322,15 @@ def _run_all(todo: list[tuple[str, str]], seconds: int):
                     i += 1
                     yield row
             except BrokenProcessPool:
-                yield (*todo[i], "fail", "the worker process died (killed for memory?)")
+                try:
+                    with open(_STAGE) as f:
+                        stage = f.read()
+                except OSError:
+                    stage = "analyze"
+                # killed while the model itself was built or ran: its own forward does not fit here
+                yield (*todo[i], *(("skip", "own: the process was killed (out of memory) building or running "
+                                   "it") if stage == "build" else
+                                  ("fail", "the worker process died during the analysis (killed for memory?)")))
                 i += 1
 
 
