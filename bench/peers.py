@@ -57,28 +57,25 @@ def _hf(config_cls, model_cls, **cfg):
     return getattr(T, model_cls)(getattr(T, config_cls)(**cfg)).eval()
 
 
-class Wrap:
-    """One tensor in, one tensor out, for every tool alike."""
+def wrap(model, key: str, out: str):
+    """One tensor in, one tensor out, for every tool alike (torch is imported late: this file first
+    runs outside the benchmark environment, to set it up)."""
+    import torch.nn as nn
 
-    def __new__(cls, model, key: str, out: str):
-        import torch.nn as nn
+    class Wrapped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
 
-        class Wrapped(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.model = model
+        def forward(self, x):
+            return getattr(self.model(**{key: x}), out)
 
-            def forward(self, x):
-                return getattr(self.model(**{key: x}), out)
-
-        w = Wrapped()
-        w.name = type(model).__name__
-        return w
+    return Wrapped()
 
 
 def gpt2():
     import torch
-    m = Wrap(_hf("GPT2Config", "GPT2LMHeadModel"), "input_ids", "logits")
+    m = wrap(_hf("GPT2Config", "GPT2LMHeadModel"), "input_ids", "logits")
     # S = 128 tokens. Per layer: qkv 768*2304 + proj 768*768 + fc 768*3072 + proj 3072*768
     # = 7,077,888 MACs per token; attention Q.K^T and P.V: 2 * S^2 * 768. The LM head: S * 768 * 50,257.
     # 12 * (128 * 7,077,888 + 2 * 128^2 * 768) + 128 * 38,597,376 = 11,173,625,856 + 4,940,464,128
@@ -87,7 +84,7 @@ def gpt2():
 
 def bert():
     import torch
-    m = Wrap(_hf("BertConfig", "BertModel"), "input_ids", "last_hidden_state")
+    m = wrap(_hf("BertConfig", "BertModel"), "input_ids", "last_hidden_state")
     # S = 128: 12 * (128 * (4 * 768^2 + 2 * 768 * 3072) + 2 * 128^2 * 768) + pooler 768^2 (one token)
     # = 12 * (905,969,664 + 25,165,824) + 589,824; params as published for bert-base-uncased
     return m, torch.randint(0, 30522, (1, 128)), 11_174_215_680, 109_482_240
@@ -95,7 +92,7 @@ def bert():
 
 def llama():
     import torch
-    m = Wrap(_hf("LlamaConfig", "LlamaForCausalLM", hidden_size=512, intermediate_size=1376,
+    m = wrap(_hf("LlamaConfig", "LlamaForCausalLM", hidden_size=512, intermediate_size=1376,
                  num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8, vocab_size=32000,
                  tie_word_embeddings=False), "input_ids", "logits")
     # S = 128, h = 512, I = 1376: per layer q,k,v,o 4 * 512^2 + MLP 3 * 512 * 1376 = 3,162,112 per
@@ -107,7 +104,7 @@ def llama():
 
 def vit():
     import torch
-    m = Wrap(_hf("ViTConfig", "ViTForImageClassification", num_labels=1000), "pixel_values", "logits")
+    m = wrap(_hf("ViTConfig", "ViTForImageClassification", num_labels=1000), "pixel_values", "logits")
     # 196 patches of 3*16*16 -> 768: 196 * 768 * 768 = 115,605,504; S = 197 tokens, per layer
     # 197 * 7,077,888 + 2 * 197^2 * 768 = 1,453,954,560, x 12 = 17,447,454,720; classifier on the
     # class token 768 * 1000 = 768,000. Total 17,563,828,224; params 86,567,656 (google/vit-base-patch16-224)
@@ -133,7 +130,7 @@ def _resnet50_macs() -> int:
 
 def resnet():
     import torch
-    m = Wrap(_hf("ResNetConfig", "ResNetForImageClassification", num_labels=1000), "pixel_values", "logits")
+    m = wrap(_hf("ResNetConfig", "ResNetForImageClassification", num_labels=1000), "pixel_values", "logits")
     return m, torch.randn(1, 3, 224, 224), _resnet50_macs(), 25_557_032
 
 
@@ -147,50 +144,48 @@ def cnn_transpose():
     return m, torch.randn(1, 3, 32, 32), 3_424_256, 2_723
 
 
-class _LSTMNet:
-    def __new__(cls):
-        import torch.nn as nn
+def _lstm_net():
+    import torch.nn as nn
 
-        class LSTMNet(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.lstm = nn.LSTM(32, 64, batch_first=True)
-                self.fc = nn.Linear(64, 10)
+    class LSTMNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = nn.LSTM(32, 64, batch_first=True)
+            self.fc = nn.Linear(64, 10)
 
-            def forward(self, x):
-                return self.fc(self.lstm(x)[0][:, -1])
-        return LSTMNet()
+        def forward(self, x):
+            return self.fc(self.lstm(x)[0][:, -1])
+    return LSTMNet()
 
 
 def lstm():
     import torch
     # per step 4 gates * 64 * (32 + 64) = 24,576, x 20 steps = 491,520; fc 640.
     # params 4*64*(32+64) + 2*4*64 (two biases) + 650 = 24,576 + 512 + 650
-    return _LSTMNet(), torch.randn(1, 20, 32), 492_160, 25_738
+    return _lstm_net(), torch.randn(1, 20, 32), 492_160, 25_738
 
 
-class _Tied:
-    def __new__(cls):
-        import torch.nn as nn
+def _tied_net():
+    import torch.nn as nn
 
-        class TiedReused(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.emb = nn.Embedding(100, 32)
-                self.mix = nn.Linear(32, 32)
-                self.head = nn.Linear(32, 100)
-                self.head.weight = self.emb.weight              # tied
+    class TiedReused(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(100, 32)
+            self.mix = nn.Linear(32, 32)
+            self.head = nn.Linear(32, 100)
+            self.head.weight = self.emb.weight              # tied
 
-            def forward(self, ids):
-                return self.head(self.mix(self.mix(self.emb(ids))))   # mix reused
-        return TiedReused()
+        def forward(self, ids):
+            return self.head(self.mix(self.mix(self.emb(ids))))   # mix reused
+    return TiedReused()
 
 
 def tied():
     import torch
     # 16 tokens: mix twice 2 * 16*32*32 = 32,768; head 16*32*100 = 51,200.
     # params: embedding 3,200 (the head's weight is the same tensor) + mix 1,056 + head bias 100
-    return _Tied(), torch.randint(0, 100, (1, 16)), 83_968, 4_356
+    return _tied_net(), torch.randint(0, 100, (1, 16)), 83_968, 4_356
 
 
 MODELS = {"GPT-2 small (S=128)": gpt2, "BERT base (S=128)": bert, "Llama shrunk (4x512, S=128)": llama,

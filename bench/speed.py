@@ -112,7 +112,7 @@ T.logging.set_verbosity_error()
 cfg = T.LlamaConfig(hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
                     intermediate_size=28672, vocab_size=32000, max_position_embeddings=4096)
 with torch.device("meta"):
-    model = peers.Wrap(T.LlamaForCausalLM(cfg), "input_ids", "logits")
+    model = peers.wrap(T.LlamaForCausalLM(cfg), "input_ids", "logits")
 x = torch.empty(1, 2048, dtype=torch.long, device="meta")
 def hwm():   # this process's peak RSS (VmHWM belongs to the address space exec made: no parent in it)
     line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
