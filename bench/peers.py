@@ -339,6 +339,10 @@ def main() -> None:
                          "forward_seconds": plain})
             print(f"{name:<30} {tool:<18} params {_g(r['params']):>9} MACs {_g(r['macs']):>9} "
                   f"({_err(r['macs'], ref_macs):>8}) {r['seconds']:7.2f} s {r['error'][:60]}", flush=True)
+    if ns.only or ns.tools:
+        # a subset would overwrite the published tables with part of them
+        headline(rows, tools, written=False)
+        return
     out_csv = ROOT / "bench" / "results" / "peers.csv"
     out_csv.parent.mkdir(exist_ok=True)
     with open(out_csv, "w", newline="") as f:
@@ -420,11 +424,12 @@ def _scores(rows, tools):
     return out
 
 
-def headline(rows, tools) -> None:
+def headline(rows, tools, written: bool = True) -> None:
     print("\nheadline (MACs exact / within 1% / params exact / errors / median seconds):")
     for t, exact, close, pexact, errors, med in _scores(rows, tools):
         print(f"  {t:<18} {exact:>5} {close:>5} {pexact:>5} {errors:>3} {med:8.2f} s")
-    print("written: docs/benchmarks.md, bench/results/peers.csv")
+    print("written: docs/benchmarks.md, bench/results/peers.csv" if written else
+          "a subset (--only/--tools): docs/benchmarks.md and bench/results/peers.csv left as they were")
 
 
 if __name__ == "__main__":
