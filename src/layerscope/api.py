@@ -407,6 +407,8 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
 
             measured = measure_cuda(real, here, options["steps"]) if here.type == "cuda" else \
                 measure_cpu(real, before, options["steps"])
+        if run.log is not None:
+            notes += run.log.notes()
         if tracker.untracked:
             notes.append(f"{tracker.untracked} tensors without a plain storage (sparse, nested) were "
                          "not tracked")

@@ -31,11 +31,12 @@ import torch
 from torch import nn
 
 from ..costs import CostOptions
-from ..errors import InputError, LayerscopeError
+from ..errors import ForwardError, InputError, LayerscopeError
 from ..trace import BACKWARD, FORWARD, LOSS, OPTIMIZER, Trace
 from .inputs import iter_tensors, map_tensors
 from .session import (StateGuard, _Capture, _Recorder, build_trace, empty_like_on, empty_state, run_backward,
                       run_forward, swapped_state)
+from .simulation import SimulationKernels, SimulationLog, ValueReads
 from .storage import BUFFER, GRAD, INPUT, OPT, OUTPUT, PARAM, StorageTracker
 
 __all__ = ["StepRun", "PassRecord", "run_steps", "default_loss", "fake_mode_for"]
@@ -63,6 +64,8 @@ class StepRun:
     optimizer_bytes: dict[str, int] = field(default_factory=dict)        # param name -> state bytes
     optimizer_other_bytes: int = 0                                       # state not keyed by a param
     param_names: dict[int, str] = field(default_factory=dict)
+    # what a simulation had to make up (random draws, values read back, kernel sizes): None when real
+    log: SimulationLog | None = None
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -106,7 +109,7 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
     named = list(model.named_modules())
     modules = [m for _, m in named]
     guard = StateGuard(model, modules, (args, kwargs))
-    run = StepRun(tracker)
+    run = StepRun(tracker, log=SimulationLog() if simulate else None)
     fake_ctx, snapshot = contextlib.nullcontext(), []
     if simulate:
         fake_mode, own = fake_mode_for()
@@ -145,6 +148,13 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
                   loss_fn=loss_fn or default_loss, steps=steps if training else 1,
                   accumulation=accumulation if training else 1, options=options or CostOptions(),
                   on_step=on_step)
+    except ForwardError as e:
+        # a failure after the simulation made values up (a label check read as True) names them
+        if run.log is None or not any(k != "random" for k, _, _ in run.log.events):
+            raise
+        made_up = "; ".join(run.log.notes(skip=("random",))[:2])
+        raise ForwardError(f"{e} -- this may come from a value the simulation had to invent: {made_up}",
+                           path=e.path, module_type=e.module_type, input_shapes=e.input_shapes) from e.__cause__
     finally:
         if snapshot:
             with torch.no_grad():
@@ -254,11 +264,17 @@ def _one_pass(run: StepRun, cap: _Capture, named, call, autocast, loss_fn, train
 
     saved_hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) \
         if training and tracked else contextlib.nullcontext()
+    # a simulation's own modes: kernels below the recorder (it records what they return), value
+    # reads above it (it answers those itself)
+    log = run.log
+    below = SimulationKernels(cap, log) if log is not None else contextlib.nullcontext()
+    above = ValueReads(cap, log) if log is not None else contextlib.nullcontext()
     output = None
     if tracked:
         cap.install(named)
     try:
-        with torch.set_grad_enabled(training), _Recorder(cap) if tracked else contextlib.nullcontext():
+        with torch.set_grad_enabled(training), below, _Recorder(cap) if tracked else contextlib.nullcontext(), \
+                above:
             with saved_hooks:
                 mark_phase(FORWARD)
                 with autocast():
