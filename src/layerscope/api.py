@@ -372,7 +372,9 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     elif target.type == "cuda" and not torch.cuda.is_available():
         sim_device = torch.device("cpu")
         notes.append("no CUDA here: simulated with fake CPU tensors and CUDA's 512-byte allocation "
-                     "blocks; autocast follows CPU rules, and the optimizer's foreach default is CUDA's")
+                     "blocks; autocast follows CPU rules, and the optimizer's foreach default is CUDA's; "
+                     "scratch that CUDA kernels (cuBLAS, cuDNN RNN reserve, attention) allocate inside "
+                     "themselves is not counted")
     block_size = cuda_block_size if target.type == "cuda" else None
     options = {"device": str(target), "training": training, "optimizer": _optimizer_name(factory),
                "autocast": str(amp).replace("torch.", "") if amp else None, "steps": steps if training else 1,
@@ -388,6 +390,7 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
         try:
             run = run_steps(model, args, kwargs, simulate=simulate, device=sim_device if simulate else here,
                             tracker=tracker, foreach_default=target.type == "cuda",
+                            probe_kernels=sim_device == target or target.type == "meta",
                             on_step=(lambda step, when: bar.advance() if when == "end" else None) if bar else None,
                             **step_kw)
         except ForwardError as e:
