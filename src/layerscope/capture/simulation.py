@@ -50,7 +50,8 @@ _NONZERO = aten.nonzero.default
 _PROBED = {getattr(aten, name).default for name in ("mkldnn_rnn_layer", "mkldnn_rnn_layer_backward",
                                                      "_cudnn_rnn", "_cudnn_rnn_backward",
                                                      "_scaled_dot_product_flash_attention_for_cpu",
-                                                     "_scaled_dot_product_flash_attention_for_cpu_backward", "mm")
+                                                     "_scaled_dot_product_flash_attention_for_cpu_backward", "mm",
+                                                     "convolution", "convolution_backward")
            if hasattr(aten, name)}
 
 
