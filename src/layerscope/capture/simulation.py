@@ -115,7 +115,9 @@ def _where(cap) -> str:
 
 def _median(func, args, kwargs):
     """The draw's median (None: not a draw this module knows how to make)."""
-    name = func._opname
+    name = func._opname.rstrip("_")          # uniform_ draws as uniform
+    if name in ("rand_like", "randn_like"):
+        return (0.5, "torch.rand_like as its median") if name == "rand_like" else (0.0, "torch.randn_like as its mean")
     if name in ("rand", "uniform"):
         lo = kwargs.get("from", args[1] if name == "uniform" and len(args) > 1 else 0.0)
         hi = kwargs.get("to", args[2] if name == "uniform" and len(args) > 2 else 1.0)
@@ -211,9 +213,10 @@ class SimulationKernels(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.log.real:   # a tracked real step: outputs are real, only the kernels' scratch is added
+            out = func(*args, **kwargs)
             if func in _PROBED and self.log.probe:
-                self._probe(func, args, kwargs, None)
-            return func(*args, **kwargs)
+                self._probe(func, args, kwargs, out, fix=False)
+            return out
         if func is _NONZERO and _unknown(args[0]) and self.cap.phase is BACKWARD:
             self.log.add("nonzero", "nonzero", _where(self.cap))
             x = args[0]
@@ -251,24 +254,28 @@ class SimulationKernels(TorchDispatchMode):
             out.fake_mode.fake_tensor_converter.add_constant_storage_mapping(out)
         self.log.add("random", what, _where(self.cap))
 
-    def _probe(self, func, args, kwargs, out):
-        """``out``: the fake outputs to give the real sizes (None in a real step: scratch only)."""
+    def _probe(self, func, args, kwargs, out, fix: bool = True):
+        """``out``: the outputs; with ``fix``, fake ones given the real sizes (a real step: scratch only)."""
         outs = out if isinstance(out, (tuple, list)) else (out,)
         flat = [a for a in args if isinstance(a, torch.Tensor)]
         device = next((t.device for t in flat), None)
         if device is None or device.type not in ("cpu", "cuda") or \
                 device.type == "cuda" and not torch.cuda.is_available():
-            self.log.add("size", f"{func._opname}'s workspace is not known to the simulation here (no "
-                         f"{device} to size it on): counted as 0 bytes", _where(self.cap))
+            self.log.add("size", f"{func._opname} could not be sized by a real call here (no {device} "
+                         f"to run it on): scratch the kernel allocates inside itself is not counted",
+                         _where(self.cap))
             return out
         key = (func, tuple((tuple(a.shape), tuple(a.stride()), a.dtype) if isinstance(a, torch.Tensor) else repr(a)
                            for a in args))
         sizes = self.log.probes.get(key)
         if sizes is None:
-            need = 2 * sum(t.numel() * t.element_size() for t in flat)   # inputs, and about as much out
+            # the zero-filled inputs and the outputs
+            need = sum(t.numel() * t.element_size() for t in flat) + \
+                sum(t.numel() * t.element_size() for t in outs if isinstance(t, torch.Tensor))
             if need > PROBE_LIMIT:
-                self.log.add("size", f"{func._opname}'s workspace was not sized (a real call would need "
-                             f"{need >> 20} MiB): counted as the fake kernel's", _where(self.cap))
+                self.log.add("size", f"{func._opname} was not sized by a real call (it would need over "
+                             f"{PROBE_LIMIT >> 20} MiB): scratch the kernel allocates inside itself is "
+                             f"not counted", _where(self.cap))
                 return out
             try:
                 sizes = _probe_real(func, args, kwargs, device)
@@ -280,8 +287,8 @@ class SimulationKernels(TorchDispatchMode):
         sizes, scratch = sizes
         if scratch and self.cap.storage is not None:
             self.cap.storage.transient(scratch)     # alive during this op only
-        if out is None:
-            return None
+        if not fix:
+            return out
         fixed = list(outs)
         for i, (o, s) in enumerate(zip(outs, sizes)):
             if isinstance(o, torch.Tensor) and s is not None and tuple(o.shape) != s[0] and o.dtype == s[2]:
