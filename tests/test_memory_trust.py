@@ -200,3 +200,50 @@ def test_max_batch_size_steps_down_when_the_measured_step_does_not_fit(monkeypat
         pytest.skip("no limit separates the prediction from the measurement here")
     fit = ls.max_batch_size(model, x, optimizer="adamw", limit=limit)
     assert fit.batch_size <= 4 and dict(fit.measured)[fit.batch_size] <= limit
+
+
+class Draws(nn.Module):
+    """Branches on one draw of each kind; each branch multiplies by a different constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.seen = []
+
+    def forward(self, x):
+        self.seen = [float(torch.rand([])), float(torch.randn([])), int(torch.randint(0, 10, ())),
+                     int(torch.randint(3, 7, (1,))), float(torch.empty(()).uniform_(2.0, 4.0))]
+        return self.fc(x)
+
+
+def test_draw_medians_by_hand():
+    # rand: (0+1)/2; randn: mean 0; randint(0, 10): middle of 0..9 -> 0 + (10-0-1)//2 = 4;
+    # randint(3, 7): 3 + (7-3-1)//2 = 4; uniform_(2, 4): 3
+    model = Draws()
+    rep = ls.memory(model, torch.randn(2, 4), training=False)
+    assert model.seen == [0.5, 0.0, 4, 4, 3.0]
+    # one note per kind of draw: rand, randn, randint (2 draws), uniform
+    assert sum("median" in n or "mean" in n or "middle" in n for n in rep.notes) == 4
+    assert any("torch.randint as the middle of its range 2 time(s)" in n for n in rep.notes)
+
+
+def test_the_fake_tensor_check_is_ours_only():
+    # issue 18 item 8's fix answers "not fake" only for the simulation's own tensors: a tensor of
+    # another FakeTensorMode (a user's trace) is still fake while the simulation runs
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers.utils import import_utils
+    other = FakeTensorMode().from_tensor(torch.zeros(2))
+    answers = []
+
+    class Probe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+
+        def forward(self, x):
+            answers.append((import_utils.is_fake_tensor(x), import_utils.is_fake_tensor(other)))
+            return self.fc(x)
+
+    ls.memory(Probe(), torch.zeros(1, 2), training=False)
+    assert answers == [(False, True)]
+    assert import_utils.is_fake_tensor(other)
