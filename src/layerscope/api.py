@@ -328,7 +328,8 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     ``batch_dim`` (default 0). ``simulate=False`` tracks the real step on the model's own tensors
     instead (everything is restored afterwards). ``measure=True`` also runs the real step and measures
     it with the allocator (default on for CUDA models). ``limit`` (bytes or "80GiB") is shown
-    against the peak.
+    against the peak. What the simulation had to make up (random draws taken at their median, values
+    read back from tensors that have none, kernels it could not size) is listed in ``notes``.
     """
     from .analyses.memory import build_memory_report
     from .capture.measure import measure_cpu, measure_cuda, state_bytes
@@ -375,6 +376,9 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
                      "blocks; autocast follows CPU rules, and the optimizer's foreach default is CUDA's; "
                      "scratch that CUDA kernels (cuBLAS, cuDNN RNN reserve, attention) allocate inside "
                      "themselves is not counted")
+    elif target.type == "cuda" and simulate:
+        notes.append("scratch that CUDA kernels (cuBLAS, cuDNN, attention) allocate inside themselves is "
+                     "not counted; measure=True shows the allocator's peak beside the prediction")
     block_size = cuda_block_size if target.type == "cuda" else None
     options = {"device": str(target), "training": training, "optimizer": _optimizer_name(factory),
                "autocast": str(amp).replace("torch.", "") if amp else None, "steps": steps if training else 1,
