@@ -247,3 +247,13 @@ def test_the_fake_tensor_check_is_ours_only():
     ls.memory(Probe(), torch.zeros(1, 2), training=False)
     assert answers == [(False, True)]
     assert import_utils.is_fake_tensor(other)
+
+
+def test_a_kernel_too_large_to_size_is_said(monkeypatch):
+    # issue 18 item 9: where the simulation cannot see a kernel's scratch, the report says so
+    import layerscope.capture.simulation as sim
+    monkeypatch.setattr(sim, "PROBE_MACS", 0)
+    torch.manual_seed(0)
+    rep = ls.memory(UNet(), torch.randn(1, 3, 8, 8), optimizer="sgd")
+    assert any(n.startswith("convolution was not sized by a real call") and "not counted" in n
+               for n in rep.notes)

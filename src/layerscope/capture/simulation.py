@@ -40,6 +40,9 @@ from ..trace import BACKWARD, FORWARD
 __all__ = ["SimulationLog", "SimulationKernels", "ValueReads", "PROBE_LIMIT", "eager_paths"]
 
 PROBE_LIMIT = 256 * 2 ** 20   # bytes of real tensors a kernel probe may allocate
+PROBE_MACS = 500_000_000      # and the work it may do (multiply-accumulates, by layerscope's formulas):
+                              # a tenth of a second or so on a CPU core; a planning run of a model that
+                              # fits nowhere (Llama-70B on meta) sizes none of its large kernels
 
 aten = torch.ops.aten
 _LOCAL_SCALAR = aten._local_scalar_dense.default
@@ -167,6 +170,18 @@ def _real_like(t: torch.Tensor, device) -> torch.Tensor:
         torch.zeros(tuple(t.shape), dtype=t.dtype, device=device).as_strided(tuple(t.shape), tuple(t.stride()))
 
 
+def _macs(func, args, kwargs, out) -> int:
+    """The op's multiply-accumulates by layerscope's own formula (0 where it has none)."""
+    from ..costs import FREE, CostOptions, OpCall, lookup
+    fn = lookup(func)
+    if fn is None or fn is FREE:
+        return 0
+    try:
+        return int(fn(OpCall(func, args, kwargs, out, CostOptions())).macs)
+    except Exception:  # a formula that cannot read these arguments: judge by bytes alone
+        return 0
+
+
 def _probe_real(func, args, kwargs, device):
     """Run ``func`` for real on zero-filled tensors shaped like ``args`` (in the caller's grad mode:
     oneDNN's LSTM keeps no workspace under no_grad). Returns (output sizes, scratch): each output's
@@ -272,18 +287,20 @@ class SimulationKernels(TorchDispatchMode):
             # the zero-filled inputs and the outputs
             need = sum(t.numel() * t.element_size() for t in flat) + \
                 sum(t.numel() * t.element_size() for t in outs if isinstance(t, torch.Tensor))
-            if need > PROBE_LIMIT:
-                self.log.add("size", f"{func._opname} was not sized by a real call (it would need over "
-                             f"{PROBE_LIMIT >> 20} MiB): scratch the kernel allocates inside itself is "
-                             f"not counted", _where(self.cap))
-                return out
-            try:
-                sizes = _probe_real(func, args, kwargs, device)
-            except Exception as e:  # the real kernel refuses these arguments: say so, keep the fake sizes
-                self.log.add("size", f"{func._opname} could not be sized by a real call "
-                             f"({type(e).__name__}): counted as the fake kernel's", _where(self.cap))
-                return out
+            if need > PROBE_LIMIT or _macs(func, args, kwargs, out) > PROBE_MACS:
+                sizes = (f"{func._opname} was not sized by a real call (it would need over "
+                         f"{PROBE_LIMIT >> 20} MiB or {PROBE_MACS / 1e9:g} GMACs): scratch the kernel "
+                         f"allocates inside itself is not counted")
+            else:
+                try:
+                    sizes = _probe_real(func, args, kwargs, device)
+                except Exception as e:  # the real kernel refuses these arguments: keep the fake sizes
+                    sizes = (f"{func._opname} could not be sized by a real call ({type(e).__name__}): "
+                             f"counted as the fake kernel's")
             self.log.probes[key] = sizes
+        if isinstance(sizes, str):      # not sized: say so at every call
+            self.log.add("size", sizes, _where(self.cap))
+            return out
         sizes, scratch = sizes
         if scratch and self.cap.storage is not None:
             self.cap.storage.transient(scratch)     # alive during this op only
