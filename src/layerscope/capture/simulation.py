@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map_only
 
 from ..trace import BACKWARD, FORWARD
 
@@ -194,7 +195,8 @@ def _probe_real(func, args, kwargs, device):
     result = []
 
     def run():
-        real_args = [_real_like(a, device) if isinstance(a, torch.Tensor) else a for a in args]
+        # tensors inside lists too (cuDNN's RNN takes its weights as a list)
+        real_args = tree_map_only(torch.Tensor, lambda a: _real_like(a, device), list(args))
         real = func(*real_args, **kwargs)
         reals = real if isinstance(real, (tuple, list)) else (real,)
         result.append([(tuple(r.shape), tuple(r.stride()), r.dtype) if isinstance(r, torch.Tensor) else None
@@ -212,7 +214,7 @@ def _probe_real(func, args, kwargs, device):
         peak = max(peak, running)
     # the inputs were allocated inside run() too and are freed with it: only the peak above the
     # inputs and outputs counts as the kernel's own scratch
-    inputs = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+    inputs = sum(a.numel() * a.element_size() for a in tree_leaves(list(args)) if isinstance(a, torch.Tensor))
     return result[0], max(0, peak - inputs - result[1])
 
 
@@ -272,7 +274,7 @@ class SimulationKernels(TorchDispatchMode):
     def _probe(self, func, args, kwargs, out, fix: bool = True):
         """``out``: the outputs; with ``fix``, fake ones given the real sizes (a real step: scratch only)."""
         outs = out if isinstance(out, (tuple, list)) else (out,)
-        flat = [a for a in args if isinstance(a, torch.Tensor)]
+        flat = [a for a in tree_leaves(list(args)) if isinstance(a, torch.Tensor)]
         device = next((t.device for t in flat), None)
         if device is None or device.type not in ("cpu", "cuda") or \
                 device.type == "cuda" and not torch.cuda.is_available():
@@ -281,7 +283,7 @@ class SimulationKernels(TorchDispatchMode):
                          _where(self.cap))
             return out
         key = (func, tuple((tuple(a.shape), tuple(a.stride()), a.dtype) if isinstance(a, torch.Tensor) else repr(a)
-                           for a in args))
+                           for a in tree_leaves(list(args))))
         sizes = self.log.probes.get(key)
         if sizes is None:
             # the zero-filled inputs and the outputs
