@@ -121,7 +121,8 @@ def _median(func, args, kwargs):
     """The draw's median (None: not a draw this module knows how to make)."""
     name = func._opname.rstrip("_")          # uniform_ draws as uniform
     if name in ("rand_like", "randn_like"):
-        return (0.5, "torch.rand_like as its median") if name == "rand_like" else (0.0, "torch.randn_like as its mean")
+        return (0.5, "torch.rand_like as its median") if name == "rand_like" else \
+            (0.0, "torch.randn_like as its mean")
     if name in ("rand", "uniform"):
         lo = kwargs.get("from", args[1] if name == "uniform" and len(args) > 1 else 0.0)
         hi = kwargs.get("to", args[2] if name == "uniform" and len(args) > 2 else 1.0)
@@ -152,6 +153,10 @@ def _median(func, args, kwargs):
 _INDEX = aten.index.Tensor
 _INDEXING = {getattr(aten, n).default if n != "index" else aten.index.Tensor
              for n in ("index", "index_put", "index_put_", "_index_put_impl_")}
+
+
+def _unknown_mask(i) -> bool:
+    return isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) and _unknown(i)
 
 
 def _all_selected(indices):
@@ -238,9 +243,8 @@ class SimulationKernels(TorchDispatchMode):
             self.log.add("nonzero", "nonzero", _where(self.cap))
             x = args[0]
             return torch.empty((x.numel(), x.dim()), dtype=torch.long, device=x.device)
-        if func in _INDEXING and (func is not _INDEX or self.cap.phase is BACKWARD) and len(args) > 1 and isinstance(args[1], (list, tuple)) and \
-                any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) and _unknown(i)
-                    for i in args[1]):
+        if func in _INDEXING and (func is not _INDEX or self.cap.phase is BACKWARD) and len(args) > 1 \
+                and isinstance(args[1], (list, tuple)) and any(_unknown_mask(i) for i in args[1]):
             # a boolean mask without values (fake kernels call nonzero on it inside themselves):
             # every element selected, as nonzero above. Only where the shapes that follow do not
             # depend on it (a masked assignment), or in backward (the gathered gradient is transient);
