@@ -15,9 +15,15 @@ Two dispatch modes, used only in a simulation and only around the model's forwar
     forward only for a masked assignment, whose output shape does not depend on the mask.
   - kernels whose fake (meta) implementation sizes an output differently from the real kernel
     (oneDNN's LSTM workspace, ``mkldnn_rnn_layer``: 0 bytes on fake, tens of KiB to MiB real;
-    cuDNN's RNN reserve space) are run once for real on zero-filled tensors of the same shapes on
-    the simulated device, and the fake outputs are given the real sizes. Cached per shape within
-    one simulation; skipped (and said) where the real call would need more than ``PROBE_LIMIT``.
+    cuDNN's RNN reserve space), or that allocate scratch inside themselves (oneDNN convolutions,
+    ``mm``, CPU flash attention), are run once for real on zero-filled tensors of the same shapes on
+    the simulated device: the fake outputs get the real sizes, and on CPU the most the kernel held
+    above its inputs and outputs (the profiler's allocation events) becomes a temporary block alive
+    during that op. Cached per shape within one simulation; skipped (and said at every call) where
+    the real call would need more than ``PROBE_LIMIT`` bytes or ``PROBE_MACS``. The same scratch is
+    added to a tracked real step (``simulate=False``), so real tracking and simulation still agree.
+    Limits: the scratch is the one at this machine's thread count; on CUDA only output sizes are
+    corrected (cuDNN's RNN reserve: untested here, no GPU), scratch is not measured.
 * ``ValueReads`` sits above the recorder and notes every value read back from a tensor that has
   none (``.item()``, ``bool(t)``, ``torch.unique``), which the recorder answers with 1.
 
