@@ -328,7 +328,8 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     ``batch_dim`` (default 0). ``simulate=False`` tracks the real step on the model's own tensors
     instead (everything is restored afterwards). ``measure=True`` also runs the real step and measures
     it with the allocator (default on for CUDA models). ``limit`` (bytes or "80GiB") is shown
-    against the peak.
+    against the peak. What the simulation had to make up (random draws taken at their median, values
+    read back from tensors that have none, kernels it could not size) is listed in ``notes``.
     """
     from .analyses.memory import build_memory_report
     from .capture.measure import measure_cpu, measure_cuda, state_bytes
@@ -372,7 +373,12 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     elif target.type == "cuda" and not torch.cuda.is_available():
         sim_device = torch.device("cpu")
         notes.append("no CUDA here: simulated with fake CPU tensors and CUDA's 512-byte allocation "
-                     "blocks; autocast follows CPU rules, and the optimizer's foreach default is CUDA's")
+                     "blocks; autocast follows CPU rules, and the optimizer's foreach default is CUDA's; "
+                     "scratch that CUDA kernels (cuBLAS, cuDNN RNN reserve, attention) allocate inside "
+                     "themselves is not counted")
+    elif target.type == "cuda" and simulate:
+        notes.append("scratch that CUDA kernels (cuBLAS, cuDNN, attention) allocate inside themselves is "
+                     "not counted; measure=True shows the allocator's peak beside the prediction")
     block_size = cuda_block_size if target.type == "cuda" else None
     options = {"device": str(target), "training": training, "optimizer": _optimizer_name(factory),
                "autocast": str(amp).replace("torch.", "") if amp else None, "steps": steps if training else 1,
@@ -388,6 +394,7 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
         try:
             run = run_steps(model, args, kwargs, simulate=simulate, device=sim_device if simulate else here,
                             tracker=tracker, foreach_default=target.type == "cuda",
+                            probe_kernels=sim_device == target or target.type == "meta",
                             on_step=(lambda step, when: bar.advance() if when == "end" else None) if bar else None,
                             **step_kw)
         except ForwardError as e:
@@ -407,6 +414,8 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
 
             measured = measure_cuda(real, here, options["steps"]) if here.type == "cuda" else \
                 measure_cpu(real, before, options["steps"])
+        if run.log is not None:
+            notes += run.log.notes()
         if tracker.untracked:
             notes.append(f"{tracker.untracked} tensors without a plain storage (sparse, nested) were "
                          "not tracked")
@@ -455,6 +464,8 @@ class BatchFit:
         self.limit_bytes = limit_bytes
         self.samples = tuple(samples)   # (batch size, predicted peak) for every simulated batch
         self.report = report            # the MemoryReport at batch_size (None when nothing fits)
+        # (batch size, measured peak) of the real steps that checked the answer (none: not checked)
+        self.measured: tuple[tuple[int, int], ...] = ()
 
     def __repr__(self) -> str:
         from .render.units import iec
@@ -469,7 +480,10 @@ def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_
     """The largest batch size whose predicted peak (``memory(...)`` with the same arguments) fits
     ``limit`` (bytes, or a string such as "80GiB"). Peaks at batch 1 and 2 give a line; the batch it
     predicts is simulated and the answer is bracketed by bisection, so the result is verified by a
-    simulation at that batch and one above it."""
+    simulation at that batch and one above it. With real weights on the device planned for, one real
+    step at the answer is then measured with the allocator (``BatchFit.measured``) and the batch is
+    lowered until the measured peak fits, so scratch the simulation cannot see (oneDNN convolution
+    workspace) never makes the answer too large."""
     from .render.units import parse_bytes
     limit_bytes = parse_bytes(limit)
     reports: dict[int, Any] = {}
@@ -485,10 +499,10 @@ def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_
                         reports.get(b))
 
     if peak(1) > limit_bytes:
-        return result(0)
+        return _checked(result(0), model, args, kwargs, batch_dim, limit_bytes, reports, peak)
     slope = peak(2) - peak(1)
     if peak(2) > limit_bytes:
-        return result(1)
+        return _checked(result(1), model, args, kwargs, batch_dim, limit_bytes, reports, peak)
     if slope <= 0:
         raise InputError("the predicted peak does not grow with the batch size; check batch_dim")
     lo, hi = 2, None
@@ -497,7 +511,7 @@ def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_
         if peak(b) > limit_bytes:
             hi = b
         elif b >= max_batch:
-            return result(b)
+            return _checked(result(b), model, args, kwargs, batch_dim, limit_bytes, reports, peak)
         else:
             lo = b
             b = min(max_batch, b + 1 if b == first else b * 2)
@@ -507,7 +521,34 @@ def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_
             lo = mid
         else:
             hi = mid
-    return result(lo)
+    return _checked(result(lo), model, args, kwargs, batch_dim, limit_bytes, reports, peak)
+
+
+def _checked(fit: "BatchFit", model, args, kwargs, batch_dim, limit_bytes, reports, peak) -> "BatchFit":
+    """Where the model has real weights on the device planned for, measure one real step at the
+    answer (as partition() measures working memory) and step down while the measured peak exceeds
+    the limit: scratch that kernels allocate inside themselves (oneDNN convolutions) is invisible to
+    the simulation, so a predicted fit is not proof. The answer is never a batch that did not fit."""
+    b = fit.batch_size
+    if b < 1 or kwargs.get("simulate") is False or kwargs.get("measure") is False or _is_fake(model):
+        return fit
+    here = model_device(model)
+    device = kwargs.get("device")
+    if here.type not in ("cpu", "cuda") or (device is not None and torch.device(device) != here):
+        return fit
+    measured = {}
+    while b >= 1:
+        rep = memory(model, *args, batch_dim=batch_dim, batch_size=b, measure=True,
+                     **{k: v for k, v in kwargs.items() if k != "measure"})
+        measured[b] = rep.measured.peak_bytes
+        if rep.measured.peak_bytes <= limit_bytes:
+            reports[b] = rep
+            break
+        b -= 1
+    samples = sorted((k, r.peak_bytes) for k, r in reports.items())
+    out = BatchFit(b, reports[b].peak_bytes if b else None, limit_bytes, samples, reports.get(b))
+    out.measured = tuple(sorted(measured.items()))
+    return out
 
 
 def micro_batch(args: tuple, kwargs: dict, microbatches: int, batch_dim: int = 0):

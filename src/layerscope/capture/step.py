@@ -31,11 +31,12 @@ import torch
 from torch import nn
 
 from ..costs import CostOptions
-from ..errors import InputError, LayerscopeError
+from ..errors import ForwardError, InputError, LayerscopeError
 from ..trace import BACKWARD, FORWARD, LOSS, OPTIMIZER, Trace
 from .inputs import iter_tensors, map_tensors
 from .session import (StateGuard, _Capture, _Recorder, build_trace, empty_like_on, empty_state, run_backward,
                       run_forward, swapped_state)
+from .simulation import SimulationKernels, SimulationLog, ValueReads, eager_paths
 from .storage import BUFFER, GRAD, INPUT, OPT, OUTPUT, PARAM, StorageTracker
 
 __all__ = ["StepRun", "PassRecord", "run_steps", "default_loss", "fake_mode_for"]
@@ -63,6 +64,8 @@ class StepRun:
     optimizer_bytes: dict[str, int] = field(default_factory=dict)        # param name -> state bytes
     optimizer_other_bytes: int = 0                                       # state not keyed by a param
     param_names: dict[int, str] = field(default_factory=dict)
+    # what a simulation had to make up (random draws, values read back, kernel sizes): None when real
+    log: SimulationLog | None = None
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -95,9 +98,12 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
               tracker: StorageTracker | None, optimizer: Callable | None, training: bool,
               autocast_dtype: torch.dtype | None, loss_fn: Callable | None, steps: int,
               accumulation: int, options: CostOptions | None = None, foreach_default: bool = False,
-              on_step: Callable[[int, str], None] | None = None) -> StepRun:
+              on_step: Callable[[int, str], None] | None = None, probe_kernels: bool = True) -> StepRun:
     """Run ``steps`` training steps (or one inference forward) and return what the trackers saw.
 
+    ``probe_kernels``: in a simulation, kernels whose fake sizes are wrong or that hold scratch
+    (capture/simulation.py) are sized by one real call on zeros on ``device``; off where the
+    prediction is for another device than the one simulated on.
     ``foreach_default`` makes optimizers that leave ``foreach`` unset use it, as they do on CUDA.
     With ``tracker=None`` nothing is recorded (the measured run); ``on_step(step, "begin"|"end")`` is
     called around each step. The model's parameters, buffers, gradients, modes and RNG state are
@@ -106,13 +112,14 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
     named = list(model.named_modules())
     modules = [m for _, m in named]
     guard = StateGuard(model, modules, (args, kwargs))
-    run = StepRun(tracker)
+    run = StepRun(tracker, log=SimulationLog(probe=probe_kernels, real=not simulate)
+                  if simulate or tracker is not None else None)
     fake_ctx, snapshot = contextlib.nullcontext(), []
     if simulate:
         fake_mode, own = fake_mode_for()
         fake_ctx = fake_mode if own else contextlib.nullcontext()
     try:
-        with fake_ctx:
+        with fake_ctx, eager_paths(fake_mode) if simulate and own else contextlib.nullcontext():
             if simulate:
                 params, buffers = empty_state(model, device)
                 args, kwargs = map_tensors((tuple(args), dict(kwargs)), lambda t: empty_like_on(t, device))
@@ -145,6 +152,13 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
                   loss_fn=loss_fn or default_loss, steps=steps if training else 1,
                   accumulation=accumulation if training else 1, options=options or CostOptions(),
                   on_step=on_step)
+    except ForwardError as e:
+        # a failure after the simulation made values up (a label check read as True) names them
+        if run.log is None or run.log.real or not any(k != "random" for k, _, _ in run.log.events):
+            raise
+        made_up = "; ".join(run.log.notes(skip=("random",))[:2])
+        raise ForwardError(f"{e} -- this may come from a value the simulation had to invent: {made_up}",
+                           path=e.path, module_type=e.module_type, input_shapes=e.input_shapes) from e.__cause__
     finally:
         if snapshot:
             with torch.no_grad():
@@ -254,11 +268,17 @@ def _one_pass(run: StepRun, cap: _Capture, named, call, autocast, loss_fn, train
 
     saved_hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) \
         if training and tracked else contextlib.nullcontext()
+    # a simulation's own modes: kernels below the recorder (it records what they return), value
+    # reads above it (it answers those itself)
+    log = run.log
+    below = SimulationKernels(cap, log) if log is not None else contextlib.nullcontext()
+    above = ValueReads(cap, log) if log is not None and not log.real else contextlib.nullcontext()
     output = None
     if tracked:
         cap.install(named)
     try:
-        with torch.set_grad_enabled(training), _Recorder(cap) if tracked else contextlib.nullcontext():
+        with torch.set_grad_enabled(training), below, _Recorder(cap) if tracked else contextlib.nullcontext(), \
+                above:
             with saved_hooks:
                 mark_phase(FORWARD)
                 with autocast():

@@ -111,6 +111,13 @@ class StorageTracker:
             b.roles |= role
         return b
 
+    def transient(self, nbytes: int) -> None:
+        """Scratch a kernel allocates and frees inside itself (no tensor of it is ever seen): a
+        temporary block alive during the next op only, the one running now."""
+        b = Block(self.block_size(nbytes), self.clock + 1, self.pass_index, self.layer, self.phase)
+        b.free = self.clock + 1
+        self.blocks.append(b)
+
     def close(self) -> None:
         """Stop watching: storages that die after the run no longer change its blocks."""
         self._refs.clear()
