@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .capture import StateGuard, capture, iter_tensors, make_inputs, map_tensors, model_device
+from .capture.session import tracked_modules
 from .costs import CostOptions
 from .errors import ForwardError, InputError, LayerscopeError
 from .report import Report
@@ -40,7 +41,9 @@ def _prepare(model: nn.Module, args: tuple, kwargs: dict, input_size, dtypes, ba
         raise InputError("dtypes and batch_dim only apply together with input_size")
     args = _example_inputs(args, kwargs, input_size, dtypes, batch_dim, target, "analyze")
     if on_meta:
-        to_meta = lambda t: torch.empty_like(t, device="meta")  # noqa: E731
+        # a meta copy keeps requires_grad: a backward then computes the input's gradient as on cpu
+        to_meta = lambda t: torch.empty_like(t, device="meta").requires_grad_(  # noqa: E731
+            t.requires_grad and (t.is_floating_point() or t.is_complex()))
         args, kwargs = map_tensors(tuple(args), to_meta), map_tensors(dict(kwargs), to_meta)
     return tuple(args), dict(kwargs), on_meta
 
@@ -68,17 +71,35 @@ _LOCKS_GUARD = threading.Lock()
 
 
 def _exclusive(fn):
+    """Every public entry point that runs a model: one analysis at a time per model, and outside
+    ``torch.inference_mode`` (see ``_normal_tensors``)."""
     @functools.wraps(fn)
     def wrapper(model, *args, **kwargs):
-        if not isinstance(model, nn.Module):
-            return fn(model, *args, **kwargs)
-        with _LOCKS_GUARD:
-            lock = _MODEL_LOCKS.get(model)
-            if lock is None:
-                lock = _MODEL_LOCKS[model] = threading.RLock()
-        with lock:
-            return fn(model, *args, **kwargs)
+        # Under inference_mode autograd does not decompose composite ops (aten.conv2d, aten.linear,
+        # aten.scaled_dot_product_attention arrive whole), and nothing can be saved for a backward:
+        # every analysis runs as in grad/no_grad mode, so the numbers do not depend on the caller's
+        # mode. The switch is thread-local (InferenceMode is a per-thread guard).
+        with torch.inference_mode(False):
+            args, kwargs = _normal_tensors(args, kwargs)
+            if not isinstance(model, nn.Module):
+                return fn(model, *args, **kwargs)
+            with _LOCKS_GUARD:
+                lock = _MODEL_LOCKS.get(model)
+                if lock is None:
+                    lock = _MODEL_LOCKS[model] = threading.RLock()
+            with lock:
+                return fn(model, *args, **kwargs)
     return wrapper
+
+
+def _normal_tensors(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Inputs made under ``torch.inference_mode`` as normal tensors (clones): outside inference mode
+    an inference tensor cannot be saved for backward nor updated in place. The caller's tensors are
+    never touched; nothing is copied when no input is an inference tensor."""
+    if not any(t.is_inference() for t in iter_tensors((args, kwargs))):
+        return args, kwargs
+    fix = lambda t: t.clone() if t.is_inference() else t  # noqa: E731
+    return map_tensors(tuple(args), fix), map_tensors(dict(kwargs), fix)
 
 
 @_exclusive
@@ -96,6 +117,9 @@ def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, batch_di
     _check_model(model)
     if causal not in ("dense", "unmasked"):
         raise InputError(f"causal must be 'dense' or 'unmasked', got {causal!r}")
+    if isinstance(model, torch.jit.ScriptModule):
+        return _analyze_script(model, args, kwargs, input_size, dtypes, batch_dim, device, mode, backward,
+                               causal)
     args, kwargs, on_meta = _prepare(model, args, kwargs, input_size, dtypes, batch_dim, device)
     with _gc_paused():
         try:
@@ -124,6 +148,28 @@ def analyze_onnx(model, input_shapes: dict | None = None) -> Report:
     return Report(trace, graph=graph)
 
 
+def _analyze_script(model, args, kwargs, input_size, dtypes, batch_dim, device, mode, backward, causal):
+    """A whole ScriptModule given to analyze(): its hooks never run inside TorchScript, so it goes
+    the TorchScript path (its graph run node by node), which analyses one forward on cpu."""
+    why = ("backward=True" if backward else "keyword inputs" if kwargs else
+           f"device={device!r}" if device is not None and torch.device(device).type != "cpu" else
+           "batch_dim" if batch_dim is not None else f"causal={causal!r}" if causal != "dense" else None)
+    if why:
+        raise InputError(f"a TorchScript module is analysed through its graph (analyze_torchscript): one "
+                         f"forward on cpu with positional inputs; {why} is not supported for it")
+    if mode not in ("eval", "train", "same"):
+        raise InputError(f"mode must be 'eval', 'train' or 'same', got {mode!r}")
+    flags = [(m, m.training) for m in model.modules()]
+    try:
+        if mode != "same":
+            model.train(mode == "train")
+        return analyze_torchscript(model, *args, input_size=input_size, dtypes=dtypes)
+    finally:
+        for m, training in flags:
+            m.training = training
+
+
+@_exclusive
 def analyze_torchscript(model, *example_inputs: Any, input_size=None, dtypes=None) -> Report:
     """Analyse a TorchScript module (a path loaded with ``torch.jit.load``, never pickle, or a
     ScriptModule) on example inputs (or ``input_size``): its inlined forward graph runs node by node
@@ -229,9 +275,9 @@ def activations(model: nn.Module, *args: Any, select=None, mode: str = "eval", *
     try:
         if mode != "same":
             model.train(mode == "train")
-        for path, m in model.named_modules():
+        for path, m in tracked_modules(list(model.named_modules())):
             if pick(path, m):
-                handles.append(m.register_forward_hook(hook_for(path)))
+                handles.append(nn.Module.register_forward_hook(m, hook_for(path)))
         with torch.no_grad():
             try:
                 model(*args, **kwargs)

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..capture.inputs import iter_tensors
+from ..capture.session import module_type, tracked_modules
 
 __all__ = ["Timing", "timing", "CallTimes", "Recorder", "merge_steps", "time_calls"]
 
@@ -126,7 +127,7 @@ class Recorder:
         self.paths: dict[int, str] = {}
         for p, m in model.named_modules(remove_duplicate=False):
             self.paths.setdefault(id(m), p)      # the first path, as the analysis names it
-        self.modules = list(dict.fromkeys(model.modules()))
+        self.modules = list(dict.fromkeys(m for _, m in tracked_modules(list(model.named_modules()))))
         self.param_module: dict[int, int] = {}   # parameter -> the module that registers it
         for m in self.modules:
             for p in m._parameters.values():
@@ -160,7 +161,7 @@ class Recorder:
         self.seen[path] = k + 1
         parent = self.stack[-1] if self.stack else None
         i = len(self.calls)
-        c = _Call(path, type(m).__name__, len(self.stack), k, parent)
+        c = _Call(path, module_type(m), len(self.stack), k, parent)
         self.calls.append(c)
         if parent is not None:
             self.calls[parent].children.append(i)
@@ -237,8 +238,9 @@ class Recorder:
     # control -------------------------------------------------------------------------------
     def attach(self) -> None:
         for m in self.modules:
-            self.handles += [m.register_forward_pre_hook(self._pre),
-                             m.register_forward_hook(self._post, always_call=True)]
+            # nn.Module's methods: a scripted child refuses its own (see capture.session.install)
+            self.handles += [nn.Module.register_forward_pre_hook(m, self._pre),
+                             nn.Module.register_forward_hook(m, self._post, always_call=True)]
 
     def detach(self) -> None:
         for h in self.handles:

@@ -35,12 +35,33 @@ from ..trace import (BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER
                      LayerRecord, OpEvent, ParamSpec, Trace)
 from .inputs import iter_tensors, tensor_specs
 
-__all__ = ["StateGuard", "capture", "build_trace", "swapped_state", "empty_state", "empty_like_on",
+__all__ = ["StateGuard", "capture", "module_type", "tracked_modules", "build_trace", "swapped_state", "empty_state", "empty_like_on",
            "run_forward", "run_backward", "model_device", "describe_inputs"]
 
 _ACCUMULATE_GRAD_SEQ = 2 ** 64 - 1
 _get_seq = torch._C._autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
+
+
+def module_type(m: nn.Module) -> str:
+    """The module's class name; a scripted module's original class (``Linear``, not
+    ``RecursiveScriptModule``)."""
+    if isinstance(m, torch.jit.ScriptModule):
+        return getattr(m, "original_name", None) or type(m).__name__
+    return type(m).__name__
+
+
+def tracked_modules(named: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
+    """The modules whose calls the tracker can see: all but those inside a ScriptModule (TorchScript
+    calls them in C++, past any hook; their ops count for the scripted module that holds them)."""
+    out, inside = [], []
+    for path, m in named:
+        if any(path.startswith(p + ".") or p == "" for p in inside):
+            continue
+        out.append((path, m))
+        if isinstance(m, torch.jit.ScriptModule):
+            inside.append(path)
+    return out
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -102,7 +123,7 @@ class _Call:
     def __init__(self, module, path, depth, call_index, parent, inputs) -> None:
         self.module = module
         self.path = path
-        self.type = type(module).__name__
+        self.type = module_type(module)
         self.depth = depth
         self.call_index = call_index
         self.parent = parent
@@ -250,10 +271,15 @@ class _Capture:
 
     # ---- module tracker -------------------------------------------------------------------------
     def install(self, named: list[tuple[str, nn.Module]]) -> None:
-        for path, m in named:
+        for path, m in tracked_modules(named):
             self.paths[id(m)] = path
-            self.handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
-            self.handles.append(m.register_forward_hook(self._post, with_kwargs=True, always_call=True))
+            # ScriptModule refuses its own register_* methods (hooks do not run when TorchScript code
+            # calls it), but a scripted child called from eager Python runs nn.Module's call path,
+            # hooks included: register through nn.Module's methods. Its own submodules run inside
+            # TorchScript and are never tracked (tracked_modules leaves them out).
+            self.handles.append(nn.Module.register_forward_pre_hook(m, self._pre, with_kwargs=True))
+            self.handles.append(nn.Module.register_forward_hook(m, self._post, with_kwargs=True,
+                                                                always_call=True))
 
     def remove(self) -> None:
         for h in self.handles:
@@ -545,7 +571,8 @@ def build_trace(cap: _Capture, model: nn.Module, named: list[tuple[str, nn.Modul
     if not layers:
         raise InputError("the model's forward never ran as a module call; nothing to analyse")
     # containers without a forward of their own (ModuleList, ModuleDict) are never called by design
-    uncalled = tuple(p or "(root)" for p, m in named if cap.ncalls.get(id(m), 0) == 0 and _own_forward(m))
+    uncalled = tuple(p or "(root)" for p, m in tracked_modules(named)
+                     if cap.ncalls.get(id(m), 0) == 0 and _own_forward(m))
     in_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors(inputs)))
     out_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors(output)))
     return Trace(
