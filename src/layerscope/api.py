@@ -206,8 +206,13 @@ def onnx_tile(model, block=(64, 64, 64), ops=("Gemm", "MatMul"), nodes=None, inp
 def _gc_paused():
     """Pause the cyclic garbage collector while records are built: its full passes over a large heap
     made per-module time grow with model size (4,000 blocks: 117 us per call with it, 71 without).
-    Restored on exit; the run's garbage is freed by reference counting or the next collection."""
+    Restored on exit; the run's garbage is freed by reference counting or the next collection.
+    The switch is process-wide, so it is only thrown while the calling thread is the only Python
+    thread: with other threads running, their collections go on and the analysis runs slower."""
     was_enabled = gc.isenabled()
+    if not was_enabled or threading.active_count() > 1:
+        yield
+        return
     gc.disable()
     try:
         yield

@@ -12,6 +12,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import threading
 from typing import Callable
 
 import torch
@@ -38,7 +39,11 @@ def state_bytes(tensors) -> int:
 def _kineto_quiet():
     """Hold back what the profiler's C++ side writes to stderr as it starts and stops (torch 2.13's
     kineto logs "USDT: ... profiler_start" lines whatever the log level): fd 2 goes to a temporary
-    file for the duration, and any other line written there is passed on."""
+    file for the duration, and any other line written there is passed on. fd 2 is the process's:
+    with other Python threads running (which could write to stderr meanwhile) nothing is held back."""
+    if threading.active_count() > 1:
+        yield
+        return
     try:
         sys.stderr.flush()
         saved = os.dup(2)

@@ -34,6 +34,7 @@ from ..errors import ForwardError, InputError, LayerscopeError
 from ..trace import (BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER_UNKNOWN, Costs,
                      LayerRecord, OpEvent, ParamSpec, Trace)
 from .inputs import iter_tensors, tensor_specs
+from .rng import PrivateRNG
 
 __all__ = ["StateGuard", "capture", "module_type", "tracked_modules", "build_trace", "swapped_state", "empty_state", "empty_like_on",
            "run_forward", "run_backward", "model_device", "describe_inputs"]
@@ -98,7 +99,10 @@ class StateGuard:
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and \
             torch.cuda.is_initialized() else None
 
-    def restore(self) -> None:
+    def restore(self, rng: bool = True) -> None:
+        """``rng=False`` leaves torch's global generators alone: a run whose random ops all drew from
+        a private generator (capture/rng.py) never advanced them, and setting them back would rewind
+        the draws other threads made meanwhile."""
         for m, training in self.modes:
             m.training = training
         for p, requires_grad, grad in self.params:
@@ -111,6 +115,8 @@ class StateGuard:
                     m._buffers[name] = b
                 if b.device.type != "meta":
                     b.copy_(saved)
+        if not rng:
+            return
         torch.set_rng_state(self.rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
@@ -161,6 +167,8 @@ class _Recorder(TorchDispatchMode):
             # rules) though CPU runs float32 at any size: the output, by the op's shape rule
             out = torch.empty(_grouped_mm_shape(args), dtype=kwargs.get("out_dtype") or args[0].dtype,
                               device=args[0].device)
+        elif _SEEDED in func.tags and not cap.simulated:
+            out = cap.rng.call(func, args, kwargs)
         else:
             out = func(*args, **kwargs)
         # prim.device / prim.layout are metadata queries that only tensor subclasses (fake tensors)
@@ -171,6 +179,7 @@ class _Recorder(TorchDispatchMode):
 
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
+_SEEDED = torch.Tag.nondeterministic_seeded
 _GROUPED_MM = torch.ops.aten._grouped_mm.default
 _REPEAT_INTERLEAVE = torch.ops.aten.repeat_interleave.Tensor
 
@@ -240,8 +249,10 @@ def _one_of(dtype: torch.dtype):
 
 class _Capture:
     def __init__(self, model: nn.Module, options: CostOptions, track_seq: bool, storage=None,
-                 simulated: bool = False) -> None:
+                 simulated: bool = False, rng: PrivateRNG | None = None) -> None:
         self.model = model
+        # random ops draw from a private generator (capture/rng.py), never from torch's global one
+        self.rng = rng if rng is not None else PrivateRNG()
         self.storage = storage      # a StorageTracker when memory is tracked
         self.simulated = simulated  # running on fake tensors
         self.options = options
@@ -553,7 +564,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
                 _run_backward(cap, modules, guard, output)
     finally:
         cap.remove()
-        guard.restore()
+        guard.restore(rng=cap.rng.touched_global)
     trace = build_trace(cap, model, named, (args, kwargs), output, backward=backward,
                         options={"mode": mode, "causal": options.causal,
                                  "device": "meta" if on_meta else str(model_device(model))})

@@ -34,6 +34,7 @@ from ..costs import CostOptions
 from ..errors import ForwardError, InputError, LayerscopeError
 from ..trace import BACKWARD, FORWARD, LOSS, OPTIMIZER, Trace
 from .inputs import iter_tensors, map_tensors
+from .rng import PrivateRNG
 from .session import (StateGuard, _Capture, _Recorder, build_trace, empty_like_on, empty_state, run_backward,
                       run_forward, swapped_state)
 from .simulation import SimulationKernels, SimulationLog, ValueReads, eager_paths
@@ -112,6 +113,7 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
     named = list(model.named_modules())
     modules = [m for _, m in named]
     guard = StateGuard(model, modules, (args, kwargs))
+    rng = PrivateRNG()       # one private generator for every recorded pass of the run
     run = StepRun(tracker, log=SimulationLog(probe=probe_kernels, real=not simulate)
                   if simulate or tracker is not None else None)
     fake_ctx, snapshot = contextlib.nullcontext(), []
@@ -147,7 +149,7 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
             opt = _make_optimizer(optimizer, list(params.values()), foreach_default) \
                 if training and optimizer else None
             model.train(training)
-            _loop(run, model, named, call, swap, (args, kwargs), params, buffers, opt, simulate=simulate,
+            _loop(run, model, named, call, swap, (args, kwargs), params, buffers, opt, rng=rng, simulate=simulate,
                   training=training, autocast_dtype=autocast_dtype, device=device,
                   loss_fn=loss_fn or default_loss, steps=steps if training else 1,
                   accumulation=accumulation if training else 1, options=options or CostOptions(),
@@ -164,7 +166,8 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
             with torch.no_grad():
                 for p, saved in snapshot:
                     p.copy_(saved)
-        guard.restore()
+        # an untracked real step (the measured one) drew from torch's global generators
+        guard.restore(rng=tracker is None and not simulate or rng.touched_global)
         if tracker is not None:
             tracker.close()
     return run
@@ -186,7 +189,7 @@ def _make_optimizer(optimizer, params: list[torch.Tensor], foreach_default: bool
     return opt
 
 
-def _loop(run: StepRun, model, named, call, swap, inputs, params, buffers, opt, *, simulate, training,
+def _loop(run: StepRun, model, named, call, swap, inputs, params, buffers, opt, *, rng, simulate, training,
           autocast_dtype, device, loss_fn, steps, accumulation, options, on_step) -> None:
     tracker = run.tracker
     state = list(params.values()) + list(buffers.values())
@@ -198,7 +201,7 @@ def _loop(run: StepRun, model, named, call, swap, inputs, params, buffers, opt, 
             on_step(step, "begin")
         first_op = tracker.clock + 1 if tracker else 0
         for micro in range(accumulation):
-            cap = _Capture(model, options, track_seq=training, storage=tracker, simulated=simulate)
+            cap = _Capture(model, options, track_seq=training, storage=tracker, simulated=simulate, rng=rng)
             cap.seed_producers(inputs, state)
             offset = tracker.clock + 1 if tracker else 0
             if tracker:
