@@ -11,7 +11,9 @@ addbmm  bias + sum_b bmm             MACs b*m*k*n         FLOPs 2*MACs + m*n
 linear  x[..., k] W[n, k] (+bias)    MACs rows*k*n        FLOPs 2*MACs (+ rows*n)
 _grouped_mm (mixture-of-experts)     a[M,k] @ b[G,k,n] (each row meets one group): M*k*n;
         a[G,m,k] @ b[G,k,n]: G*m*k*n; a[m,K] @ b[K,n] with groups over K: m*K*n   FLOPs 2*MACs (+ bias)
-alpha/beta scaling is not counted. matmul/einsum/linear decompose into these before dispatch.
+_scaled_mm, _scaled_mm_v2 (FP8/MX)  [m,k]@[k,n] like mm: MACs m*k*n  FLOPs 2*MACs (+ m*n bias)
+_scaled_grouped_mm                  as _grouped_mm
+alpha/beta scaling is not counted, nor are the dequantizing scales of the scaled (FP8) products. matmul/einsum/linear decompose into these before dispatch.
 """
 
 from __future__ import annotations
@@ -76,7 +78,14 @@ def dot(c: OpCall) -> OpCost:
     return OpCost(k, 2 * k)
 
 
-@register("_grouped_mm")
+@register("_scaled_mm", "_scaled_mm_v2")
+def scaled_mm(c: OpCall) -> OpCost:
+    (m, k), n = shape(c.args[0]), shape(c.args[1])[1]
+    macs = m * k * n
+    return OpCost(macs, 2 * macs + (m * n if c.arg("bias") is not None else 0))
+
+
+@register("_grouped_mm", "_scaled_grouped_mm")
 def grouped_mm(c: OpCall) -> OpCost:
     a, b = c.args[0], c.args[1]
     out = c.outs[0]
