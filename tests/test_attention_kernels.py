@@ -216,3 +216,20 @@ def test_scaled_grouped_mm_on_meta():
     f = lambda x, y: A._scaled_grouped_mm(x, y, sa, sb, out_dtype=torch.bfloat16)  # noqa: E731
     # 3 groups of [16, 32] @ [32, 48]: 3 * 16 * 32 * 48 = 73,728 MACs
     assert op_costs(f, a, b, name="aten._scaled_grouped_mm").macs == 73_728
+
+
+def test_weight_only_quantized_and_foreach_mm_on_cpu():
+    torch.manual_seed(0)
+    x = torch.randn(6, 64)
+    w8, scales = torch.randint(-128, 127, (24, 64), dtype=torch.int8), torch.ones(24)
+    # x [6, 64] @ W^T, W [24, 64] int8: 6 * 64 * 24 = 9,216 MACs
+    assert op_costs(lambda a: A._weight_int8pack_mm(a, w8, scales), x, name="aten._weight_int8pack_mm").macs \
+        == 9_216
+    packed = A._convert_weight_to_int4pack_for_cpu(torch.randint(0, 16, (32, 64), dtype=torch.int32), 1)
+    sz = torch.ones(2, 32, 2, dtype=torch.bfloat16)        # group size 32 over k = 64: 2 groups
+    f = lambda a: A._weight_int4pack_mm_for_cpu(a, packed, 32, sz)  # noqa: E731
+    # the packed weight [32, 32] uint8 holds a [32, 64] int4 matrix: 6 * 64 * 32 = 12,288 MACs
+    assert op_costs(f, x.bfloat16(), name="aten._weight_int4pack_mm_for_cpu").macs == 12_288
+    g = lambda a, b: A._foreach_mm([a, b], [torch.randn(3, 7), torch.randn(5, 1)])[0]  # noqa: E731
+    # [2, 3] @ [3, 7] = 42 and [4, 5] @ [5, 1] = 20: 62 MACs
+    assert op_costs(g, torch.randn(2, 3), torch.randn(4, 5), name="aten._foreach_mm").macs == 62

@@ -13,6 +13,9 @@ _grouped_mm (mixture-of-experts)     a[M,k] @ b[G,k,n] (each row meets one group
         a[G,m,k] @ b[G,k,n]: G*m*k*n; a[m,K] @ b[K,n] with groups over K: m*K*n   FLOPs 2*MACs (+ bias)
 _scaled_mm, _scaled_mm_v2 (FP8/MX)  [m,k]@[k,n] like mm: MACs m*k*n  FLOPs 2*MACs (+ m*n bias)
 _scaled_grouped_mm                  as _grouped_mm
+_weight_int8pack_mm, _weight_int4pack_mm* (weight-only quantized LLM kernels)  x[m,k] @ W: MACs
+        m*k*n (n from the output: the int4 weight is packed); FLOPs 2*MACs (dequantizing not counted)
+_foreach_mm                         the sum of its mm's
 alpha/beta scaling is not counted, nor are the dequantizing scales of the scaled (FP8) products. matmul/einsum/linear decompose into these before dispatch.
 """
 
@@ -83,6 +86,19 @@ def scaled_mm(c: OpCall) -> OpCost:
     (m, k), n = shape(c.args[0]), shape(c.args[1])[1]
     macs = m * k * n
     return OpCost(macs, 2 * macs + (m * n if c.arg("bias") is not None else 0))
+
+
+@register("_weight_int8pack_mm", "_weight_int4pack_mm", "_weight_int4pack_mm_for_cpu",
+          "_weight_int4pack_mm_with_scales_and_zeros")
+def weight_packed_mm(c: OpCall) -> OpCost:
+    macs = numel(c.outs[0]) * shape(c.args[0])[-1]
+    return OpCost(macs, 2 * macs)
+
+
+@register("_foreach_mm")
+def foreach_mm(c: OpCall) -> OpCost:
+    macs = sum(shape(a)[0] * shape(a)[1] * shape(b)[1] for a, b in zip(c.args[0], c.args[1]))
+    return OpCost(macs, 2 * macs)
 
 
 @register("_grouped_mm", "_scaled_grouped_mm")
