@@ -111,18 +111,10 @@ _SCALAR_OPS = {
 
 
 def _num_to_tensor(v) -> torch.Tensor:
-    """prim::NumToTensor as TorchScript runs it (at::scalar_to_tensor): an int gives a 0-dim int64
-    tensor, a float float64, a bool bool. torch.scalar_tensor alone made every number float32, so a
-    traced ``torch.arange(ids.shape[1])`` fed float position ids to an embedding (issue 18)."""
-    if isinstance(v, bool):
-        dtype = torch.bool
-    elif isinstance(v, int):
-        dtype = torch.int64
-    elif isinstance(v, complex):
-        dtype = torch.complex128
-    else:
-        dtype = torch.float64
-    return torch.scalar_tensor(v, dtype=dtype)
+    """prim::NumToTensor by TorchScript's own operator: an int gives a 0-dim int64 tensor, a float
+    float64, a bool bool. torch.scalar_tensor made every number float32, so a traced
+    ``torch.arange(ids.shape[1])`` fed float position ids to an embedding (issue 18)."""
+    return torch.ops.prim.NumToTensor(v)
 
 
 def _op_for(node) -> Any:
