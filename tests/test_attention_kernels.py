@@ -46,6 +46,10 @@ def test_flash_forward_dense_on_meta():
     # scores = B*H*Sq*Sk = 2*4*16*16 = 2,048; MACs = 2,048 * (8 + 8) = 32,768
     # FLOPs = 2 * 32,768 + 2,048 * (1 scale + 5 softmax) = 65,536 + 12,288 = 77,824
     assert (c.macs, c.flops) == (32_768, 77_824)
+    # the layout is the kernel's own: its logsumexp is [B, H, Sq] = [2, 4, 16]. (torch's FlopCounterMode
+    # reads this op's q as [B, H, S, D], i.e. 16 heads of 4 queries, and counts 8,192 MACs: not a
+    # reference for the heads-third kernels)
+    assert tuple(A._flash_attention_forward(q, q, q, None, None, 16, 16, 0.0, False, False)[1].shape) == (2, 4, 16)
 
 
 def test_flash_forward_causal_unmasked_aligns_bottom_right():
@@ -170,6 +174,11 @@ def test_sdpa_cuda_ops_on_meta(name, call):
     # the same 2*4*16*16 = 2,048 scores as above: 32,768 MACs, 77,824 FLOPs
     c = op_costs(call, q, name="aten." + name)
     assert (c.macs, c.flops) == (32_768, 77_824)
+    # independently: torch's FlopCounterMode counts the two matmuls as 2 x MACs
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as fc:
+        call(q)
+    assert fc.get_total_flops() == 2 * 32_768
 
 
 def test_analyze_of_a_module_calling_flash_on_device_meta():
@@ -201,6 +210,10 @@ def test_scaled_mm_fp8_on_cpu():
     c = op_costs(f, a, b, name="aten._scaled_mm")
     # 48 * 80 * 112 = 430,080 MACs, 860,160 FLOPs (the scales are not counted, as matmul's alpha)
     assert (c.macs, c.flops) == (430_080, 860_160)
+    from torch.utils.flop_counter import FlopCounterMode     # independently: torch's own counter
+    with FlopCounterMode(display=False) as fc:
+        f(a, b)
+    assert fc.get_total_flops() == 2 * 430_080
     bias = torch.randn(112, dtype=torch.bfloat16)
     g = lambda x, y: torch._scaled_mm(x, y, one, one, bias=bias, out_dtype=torch.bfloat16)  # noqa: E731
     # + 48 * 112 = 5,376 bias adds
