@@ -246,3 +246,33 @@ def test_weight_only_quantized_and_foreach_mm_on_cpu():
     g = lambda a, b: A._foreach_mm([a, b], [torch.randn(3, 7), torch.randn(5, 1)])[0]  # noqa: E731
     # [2, 3] @ [3, 7] = 42 and [4, 5] @ [5, 1] = 20: 62 MACs
     assert op_costs(g, torch.randn(2, 3), torch.randn(4, 5), name="aten._foreach_mm").macs == 62
+
+
+# ---- nested (jagged) tensors on CPU: SDPA's math path runs matmul per sequence --------------------
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")  # torch-internal
+def test_nested_sdpa_on_cpu_counts_each_sequence():
+    import torch.nn.functional as F
+    from layerscope.costs.attention import flash_forward
+    torch.manual_seed(0)
+    seqs = [torch.randn(5, 4, 8), torch.randn(15, 4, 8)]              # lengths 5 and 15, H=4, D=8
+    nt = torch.nested.nested_tensor(seqs, layout=torch.jagged).transpose(1, 2)   # [B, H, j, D]
+    rep = ls.analyze(Fn(lambda a: F.scaled_dot_product_attention(a, a, a)), nt)
+    # Q.K^T: 4 heads * (5*5 + 15*15) * 8 = 8,000; P.V the same: 16,000 MACs (a padded [2, 4, 15, 8]
+    # batch would count 2 * 4 * 225 * 16 = 28,800)
+    assert rep.totals.macs == 16_000 and rep.coverage.complete, rep.coverage
+    # and the same as the CUDA flash kernel's varlen formula on these lengths (cu_seqlens [0, 5, 20])
+    assert flash_forward(_varlen_call(torch.tensor([0, 5, 20], dtype=torch.int32))).macs == 16_000
+
+
+def test_matmul_arriving_whole():
+    """aten.matmul reaches the recorder whole when nothing decomposes it (inference mode): one dot
+    product of length k per output element, broadcasting and 1-D operands included."""
+    from layerscope.costs.matmul import matmul
+    cases = [((2, 3, 4), (4, 5), 2 * 3 * 5 * 4),      # broadcast rhs: 120
+             ((4,), (4, 6), 6 * 4),                    # 1-D lhs: 24
+             ((3, 4), (4,), 3 * 4),                    # 1-D rhs: 12
+             ((7,), (7,), 7)]                          # dot: 7
+    for sa, sb, macs in cases:
+        a, b = torch.randn(sa), torch.randn(sb)
+        call = OpCall(A.matmul.default, (a, b), {}, torch.matmul(a, b), CostOptions())
+        assert (matmul(call).macs, matmul(call).flops) == (macs, 2 * macs)

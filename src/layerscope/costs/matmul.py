@@ -16,6 +16,8 @@ _scaled_grouped_mm                  as _grouped_mm
 _weight_int8pack_mm, _weight_int4pack_mm* (weight-only quantized LLM kernels)  x[m,k] @ W: MACs
         m*k*n (n from the output: the int4 weight is packed); FLOPs 2*MACs (dequantizing not counted)
 _foreach_mm                         the sum of its mm's
+matmul  (arrives whole only for nested tensors, whose matmul is its own kernel, and where composites are
+        not decomposed) MACs = numel(out) * k, per component of a nested tensor   FLOPs 2*MACs
 alpha/beta scaling is not counted, nor are the dequantizing scales of the scaled (FP8) products. matmul/einsum/linear decompose into these before dispatch.
 """
 
@@ -111,6 +113,21 @@ def grouped_mm(c: OpCall) -> OpCost:
         macs = numel(out) * shape(a)[-1]
     bias = c.arg("bias")
     return OpCost(macs, 2 * macs + (numel(out) if bias is not None else 0))
+
+
+@register("matmul")
+def matmul(c: OpCall) -> OpCost:
+    """Every output element is one dot product of length k (a's last dim): broadcast batches and
+    1-D operands included. A nested tensor's components have their own sizes (P.V of attention over
+    sequences of different lengths contracts over each one's length): summed per component."""
+    a, out = c.args[0], c.outs[0]
+    if a.is_nested:
+        ka = a._nested_tensor_size().tolist()
+        kout = out._nested_tensor_size().tolist()
+        macs = sum(prod(o) * s[-1] for s, o in zip(ka, kout))
+    else:
+        macs = numel(out) * shape(a)[-1]
+    return OpCost(macs, 2 * macs)
 
 
 @register("linear")
