@@ -276,3 +276,21 @@ def test_matmul_arriving_whole():
         a, b = torch.randn(sa), torch.randn(sb)
         call = OpCall(A.matmul.default, (a, b), {}, torch.matmul(a, b), CostOptions())
         assert (matmul(call).macs, matmul(call).flops) == (macs, 2 * macs)
+
+
+def test_varlen_backward_and_efficient_varlen_direct():
+    from layerscope.costs.attention import efficient_forward, flash_backward
+    cu = torch.tensor([0, 5, 20], dtype=torch.int32)
+    q = torch.empty(20, 4, 8, **META)
+    lse, rng, unused = torch.empty(4, 20, device="meta"), torch.empty(2, device="meta"), torch.empty(0, device="meta")
+    args = (q, q, q, q, q, lse, cu, cu, 15, 15, 0.0, False, rng, unused)
+    c = flash_backward(OpCall(A._flash_attention_backward.default, args, {}, None, CostOptions()))
+    # 1,000 scores (5*5 + 15*15 per head, 4 heads) * (3*8 + 2*8) = 40,000 MACs; 80,000 + 11,000 FLOPs
+    assert (c.macs, c.flops) == (40_000, 91_000)
+    # efficient attention packs as [1, T, H, D]; custom_mask_type 2 (bottom right) on equal lengths is
+    # the plain causal triangle: 15 + 120 = 135 per head, 540 scores * 16 = 8,640 MACs when unmasked
+    q1 = q[None]
+    args = (q1, q1, q1, None, cu, cu, 15, 15, 0.0, 2, False)
+    for mode, macs in (("dense", 16_000), ("unmasked", 8_640)):
+        c = efficient_forward(OpCall(A._efficient_attention_forward.default, args, {}, None, CostOptions(mode)))
+        assert c.macs == macs
