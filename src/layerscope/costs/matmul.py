@@ -18,7 +18,8 @@ _weight_int8pack_mm, _weight_int4pack_mm* (weight-only quantized LLM kernels)  x
 _foreach_mm                         the sum of its mm's
 matmul  (arrives whole only for nested tensors, whose matmul is its own kernel, and where composites are
         not decomposed) MACs = numel(out) * k, per component of a nested tensor   FLOPs 2*MACs
-alpha/beta scaling is not counted, nor are the dequantizing scales of the scaled (FP8) products. matmul/einsum/linear decompose into these before dispatch.
+alpha/beta scaling is not counted, nor are the dequantizing scales of the scaled (FP8) products.
+matmul/einsum/linear usually decompose into these before dispatch.
 """
 
 from __future__ import annotations
