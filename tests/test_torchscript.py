@@ -17,7 +17,9 @@ from .helpers import assert_unchanged, snapshot
 # TorchScript models on purpose, so exactly those messages are ignored here, nothing else
 # (and the tracer's own TracerWarnings about the models traced here)
 pytestmark = [pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")]
+              pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),
+              # transformers' own, raised while the tracer walks a GPT-2's attributes
+              pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")]
 
 
 @pytest.mark.parametrize("how", ["script", "trace"])
