@@ -11,9 +11,26 @@ are broadcast to the query heads, as the kernel computes). scores = batch * Sq *
 Causal attention: by default every score is counted (what the dense kernel computes); with
 CostOptions(causal="unmasked") only the scores the top-left causal mask keeps (sum over query rows i of
 min(i + 1, Sk)) are counted, and MACs and score FLOPs scale with them.
+
+The kernels under SDPA (``_flash_attention_*``, ``_efficient_attention_*``, CUDA) take q [B, Sq, H, D],
+k [B, Sk, Hk, D], v [B, Sk, Hk, Dv] (heads third; GQA keys broadcast to the H query heads), or, packed
+("varlen": nested tensors, padding-free batches), q [Tq, H, D] (efficient: [1, Tq, H, D]) with
+cumulative lengths cu_seqlens_q/k [B + 1]: the same formulas summed over the sequences,
+scores = H * sum_b Sq_b * Sk_b (Sk_b = seqused_k[b] / seqlen_k[b] where given). The lengths are read
+from the cumulative-length tensors' values; where they have none (a meta or fake run) the op is left
+uncounted and named in the report's coverage rather than guessed (the shapes bound the count only
+loosely: at most min(Tq * max_k, max_q * Tk) scores).
+Their masks: flash ``is_causal`` and efficient ``custom_mask_type`` 2 align the causal diagonal to the
+bottom right (row i keeps keys j <= i + Sk - Sq), efficient type 1 to the top left; flash
+``window_size_left/right`` and efficient ``window_size`` (keys i - window_size < j <= i) restrict it
+further. Like SDPA, by default every score is counted; causal="unmasked" counts the kept ones.
+An additive bias (efficient ``bias``, flash ``alibi_slopes``) is the 1 mask FLOP per score; dropout and
+the FP8 descales of the quantized variants are not counted (like matmul's alpha).
 """
 
 from __future__ import annotations
+
+import torch
 
 from ._util import prod, shape
 from .registry import OpCall, OpCost, register
@@ -46,7 +63,7 @@ def _sdpa(q, k, v, causal: bool, has_mask: bool, backward: bool, options) -> OpC
 
 @register("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
           "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-          "_scaled_dot_product_fused_attention_overrideable")
+          "_scaled_dot_product_fused_attention_overrideable", "_scaled_dot_product_attention_math_for_mps")
 def sdpa_forward(c: OpCall) -> OpCost:
     return _sdpa(c.args[0], c.args[1], c.args[2], bool(c.arg("is_causal", False)), _has_mask(c), False,
                  c.options)
@@ -85,3 +102,121 @@ def native_mha(c: OpCall) -> OpCost:
     biases += b * sq * e if c.args[8] is not None else 0
     scores = b * heads * sq * sk
     return OpCost(macs, 2 * macs + biases + scores * (1 + SOFTMAX_FWD + int(mask is not None)))
+
+
+# ---- the kernels under SDPA: flash and memory-efficient attention (heads-third layout, varlen) ----
+_NO_LIMIT = 1 << 62
+
+
+def _clamped_sum(sq: int, sk: int, c: int) -> int:
+    """sum over rows i in [0, sq) of clamp(i + c, 0, sk), in closed form."""
+    c = max(min(c, sk + 1), -sq - 1)       # beyond these every term is already clamped
+    lo = min(max(0, -c), sq)               # first row with i + c >= 0
+    hi = min(max(0, sk - c), sq)           # first row with i + c >= sk
+    middle = (hi - lo) * c + (lo + hi - 1) * (hi - lo) // 2
+    return middle + (sq - hi) * sk
+
+
+def _window_scores(sq: int, sk: int, *, offset: int, left: int, right: int) -> int:
+    """Scores kept when row i sees keys j with i + offset - left <= j <= i + offset + right."""
+    return _clamped_sum(sq, sk, offset + right + 1) - _clamped_sum(sq, sk, offset - left)
+
+
+def _readable(t) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(t, torch.Tensor) and t.device.type != "meta" and not isinstance(t, FakeTensor)
+
+
+class LengthsUnknown(ValueError):
+    """Packed sequences whose lengths a meta or fake run cannot read: the op is reported uncounted."""
+
+
+def _lengths(cu, name: str) -> list[int]:
+    if not _readable(cu):
+        raise LengthsUnknown(f"{name} has no values in this run (meta/fake): sequence lengths unknown")
+    vals = [int(v) for v in cu.tolist()]
+    return [b - a for a, b in zip(vals, vals[1:])]
+
+
+def _pairs(c: OpCall, q, k, cu_q, cu_k, used_k) -> list[tuple[int, int]]:
+    """(Sq_b, Sk_b) of every sequence of the batch."""
+    packed = cu_q is not None and cu_q.numel() > 0
+    if packed:
+        lq, lk = _lengths(cu_q, "cu_seqlens_q"), _lengths(cu_k, "cu_seqlens_k")
+    else:
+        b = shape(q)[0]
+        lq, lk = [shape(q)[1]] * b, [shape(k)[1]] * b
+    if used_k is not None:                 # keys actually used per sequence (a KV cache's fill)
+        lk = _lengths_direct(used_k, "seqused_k")
+    return list(zip(lq, lk))
+
+
+def _lengths_direct(t, name: str) -> list[int]:
+    if not _readable(t):
+        raise LengthsUnknown(f"{name} has no values in this run (meta/fake)")
+    return [int(v) for v in t.tolist()]
+
+
+def _window(x) -> int:
+    return _NO_LIMIT if x is None or int(x) < 0 else int(x)
+
+
+def _fused(c: OpCall, *, backward: bool, flash: bool) -> OpCost:
+    q, k, v = c.arg("query"), c.arg("key"), c.arg("value")
+    heads, d, dv = shape(q)[-2], shape(q)[-1], shape(v)[-1]
+    if flash:
+        cu_q, cu_k = c.arg("cum_seq_q"), c.arg("cum_seq_k")
+        used_k = c.arg("seqused_k")
+        causal = bool(c.arg("is_causal", False))
+        left, right = _window(c.arg("window_size_left")), _window(c.arg("window_size_right"))
+        bottom_right = True                # flash-attention 2 aligns the causal diagonal bottom right
+        bias = c.arg("alibi_slopes") is not None
+        if c.arg("block_table") is not None and used_k is None:
+            raise LengthsUnknown("a paged KV cache (block_table) without seqused_k: key lengths unknown")
+    else:
+        cu_q, cu_k = c.arg("cu_seqlens_q"), c.arg("cu_seqlens_k")
+        used_k = c.arg("seqlen_k")
+        mask_type = int(c.arg("custom_mask_type", 0) or 0)
+        causal, bottom_right = mask_type in (1, 2), mask_type == 2
+        left, right = _window(c.arg("window_size")), _NO_LIMIT
+        if left != _NO_LIMIT:              # keys i - window_size < j <= i
+            left = max(left - 1, 0)
+        bias = c.arg("bias") is not None
+    if causal:
+        right = min(right, 0)
+    masked = causal or left != _NO_LIMIT or right != _NO_LIMIT
+    unmasked = masked and c.options.causal == "unmasked"
+    scores = 0
+    for sq, sk in _pairs(c, q, k, cu_q, cu_k, used_k):
+        if unmasked:
+            scores += _window_scores(sq, sk, offset=sk - sq if bottom_right else 0, left=left, right=right)
+        else:
+            scores += sq * sk
+    scores *= heads
+    if backward:
+        macs = scores * (3 * d + 2 * dv)
+        per_score = 1 + SOFTMAX_FWD + SOFTMAX_BWD + 1 + int(bias)
+    else:
+        macs = scores * (d + dv)
+        per_score = 1 + SOFTMAX_FWD + int(bias)
+    return OpCost(macs, 2 * macs + per_score * scores)
+
+
+@register("_flash_attention_forward", "_flash_attention_forward_no_dropout_inplace")
+def flash_forward(c: OpCall) -> OpCost:
+    return _fused(c, backward=False, flash=True)
+
+
+@register("_flash_attention_backward")
+def flash_backward(c: OpCall) -> OpCost:
+    return _fused(c, backward=True, flash=True)
+
+
+@register("_efficient_attention_forward")
+def efficient_forward(c: OpCall) -> OpCost:
+    return _fused(c, backward=False, flash=False)
+
+
+@register("_efficient_attention_backward")
+def efficient_backward(c: OpCall) -> OpCost:
+    return _fused(c, backward=True, flash=False)

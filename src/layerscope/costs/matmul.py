@@ -11,7 +11,15 @@ addbmm  bias + sum_b bmm             MACs b*m*k*n         FLOPs 2*MACs + m*n
 linear  x[..., k] W[n, k] (+bias)    MACs rows*k*n        FLOPs 2*MACs (+ rows*n)
 _grouped_mm (mixture-of-experts)     a[M,k] @ b[G,k,n] (each row meets one group): M*k*n;
         a[G,m,k] @ b[G,k,n]: G*m*k*n; a[m,K] @ b[K,n] with groups over K: m*K*n   FLOPs 2*MACs (+ bias)
-alpha/beta scaling is not counted. matmul/einsum/linear decompose into these before dispatch.
+_scaled_mm, _scaled_mm_v2 (FP8/MX)  [m,k]@[k,n] like mm: MACs m*k*n  FLOPs 2*MACs (+ m*n bias)
+_scaled_grouped_mm                  as _grouped_mm
+_weight_int8pack_mm, _weight_int4pack_mm* (weight-only quantized LLM kernels)  x[m,k] @ W: MACs
+        m*k*n (n from the output: the int4 weight is packed); FLOPs 2*MACs (dequantizing not counted)
+_foreach_mm                         the sum of its mm's
+matmul  (arrives whole only for nested tensors, whose matmul is its own kernel, and where composites are
+        not decomposed) MACs = numel(out) * k, per component of a nested tensor   FLOPs 2*MACs
+alpha/beta scaling is not counted, nor are the dequantizing scales of the scaled (FP8) products.
+matmul/einsum/linear usually decompose into these before dispatch.
 """
 
 from __future__ import annotations
@@ -76,7 +84,27 @@ def dot(c: OpCall) -> OpCost:
     return OpCost(k, 2 * k)
 
 
-@register("_grouped_mm")
+@register("_scaled_mm", "_scaled_mm_v2")
+def scaled_mm(c: OpCall) -> OpCost:
+    (m, k), n = shape(c.args[0]), shape(c.args[1])[1]
+    macs = m * k * n
+    return OpCost(macs, 2 * macs + (m * n if c.arg("bias") is not None else 0))
+
+
+@register("_weight_int8pack_mm", "_weight_int4pack_mm", "_weight_int4pack_mm_for_cpu",
+          "_weight_int4pack_mm_with_scales_and_zeros")
+def weight_packed_mm(c: OpCall) -> OpCost:
+    macs = numel(c.outs[0]) * shape(c.args[0])[-1]
+    return OpCost(macs, 2 * macs)
+
+
+@register("_foreach_mm")
+def foreach_mm(c: OpCall) -> OpCost:
+    macs = sum(shape(a)[0] * shape(a)[1] * shape(b)[1] for a, b in zip(c.args[0], c.args[1]))
+    return OpCost(macs, 2 * macs)
+
+
+@register("_grouped_mm", "_scaled_grouped_mm")
 def grouped_mm(c: OpCall) -> OpCost:
     a, b = c.args[0], c.args[1]
     out = c.outs[0]
@@ -86,6 +114,21 @@ def grouped_mm(c: OpCall) -> OpCost:
         macs = numel(out) * shape(a)[-1]
     bias = c.arg("bias")
     return OpCost(macs, 2 * macs + (numel(out) if bias is not None else 0))
+
+
+@register("matmul")
+def matmul(c: OpCall) -> OpCost:
+    """Every output element is one dot product of length k (a's last dim): broadcast batches and
+    1-D operands included. A nested tensor's components have their own sizes (P.V of attention over
+    sequences of different lengths contracts over each one's length): summed per component."""
+    a, out = c.args[0], c.outs[0]
+    if a.is_nested:
+        ka = a._nested_tensor_size().tolist()
+        kout = out._nested_tensor_size().tolist()
+        macs = sum(prod(o) * s[-1] for s, o in zip(ka, kout))
+    else:
+        macs = numel(out) * shape(a)[-1]
+    return OpCost(macs, 2 * macs)
 
 
 @register("linear")

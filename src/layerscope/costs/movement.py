@@ -33,6 +33,9 @@ _movement(
     "split_with_sizes_copy", "unbind_copy", "_reshape_copy", "contiguous", "narrow_copy",
     # backward of views and indexing: write the gradient into a zero tensor of the input's shape
     "slice_backward", "select_backward", "diagonal_backward", "unfold_backward",
+    # nested tensors built from (or padded out of) their components: copies
+    "_nested_tensor_from_tensor_list", "_nested_tensor_from_mask", "to_padded_tensor", "_nested_from_padded",
+    "_nested_from_padded_and_nested_example", "_nested_view_from_jagged_copy", "_nested_get_values_copy",
 )
 
 
@@ -104,5 +107,10 @@ register_free(
     "is_nonzero", "_has_compatible_shallow_copy_type", "_version", "output_nr", "_shape_as_tensor",
     "sym_constrain_range", "sym_constrain_range_for_size", "_make_dep_token", "_nested_tensor_size",
     "_fw_primal", "_make_dual", "_unpack_dual", "is_coalesced", "dim", "size", "stride",
-    "storage_offset",
+    "storage_offset", "sym_is_contiguous", "is_contiguous",
+    # nested (jagged) tensors: views of the packed values and their metadata
+    "_nested_get_values", "_nested_view_from_jagged", "_nested_get_offsets", "_nested_get_lengths",
+    "_nested_get_ragged_idx", "_nested_get_jagged_dummy", "_nested_tensor_strides",
+    "_nested_tensor_storage_offsets", "_nested_get_min_seqlen", "_nested_get_max_seqlen",
+    "_nested_compute_contiguous_strides_offsets",
 )

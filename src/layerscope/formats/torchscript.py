@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import warnings
 from typing import Any
 
 import torch
@@ -27,6 +28,11 @@ __all__ = ["load_torchscript", "torchscript_trace"]
 _FRAME = re.compile(r"([^.()]+)\(([^()]*)\)")
 
 
+# torch 2.13 deprecates torch.jit.load with a DeprecationWarning on every call. Loading a file the
+# user named is layerscope's doing, not the user's: only that one message is silenced, only here.
+_JIT_LOAD_DEPRECATED = r"`torch\.jit\.load` is deprecated"
+
+
 def load_torchscript(src) -> torch.jit.ScriptModule:
     if isinstance(src, torch.jit.ScriptModule):
         return src
@@ -34,7 +40,9 @@ def load_torchscript(src) -> torch.jit.ScriptModule:
     if not os.path.isfile(path):
         raise InputError(f"no TorchScript file at {path!r}")
     try:
-        return torch.jit.load(path, map_location="cpu")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_JIT_LOAD_DEPRECATED, category=DeprecationWarning)
+            return torch.jit.load(path, map_location="cpu")
     except Exception as e:   # a zip that is not TorchScript, a truncated file, ...
         raise InputError(f"{path!r} is not a TorchScript archive torch.jit.load can read: "
                          f"{str(e).splitlines()[0][:200]}") from None
@@ -100,6 +108,13 @@ _SCALAR_OPS = {
     "prim::min": lambda *a: min(*a), "prim::max": lambda *a: max(*a), "aten::item": lambda t: t.item(),
     "aten::is_floating_point": lambda t: t.is_floating_point(), "aten::manual_seed": lambda *a: None,
 }
+
+
+def _num_to_tensor(v) -> torch.Tensor:
+    """prim::NumToTensor by TorchScript's own operator: an int gives a 0-dim int64 tensor, a float
+    float64, a bool bool. torch.scalar_tensor made every number float32, so a traced
+    ``torch.arange(ids.shape[1])`` fed float position ids to an embedding (issue 18)."""
+    return torch.ops.prim.NumToTensor(v)
 
 
 def _op_for(node) -> Any:
@@ -178,7 +193,7 @@ class _Interpreter:
         if kind == "prim::device":
             return [ins[0].device]
         if kind == "prim::NumToTensor":
-            return [torch.scalar_tensor(ins[0])]
+            return [_num_to_tensor(ins[0])]
         if kind == "prim::RaiseException":
             raise InputError(f"the TorchScript model raised: {ins[0] if ins else ''}")
         if kind == "prim::If":
