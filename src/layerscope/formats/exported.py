@@ -346,6 +346,7 @@ def exported_trace(src, args: tuple = (), kwargs: dict | None = None, *, device:
     placeholders: dict[str, Any] = dict(zip(user_names, flat))
     state: list[tuple[str, Any, str]] = []
     sd, consts = ep.state_dict, ep.constants
+    tied: dict = {}
     for s in specs:
         if s.kind == InputKind.USER_INPUT:
             continue
@@ -358,6 +359,11 @@ def exported_trace(src, args: tuple = (), kwargs: dict | None = None, *, device:
         else:
             raise InputError(f"the exported program has a {s.kind.name} input ({s.arg.name}), which the "
                              "analysis does not support")
+        # tied weights (GPT-2's lm_head and wte) are one tensor in a live program but two Parameters on
+        # one storage after torch.export.load: the same memory and geometry is the same tensor
+        if isinstance(t, torch.Tensor) and t.numel() and t.device.type != "meta":
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+            t = tied.setdefault(key, t)
         placeholders[s.arg.name] = t
         state.append((s.target, t, kind))
     if on_meta:
