@@ -1,5 +1,5 @@
-"""Exported models give the PyTorch numbers: ONNX (torch.onnx.export, dynamo) and TorchScript
-(torch.jit.trace) of the same models, analysed and compared with analyze(). Prints; asserts nothing.
+"""Exported models give the PyTorch numbers: ONNX (torch.onnx.export, dynamo), TorchScript
+(torch.jit.trace) and torch.export (.pt2, saved and loaded) of the same models, analysed and compared with analyze(). Prints; asserts nothing.
 
   python bench/bench_exported.py [--quick]
 
@@ -59,6 +59,12 @@ def compare(name, model, x, dynamic, folder) -> None:
         model.config.torchscript = True
         ts = torch.jit.trace(model, (x,), strict=False)
         model.config.torchscript = False
+        # torch.export (.pt2, issue 22): saved and loaded back the way a user would get it
+        pt2_path = os.path.join(folder, f"{name}.pt2")
+        torch.export.save(torch.export.export(model, (x,), **kw), pt2_path)
+    t = time.perf_counter()
+    e = ls.analyze_exported(pt2_path, x)
+    t_pt2 = time.perf_counter() - t
     t = time.perf_counter()
     o = ls.analyze_onnx(onnx_path, shapes)
     t_onnx = time.perf_counter() - t
@@ -68,7 +74,8 @@ def compare(name, model, x, dynamic, folder) -> None:
     # folding a BatchNorm into the conv before it absorbs its scale into the conv's weight; its shift
     # becomes the conv's bias (same count): C fewer parameters per BatchNorm of C channels
     bn = _bn_params(model) // 2
-    for fmt, rep, secs, expect in (("onnx", o, t_onnx, ref.totals.params - bn), ("torchscript", s, t_ts, ref.totals.params)):
+    for fmt, rep, secs, expect in (("onnx", o, t_onnx, ref.totals.params - bn), ("torchscript", s, t_ts, ref.totals.params),
+                                   ("pt2", e, t_pt2, ref.totals.params)):
         d = 100 * (rep.totals.macs / ref.totals.macs - 1)
         print(f"{name:<12} {fmt:<11} MACs {rep.totals.macs:>15,} vs {ref.totals.macs:>15,} ({d:+.4f}%)  params "
               f"{rep.totals.params:>11,} vs {expect:>11,}{' (BN scales folded: ' + format(bn, ',') + ')' if fmt == 'onnx' and bn else ''}"

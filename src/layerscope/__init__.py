@@ -1,6 +1,6 @@
 """layerscope: what is inside any PyTorch model, layer by layer, with numbers you can trust."""
 
-from .api import (BatchFit, activations, analyze, analyze_onnx, analyze_torchscript, max_batch_size, memory,
+from .api import (BatchFit, activations, analyze, analyze_exported, analyze_onnx, analyze_torchscript, max_batch_size, memory,
                   onnx_tile, partition, profile, summary)
 from .costs import CostOptions
 from .errors import ForwardError, InputError, LayerscopeError, PlanError, RegistryError, SpecError
@@ -23,6 +23,6 @@ __all__ = [
     "Totals", "Coverage", "TensorSpec", "ParamSpec", "ReceptiveField", "CostOptions",
     "LayerscopeError", "InputError", "ForwardError", "SpecError", "RegistryError", "__version__",
     "partition", "StagePlan", "Stage", "Unit", "SplitUnits", "PlanError",
-    "analyze_onnx", "analyze_torchscript", "onnx_tile", "profile", "LatencyReport", "LatencyLayer", "Profiler", "Roofline", "measure_roofline",
+    "analyze_exported", "analyze_onnx", "analyze_torchscript", "onnx_tile", "profile", "LatencyReport", "LatencyLayer", "Profiler", "Roofline", "measure_roofline",
     "compare", "Comparison", "presets",
 ]

@@ -114,6 +114,14 @@ def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, batch_di
     or "same" (leave the model's flags as they are); the model's own state is restored afterwards.
     ``causal="unmasked"`` counts only the unmasked part of causal attention.
     """
+    # torch.export / torch.compile front doors (issue 22): an ExportedProgram or ep.module() runs its
+    # graph (formats/exported.py); a compiled module is analysed as its original module, with a note
+    from .formats.exported import route_analyze
+    routed = route_analyze(model, args, kwargs, input_size=input_size, dtypes=dtypes, batch_dim=batch_dim,
+                           device=device, mode=mode, backward=backward, causal=causal, analyze=analyze,
+                           analyze_exported=analyze_exported)
+    if routed is not None:
+        return routed
     _check_model(model)
     if causal not in ("dense", "unmasked"):
         raise InputError(f"causal must be 'dense' or 'unmasked', got {causal!r}")
@@ -167,6 +175,32 @@ def _analyze_script(model, args, kwargs, input_size, dtypes, batch_dim, device, 
     finally:
         for m, training in flags:
             m.training = training
+
+
+@_exclusive
+def analyze_exported(program, *args: Any, input_size=None, dtypes=None, device=None, causal: str = "dense",
+                     **kwargs: Any) -> Report:
+    """Analyse a torch.export program (an ``ExportedProgram``, or a ``.pt2`` path loaded with
+    ``torch.export.load``, which runs no pickled code) into the same Report as ``analyze()`` of the
+    eager model: its ATen graph runs node by node under the same op recorder, and each node's
+    ``nn_module_stack`` opens and closes the module calls, so layers keep the original module paths.
+    Inputs: as given (``input_size`` builds them), else the example inputs stored in the program; a
+    symbolic dim they do not settle is named in an error, never sized 0. The graph runs as exported
+    (its train/eval behaviour fixed at export), forward only, on CPU or ``device="meta"``."""
+    from .capture.inputs import make_inputs
+    from .formats.exported import exported_trace, load_exported
+    ep = load_exported(program)
+    if causal not in ("dense", "unmasked"):
+        raise InputError(f"causal must be 'dense' or 'unmasked', got {causal!r}")
+    if input_size is not None:
+        if args or kwargs:
+            raise InputError("give example inputs or input_size, not both")
+        args = tuple(make_inputs(input_size, dtypes, None, torch.device("cpu")))
+    elif dtypes is not None:
+        raise InputError("dtypes only applies together with input_size")
+    with _gc_paused():
+        return Report(exported_trace(ep, tuple(args), kwargs, device=device,
+                                     options=CostOptions(causal=causal)))
 
 
 @_exclusive
@@ -386,8 +420,10 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     from .capture.measure import measure_cpu, measure_cuda, state_bytes
     from .capture.step import run_steps
     from .capture.storage import StorageTracker, cuda_block_size
+    from .formats.exported import refuse_exported
     from .render.units import parse_bytes
 
+    refuse_exported(model, "memory")   # issue 22: exported programs cannot run a training step
     _check_model(model)
     if steps < 1 or accumulation < 1:
         raise InputError("steps and accumulation must be at least 1")
@@ -656,6 +692,8 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
         units = _units_from_memory(rep, rep._model() if rep._model else None)
         options.update(optimizer=rep.options.get("optimizer"), autocast=rep.options.get("autocast"))
     else:
+        from .formats.exported import refuse_exported
+        refuse_exported(model_or_report, "partition")   # issue 22
         model = _check_model(model_or_report)
         args = _example_inputs(args, kwargs, input_size, dtypes, None, model_device(model), "partition")
         mb_args, mb_kwargs, mb = micro_batch(args, kwargs, microbatches, batch_dim)

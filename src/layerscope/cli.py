@@ -362,6 +362,15 @@ def _summary(ns: argparse.Namespace) -> int:
                              "--input NAME=DIMS` to set them")
         with _status(f"analysing {ns.spec}", ns):
             return _emit(ns, analyze_onnx(ns.spec))
+    if ns.spec.endswith(".pt2"):   # issue 22: a torch.export program (torch.export.load, no pickle)
+        from .api import analyze_exported
+        from .errors import InputError
+        if ns.input_ids or ns.set or ns.backward:
+            raise InputError("a .pt2 program runs forward only on its own inputs: give --input-size (or none "
+                             "to use the example inputs stored in it)")
+        with _status(f"analysing {ns.spec}", ns):
+            return _emit(ns, analyze_exported(ns.spec, input_size=ns.input_size or None,
+                                              dtypes=ns.dtype or None, device=ns.device, causal=ns.causal))
     model, args, kwargs = _build(ns, ns.device)
     if isinstance(model, torch.jit.ScriptModule):
         from .api import analyze_torchscript

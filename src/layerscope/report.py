@@ -46,6 +46,11 @@ class Report(ReportOutput):
 
     # ---- access ---------------------------------------------------------------------------------
     @property
+    def notes(self) -> tuple[str, ...]:
+        """What the analysis says about how it ran (e.g. a torch.compile'd model's original module)."""
+        return tuple(self.trace.options.get("notes", ()))
+
+    @property
     def model_name(self) -> str:
         return self.trace.model_name
 
