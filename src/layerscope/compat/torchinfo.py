@@ -369,13 +369,10 @@ def _mb(n: int | None) -> str:
 
 
 def _num(n: int, auto: bool) -> str:
-    """torchinfo's format_output_num: ': 1,234' or ' (M): 376.85'."""
+    """torchinfo 1.8's format_output_num: ': 1,234', or with auto units ' (M): 376.85' (T, G, else M)."""
     unit, value = "", float(n)
     if auto:
-        for u, f in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-            if n >= f:
-                unit, value = u, n / f
-                break
+        unit, value = next(((u, n / f) for u, f in (("T", 1e12), ("G", 1e9)) if n >= f), ("M", n / 1e6))
     shown = f"{int(value):,d}" if value.is_integer() else f"{value:,.2f}"
     return f"{f' ({unit})' if unit else ''}: {shown}"
 
