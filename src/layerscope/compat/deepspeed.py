@@ -14,10 +14,9 @@ Same names, defaults, return values and printed sections as DeepSpeed. Where the
 (docs/compat.md): MACs and FLOPs come from the aten ops that ran (DeepSpeed patches
 ``torch.nn.functional`` and misses whatever else runs: an LSTM's matmuls, ``@``, SDPA kernels);
 FLOPs are 2 x MACs plus every other op's arithmetic by layerscope's per-op table (DeepSpeed: its own
-table, e.g. no FLOPs for a bias inside ``F.linear``); latencies are the hooked forward times of
-layerscope's timing (median over ``warm_up`` + 1 runs in ``get_model_profile`` is not used: one
-timed run after ``warm_up`` runs, as DeepSpeed); "params of model" is params per GPU x mp_size with
-mp_size 1 (DeepSpeed prints 0 without an engine). The model is never patched: no
+table, e.g. no FLOPs for a bias inside ``F.linear``); latencies are layerscope's hooked forward
+times (``get_model_profile``: one timed run after ``warm_up`` runs, as DeepSpeed); "params of
+model" is params per GPU x mp_size with mp_size 1 (DeepSpeed prints 0 without an engine). The model is never patched: no
 ``__flops__`` attributes, no monkey-patched functionals, and it comes out as it went in.
 """
 
