@@ -228,3 +228,29 @@ def test_number_format_matches_torchinfo():
     assert ti._num(3_784_580, auto=False) == ": 3,784,580"
     assert ti._num(376_832_000, auto=True) == " (M): 376.83"
     assert ti._num(2_000_000_000, auto=True) == " (G): 2"
+
+
+class ArgMax(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.fc(x).argmax(-1)
+
+
+def test_step_memory_falls_back_to_forward_only_and_says_so():
+    # integer output: nothing to differentiate, so the forward alone is simulated:
+    #   parameters (9 + 3) x 4 = 48 B, input (2, 3) float32 24 B, fc output 24 B, argmax (2,) int64
+    #   16 B written while the fc output lives: peak 48 + 24 + 24 + 16 = 112 B
+    stats = summary(ArgMax(), (2, 3), verbose=0)
+    assert (stats.memory_basis, stats.estimated_total_size, stats.total_output_bytes) == ("forward only", 112, 40)
+    assert "requires grad" in stats.memory_error
+
+
+def test_failing_forward_is_one_line_and_leaves_the_model():
+    m = nn.Linear(3, 3)
+    before = state(m)
+    with pytest.raises(ls.ForwardError) as e:
+        summary(m, (1, 5), verbose=0)
+    assert "\n" not in str(e.value) and "Linear" in str(e.value) and same_state(before, state(m))

@@ -296,6 +296,7 @@ class ModelStatistics(Report):
         self.total_mult_adds = report.totals.macs if report is not None else 0
         self._memory_inputs = memory_inputs
         self._memory: tuple[int | None, str | None] | None = None
+        self.memory_error: str | None = None   # why the step simulation could not run, if it could not
         formatting.set_layer_name_width(summary_list)
 
     @property
@@ -316,7 +317,9 @@ class ModelStatistics(Report):
                         with _mode(model, mode):
                             rep = memory(model, *args, training=training, steps=1, input_size=input_size,
                                          dtypes=dtypes, batch_dim=batch_dim, **kwargs)
-                    except LayerscopeError:
+                    except Exception as e:   # noqa: BLE001 -- a derived figure: shown as n/a, never raised
+                        self.memory_error = f"{basis}: {type(e).__name__}: {e}" if not isinstance(
+                            e, LayerscopeError) else f"{basis}: {e}"
                         continue
                     self._memory = (int(rep.totals["peak_bytes"]), basis)
                     break
