@@ -23,6 +23,7 @@ medians over steps do not grow with the number of steps or with reuse of the pro
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -66,14 +67,33 @@ class Profiler:
         """Put the hooks on and begin a step."""
         if self.running:
             return
+        self._hook()
+        self._rec.begin()
+        self.running = True
+
+    def _hook(self) -> None:
         self._handles.append(self.model.register_forward_pre_hook(self._root_pre, prepend=True,
                                                                   with_kwargs=True))
         if self.optimizer is not None:
             self._handles += [self.optimizer.register_step_pre_hook(self._opt_pre),
                               self.optimizer.register_step_post_hook(self._opt_post)]
         self._rec.attach()
-        self._rec.begin()
-        self.running = True
+
+    @contextlib.contextmanager
+    def _paused(self):
+        """Hooks off (the open step kept) while the profiler runs the model itself: the costs
+        analysis of report() must not be recorded as calls of the user's step."""
+        if not self.running:
+            yield
+            return
+        self._rec.detach()
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        try:
+            yield
+        finally:
+            self._hook()
 
     def stop_profile(self) -> None:
         """End the current step (kept when it ran any module) and take every hook off."""
@@ -236,7 +256,8 @@ class Profiler:
         from .errors import LayerscopeError
         args, kwargs, training = self._example
         try:
-            return analyze(self.model, *args, device="meta", mode="train" if training else "eval", **kwargs)
+            with self._paused():
+                return analyze(self.model, *args, device="meta", mode="train" if training else "eval", **kwargs)
         except LayerscopeError as e:
             notes.append(f"no costs (FLOPs, bytes): the analysis of the first step's inputs failed: {e}")
             return None

@@ -99,3 +99,16 @@ def test_number_formats_match_deepspeed():
     assert number_to_string(63_252) == "63.25 K" and number_to_string(0) == "0 "
     assert macs_to_string(1.5e9) == "1.5 GMACs" and params_to_string(3_784_580) == "3.78 M"
     assert params_to_string(7e9) == "7 B" and number_to_string(0.0123) == "12.3 m"
+
+
+def test_profiler_report_inside_the_loop_keeps_the_open_step():
+    # regression: report() inside `with prof:` analysed the model under the profiler's own hooks,
+    # recording the meta run's calls into the open step (IndexError in the step totals)
+    m = CNN()
+    p = ls.Profiler(m)
+    with p:
+        m(torch.randn(2, 3, 8, 8))
+        m(torch.randn(2, 3, 8, 8))
+        assert p.report().totals["flops"] == FLOPS
+        m(torch.randn(2, 3, 8, 8))
+    assert p.steps == 3 and [len(s[0]) for s in p._steps] == [6, 6, 6]   # 6 module calls per forward
