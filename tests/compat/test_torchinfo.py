@@ -254,3 +254,46 @@ def test_failing_forward_is_one_line_and_leaves_the_model():
     with pytest.raises(ls.ForwardError) as e:
         summary(m, (1, 5), verbose=0)
     assert "\n" not in str(e.value) and "Linear" in str(e.value) and same_state(before, state(m))
+
+
+class ContainerChildModule(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self._sequential = nn.Sequential(nn.Linear(5, 5), nn.Linear(5, 5))
+        self._between = nn.Linear(5, 5)
+
+    def forward(self, x):
+        out = self._sequential(x)
+        out = self._between(out)
+        for layer in self._sequential:
+            out = layer(out)
+        out = self._sequential(x)
+        for layer in self._sequential:
+            out = layer(out)
+        return out
+
+
+class ContainerModule(nn.Module):
+    """torchinfo README's ModuleList example."""
+
+    def __init__(self):
+        super().__init__()
+        self._layers = nn.ModuleList([nn.Linear(5, 5), ContainerChildModule(), nn.Linear(5, 5)])
+
+    def forward(self, x):
+        for layer in self._layers:
+            x = layer(x)
+        return x
+
+
+def test_container_readme_example():
+    # 5 Linear(5, 5) of 30 params: 150; Linear calls: 2 top-level + 8 in the child = 10 x 25 MACs = 250
+    stats = summary(ContainerModule(), (1, 5), col_names=("output_size", "num_params", "mult_adds"), verbose=0)
+    assert (stats.total_params, stats.total_mult_adds) == (150, 250)
+    rows = [(i.class_name, i.depth, i.is_recursive) for i in stats.summary_list]
+    # one row per call; depth is where the call was made (the loops call _sequential's layers from the
+    # child directly); the ModuleList, never called, has no row (torchinfo adds one)
+    assert len(rows) == 14 and ("ModuleList", 1, False) not in rows
+    assert sum(r[2] for r in rows) == 7 and rows[3] == ("Sequential", 2, False)
+    text = str(stats)
+    assert "│    │    └─Linear: 3-1" in text and "Total params: 150" in text
