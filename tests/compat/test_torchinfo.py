@@ -298,3 +298,10 @@ def test_container_readme_example():
     assert sum(r[2] for r in rows) == 7 and rows[3] == ("Sequential", 2, False)
     text = str(stats)
     assert "│    │    └─Linear: 3-1" in text and "Total params: 150" in text
+
+
+def test_report_methods_without_a_forward_say_so():
+    stats = summary(nn.Linear(3, 3), verbose=0)
+    with pytest.raises(ls.InputError, match="no forward ran"):
+        stats.table()
+    assert stats.total_params == 12

@@ -26,7 +26,6 @@ import contextlib
 import io
 import os
 import sys
-from typing import Any
 
 import torch
 from torch import nn

@@ -299,6 +299,39 @@ class ModelStatistics(Report):
         self.memory_error: str | None = None   # why the step simulation could not run, if it could not
         formatting.set_layer_name_width(summary_list)
 
+    def _forward_ran(self) -> None:
+        if self.trace is None:
+            raise InputError("no forward ran (summary without input_size or input_data): only the "
+                             "parameter table and counts exist")
+
+    def table(self, *args, **kwargs):
+        self._forward_ran()
+        return super().table(*args, **kwargs)
+
+    def rich_table(self, *args, **kwargs):
+        self._forward_ran()
+        return super().rich_table(*args, **kwargs)
+
+    def print(self, *args, **kwargs):
+        self._forward_ran()
+        return super().print(*args, **kwargs)
+
+    def to_dict(self):
+        self._forward_ran()
+        return super().to_dict()
+
+    def to_csv(self, *args, **kwargs):
+        self._forward_ran()
+        return super().to_csv(*args, **kwargs)
+
+    def to_dataframe(self):
+        self._forward_ran()
+        return super().to_dataframe()
+
+    def module(self, path: str):
+        self._forward_ran()
+        return super().module(path)
+
     @property
     def model_name(self) -> str:
         return self.trace.model_name if self.trace is not None else (
