@@ -305,3 +305,12 @@ def test_report_methods_without_a_forward_say_so():
     with pytest.raises(ls.InputError, match="no forward ran"):
         stats.table()
     assert stats.total_params == 12
+
+
+def test_batch_dim():
+    # input_size without the batch dimension: a batch of 1 is inserted; 1 x 3 x 2 = 6 MACs
+    stats = summary(nn.Linear(3, 2), (3,), batch_dim=0, verbose=0)
+    assert (stats.input_size, stats.total_mult_adds, stats.summary_list[0].output_size) == ([[1, 3]], 6, [2])
+    # with input_data, batch_dim only leaves that dimension out of the sizes shown; 4 x 3 x 2 = 24 MACs
+    stats = summary(nn.Linear(3, 2), input_data=torch.randn(4, 3), batch_dim=0, verbose=0)
+    assert (stats.total_mult_adds, stats.summary_list[0].output_size) == (24, [2])
