@@ -183,8 +183,12 @@ def summary(model: nn.Module, input_size=None, input_data=None, batch_dim: int |
     printed table (torchscan's argument); ``cache_forward_pass`` is accepted and ignored. For
     torchinfo's printed layout too, import ``layerscope.compat.torchinfo.summary``."""
     from .compat.torchinfo import COLUMN_NAMES, build
+    from .render.columns import ALIASES, COLUMNS, DEFAULT_COLUMNS
     del cache_forward_pass
     cols = col_names.split(",") if isinstance(col_names, str) else col_names
+    for c in cols or ():
+        if c not in COLUMN_NAMES and ALIASES.get(c, c) not in COLUMNS:
+            raise InputError(f"unknown column {c!r}; choose from {', '.join((*COLUMNS, *COLUMN_NAMES))}")
     # layerscope's own column names (flops, receptive_field, ...) are for the printed table only
     ti_cols = None if cols is None else [c for c in cols if c in COLUMN_NAMES] or None
     stats = build(model, input_size, input_data, batch_dim, ti_cols, col_width, depth, device, dtypes,
@@ -193,7 +197,6 @@ def summary(model: nn.Module, input_size=None, input_data=None, batch_dim: int |
         if stats.report is None:
             print(stats)
         else:
-            from .render.columns import ALIASES, COLUMNS, DEFAULT_COLUMNS
             # torchinfo's groups and params_percent have no layerscope column: str(stats) shows them
             shown = None if cols is None else [c for c in cols if c not in COLUMN_NAMES
                                                or ALIASES.get(c, c) in COLUMNS] or None

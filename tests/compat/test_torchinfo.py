@@ -314,3 +314,10 @@ def test_batch_dim():
     # with input_data, batch_dim only leaves that dimension out of the sizes shown; 4 x 3 x 2 = 24 MACs
     stats = summary(nn.Linear(3, 2), input_data=torch.randn(4, 3), batch_dim=0, verbose=0)
     assert (stats.total_mult_adds, stats.summary_list[0].output_size) == (24, [2])
+
+
+def test_ls_summary_takes_layerscope_and_torchinfo_columns_and_refuses_others():
+    stats = ls.summary(nn.Linear(3, 2), input_size=(1, 3), col_names=("flops", "groups", "mult_adds"), verbose=0)
+    assert stats.formatting.col_names == ("groups", "mult_adds") and stats.totals.flops == 2 * 6 + 2
+    with pytest.raises(ls.InputError, match="unknown column 'bogus'"):
+        ls.summary(nn.Linear(3, 2), input_size=(1, 3), col_names=("bogus",), verbose=0)
