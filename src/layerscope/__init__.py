@@ -12,6 +12,7 @@ from .analyses.roofline import Roofline, measure_roofline
 from .report import Report
 from .compare import Comparison, compare
 from .specs import presets
+from . import compat   # front ends with other tools' names (torchinfo, torchscan, deepspeed, modelsummary)
 from .trace import (Costs, Coverage, LayerRecord, OpEvent, ParamSpec, ReceptiveField, TensorSpec, Totals,
                     Trace)
 
@@ -24,5 +25,5 @@ __all__ = [
     "LayerscopeError", "InputError", "ForwardError", "SpecError", "RegistryError", "__version__",
     "partition", "StagePlan", "Stage", "Unit", "SplitUnits", "PlanError",
     "analyze_exported", "analyze_onnx", "analyze_torchscript", "onnx_tile", "profile", "LatencyReport", "LatencyLayer", "Profiler", "Roofline", "measure_roofline",
-    "compare", "Comparison", "presets",
+    "compare", "Comparison", "presets", "compat",
 ]

@@ -257,24 +257,38 @@ def _gc_paused():
 
 def summary(model: nn.Module, input_size=None, input_data=None, batch_dim: int | None = None,
             col_names: Iterable[str] | None = None, depth: int = 3, device=None, dtypes=None,
-            mode: str = "eval", verbose: int = 1, **kwargs: Any) -> Report:
-    """Drop-in for torchinfo.summary's common arguments: prints the table (verbose >= 1) and returns
-    the Report. ``input_data`` may be a tensor, a list/tuple of positional inputs, or a dict of kwargs."""
-    args: tuple = ()
-    if input_data is not None:
-        if isinstance(input_data, torch.Tensor):
-            args = (input_data,)
-        elif isinstance(input_data, dict):
-            kwargs = {**input_data, **kwargs}
-        elif isinstance(input_data, (list, tuple)):
-            args = tuple(input_data)
-        else:
-            raise InputError(f"input_data must be a tensor, a list/tuple or a dict, got {type(input_data).__name__}")
-    rep = analyze(model, *args, input_size=input_size, dtypes=dtypes, batch_dim=batch_dim, device=device,
-                  mode=mode, **kwargs)
+            mode: str = "eval", verbose: int = 1, *, col_width: int = 25, row_settings=None,
+            cache_forward_pass: bool | None = None, receptive_field: bool = False, **kwargs: Any):
+    """torchinfo.summary's arguments: prints layerscope's table (verbose 1; 2 shows every repeated
+    block unfolded) and returns a ``compat.torchinfo.ModelStatistics``: a Report with torchinfo's
+    attributes (total_params, total_mult_adds, summary_list, ...) whose ``str()`` is torchinfo's
+    layout with these ``col_names``, ``depth`` (-1: every depth), ``col_width`` and ``row_settings``.
+    Without inputs, the parameter table. ``input_data``: a tensor, a list/tuple of positional inputs
+    or a dict of kwargs; other kwargs go to ``forward``. ``receptive_field`` adds that column to the
+    printed table (torchscan's argument); ``cache_forward_pass`` is accepted and ignored. For
+    torchinfo's printed layout too, import ``layerscope.compat.torchinfo.summary``."""
+    from .compat.torchinfo import COLUMN_NAMES, build
+    from .render.columns import ALIASES, COLUMNS, DEFAULT_COLUMNS
+    del cache_forward_pass
+    cols = col_names.split(",") if isinstance(col_names, str) else col_names
+    for c in cols or ():
+        if c not in COLUMN_NAMES and ALIASES.get(c, c) not in COLUMNS:
+            raise InputError(f"unknown column {c!r}; choose from {', '.join((*COLUMNS, *COLUMN_NAMES))}")
+    # layerscope's own column names (flops, receptive_field, ...) are for the printed table only
+    ti_cols = None if cols is None else [c for c in cols if c in COLUMN_NAMES] or None
+    stats = build(model, input_size, input_data, batch_dim, ti_cols, col_width, depth, device, dtypes,
+                  mode, row_settings, verbose, kwargs)
     if verbose:
-        rep.print(depth=depth, columns=col_names)
-    return rep
+        if stats.report is None:
+            print(stats)
+        else:
+            # torchinfo's groups and params_percent have no layerscope column: str(stats) shows them
+            shown = None if cols is None else [c for c in cols if c not in COLUMN_NAMES
+                                               or ALIASES.get(c, c) in COLUMNS] or None
+            if receptive_field:
+                shown = [*(shown or DEFAULT_COLUMNS), "receptive_field"]
+            stats.report.print(depth=None if depth < 0 else depth, columns=shown, fold=verbose < 2)
+    return stats
 
 
 def _selector(select) -> Any:

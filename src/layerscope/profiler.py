@@ -23,6 +23,7 @@ medians over steps do not grow with the number of steps or with reuse of the pro
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -58,6 +59,7 @@ class Profiler:
         self._handles: list = []
         self._steps: list[tuple[list[CallTimes], float, list[tuple[str, float]], float]] = []
         self._example: tuple | None = None     # meta copies of the first top-level call's inputs
+        self._costs_cache = None               # the analysis of those inputs (DeepSpeed's getters)
         self.running = False
 
     # the DeepSpeed-shaped API ----------------------------------------------------------------
@@ -65,14 +67,33 @@ class Profiler:
         """Put the hooks on and begin a step."""
         if self.running:
             return
+        self._hook()
+        self._rec.begin()
+        self.running = True
+
+    def _hook(self) -> None:
         self._handles.append(self.model.register_forward_pre_hook(self._root_pre, prepend=True,
                                                                   with_kwargs=True))
         if self.optimizer is not None:
             self._handles += [self.optimizer.register_step_pre_hook(self._opt_pre),
                               self.optimizer.register_step_post_hook(self._opt_post)]
         self._rec.attach()
-        self._rec.begin()
-        self.running = True
+
+    @contextlib.contextmanager
+    def _paused(self):
+        """Hooks off (the open step kept) while the profiler runs the model itself: the costs
+        analysis of report() must not be recorded as calls of the user's step."""
+        if not self.running:
+            yield
+            return
+        self._rec.detach()
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        try:
+            yield
+        finally:
+            self._hook()
 
     def stop_profile(self) -> None:
         """End the current step (kept when it ran any module) and take every hook off."""
@@ -105,6 +126,70 @@ class Profiler:
         self.stop_profile()
         self._steps = []
         self._example = None
+        self._costs_cache = None
+
+    # DeepSpeed FlopsProfiler's getters (layerscope.compat.deepspeed has its formats) -------------
+    def _ds_view(self):
+        """(costs Report or None, LatencyReport or None) of what was profiled so far; a step still
+        open is closed first, so that DeepSpeed's ``start_profile(); model(x); get_total_*()``
+        sees the forward it just ran."""
+        was_running = self.running
+        # hooks off while the costs are analysed (that analysis runs the model on meta copies and
+        # must not be recorded as a step); stop_profile() also closes the open step
+        self.stop_profile()
+        try:
+            latency = self.report() if self._steps else None
+            if self._costs_cache is None and self._example is not None:
+                self._costs_cache = self._costs([])
+        finally:
+            if was_running:
+                self.start_profile()
+        return self._costs_cache, latency
+
+    def get_total_flops(self, as_string: bool = False):
+        """Forward FLOPs of one step's forward (the first step's inputs; layerscope's convention)."""
+        from .compat.deepspeed import number_to_string
+        costs, _ = self._ds_view()
+        n = costs.totals.flops if costs is not None else 0
+        return number_to_string(n) if as_string else n
+
+    def get_total_macs(self, as_string: bool = False):
+        """Forward MACs of one step's forward."""
+        from .compat.deepspeed import macs_to_string
+        costs, _ = self._ds_view()
+        n = costs.totals.macs if costs is not None else 0
+        return macs_to_string(n) if as_string else n
+
+    def get_total_params(self, as_string: bool = False):
+        """The model's parameters, each tensor once."""
+        from .compat.deepspeed import params_to_string
+        n = sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())
+        return params_to_string(n) if as_string else n
+
+    def get_total_duration(self, as_string: bool = False):
+        """Seconds: the top-level forward's time, median over the recorded steps (after warm-up)."""
+        from .compat.deepspeed import duration_to_string
+        _, latency = self._ds_view()
+        n = latency.totals["forward"] if latency is not None else 0.0
+        return duration_to_string(n) if as_string else n
+
+    def _module_profile(self):
+        from .compat.deepspeed import ModuleProfile
+        costs, latency = self._ds_view()
+        return ModuleProfile(self.model, costs, latency)
+
+    def print_model_profile(self, profile_step: int = 1, module_depth: int = -1, top_modules: int = 1,
+                            detailed: bool = True, output_file: str | None = None) -> None:
+        """DeepSpeed's profile printout (summary, aggregated top modules per depth, and the model's
+        repr with each module's params, MACs, latency and FLOPS), to stdout or ``output_file``."""
+        from .compat.deepspeed import _to_file, model_profile_text
+        prof = self._module_profile()
+        _, latency = self._ds_view()
+        if latency is not None:   # per-module times: medians over steps, summed over a module's calls
+            prof.total_duration = latency.totals["forward"]
+        text = model_profile_text(prof, profile_step, module_depth, top_modules, detailed)
+        with _to_file(output_file) as f:
+            f.write(text)
 
     def __enter__(self) -> "Profiler":
         self.start_profile()
@@ -171,7 +256,8 @@ class Profiler:
         from .errors import LayerscopeError
         args, kwargs, training = self._example
         try:
-            return analyze(self.model, *args, device="meta", mode="train" if training else "eval", **kwargs)
+            with self._paused():
+                return analyze(self.model, *args, device="meta", mode="train" if training else "eval", **kwargs)
         except LayerscopeError as e:
             notes.append(f"no costs (FLOPs, bytes): the analysis of the first step's inputs failed: {e}")
             return None

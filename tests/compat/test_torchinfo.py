@@ -1,0 +1,323 @@
+"""layerscope.compat.torchinfo and layerscope.summary: torchinfo's arguments, attributes and layout
+over layerscope's numbers (issue 21). Expected values are derived by hand in the comments."""
+
+import pytest
+import torch
+from torch import nn
+
+import layerscope as ls
+from layerscope.compat import torchinfo as ti
+from layerscope.compat.torchinfo import summary
+
+from .models import LSTMNet, TinyResNet, same_state, state
+
+# LSTMNet (vocab 20, embed 30, hidden 16, 2 layers), input (1, 10) token ids:
+#   Embedding 20*30 = 600 params, no MACs (a lookup).
+#   LSTM layer 0: W_ih 64x30 + W_hh 64x16 + 2 biases of 64 = 1,920 + 1,024 + 128 = 3,072;
+#        layer 1: 64x16 + 64x16 + 128 = 2,176; together 5,248.
+#        MACs per time step 4H(I+H): 64*(30+16) = 2,944 and 64*(16+16) = 2,048; x 10 steps = 49,920.
+#   Linear 16*20 + 20 = 340 params; 10 positions x 16 x 20 = 3,200 MACs.
+#   Totals: 6,188 params, 53,120 MACs (torchinfo's heuristic: params x positions, 376,832,000 in its
+#   README for the full-size net).
+LSTM_PARAMS, LSTM_MACS = 6_188, 53_120
+
+
+def test_lstm_readme_example(capsys):
+    m = LSTMNet()
+    before = state(m)
+    stats = summary(m, (1, 10), dtypes=[torch.long], verbose=2, col_width=16,
+                    col_names=["kernel_size", "output_size", "num_params", "mult_adds"],
+                    row_settings=["var_names"])
+    out = capsys.readouterr().out
+    assert out == str(stats) + "\n"
+    assert same_state(before, state(m))
+    assert (stats.total_params, stats.trainable_params, stats.total_mult_adds) == (LSTM_PARAMS, LSTM_PARAMS, LSTM_MACS)
+    assert stats.total_input == 80                      # 10 int64 token ids
+    assert stats.total_param_bytes == 4 * LSTM_PARAMS
+    lines = out.splitlines()
+    width = 40 + 4 * 16                                 # layer-name column + 4 columns of col_width
+    assert lines[0] == "=" * width
+    assert lines[1] == (f"{'Layer (type (var_name))':<40} {'Kernel Shape':<16} {'Output Shape':<16} "
+                        f"{'Param #':<16} Mult-Adds")
+    assert f"{'├─LSTM (encoder)':<40} {'--':<16} {'[1, 10, 16]':<16} {'5,248':<16} 49,920" in lines
+    assert f"{'├─Linear (decoder)':<40} {'--':<16} {'[1, 10, 20]':<16} {'340':<16} 3,200" in lines
+    assert f"{'├─Embedding (embedding)':<40} {'--':<16} {'[1, 10, 30]':<16} {'600':<16} --" in lines
+    # verbose=2: one row per weight, kernel shape with in/out swapped as torchinfo shows it
+    assert f"{'│    └─weight_ih_l0':<40} {'[64, 30]':<16} {'':<16} ├─1,920" in lines
+    assert f"{'│    └─bias_hh_l1':<40} {'[64]':<16} {'':<16} └─64" in lines
+    assert f"{'│    └─weight':<40} {'[16, 20]':<16} {'':<16} ├─320" in lines
+    assert "Total params: 6,188" in lines and "Trainable params: 6,188" in lines
+    assert "Non-trainable params: 0" in lines
+    assert "Total mult-adds (M): 0.05" in lines         # 53,120 / 1e6
+    assert "Input size (MB): 0.00" in lines and "Params size (MB): 0.02" in lines   # 24,752 B
+    root = stats.summary_list[0]
+    assert (root.class_name, root.var_name, root.depth, root.output_size) == ("LSTMNet", "LSTMNet", 0, [10, 20])
+    lstm = stats.summary_list[2]
+    assert (lstm.layer_id, lstm.module, lstm.depth_index, lstm.parent_info) == (id(m.encoder), m.encoder, 2, root)
+    assert (lstm.num_params, lstm.macs, lstm.trainable, lstm.executed) == (5_248, 49_920, "True", True)
+
+
+def _block_rows(text: str, stats, col: int) -> list[str]:
+    """The cells of column ``col`` of every layer row of a printed summary."""
+    f = stats.formatting
+    lines = text.splitlines()
+    start = lines.index(next(x for x in lines if x.startswith("Layer (type"))) + 2
+    end = lines.index("=" * f.get_total_width(), start)
+    a = f.layer_name_width + 1 + col * (f.col_width + 1)
+    return [row[a:a + f.col_width].strip() for row in lines[start:end]]
+
+
+# TinyResNet, input (1, 3, 8, 8), every conv 3x3 padding 1 without bias on 8x8 maps (64 positions):
+#   conv1 3->4: 4*3*9 = 108 params, 4*64 outputs x 27 = 6,912 MACs
+#   3 blocks x 2 convs 4->4: 144 params and 256 x 36 = 9,216 MACs each: 864 params, 55,296 MACs
+#   fc 4->10: 50 params, 40 MACs.  Totals: 1,022 params, 62,248 MACs.
+RESNET_PARAMS, RESNET_MACS = 1_022, 62_248
+
+
+@pytest.mark.parametrize("depth", [-1, 1, 2])
+def test_resnet_rows_add_up_to_the_totals(depth):
+    # torchinfo's own invariant: the Param # and Mult-Adds cells shown add up to the totals
+    stats = summary(TinyResNet(), (1, 3, 8, 8), depth=depth, col_names=("output_size", "num_params", "mult_adds"),
+                    verbose=0)
+    text = str(stats)
+    assert (stats.total_params, stats.total_mult_adds) == (RESNET_PARAMS, RESNET_MACS)
+    cells = lambda c: sum(int(v.strip("()").replace(",", "")) for v in _block_rows(text, stats, c)  # noqa: E731
+                          if v not in ("--", "(recursive)"))
+    assert cells(1) == RESNET_PARAMS and cells(2) == RESNET_MACS
+
+
+def test_resnet_depth_index_and_tree(capsys):
+    stats = summary(TinyResNet(), (1, 3, 8, 8), depth=3)
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("Layer (type:depth-idx)") and "Output Shape" in out[1] and "Param #" in out[1]
+    names = [r[:stats.formatting.layer_name_width].rstrip() for r in out[3:3 + 21]]
+    # depth-idx counts per depth over the whole model in call order (layer2's block is the 3rd at depth 2)
+    assert names[:6] == ["TinyResNet", "├─Conv2d: 1-1", "├─ReLU: 1-2", "├─Sequential: 1-3", "│    └─Block: 2-1",
+                         "│    │    └─Conv2d: 3-1"]
+    assert "│    └─Block: 2-3" in names and "├─Linear: 1-5" in names
+    # root, conv1, relu, layer1 + 2 x (block, conv, relu, conv, relu), layer2 + 1 x the same, fc
+    assert len(stats.summary_list) == 3 + 1 + 10 + 1 + 5 + 1 == 21
+
+
+def test_step_memory_is_simulated_not_guessed():
+    # Linear(4, 3, bias=False) on x (2, 4) float32, one forward + backward of output.sum():
+    #   parameters 12 x 4 = 48 B, input 8 x 4 = 32 B, output (2, 3) = 24 B, loss scalar 4 B,
+    #   its gradient seed 4 B, weight gradient 48 B: peak during backward 48+32+24+4+4+48 = 160 B.
+    #   Forward/backward pass size = 160 - 48 - 32 = 80 B (torchinfo: 2 x output = 48 B).
+    stats = summary(nn.Linear(4, 3, bias=False), input_data=torch.randn(2, 4), verbose=0)
+    assert (stats.estimated_total_size, stats.total_output_bytes, stats.memory_basis) == (160, 80, "forward+backward step")
+    assert "Forward/backward pass size (MB): 0.00" in str(stats)
+
+
+def test_no_input_prints_the_parameter_table(capsys):
+    m = TinyResNet()
+    stats = summary(m)
+    out = capsys.readouterr().out
+    assert "Layer (type:depth-idx)" in out and "Param #" in out and "Output Shape" not in out
+    assert "Total params: 1,022" in out and "mult-adds" not in out
+    assert f"{'├─Conv2d: 1-1':<40} 108" in out.splitlines()
+    assert not any(i.executed for i in stats.summary_list) and stats.total_params == RESNET_PARAMS
+    with pytest.raises(ls.InputError, match="needs input_size or input_data"):
+        summary(m, col_names=["output_size"])
+
+
+class TwoInputs(nn.Module):
+    """torchinfo's MultipleInputNetDifferentDtypes, shrunk: a float input and a long input."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1a = nn.Linear(30, 5)
+        self.fc1b = nn.Linear(30, 5)
+
+    def forward(self, x, y):
+        return self.fc1a(x) + self.fc1b(y.float())
+
+
+def test_dtypes_as_tensor_types_as_torchinfos_tests_pass_them():
+    # 2 x (1 x 30 x 5) MACs = 300; inputs 30 x 4 B + 30 x 8 B = 360 B
+    stats = summary(TwoInputs(), [(1, 30), (1, 30)], dtypes=[torch.FloatTensor, torch.LongTensor], verbose=0)
+    assert (stats.total_mult_adds, stats.total_input, stats.input_size) == (300, 360, [[1, 30], [1, 30]])
+    with pytest.raises(ls.InputError, match="dtypes takes"):
+        summary(TwoInputs(), [(1, 30), (1, 30)], dtypes=["float"], verbose=0)
+
+
+class NeedsFlag(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x, scale=1.0):
+        return self.fc(x) * scale
+
+
+def test_torchinfo_arguments_never_reach_forward():
+    # regression (issue 21): row_settings=, col_width=, cache_forward_pass= went to forward
+    m = NeedsFlag()
+    for fn in (summary, ls.summary):
+        stats = fn(m, input_data=torch.randn(2, 4), row_settings=["ascii_only"], col_width=10,
+                   cache_forward_pass=True, verbose=0, scale=2.0)
+        assert stats.total_mult_adds == 2 * 4 * 4
+    # row_settings replaces the default ("depth"), as in torchinfo
+    assert "\n+ Linear " in str(summary(m, (2, 4), row_settings=["ascii_only"], verbose=0))
+    assert "\n+ Linear: 1-1 " in str(summary(m, (2, 4), row_settings=["ascii_only", "depth"], verbose=0))
+    stats = ls.summary(TinyResNet(), input_size=(1, 3, 8, 8), receptive_field=True, verbose=0)
+    assert stats.total_mult_adds == RESNET_MACS
+
+
+def test_ls_summary_is_a_report_with_torchinfo_attributes(capsys):
+    m = TinyResNet()
+    stats = ls.summary(m, input_size=(1, 3, 8, 8), col_names=("output_size", "num_params", "mult_adds"),
+                       depth=2, verbose=0)
+    assert capsys.readouterr().out == ""
+    assert isinstance(stats, ls.Report) and stats.totals.macs == RESNET_MACS == stats.total_mult_adds
+    assert (stats.total_params, stats.trainable_params) == (RESNET_PARAMS, RESNET_PARAMS)
+    assert stats.summary_list[1].class_name == "Conv2d" and stats.module("layer1") is m.layer1
+    text = str(stats)                       # regression: print() ignored col_names and depth
+    assert "Mult-Adds" in text and "│    └─Block: 2-1" in text and "Conv2d: 3-1" not in text
+    everything = str(ls.summary(m, input_size=(1, 3, 8, 8), depth=-1, verbose=0))   # regression: empty table
+    assert "│    │    └─Conv2d: 3-1" in everything
+    stack = nn.Sequential(*[nn.Linear(4, 4) for _ in range(4)])
+    ls.summary(stack, input_size=(1, 4), verbose=1)
+    assert "0-3: Linear x4" in capsys.readouterr().out
+    ls.summary(stack, input_size=(1, 4), verbose=2)   # regression: looked like 1; now every block unfolded
+    assert "3: Linear" in capsys.readouterr().out
+    ls.summary(m)                           # regression: no input failed; now the parameter table
+    assert "Total params: 1,022" in capsys.readouterr().out
+
+
+def test_verbose_two_shows_weights_and_verbose_one_does_not():
+    m = nn.Sequential(nn.Linear(3, 2))
+    one, two = (str(summary(m, (1, 3), verbose=v)) for v in (0, 2))
+    assert "└─weight" not in one and "└─bias" in two and "├─6" in two
+
+
+def test_recursive_module_rows():
+    # the same Linear called twice: its second row is "(recursive)" and its params count once
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.fc(self.fc(x))
+
+    stats = summary(Twice(), (1, 3), verbose=0)
+    assert [i.is_recursive for i in stats.summary_list] == [False, False, True]
+    assert stats.total_params == 12 and stats.total_mult_adds == 18    # 2 calls x 3 x 3
+    assert "(recursive)" in str(stats)
+    assert "(recursive)" not in str(summary(Twice(), (1, 3), verbose=0, row_settings=["hide_recursive_layers"]))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(col_names=["bogus"]), "unknown column"),
+    (dict(row_settings=["bogus"]), "unknown row setting"),
+    (dict(verbose=3), "verbose must be"),
+    (dict(mode="test"), "mode must be"),
+    (dict(col_width=0), "col_width"),
+    (dict(input_data=torch.randn(1, 3)), "either input_size or input_data"),
+])
+def test_bad_arguments_are_one_line_errors(kwargs, match):
+    m = nn.Linear(3, 3)
+    before = state(m)
+    with pytest.raises(ls.InputError, match=match) as e:
+        summary(m, (1, 3), **kwargs) if "input_data" not in kwargs else summary(m, (1, 3), verbose=0, **kwargs)
+    assert "\n" not in str(e.value) and same_state(before, state(m))
+
+
+def test_number_format_matches_torchinfo():
+    assert ti._num(3_784_580, auto=False) == ": 3,784,580"
+    assert ti._num(376_832_000, auto=True) == " (M): 376.83"
+    assert ti._num(2_000_000_000, auto=True) == " (G): 2"
+
+
+class ArgMax(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.fc(x).argmax(-1)
+
+
+def test_step_memory_falls_back_to_forward_only_and_says_so():
+    # integer output: nothing to differentiate, so the forward alone is simulated:
+    #   parameters (9 + 3) x 4 = 48 B, input (2, 3) float32 24 B, fc output 24 B, argmax (2,) int64
+    #   16 B written while the fc output lives: peak 48 + 24 + 24 + 16 = 112 B
+    stats = summary(ArgMax(), (2, 3), verbose=0)
+    assert (stats.memory_basis, stats.estimated_total_size, stats.total_output_bytes) == ("forward only", 112, 40)
+    assert "requires grad" in stats.memory_error
+
+
+def test_failing_forward_is_one_line_and_leaves_the_model():
+    m = nn.Linear(3, 3)
+    before = state(m)
+    with pytest.raises(ls.ForwardError) as e:
+        summary(m, (1, 5), verbose=0)
+    assert "\n" not in str(e.value) and "Linear" in str(e.value) and same_state(before, state(m))
+
+
+class ContainerChildModule(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self._sequential = nn.Sequential(nn.Linear(5, 5), nn.Linear(5, 5))
+        self._between = nn.Linear(5, 5)
+
+    def forward(self, x):
+        out = self._sequential(x)
+        out = self._between(out)
+        for layer in self._sequential:
+            out = layer(out)
+        out = self._sequential(x)
+        for layer in self._sequential:
+            out = layer(out)
+        return out
+
+
+class ContainerModule(nn.Module):
+    """torchinfo README's ModuleList example."""
+
+    def __init__(self):
+        super().__init__()
+        self._layers = nn.ModuleList([nn.Linear(5, 5), ContainerChildModule(), nn.Linear(5, 5)])
+
+    def forward(self, x):
+        for layer in self._layers:
+            x = layer(x)
+        return x
+
+
+def test_container_readme_example():
+    # 5 Linear(5, 5) of 30 params: 150; Linear calls: 2 top-level + 9 in the child (2 + 1 + 2 + 2 + 2)
+    # = 11 x 25 MACs = 275 (torchinfo README: the same 11 Linear rows)
+    stats = summary(ContainerModule(), (1, 5), col_names=("output_size", "num_params", "mult_adds"), verbose=0)
+    assert (stats.total_params, stats.total_mult_adds) == (150, 275)
+    rows = [(i.class_name, i.depth, i.is_recursive) for i in stats.summary_list]
+    # one row per call; depth is where the call was made (the loops call _sequential's layers from the
+    # child directly); the ModuleList, never called, has no row (torchinfo adds one)
+    assert len(rows) == 15 and ("ModuleList", 1, False) not in rows
+    assert sum(r[2] for r in rows) == 7 and rows[3] == ("Sequential", 2, False)
+    text = str(stats)
+    assert "│    │    └─Linear: 3-1" in text and "Total params: 150" in text
+
+
+def test_report_methods_without_a_forward_say_so():
+    stats = summary(nn.Linear(3, 3), verbose=0)
+    with pytest.raises(ls.InputError, match="no forward ran"):
+        stats.table()
+    assert stats.total_params == 12
+
+
+def test_batch_dim():
+    # input_size without the batch dimension: a batch of 1 is inserted; 1 x 3 x 2 = 6 MACs
+    stats = summary(nn.Linear(3, 2), (3,), batch_dim=0, verbose=0)
+    assert (stats.input_size, stats.total_mult_adds, stats.summary_list[0].output_size) == ([[1, 3]], 6, [2])
+    # with input_data, batch_dim only leaves that dimension out of the sizes shown; 4 x 3 x 2 = 24 MACs
+    stats = summary(nn.Linear(3, 2), input_data=torch.randn(4, 3), batch_dim=0, verbose=0)
+    assert (stats.total_mult_adds, stats.summary_list[0].output_size) == (24, [2])
+
+
+def test_ls_summary_takes_layerscope_and_torchinfo_columns_and_refuses_others():
+    stats = ls.summary(nn.Linear(3, 2), input_size=(1, 3), col_names=("flops", "groups", "mult_adds"), verbose=0)
+    assert stats.formatting.col_names == ("groups", "mult_adds") and stats.totals.flops == 2 * 6 + 2
+    with pytest.raises(ls.InputError, match="unknown column 'bogus'"):
+        ls.summary(nn.Linear(3, 2), input_size=(1, 3), col_names=("bogus",), verbose=0)
