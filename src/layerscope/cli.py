@@ -400,6 +400,8 @@ def _check_memory(ns: argparse.Namespace, device: str | None) -> None:
     memory available on the device (MemAvailable; cuda: mem_get_info). User factories are not
     built twice: their code runs once, where they put it."""
     from .specs import build_model, check_fits, parse_overrides, weight_bytes
+    if device is None and ns.spec.startswith("hf:"):
+        return                                   # hf: specs build on meta unless a device is given
     dev = device or "cpu"
     if torch.device(dev).type == "meta":
         return
