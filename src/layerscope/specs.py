@@ -337,7 +337,9 @@ def _from_saved(path: str, allow_pickle: bool) -> BuiltModel:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        if "weights_only" in str(e) or "Unpickl" in type(e).__name__ or "GLOBAL" in str(e):
+        # a pickle that names classes (GLOBAL) is a pickled model; other unpickling failures ("Unsupported
+        # operand", "invalid load key") are files that are not torch files at all
+        if "GLOBAL" in str(e):
             raise SpecError(f"{path!r} is a pickled model: loading it runs code from the file. If you "
                             "trust it, pass --allow-pickle (allow_pickle=True)") from None
         raise InputError(f"{path!r} is not a model file torch can read: {str(e).splitlines()[0][:200]}") \
