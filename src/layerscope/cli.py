@@ -120,6 +120,7 @@ _EXAMPLES = {
     "summary": """examples:
   layerscope summary layerscope.examples:small_cnn --columns input_shape,output_shape,params,kernel,macs
   layerscope summary hf:llama-2-70b --depth 2                  # on meta: nothing is allocated
+  layerscope summary hf:llama-2-7b --model-dtype bf16 --depth 1   # weights in bf16: Params size 12.55 GiB
   layerscope summary hf:gpt2 --input-ids 4,512 --backward --format json -o gpt2.json
   layerscope summary path/to/net.py:build --input-size 1,3,224,224 --format html -o net.html""",
     "memory": """examples:
@@ -132,7 +133,7 @@ _EXAMPLES = {
     "split": """examples:
   layerscope split hf:GPT2Config --head causal-lm --set n_layer=4 --input-ids 8,64 --stages 2
   layerscope split layerscope.examples:tiny_gpt --stages 2 --schedule gpipe --microbatches 4 --run
-  layerscope split hf:llama-2-70b --input-ids 8,4096 --stages 8 --memory-limit 80GiB --device cuda
+  layerscope split hf:llama-2-70b --model-dtype bf16 --input-ids 8,1024 --stages 16 --memory-limit 80GiB --device cuda
 
 --run starts torchrun with one process per stage (the model is rebuilt in each from SPEC and --set).""",
     "onnx": """examples:
