@@ -1,5 +1,15 @@
 """layerscope: what is inside any PyTorch model, layer by layer, with numbers you can trust."""
 
+import warnings as _warnings
+
+with _warnings.catch_warnings():
+    # torch warns while it is imported when numpy is not installed ("Failed to initialize NumPy: No module
+    # named 'numpy'"); layerscope does not need numpy, so in a torch + layerscope install every command
+    # would print a warning the user did not cause. Only that message is ignored, only during this import
+    # (where torch was imported before layerscope, it has already warned and nothing changes).
+    _warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+    import torch as _torch  # noqa: F401
+
 from .api import (BatchFit, activations, analyze, analyze_exported, analyze_onnx, analyze_torchscript, max_batch_size, memory,
                   onnx_tile, partition, profile, summary)
 from .costs import CostOptions

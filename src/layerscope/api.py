@@ -28,10 +28,17 @@ def _check_model(model: Any) -> nn.Module:
     return model
 
 
+def _as_device(device) -> torch.device:
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise InputError(f"unknown device {device!r} (cpu, cuda, cuda:1, meta)") from None
+
+
 def _prepare(model: nn.Module, args: tuple, kwargs: dict, input_size, dtypes, batch_dim, device):
     """Resolve example inputs and where to run. Returns (args, kwargs, on_meta)."""
     here = model_device(model)
-    target = torch.device(device) if device is not None else here
+    target = _as_device(device) if device is not None else here
     on_meta = target.type == "meta" and here.type != "meta"
     if not on_meta and target.type != here.type and any(True for _ in model.parameters()):
         raise InputError(f"the model is on {here} but device={str(target)!r} was asked; layerscope never "
@@ -446,7 +453,7 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     factory = _optimizer_factory(optimizer)
     amp = _autocast_dtype(autocast_dtype)
     here = model_device(model)
-    target = torch.device(device) if device is not None else here
+    target = _as_device(device) if device is not None else here
     if target.type == "cuda" and target.index is None and torch.cuda.is_available():
         target = torch.device("cuda", torch.cuda.current_device())
     notes = []
@@ -696,6 +703,8 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
 
     notes: list[str] = []
     options = {"optimizer": None, "autocast": None}
+    if not isinstance(microbatches, int) or microbatches < 1:      # before micro_batch() divides by it
+        raise InputError(f"microbatches must be a positive integer, got {microbatches!r}")
     if isinstance(model_or_report, Report):
         units = split_units(model_or_report.trace, model=model_or_report._model() if model_or_report._model
                             else None)

@@ -28,14 +28,48 @@ _SPEC_HELP = """model spec, one of:
                             a pickled nn.Module only with --allow-pickle (that runs code from the file)"""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: `layerscope: error: ...` and where the usage is, not the usage
+    block (the README promises one line on stderr)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"layerscope: error: {message} (see `{self.prog} --help`)\n")
+
+
 def _ints(text: str) -> tuple[int, ...]:
+    # every item must be an integer: "1,3,x,32" was read as 1,3,32 when "x" doubled as a separator
+    import re
+    parts = re.split(r"[,x]", text.strip())
     try:
-        vals = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+        vals = tuple(int(x) for x in parts)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,3,224,224, got {text!r}")
     if not vals or any(v < 0 for v in vals):
         raise argparse.ArgumentTypeError(f"expected non-negative integers like 1,3,224,224, got {text!r}")
     return vals
+
+
+def _count(least: int):
+    """An integer option that must be at least ``least`` (--stages 0, --microbatches -1 are refused
+    here, before anything runs, instead of failing deep inside as a ZeroDivisionError)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+        if v < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {v}")
+        return v
+    parse.__name__ = "int"
+    return parse
+
+
+def _device(text: str) -> str:
+    try:
+        torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"unknown device {text!r} (cpu, cuda, cuda:1, meta)")
+    return text
 
 
 def _dtype(text: str) -> torch.dtype:
@@ -61,7 +95,11 @@ def _input_args(s: argparse.ArgumentParser) -> None:
                    help="shape of an example input (repeat for several inputs)")
     s.add_argument("--input-ids", type=_ints, metavar="B,S", help="token ids of shape B,S (int64)")
     s.add_argument("--dtype", type=_dtype, action="append", help="dtype per --input-size (default float32)")
-    s.add_argument("--set", action="append", metavar="KEY=VALUE", help="config/factory override (repeatable)")
+    s.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="config/factory override (repeatable; a key the config or factory lacks is refused)")
+    s.add_argument("--model-dtype", choices=("bf16", "fp16", "fp32"),
+                   help="dtype of the model's floating-point weights and buffers (default: as built, fp32\n"
+                        "for hf: specs); parameter, gradient and optimizer-state bytes follow it")
     s.add_argument("--head", help="hf: model head: causal-lm, masked-lm, seq2seq-lm, seq-cls, token-cls, image-cls")
     s.add_argument("--allow-pickle", action="store_true",
                    help="load a .pt/.pth that is a pickled nn.Module (unpickling RUNS code from the file:\n"
@@ -72,7 +110,7 @@ def _model_args(s: argparse.ArgumentParser, formats=FORMATS) -> None:
     """Arguments every subcommand that builds a model shares."""
     s.add_argument("spec", help=_SPEC_HELP)
     _input_args(s)
-    s.add_argument("--depth", type=int, default=3, help="deepest layer level shown (default 3)")
+    s.add_argument("--depth", type=_count(0), default=3, help="deepest layer level shown (default 3)")
     s.add_argument("--expand", action="store_true",
                    help="show every block of a run of identical blocks (folded by default: 'layers.0-79 x80')")
     _output_args(s, formats)
@@ -82,6 +120,7 @@ _EXAMPLES = {
     "summary": """examples:
   layerscope summary layerscope.examples:small_cnn --columns input_shape,output_shape,params,kernel,macs
   layerscope summary hf:llama-2-70b --depth 2                  # on meta: nothing is allocated
+  layerscope summary hf:llama-2-7b --model-dtype bf16 --depth 1   # weights in bf16: Params size 12.55 GiB
   layerscope summary hf:gpt2 --input-ids 4,512 --backward --format json -o gpt2.json
   layerscope summary path/to/net.py:build --input-size 1,3,224,224 --format html -o net.html""",
     "memory": """examples:
@@ -94,7 +133,7 @@ _EXAMPLES = {
     "split": """examples:
   layerscope split hf:GPT2Config --head causal-lm --set n_layer=4 --input-ids 8,64 --stages 2
   layerscope split layerscope.examples:tiny_gpt --stages 2 --schedule gpipe --microbatches 4 --run
-  layerscope split hf:llama-2-70b --input-ids 8,4096 --stages 8 --memory-limit 80GiB --device cuda
+  layerscope split hf:llama-2-70b --model-dtype bf16 --input-ids 8,1024 --stages 16 --memory-limit 80GiB --device cuda
 
 --run starts torchrun with one process per stage (the model is rebuilt in each from SPEC and --set).""",
     "onnx": """examples:
@@ -127,24 +166,26 @@ def _memory_args(m: argparse.ArgumentParser, optimizer_default: str | None = Non
                    help="a torch.optim class name: adamw, adam, sgd, adagrad, rmsprop, ..."
                         + (f" (default {optimizer_default})" if optimizer_default else ""))
     m.add_argument("--momentum", type=float, help="momentum for --optimizer sgd")
-    m.add_argument("--batch-size", type=int, help="re-size the inputs' batch dimension to N")
+    m.add_argument("--batch-size", type=_count(1), help="re-size the inputs' batch dimension to N")
     m.add_argument("--autocast", choices=("bf16", "fp16"), help="run forward and loss under torch.autocast")
     mode = m.add_mutually_exclusive_group()
     mode.add_argument("--train", dest="training", action="store_true", default=True,
                       help="a training step: forward, loss, backward, optimizer step (default)")
     mode.add_argument("--infer", dest="training", action="store_false", help="a no-grad forward")
-    m.add_argument("--steps", type=int, default=2, help="training steps to run (default 2)")
-    m.add_argument("--accumulation", type=int, default=1, help="micro-batches per step (default 1)")
+    m.add_argument("--steps", type=_count(1), default=2, help="training steps to run (default 2)")
+    m.add_argument("--accumulation", type=_count(1), default=1, help="micro-batches per step (default 1)")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    from . import __version__
+    p = _Parser(
         prog="layerscope", description="What is inside a PyTorch model, layer by layer.",
         epilog="run `layerscope COMMAND --help` for each command's options and examples")
+    p.add_argument("--version", action="version", version=f"layerscope {__version__} (torch {torch.__version__})")
     sub = p.add_subparsers(dest="command", required=True)
     s = _sub(sub, "summary", "per-layer shapes, params, MACs, FLOPs, bytes")
     _model_args(s)
-    s.add_argument("--device", help="cpu, cuda, or meta (count without computing)")
+    s.add_argument("--device", type=_device, help="cpu, cuda, or meta (count without computing)")
     s.add_argument("--columns", help="comma-separated: input_shape,output_shape,params,params_percent,"
                                      "kernel,macs,flops,bytes_read,bytes_written,trainable,receptive_field,"
                                      "backward_macs,backward_flops")
@@ -159,8 +200,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="an input's shape (input_ids=1,128) or a symbolic dim's value (batch=8); repeatable")
     o.add_argument("--sort", choices=("order", "read", "write", "bytes", "macs", "flops", "params"),
                    default="order", help="order of the node table (default: graph order)")
-    o.add_argument("--top", type=int, help="only the first N rows of the node table")
-    o.add_argument("--depth", type=int, default=3, help="deepest module level shown (default 3)")
+    o.add_argument("--top", type=_count(1), help="only the first N rows of the node table")
+    o.add_argument("--depth", type=_count(0), default=3, help="deepest module level shown (default 3)")
     o.add_argument("--expand", action="store_true", help="do not fold runs of identical blocks")
     _output_args(o)
     t = _sub(sub, "onnx-tile", "rewrite Gemm/MatMul nodes into M x K x N blocks (Split + blocks + Sum + Concat)")
@@ -175,7 +216,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", "-q", action="store_true", help="no spinner on stderr")
     m = _sub(sub, "memory", "memory of a training step or inference: per category, peak, per layer")
     _model_args(m)
-    m.add_argument("--device", help="the device to predict for: cpu or cuda (512-byte allocator blocks); "
+    m.add_argument("--device", type=_device, help="the device to predict for: cpu or cuda (512-byte allocator blocks); "
                                     "default where the model is (hf: specs are built on meta)")
     _memory_args(m)
     m.add_argument("--limit", help="memory limit such as 80GiB: says whether the peak fits, and the "
@@ -183,16 +224,16 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--measure", action="store_true", help="also run the real step and measure it")
     pf = _sub(sub, "profile", "per-module forward (and backward) time, self and inclusive, achieved FLOP/s")
     _model_args(pf)
-    pf.add_argument("--device", help="where to build the model and run it: cpu (default) or cuda")
+    pf.add_argument("--device", type=_device, help="where to build the model and run it: cpu (default) or cuda")
     pf.add_argument("--backward", action="store_true", help="also time the backward pass")
-    pf.add_argument("--repeats", type=int, default=20, help="timed repeats (default 20)")
-    pf.add_argument("--warmup", type=int, default=3, help="untimed warm-up runs (default 3)")
+    pf.add_argument("--repeats", type=_count(1), default=20, help="timed repeats (default 20)")
+    pf.add_argument("--warmup", type=_count(0), default=3, help="untimed warm-up runs (default 3)")
     pf.add_argument("--roofline", metavar="PEAKS",
                     help="class each layer compute- or memory-bound and show its distance from the roof:\n"
                          "a GPU from the built-in table (V100, A100, A100-40GB, L4, H100, H100-PCIE, H200),\n"
                          "'measure' (a short matmul and copy microbenchmark here), 'auto' (the table\n"
                          "for a known GPU, else measured) or 'FLOPS,BYTES_PER_S' such as 989e12,3.35e12")
-    pf.add_argument("--top", type=int, default=3, metavar="K",
+    pf.add_argument("--top", type=_count(0), default=3, metavar="K",
                     help="name the K slowest calls at each depth under the table (default 3; 0: none)")
     pf.add_argument("--trace", metavar="FILE.json",
                     help="also write a Chrome trace / Perfetto JSON of the module spans of one repeat")
@@ -201,20 +242,20 @@ def _parser() -> argparse.ArgumentParser:
     _split_args(sp)
     sp.add_argument("--run", action="store_true",
                     help="train the stages under torchrun (gloo on CPU) and compare with one process")
-    sp.add_argument("--steps", type=int, default=3, help="training steps for --run (default 3)")
+    sp.add_argument("--steps", type=_count(1), default=3, help="training steps for --run (default 3)")
     r = _sub(sub, "report", "one self-contained HTML page: layer tree, charts of MACs, params, memory and "
                             "latency, the memory timeline, the stage split, coverage")
     r.add_argument("spec", nargs="+", help=_SPEC_HELP + "\n  or one or more saved JSON reports (--format json)")
     _input_args(r)
     r.add_argument("--output", "-o", required=True, help="the .html file to write")
     r.add_argument("--title", help="page title (default: layerscope: MODEL)")
-    r.add_argument("--device", help="where to build and run the model (hf: specs are built on meta)")
+    r.add_argument("--device", type=_device, help="where to build and run the model (hf: specs are built on meta)")
     r.add_argument("--no-memory", dest="memory", action="store_false", help="leave out the memory section")
     _memory_args(r, optimizer_default="adamw")
     r.add_argument("--profile", action="store_true", help="also time every layer (needs real weights: "
                                                           "the model is built on cpu)")
-    r.add_argument("--repeats", type=int, default=10, help="timed repeats for --profile (default 10)")
-    r.add_argument("--stages", type=int, help="also plan this many pipeline stages")
+    r.add_argument("--repeats", type=_count(1), default=10, help="timed repeats for --profile (default 10)")
+    r.add_argument("--stages", type=_count(1), help="also plan this many pipeline stages")
     r.add_argument("--by", choices=("flops", "macs", "params", "memory", "latency"), default="flops",
                    help="the stage cost to balance (default flops)")
     r.add_argument("--quiet", "-q", action="store_true", help="no spinner or progress bar on stderr")
@@ -223,8 +264,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("a", help="a model spec (as for summary) or a saved JSON report")
     c.add_argument("b", help="the other one")
     _input_args(c)
-    c.add_argument("--device", help="where to build the models (hf: specs are built on meta)")
-    c.add_argument("--depth", type=int, default=2, help="deepest layer level shown (default 2)")
+    c.add_argument("--device", type=_device, help="where to build the models (hf: specs are built on meta)")
+    c.add_argument("--depth", type=_count(0), default=2, help="deepest layer level shown (default 2)")
     c.add_argument("--changed", action="store_true", help="only the layers that differ")
     c.add_argument("--memory", action="store_true", help="specs: also compare a training step's memory per layer "
                                                          "(AdamW)")
@@ -236,15 +277,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _split_args(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--stages", type=int, required=True, help="number of pipeline stages")
+    sp.add_argument("--stages", type=_count(1), required=True, help="number of pipeline stages")
     sp.add_argument("--by", choices=("flops", "macs", "params", "memory", "latency"), default="flops",
                     help="the stage cost to balance (default flops, forward + backward)")
-    sp.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"), default="1f1b")
-    sp.add_argument("--microbatches", type=int, default=4)
-    sp.add_argument("--batch-size", type=int, default=8, help="the whole batch, split into micro-batches")
-    sp.add_argument("--optimizer", default="adamw", help="optimizer whose state each stage holds")
+    sp.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"), default="1f1b",
+                    help="pipeline schedule (default 1f1b)")
+    sp.add_argument("--microbatches", type=_count(1), default=4,
+                    help="micro-batches the batch is split into (default 4)")
+    sp.add_argument("--batch-size", type=_count(1), default=8,
+                    help="the whole batch, split into micro-batches (default 8: the inputs' batch\n"
+                         "dimension is re-sized to it, also that of --input-ids/--input-size)")
+    sp.add_argument("--optimizer", default="adamw", help="optimizer whose state each stage holds (default adamw)")
     sp.add_argument("--memory-limit", help="per-stage memory limit such as 16GiB")
-    sp.add_argument("--device", help="the device to plan for (cpu or cuda)")
+    sp.add_argument("--device", type=_device, help="the device to plan for (cpu or cuda)")
 
 
 def _split(ns: argparse.Namespace) -> int:
@@ -252,11 +297,22 @@ def _split(ns: argparse.Namespace) -> int:
     from .specs import parse_overrides
 
     if ns.run:
+        from .errors import InputError
         from .pipeline.run import launch
+        # each rank rebuilds the model from SPEC, --set and its default inputs: options that the run
+        # cannot honour are refused rather than silently dropped
+        dropped = [opt for opt, v in (("--memory-limit", ns.memory_limit), ("--head", ns.head),
+                                      ("--input-ids", ns.input_ids), ("--input-size", ns.input_size),
+                                      ("--dtype", ns.dtype), ("--model-dtype", ns.model_dtype),
+                                      ("--allow-pickle", ns.allow_pickle)) if v]
+        if dropped:
+            raise InputError(f"split --run trains the spec's default inputs at --batch-size on --device: "
+                             f"{', '.join(dropped)} cannot be passed to the run (plan without --run to use them)")
+        _check_device(ns.device)
         with _status(f"training {ns.stages} stages under torchrun", ns):
             res = launch(ns.spec, overrides=parse_overrides(ns.set), stages=ns.stages, by=ns.by,
                          schedule=ns.schedule, microbatches=ns.microbatches, batch_size=ns.batch_size,
-                         steps=ns.steps, optimizer=ns.optimizer)
+                         steps=ns.steps, optimizer=ns.optimizer, device=ns.device or "cpu")
         text = res.plan.table() + "\n" + res.table()
         return _write(ns, text)
     model, args, kwargs = _build(ns, None if ns.device == "cuda" else ns.device)
@@ -294,16 +350,97 @@ def _status(text: str, ns: argparse.Namespace | None = None):
     return Console(stderr=True).status(text)
 
 
+# What each saved-model format supports, for the commands that need a PyTorch module to run (a
+# saved torch.export program, .pt2, gets its own line here when the CLI reads it).
+_FILE_SUPPORT = {
+    "onnx": "an ONNX file supports `summary` and `layerscope onnx`/`onnx-tile` (a graph: no training "
+            "step, timing or stage split)",
+    "torchscript": "a TorchScript file supports `summary` only (forward, on CPU, with --input-size): "
+                   "memory, profile, split, report and compare need the Python model (path/to/file.py:"
+                   "factory, package.module:factory or hf:...)",
+}
+
+
+def _check_device(device: str | None) -> None:
+    """A device the command will allocate on must exist here: one line instead of torch's
+    `AssertionError: Torch not compiled with CUDA enabled` from inside the model's factory."""
+    from .errors import InputError
+    if not device:
+        return
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch has no CUDA build" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise InputError(f"--device {device}: {why}; use --device cpu, or --device meta to count "
+                             "without allocating")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise InputError(f"--device {device}: there are {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type not in ("cpu", "meta"):
+        try:
+            torch.empty(0, device=dev)
+        except Exception as e:  # noqa: BLE001 - any backend's "not available" message
+            raise InputError(f"--device {device} is not usable here ({type(e).__name__})") from None
+
+
+def _input_bytes(ns: argparse.Namespace) -> int:
+    """Bytes the example inputs given on the command line will take (before allocating them)."""
+    import math
+    total = 0
+    dtypes = list(ns.dtype or [])
+    for i, shape in enumerate(ns.input_size or []):
+        dt = dtypes[i] if i < len(dtypes) else (dtypes[0] if len(dtypes) == 1 else torch.float32)
+        total += math.prod(shape) * (torch.empty(0, dtype=dt).element_size())
+    if ns.input_ids:
+        total += 2 * math.prod(ns.input_ids) * 8      # input ids, and decoder ids for an encoder-decoder
+    return total
+
+
+def _check_memory(ns: argparse.Namespace, device: str | None) -> None:
+    """Refuse before allocating what cannot fit: the weights (counted on meta first, for the specs
+    layerscope builds itself: hf:, torchvision:, timm:) and the command-line inputs, against the
+    memory available on the device (MemAvailable; cuda: mem_get_info). User factories are not
+    built twice: their code runs once, where they put it."""
+    from .specs import build_model, check_fits, parse_overrides, weight_bytes
+    if device is None and ns.spec.startswith("hf:"):
+        return                                   # hf: specs build on meta unless a device is given
+    dev = device or "cpu"
+    if torch.device(dev).type == "meta":
+        return
+    need = _input_bytes(ns)
+    weights = 0
+    if ns.spec.startswith(("hf:", "torchvision:", "timm:")):
+        meta = build_model(ns.spec, "meta", parse_overrides(ns.set), ns.head, dtype=ns.model_dtype)
+        weights = weight_bytes(meta.model)
+        del meta
+    need += weights
+    counts_on_meta = ns.command in ("summary", "memory", "split", "compare", "report") and not \
+        getattr(ns, "profile", False) and not getattr(ns, "measure", False)
+    fixes = (["count on meta instead (--device meta, nothing allocated)"] if counts_on_meta else []) + \
+        (["a smaller preset (layerscope list-presets)", "fewer layers (--set num_hidden_layers=2)"]
+         + (["--model-dtype bf16"] if ns.model_dtype in (None, "fp32") else []) if weights else []) + \
+        (["smaller inputs"] if need > weights else [])
+    hint = "; ".join(fixes)
+    what = f"{ns.spec} ({'weights' if weights else ''}{' and ' if weights and need > weights else ''}" \
+           f"{'inputs' if need > weights else ''})"
+    check_fits(need, dev, what, hint)
+
+
 def _build(ns: argparse.Namespace, device: str | None):
     """The model and example inputs a subcommand asked for: (model, args, kwargs)."""
     from .capture import make_inputs, model_device
     from .errors import InputError
     from .specs import build_model, parse_overrides, token_ids
 
+    if ns.spec.endswith(".onnx"):
+        raise InputError(f"{ns.command} {ns.spec}: {_FILE_SUPPORT['onnx']}")
+    _check_device(device)
+    _check_memory(ns, device)
     with _status(f"building {ns.spec}", ns):
         built = build_model(ns.spec, device, parse_overrides(ns.set), ns.head,
-                            allow_pickle=getattr(ns, "allow_pickle", False))
+                            allow_pickle=getattr(ns, "allow_pickle", False), dtype=ns.model_dtype)
     model = built.model
+    if isinstance(model, torch.jit.ScriptModule) and ns.command != "summary":
+        raise InputError(f"{ns.command} {ns.spec}: {_FILE_SUPPORT['torchscript']}")
     dev = torch.device(device) if device else model_device(model)
     args: tuple = ()
     kwargs: dict = {}
@@ -357,7 +494,7 @@ def _summary(ns: argparse.Namespace) -> int:
     if ns.spec.endswith(".onnx"):
         from .api import analyze_onnx
         from .errors import InputError
-        if ns.input_size or ns.input_ids or ns.set or ns.backward:
+        if ns.input_size or ns.input_ids or ns.set or ns.backward or ns.model_dtype:
             raise InputError("an ONNX file's input shapes come from the file: use `layerscope onnx FILE "
                              "--input NAME=DIMS` to set them")
         with _status(f"analysing {ns.spec}", ns):
@@ -614,7 +751,12 @@ def _list_presets(ns: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ns = _parser().parse_args(argv)
+    try:
+        ns = _parser().parse_args(argv)
+    except SystemExit as e:          # --help and --version exit 0; a usage error prints one line
+        if e.code in (0, None):
+            raise
+        return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
     commands = {"summary": _summary, "memory": _memory, "split": _split, "profile": _profile, "onnx": _onnx,
                 "onnx-tile": _onnx_tile, "report": _report, "compare": _compare, "list-presets": _list_presets}
     try:

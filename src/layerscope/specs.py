@@ -27,7 +27,8 @@ from torch import nn
 from .capture.inputs import make_inputs
 from .errors import SpecError
 
-__all__ = ["BuiltModel", "build_model", "parse_overrides", "token_ids", "HEADS", "presets"]
+__all__ = ["BuiltModel", "build_model", "parse_overrides", "token_ids", "HEADS", "presets", "model_dtype",
+           "MODEL_DTYPES", "weight_bytes", "available_bytes", "check_fits"]
 
 HEADS = {
     "causal-lm": "AutoModelForCausalLM",
@@ -47,12 +48,37 @@ class BuiltModel:
     notes: list[str] = field(default_factory=list)
 
 
+# --model-dtype / build_model(dtype=...): the dtype the model's floating-point weights are built in
+MODEL_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+                "float16": torch.float16, "half": torch.float16, "fp32": torch.float32,
+                "float32": torch.float32, "float": torch.float32}
+
+# config keys that name the weights' dtype: transformers reads them only in from_pretrained, so a
+# --set of them would be silently ignored by a model built from its config
+_DTYPE_KEYS = ("torch_dtype", "dtype")
+
+
+def model_dtype(value: "str | torch.dtype | None") -> torch.dtype | None:
+    """``bf16``/``fp16``/``fp32`` (or their torch names, or a torch.dtype) as a floating torch.dtype."""
+    if value is None or isinstance(value, torch.dtype):
+        if isinstance(value, torch.dtype) and not value.is_floating_point:
+            raise SpecError(f"model dtype {value} is not a floating-point dtype (bf16, fp16, fp32)")
+        return value
+    dt = MODEL_DTYPES.get(str(value).lower().removeprefix("torch."))
+    if dt is None:
+        raise SpecError(f"unknown model dtype {value!r}: choose bf16, fp16 or fp32")
+    return dt
+
+
 def parse_overrides(items: list[str] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise SpecError(f"--set takes key=value, got {item!r}")
+        if key.strip() in _DTYPE_KEYS:
+            raise SpecError(f"--set {key.strip()}=... does not change the weights' dtype of a model built from "
+                            f"its config: use --model-dtype bf16|fp16|fp32 (build_model(dtype=...))")
         try:
             out[key.strip()] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
@@ -64,9 +90,31 @@ def _device_ctx(device: str | None):
     return torch.device(device) if device else contextlib.nullcontext()
 
 
+def _closest(key: str, known) -> str:
+    import difflib
+    near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+def _check_keys(spec: str, overrides: dict, known, what: str) -> None:
+    """Refuse a --set key the target does not take: a silently ignored override is a wrong answer."""
+    for key in overrides:
+        if key not in known:
+            raise SpecError(f"{spec}: --set {key}: {what} has no such key{_closest(key, known)}")
+
+
 def _call_factory(fn: Any, spec: str, device: str | None, overrides: dict) -> BuiltModel:
     if not callable(fn):
         raise SpecError(f"{spec}: {fn!r} is not callable")
+    if overrides:
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            params = None
+        if params is not None and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            _check_keys(spec, overrides, [n for n, p in params.items()
+                                          if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)],
+                        f"the factory {getattr(fn, '__name__', 'factory')}()")
     try:
         with _device_ctx(device):
             model = fn(**overrides)
@@ -184,6 +232,7 @@ def _from_hf(spec: str, rest: str, device, overrides, head: str | None) -> Built
         raise SpecError(f"{spec}: the transformers package is not installed (pip install transformers)") from e
     cfg_name, _, cls_name = rest.partition(":")
     preset = presets().get(cfg_name)
+    user_keys = dict(overrides)
     if preset is not None:
         cfg_name, overrides = preset["config"], {**preset["settings"], **overrides}
         cls_name = cls_name or ("" if head else preset["model"])
@@ -191,6 +240,7 @@ def _from_hf(spec: str, rest: str, device, overrides, head: str | None) -> Built
     if cfg_cls is None or not isinstance(cfg_cls, type):
         raise SpecError(f"{spec}: {cfg_name!r} is neither a preset (layerscope list-presets) nor a "
                         "transformers config class (e.g. hf:gpt2, hf:GPT2Config)")
+    _check_keys(spec, user_keys, _config_keys(cfg_cls), cfg_name)
     try:
         config = cfg_cls(**overrides)
     except Exception as e:
@@ -216,6 +266,23 @@ def _from_hf(spec: str, rest: str, device, overrides, head: str | None) -> Built
     if preset is not None:
         return BuiltModel(model, _preset_inputs(preset["inputs"], getattr(config, "vocab_size", None)))
     return BuiltModel(model, _hf_inputs(model, config))
+
+
+def _config_keys(cfg_cls) -> set[str]:
+    """The keys a transformers config knows: its defaults, its aliases (hidden_size for GPT-2's n_embd)
+    and its constructor's arguments. A PretrainedConfig stores any other keyword as an attribute
+    nothing reads, so an unknown key would be silently ignored."""
+    import transformers
+    keys = set()
+    for cls in (cfg_cls, transformers.PretrainedConfig):
+        keys |= set(inspect.signature(cls.__init__).parameters) - {"self", "kwargs"}
+    keys |= {"num_labels"}       # PretrainedConfig pops it from **kwargs (it sets id2label)
+    try:
+        default = cfg_cls()
+        keys |= set(default.to_dict()) | set(getattr(default, "attribute_map", {}) or {})
+    except Exception:  # noqa: BLE001 - a config that needs arguments: its signature is all we know
+        pass
+    return keys - set(_DTYPE_KEYS)
 
 
 def _from_zoo(spec: str, kind: str, name: str, device, overrides) -> BuiltModel:
@@ -270,7 +337,9 @@ def _from_saved(path: str, allow_pickle: bool) -> BuiltModel:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        if "weights_only" in str(e) or "Unpickl" in type(e).__name__ or "GLOBAL" in str(e):
+        # a pickle that names classes (GLOBAL) is a pickled model; other unpickling failures ("Unsupported
+        # operand", "invalid load key") are files that are not torch files at all
+        if "GLOBAL" in str(e):
             raise SpecError(f"{path!r} is a pickled model: loading it runs code from the file. If you "
                             "trust it, pass --allow-pickle (allow_pickle=True)") from None
         raise InputError(f"{path!r} is not a model file torch can read: {str(e).splitlines()[0][:200]}") \
@@ -281,8 +350,80 @@ def _from_saved(path: str, allow_pickle: bool) -> BuiltModel:
 
 
 def build_model(spec: str, device: str | None = None, overrides: dict | None = None,
-                head: str | None = None, allow_pickle: bool = False) -> BuiltModel:
+                head: str | None = None, allow_pickle: bool = False,
+                dtype: "str | torch.dtype | None" = None) -> BuiltModel:
+    """The model a spec names. ``dtype`` (bf16, fp16, fp32 or a torch.dtype): the dtype of its
+    floating-point parameters and buffers (``Module.to(dtype)`` after building; integer buffers keep
+    theirs). None keeps what the spec builds (fp32 for hf: specs). On meta the cast is free; on a real
+    device the model is built in its own dtype first, then cast."""
     overrides = overrides or {}
+    dt = model_dtype(dtype)
+    for key in _DTYPE_KEYS:
+        if key in overrides:
+            raise SpecError(f"--set {key}=... does not change the weights' dtype: use --model-dtype "
+                            "bf16|fp16|fp32 (build_model(dtype=...))")
+    built = _build_spec(spec, device, overrides, head, allow_pickle)
+    if dt is not None:
+        if isinstance(built.model, torch.jit.ScriptModule):
+            raise SpecError("--model-dtype does not apply to a TorchScript file (its weights are saved in it)")
+        built.model.to(dt)
+        if built.default_inputs is not None:
+            built.default_inputs = _cast_inputs(built.default_inputs, dt)
+    return built
+
+
+def _cast_inputs(build, dt: torch.dtype):
+    """Default floating inputs in the model's dtype (a bf16 model takes bf16 pixel values)."""
+    def cast(dev: torch.device):
+        args, kwargs = build(dev)
+        c = lambda t: t.to(dt) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+        return tuple(c(a) for a in args), {k: c(v) for k, v in kwargs.items()}
+    return cast
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters and buffers (shared tensors once), as allocated on a device."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        key = (t.untyped_storage().data_ptr(), t.shape, t.dtype) if t.device.type != "meta" else id(t)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.numel() * t.element_size()
+    return total
+
+
+def available_bytes(device: "str | torch.device") -> int | None:
+    """Memory free for new allocations on ``device``: MemAvailable from /proc/meminfo for the CPU,
+    torch.cuda.mem_get_info for a GPU; None where it cannot be read (other systems, meta)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(dev)[0])
+        except Exception:  # noqa: BLE001 - no driver: nothing to compare with
+            return None
+    if dev.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_fits(need: int, device: "str | torch.device", what: str, hint: str) -> None:
+    """Refuse before allocating ``need`` bytes on ``device`` when it has less available."""
+    free = available_bytes(device)
+    if free is not None and need > free:
+        from .render.units import iec
+        raise SpecError(f"{what} needs {iec(need)} on {torch.device(device)}, which has {iec(free)} available: "
+                        f"{hint}")
+
+
+def _build_spec(spec, device, overrides, head, allow_pickle) -> BuiltModel:
     if spec.endswith(_TORCHSCRIPT_SUFFIXES) and ":" not in os.path.basename(spec):
         if overrides or head:
             raise SpecError("--set and --head do not apply to a saved model file")
@@ -297,7 +438,7 @@ def build_model(spec: str, device: str | None = None, overrides: dict | None = N
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
         raise SpecError(f"model spec {spec!r} is not one of path/to/file.py:factory, package.module:factory, "
-                        "hf:ConfigClass, torchvision:name, timm:name")
+                        "hf:PRESET, hf:ConfigClass, torchvision:name, timm:name, model.onnx, model.pt")
     if target.endswith(".py") or os.sep in target:
         return _from_file(spec, target, attr, device, overrides)
     return _from_module(spec, target, attr, device, overrides)
