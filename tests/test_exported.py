@@ -244,3 +244,15 @@ def test_tied_weights_stay_shared_after_save_and_load(tmp_path):
     assert exp.totals.params == eager.totals.params == sum(p.numel() for p in m.parameters())
     assert exp.totals.shared_params == eager.totals.shared_params == 256 * 64
     assert exp.totals.forward.macs == eager.totals.forward.macs
+
+
+def test_cli_pt2_other_commands_say_what_the_format_supports(tmp_path, capsys):
+    # memory/split/profile of a .pt2 said "not a model spec"; now one line naming what .pt2 supports
+    from layerscope.cli import main
+    ep = torch.export.export(nn.Sequential(nn.Linear(4, 2)), (torch.randn(1, 4),))
+    path = tmp_path / "m.pt2"
+    torch.export.save(ep, str(path))
+    for cmd in (["memory", str(path)], ["split", str(path), "--stages", "2"], ["profile", str(path)]):
+        assert main(cmd) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "supports `summary` only" in err[0]

@@ -350,9 +350,11 @@ def _status(text: str, ns: argparse.Namespace | None = None):
     return Console(stderr=True).status(text)
 
 
-# What each saved-model format supports, for the commands that need a PyTorch module to run (a
-# saved torch.export program, .pt2, gets its own line here when the CLI reads it).
+# What each saved-model format supports, for the commands that need a PyTorch module to run.
 _FILE_SUPPORT = {
+    "pt2": "a torch.export program (.pt2) supports `summary` only (its graph runs forward as exported, on "
+           "CPU or --device meta): memory, profile, split, report and compare need the Python model "
+           "(path/to/file.py:factory, package.module:factory or hf:...)",
     "onnx": "an ONNX file supports `summary` and `layerscope onnx`/`onnx-tile` (a graph: no training "
             "step, timing or stage split)",
     "torchscript": "a TorchScript file supports `summary` only (forward, on CPU, with --input-size): "
@@ -431,8 +433,9 @@ def _build(ns: argparse.Namespace, device: str | None):
     from .errors import InputError
     from .specs import build_model, parse_overrides, token_ids
 
-    if ns.spec.endswith(".onnx"):
-        raise InputError(f"{ns.command} {ns.spec}: {_FILE_SUPPORT['onnx']}")
+    for ext in ("onnx", "pt2"):
+        if ns.spec.endswith("." + ext):
+            raise InputError(f"{ns.command} {ns.spec}: {_FILE_SUPPORT[ext]}")
     _check_device(device)
     _check_memory(ns, device)
     with _status(f"building {ns.spec}", ns):
