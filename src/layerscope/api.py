@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .capture import StateGuard, capture, iter_tensors, make_inputs, map_tensors, model_device
-from .capture.session import tracked_modules
+from .capture.session import private_rng, tracked_modules
 from .costs import CostOptions
 from .errors import ForwardError, InputError, LayerscopeError
 from .report import Report
@@ -86,8 +86,12 @@ def _exclusive(fn):
         # aten.scaled_dot_product_attention arrive whole), and nothing can be saved for a backward:
         # every analysis runs as in grad/no_grad mode, so the numbers do not depend on the caller's
         # mode. The switch is thread-local (InferenceMode is a per-thread guard).
-        with torch.inference_mode(False):
-            args, kwargs = _normal_tensors(args, kwargs)
+        # A model that holds inference tensors (built under inference mode) stays in it: outside,
+        # its buffers could not be updated or restored in place; the recorder decomposes
+        # composite ops itself, so forward counts are the same (a backward cannot run for it).
+        leave = not (isinstance(model, nn.Module) and _holds_inference_tensors(model))
+        with torch.inference_mode(False) if leave else contextlib.nullcontext():
+            args, kwargs = _normal_tensors(args, kwargs) if leave else (args, kwargs)
             if not isinstance(model, nn.Module):
                 return fn(model, *args, **kwargs)
             with _LOCKS_GUARD:
@@ -97,6 +101,11 @@ def _exclusive(fn):
             with lock:
                 return fn(model, *args, **kwargs)
     return wrapper
+
+
+def _holds_inference_tensors(model: nn.Module) -> bool:
+    return any(t.is_inference() for t in model.parameters()) or \
+        any(t.is_inference() for t in model.buffers())
 
 
 def _normal_tensors(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -332,13 +341,14 @@ def activations(model: nn.Module, *args: Any, select=None, mode: str = "eval", *
         return hook
 
     guard = StateGuard(model)
+    rng = None
     try:
         if mode != "same":
             model.train(mode == "train")
         for path, m in tracked_modules(list(model.named_modules())):
             if pick(path, m):
                 handles.append(nn.Module.register_forward_hook(m, hook_for(path)))
-        with torch.no_grad():
+        with torch.no_grad(), private_rng() as rng:
             try:
                 model(*args, **kwargs)
             except Exception as e:
@@ -346,7 +356,7 @@ def activations(model: nn.Module, *args: Any, select=None, mode: str = "eval", *
     finally:
         for h in handles:
             h.remove()
-        guard.restore()
+        guard.restore(rng=rng is None or rng.touched_global)
     return out
 
 

@@ -33,7 +33,7 @@ from ..costs.registry import FREE
 from ..errors import ForwardError, InputError, LayerscopeError
 from ..trace import (BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER_UNKNOWN, Costs,
                      LayerRecord, OpEvent, ParamSpec, Trace)
-from .inputs import iter_tensors, tensor_specs
+from .inputs import iter_tensors, map_tensors, tensor_specs
 from .rng import PrivateRNG
 
 __all__ = ["StateGuard", "capture", "module_type", "tracked_modules", "build_trace", "swapped_state", "empty_state", "empty_like_on",
@@ -114,12 +114,37 @@ class StateGuard:
                 if (m._buffers[name] if name in m._buffers else None) is not b:   # script modules too
                     m._buffers[name] = b
                 if b.device.type != "meta":
-                    b.copy_(saved)
+                    # a buffer made under inference mode can be written only inside it
+                    with torch.inference_mode() if b.is_inference() else contextlib.nullcontext():
+                        b.copy_(saved)
         if not rng:
             return
         torch.set_rng_state(self.rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
+
+
+class _PrivateRngMode(TorchDispatchMode):
+    """Only hands random ops the private generator (no recording)."""
+
+    def __init__(self, rng: PrivateRNG) -> None:
+        super().__init__()
+        self.rng = rng
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _SEEDED in func.tags:
+            return self.rng.call(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def private_rng():
+    """Run a real forward with its random draws from a private generator (capture/rng.py). Yields
+    the PrivateRNG: restore the global state afterwards only if ``touched_global``."""
+    rng = PrivateRNG()
+    with _PrivateRngMode(rng):
+        yield rng
 
 
 class _Call:
@@ -150,6 +175,14 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if _composite(func):
+            # A composite op (conv2d, linear, matmul, sdpa, ...) reaches a dispatch mode whole when
+            # autograd is not in the way (inference mode kept for a model holding inference
+            # tensors): run its C++ decomposition -- the kernel the Autograd key runs in grad mode
+            # and under no_grad -- with the recorder pushed again, so its parts are priced as in
+            # any other grad mode.
+            with self:
+                return func._op_dk(_IMPLICIT, *args, **kwargs)
         cap = self.cap
         seq = _get_seq() if cap.track_seq and cap.phase is FORWARD else 0
         if func is _LOCAL_SCALAR and (cap.simulated and _unknown_value(args[0]) or args[0].is_meta):
@@ -179,6 +212,20 @@ class _Recorder(TorchDispatchMode):
 
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
+_IMPLICIT = torch._C.DispatchKey.CompositeImplicitAutograd
+_COMPOSITE: dict = {}
+
+
+def _composite(func) -> bool:
+    """Whether ``func`` has a CompositeImplicitAutograd kernel (it decomposes above autograd)."""
+    known = _COMPOSITE.get(func)
+    if known is None:
+        try:
+            known = torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _IMPLICIT)
+        except RuntimeError:   # an op the C++ dispatcher does not know (prim.device, a Python op)
+            known = False
+        _COMPOSITE[func] = known
+    return known
 _SEEDED = torch.Tag.nondeterministic_seeded
 _GROUPED_MM = torch.ops.aten._grouped_mm.default
 _REPEAT_INTERLEAVE = torch.ops.aten.repeat_interleave.Tensor
@@ -477,22 +524,33 @@ def _subtree_params(model: nn.Module, holders: dict[int, int]) -> dict[int, int]
 def _freeze_layers(cap: _Capture, model: nn.Module, holders, first_owner):
     subtree = _subtree_params(model, holders)
     layers = []
+    called = {id(c.module) for c in cap.calls}
     for i, c in enumerate(cap.calls):
         m = c.module
         params = _specs(m._parameters.items(), holders)
         buffers = _specs(m._buffers.items(), holders, trainable_default=False)
         counted = trainable = 0
         if c.call_index == 0:
-            for p in m._parameters.values():
-                if p is not None and first_owner.get(id(p)) == id(m):
-                    counted += int(p.numel())
-                    trainable += int(p.numel()) if p.requires_grad else 0
+            # a script module is one layer: it owns the parameters of its whole subtree
+            own = _script_subtree_params(m, first_owner, called) if isinstance(m, torch.jit.ScriptModule) \
+                else (p for p in m._parameters.values() if p is not None and first_owner.get(id(p)) == id(m))
+            for p in own:
+                counted += int(p.numel())
+                trainable += int(p.numel()) if p.requires_grad else 0
         layers.append(LayerRecord(
             index=i, path=c.path, type=c.type, depth=c.depth, call_index=c.call_index, parent=c.parent,
             children=tuple(c.children), inputs=c.inputs, outputs=c.outputs, params=params,
             buffers=buffers, num_params=counted, trainable_params=trainable,
             subtree_params=subtree.get(id(m), 0), kernel_size=_kernel(m)))
     return layers
+
+
+def _script_subtree_params(m: nn.Module, first_owner, called: set[int]) -> list[torch.Tensor]:
+    """The parameters a script module's layer owns: its own, and those of the submodules inside it
+    that are no layer of their own (a scripted child's, run inside TorchScript; the TorchScript
+    path records its submodules' calls, and those own their parameters)."""
+    inside = {id(sub) for sub in m.modules() if sub is m or id(sub) not in called}
+    return [p for p in _unique(m.parameters()) if first_owner.get(id(p)) in inside]
 
 
 def _forward_error(cap: _Capture, err: BaseException, phase: str) -> ForwardError:
@@ -532,6 +590,24 @@ def empty_state(model: nn.Module, device) -> tuple[dict[str, torch.Tensor], dict
     return params, buffers
 
 
+def grad_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The inputs a backward run is given, so that it differentiates the model and nothing else: an
+    input that requires grad but is not a leaf (the output of the caller's own graph) becomes a
+    detached leaf that requires grad -- the model's input-gradient work is counted as for a leaf,
+    and the caller's graph is neither run backward (its ops recorded as the model's) nor freed, nor
+    its leaves' .grad touched. Other inputs are passed as they are; aliases stay aliases."""
+    seen: dict[int, torch.Tensor] = {}
+
+    def fix(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in seen:
+            seen[id(t)] = t.detach().requires_grad_() if t.requires_grad and not t.is_leaf else t
+        return seen[id(t)]
+
+    if not any(t.requires_grad and not t.is_leaf for t in iter_tensors((args, kwargs))):
+        return args, kwargs
+    return map_tensors(tuple(args), fix), map_tensors(dict(kwargs), fix)
+
+
 def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", backward: bool = False,
             on_meta: bool = False, options: CostOptions | None = None) -> tuple[Trace, Any]:
     """Run ``model(*args, **kwargs)`` once under the tracker and recorder; return (Trace, output).
@@ -545,6 +621,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     named = list(model.named_modules())
     modules = [m for _, m in named]
     guard = StateGuard(model, modules, (args, kwargs))
+    if backward:
+        args, kwargs = grad_inputs(args, kwargs)
     cap = _Capture(model, options, track_seq=backward)
     cap.seed_producers((args, kwargs), _held(modules, "_parameters") + _held(modules, "_buffers"))
     output = None
