@@ -165,3 +165,20 @@ def test_whole_script_module_goes_the_torchscript_path():
     assert s.training                       # analysed in eval mode, flags restored
     with pytest.raises(InputError, match="backward=True is not supported"):
         ls.analyze(s, torch.randn(3, 4), backward=True)
+
+
+def test_resnet18_published_numbers_under_inference_mode():
+    # Regression: under inference_mode a ResNet-18 gave 512,000 MACs (only the fc's addmm).
+    # torchvision's published figures for resnet18: 11,689,512 parameters and 1.81 GFLOPS
+    # (its GFLOPS are MACs): 1,814,073,344 MACs at 224x224. HF's ResNet with basic blocks, depths
+    # [2, 2, 2, 2] and widths 64..512 is the same network; built and run on meta.
+    import transformers as T
+    cfg = T.ResNetConfig(layer_type="basic", depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
+                         embedding_size=64, num_labels=1000)
+    with torch.device("meta"):
+        m = T.ResNetForImageClassification(cfg)
+    x = torch.empty(1, 3, 224, 224, device="meta")
+    with torch.inference_mode():
+        rep = ls.analyze(m, x)
+    assert rep.totals.macs == 1_814_073_344 and rep.totals.params == 11_689_512
+    assert rep.coverage.complete
