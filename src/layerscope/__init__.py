@@ -11,7 +11,7 @@ with _warnings.catch_warnings():
     import torch as _torch  # noqa: F401
 
 from .api import (BatchFit, activations, analyze, analyze_exported, analyze_onnx, analyze_torchscript, max_batch_size, memory,
-                  onnx_tile, partition, profile, summary)
+                  onnx_tile, partition, profile)
 from .costs import CostOptions
 from .errors import ForwardError, InputError, LayerscopeError, PlanError, RegistryError, SpecError
 from .pipeline import SplitUnits, Stage, StagePlan, Unit
@@ -23,6 +23,7 @@ from .report import Report
 from .compare import Comparison, compare
 from .specs import presets
 from . import compat   # front ends with other tools' names (torchinfo, torchscan, deepspeed, modelsummary)
+from .compat.torchinfo import layerscope_summary as summary
 from .trace import (Costs, Coverage, LayerRecord, OpEvent, ParamSpec, ReceptiveField, TensorSpec, Totals,
                     Trace)
 

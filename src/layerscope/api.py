@@ -8,7 +8,7 @@ import functools
 import gc
 import threading
 import weakref
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -19,7 +19,7 @@ from .costs import CostOptions
 from .errors import ForwardError, InputError, LayerscopeError
 from .report import Report
 
-__all__ = ["analyze", "summary", "activations", "memory", "max_batch_size", "BatchFit", "partition"]
+__all__ = ["analyze", "activations", "memory", "max_batch_size", "BatchFit", "partition"]
 
 
 def _check_model(model: Any) -> nn.Module:
@@ -269,42 +269,6 @@ def _gc_paused():
     finally:
         if was_enabled:
             gc.enable()
-
-
-def summary(model: nn.Module, input_size=None, input_data=None, batch_dim: int | None = None,
-            col_names: Iterable[str] | None = None, depth: int = 3, device=None, dtypes=None,
-            mode: str = "eval", verbose: int = 1, *, col_width: int = 25, row_settings=None,
-            cache_forward_pass: bool | None = None, receptive_field: bool = False, **kwargs: Any):
-    """torchinfo.summary's arguments: prints layerscope's table (verbose 1; 2 shows every repeated
-    block unfolded) and returns a ``compat.torchinfo.ModelStatistics``: a Report with torchinfo's
-    attributes (total_params, total_mult_adds, summary_list, ...) whose ``str()`` is torchinfo's
-    layout with these ``col_names``, ``depth`` (-1: every depth), ``col_width`` and ``row_settings``.
-    Without inputs, the parameter table. ``input_data``: a tensor, a list/tuple of positional inputs
-    or a dict of kwargs; other kwargs go to ``forward``. ``receptive_field`` adds that column to the
-    printed table (torchscan's argument); ``cache_forward_pass`` is accepted and ignored. For
-    torchinfo's printed layout too, import ``layerscope.compat.torchinfo.summary``."""
-    from .compat.torchinfo import COLUMN_NAMES, build
-    from .render.columns import ALIASES, COLUMNS, DEFAULT_COLUMNS
-    del cache_forward_pass
-    cols = col_names.split(",") if isinstance(col_names, str) else col_names
-    for c in cols or ():
-        if c not in COLUMN_NAMES and ALIASES.get(c, c) not in COLUMNS:
-            raise InputError(f"unknown column {c!r}; choose from {', '.join((*COLUMNS, *COLUMN_NAMES))}")
-    # layerscope's own column names (flops, receptive_field, ...) are for the printed table only
-    ti_cols = None if cols is None else [c for c in cols if c in COLUMN_NAMES] or None
-    stats = build(model, input_size, input_data, batch_dim, ti_cols, col_width, depth, device, dtypes,
-                  mode, row_settings, verbose, kwargs)
-    if verbose:
-        if stats.report is None:
-            print(stats)
-        else:
-            # torchinfo's groups and params_percent have no layerscope column: str(stats) shows them
-            shown = None if cols is None else [c for c in cols if c not in COLUMN_NAMES
-                                               or ALIASES.get(c, c) in COLUMNS] or None
-            if receptive_field:
-                shown = [*(shown or DEFAULT_COLUMNS), "receptive_field"]
-            stats.report.print(depth=None if depth < 0 else depth, columns=shown, fold=verbose < 2)
-    return stats
 
 
 def _selector(select) -> Any:

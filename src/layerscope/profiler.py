@@ -128,7 +128,7 @@ class Profiler:
         self._example = None
         self._costs_cache = None
 
-    # DeepSpeed FlopsProfiler's getters (layerscope.compat.deepspeed has its formats) -------------
+    # DeepSpeed FlopsProfiler's getters (render/deepspeed.py has its formats) -------------
     def _ds_view(self):
         """(costs Report or None, LatencyReport or None) of what was profiled so far; a step still
         open is closed first, so that DeepSpeed's ``start_profile(); model(x); get_total_*()``
@@ -148,33 +148,33 @@ class Profiler:
 
     def get_total_flops(self, as_string: bool = False):
         """Forward FLOPs of one step's forward (the first step's inputs; layerscope's convention)."""
-        from .compat.deepspeed import number_to_string
+        from .render.deepspeed import number_to_string
         costs, _ = self._ds_view()
         n = costs.totals.flops if costs is not None else 0
         return number_to_string(n) if as_string else n
 
     def get_total_macs(self, as_string: bool = False):
         """Forward MACs of one step's forward."""
-        from .compat.deepspeed import macs_to_string
+        from .render.deepspeed import macs_to_string
         costs, _ = self._ds_view()
         n = costs.totals.macs if costs is not None else 0
         return macs_to_string(n) if as_string else n
 
     def get_total_params(self, as_string: bool = False):
         """The model's parameters, each tensor once."""
-        from .compat.deepspeed import params_to_string
+        from .render.deepspeed import params_to_string
         n = sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())
         return params_to_string(n) if as_string else n
 
     def get_total_duration(self, as_string: bool = False):
         """Seconds: the top-level forward's time, median over the recorded steps (after warm-up)."""
-        from .compat.deepspeed import duration_to_string
+        from .render.deepspeed import duration_to_string
         _, latency = self._ds_view()
         n = latency.totals["forward"] if latency is not None else 0.0
         return duration_to_string(n) if as_string else n
 
     def _module_profile(self):
-        from .compat.deepspeed import ModuleProfile
+        from .render.deepspeed import ModuleProfile
         costs, latency = self._ds_view()
         return ModuleProfile(self.model, costs, latency)
 
@@ -182,7 +182,7 @@ class Profiler:
                             detailed: bool = True, output_file: str | None = None) -> None:
         """DeepSpeed's profile printout (summary, aggregated top modules per depth, and the model's
         repr with each module's params, MACs, latency and FLOPS), to stdout or ``output_file``."""
-        from .compat.deepspeed import _to_file, model_profile_text
+        from .render.deepspeed import _to_file, model_profile_text
         prof = self._module_profile()
         _, latency = self._ds_view()
         if latency is not None:   # per-module times: medians over steps, summed over a module's calls

@@ -175,12 +175,16 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if _composite(func):
+        if _composite(func) and (torch.is_inference_mode_enabled() or
+                                 any(isinstance(a, torch.Tensor) and a.is_inference() for a in args)):
             # A composite op (conv2d, linear, matmul, sdpa, ...) reaches a dispatch mode whole when
             # autograd is not in the way (inference mode kept for a model holding inference
             # tensors): run its C++ decomposition -- the kernel the Autograd key runs in grad mode
             # and under no_grad -- with the recorder pushed again, so its parts are priced as in
-            # any other grad mode.
+            # any other grad mode. Inference tensors skip autograd in any mode, so they bring
+            # composite ops whole too. Only there: otherwise a composite op that arrives whole comes
+            # from a tensor subclass's own dispatch (nested tensors), whose decomposition would
+            # dispatch back to it endlessly.
             with self:
                 return func._op_dk(_IMPLICIT, *args, **kwargs)
         cap = self.cap
