@@ -12,6 +12,17 @@ HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backw
               "_state_dict_hooks", "_load_state_dict_pre_hooks")
 
 
+class Fn(nn.Module):
+    """A module whose forward is a function: costs of single ops, attributed to one layer."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
 def snapshot(model: nn.Module) -> dict:
     """Everything an analysis must leave exactly as it found it."""
     return {

@@ -15,17 +15,10 @@ from torch import nn
 import layerscope as ls
 from layerscope.costs.registry import CostOptions, OpCall
 
+from .helpers import Fn
+
 A = torch.ops.aten
 META = dict(device="meta", dtype=torch.float16)
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
 
 
 def op_costs(fn, *args, name, causal="dense", **kw):

@@ -12,14 +12,7 @@ from layerscope.costs import register
 from layerscope.costs.registry import op_exists, registered_names
 from layerscope.errors import RegistryError
 
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
+from .helpers import Fn
 
 
 def costs(fn, *args, backward=False, **kw):
