@@ -1,6 +1,6 @@
 """Issue 21: a catalogue of bad inputs across every subcommand and the Python entry points. Each one
-must end in one line on stderr that names the problem (exit 1 for a bad input, 2 for a command line
-argparse itself refuses: a malformed option value, an unknown option, a missing argument), never a
+must end in one line on stderr that names the problem and exit 1 (also for a command line argparse
+itself refuses: a malformed option value, an unknown option, a missing argument), never a
 traceback or "internal error", and — for the Python entry points — leave the model exactly as it was.
 
 The CLI cases run in-process (``layerscope.cli.main``) on meta or small models so that the whole
@@ -219,7 +219,7 @@ def test_cli_bad_input_is_one_line(argv, message, files, capsys):
     code = main(argv)
     out = capsys.readouterr()
     err = out.err
-    assert code in (1, 2), (code, err)
+    assert code == 1, (code, err)
     assert err.startswith("layerscope: error:"), err
     assert err.count("\n") == 1, err             # one line
     assert "internal error" not in err and "Traceback" not in err

@@ -60,7 +60,7 @@ def test_version_and_one_line_usage_errors(capsys):
     assert e.value.code == 0
     assert capsys.readouterr().out.strip() == f"layerscope {layerscope.__version__} (torch " \
         f"{__import__('torch').__version__})"
-    assert main(["split", "layerscope.examples:tiny_gpt", "--stages", "2", "--microbatches", "0"]) == 2
+    assert main(["split", "layerscope.examples:tiny_gpt", "--stages", "2", "--microbatches", "0"]) == 1
     err = capsys.readouterr().err
     assert err == ("layerscope: error: argument --microbatches: must be at least 1, got 0 "
                    "(see `layerscope split --help`)\n")

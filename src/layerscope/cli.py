@@ -11,7 +11,9 @@ import torch
 
 from .errors import LayerscopeError
 
-EXIT_USAGE, EXIT_ERROR, EXIT_INTERNAL = 2, 1, 3
+# every bad input exits 1 (a malformed command line too: one line, as for any other bad input); an
+# internal error 3
+EXIT_USAGE, EXIT_ERROR, EXIT_INTERNAL = 1, 1, 3
 
 _SPEC_HELP = """model spec, one of:
   path/to/file.py:factory   imports and RUNS that file (it is your code: only use files you trust),
