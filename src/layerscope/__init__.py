@@ -10,8 +10,8 @@ with _warnings.catch_warnings():
     _warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     import torch as _torch  # noqa: F401
 
-from .api import (BatchFit, activations, analyze, analyze_exported, analyze_onnx, analyze_torchscript, max_batch_size, memory,
-                  onnx_tile, partition, profile)
+from .api import (BatchFit, activations, analyze, analyze_exported, analyze_onnx, analyze_torchscript,
+                  max_batch_size, memory, onnx_tile, partition, profile)
 from .costs import CostOptions
 from .errors import ForwardError, InputError, LayerscopeError, PlanError, RegistryError, SpecError
 from .pipeline import SplitUnits, Stage, StagePlan, Unit

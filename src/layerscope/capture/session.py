@@ -36,8 +36,9 @@ from ..trace import (BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER
 from .inputs import iter_tensors, map_tensors, tensor_specs
 from .rng import PrivateRNG
 
-__all__ = ["StateGuard", "capture", "module_type", "tracked_modules", "build_trace", "swapped_state", "empty_state", "empty_like_on",
-           "run_forward", "run_backward", "model_device", "describe_inputs"]
+__all__ = ["StateGuard", "capture", "module_type", "tracked_modules", "build_trace", "swapped_state",
+           "empty_state", "empty_like_on", "run_forward", "run_backward", "model_device", "describe_inputs",
+           "private_rng", "grad_inputs"]
 
 _ACCUMULATE_GRAD_SEQ = 2 ** 64 - 1
 _get_seq = torch._C._autograd._get_sequence_nr
