@@ -76,9 +76,9 @@ class Paired:
     def describe(self) -> str:
         """'2.31x [2.20-2.45, 5 pairs]', with ' UNTRUSTED (...)' appended when the spread is too wide."""
         s = f"{self.median:.2f}x [{self.min:.2f}-{self.max:.2f}, {len(self.ratios)} pairs]"
-        if not self.trustworthy:
-            s += f" UNTRUSTED (max/min {self.spread:.2f} > {MAX_SPREAD} or IQR {self.iqr:.0%} > {IQR_LIMIT:.0%})"
-        return s
+        why = ([f"max/min {self.spread:.2f} > {MAX_SPREAD}"] if self.spread > MAX_SPREAD else []) + \
+            ([f"IQR {self.iqr:.0%} of the median > {IQR_LIMIT:.0%}"] if self.iqr > IQR_LIMIT else [])
+        return s + (f" UNTRUSTED ({', '.join(why)})" if why else "")
 
     def as_row(self, prefix: str = "ratio") -> dict:
         """Flat fields for a CSV / JSON row."""
@@ -146,7 +146,8 @@ def _selftest() -> None:
     calls.clear()
     r = paired_ratios(step("a", [1] * 5), step("b", [2, 2, 8, 2, 2]), pairs=5, warmup=0, clock=clock)
     assert r.ratios == [2.0, 2.0, 8.0, 2.0, 2.0] and r.median == 2.0 and r.max == 8.0
-    assert r.spread == 4.0 and not r.trustworthy and "UNTRUSTED" in r.describe()
+    assert r.spread == 4.0 and not r.trustworthy
+    assert r.describe() == "2.00x [2.00-8.00, 5 pairs] UNTRUSTED (max/min 4.00 > 1.5)", r.describe()
 
     # a linear drift (each call 10% slower than the last) cancels in the median because the order flips
     calls.clear()
