@@ -35,6 +35,7 @@ class Paired:
     ratios: list[float]
     a: list[float] = field(default_factory=list)
     b: list[float] = field(default_factory=list)
+    unit: str = "pairs"     # what one ratio is, for describe(): "pairs", or e.g. "runs" from summarize()
 
     @property
     def median(self) -> float:
@@ -75,7 +76,7 @@ class Paired:
 
     def describe(self) -> str:
         """'2.31x [2.20-2.45, 5 pairs]', with ' UNTRUSTED (...)' appended when the spread is too wide."""
-        s = f"{self.median:.2f}x [{self.min:.2f}-{self.max:.2f}, {len(self.ratios)} pairs]"
+        s = f"{self.median:.2f}x [{self.min:.2f}-{self.max:.2f}, {len(self.ratios)} {self.unit}]"
         why = ([f"max/min {self.spread:.2f} > {MAX_SPREAD}"] if self.spread > MAX_SPREAD else []) + \
             ([f"IQR {self.iqr:.0%} of the median > {IQR_LIMIT:.0%}"] if self.iqr > IQR_LIMIT else [])
         return s + (f" UNTRUSTED ({', '.join(why)})" if why else "")
@@ -86,11 +87,11 @@ class Paired:
                 f"{prefix}_pairs": len(self.ratios), f"{prefix}_trustworthy": self.trustworthy}
 
 
-def summarize(ratios: list[float]) -> Paired:
+def summarize(ratios: list[float], unit: str = "runs") -> Paired:
     """The same summary and flag for ratios measured elsewhere (e.g. one per profiler run)."""
     if not ratios:
         raise ValueError("no ratios to summarize")
-    return Paired(list(ratios))
+    return Paired(list(ratios), unit=unit)
 
 
 def paired_ratios(a: Callable[[], object], b: Callable[[], object], pairs: int = 5, warmup: int = 1,
@@ -167,6 +168,7 @@ def _selftest() -> None:
     s = summarize([1.0, 1.0, 1.0, 1.45, 1.45, 1.45])
     assert s.spread <= MAX_SPREAD and s.iqr > IQR_LIMIT and not s.trustworthy
     row = s.as_row("fwd")
+    assert s.describe().startswith("1.23x [1.00-1.45, 6 runs] UNTRUSTED (IQR 37%"), s.describe()
     assert row["fwd"] == 1.225 and row["fwd_min"] == 1.0 and row["fwd_pairs"] == 6 and not row["fwd_trustworthy"]
     for bad in (lambda: summarize([]), lambda: paired_ratios(lambda: 0, lambda: 0, pairs=0)):
         try:
