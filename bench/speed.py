@@ -41,8 +41,9 @@ from _timing import paired_ratios  # noqa: E402
 
 
 def _no_grad(fn):
+    import torch   # late: this file first runs outside the benchmark environment, to set it up
+
     def run():
-        import torch
         with torch.no_grad():
             fn()
     return run
