@@ -1,6 +1,9 @@
 """How much slower is layerscope.analyze() than a plain forward pass? Prints ratios; asserts nothing.
 
-  python bench/bench_analyze.py [--quick]
+  python bench/bench_analyze.py [--quick] [--only gpt2,mlp,...] [--pairs N]
+
+Each ratio is the median of per-pair ratios, the plain forward and analyze() alternating (A B, B A,
+...; bench/_timing.py), with their min and max; "UNTRUSTED" marks one whose spread is too wide.
 
 1. analyze() time / plain no-grad forward time, batch 1, real CPU weights: GPT-2 small (seq 128),
    ViT-B/16 (224), HF ResNet-50 (224). Target <= 3x.
@@ -15,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -25,62 +27,64 @@ from torch import nn
 
 import layerscope as ls
 
-
-def _median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import paired_ratios  # noqa: E402  (bench/ is not a package)
 
 
-def _ratio(name: str, model: nn.Module, args: tuple, kwargs: dict, repeats: int) -> dict:
+def _no_grad(fn):
+    def run():
+        with torch.no_grad():
+            fn()
+    return run
+
+
+def _ratio(name: str, model: nn.Module, args: tuple, kwargs: dict, pairs: int) -> dict:
     model.eval()
-    with torch.no_grad():
-        model(*args, **kwargs)  # warm-up
-        fwd = _median_time(lambda: model(*args, **kwargs), repeats)
-    ls.analyze(model, *args, **kwargs)  # warm-up
-    ana = _median_time(lambda: ls.analyze(model, *args, **kwargs), repeats)
+    r = paired_ratios(_no_grad(lambda: model(*args, **kwargs)), lambda: ls.analyze(model, *args, **kwargs),
+                      pairs=pairs, warmup=1)
     rep = ls.analyze(model, *args, **kwargs)
-    row = {"model": name, "forward_s": fwd, "analyze_s": ana, "ratio": ana / fwd,
+    row = {"model": name, "forward_s": r.a_median, "analyze_s": r.b_median, **r.as_row(),
            "gmacs": rep.totals.macs / 1e9, "ops": len(rep.trace.ops), "calls": len(rep.layers)}
-    print(f"{name:<14} forward {fwd * 1e3:8.1f} ms   analyze {ana * 1e3:8.1f} ms   ratio {ana / fwd:5.2f}x   "
-          f"{row['gmacs']:.2f} GMACs, {row['ops']} ops, {row['calls']} module calls", flush=True)
+    print(f"{name:<14} forward {r.a_median * 1e3:8.1f} ms   analyze {r.b_median * 1e3:8.1f} ms   "
+          f"ratio {r.describe()}   {row['gmacs']:.2f} GMACs, {row['ops']} ops, {row['calls']} module calls",
+          flush=True)
     return row
 
 
-def real_models(repeats: int) -> list[dict]:
+def real_models(pairs: int, only=None) -> list[dict]:
     import transformers as T
     torch.manual_seed(0)
     rows = []
-    gpt = T.GPT2Model(T.GPT2Config())
-    rows.append(_ratio("gpt2-small", gpt, (torch.randint(0, 50257, (1, 128)),), {}, repeats))
-    del gpt
-    vit = T.ViTModel(T.ViTConfig())
-    rows.append(_ratio("vit-b16", vit, (torch.randn(1, 3, 224, 224),), {}, repeats))
-    del vit
-    resnet = T.ResNetModel(T.ResNetConfig())  # defaults are ResNet-50
-    rows.append(_ratio("resnet50-hf", resnet, (torch.randn(1, 3, 224, 224),), {}, repeats))
+    for name, make, x in (("gpt2-small", lambda: T.GPT2Model(T.GPT2Config()),
+                           lambda: torch.randint(0, 50257, (1, 128))),
+                          ("vit-b16", lambda: T.ViTModel(T.ViTConfig()), lambda: torch.randn(1, 3, 224, 224)),
+                          ("resnet50-hf", lambda: T.ResNetModel(T.ResNetConfig()),  # defaults are ResNet-50
+                           lambda: torch.randn(1, 3, 224, 224))):
+        if only is None or any(name.startswith(o) for o in only):
+            model = make()
+            rows.append(_ratio(name, model, (x(),), {}, pairs))
+            del model
     return rows
 
 
-def deep_mlp(blocks_list: list[int], repeats: int) -> list[dict]:
+def deep_mlp(blocks_list: list[int], pairs: int) -> list[dict]:
     rows = []
     for blocks in blocks_list:
         torch.manual_seed(0)
         model = nn.Sequential(*(nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(blocks)))
         x = torch.randn(8, 64)
-        with torch.no_grad():
-            fwd = _median_time(lambda: model(x), repeats)
-        ls.analyze(model, x)
-        ana = _median_time(lambda: ls.analyze(model, x), repeats)
+        r = paired_ratios(_no_grad(lambda: model(x)), lambda: ls.analyze(model, x), pairs=pairs, warmup=1)
+        fwd, ana = r.a_median, r.b_median
         calls = 1 + 3 * blocks
-        rows.append({"blocks": blocks, "forward_s": fwd, "analyze_s": ana, "per_call_us": ana / calls * 1e6})
+        rows.append({"blocks": blocks, "forward_s": fwd, "analyze_s": ana, "per_call_us": ana / calls * 1e6,
+                     **r.as_row()})
         print(f"mlp {blocks:>5} blocks  forward {fwd * 1e3:8.1f} ms   analyze {ana * 1e3:8.1f} ms   "
-              f"{ana / calls * 1e6:6.1f} us per module call   ratio {ana / fwd:5.2f}x", flush=True)
+              f"{ana / calls * 1e6:6.1f} us per module call   ratio {r.describe()}", flush=True)
     first, last = rows[0]["per_call_us"], rows[-1]["per_call_us"]
-    print(f"per-call time {blocks_list[-1]} vs {blocks_list[0]} blocks: {last / first:.2f}x (target <= 1.2x)")
+    # the sizes ran at different times, so this quotient of medians is not paired; the ratio to the forward
+    # (which grows linearly with the blocks too) is, and tells the same story with the load divided out
+    print(f"per-call time {blocks_list[-1]} vs {blocks_list[0]} blocks: {last / first:.2f}x (target <= 1.2x); "
+          f"analyze/forward {rows[-1]['ratio'] / rows[0]['ratio']:.2f}x")
     return rows
 
 
@@ -113,15 +117,20 @@ def llama70b() -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="fewer repeats, smaller MLPs")
+    p.add_argument("--quick", action="store_true", help="fewer pairs, smaller MLPs")
+    p.add_argument("--pairs", type=int, help="forward/analyze pairs per ratio (default 5, 3 with --quick)")
+    p.add_argument("--only", help="comma-separated parts: gpt2, vit, resnet, mlp, llama")
     p.add_argument("--json", help="also write the figures to this file")
     ns = p.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    repeats = 3 if ns.quick else 5
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    results = {"real": real_models(repeats),
-               "mlp": deep_mlp([250, 1000] if ns.quick else [250, 1000, 4000], repeats),
-               "llama70b": llama70b()}
+    pairs = ns.pairs or (3 if ns.quick else 5)
+    only = ns.only.split(",") if ns.only else None
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {pairs} pairs per ratio")
+    real = [o for o in only if o not in ("mlp", "llama")] if only else None
+    results = {"real": real_models(pairs, real) if real is None or real else [],
+               "mlp": deep_mlp([250, 1000] if ns.quick else [250, 1000, 4000], pairs)
+               if only is None or "mlp" in only else [],
+               "llama70b": llama70b() if only is None or "llama" in only else None}
     if ns.json:
         with open(ns.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -9,6 +9,9 @@ forward + backward (sum of the output as the loss):
    instrumented forward and backward (medians over the run's repeats; each repeat runs both, in
    turn) and the sum of per-module self times. Targets: instrumented within 5% of uninstrumented;
    sum of self times within 5% of instrumented.
+   The overhead is summarized over the runs as the median [min-max] of each run's instrumented /
+   uninstrumented ratio (within a run, the median of each repeat's back-to-back pair), "UNTRUSTED" when
+   the runs disagree too much (bench/_timing.py: max/min over 1.5 or IQR over 20% of the median).
 2. Run-to-run spread: (max - min) / median over the runs of each run's uninstrumented median.
 3. Top-5 stability: the five leaf calls with the largest forward self time, per run. "exact": runs
    whose top five (as a set) equal the first run's. "grouped": the same with calls grouped by type
@@ -16,19 +19,26 @@ forward + backward (sum of the output as the loss):
    themselves is noise).
 4. The training-loop Profiler: 5 AdamW steps (1 warm-up), the step split into forward, backward,
    optimizer and the rest.
-5. DeepSpeed's FlopsProfiler, when installed (forward only; it synchronizes in every hook): its
-   total forward latency after one profiled call, and after three calls in one profiling session.
+5. DeepSpeed's FlopsProfiler, when installed (forward only; it synchronizes in every hook): a plain
+   forward and a profiled one alternate in pairs; per pair, the profiled call's wall time and
+   DeepSpeed's own reported latency over the plain forward's time (median [min-max]); then its total
+   latency after three calls in one profiling session.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 
 import layerscope as ls
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import paired_ratios, summarize  # noqa: E402  (bench/ is not a package)
 
 
 def _models(quick: bool):
@@ -93,7 +103,11 @@ def profile_runs(name, model, args, runs: int, repeats: int) -> dict:
            "exact_top5_same": sum(set(r["exact"]) == set(rows[0]["exact"]) for r in rows),
            "grouped_top5_same": sum(set(r["grouped"]) == set(rows[0]["grouped"]) for r in rows),
            "top5_first": rows[0]["exact"], "grouped_first": [g[0] for g in rows[0]["grouped"]],
-           "wall_per_run": med("wall")}
+           "wall_per_run": med("wall"),
+           # each run's overhead is already paired: profile() takes the median over its repeats of each
+           # repeat's hooked / plain ratio (the two back to back); here the runs' ratios are summarized
+           "fwd_ratio": summarize([1 + r["forward_overhead"] for r in rows]),
+           "bwd_ratio": summarize([1 + r["backward_overhead"] for r in rows])}
     return out
 
 
@@ -122,11 +136,22 @@ def deepspeed_peer(name, model, args) -> None:
     except Exception as e:   # not installed, or does not import on this build
         print(f"  DeepSpeed FlopsProfiler: not available ({type(e).__name__}: {str(e)[:80]})")
         return
+    reported: list[float] = []
+
+    def plain():
+        model(*args)
+
+    def profiled():
+        prof = FlopsProfiler(model)
+        prof.start_profile()
+        model(*args)
+        reported.append(prof.get_total_duration())
+        prof.stop_profile()
+        prof.end_profile()
+
     with torch.no_grad():
-        model(*args)
-        t = time.perf_counter()
-        model(*args)
-        plain = time.perf_counter() - t
+        pair = paired_ratios(plain, profiled, pairs=5, warmup=1)
+        own = summarize([d / a for d, a in zip(reported[1:], pair.a)], "pairs")   # reported[0]: the warm-up
         prof = FlopsProfiler(model)
         prof.start_profile()
         model(*args)
@@ -136,8 +161,9 @@ def deepspeed_peer(name, model, args) -> None:
         three = prof.get_total_duration()
         prof.stop_profile()
         prof.end_profile()
-    print(f"  {name} DeepSpeed FlopsProfiler: plain forward {plain * 1e3:.1f} ms; its total latency "
-          f"{one * 1e3:.1f} ms after 1 call, {three * 1e3:.1f} ms after 3 calls in one session", flush=True)
+    print(f"  {name} DeepSpeed FlopsProfiler: plain forward {pair.a_median * 1e3:.1f} ms; profiled call "
+          f"{pair.describe()} of it; its own reported latency {own.describe()} of it; in one session "
+          f"{one * 1e3:.1f} ms after 1 call, {three * 1e3:.1f} ms after 3 calls", flush=True)
 
 
 def main() -> None:
@@ -165,6 +191,8 @@ def main() -> None:
               f"{100 * r['bwd_overhead']:+7.1f}% {100 * r['fwd_self_share']:8.1f}% {100 * r['bwd_self_share']:8.1f}%"
               f"   {100 * r['fwd_run_spread']:5.1f}% / {100 * r['bwd_run_spread']:4.1f}%   "
               f"{r['exact_top5_same']}/{r['runs']} exact, {r['grouped_top5_same']}/{r['runs']} grouped")
+        print(f"  instrumented / plain over the runs: forward {r['fwd_ratio'].describe()}, backward "
+              f"{r['bwd_ratio'].describe()}")
         print(f"  top 5 (run 1): {', '.join(r['top5_first'])}")
         print(f"  top 5 groups (run 1): {', '.join(r['grouped_first'])}")
 

@@ -3,6 +3,7 @@
   python bench/bench_memory.py            # both parts (about a minute on 2 cores)
   python bench/bench_memory.py --llama    # only the Llama-2-70B part
   python bench/bench_memory.py --no-llama # only the accuracy table
+  python bench/bench_memory.py --only GPT,CNN --pairs 3   # a subset of the models; pairs for the timing
 
 Part 1, accuracy on CPU. For each model, one training step twice over (optimizer state exists from
 the first step on):
@@ -11,15 +12,21 @@ the first step on):
   meta       the model moved to meta first: must equal the prediction
   allocator  the real step measured by the CPU allocator (torch.profiler, profile_memory=True),
              which also sees workspace that kernels allocate and free inside themselves
+  time       memory(steps=1)'s time over one real training step of a copy of the model, the two
+             alternating in pairs (bench/_timing.py): median [min-max], UNTRUSTED when the pairs
+             spread too wide. A ratio, so that load on a shared machine cancels.
 Part 2: Llama-2-70B (hidden 8192, 80 layers, 64 heads, 8 KV heads, intermediate 28672, vocab 32000),
 batch 1, seq 2048, AdamW, bf16 autocast, predicted for CUDA, model built on meta; wall time and the
-peak RSS of a fresh process.
+peak RSS of a fresh process. Its time is one run with nothing to pair it with, so the process's CPU
+time (user + system) is printed next to the wall time: under load the wall time grows, the CPU time
+much less.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import os
 import resource
 import subprocess
 import sys
@@ -30,6 +37,9 @@ from torch import nn
 
 import layerscope as ls
 from layerscope.render.units import iec
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import paired_ratios  # noqa: E402  (bench/ is not a package)
 
 
 def _ids(b, s, vocab):
@@ -180,9 +190,28 @@ def _to_meta(model, args, kwargs):
     return meta, ls.capture.map_tensors(args, move), ls.capture.map_tensors(kwargs, move)
 
 
-def accuracy() -> list[tuple]:
+def _step_vs_memory(model, args, kwargs, kw, pairs: int):
+    """memory() (nothing computed) against one real training step of a copy, alternating in pairs."""
+    real = copy.deepcopy(model)
+    opt = kw["optimizer"](real.parameters())
+    dtype = kw.get("autocast_dtype")
+
+    def step():
+        with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            out = real(*args, **kwargs)
+        out = out.logits if hasattr(out, "logits") else out[0] if isinstance(out, (tuple, list)) else out
+        out.float().sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    # one simulated step against one real step (memory() simulates two by default)
+    return paired_ratios(step, lambda: ls.memory(model, *args, steps=1, **kw, **kwargs), pairs=pairs, warmup=1)
+
+
+def accuracy(only=None, pairs: int = 3) -> list[tuple]:
     rows = []
     for name, make in CASES:
+        if only and not any(name.startswith(o) for o in only):
+            continue
         torch.manual_seed(0)
         model, args, kwargs, kw = make()
         t0 = time.perf_counter()
@@ -195,11 +224,13 @@ def accuracy() -> list[tuple]:
             and pred.breakdown == tracked.breakdown
         same_meta = [s.peak_bytes for s in pred.steps] == [s.peak_bytes for s in meta.steps] \
             and pred.breakdown == meta.breakdown and pred.totals == meta.totals
+        timing = _step_vs_memory(model, args, kwargs, kw, pairs) if pairs else None
         for i, s in enumerate(pred.steps):
             measured = pred.measured.step_peaks[i]
             print(f"  {name} step {i + 1}: {100.0 * (s.peak_bytes - measured) / measured:+.2f}%", file=sys.stderr)
             rows.append((name, i + 1, s.peak_bytes, tracked.steps[i].peak_bytes, measured,
-                         100.0 * (s.peak_bytes - measured) / measured, same_tracked, same_meta, seconds))
+                         100.0 * (s.peak_bytes - measured) / measured, same_tracked, same_meta, seconds,
+                         timing if i == 0 else None))
     return rows
 
 
@@ -212,14 +243,14 @@ def llama70b() -> None:
         model = tf.LlamaForCausalLM(cfg)
     build = time.perf_counter() - t0
     ids = torch.zeros(1, 2048, dtype=torch.long, device="meta")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     rep = ls.memory(model, input_ids=ids, optimizer=torch.optim.AdamW, autocast_dtype=torch.bfloat16,
                     device="cuda")
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # KiB -> GiB
     print(rep.table(depth=1))
     print(f"Llama-2-70B training step (batch 1, seq 2048, AdamW, bf16 autocast, predicted for CUDA): "
-          f"memory() {seconds:.1f} s (target <= 60 s), model build on meta {build:.1f} s, "
+          f"memory() {seconds:.1f} s wall, {cpu:.1f} s CPU (target <= 60 s), model build on meta {build:.1f} s, "
           f"peak RSS of the process {rss:.2f} GiB (target <= 2 GiB), {len(rep.timeline):,} ops tracked")
     for s in rep.steps:
         parts = ", ".join(f"{k} {iec(v)}" for k, v in s.breakdown.items() if v)
@@ -230,20 +261,22 @@ def main() -> None:
     if "--llama" in sys.argv:
         llama70b()
         return
+    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
+    pairs = int(sys.argv[sys.argv.index("--pairs") + 1]) if "--pairs" in sys.argv else 3
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
-    rows = accuracy()
+    rows = accuracy(only, pairs)
     head = f"{'model':<48} {'step':>4} {'predicted':>12} {'tracked':>12} {'allocator':>12} {'vs alloc':>9}  " \
-           f"{'=tracked':>8} {'=meta':>6}"
+           f"{'=tracked':>8} {'=meta':>6}  time (memory() / real step)"
     print(head)
     print("-" * len(head))
-    for name, step, pred, tracked, measured, err, st, sm, _ in rows:
+    for name, step, pred, tracked, measured, err, st, sm, _, timing in rows:
         print(f"{name:<48} {step:>4} {pred:>12,} {tracked:>12,} {measured:>12,} {err:>+8.2f}%  "
-              f"{str(st):>8} {str(sm):>6}")
+              f"{str(st):>8} {str(sm):>6}  {timing.describe() if timing else ''}")
     print("\n(allocator = real CPU step measured by torch.profiler allocation events; it includes the scratch "
           "that kernels allocate and free inside themselves (oneDNN convolutions and RNNs, mm, CPU flash "
           "attention), which the prediction sizes by one real call of each such kernel on zeros)\n")
     sys.stdout.flush()
-    if "--no-llama" in sys.argv:
+    if "--no-llama" in sys.argv or only:
         return
     # a fresh process, so its peak RSS is the 70B simulation's alone
     subprocess.run([sys.executable, __file__, "--llama"], check=True)

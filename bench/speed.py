@@ -1,9 +1,12 @@
 """How fast is layerscope, and how fast are its peers, on the same models in one run.
 
-  python bench/speed.py [--quick] [--no-setup]
+  python bench/speed.py [--quick] [--no-setup] [--only MODEL,...] [--tools TOOL,...] [--sections S,...]
 
 1. Analysis time / a plain no-grad forward, batch 1, real CPU weights, for layerscope and each peer:
    GPT-2 small, BERT base, a shrunk Llama, HF ViT-B/16, HF ResNet-50 (the models of bench/peers.py).
+   The forward and the tool alternate (A B, B A, ...; bench/_timing.py); the ratio is the median of
+   the per-pair ratios, with their min and max, and "UNTRUSTED" when they spread too wide. (Three
+   forwards, then three tool runs, once gave FlopCounterMode 0.54x a forward under load: impossible.)
 2. Module-count scaling: a deep MLP of 250 / 1,000 / 4,000 / 16,000 blocks (3 module calls each):
    time per module call, for each tool (a tool whose smaller run predicts over 90 s at the next
    size, or that fails or takes over 120 s, is not run larger).
@@ -14,7 +17,8 @@
    real step it predicts, and on Llama-2-70B on meta.
 
 Sets up bench/.venv-peers like bench/peers.py and re-runs itself there. Writes its section of
-docs/benchmarks.md and bench/results/speed.csv; prints the headline ratios at the end.
+docs/benchmarks.md and bench/results/speed.csv; prints the headline ratios at the end. A subset
+(--only, --tools, --sections) prints only, leaving both files as they were.
 """
 
 from __future__ import annotations
@@ -33,41 +37,43 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402  (the models, tools and environment set-up are shared)
+from _timing import paired_ratios  # noqa: E402
 
 
-def _median(fn, repeats: int) -> float:
-    from bench_analyze import _median_time
-    return _median_time(fn, repeats)
+def _no_grad(fn):
+    import torch   # late: this file first runs outside the benchmark environment, to set it up
+
+    def run():
+        with torch.no_grad():
+            fn()
+    return run
 
 RATIO_MODELS = ["GPT-2 small (S=128)", "BERT base (S=128)", "Llama shrunk (4x512, S=128)", "HF ViT-B/16 (224)",
                 "HF ResNet-50 (224)"]
 
 
-def ratios(repeats: int) -> list[dict]:
-    import torch
+def ratios(pairs: int, models: list[str], tools: dict) -> list[dict]:
     rows = []
-    for name in RATIO_MODELS:
+    for name in models:
         m, x, _, _ = peers.MODELS[name]()
         m.eval()
-        with torch.no_grad():
-            m(x)
-            fwd = _median(lambda: m(x), repeats)
-        for tool, fn in peers.TOOLS.items():
+        fwd = _no_grad(lambda: m(x))
+        fwd()
+        for tool, fn in tools.items():
             first = peers.run_one(fn, m, x)          # warm-up, and the error if it fails
             if first["error"]:
                 rows.append({"section": "ratio", "model": name, "tool": tool, "seconds": None,
-                             "forward_seconds": fwd, "ratio": None, "error": first["error"]})
+                             "forward_seconds": None, "ratio": None, "error": first["error"]})
                 continue
-            secs = statistics.median([first["seconds"]] + [peers.run_one(fn, m, x)["seconds"]
-                                                         for _ in range(repeats - 1)])
-            rows.append({"section": "ratio", "model": name, "tool": tool, "seconds": secs, "forward_seconds": fwd,
-                         "ratio": secs / fwd, "error": ""})
-            print(f"{name:<30} {tool:<18} {secs * 1e3:9.1f} ms  {secs / fwd:6.2f}x forward", flush=True)
-
+            # each pair: a plain forward and one run of the tool, next to each other in time
+            r = paired_ratios(fwd, lambda: peers.run_one(fn, m, x), pairs=pairs, warmup=0)
+            rows.append({"section": "ratio", "model": name, "tool": tool, "seconds": r.b_median,
+                         "forward_seconds": r.a_median, **r.as_row(), "error": ""})
+            print(f"{name:<30} {tool:<18} {r.b_median * 1e3:9.1f} ms  {r.describe()} forward", flush=True)
     return rows
 
 
-def scaling(sizes: list[int]) -> list[dict]:
+def scaling(sizes: list[int], tools: dict) -> list[dict]:
     import torch
     from torch import nn
     rows, stopped, last = [], set(), {}
@@ -75,10 +81,9 @@ def scaling(sizes: list[int]) -> list[dict]:
         torch.manual_seed(0)
         m = nn.Sequential(*(nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(blocks))).eval()
         x = torch.randn(8, 64)
-        with torch.no_grad():
-            fwd = _median(lambda: m(x), 3)
+        fwd_fn = _no_grad(lambda: m(x))
         calls = 1 + 3 * blocks
-        for tool, fn in peers.TOOLS.items():
+        for tool, fn in tools.items():
             if tool in stopped:
                 continue
             prev = sizes[sizes.index(blocks) - 1] if sizes.index(blocks) else blocks
@@ -89,17 +94,26 @@ def scaling(sizes: list[int]) -> list[dict]:
                              "error": "not run: the smaller size predicts over 90 s"})
                 stopped.add(tool)
                 continue
-            r = peers.run_one(fn, m, x, seconds=120)
+            t = time.perf_counter()
+            fwd_fn()
+            fwd = time.perf_counter() - t
+            r = peers.run_one(fn, m, x, seconds=120)   # guarded by the timeout; the error if it fails
             last[tool] = r["seconds"]
             if r["error"]:
                 stopped.add(tool)
-            per = None if r["error"] else r["seconds"] / calls
+            secs, ratio, extra, said = r["seconds"], r["seconds"] / fwd, {}, ""
+            if not r["error"] and r["seconds"] < 5:
+                # cheap enough to pair three more times (forward and tool alternating); a slower tool keeps
+                # its one run, next to the one forward just before it
+                p = paired_ratios(fwd_fn, lambda: peers.run_one(fn, m, x, seconds=120), pairs=3, warmup=0)
+                secs, fwd, ratio, extra, said = p.b_median, p.a_median, p.median, p.as_row(), p.describe()
+            per = None if r["error"] else secs / calls
             rows.append({"section": "scaling", "model": f"MLP {blocks} blocks", "tool": tool,
-                         "seconds": None if r["error"] else r["seconds"], "forward_seconds": fwd,
-                         "ratio": None if r["error"] else r["seconds"] / fwd, "per_call_us": per and per * 1e6,
+                         "seconds": None if r["error"] else secs, "forward_seconds": fwd,
+                         "ratio": None if r["error"] else ratio, **extra, "per_call_us": per and per * 1e6,
                          "error": r["error"]})
-            print(f"MLP {blocks:>6} blocks {tool:<18} " + (f"{per * 1e6:8.1f} us per module call"
-                  if per else r["error"]), flush=True)
+            print(f"MLP {blocks:>6} blocks {tool:<18} " + (f"{per * 1e6:8.1f} us per module call  "
+                  f"{said or f'{ratio:.2f}x (1 run)'} forward" if per else r["error"]), flush=True)
     return rows
 
 
@@ -124,10 +138,10 @@ print(json.dumps(r))
 """
 
 
-def meta_llama() -> list[dict]:
+def meta_llama(tools: dict) -> list[dict]:
     rows = []
     here = os.path.dirname(os.path.abspath(__file__))
-    for tool in peers.TOOLS:
+    for tool in tools:
         p = subprocess.Popen([sys.executable, "-c", _META_CHILD, tool, here], stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True)
         out, _ = p.communicate()
@@ -159,14 +173,12 @@ def memory_sim() -> list[dict]:
         out.float().sum().backward()
         opt.step()
         opt.zero_grad()
-    real_step()
-    step = _median(real_step, 3)
-    ls.memory(m, x, optimizer="adamw", steps=1)
-    sim = _median(lambda: ls.memory(m, x, optimizer="adamw", steps=1), 3)
+    r = paired_ratios(real_step, lambda: ls.memory(m, x, optimizer="adamw", steps=1), pairs=3, warmup=1)
+    sim, step = r.b_median, r.a_median
     rows.append({"section": "memory", "model": "GPT-2 small (S=128), AdamW step", "tool": "layerscope",
-                 "seconds": sim, "forward_seconds": step, "ratio": sim / step, "error": ""})
+                 "seconds": sim, "forward_seconds": step, **r.as_row(), "error": ""})
     print(f"memory() GPT-2 small training step: {sim:.2f} s simulated vs {step:.2f} s real step "
-          f"({sim / step:.2f}x)", flush=True)
+          f"({r.describe()})", flush=True)
 
     import transformers as T
     cfg = T.LlamaConfig(hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
@@ -198,14 +210,17 @@ def write(rows: list[dict], seconds: float, command: str) -> None:
     lines = ["## Speed", "", f"Produced by `{command}` on {datetime.date.today().isoformat()}: {os.cpu_count()} CPU "
              f"cores ({platform.machine()}), torch {torch.__version__}, {torch.get_num_threads()} threads; the run "
              f"took {seconds:.0f} s. Raw rows: `bench/results/speed.csv`.", "",
-             "### Analysis time / a plain forward (median of 3; batch 1, real weights)", "",
+             "### Analysis time / a plain forward (batch 1, real weights)", "",
+             "Median of the per-pair ratios, the forward and the tool alternating (`bench/_timing.py`); "
+             "\"?\" marks a ratio whose pairs spread too wide to trust (max/min over 1.5 or IQR over 20%).", "",
              "| model | forward | " + " | ".join(tools) + " |", "|---|---:|" + "---:|" * len(tools)]
     for name in RATIO_MODELS:
         sub = {r["tool"]: r for r in rows if r["section"] == "ratio" and r["model"] == name}
         if not sub:
             continue
         fwd = next(iter(sub.values()))["forward_seconds"]
-        cells = [f"{sub[t]['ratio']:.2f}x" if t in sub and sub[t]["ratio"] else "error" for t in tools]
+        cells = [f"{sub[t]['ratio']:.2f}x" + ("" if sub[t].get("ratio_trustworthy", True) else "?")
+                 if t in sub and sub[t]["ratio"] else "error" for t in tools]
         lines.append(f"| {name} | {fwd * 1e3:.1f} ms | " + " | ".join(cells) + " |")
     lines += ["", "### Time per module call, deep MLP (µs; 3 module calls per block)", "",
               "| blocks | " + " | ".join(tools) + " |", "|---:|" + "---:|" * len(tools)]
@@ -231,24 +246,32 @@ def write(rows: list[dict], seconds: float, command: str) -> None:
     peers.write_section("speed", lines)
 
 
-def headline(rows: list[dict]) -> None:
+def headline(rows: list[dict], tools: dict, written: bool = True) -> None:
     print("\nheadline:")
-    for tool in peers.TOOLS:
+    for tool in tools:
         rs = [r["ratio"] for r in rows if r["section"] == "ratio" and r["tool"] == tool and r["ratio"]]
         meta = next((r for r in rows if r["section"] == "meta-70b" and r["tool"] == tool), None)
         sc = [r for r in rows if r["section"] == "scaling" and r["tool"] == tool and r["per_call_us"]]
         m = f"meta 70B {meta['seconds']:.1f} s / {meta['peak_rss'] / 2**30:.2f} GiB" if meta and meta["seconds"] \
             else ("meta 70B: fails" if meta else "")
         s = f"{sc[-1]['per_call_us']:.0f} us/call at {sc[-1]['model'].split()[1]} blocks" if sc else ""
-        print(f"  {tool:<18} median {statistics.median(rs):5.2f}x forward  {s:<28} {m}" if rs else
+        untrusted = sum(1 for r in rows if r["section"] == "ratio" and r["tool"] == tool and r["ratio"]
+                        and not r.get("ratio_trustworthy", True))
+        flag = f" ({untrusted} of {len(rs)} untrusted)" if untrusted else ""
+        print(f"  {tool:<18} median {statistics.median(rs):5.2f}x forward{flag}  {s:<28} {m}" if rs else
               f"  {tool:<18} (no ratio)  {m}")
-    print("written: docs/benchmarks.md (speed section), bench/results/speed.csv")
+    print("written: docs/benchmarks.md (speed section), bench/results/speed.csv" if written else
+          "a subset (--only/--tools/--sections): docs/benchmarks.md and bench/results/speed.csv left as they were")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1 repeat, MLPs up to 1,000 blocks, no 70B")
     ap.add_argument("--no-setup", action="store_true", help="run in the current environment")
+    ap.add_argument("--only", help="comma-separated models of part 1 (name prefixes)")
+    ap.add_argument("--tools", help="comma-separated tool names")
+    ap.add_argument("--sections", help="comma-separated parts: ratio, scaling, meta, memory")
+    ap.add_argument("--pairs", type=int, help="forward/tool pairs per ratio (default 5, 3 with --quick)")
     ns = ap.parse_args()
     if not ns.no_setup:
         peers.setup_and_reexec(os.path.abspath(__file__))
@@ -260,16 +283,26 @@ def main() -> None:
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
     t0 = time.time()
+    tools = {k: v for k, v in peers.TOOLS.items() if not ns.tools or k in ns.tools.split(",")}
+    models = [k for k in RATIO_MODELS if not ns.only or any(k.startswith(o) for o in ns.only.split(","))]
+    sections = ns.sections.split(",") if ns.sections else ["ratio", "scaling", "meta", "memory"]
     warm_m, warm_x, _, _ = peers.tied()
-    for fn in peers.TOOLS.values():
+    for fn in tools.values():
         peers.run_one(fn, warm_m, warm_x)
-    rows = ratios(1 if ns.quick else 3)
-    rows += scaling([250, 1000] if ns.quick else [250, 1000, 4000, 16000])
-    if not ns.quick:
-        rows += meta_llama()
-    rows += memory_sim() if not ns.quick else []
+    rows = []
+    if "ratio" in sections:
+        rows += ratios(ns.pairs or (3 if ns.quick else 5), models, tools)
+    if "scaling" in sections:
+        rows += scaling([250, 1000] if ns.quick else [250, 1000, 4000, 16000], tools)
+    if "meta" in sections and not ns.quick:
+        rows += meta_llama(tools)
+    if "memory" in sections and not ns.quick:
+        rows += memory_sim()
+    if ns.only or ns.tools or ns.sections:
+        headline(rows, tools, written=False)    # a subset would overwrite the published tables with part of them
+        return
     write(rows, time.time() - t0, "python bench/speed.py" + (" --quick" if ns.quick else ""))
-    headline(rows)
+    headline(rows, tools)
 
 
 if __name__ == "__main__":
