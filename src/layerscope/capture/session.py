@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..costs import CostOptions, OpCall, lookup
+from ..costs import CostOptions, OpCall
 from ..costs.registry import FREE
 from ..errors import ForwardError, InputError, LayerscopeError
 from ..trace import (BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER_UNKNOWN, Costs,
@@ -408,7 +408,8 @@ class _Capture:
     def on_op(self, func, args, kwargs, out, seq) -> None:
         entry = self.cost_cache.get(func)
         if entry is None:
-            entry = self.cost_cache[func] = (lookup(func), f"{func.namespace}.{func._opname}")
+            # the analysis's own registry (CostOptions.registry), else the default one
+            entry = self.cost_cache[func] = (self.options.lookup(func), f"{func.namespace}.{func._opname}")
         fn, name = entry
         if self.phase is FORWARD:
             layer = self.stack[-1] if self.stack else 0
@@ -649,7 +650,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
         guard.restore(rng=cap.rng.touched_global)
     trace = build_trace(cap, model, named, (args, kwargs), output, backward=backward,
                         options={"mode": mode, "causal": options.causal,
-                                 "device": "meta" if on_meta else str(model_device(model))})
+                                 "device": "meta" if on_meta else str(model_device(model)),
+                                 **({"costs": options.registry.name} if options.registry is not None else {})})
     return trace, output
 
 
