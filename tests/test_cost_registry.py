@@ -164,3 +164,15 @@ def test_forward_kwargs_still_pass_through():
     # mul of (2, 8): 16 elementwise FLOPs
     rep = ls.analyze(Kw(), torch.ones(2, 8), scale=3.0, costs=default_registry().copy())
     assert rep.totals.flops == 16
+
+
+def test_formula_returning_no_opcost_is_named():
+    # regression: a user formula returning an int was reported as the model's forward failing
+    # ("AttributeError: 'int' object has no attribute 'window'"); it now names the formula
+    reg = default_registry().copy()
+    reg.override("addmm", lambda c: 5)
+    model = linear_model()
+    w = model.weight.detach().clone()
+    with pytest.raises(RegistryError, match=r"cost formula of aten::addmm returned int, not an OpCost"):
+        ls.analyze(model, torch.randn(2, 8), costs=reg)
+    assert torch.equal(model.weight, w) and not model._forward_hooks and not model._forward_pre_hooks

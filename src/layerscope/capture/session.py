@@ -28,9 +28,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..costs import CostOptions, OpCall
+from ..costs import CostOptions, OpCall, OpCost
 from ..costs.registry import FREE
-from ..errors import ForwardError, InputError, LayerscopeError
+from ..errors import ForwardError, InputError, LayerscopeError, RegistryError
 from ..trace import (BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER_UNKNOWN, Costs,
                      LayerRecord, OpEvent, ParamSpec, Trace)
 from .inputs import iter_tensors, map_tensors, tensor_specs
@@ -441,6 +441,9 @@ class _Capture:
             except Exception:  # a formula that cannot read these arguments: report, never crash
                 status, costs = "uncounted", Costs()
             else:
+                if type(c) is not OpCost:  # a user's formula (analyze(costs=...)) gone wrong: say so
+                    raise RegistryError(f"the cost formula of {func._schema.name} returned "
+                                        f"{type(c).__name__}, not an OpCost")
                 status, window = "counted", c.window
                 br = c.bytes_read if c.bytes_read is not None else \
                     sum(t.numel() * t.element_size() for t in ins)
