@@ -121,15 +121,20 @@ def _normal_tensors(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 @_exclusive
 def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, batch_dim: int | None = None,
             device=None, mode: str = "eval", backward: bool = False, causal: str = "dense",
-            **kwargs: Any) -> Report:
+            costs=None, **kwargs: Any) -> Report:
     """Analyse one forward (and, with ``backward=True``, one backward) of ``model``.
 
     Args and kwargs pass to ``model.forward`` as they are (dicts, lists, token ids, ...); or give
     ``input_size`` (with ``dtypes`` and ``batch_dim``) to build example inputs. ``device='meta'`` runs
     a real model on meta copies of its weights, so nothing is computed. ``mode`` is "eval", "train"
     or "same" (leave the model's flags as they are); the model's own state is restored afterwards.
-    ``causal="unmasked"`` counts only the unmasked part of causal attention.
+    ``causal="unmasked"`` counts only the unmasked part of causal attention. ``costs`` is a
+    ``layerscope.costs.CostRegistry`` to price ops with instead of the default one (eager modules only;
+    ``default_registry().copy()`` then ``register``/``override``); an op it has no formula for is
+    uncounted in coverage. A forward argument named ``costs`` cannot pass through ``**kwargs``.
     """
+    if costs is not None:
+        _check_costs(model, costs)
     # torch.export / torch.compile front doors (issue 22): an ExportedProgram or ep.module() runs its
     # graph (formats/exported.py); a compiled module is analysed as its original module, with a note
     from .formats.exported import route_analyze
@@ -148,12 +153,26 @@ def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, batch_di
     with _gc_paused():
         try:
             trace, _ = capture(model, args, kwargs, mode=mode, backward=backward, on_meta=on_meta,
-                               options=CostOptions(causal=causal))
+                               options=CostOptions(causal=causal, registry=costs))
         except ForwardError as e:
             if not (on_meta or model_device(model).type == "meta"):
                 raise
             raise _meta_hint(e) from e.__cause__
         return Report(trace, model)
+
+
+def _check_costs(model, costs) -> None:
+    """analyze(costs=...): a CostRegistry, for an eager module (the exported, compiled and TorchScript
+    front doors price ops with the default registry)."""
+    from .costs import CostRegistry
+    from .formats.exported import _compiled_original, is_exported_module
+    if not isinstance(costs, CostRegistry):
+        raise InputError(f"costs must be a layerscope.costs.CostRegistry (default_registry().copy()), got "
+                         f"{type(costs).__name__}")
+    if (isinstance(model, (torch.export.ExportedProgram, torch.jit.ScriptModule))
+            or _compiled_original(model) is not None or is_exported_module(model)):
+        raise InputError("costs= applies to an eager nn.Module; an exported, compiled or TorchScript model "
+                         "is priced with the default cost registry")
 
 
 def analyze_onnx(model, input_shapes: dict | None = None) -> Report:

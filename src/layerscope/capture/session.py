@@ -28,9 +28,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..costs import CostOptions, OpCall, lookup
+from ..costs import CostOptions, OpCall, OpCost
 from ..costs.registry import FREE
-from ..errors import ForwardError, InputError, LayerscopeError
+from ..errors import ForwardError, InputError, LayerscopeError, RegistryError
 from ..trace import (BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER_UNKNOWN, Costs,
                      LayerRecord, OpEvent, ParamSpec, Trace)
 from .inputs import iter_tensors, map_tensors, tensor_specs
@@ -409,7 +409,8 @@ class _Capture:
     def on_op(self, func, args, kwargs, out, seq) -> None:
         entry = self.cost_cache.get(func)
         if entry is None:
-            entry = self.cost_cache[func] = (lookup(func), f"{func.namespace}.{func._opname}")
+            # the analysis's own registry (CostOptions.registry), else the default one
+            entry = self.cost_cache[func] = (self.options.lookup(func), f"{func.namespace}.{func._opname}")
         fn, name = entry
         if self.phase is FORWARD:
             layer = self.stack[-1] if self.stack else 0
@@ -441,6 +442,9 @@ class _Capture:
             except Exception:  # a formula that cannot read these arguments: report, never crash
                 status, costs = "uncounted", Costs()
             else:
+                if type(c) is not OpCost:  # a user's formula (analyze(costs=...)) gone wrong: say so
+                    raise RegistryError(f"the cost formula of {func._schema.name} returned "
+                                        f"{type(c).__name__}, not an OpCost")
                 status, window = "counted", c.window
                 br = c.bytes_read if c.bytes_read is not None else \
                     sum(t.numel() * t.element_size() for t in ins)
@@ -650,7 +654,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
         guard.restore(rng=cap.rng.touched_global)
     trace = build_trace(cap, model, named, (args, kwargs), output, backward=backward,
                         options={"mode": mode, "causal": options.causal,
-                                 "device": "meta" if on_meta else str(model_device(model))})
+                                 "device": "meta" if on_meta else str(model_device(model)),
+                                 **({"costs": options.registry.name} if options.registry is not None else {})})
     return trace, output
 
 

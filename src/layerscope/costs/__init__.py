@@ -4,10 +4,14 @@ MACs: multiply-accumulates of contractions only (conv, matmul family, attention,
 FLOPs: 2 x MACs plus the documented arithmetic of every other op (see each formula module).
 Bytes: per op, every tensor input read once and every output written once (no cache reuse); views and
 metadata-only ops move nothing. Counts are per batch.
+
+An analysis may bring its own registry (``default_registry().copy()`` changed with ``register`` /
+``override``; ``analyze(..., costs=reg)``); the default one is read-only.
 """
 
 from . import attention, conv, elementwise, matmul, movement, norm, pool, rnn, spectral  # noqa: F401 (registers)
-from .registry import FREE, CostOptions, OpCall, OpCost, lookup, register, register_free, registered_names
+from .registry import (FREE, CostOptions, CostRegistry, OpCall, OpCost, default_registry, lookup, register,
+                       register_free, registered_names)
 
-__all__ = ["FREE", "CostOptions", "OpCall", "OpCost", "lookup", "register", "register_free",
-           "registered_names"]
+__all__ = ["FREE", "CostOptions", "CostRegistry", "OpCall", "OpCost", "default_registry", "lookup", "register",
+           "register_free", "registered_names"]

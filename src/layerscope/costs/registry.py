@@ -5,6 +5,12 @@ returns an ``OpCost``. Bytes read and written default to "every tensor input rea
 written once" (no cache reuse); a function overrides them only where that default is wrong (a gather
 reads the rows it picks, not the whole table). Ops known to be free (views, metadata) are registered
 with ``register_free``. Registering an op twice raises, so each op has exactly one formula.
+
+The formulas registered here form the default ``CostRegistry``, shared and read-only. An analysis
+that counts differently (an FMA as 1 FLOP, a custom op's formula) brings its own registry:
+``reg = default_registry().copy()``, then ``reg.register(op, fn)`` / ``reg.override(op, fn)``, passed
+as ``analyze(model, x, costs=reg)``. It travels in the analysis's ``CostOptions``, never through a
+global, so two threads analysing with different registries each get their own numbers.
 """
 
 from __future__ import annotations
@@ -17,8 +23,8 @@ import torch
 from ..errors import RegistryError
 from ..trace import Window
 
-__all__ = ["OpCost", "OpCall", "CostOptions", "register", "register_free", "lookup", "FREE",
-           "registered_names"]
+__all__ = ["OpCost", "OpCall", "CostOptions", "CostRegistry", "default_registry", "register",
+           "register_free", "lookup", "FREE", "registered_names"]
 
 
 class OpCost(NamedTuple):
@@ -38,6 +44,11 @@ class CostOptions:
     """
 
     causal: str = "dense"
+    registry: CostRegistry | None = None   # None: the default registry
+
+    def lookup(self, func: Any) -> CostFn | None:
+        """The cost function of ``func`` in the registry this analysis uses."""
+        return (_DEFAULT if self.registry is None else self.registry).lookup(func)
 
 
 class OpCall:
@@ -74,11 +85,110 @@ def FREE(call: OpCall) -> OpCost:  # noqa: N802 - a sentinel that is also a vali
     return OpCost(0, 0, 0, 0)
 
 
-_REGISTRY: dict[str, CostFn] = {}
-
-
 def _key(name: str) -> str:
     return name if "::" in name else "aten::" + name
+
+
+def _op_key(op: Any) -> str:
+    """The registry key of an op given as a name ("addmm", "mylib::scale_add"), an OpOverloadPacket
+    (``torch.ops.aten.addmm``) or an OpOverload (``torch.ops.aten.addmm.default``). Formulas are per
+    op name: one formula covers all of an op's overloads (as the default registry's do)."""
+    if isinstance(op, str):
+        key = _key(op)
+        if not op_exists(key):
+            raise RegistryError(f"no op named {key}: give an existing op (torch.ops.<ns>.<name>) or its "
+                                f"'ns::name'")
+        return key
+    if isinstance(op, torch._ops.OpOverload):
+        return op._schema.name
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        return op._qualified_op_name
+    raise RegistryError(f"an op is a torch.ops.<ns>.<name>[.<overload>] or its 'ns::name', got "
+                        f"{type(op).__name__}")
+
+
+class CostRegistry:
+    """A table of cost formulas: op name -> ``fn(OpCall) -> OpCost`` (or ``FREE``).
+
+    The default registry (``default_registry()``) is shared and read-only; ``copy()`` it and change
+    the copy. An op the registry in use has no formula for is uncounted in coverage, never 0.
+    """
+
+    __slots__ = ("_table", "_frozen", "name")
+
+    def __init__(self, table: dict[str, CostFn] | None = None, *, name: str = "custom") -> None:
+        self._table: dict[str, CostFn] = dict(table or {})
+        self._frozen = False
+        self.name = name
+
+    def copy(self, name: str = "custom") -> CostRegistry:
+        """A modifiable copy (the formulas are shared, the table is not)."""
+        return CostRegistry(self._table, name=name)
+
+    def _set(self, op: Any, fn: CostFn, replace: bool) -> None:
+        if self._frozen:
+            raise RegistryError("the default cost registry is shared and read-only: change a copy "
+                                "(default_registry().copy())")
+        if not callable(fn):
+            raise RegistryError(f"a cost formula is a function of an OpCall returning an OpCost, got "
+                                f"{type(fn).__name__}")
+        key = _op_key(op)
+        if not replace and key in self._table:
+            raise RegistryError(f"op {key} already has a cost formula; use override() to replace it")
+        self._table[key] = fn
+
+    def register(self, op: Any, fn: CostFn | None = None):
+        """Add the formula of an op that has none (raises if it has one: see ``override``). Usable
+        as a decorator: ``@reg.register(torch.ops.mylib.op)``."""
+        if fn is None:
+            def deco(f: CostFn) -> CostFn:
+                self._set(op, f, False)
+                return f
+            return deco
+        self._set(op, fn, False)
+        return fn
+
+    def override(self, op: Any, fn: CostFn) -> CostFn:
+        """Set the formula of an op, replacing the one it has (or adding one)."""
+        self._set(op, fn, True)
+        return fn
+
+    def remove(self, op: Any) -> None:
+        """Drop an op's formula: it becomes uncounted in coverage."""
+        if self._frozen:
+            raise RegistryError("the default cost registry is shared and read-only: change a copy "
+                                "(default_registry().copy())")
+        self._table.pop(_op_key(op), None)
+
+    def get(self, op: Any) -> CostFn | None:
+        """The formula of an op (a name, packet or overload), or None."""
+        return self._table.get(_op_key(op))
+
+    def lookup(self, func: Any) -> CostFn | None:
+        """The cost function of an OpOverload, or None when no formula covers it."""
+        return self._table.get(func._schema.name)
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._table)
+
+    def __contains__(self, op: Any) -> bool:
+        return _op_key(op) in self._table
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __repr__(self) -> str:
+        return f"CostRegistry({self.name!r}, {len(self._table)} ops)"
+
+
+_DEFAULT = CostRegistry(name="default")
+_DEFAULT._frozen = True
+_REGISTRY: dict[str, CostFn] = _DEFAULT._table   # the formula modules register into the default
+
+
+def default_registry() -> CostRegistry:
+    """The shared, read-only registry of the built-in formulas; ``.copy()`` it to change one."""
+    return _DEFAULT
 
 
 def _add(name: str, fn: CostFn) -> None:
@@ -89,7 +199,8 @@ def _add(name: str, fn: CostFn) -> None:
 
 
 def register(*names: str) -> Callable[[CostFn], CostFn]:
-    """Register ``fn`` as the cost formula of each named aten op (``"addmm"``, ``"add_"``, ...)."""
+    """Register ``fn`` as the cost formula of each named aten op (``"addmm"``, ``"add_"``, ...) in the
+    default registry (used by the built-in formula modules)."""
 
     def deco(fn: CostFn) -> CostFn:
         for n in names:
@@ -105,7 +216,7 @@ def register_free(*names: str) -> None:
 
 
 def lookup(func: Any) -> CostFn | None:
-    """The cost function of an OpOverload, or None when no formula covers it."""
+    """The default registry's cost function of an OpOverload, or None when no formula covers it."""
     return _REGISTRY.get(func._schema.name)
 
 
