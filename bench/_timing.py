@@ -121,6 +121,17 @@ def paired_ratios(a: Callable[[], object], b: Callable[[], object], pairs: int =
     return Paired([y / x if x > 0 else float("inf") for x, y in zip(ta, tb)], ta, tb)
 
 
+def no_grad(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` run under ``torch.no_grad()``: the plain forward each tool is compared with. torch is
+    imported late, so that this module stays importable without it."""
+    import torch
+
+    def run():
+        with torch.no_grad():
+            fn()
+    return run
+
+
 def _selftest() -> None:
     now = [0.0]
     calls: list[str] = []

@@ -20,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import torch
 from torch import nn
@@ -28,19 +27,12 @@ from torch import nn
 import layerscope as ls
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import paired_ratios  # noqa: E402  (bench/ is not a package)
-
-
-def _no_grad(fn):
-    def run():
-        with torch.no_grad():
-            fn()
-    return run
+from _timing import no_grad, paired_ratios  # noqa: E402  (bench/ is not a package)
 
 
 def _ratio(name: str, model: nn.Module, args: tuple, kwargs: dict, pairs: int) -> dict:
     model.eval()
-    r = paired_ratios(_no_grad(lambda: model(*args, **kwargs)), lambda: ls.analyze(model, *args, **kwargs),
+    r = paired_ratios(no_grad(lambda: model(*args, **kwargs)), lambda: ls.analyze(model, *args, **kwargs),
                       pairs=pairs, warmup=1)
     rep = ls.analyze(model, *args, **kwargs)
     row = {"model": name, "forward_s": r.a_median, "analyze_s": r.b_median, **r.as_row(),
@@ -73,7 +65,7 @@ def deep_mlp(blocks_list: list[int], pairs: int) -> list[dict]:
         torch.manual_seed(0)
         model = nn.Sequential(*(nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(blocks)))
         x = torch.randn(8, 64)
-        r = paired_ratios(_no_grad(lambda: model(x)), lambda: ls.analyze(model, x), pairs=pairs, warmup=1)
+        r = paired_ratios(no_grad(lambda: model(x)), lambda: ls.analyze(model, x), pairs=pairs, warmup=1)
         fwd, ana = r.a_median, r.b_median
         calls = 1 + 3 * blocks
         rows.append({"blocks": blocks, "forward_s": fwd, "analyze_s": ana, "per_call_us": ana / calls * 1e6,

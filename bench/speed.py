@@ -37,16 +37,7 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402  (the models, tools and environment set-up are shared)
-from _timing import paired_ratios  # noqa: E402
-
-
-def _no_grad(fn):
-    import torch   # late: this file first runs outside the benchmark environment, to set it up
-
-    def run():
-        with torch.no_grad():
-            fn()
-    return run
+from _timing import no_grad, paired_ratios  # noqa: E402
 
 RATIO_MODELS = ["GPT-2 small (S=128)", "BERT base (S=128)", "Llama shrunk (4x512, S=128)", "HF ViT-B/16 (224)",
                 "HF ResNet-50 (224)"]
@@ -57,7 +48,7 @@ def ratios(pairs: int, models: list[str], tools: dict) -> list[dict]:
     for name in models:
         m, x, _, _ = peers.MODELS[name]()
         m.eval()
-        fwd = _no_grad(lambda: m(x))
+        fwd = no_grad(lambda: m(x))
         fwd()
         for tool, fn in tools.items():
             first = peers.run_one(fn, m, x)          # warm-up, and the error if it fails
@@ -81,7 +72,7 @@ def scaling(sizes: list[int], tools: dict) -> list[dict]:
         torch.manual_seed(0)
         m = nn.Sequential(*(nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(blocks))).eval()
         x = torch.randn(8, 64)
-        fwd_fn = _no_grad(lambda: m(x))
+        fwd_fn = no_grad(lambda: m(x))
         calls = 1 + 3 * blocks
         for tool, fn in tools.items():
             if tool in stopped:
