@@ -7,7 +7,7 @@ Run: python bench/bench_pipeline.py
 """
 import time
 
-from layerscope.pipeline.run import launch
+from layerscope.torchrun import launch
 
 GPT2 = ("hf:GPT2Config", {"n_layer": 4, "n_embd": 64, "n_head": 4, "vocab_size": 1000, "n_positions": 64,
                           "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0})  # dropout off: same losses

@@ -74,7 +74,7 @@ def test_split_help_shows_the_defaults(capsys):
 
 
 def test_split_run_passes_the_device(monkeypatch, capsys):
-    import layerscope.pipeline.run as run
+    import layerscope.torchrun as run
     seen = {}
 
     def stub(spec, **kw):

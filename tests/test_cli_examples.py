@@ -127,7 +127,7 @@ def _run(cmd: str, scratch, tmp_path, capsys, monkeypatch):
         launched.update(spec=spec, **kw)
         raise cli.LayerscopeError("stub: launch checked")
 
-    import layerscope.pipeline.run as run_mod
+    import layerscope.torchrun as run_mod
     monkeypatch.setattr(run_mod, "launch", stub)
     code = main(argv)
     err = capsys.readouterr().err

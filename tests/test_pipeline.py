@@ -245,7 +245,7 @@ GPT2_RUN = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 300, "n_posit
     ("hf:GPT2Config", GPT2_RUN, "1f1b", "ownership"),        # export refused: the mask boundary
     ("layerscope.examples:small_cnn", {}, "gpipe", "export")])
 def test_torchrun_training_matches_one_process(spec, overrides, schedule, path):
-    from layerscope.pipeline.run import launch
+    from layerscope.torchrun import launch
     res = launch(spec, overrides=overrides, stages=2, schedule=schedule, microbatches=2, batch_size=4,
                  steps=2, optimizer="sgd")
     assert len(res.losses) == 2 and res.loss_rel_diff < 1e-5 and res.path == path
@@ -269,7 +269,7 @@ def test_export_stages_drop_a_tied_weight_they_do_not_use():
 
 
 def test_worker_errors_are_named():
-    from layerscope.pipeline.run import _worker_error
+    from layerscope.torchrun import _worker_error
     text = ("[rank1]: Traceback (most recent call last):\n[rank1]:   File x\n"
             "[rank1]: RuntimeError: input tensor has to be contiguous\n"
             "[rank0]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1\n"

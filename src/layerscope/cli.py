@@ -300,7 +300,7 @@ def _split(ns: argparse.Namespace) -> int:
 
     if ns.run:
         from .errors import InputError
-        from .pipeline.run import launch
+        from .torchrun import launch
         # each rank rebuilds the model from SPEC, --set and its default inputs: options that the run
         # cannot honour are refused rather than silently dropped
         dropped = [opt for opt, v in (("--memory-limit", ns.memory_limit), ("--head", ns.head),

@@ -11,6 +11,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from .capture.measure import Measured  # noqa: F401  (made by the measurement; part of a MemoryReport)
 from .capture.storage import CATEGORIES
 from .render.output import ReportOutput, dataframe, print_report, write_text
 from .trace import Trace
@@ -112,20 +113,6 @@ class Timeline:
 
     def __len__(self) -> int:
         return len(self.step)
-
-
-@dataclass(frozen=True, slots=True)
-class Measured:
-    """A real run of the same step, measured by the allocator rather than by storage tracking."""
-
-    method: str
-    device: str
-    peak_bytes: int                # before_bytes + the largest growth during the run
-    before_bytes: int              # what the step's own tensors held before it began
-    step_peaks: tuple[int, ...]
-    reserved_bytes: int | None = None    # CUDA: allocator reserved at the peak
-    context_bytes: int | None = None     # CUDA: process memory (NVML) minus reserved
-    notes: tuple[str, ...] = ()
 
 
 class MemoryReport(ReportOutput):

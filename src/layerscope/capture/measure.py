@@ -13,14 +13,29 @@ import os
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from ..errors import InputError
-from ..memory_report import Measured
 
-__all__ = ["measure_cpu", "measure_cuda", "state_bytes", "profile_events"]
+__all__ = ["Measured", "measure_cpu", "measure_cuda", "state_bytes", "profile_events"]
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """A real run of the same step, measured by the allocator rather than by storage tracking."""
+
+    method: str
+    device: str
+    peak_bytes: int                # before_bytes + the largest growth during the run
+    before_bytes: int              # what the step's own tensors held before it began
+    step_peaks: tuple[int, ...]
+    reserved_bytes: int | None = None    # CUDA: allocator reserved at the peak
+    context_bytes: int | None = None     # CUDA: process memory (NVML) minus reserved
+    notes: tuple[str, ...] = ()
+
 
 
 def state_bytes(tensors) -> int:

@@ -28,7 +28,7 @@ from ..capture.session import StateGuard
 from ..errors import InputError
 from .plan import StagePlan
 
-__all__ = ["StageModule", "build_stage_module", "main_tensor", "verify_chain", "TieSync", "ExportedStages",
+__all__ = ["pipeline_stage", "StageModule", "build_stage_module", "main_tensor", "verify_chain", "TieSync", "ExportedStages",
            "export_stages", "flat_inputs"]
 
 
@@ -359,3 +359,31 @@ def _find(module: nn.Module, names, prefix: str):
         except AttributeError:
             continue
     return None
+
+
+def pipeline_stage(plan, model: torch.nn.Module, rank: int, args: tuple, kwargs: dict | None = None,
+                   device=None, path: str = "auto", group=None):
+    """(PipelineStage, TieSync, path) for ``rank``'s stage. ``args``/``kwargs``: one micro-batch of
+    example inputs. The model is cut down in place on the ownership path (other stages' modules
+    become stubs), so pass the rank's own copy. Call the TieSync after backward, before the step."""
+    from torch.distributed.pipelining import PipelineStage
+
+    kwargs = kwargs or {}
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if plan.schedule == "interleaved":
+        raise InputError("pipeline_stage() builds one stage per rank; the interleaved schedule needs "
+                         "several per rank (build each with build_stage_module on its own model copy)")
+    if path in ("auto", "export"):
+        try:
+            pipe, _ = export_stages(model, plan, args, kwargs)
+            drop_unused_params(pipe.get_stage_module(rank))
+            stage = pipe.build_stage(rank, device, group)
+            return stage, TieSync(plan, stage.submod, rank, prefix="model."), "export"
+        except InputError:
+            raise
+        except Exception:  # noqa: BLE001 - export failed: module ownership
+            if path == "export":
+                raise
+    mod = build_stage_module(model, plan, rank, args, kwargs, copy_model=False).to(device)
+    stage = PipelineStage(mod, rank, plan.num_stages, device, group=group)
+    return stage, TieSync(plan, mod, rank, prefix="model."), "ownership"

@@ -1,7 +1,7 @@
 """Run a StagePlan as a real pipeline: torchrun, one process per rank, gloo on CPU (NCCL on GPU).
 
 ``launch()`` (the CLI's ``split --run``) writes the run's settings to a JSON file and starts
-``torchrun --nproc_per_node P -m layerscope.pipeline.run FILE``. Every rank builds the model from
+``torchrun --nproc_per_node P -m layerscope.torchrun FILE``. Every rank builds the model from
 the same spec and seed, computes the same plan, builds its own stage (export path when torch.export
 traces the model, module ownership otherwise), trains ``steps`` steps with the schedule and writes
 its measured step time, peak memory (the stage's parameters and buffers plus the CPU allocator's
@@ -10,8 +10,9 @@ step) and, on the last rank, the losses.
 The launcher trains the same model in one process with the same micro-batches (gradient
 accumulation) and compares the losses.
 
-``pipeline_stage(plan, model, rank, args, kwargs)`` gives a user the PipelineStage for their rank,
-for their own training loop (with ``TieSync`` for tied weights across stages).
+``layerscope.pipeline.stages.pipeline_stage(plan, model, rank, args, kwargs)`` gives a user the
+PipelineStage for their rank, for their own training loop. This module sits above the api (it builds
+models from specs and plans them with ``partition()``), outside ``pipeline/``, which the api uses.
 """
 
 from __future__ import annotations
@@ -26,38 +27,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import InputError
-from .stages import TieSync, build_stage_module, drop_unused_params, export_stages, flat_inputs, main_tensor
+from .errors import InputError
+from .pipeline.stages import flat_inputs, main_tensor, pipeline_stage
 
-__all__ = ["pipeline_stage", "launch", "RunResult", "reference_losses"]
-
-
-def pipeline_stage(plan, model: torch.nn.Module, rank: int, args: tuple, kwargs: dict | None = None,
-                   device=None, path: str = "auto", group=None):
-    """(PipelineStage, TieSync, path) for ``rank``'s stage. ``args``/``kwargs``: one micro-batch of
-    example inputs. The model is cut down in place on the ownership path (other stages' modules
-    become stubs), so pass the rank's own copy. Call the TieSync after backward, before the step."""
-    from torch.distributed.pipelining import PipelineStage
-
-    kwargs = kwargs or {}
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    if plan.schedule == "interleaved":
-        raise InputError("pipeline_stage() builds one stage per rank; the interleaved schedule needs "
-                         "several per rank (build each with build_stage_module on its own model copy)")
-    if path in ("auto", "export"):
-        try:
-            pipe, _ = export_stages(model, plan, args, kwargs)
-            drop_unused_params(pipe.get_stage_module(rank))
-            stage = pipe.build_stage(rank, device, group)
-            return stage, TieSync(plan, stage.submod, rank, prefix="model."), "export"
-        except InputError:
-            raise
-        except Exception:  # noqa: BLE001 - export failed: module ownership
-            if path == "export":
-                raise
-    mod = build_stage_module(model, plan, rank, args, kwargs, copy_model=False).to(device)
-    stage = PipelineStage(mod, rank, plan.num_stages, device, group=group)
-    return stage, TieSync(plan, mod, rank, prefix="model."), "ownership"
+__all__ = ["launch", "RunResult", "reference_losses"]
 
 
 def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -68,9 +41,9 @@ def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def _setup(cfg: dict):
-    from ..api import _rebatch, micro_batch, partition
-    from ..capture.inputs import map_tensors
-    from ..specs import build_model
+    from .api import _rebatch, micro_batch, partition
+    from .capture.inputs import map_tensors
+    from .specs import build_model
 
     torch.manual_seed(cfg["seed"])
     built = build_model(cfg["spec"], "cpu", cfg.get("overrides") or {})   # real weights to train
@@ -102,7 +75,7 @@ def _setup(cfg: dict):
 
 
 def _optimizer(name: str, params):
-    from ..api import _optimizer_factory
+    from .api import _optimizer_factory
     return _optimizer_factory(name)(params)
 
 
@@ -132,7 +105,7 @@ def worker(cfg_path: str) -> None:
     import torch.distributed as dist
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
-    from ..capture.measure import measure_cpu, state_bytes
+    from .capture.measure import measure_cpu, state_bytes
 
     with open(cfg_path) as f:
         cfg = json.load(f)
@@ -213,8 +186,8 @@ class RunResult:
         return max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(self.losses, self.reference))
 
     def table(self) -> str:
-        from ..render.text import text_table
-        from ..render.units import iec
+        from .render.text import text_table
+        from .render.units import iec
         header = ["Stage", "Step time (median)", "Peak measured", "Peak predicted", "Error"]
         body = []
         for r in self.ranks:
@@ -244,7 +217,7 @@ def launch(spec: str, *, overrides: dict | None = None, stages: int, by: str = "
         with open(cfg_path, "w") as f:
             json.dump(cfg, f)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(stages),
-               "--master_port", str(_free_port()), "-m", "layerscope.pipeline.run", cfg_path]
+               "--master_port", str(_free_port()), "-m", "layerscope.torchrun", cfg_path]
         env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // stages)))
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         if proc.returncode != 0:
