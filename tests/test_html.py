@@ -43,7 +43,7 @@ def test_page_is_self_contained(reports, tmp_path):
     # every report's data is in it, and "</" inside the JSON cannot close the script early
     assert page.count("</script>") == 2
     blob = page.split('id="layerscope-data">', 1)[1].split("</script>", 1)[0]
-    assert set(json.loads(blob)) == {"summary", "memory", "latency", "plan"}
+    assert set(json.loads(blob)) == {"summary", "memory", "latency", "plan", "context", "colors", "tree", "charts"}
     assert "TinyGPT" in page and "blocks.0.mlp.0" in page
     out = tmp_path / "r.html"
     assert rep.save_html(str(out), memory=mem) == out.read_text()
