@@ -28,9 +28,9 @@ def reports():
             ls.profile(m, x, warmup=0, repeats=2, backward=True), ls.partition(m, x, stages=2))
 
 
-def _browser(path: pathlib.Path, *flags: str) -> subprocess.CompletedProcess:
+def _browser(path: pathlib.Path, *flags: str, fragment: str = "") -> subprocess.CompletedProcess:
     return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           "--enable-logging=stderr", "--v=0", *flags, path.as_uri()],
+                           "--enable-logging=stderr", "--v=0", *flags, path.as_uri() + fragment],
                           capture_output=True, text=True, timeout=120)
 
 
@@ -111,3 +111,136 @@ def test_dataframes_when_pandas_is_there(reports):
     df = rep.to_dataframe()
     assert isinstance(df, pd.DataFrame) and len(df) == len(rep.layers)
     assert len(mem.to_dataframe()) == len(mem.layers) and len(plan.to_dataframe()) == 2
+
+
+# ---- a model of repeated blocks, folded and charted by role -------------------------------------
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.act, self.down = torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.down(self.act(self.up(x)))
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self, n: int = 6):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_Block() for _ in range(n))
+        self.head = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+
+    def forward(self, x):
+        for b in self.layers:
+            x = b(x)
+        return self.head(x)
+
+
+@pytest.fixture(scope="module")
+def stack():
+    m, x = _Stack(), torch.randn(2, 8)
+    return m, x, ls.analyze(m, x)
+
+
+def test_page_data_folds_repeated_blocks_for_reports_and_their_json(stack):
+    from layerscope.render.html import page_data, visible_rows
+    _, _, rep = stack
+    data = page_data(summary=rep)
+    tree = data["tree"]
+    assert len(tree["rows"]) == len(rep.layers)
+    (fold,) = tree["folds"]
+    assert (fold["label"], fold["count"], fold["type"]) == ("layers.0-5", 6, "_Block")
+    assert [tree["rows"][b]["path"] for b in fold["blocks"]] == [f"layers.{i}" for i in range(6)]
+    # the first block's 4 rows stay, the other 5 blocks' 20 rows are hidden until unfolded
+    assert visible_rows(tree) == len(rep.layers) - 5 * 4
+    # saved JSON gives the same page data as the report object
+    assert json.loads(json.dumps(page_data(summary=json.loads(rep.to_json())))) == json.loads(json.dumps(data))
+
+
+def test_charts_sum_the_copies_of_a_role(stack):
+    from layerscope.render.html import page_data
+    _, _, rep = stack
+    macs = page_data(summary=rep)["charts"][0]
+    bars = {b["label"]: b for b in macs["bars"]}
+    up = next(r for r in rep.layers if r.path == "layers.0.up").forward.macs
+    assert bars["layers.*.up"]["count"] == 6 and bars["layers.*.up"]["each"] == up
+    assert bars["layers.*.up"]["value"] == 6 * up
+    # a Sequential of different layers keeps their numbers: head.0 and head.2 are two bars
+    assert {"head.0", "head.2"} <= set(bars) and "head.*" not in bars
+    assert "other" not in macs
+    assert sum(b["value"] for b in macs["bars"]) == sum(r.forward.macs for r in rep.layers if not r.children)
+
+
+def test_role_chart_keeps_the_rest_out_of_the_bars():
+    from layerscope.render.html import TOP, chart_role, role_chart
+    items = [(f"net.fc{i}", "Linear", 1000 - i) for i in range(TOP + 10)] + [("net.zero", "Linear", 0)]
+    chart = role_chart("t", "count", items)
+    assert len(chart["bars"]) == TOP and chart["bars"][0] == {"label": "net.fc0", "type": "Linear", "value": 1000,
+                                                              "count": 1, "each": 1000}
+    assert chart["other"] == {"roles": 10, "layers": 10, "value": sum(1000 - i for i in range(TOP, TOP + 10))}
+    assert chart_role("model.layers.3.mlp.down_proj", {"model.layers"}) == "model.layers.*.mlp.down_proj"
+    assert chart_role("blocks.1.mlp.2", {"blocks"}) == "blocks.*.mlp.2"
+    assert chart_role("features.4", set()) == "features.4"
+
+
+def test_a_timing_does_not_stop_a_fold_and_the_fold_shows_its_highest(stack):
+    from layerscope.render.html import page_data
+    m, x, rep = stack
+    lat = ls.profile(m, x, warmup=0, repeats=2)
+    tree = page_data(summary=rep, latency=lat)["tree"]
+    (fold,) = tree["folds"]
+    j = [c["key"] for c in tree["columns"]].index("fwd_self")
+    assert tree["columns"][j]["fold"] is False
+    assert fold["max"][str(j)] == max(tree["rows"][b]["v"][j] for b in fold["blocks"])
+
+
+def test_first_card_and_fixed_colours(reports):
+    from layerscope.capture.storage import CATEGORIES
+    from layerscope.render.html import COLORS, page_data
+    rep, mem, lat, plan = reports
+    data = page_data(summary=rep, memory=mem, plan=plan)
+    facts = dict(data["context"])
+    assert facts["Inputs"] == "[2, 16] int64"
+    assert facts["Optimizer"] == "AdamW" and facts["Device"] == "cpu"
+    assert facts["Schedule"].startswith("1f1b, 1 micro-batch(es)") and "2 stages by flops" in facts["Schedule"]
+    assert facts["Weights"] == "4 bytes per parameter"
+    # one colour per category, whatever categories a run has
+    assert list(data["colors"]) == list(CATEGORIES) == list(COLORS)
+    assert page_data(memory=mem)["colors"] == data["colors"] and len(set(COLORS.values())) == len(CATEGORIES)
+
+
+# ---- the 70B preset in a browser ---------------------------------------------------------------
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (make test installs Debian's chromium)")
+def test_llama_70b_report_is_folded_in_chromium(tmp_path):
+    from layerscope.render.html import html_page
+    from layerscope.specs import build_model
+    built = build_model("hf:llama-2-70b", "meta", dtype="bf16")
+    args, kwargs = built.default_inputs(torch.device("meta"))
+    m = built.model
+    summary = ls.analyze(m, *args, device="meta", **kwargs)
+    mem = ls.memory(m, *args, optimizer="adamw", steps=1, **kwargs)
+    plan = ls.partition(m, *args, stages=8, **kwargs)
+    path = tmp_path / "llama.html"
+    path.write_text(html_page(None, summary=summary, memory=mem, plan=plan))
+    res = _browser(path, "--dump-dom")
+    dom = res.stdout
+    # 3 per-layer charts (MACs, params, memory) + the memory timeline + 2 stage charts
+    assert 'data-rendered="6"' in dom, res.stderr[-2000:]
+    assert "data-errors" not in dom
+    assert [line for line in res.stderr.splitlines() if "CONSOLE" in line] == []
+    # no chart text leaves its chart, no two labels overlap (y axis, phases, legend, bars)
+    assert 'data-clipped="0"' in dom and 'data-overlaps="0"' in dom
+    # the tree: a folded row, not 80 decoder rows (layer 0 keeps its own row where its memory differs)
+    fold = re.search(r'<tr data-i="\d+" data-fold="(\d+)" class="fold">(.*?)</tr>', dom)
+    assert fold and int(fold.group(1)) >= 79 and "LlamaDecoderLayer" in fold.group(2)
+    assert re.search(r"layers\.\d-79: ", fold.group(2)) and f"x{fold.group(1)} (each)" in fold.group(2)
+    rows = re.findall(r'<tr data-i="\d+"[^>]*>(.*?)</tr>', dom)
+    assert len(rows) < 60 and sum("LlamaDecoderLayer" in r for r in rows) <= 2
+    # charts show roles with their copies
+    assert "model.layers.*.mlp.down_proj x80" in dom and "model.layers.*.self_attn.q_proj x80" in dom
+    assert "other (" not in dom and "Stage 0: model.embed_tokens" in dom
+    # unfolded (report.html#unfold): every decoder layer has its row
+    unfolded = _browser(path, "--dump-dom", fragment="#unfold").stdout
+    assert 'data-fold="' not in unfolded and 'data-errors' not in unfolded
+    assert sum("LlamaDecoderLayer" in r for r in re.findall(r'<tr data-i="\d+"[^>]*>(.*?)</tr>', unfolded)) == 80
