@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import layerscope as ls
-from layerscope.render.columns import footer_lines
 from layerscope.examples import tiny_gpt
 
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)),
@@ -98,11 +97,12 @@ def test_timeline_keeps_the_peak():
 def test_notebook_tables(reports):
     for r in reports:
         html = r._repr_html_()
-        assert html.startswith("<div><b>layerscope: TinyGPT</b><table>") and "<script" not in html
+        assert html.startswith("<div><b>layerscope") and "TinyGPT</b><table>" in html and "<script" not in html
     rep = reports[0]
-    # one body row per layer shown at depth 3, the footer's lines after them
+    # one body row per layer shown at depth 3, the context's and the footer's lines around them
+    t = rep.table_model(3)
     assert rep._repr_html_().count("<tr>") == 1 + len([r for r in rep.layers if r.depth <= 3]) + \
-        len(footer_lines(rep))
+        len(t.footer) + len(t.context)
 
 
 def test_dataframes_when_pandas_is_there(reports):

@@ -430,7 +430,8 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     against the peak. What the simulation had to make up (random draws taken at their median, values
     read back from tensors that have none, kernels it could not size) is listed in ``notes``.
     """
-    from .analyses.memory import build_memory_report
+    from .analyses.memory import memory_results
+    from .reports.memory import MemoryReport
     from .capture.measure import measure_cpu, measure_cuda, state_bytes
     from .capture.step import run_steps
     from .capture.storage import StorageTracker, cuda_block_size
@@ -520,7 +521,7 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
         if tracker.untracked:
             notes.append(f"{tracker.untracked} tensors without a plain storage (sparse, nested) were "
                          "not tracked")
-        return build_memory_report(run, model, options=options, measured=measured, notes=notes)
+        return MemoryReport(**memory_results(run, model, options=options, measured=measured, notes=notes))
 
 
 def _is_fake(model: nn.Module) -> bool:
@@ -792,7 +793,7 @@ def profile(model: nn.Module, *args: Any, warmup: int = 3, repeats: int = 20, ba
     from .analyses.latency import time_calls
     from .analyses.roofline import roofline_for
     from .capture.step import default_loss
-    from .latency_report import LatencyReport, latency_layers, latency_totals
+    from .reports.latency import LatencyReport, latency_layers, latency_totals
 
     _check_model(model)
     if warmup < 0 or repeats < 1:

@@ -269,6 +269,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--device", type=_device, help="where to build the models (hf: specs are built on meta)")
     c.add_argument("--depth", type=_count(0), default=2, help="deepest layer level shown (default 2)")
     c.add_argument("--changed", action="store_true", help="only the layers that differ")
+    c.add_argument("--expand", action="store_true",
+                   help="show every block of a run of identical blocks (folded by default: 'h.0-23 x24')")
     c.add_argument("--memory", action="store_true", help="specs: also compare a training step's memory per layer "
                                                          "(AdamW)")
     c.add_argument("--profile", action="store_true", help="specs: also compare per-layer times (built on cpu)")
@@ -484,8 +486,7 @@ def _emit(ns: argparse.Namespace, rep) -> int:
     else:
         view = {"depth": ns.depth, **({"columns": ns.columns} if hasattr(ns, "columns") else {}),
                 **({"top": ns.top} if hasattr(ns, "top") else {}),
-                **({"fold": not ns.expand} if hasattr(rep, "_html_part") and rep._html_part in ("summary", "memory")
-                   else {})}
+                **({"fold": not ns.expand} if getattr(ns, "expand", None) is not None else {})}
         if ns.output is None:
             rep.print(**view)
             return 0
@@ -728,10 +729,14 @@ def _compare(ns: argparse.Namespace) -> int:
                                      indent=2))
     if ns.format == "csv":
         from .render.csv import csv_text
-        rows = [{"compared": d.kind, **r} for d in diffs for r in d.rows()]
+        rows = [{"compared": d.compared, **r} for d in diffs for r in d.rows()]
         return _write(ns, csv_text(list(dict.fromkeys(k for r in rows for k in r)), rows))
-    return _write(ns, "\n".join(f"{d.kind}:\n" + d.table(depth=ns.depth, changed=ns.changed) if len(diffs) > 1
-                                else d.table(depth=ns.depth, changed=ns.changed) for d in diffs))
+    view = {"depth": ns.depth, "changed": ns.changed, "fold": not ns.expand}
+    if ns.output is None and sys.stdout.isatty():       # fitted to the terminal
+        for d in diffs:
+            d.print(**view)
+        return 0
+    return _write(ns, "\n".join(d.table(**view) for d in diffs))
 
 
 def _list_presets(ns: argparse.Namespace) -> int:

@@ -30,8 +30,10 @@ from torch import nn
 
 from ..capture.inputs import iter_tensors
 from ..capture.session import module_type, tracked_modules
+from .roofline import Roofline
 
-__all__ = ["Timing", "timing", "CallTimes", "Recorder", "merge_steps", "time_calls"]
+__all__ = ["Timing", "timing", "CallTimes", "Recorder", "merge_steps", "time_calls", "LatencyLayer",
+           "latency_layers", "latency_totals"]
 
 # the next autograd sequence number of this thread (nodes are numbered as the forward creates them)
 _next_seq = getattr(torch._C._autograd, "_get_sequence_nr", None)
@@ -405,3 +407,120 @@ def time_calls(model: nn.Module, run: Callable[[], Any], loss_of: Callable[[Any]
     finally:
         rec.detach()
     return merge_steps(steps), plain, hooked
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyLayer:
+    """One module call. Times in seconds; costs of its whole subtree from the capture core."""
+
+    index: int
+    path: str
+    type: str
+    depth: int
+    call_index: int
+    parent: int | None
+    children: tuple[int, ...]
+    params: int                    # unique parameters of the module's subtree
+    input_shapes: tuple[tuple[int, ...], ...]
+    output_shapes: tuple[tuple[int, ...], ...]
+    forward: Timing                # inclusive: the call and everything nested in it
+    forward_self: Timing           # inclusive minus the direct children's, per repeat
+    backward: Timing | None
+    backward_self: Timing | None
+    flops: int                     # forward FLOPs of the subtree
+    bytes_moved: int               # forward bytes read + written of the subtree
+    backward_flops: int = 0
+    backward_bytes: int = 0
+    # where the call ran in one representative run (the one whose forward is the median), in
+    # seconds from that run's start: for traces
+    forward_span: tuple[float, float] | None = None
+    backward_span: tuple[float, float] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path or "(root)"
+
+    @property
+    def flops_per_second(self) -> float | None:
+        """Achieved forward FLOP/s: the subtree's FLOPs over its median inclusive time."""
+        return self.flops / self.forward.median if self.forward.median > 0 and self.flops else None
+
+    @property
+    def bytes_per_second(self) -> float | None:
+        return self.bytes_moved / self.forward.median if self.forward.median > 0 and self.bytes_moved else None
+
+    @property
+    def intensity(self) -> float | None:
+        """Arithmetic intensity: FLOPs per byte moved (forward)."""
+        return self.flops / self.bytes_moved if self.bytes_moved else None
+
+    def bound(self, roof: Roofline | None) -> str | None:
+        """"compute" or "memory": which roof limits this call's forward at its intensity."""
+        i = self.intensity
+        return roof.bound(i) if roof is not None and i else None
+
+    def roof_fraction(self, roof: Roofline | None) -> float | None:
+        """Achieved forward FLOP/s over the roof's attainable FLOP/s at this intensity."""
+        return roof.fraction(self.flops, self.bytes_moved, self.forward.median) if roof is not None else None
+
+
+def _self_times(calls: list[CallTimes], phase: str) -> list[list[float]]:
+    """Self seconds per call and run: inclusive minus the direct children's."""
+    incl = [getattr(c, phase) for c in calls]
+    return [[t - sum(incl[k][r] for k in c.children) for r, t in enumerate(incl[i])]
+            for i, c in enumerate(calls)]
+
+
+def latency_layers(calls: list[CallTimes], costs, backward: bool) -> list[LatencyLayer]:
+    """Report rows from timed calls and (optionally) an analysis Report of the same model whose
+    records give each call's parameters, shapes and costs."""
+    by_call = {(r.path, r.call_index): r for r in costs.layers} if costs is not None else {}
+    f_self = _self_times(calls, "forward")
+    b_self = _self_times(calls, "backward")
+    roots = [i for i, c in enumerate(calls) if c.parent is None]
+    runs = len(calls[0].forward) if calls else 0
+    per_run = sorted(range(runs), key=lambda r: sum(calls[i].forward[r] for i in roots))
+    rep = per_run[len(per_run) // 2] if per_run else 0
+    layers = []
+    for i, c in enumerate(calls):
+        rec = by_call.get((c.path, c.call_index))
+        layers.append(LatencyLayer(
+            index=i, path=c.path, type=c.type, depth=c.depth, call_index=c.call_index, parent=c.parent,
+            children=tuple(c.children), params=rec.subtree_params if rec else 0,
+            input_shapes=tuple(s.shape for s in rec.inputs) if rec else (),
+            output_shapes=tuple(s.shape for s in rec.outputs) if rec else (),
+            forward=timing(c.forward), forward_self=timing(f_self[i]),
+            backward=timing(c.backward) if backward else None,
+            backward_self=timing(b_self[i]) if backward else None,
+            flops=rec.forward_total.flops if rec else 0,
+            bytes_moved=rec.forward_total.bytes_moved if rec else 0,
+            backward_flops=rec.backward_total.flops if rec else 0,
+            backward_bytes=rec.backward_total.bytes_moved if rec else 0,
+            forward_span=c.forward_span[rep] if runs else None,
+            backward_span=c.backward_span[rep] if runs and backward else None))
+    return layers
+
+
+def latency_totals(calls: list[CallTimes], hooked: dict[str, list[float]],
+                   plain: dict[str, list[float]] | None, backward: bool) -> dict[str, float]:
+    """Medians over runs of: the measured forward (and backward) with hooks, without them when
+    ``plain`` is given (and the overhead: the median of the per-repeat ratios), and the sum of every
+    call's self time (the top-level calls' inclusive times, per run). ``spread``: interquartile
+    range over median of the runs."""
+    roots = [i for i, c in enumerate(calls) if c.parent is None]
+    out: dict[str, float] = {"runs": len(hooked["forward"])}
+    for phase in ("forward", "backward") if backward else ("forward",):
+        self_sums = [sum(getattr(calls[i], phase)[r] for i in roots) for r in range(out["runs"])]
+        h = timing(hooked[phase])
+        out[f"{phase}_instrumented"] = h.median
+        out[f"{phase}_self_sum"] = timing(self_sums).median
+        out[f"{phase}_spread"] = h.spread
+        if plain is not None:
+            p = timing(plain[phase])
+            out[f"{phase}_plain"] = p.median
+            # the median over repeats of each repeat's own ratio (both runs of a repeat are
+            # back to back, so the machine's drift cancels)
+            out[f"{phase}_overhead"] = timing([a / b - 1 for a, b in zip(hooked[phase], plain[phase])
+                                               if b > 0] or [0.0]).median
+            out[f"{phase}_spread"] = p.spread
+    return out

@@ -655,8 +655,24 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     trace = build_trace(cap, model, named, (args, kwargs), output, backward=backward,
                         options={"mode": mode, "causal": options.causal,
                                  "device": "meta" if on_meta else str(model_device(model)),
+                                 "model_dtype": dtype_text(model),
                                  **({"costs": options.registry.name} if options.registry is not None else {})})
     return trace, output
+
+
+def dtype_text(model: nn.Module) -> str | None:
+    """The model's parameter dtypes by share of elements: ``bfloat16`` or ``bfloat16 (98.1%), float32``."""
+    counts: dict[str, int] = {}
+    for p in {id(p): p for p in model.parameters()}.values():
+        key = str(p.dtype).removeprefix("torch.")
+        counts[key] = counts.get(key, 0) + p.numel()
+    if not counts:
+        return None
+    total = sum(counts.values()) or 1
+    order = sorted(counts, key=counts.get, reverse=True)
+    if len(order) == 1:
+        return order[0]
+    return f"{order[0]} ({100 * counts[order[0]] / total:.1f}%), " + ", ".join(order[1:])
 
 
 def build_trace(cap: _Capture, model: nn.Module, named: list[tuple[str, nn.Module]], inputs: Any,

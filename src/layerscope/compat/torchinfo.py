@@ -647,12 +647,14 @@ def layerscope_summary(model: nn.Module, input_size=None, input_data=None, batch
     or a dict of kwargs; other kwargs go to ``forward``. ``receptive_field`` adds that column to the
     printed table (torchscan's argument); ``cache_forward_pass`` is accepted and ignored. For
     torchinfo's printed layout too, import ``layerscope.compat.torchinfo.summary``."""
-    from ..render.columns import ALIASES, COLUMNS, DEFAULT_COLUMNS
+    from ..reports.summary import COLUMNS, DEFAULT_COLUMNS
     del cache_forward_pass
+    known = {c.key for c in COLUMNS} | {a for c in COLUMNS for a in c.aliases}
     cols = col_names.split(",") if isinstance(col_names, str) else col_names
     for c in cols or ():
-        if c not in COLUMN_NAMES and ALIASES.get(c, c) not in COLUMNS:
-            raise InputError(f"unknown column {c!r}; choose from {', '.join((*COLUMNS, *COLUMN_NAMES))}")
+        if c not in COLUMN_NAMES and c not in known:
+            raise InputError(f"unknown column {c!r}; choose from "
+                             f"{', '.join((*(c.key for c in COLUMNS), *COLUMN_NAMES))}")
     # layerscope's own column names (flops, receptive_field, ...) are for the printed table only
     ti_cols = None if cols is None else [c for c in cols if c in COLUMN_NAMES] or None
     stats = build(model, input_size, input_data, batch_dim, ti_cols, col_width, depth, device, dtypes,
@@ -662,8 +664,7 @@ def layerscope_summary(model: nn.Module, input_size=None, input_data=None, batch
             print(stats)
         else:
             # torchinfo's groups and params_percent have no layerscope column: str(stats) shows them
-            shown = None if cols is None else [c for c in cols if c not in COLUMN_NAMES
-                                               or ALIASES.get(c, c) in COLUMNS] or None
+            shown = None if cols is None else [c for c in cols if c not in COLUMN_NAMES or c in known] or None
             if receptive_field:
                 shown = [*(shown or DEFAULT_COLUMNS), "receptive_field"]
             stats.report.print(depth=None if depth < 0 else depth, columns=shown, fold=verbose < 2)

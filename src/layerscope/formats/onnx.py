@@ -71,15 +71,18 @@ class OnnxGraph:
     def table(self, sort: str = "order", top: int | None = None) -> str:
         """The per-node table (bytes read, written and moved, MACs, FLOPs, params) with the model
         total; ``sort``: order, read, write, bytes, macs, flops or params; ``top``: first rows only."""
-        from ..render.onnx import render_nodes_text
-        return render_nodes_text(self, sort, top)
+        from ..reports.base import renderer
+        from ..reports.onnx import nodes_table
+        return renderer().text(nodes_table(self, sort, top), False, None)
 
     def to_csv(self, sort: str = "order", top: int | None = None) -> str:
-        from ..render.onnx import render_nodes_csv
-        return render_nodes_csv(self, sort, top)
+        from ..reports.base import renderer
+        from ..reports.onnx import nodes_table
+        return renderer().table_csv(nodes_table(self, sort, top))
 
     def to_dict(self) -> dict:
-        from ..render.onnx import node_dict
+        from ..reports.base import renderer
+        node_dict = renderer().onnx_node
         return {"opset": self.opset, "histogram": dict(self.histogram),
                 "peak_activation_bytes": self.peak_activation_bytes, "unknown_shapes": list(self.unknown_shapes),
                 "symbolic_dims": list(self.symbolic_dims), "nodes": [node_dict(n) for n in self.nodes]}

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..report import Report
 
-SCHEMA_VERSION = "1.1"   # 1.1: every report names its kind
+SCHEMA_VERSION = "2.0"   # 1.1: every report names its kind; 2.0: see docs/json.md
 
 
 def _costs(c) -> dict[str, int]:
@@ -40,8 +40,6 @@ def layer_dict(r) -> dict[str, Any]:
 def report_dict(rep: "Report") -> dict[str, Any]:
     t = rep.totals
     return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "summary",
         "model": {"name": rep.model_name, "options": dict(rep.trace.options)},
         "totals": {
             "params": t.params, "trainable_params": t.trainable_params, "frozen_params": t.frozen_params,
@@ -61,3 +59,37 @@ def report_dict(rep: "Report") -> dict[str, Any]:
         },
         **({"graph": rep.graph.to_dict()} if getattr(rep, "graph", None) is not None else {}),
     }
+
+
+def _fact(f) -> dict[str, Any]:
+    v = f.value
+    if isinstance(v, tuple) and f.unit == "text":
+        from .layout import fact_text
+        v = fact_text(f)
+    return {"label": f.label, "value": v, "unit": f.unit}
+
+
+def table_meta(table) -> dict[str, Any]:
+    """What every report's JSON says about its table: the context the numbers are for (inputs,
+    dtypes, mode, device, optimizer, schedule) and its columns (key, header, unit)."""
+    return {"context": [_fact(f) for f in table.context],
+            "columns": [{"key": c.key, "header": c.header, "unit": c.unit, "default": c.default}
+                        for c in table.columns]}
+
+
+def report_json(report, **options) -> dict[str, Any]:
+    """The versioned JSON of any report kind (docs/json.md): schema_version, kind, the kind's own
+    keys, then context and columns."""
+    from .latency import latency_dict
+    from .memory import memory_dict
+    from .plan import plan_dict
+    kinds = {"summary": report_dict, "memory": memory_dict, "latency": latency_dict, "stage_plan": plan_dict,
+             "comparison": compare_dict}
+    d = kinds[report.kind](report, **options)
+    return {"schema_version": SCHEMA_VERSION, "kind": report.kind, **d,
+            **table_meta(report.table_model(0, "all", **report._csv_view()))}
+
+
+def compare_dict(cmp) -> dict[str, Any]:
+    return {"compared": cmp.compared, "a": cmp.names[0], "b": cmp.names[1],
+            "totals": {"a": cmp.totals[0], "b": cmp.totals[1]}, "layers": cmp.rows()}
