@@ -1,9 +1,9 @@
-"""JSON export with a versioned schema.
+"""JSON export with a versioned schema, described in docs/json.md.
 
-Top level: schema_version, kind ("summary"; the other reports say memory, latency, stage_plan),
-model, totals (params, trainable_params, macs, flops, bytes_read, bytes_written, complete, and more),
-layers (one object per module call), coverage. Bump
-SCHEMA_VERSION's major number when a key changes meaning or disappears; adding keys is a minor bump.
+Every report: schema_version, kind (summary, memory, latency, stage_plan, comparison), the kind's own
+keys (a summary: model, totals, layers, coverage), then context (what the numbers are for) and
+columns (the kind's table columns: key, header, unit). Bump SCHEMA_VERSION's major number when a key
+changes meaning or disappears; adding keys is a minor bump.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..report import Report
 
-SCHEMA_VERSION = "2.0"   # 1.1: every report names its kind; 2.0: see docs/json.md
+SCHEMA_VERSION = "1.2"   # 1.1: every report names its kind; 1.2: context and columns (docs/json.md)
 
 
 def _costs(c) -> dict[str, int]:

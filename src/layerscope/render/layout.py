@@ -18,7 +18,6 @@ __all__ = ["Grid", "grid", "fit", "fact_text", "shorten", "tree_names", "NAME_WI
 
 NAME_WIDTH = 40          # a layer's local name longer than this loses its middle
 _MIN_NAME = 16           # names (after their tree drawing) shrink to this before any column is dropped
-_HIDDEN = "··"           # a volatile value of a row under a fold (it differs from block to block)
 
 
 @dataclass(frozen=True)
@@ -31,6 +30,7 @@ class Grid:
     context: tuple[tuple[str, str, bool], ...]
     footer: tuple[tuple[str, str, bool], ...]
     dropped: tuple[str, ...] = ()        # headers of columns left out to fit the width
+    tree: bool = True                    # names are module paths under a tree drawing
 
     @property
     def widths(self) -> list[int]:
@@ -125,33 +125,41 @@ def grid(table: Table, fold: bool = True) -> Grid:
         first = f.blocks[0]
         local, _, rest = body[first][0].partition(": ")
         body[first][0] = f"{local}-{f.last}: {rows[first].type} x{f.count} (each)"
-        for j in volatile:
-            vals = sorted(rows[k].values[j] for k in f.blocks if rows[k].values[j] is not None)
-            if vals:
+        # a value that differs from block to block (a peak, a time): each row of the fold shows the
+        # highest or the median over the same row of every folded block (the blocks have the same
+        # rows in the same order: that is what made them fold)
+        for off in range(f.blocks[1] - first):
+            for j in volatile:
                 col = table.columns[j]
-                v = max(vals) if col.fold_with == "max" else vals[len(vals) // 2]
-                body[first][j + 1] = fmt(col.unit, v) + rows[first].suffixes[j]
+                vals = sorted(v for v in (rows[b + off].values[j] for b in f.blocks) if v is not None)
+                if vals:
+                    v = vals[-1] if col.fold_with == "max" else vals[len(vals) // 2]
+                    body[first + off][j + 1] = fmt(col.unit, v) + rows[first + off].suffixes[j]
         # the run's last block may close its parent's branch: then the fold row closes it
-        last_prefix = prefixes[f.blocks[-1]]
-        closes = last_prefix.endswith("└─")
+        closes = prefixes[f.blocks[-1]].endswith("└─")
         if closes:
             prefixes[first] = prefixes[first][:-2] + "└─"
-        sub_end = f.blocks[1] - 1
-        at = len(prefixes[first]) - 2
-        for k in range(first + 1, sub_end + 1):
-            for j in volatile:
-                body[k][j + 1] = _HIDDEN
-            if closes and prefixes[k][at:at + 1] == "│":
-                prefixes[k] = prefixes[k][:at] + " " + prefixes[k][at + 1:]
+            at = len(prefixes[first]) - 2
+            for k in range(first + 1, f.blocks[1]):
+                if prefixes[k][at:at + 1] == "│":
+                    prefixes[k] = prefixes[k][:at] + " " + prefixes[k][at + 1:]
         for k in range(f.blocks[1], f.end + 1):
             keep[k] = False
+    footer = [(f.label, fact_text(f), f.alert) for f in table.footer]
+    if folds and volatile:
+        how = {}
+        for j in volatile:
+            how.setdefault("the median" if table.columns[j].fold_with == "median" else "the highest", []).append(
+                table.columns[j].header)
+        footer.append(("Folded rows", "; ".join(f"{', '.join(h)}: {w} over the folded blocks" for w, h in how.items())
+                       + " (--expand shows each block)", False))
     header = (table.first_header,) + tuple(c.header for c in table.columns)
     return Grid(title=table.title, header=header,
                 body=tuple((prefixes[k] + body[k][0],) + tuple(body[k][1:]) for k in range(len(rows)) if keep[k]),
                 drop=(0,) + tuple(c.drop for c in table.columns),
                 prefixes=tuple(prefixes[k] for k in range(len(rows)) if keep[k]),
                 context=tuple((f.label, fact_text(f), f.alert) for f in table.context),
-                footer=tuple((f.label, fact_text(f), f.alert) for f in table.footer))
+                footer=tuple(footer), tree=table.tree)
 
 
 def _with_names(g: Grid, width: int) -> Grid:
@@ -159,7 +167,8 @@ def _with_names(g: Grid, width: int) -> Grid:
     body = []
     for p, row in zip(g.prefixes, g.body):
         name = row[0][len(p):]
-        body.append((p + shorten_name(name, max(width - len(p), 6)),) + row[1:])
+        short = shorten_name if g.tree else shorten
+        body.append((p + short(name, max(width - len(p), 6)),) + row[1:])
     header = (shorten(g.header[0], width),) + g.header[1:]
     return replace(g, body=tuple(body), header=header)
 

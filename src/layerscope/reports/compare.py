@@ -197,17 +197,30 @@ def compare(a, b, names: tuple[str, str] = ("A", "B")) -> Comparison:
         return {(r["path"], r["call_index"]): r for r in d["layers"]}
 
     ia, ib = index(da), index(db)
-    order = list(ia) + [k for k in ib if k not in ia]
+    # A's layers in order, each of B's own layers right after the layer that precedes it in B
+    order = list(ia)
+    at = {k: i for i, k in enumerate(order)}
+    prev = None
+    for k in ib:
+        if k not in at:
+            i = at[prev] + 1 if prev is not None else 0
+            order.insert(i, k)
+            at = {key: j for j, key in enumerate(order)} if i < len(order) - 1 else {**at, k: i}
+        prev = k
     layers: list[ComparedLayer] = []
-    open_rows: list[int] = []               # the rows enclosing the current one, by depth
+    row_of: dict[tuple[str, int], int] = {}
     for k in order:
         ra, rb = ia.get(k), ib.get(k)
-        depth = (ra or rb)["depth"]
-        del open_rows[depth:]
-        parent = open_rows[-1] if open_rows else None
+        parent = None
+        path = k[0]
+        while path:                          # the nearest enclosing layer, by path
+            path = path.rpartition(".")[0]
+            if (path, 0) in row_of:
+                parent = row_of[(path, 0)]
+                break
+        row_of[k] = len(layers)
         layers.append(ComparedLayer(
-            path=k[0], call_index=k[1], depth=depth, type_a=ra and ra["type"],
+            path=k[0], call_index=k[1], depth=(ra or rb)["depth"], type_a=ra and ra["type"],
             type_b=rb and rb["type"], a={m: get(ra) for m, (get, _) in metrics.items()} if ra else {},
             b={m: get(rb) for m, (get, _) in metrics.items()} if rb else {}, index=len(layers), parent=parent))
-        open_rows[depth:] = [len(layers) - 1]
     return Comparison(kind, names, tuple(layers), (_totals(kind, da), _totals(kind, db)))

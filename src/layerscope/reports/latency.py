@@ -116,7 +116,6 @@ def latency_footer(rep: "LatencyReport", top: int = 3) -> tuple[Fact, ...]:
                 if r.backward:
                     parts += [" + ", _ms(r.backward.median), " bwd"]
             lines.append(Fact(f"Top depth {d}", tuple(parts)))
-    lines.append(Fact("Folded rows", "times are the median of the folded blocks' (--expand shows each)"))
     lines += [Fact("Note", n) for n in rep.notes]
     return tuple(lines)
 
