@@ -18,6 +18,8 @@ from .errors import ForwardError, InputError, LayerscopeError, PlanError, Regist
 from .pipeline import SplitUnits, Stage, StagePlan, Unit
 from .memory_report import CallMemory, MemoryLayer, MemoryReport, StepMemory
 from .latency_report import LatencyLayer, LatencyReport
+from .reports.latency import LatencyTotals
+from .reports.memory import MemoryTotals
 from .profiler import Profiler
 from .analyses.roofline import Roofline, measure_roofline
 from .report import Report
@@ -37,5 +39,5 @@ __all__ = [
     "LayerscopeError", "InputError", "ForwardError", "SpecError", "RegistryError", "__version__",
     "partition", "StagePlan", "Stage", "Unit", "SplitUnits", "PlanError",
     "analyze_exported", "analyze_onnx", "analyze_torchscript", "onnx_tile", "profile", "LatencyReport", "LatencyLayer", "Profiler", "Roofline", "measure_roofline",
-    "compare", "Comparison", "presets", "compat",
+    "compare", "Comparison", "presets", "compat", "MemoryTotals", "LatencyTotals",
 ]

@@ -32,7 +32,7 @@ def _layer_dict(r: "LatencyLayer", roof) -> dict[str, Any]:
 
 def latency_dict(rep: "LatencyReport") -> dict[str, Any]:
     return {"model": {"name": rep.model_name, "device": rep.device, "options": dict(rep.options)},
-            "totals": dict(rep.totals), "roofline": rep.roofline.to_dict() if rep.roofline else None,
+            "totals": dict(rep.totals.items()), "roofline": rep.roofline.to_dict() if rep.roofline else None,
             "layers": [_layer_dict(r, rep.roofline) for r in rep.layers], "notes": list(rep.notes)}
 
 

@@ -32,7 +32,7 @@ def memory_dict(rep: "MemoryReport", timeline: bool = True) -> dict[str, Any]:
         "peak_bytes": rep.peak_bytes,
         "breakdown": rep.breakdown,
         "static": dict(rep.static),
-        "totals": dict(rep.totals),
+        "totals": dict(rep.totals.items()),
         "steps": [{"step": s.step, "peak_bytes": s.peak_bytes, "peak_op": s.peak_op,
                    "peak_phase": s.peak_phase, "peak_layer": s.peak_layer, "breakdown": dict(s.breakdown),
                    "start_bytes": s.start_bytes, "end_bytes": s.end_bytes,

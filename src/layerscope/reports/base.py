@@ -13,7 +13,7 @@ from typing import Any, Protocol, TextIO
 
 from .table import Table
 
-__all__ = ["Renderer", "Rendered", "use_renderer", "renderer"]
+__all__ = ["Renderer", "Rendered", "use_renderer", "renderer", "Totals"]
 
 
 class Renderer(Protocol):
@@ -109,3 +109,31 @@ class Rendered:
 
     def table(self, *args, **kwargs) -> str:  # pragma: no cover - every kind defines its own
         return self._text(*args, **kwargs)
+
+
+class Totals:
+    """Typed totals of a report (a frozen dataclass) that still read like the dict they replaced:
+    ``totals["peak_bytes"]``, ``totals.get("forward_plain")``, ``"forward_plain" in totals`` and
+    ``dict(totals)`` see the fields that have a value."""
+
+    __slots__ = ()
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in self.__dataclass_fields__ and getattr(self, key) is not None
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key) if key in self else default
+
+    def keys(self) -> list[str]:
+        return [k for k in self.__dataclass_fields__ if getattr(self, k) is not None]
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, getattr(self, k)) for k in self.keys()]

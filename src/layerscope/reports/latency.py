@@ -10,10 +10,10 @@ from typing import Any, TextIO
 from ..analyses.latency import LatencyLayer, latency_layers, latency_totals
 from ..analyses.roofline import Roofline
 from ..errors import InputError
-from .base import Rendered, renderer
+from .base import Rendered, Totals, renderer
 from .table import Column, Fact, Table, select_columns, tree_table
 
-__all__ = ["LatencyLayer", "LatencyReport", "latency_layers", "latency_totals", "latency_columns"]
+__all__ = ["LatencyLayer", "LatencyReport", "LatencyTotals", "latency_layers", "latency_totals", "latency_columns"]
 
 
 def _med(phase: str):
@@ -120,15 +120,47 @@ def latency_footer(rep: "LatencyReport", top: int = 3) -> tuple[Fact, ...]:
     return tuple(lines)
 
 
+@dataclass(frozen=True, slots=True)
+class LatencyTotals(Totals):
+    """Medians over the timed runs, in seconds. ``profile()``: the forward (and backward) with the
+    timing hooks (``*_instrumented``) and without them (``*_plain``, with ``*_overhead`` the median
+    of the per-run ratios), the sum of the calls' self times and the spread (IQR over median). A
+    ``Profiler`` of training steps: the step and its forward, backward, optimizer and other time."""
+
+    runs: int
+    forward_instrumented: float | None = None
+    forward_self_sum: float | None = None
+    forward_spread: float | None = None
+    forward_plain: float | None = None
+    forward_overhead: float | None = None
+    backward_instrumented: float | None = None
+    backward_self_sum: float | None = None
+    backward_spread: float | None = None
+    backward_plain: float | None = None
+    backward_overhead: float | None = None
+    flops: int | None = None           # forward FLOPs of the model
+    step: float | None = None
+    forward: float | None = None
+    backward: float | None = None
+    optimizer: float | None = None
+    other: float | None = None
+    graph_hooks: float | None = None
+    step_spread: float | None = None
+
+
 @dataclass(frozen=True)
 class LatencyReport(Rendered):
     model_name: str
     device: str
     options: dict
     layers: tuple[LatencyLayer, ...]
-    totals: dict                   # see latency_totals
+    totals: LatencyTotals          # a dict of its fields is taken too
     notes: tuple[str, ...] = ()
     roofline: Roofline | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.totals, LatencyTotals):
+            object.__setattr__(self, "totals", LatencyTotals(**self.totals))
 
     kind = "latency"
     _html_part = "latency"

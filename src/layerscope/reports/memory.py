@@ -8,6 +8,7 @@ blocks; elsewhere the exact size), each storage counted once however many tensor
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from ..analyses.memory import CallMemory, Marker, MemoryLayer, PhaseSpan, StepMemory, Timeline
@@ -15,11 +16,11 @@ from ..capture.measure import Measured
 from ..capture.storage import CATEGORIES
 from ..errors import InputError
 from ..trace import Trace
-from .base import Rendered
+from .base import Rendered, Totals
 from .summary import input_facts
 from .table import Column, Fact, Table, select_columns, tree_table
 
-__all__ = ["MemoryReport", "MemoryLayer", "CallMemory", "StepMemory", "PhaseSpan", "Timeline", "Marker",
+__all__ = ["MemoryReport", "MemoryTotals", "MemoryLayer", "CallMemory", "StepMemory", "PhaseSpan", "Timeline", "Marker",
            "Measured", "CATEGORIES", "COLUMNS"]
 
 
@@ -106,6 +107,22 @@ def memory_footer(rep: "MemoryReport") -> tuple[Fact, ...]:
     return tuple(lines)
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryTotals(Totals):
+    """Bytes of one report's step: the peak, and what the model's state and activations take."""
+
+    peak_bytes: int
+    parameter_bytes: int
+    buffer_bytes: int
+    input_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    optimizer_unowned_bytes: int       # optimizer state no parameter owns (a step counter, ...)
+    saved_activation_bytes: int
+    output_bytes: int                  # the last pass's model output
+    loss_saved_bytes: int              # what the loss saved for its backward (in no layer's activations)
+
+
 class MemoryReport(Rendered):
     """Results of ``layerscope.memory``. Frozen; renderers only read it."""
 
@@ -120,7 +137,7 @@ class MemoryReport(Rendered):
         self.options = dict(options)
         self.steps = steps
         self.static = dict(static)
-        self.totals = dict(totals)
+        self.totals = totals if isinstance(totals, MemoryTotals) else MemoryTotals(**totals)
         self.layers = layers
         self.timeline = timeline
         self.trace = trace
