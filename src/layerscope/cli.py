@@ -178,7 +178,21 @@ def _memory_args(m: argparse.ArgumentParser, optimizer_default: str | None = Non
     m.add_argument("--accumulation", type=_count(1), default=1, help="micro-batches per step (default 1)")
 
 
+def _columns_help(columns) -> str:
+    """--columns' help from the report kind's own column list (the one place columns are defined)."""
+    import textwrap
+    keys = ", ".join(c.key for c in columns)
+    default = ",".join(c.key for c in columns if c.default)
+    if len(default) > 60:
+        default = f"the first {sum(c.default for c in columns)}"
+    return "comma-separated, of:\n" + "\n".join(textwrap.wrap(keys, 72, break_on_hyphens=False)) + \
+        f"\n(default {default})"
+
+
 def _parser() -> argparse.ArgumentParser:
+    from .reports.memory import COLUMNS as memory_columns
+    from .reports.summary import COLUMNS as summary_columns
+
     from . import __version__
     p = _Parser(
         prog="layerscope", description="What is inside a PyTorch model, layer by layer.",
@@ -188,9 +202,7 @@ def _parser() -> argparse.ArgumentParser:
     s = _sub(sub, "summary", "per-layer shapes, params, MACs, FLOPs, bytes")
     _model_args(s)
     s.add_argument("--device", type=_device, help="cpu, cuda, or meta (count without computing)")
-    s.add_argument("--columns", help="comma-separated: input_shape,output_shape,params,params_percent,"
-                                     "kernel,macs,flops,bytes_read,bytes_written,trainable,receptive_field,"
-                                     "backward_macs,backward_flops")
+    s.add_argument("--columns", help=_columns_help(summary_columns))
     s.add_argument("--mode", choices=("eval", "train", "same"), default="eval")
     s.add_argument("--backward", action="store_true", help="also run and count a backward pass")
     s.add_argument("--causal", choices=("dense", "unmasked"), default="dense",
@@ -224,6 +236,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--limit", help="memory limit such as 80GiB: says whether the peak fits, and the "
                                    "largest batch that does")
     m.add_argument("--measure", action="store_true", help="also run the real step and measure it")
+    m.add_argument("--columns", help=_columns_help(memory_columns))
     pf = _sub(sub, "profile", "per-module forward (and backward) time, self and inclusive, achieved FLOP/s")
     _model_args(pf)
     pf.add_argument("--device", type=_device, help="where to build the model and run it: cpu (default) or cuda")
@@ -237,6 +250,10 @@ def _parser() -> argparse.ArgumentParser:
                          "for a known GPU, else measured) or 'FLOPS,BYTES_PER_S' such as 989e12,3.35e12")
     pf.add_argument("--top", type=_count(0), default=3, metavar="K",
                     help="name the K slowest calls at each depth under the table (default 3; 0: none)")
+    pf.add_argument("--columns", help="comma-separated, of: output_shape,input_shape,params,forward,forward_self,\n"
+                                      "self_percent,forward_p25,forward_p75,backward,backward_self (with\n"
+                                      "--backward),flops,bytes_moved,flops_per_second,intensity,bound,\n"
+                                      "roof_fraction (with --roofline)")
     pf.add_argument("--trace", metavar="FILE.json",
                     help="also write a Chrome trace / Perfetto JSON of the module spans of one repeat")
     sp = _sub(sub, "split", "optimal pipeline stages; --run trains them under torchrun")

@@ -655,7 +655,6 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     trace = build_trace(cap, model, named, (args, kwargs), output, backward=backward,
                         options={"mode": mode, "causal": options.causal,
                                  "device": "meta" if on_meta else str(model_device(model)),
-                                 "model_dtype": dtype_text(model),
                                  **({"costs": options.registry.name} if options.registry is not None else {})})
     return trace, output
 
@@ -677,7 +676,8 @@ def dtype_text(model: nn.Module) -> str | None:
 
 def build_trace(cap: _Capture, model: nn.Module, named: list[tuple[str, nn.Module]], inputs: Any,
                 output: Any, *, backward: bool, options: dict) -> Trace:
-    """Freeze what one capture saw into a Trace."""
+    """Freeze what one capture saw into a Trace (its options say the model's dtypes too)."""
+    options = {**options, "model_dtype": options.get("model_dtype", dtype_text(model))}
     modules = [m for _, m in named]
     holders, first_owner = _param_table(modules)
     params = _held(modules, "_parameters")
