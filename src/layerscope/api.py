@@ -22,6 +22,19 @@ from .report import Report
 __all__ = ["analyze", "activations", "memory", "max_batch_size", "BatchFit", "partition"]
 
 
+def forward_inputs(kwargs: dict, forward_kwargs: dict | None) -> dict:
+    """The keyword arguments for the model's forward: those no option of the entry point took, and
+    ``forward_kwargs`` (for a forward argument named like an option: ``mode``, ``device``, ``steps``)."""
+    if forward_kwargs is None:
+        return kwargs
+    if not isinstance(forward_kwargs, dict) or not all(isinstance(k, str) for k in forward_kwargs):
+        raise InputError(f"forward_kwargs must be a dict of argument names, got {type(forward_kwargs).__name__}")
+    both = sorted(set(kwargs) & set(forward_kwargs))
+    if both:
+        raise InputError(f"{', '.join(both)} given both as a keyword and in forward_kwargs")
+    return {**kwargs, **forward_kwargs}
+
+
 def _check_model(model: Any) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise InputError(f"expected a torch.nn.Module, got {type(model).__name__}")
@@ -121,7 +134,7 @@ def _normal_tensors(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 @_exclusive
 def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, batch_dim: int | None = None,
             device=None, mode: str = "eval", backward: bool = False, causal: str = "dense",
-            costs=None, **kwargs: Any) -> Report:
+            costs=None, forward_kwargs: dict | None = None, **kwargs: Any) -> Report:
     """Analyse one forward (and, with ``backward=True``, one backward) of ``model``.
 
     Args and kwargs pass to ``model.forward`` as they are (dicts, lists, token ids, ...); or give
@@ -131,8 +144,10 @@ def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, batch_di
     ``causal="unmasked"`` counts only the unmasked part of causal attention. ``costs`` is a
     ``layerscope.costs.CostRegistry`` to price ops with instead of the default one (eager modules only;
     ``default_registry().copy()`` then ``register``/``override``); an op it has no formula for is
-    uncounted in coverage. A forward argument named ``costs`` cannot pass through ``**kwargs``.
+    uncounted in coverage. A forward argument named like one of these options (``mode``, ``device``,
+    ``costs``, ...) goes in ``forward_kwargs={"mode": ...}``: keywords an option takes are options.
     """
+    kwargs = forward_inputs(kwargs, forward_kwargs)
     if costs is not None:
         _check_costs(model, costs)
     # torch.export / torch.compile front doors (issue 22): an ExportedProgram or ep.module() runs its
@@ -302,12 +317,13 @@ def _selector(select) -> Any:
 
 
 @_exclusive
-def activations(model: nn.Module, *args: Any, select=None, mode: str = "eval", **kwargs: Any) -> dict[str, Any]:
+def activations(model: nn.Module, *args: Any, select=None, mode: str = "eval", forward_kwargs: dict | None = None, **kwargs: Any) -> dict[str, Any]:
     """Detached outputs of the selected layers for one no-grad forward.
 
     ``select``: module classes and/or fnmatch patterns on the module path. Keys are module paths; a
     module called more than once adds keys ``path[1]``, ``path[2]``, ... for its later calls.
     """
+    kwargs = forward_inputs(kwargs, forward_kwargs)
     _check_model(model)
     if mode not in ("eval", "train", "same"):
         raise InputError(f"mode must be 'eval', 'train' or 'same', got {mode!r}")
@@ -409,7 +425,7 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
            device=None, batch_dim: int | None = None, input_size=None, dtypes=None,
            batch_size: int | None = None, loss_fn=None, steps: int = 2, accumulation: int = 1,
            simulate: bool = True, measure: bool | None = None, limit=None, progress: bool = False,
-           **kwargs: Any):
+           forward_kwargs: dict | None = None, **kwargs: Any):
     """Memory of a training step (or, with ``training=False``, a no-grad forward), per category, over
     time and per layer. Returns a MemoryReport.
 
@@ -430,6 +446,7 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     against the peak. What the simulation had to make up (random draws taken at their median, values
     read back from tensors that have none, kernels it could not size) is listed in ``notes``.
     """
+    kwargs = forward_inputs(kwargs, forward_kwargs)
     from .analyses.memory import memory_results
     from .reports.memory import MemoryReport
     from .capture.measure import measure_cpu, measure_cuda, state_bytes
@@ -578,7 +595,7 @@ class BatchFit:
 
 @_exclusive
 def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_batch: int = 1 << 20,
-                   **kwargs: Any) -> BatchFit:
+                   forward_kwargs: dict | None = None, **kwargs: Any) -> BatchFit:
     """The largest batch size whose predicted peak (``memory(...)`` with the same arguments) fits
     ``limit`` (bytes, or a string such as "80GiB"). Peaks at batch 1 and 2 give a line; the batch it
     predicts is simulated and the answer is bracketed by bisection, so the result is verified by a
@@ -592,7 +609,8 @@ def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_
 
     def peak(b: int) -> int:
         if b not in reports:
-            reports[b] = memory(model, *args, batch_dim=batch_dim, batch_size=b, **kwargs)
+            reports[b] = memory(model, *args, batch_dim=batch_dim, batch_size=b, forward_kwargs=forward_kwargs,
+                                **kwargs)
         return reports[b].peak_bytes
 
     def result(b: int) -> BatchFit:
@@ -601,10 +619,10 @@ def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_
                         reports.get(b))
 
     if peak(1) > limit_bytes:
-        return _checked(result(0), model, args, kwargs, batch_dim, limit_bytes, reports, peak)
+        return _checked(result(0), model, args, kwargs, batch_dim, limit_bytes, reports, forward_kwargs)
     slope = peak(2) - peak(1)
     if peak(2) > limit_bytes:
-        return _checked(result(1), model, args, kwargs, batch_dim, limit_bytes, reports, peak)
+        return _checked(result(1), model, args, kwargs, batch_dim, limit_bytes, reports, forward_kwargs)
     if slope <= 0:
         raise InputError("the predicted peak does not grow with the batch size; check batch_dim")
     lo, hi = 2, None
@@ -613,7 +631,7 @@ def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_
         if peak(b) > limit_bytes:
             hi = b
         elif b >= max_batch:
-            return _checked(result(b), model, args, kwargs, batch_dim, limit_bytes, reports, peak)
+            return _checked(result(b), model, args, kwargs, batch_dim, limit_bytes, reports, forward_kwargs)
         else:
             lo = b
             b = min(max_batch, b + 1 if b == first else b * 2)
@@ -623,10 +641,10 @@ def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_
             lo = mid
         else:
             hi = mid
-    return _checked(result(lo), model, args, kwargs, batch_dim, limit_bytes, reports, peak)
+    return _checked(result(lo), model, args, kwargs, batch_dim, limit_bytes, reports, forward_kwargs)
 
 
-def _checked(fit: "BatchFit", model, args, kwargs, batch_dim, limit_bytes, reports, peak) -> "BatchFit":
+def _checked(fit: "BatchFit", model, args, kwargs, batch_dim, limit_bytes, reports, forward_kwargs) -> "BatchFit":
     """Where the model has real weights on the device planned for, measure one real step at the
     answer (as partition() measures working memory) and step down while the measured peak exceeds
     the limit: scratch that kernels allocate inside themselves (oneDNN convolutions) is invisible to
@@ -640,7 +658,7 @@ def _checked(fit: "BatchFit", model, args, kwargs, batch_dim, limit_bytes, repor
         return fit
     measured = {}
     while b >= 1:
-        rep = memory(model, *args, batch_dim=batch_dim, batch_size=b, measure=True,
+        rep = memory(model, *args, batch_dim=batch_dim, batch_size=b, measure=True, forward_kwargs=forward_kwargs,
                      **{k: v for k, v in kwargs.items() if k != "measure"})
         measured[b] = rep.measured.peak_bytes
         if rep.measured.peak_bytes <= limit_bytes:
@@ -672,7 +690,7 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
               schedule: str = "1f1b", microbatches: int = 1, optimizer=None, stages_per_rank: int = 2,
               batch_dim: int = 0, input_size=None, dtypes=None, autocast_dtype=None, device=None,
               latency_repeats: int = 5, loss_fn=None, measure_working: bool | None = None,
-              **kwargs: Any):
+              forward_kwargs: dict | None = None, **kwargs: Any):
     """Split a model into ``stages`` pipeline stages with the smallest bottleneck (the largest stage
     cost), each fitting ``memory_limit`` (bytes or "16GiB"; a list gives one limit per stage). Returns
     a StagePlan.
@@ -691,6 +709,7 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
     memory there (kernel scratch buffers that simulation cannot see); a unit's working memory is the
     larger of simulated and measured.
     """
+    kwargs = forward_inputs(kwargs, forward_kwargs)
     from .memory_report import MemoryReport
     from .pipeline.partition import build_plan
     from .pipeline.units import split_units, unit_latencies, unit_work_bytes
@@ -716,7 +735,7 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
         mb_args, mb_kwargs, mb = micro_batch(args, kwargs, microbatches, batch_dim)
         rep = memory(model, *mb_args, optimizer=optimizer, autocast_dtype=autocast_dtype, device=device,
                      steps=2 if optimizer is not None else 1, batch_dim=batch_dim, loss_fn=loss_fn,
-                     **mb_kwargs)
+                     forward_kwargs=mb_kwargs)
         no_data = model_device(model).type == "meta" or _is_fake(model)
         if by == "latency" and no_data:
             raise InputError("by='latency' times the units on the real model; this one has no data "
@@ -773,7 +792,7 @@ def _with_latencies(units, latencies: dict):
 @_exclusive
 def profile(model: nn.Module, *args: Any, warmup: int = 3, repeats: int = 20, backward: bool = False,
             device=None, input_size=None, dtypes=None, loss_fn=None, roofline=None, progress: bool = False,
-            **kwargs: Any):
+            forward_kwargs: dict | None = None, **kwargs: Any):
     """Time every module call of ``model`` on its own device: forward (and with ``backward=True``
     backward) time per call, inclusive and self, median and quartiles over ``repeats`` after
     ``warmup`` runs. Returns a LatencyReport whose totals put the uninstrumented forward (and
@@ -790,6 +809,7 @@ def profile(model: nn.Module, *args: Any, warmup: int = 3, repeats: int = 20, ba
     model. ``progress=True``
     shows a progress bar on stderr. The model is left as it was (weights, buffers, flags, grads, RNG).
     """
+    kwargs = forward_inputs(kwargs, forward_kwargs)
     from .analyses.latency import time_calls
     from .analyses.roofline import roofline_for
     from .capture.step import default_loss
@@ -807,9 +827,9 @@ def profile(model: nn.Module, *args: Any, warmup: int = 3, repeats: int = 20, ba
                          "moves a model: move it first")
     args = _example_inputs(args, kwargs, input_size, dtypes, None, here, "profile")
     try:
-        costs = analyze(model, *args, device="meta", mode="same", backward=backward, **kwargs)
+        costs = analyze(model, *args, device="meta", mode="same", backward=backward, forward_kwargs=kwargs)
     except LayerscopeError:   # a model that reads values: count on the real tensors
-        costs = analyze(model, *args, mode="same", backward=backward, **kwargs)
+        costs = analyze(model, *args, mode="same", backward=backward, forward_kwargs=kwargs)
     roof = roofline_for(roofline, here, _float_dtype(model))
 
     def run():

@@ -257,7 +257,8 @@ class Profiler:
         args, kwargs, training = self._example
         try:
             with self._paused():
-                return analyze(self.model, *args, device="meta", mode="train" if training else "eval", **kwargs)
+                return analyze(self.model, *args, device="meta", mode="train" if training else "eval",
+                               forward_kwargs=kwargs)
         except LayerscopeError as e:
             notes.append(f"no costs (FLOPs, bytes): the analysis of the first step's inputs failed: {e}")
             return None

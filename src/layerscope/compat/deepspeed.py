@@ -125,8 +125,8 @@ def get_model_profile(model: nn.Module, input_shape=None, args=[], kwargs={}, pr
     try:
         model.eval()
         meta = _device(model).type == "meta"
-        costs = analyze(model, *args, mode="same", **kwargs)
-        latency = None if meta else profile(model, *args, warmup=warm_up, repeats=1, **kwargs)
+        costs = analyze(model, *args, mode="same", forward_kwargs=kwargs)
+        latency = None if meta else profile(model, *args, warmup=warm_up, repeats=1, forward_kwargs=kwargs)
     finally:
         for m, t in flags:
             m.training = t

@@ -350,7 +350,7 @@ class ModelStatistics(Report):
                         with _mode(model, mode):
                             rep = memory(model, *args, training=training, steps=1, input_size=input_size,
                                          dtypes=dtypes, batch_dim=batch_dim if input_size is not None
-                                         else None, **kwargs)
+                                         else None, forward_kwargs=kwargs)
                     except Exception as e:   # noqa: BLE001 -- a derived figure: shown as n/a, never raised
                         self.memory_error = f"{basis}: {type(e).__name__}: {e}" if not isinstance(
                             e, LayerscopeError) else f"{basis}: {e}"
@@ -603,7 +603,8 @@ def build(model: nn.Module, input_size=None, input_data=None, batch_dim: int | N
     kwargs = {**data_kwargs, **kwargs}
     # with input_data, batch_dim only takes that dimension out of the sizes shown (as torchinfo)
     rep = analyze(model, *args, input_size=input_size, dtypes=as_dtypes(dtypes),
-                  batch_dim=batch_dim if input_size is not None else None, device=device, mode=mode, **kwargs)
+                  batch_dim=batch_dim if input_size is not None else None, device=device, mode=mode,
+                  forward_kwargs=kwargs)
     if input_size is not None:
         from ..capture.inputs import make_inputs
         sizes = [list(t.shape) for t in make_inputs(input_size, as_dtypes(dtypes), batch_dim, torch.device("meta"))]
