@@ -314,7 +314,8 @@ def _split_args(sp: argparse.ArgumentParser) -> None:
 
 
 def _split(ns: argparse.Namespace) -> int:
-    from .api import _rebatch, partition
+    from .api import partition
+    from .capture.prepare import rebatch
     from .specs import parse_overrides
 
     if ns.run:
@@ -337,7 +338,7 @@ def _split(ns: argparse.Namespace) -> int:
         text = res.plan.table() + "\n" + res.table()
         return _write(ns, text)
     model, args, kwargs = _build(ns, None if ns.device == "cuda" else ns.device)
-    args, kwargs = _rebatch(args, kwargs, 0, ns.batch_size)
+    args, kwargs = rebatch(args, kwargs, 0, ns.batch_size)
     with _status("planning", ns):
         plan = partition(model, *args, stages=ns.stages, by=ns.by, memory_limit=ns.memory_limit,
                          schedule=ns.schedule, microbatches=ns.microbatches, optimizer=ns.optimizer,
@@ -550,14 +551,15 @@ def _summary(ns: argparse.Namespace) -> int:
 def _memory(ns: argparse.Namespace) -> int:
     import functools
 
-    from .api import _optimizer_factory, max_batch_size, memory
+    from .api import max_batch_size, memory
+    from .options import optimizer_factory
     from .errors import InputError
     from .render.units import iec
 
     # hf: specs and factories are built where the model will live; a cuda prediction is simulated
     build_on = ns.device if ns.measure else (None if ns.device in (None, "cuda") else ns.device)
     model, args, kwargs = _build(ns, build_on)
-    optimizer = _optimizer_factory(ns.optimizer) if ns.optimizer else None
+    optimizer = optimizer_factory(ns.optimizer) if ns.optimizer else None
     if ns.momentum is not None:
         if optimizer is not torch.optim.SGD:
             raise InputError("--momentum applies to --optimizer sgd")
@@ -690,7 +692,8 @@ def _report(ns: argparse.Namespace) -> int:
         return _write(ns, html_page(ns.title, **parts))
     if len(ns.spec) > 1:
         raise InputError("report takes one model spec, or saved JSON reports (*.json)")
-    from .api import _optimizer_factory, analyze, memory, partition, profile
+    from .api import analyze, memory, partition, profile
+    from .options import optimizer_factory
     ns.spec = ns.spec[0]
     device = "cpu" if ns.profile and not ns.device else ns.device   # timing needs real weights
     model, args, kwargs = _build(ns, device)
@@ -700,7 +703,7 @@ def _report(ns: argparse.Namespace) -> int:
     if ns.memory:
         model.train(ns.training)           # a training step with dropout on; inference without
         with _status("simulating the step", ns):
-            mem = memory(model, *args, optimizer=_optimizer_factory(ns.optimizer) if ns.training else None,
+            mem = memory(model, *args, optimizer=optimizer_factory(ns.optimizer) if ns.training else None,
                          training=ns.training, autocast_dtype=ns.autocast, batch_size=ns.batch_size,
                          steps=ns.steps, accumulation=ns.accumulation, device=device, **kwargs)
     model.eval()                           # timed and split as `profile` and `split` run it

@@ -43,8 +43,9 @@ class Profiler:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  warmup_steps: int = 1, step_on: str | None = None, costs: bool = True,
                  roofline=None) -> None:
-        from .api import _check_model, model_device
-        _check_model(model)
+        from .capture import model_device
+        from .capture.prepare import check_model
+        check_model(model)
         if warmup_steps < 0:
             raise InputError(f"warmup_steps must be >= 0, got {warmup_steps}")
         step_on = step_on or ("optimizer" if optimizer is not None else "forward")
@@ -241,13 +242,13 @@ class Profiler:
         if costs is not None:
             totals["flops"] = costs.totals.flops
         from .analyses.roofline import roofline_for
-        from .api import _float_dtype
+        from .capture.prepare import float_dtype
         return LatencyReport(
             model_name=type(self.model).__name__, device=str(self.device),
             options={"steps": len(steps), "warmup": len(self._steps) - len(steps), "backward": backward,
                      "unit": "step", "optimizer": type(self.optimizer).__name__ if self.optimizer else None},
             layers=tuple(latency_layers(calls, costs, backward)), totals=totals, notes=tuple(notes),
-            roofline=roofline_for(self.roofline, self.device, _float_dtype(self.model)))
+            roofline=roofline_for(self.roofline, self.device, float_dtype(self.model)))
 
     def _costs(self, notes: list[str]):
         if not self.costs or self._example is None:

@@ -102,8 +102,9 @@ def get_model_profile(model: nn.Module, input_shape=None, args=[], kwargs={}, pr
     """DeepSpeed's get_model_profile: ``warm_up`` forwards, then one profiled forward in eval mode
     (the model's flags are restored afterwards; DeepSpeed leaves it in eval). Returns
     ``(flops, macs, params)``, as strings ("1.2 G", "0.6 GMACs", "3.4 M") with ``as_string``."""
-    from ..api import _check_model, analyze, profile
-    _check_model(model)
+    from ..api import analyze, profile
+    from ..capture.prepare import check_model
+    check_model(model)
     if mode != "forward":
         raise InputError(f"mode={mode!r} is not supported: only 'forward' (profile model.generate "
                          "by analysing one forward step)")

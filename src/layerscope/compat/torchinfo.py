@@ -577,8 +577,9 @@ def build(model: nn.Module, input_size=None, input_data=None, batch_dim: int | N
           col_names=None, col_width: int = 25, depth: int = 3, device=None, dtypes=None,
           mode: str = "same", row_settings=None, verbose: int = 1, kwargs: dict | None = None) -> ModelStatistics:
     """The ModelStatistics of one summary, without printing."""
-    from ..api import _check_model, analyze
-    _check_model(model)
+    from ..api import analyze
+    from ..capture.prepare import check_model
+    check_model(model)
     kwargs = dict(kwargs or {})
     if input_size is not None and input_data is not None:
         raise InputError("give either input_size or input_data, not both")
