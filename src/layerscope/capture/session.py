@@ -197,6 +197,13 @@ class _Recorder(TorchDispatchMode):
         elif func is _REPEAT_INTERLEAVE and args[0].is_meta and kwargs.get("output_size") is None:
             # values read as 1 on meta: every repeat count is 1, so the output has one per count
             out = func(*args, **{**kwargs, "output_size": args[0].numel()})
+        elif func is _NONZERO and args[0].is_meta:
+            # values read as 1 on meta: every element is nonzero (what torch's meta kernel assumes
+            # under a process-wide config flag, which another thread would see flipped)
+            out = torch.empty((args[0].numel(), args[0].dim()), dtype=torch.long, device="meta")
+        elif func in _BOOL_INDEXED and args[0].is_meta and _has_mask(args[1]):
+            # a boolean mask selects every element (values read as 1): its positions as index tensors
+            out = func(args[0], _mask_positions(args[1]), *args[2:], **kwargs)
         elif func is _UNIQUE2 and (args[0].is_meta or cap.simulated and _unknown_value(args[0])):
             # values read as 1 (meta, simulation): every element is the same: one unique value
             out = _unique2_of_ones(args[0], *args[1:], **kwargs)
@@ -237,6 +244,25 @@ _REPEAT_INTERLEAVE = torch.ops.aten.repeat_interleave.Tensor
 
 
 _UNIQUE2 = torch.ops.aten._unique2.default
+_NONZERO = torch.ops.aten.nonzero.default
+_BOOL_INDEXED = (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
+                 torch.ops.aten._index_put_impl_.default)
+
+
+def _has_mask(indices) -> bool:
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
+
+
+def _mask_positions(indices) -> list:
+    """Index tensors for ``indices`` with each boolean mask read as all true: a mask of k dims over
+    n elements becomes k index vectors of length n (as ``mask.nonzero(as_tuple=True)`` would)."""
+    out: list = []
+    for i in indices:
+        if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8):
+            out += [torch.empty((i.numel(),), dtype=torch.long, device=i.device)] * max(i.dim(), 1)
+        else:
+            out.append(i)
+    return out
 
 
 def _unique2_of_ones(x, sorted=True, return_inverse=False, return_counts=False):
@@ -247,19 +273,6 @@ def _unique2_of_ones(x, sorted=True, return_inverse=False, return_counts=False):
     return (torch.empty(n, dtype=x.dtype, device=x.device),
             torch.empty(tuple(x.shape) if return_inverse else (0,), **long),
             torch.empty(n if return_counts else 0, **long))
-
-
-@contextlib.contextmanager
-def _meta_values(on_meta: bool):
-    """On meta, data-dependent sizes follow the rule that values read as 1: ``nonzero`` finds every
-    element nonzero (torch's own switch for its meta kernel, restored afterwards); ``unique`` finds
-    one value (in the recorder)."""
-    if not on_meta:
-        yield
-        return
-    import torch.fx.experimental._config as fx_config
-    with fx_config.patch(meta_nonzero_assume_all_nonzero=True):
-        yield
 
 
 def _grouped_mm_shape(args) -> tuple[int, ...] | None:
@@ -645,7 +658,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
         if on_meta:
             meta_params, meta_buffers = empty_state(model, "meta")
             swap = {**meta_params, **meta_buffers}
-        with torch.set_grad_enabled(backward), _Recorder(cap), swapped_state(model, swap), _meta_values(on_meta):
+        with torch.set_grad_enabled(backward), _Recorder(cap), swapped_state(model, swap):
             output = run_forward(cap, lambda: model(*args, **kwargs))
             if backward:
                 _run_backward(cap, modules, guard, output)
