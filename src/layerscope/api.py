@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import fnmatch
 from typing import Any
 
 import torch
 from torch import nn
 
-from .capture import StateGuard, capture, iter_tensors, map_tensors, model_device
+from .capture import StateGuard, capture, iter_tensors, model_device
 from .capture.guard import exclusive, gc_paused
 from .capture.prepare import (as_device, check_model, example_inputs, float_dtype, is_fake_model, micro_batch,
                               prepare_inputs, rebatch)
-from .capture.session import private_rng, tracked_modules
 from .costs import CostOptions
 from .errors import ForwardError, InputError, LayerscopeError
 from .options import forward_inputs, optimizer_factory, optimizer_name, parse_autocast
@@ -178,58 +176,20 @@ def onnx_tile(model, block=(64, 64, 64), ops=("Gemm", "MatMul"), nodes=None, inp
     return res
 
 
-def _selector(select) -> Any:
-    if select is None:
-        return lambda path, m: True
-    items = select if isinstance(select, (list, tuple, set)) else [select]
-    types = tuple(s for s in items if isinstance(s, type))
-    patterns = [s for s in items if isinstance(s, str)]
-    if len(types) + len(patterns) != len(items):
-        raise InputError("select takes module classes and/or path patterns like 'encoder.*.attn'")
-    return lambda path, m: (types and isinstance(m, types)) or any(fnmatch.fnmatchcase(path, p) for p in patterns)
-
-
 @exclusive
-def activations(model: nn.Module, *args: Any, select=None, mode: str = "eval", forward_kwargs: dict | None = None, **kwargs: Any) -> dict[str, Any]:
+def activations(model: nn.Module, *args: Any, select=None, mode: str = "eval", forward_kwargs: dict | None = None,
+                **kwargs: Any) -> dict[str, Any]:
     """Detached outputs of the selected layers for one no-grad forward.
 
     ``select``: module classes and/or fnmatch patterns on the module path. Keys are module paths; a
     module called more than once adds keys ``path[1]``, ``path[2]``, ... for its later calls.
     """
+    from .capture.activations import collect_activations
     kwargs = forward_inputs(kwargs, forward_kwargs)
     check_model(model)
     if mode not in ("eval", "train", "same"):
         raise InputError(f"mode must be 'eval', 'train' or 'same', got {mode!r}")
-    pick = _selector(select)
-    out: dict[str, Any] = {}
-    calls: dict[str, int] = {}
-    handles = []
-
-    def hook_for(path):
-        def hook(module, inputs, output):
-            n = calls.get(path, 0)
-            calls[path] = n + 1
-            out[path if n == 0 else f"{path}[{n}]"] = map_tensors(output, lambda t: t.detach())
-        return hook
-
-    guard = StateGuard(model)
-    rng = None
-    try:
-        if mode != "same":
-            model.train(mode == "train")
-        for path, m in tracked_modules(list(model.named_modules())):
-            if pick(path, m):
-                handles.append(nn.Module.register_forward_hook(m, hook_for(path)))
-        with torch.no_grad(), private_rng() as rng:
-            try:
-                model(*args, **kwargs)
-            except Exception as e:
-                raise ForwardError(f"forward failed: {type(e).__name__}: {e}") from e
-    finally:
-        for h in handles:
-            h.remove()
-        guard.restore(rng=rng is None or rng.touched_global)
-    return out
+    return collect_activations(model, args, kwargs, select, mode)
 
 
 # ---- memory ---------------------------------------------------------------------------------------

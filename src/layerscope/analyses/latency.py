@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable
@@ -29,7 +30,7 @@ import torch
 from torch import nn
 
 from ..capture.inputs import iter_tensors
-from ..capture.session import module_type, tracked_modules
+from ..capture.tracker import ModuleTracker, TrackedCall, tracked_modules
 from .roofline import Roofline
 
 __all__ = ["Timing", "timing", "CallTimes", "Recorder", "merge_steps", "time_calls", "LatencyLayer",
@@ -107,41 +108,40 @@ class _Clock:
         return a.elapsed_time(b) / 1e3 if self.cuda else b - a
 
 
-class _Call:
-    __slots__ = ("path", "type", "depth", "call_index", "parent", "children", "f0", "f1", "s0", "s1")
+class _Call(TrackedCall):
+    __slots__ = ("f0", "f1", "s0", "s1")
 
-    def __init__(self, path, type_, depth, call_index, parent) -> None:
-        self.path, self.type, self.depth, self.call_index, self.parent = path, type_, depth, call_index, parent
-        self.children: list[int] = []
+    def __init__(self, module, path, depth, call_index, parent) -> None:
+        super().__init__(module, path, depth, call_index, parent)
         self.f0 = self.f1 = None
         self.s0 = self.s1 = 0
 
 
-class Recorder:
+class Recorder(ModuleTracker):
     """Hooks that time every module call of ``model``, step by step: ``attach()``, then per step
     ``begin()`` ... ``end()`` (which returns that step's calls and times), then ``detach()``. With ``backward``, the backward of every graph a root call built is timed too, on
     whatever thread autograd runs it. Nothing is kept from one step to the next."""
 
+    call_class = _Call
+
     def __init__(self, model: nn.Module, device: torch.device, backward: bool, defer: bool = False) -> None:
+        # every thread's calls: a training loop may run its steps on a thread of its own
+        super().__init__(this_thread_only=False)
         self.clock = _Clock(device)
         self.defer = defer        # hook the graph at hook_pending(), not in the root's forward hook
         self.backward = backward and _next_seq is not None
-        self.paths: dict[int, str] = {}
-        for p, m in model.named_modules(remove_duplicate=False):
-            self.paths.setdefault(id(m), p)      # the first path, as the analysis names it
-        self.modules = list(dict.fromkeys(m for _, m in tracked_modules(list(model.named_modules()))))
+        self.named = tracked_modules(list(model.named_modules()))   # each module once, by its first path
         self.param_module: dict[int, int] = {}   # parameter -> the module that registers it
-        for m in self.modules:
+        for _, m in self.named:
             for p in m._parameters.values():
                 if p is not None:
                     self.param_module.setdefault(id(p), id(m))
-        self.handles: list = []
         self._begin_state()
 
     def _begin_state(self) -> None:
         self.calls: list[_Call] = []
         self.stack: list[int] = []
-        self.seen: dict[str, int] = {}
+        self.ncalls = defaultdict(int)
         self.first_call: dict[int, int] = {}   # module -> its first call of the step
         self.events: list[tuple[Any, int]] = []   # backward: (stamp, call), call -1 = a pass ended
         self.node_handles: list = []
@@ -157,33 +157,22 @@ class Recorder:
         self.marks.append((name, self.clock.stamp()))
 
     # hooks ---------------------------------------------------------------------------------
-    def _pre(self, m, args) -> None:
-        path = self.paths.get(id(m), "?")
-        k = self.seen.get(path, 0)
-        self.seen[path] = k + 1
-        parent = self.stack[-1] if self.stack else None
-        i = len(self.calls)
-        c = _Call(path, module_type(m), len(self.stack), k, parent)
-        self.calls.append(c)
-        if parent is not None:
-            self.calls[parent].children.append(i)
-        self.first_call.setdefault(id(m), i)
-        self.stack.append(i)
+    def entered(self, c: _Call) -> None:
+        self.first_call.setdefault(id(c.module), c.index)
         if self.backward:
             c.s0 = _next_seq()
         c.f0 = self.clock.stamp()
 
-    def _post(self, m, args, out) -> None:
-        t = self.clock.stamp()
-        if not self.stack:
+    def _post(self, m, args, kwargs, out) -> None:
+        t = self.clock.stamp()                    # first: the forward ended here
+        c = self.exit(m, args, kwargs, out)
+        if c is None:
             return
-        i = self.stack.pop()
-        c = self.calls[i]
         c.f1 = t
         if self.backward:
             c.s1 = _next_seq()
             if c.parent is None and c.s1 > c.s0 and out is not None:
-                self.pending.append((i, out))
+                self.pending.append((c.index, out))
                 if not self.defer:
                     self.hook_pending()
 
@@ -239,15 +228,10 @@ class Recorder:
 
     # control -------------------------------------------------------------------------------
     def attach(self) -> None:
-        for m in self.modules:
-            # nn.Module's methods: a scripted child refuses its own (see capture.session.install)
-            self.handles += [nn.Module.register_forward_pre_hook(m, self._pre),
-                             nn.Module.register_forward_hook(m, self._post, always_call=True)]
+        self.install(self.named)
 
     def detach(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles = []
+        self.remove()
         self._drop_node_hooks()
 
     def _drop_node_hooks(self) -> None:

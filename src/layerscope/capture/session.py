@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 from bisect import bisect_right
 from collections import defaultdict
 from typing import Any
@@ -35,6 +34,7 @@ from ..trace import (BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER
                      LayerRecord, OpEvent, ParamSpec, Trace)
 from .inputs import iter_tensors, map_tensors, tensor_specs
 from .rng import PrivateRNG
+from .tracker import ModuleTracker, TrackedCall, module_type, tracked_modules
 
 __all__ = ["StateGuard", "capture", "module_type", "tracked_modules", "build_trace", "swapped_state",
            "empty_state", "empty_like_on", "run_forward", "run_backward", "model_device", "describe_inputs",
@@ -43,27 +43,6 @@ __all__ = ["StateGuard", "capture", "module_type", "tracked_modules", "build_tra
 _ACCUMULATE_GRAD_SEQ = 2 ** 64 - 1
 _get_seq = torch._C._autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
-
-
-def module_type(m: nn.Module) -> str:
-    """The module's class name; a scripted module's original class (``Linear``, not
-    ``RecursiveScriptModule``)."""
-    if isinstance(m, torch.jit.ScriptModule):
-        return getattr(m, "original_name", None) or type(m).__name__
-    return type(m).__name__
-
-
-def tracked_modules(named: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
-    """The modules whose calls the tracker can see: all but those inside a ScriptModule (TorchScript
-    calls them in C++, past any hook; their ops count for the scripted module that holds them)."""
-    out, inside = [], []
-    for path, m in named:
-        if any(path.startswith(p + ".") or p == "" for p in inside):
-            continue
-        out.append((path, m))
-        if isinstance(m, torch.jit.ScriptModule):
-            inside.append(path)
-    return out
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -148,18 +127,11 @@ def private_rng():
         yield rng
 
 
-class _Call:
-    __slots__ = ("module", "path", "type", "depth", "call_index", "parent", "children", "inputs",
-                 "outputs", "output_producers", "error", "ambient", "span")
+class _Call(TrackedCall):
+    __slots__ = ("inputs", "outputs", "output_producers", "error", "ambient", "span")
 
     def __init__(self, module, path, depth, call_index, parent, inputs) -> None:
-        self.module = module
-        self.path = path
-        self.type = module_type(module)
-        self.depth = depth
-        self.call_index = call_index
-        self.parent = parent
-        self.children: list[int] = []
+        super().__init__(module, path, depth, call_index, parent)
         self.inputs = inputs
         self.outputs = ()
         self.output_producers: tuple[int, ...] = ()
@@ -312,9 +284,13 @@ def _one_of(dtype: torch.dtype):
     return 1.0 if dtype.is_floating_point or dtype.is_complex else 1
 
 
-class _Capture:
+class _Capture(ModuleTracker):
+    """One run's tracker (its module calls) and the op recorder's state (ops, dataflow, autograd
+    bookkeeping, cost cache)."""
+
     def __init__(self, model: nn.Module, options: CostOptions, track_seq: bool, storage=None,
                  simulated: bool = False, rng: PrivateRNG | None = None) -> None:
+        super().__init__()
         self.model = model
         # random ops draw from a private generator (capture/rng.py), never from torch's global one
         self.rng = rng if rng is not None else PrivateRNG()
@@ -322,10 +298,6 @@ class _Capture:
         self.simulated = simulated  # running on fake tensors
         self.options = options
         self.track_seq = track_seq
-        self.thread = threading.get_ident()
-        self.calls: list[_Call] = []
-        self.stack: list[int] = []
-        self.ncalls: dict[int, int] = defaultdict(int)
         self.ops: list[OpEvent] = []
         self.producers = WeakIdKeyDictionary()
         self.phase = FORWARD
@@ -335,8 +307,6 @@ class _Capture:
         self.seq_cache: dict[int, int] = {}
         self.cost_cache: dict[Any, Any] = {}
         self.param_layer: dict[int, int] = {}
-        self.paths: dict[int, str] = {}
-        self.handles: list = []
 
     def seed_producers(self, inputs: Any, state) -> None:
         """Dataflow sources: the example inputs and the parameters/buffers the ops will read."""
@@ -345,63 +315,32 @@ class _Capture:
         for t in state:
             self.producers[t] = PRODUCER_STATE
 
-    # ---- module tracker -------------------------------------------------------------------------
-    def install(self, named: list[tuple[str, nn.Module]]) -> None:
-        for path, m in tracked_modules(named):
-            self.paths[id(m)] = path
-            # ScriptModule refuses its own register_* methods (hooks do not run when TorchScript code
-            # calls it), but a scripted child called from eager Python runs nn.Module's call path,
-            # hooks included: register through nn.Module's methods. Its own submodules run inside
-            # TorchScript and are never tracked (tracked_modules leaves them out).
-            self.handles.append(nn.Module.register_forward_pre_hook(m, self._pre, with_kwargs=True))
-            self.handles.append(nn.Module.register_forward_hook(m, self._post, with_kwargs=True,
-                                                                always_call=True))
-
+    # ---- module calls (capture/tracker.py numbers them) ----------------------------------------
     def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
+        super().remove()
         # drop the weak references to the model's tensors now: a tensor with a weakref on it cannot
         # be swapped later (module.to_empty() / .to() on tensor subclasses use swap_tensors)
         self.producers = WeakIdKeyDictionary()
 
-    def _pre(self, module, args, kwargs):
+    def skip(self) -> bool:
         # Module calls during backward are activation-checkpoint recomputations: their ops are
         # attributed through the autograd node that runs them, so they add no records.
-        if threading.get_ident() != self.thread or self.phase is BACKWARD:
-            return None
-        idx = len(self.calls)
-        parent = self.stack[-1] if self.stack else None
-        key = id(module)
-        path = self.paths.get(key, type(module).__name__)
-        call = _Call(module, path, 0 if parent is None else self.calls[parent].depth + 1,
-                     self.ncalls[key], parent, tensor_specs((args, kwargs)))
-        self.ncalls[key] += 1
-        if parent is not None:
-            self.calls[parent].children.append(idx)
-        call.span = (len(self.ops), -1)
-        self.calls.append(call)
-        self.stack.append(idx)
-        return None
+        return super().skip() or self.phase is BACKWARD
 
-    def _post(self, module, args, kwargs, output):
-        if threading.get_ident() != self.thread:
-            return None
-        stack = self.stack
-        while stack and self.calls[stack[-1]].module is not module:
-            stack.pop()
-        if not stack:
-            return None
-        call = self.calls[stack.pop()]
+    def new_call(self, module, path, depth, call_index, parent, args, kwargs):
+        call = _Call(module, path, depth, call_index, parent, tensor_specs((args, kwargs)))
+        call.span = (len(self.ops), -1)
+        return call
+
+    def exited(self, call, output) -> None:
         call.span = (call.span[0], len(self.ops) - 1)
         err = sys.exc_info()[1]
         if err is not None and err is not call.ambient:  # the always-called hook of a failed forward
             call.error = err
-            return None
+            return
         call.outputs = tensor_specs(output)
         get = self.producers.get
         call.output_producers = tuple(get(t, PRODUCER_UNKNOWN) for t in iter_tensors(output))
-        return None
 
     # ---- op recorder ----------------------------------------------------------------------------
     def _backward_layer(self) -> int:

@@ -202,12 +202,12 @@ def _run(graph, *, get_attr, placeholders: dict, state: list, root_name: str | N
 
     def leave(c: int) -> None:
         outs = [env[n] for n in plan.calls[c]["outputs"] if n in env]
-        cap._post(modules[plan.calls[c]["path"]], (), {}, outs[0] if len(outs) == 1 else tuple(outs))
+        cap.exit(modules[plan.calls[c]["path"]], (), {}, outs[0] if len(outs) == 1 else tuple(outs))
 
     output = None
     try:
         with torch.no_grad(), _Recorder(cap):
-            cap._pre(root, tuple(pytree.tree_leaves(inputs)), {})
+            cap.enter(root, tuple(pytree.tree_leaves(inputs)), {})
             for n in graph.nodes:
                 if n.op == "placeholder":
                     continue
@@ -228,7 +228,7 @@ def _run(graph, *, get_attr, placeholders: dict, state: list, root_name: str | N
                 while len(opened) > k:
                     leave(opened.pop())
                 for c in want[k:]:
-                    cap._pre(modules[plan.calls[c]["path"]],
+                    cap.enter(modules[plan.calls[c]["path"]],
                              tensors(env[a] for a in plan.calls[c]["inputs"] if a in env), {})
                     opened.append(c)
                 args, kwargs = value(n.args), value(n.kwargs)
@@ -255,7 +255,7 @@ def _run(graph, *, get_attr, placeholders: dict, state: list, root_name: str | N
                     raise ForwardError(f"the exported program failed in {where} at node {n.name} "
                                        f"({n.target}): {type(e).__name__}: {str(e).splitlines()[0][:300]}",
                                        path=where) from e
-            cap._post(root, (), {}, output)
+            cap.exit(root, (), {}, output)
     finally:
         guard.restore()
     for c in cap.calls:

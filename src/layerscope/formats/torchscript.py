@@ -259,8 +259,8 @@ def torchscript_trace(src, example_inputs: tuple, options=None):
         cap.paths[id(m)] = path
     cap.seed_producers(example_inputs, _held(mods, "_parameters") + _held(mods, "_buffers"))
     guard = StateGuard(module, mods, example_inputs)
-    interp = _Interpreter(named, lambda m, ins: cap._pre(m, tuple(ins), {}),
-                          lambda m, out: cap._post(m, (), {}, out))
+    interp = _Interpreter(named, lambda m, ins: cap.enter(m, tuple(ins), {}),
+                          lambda m, out: cap.exit(m, (), {}, out))
     inputs = list(graph.inputs())
     if len(inputs) - 1 != len(example_inputs):
         raise InputError(f"the TorchScript forward takes {len(inputs) - 1} inputs "
@@ -270,7 +270,7 @@ def torchscript_trace(src, example_inputs: tuple, options=None):
         env[v.unique()] = x
     try:
         with torch.no_grad(), _Recorder(cap):
-            cap._pre(module, example_inputs, {})
+            cap.enter(module, example_inputs, {})
             try:
                 out = interp.run(graph, env)
             except InputError:
@@ -281,7 +281,7 @@ def torchscript_trace(src, example_inputs: tuple, options=None):
                                    f"{str(e).splitlines()[0][:300]}") from e
             output = out[0] if len(out) == 1 else tuple(out)
             interp.close(output)
-            cap._post(module, example_inputs, {}, output)
+            cap.exit(module, example_inputs, {}, output)
     finally:
         guard.restore()
     for c in cap.calls:                   # script modules keep their Python class name aside
