@@ -29,16 +29,13 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .. import _compat
 from ..capture.inputs import iter_tensors
 from ..capture.tracker import ModuleTracker, TrackedCall, tracked_modules
 from .roofline import Roofline
 
 __all__ = ["Timing", "timing", "CallTimes", "Recorder", "merge_steps", "time_calls", "LatencyLayer",
            "latency_layers", "latency_totals"]
-
-# the next autograd sequence number of this thread (nodes are numbered as the forward creates them)
-_next_seq = getattr(torch._C._autograd, "_get_sequence_nr", None)
-
 
 @dataclass(frozen=True, slots=True)
 class Timing:
@@ -129,7 +126,10 @@ class Recorder(ModuleTracker):
         super().__init__(this_thread_only=False)
         self.clock = _Clock(device)
         self.defer = defer        # hook the graph at hook_pending(), not in the root's forward hook
-        self.backward = backward and _next_seq is not None
+        # the next autograd sequence number of this thread (nodes are numbered as the forward creates
+        # them); without it (a torch that lacks it) backward passes are not timed
+        self.next_seq = _compat.get("sequence_nr")
+        self.backward = backward and self.next_seq is not None
         self.named = tracked_modules(list(model.named_modules()))   # each module once, by its first path
         self.param_module: dict[int, int] = {}   # parameter -> the module that registers it
         for _, m in self.named:
@@ -160,7 +160,7 @@ class Recorder(ModuleTracker):
     def entered(self, c: _Call) -> None:
         self.first_call.setdefault(id(c.module), c.index)
         if self.backward:
-            c.s0 = _next_seq()
+            c.s0 = self.next_seq()
         c.f0 = self.clock.stamp()
 
     def _post(self, m, args, kwargs, out) -> None:
@@ -170,7 +170,7 @@ class Recorder(ModuleTracker):
             return
         c.f1 = t
         if self.backward:
-            c.s1 = _next_seq()
+            c.s1 = self.next_seq()
             if c.parent is None and c.s1 > c.s0 and out is not None:
                 self.pending.append((c.index, out))
                 if not self.defer:
@@ -219,7 +219,7 @@ class Recorder(ModuleTracker):
         t = self.clock.stamp()
         if not self.in_pass:
             self.in_pass = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._pass_end)
+            _compat.queue_backward_callback(self._pass_end)
         self.events.append((t, call))
 
     def _pass_end(self) -> None:

@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .. import _compat
 from ..costs import CostOptions, OpCall, OpCost
 from ..costs.registry import FREE
 from ..errors import ForwardError, InputError, LayerscopeError, RegistryError
@@ -41,8 +41,6 @@ __all__ = ["StateGuard", "capture", "module_type", "tracked_modules", "build_tra
            "private_rng", "grad_inputs"]
 
 _ACCUMULATE_GRAD_SEQ = 2 ** 64 - 1
-_get_seq = torch._C._autograd._get_sequence_nr
-_current_node = torch._C._current_autograd_node
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -104,7 +102,8 @@ class StateGuard:
             torch.cuda.set_rng_state_all(self.cuda_rng)
 
 
-class _PrivateRngMode(TorchDispatchMode):
+@_compat.dispatch_mode
+class _PrivateRngMode:
     """Only hands random ops the private generator (no recording)."""
 
     def __init__(self, rng: PrivateRNG) -> None:
@@ -141,7 +140,8 @@ class _Call(TrackedCall):
         self.span = (0, -1)  # indices of the first and last op that ran inside the call
 
 
-class _Recorder(TorchDispatchMode):
+@_compat.dispatch_mode
+class _Recorder:
     def __init__(self, cap: "_Capture") -> None:
         super().__init__()
         self.cap = cap
@@ -159,9 +159,9 @@ class _Recorder(TorchDispatchMode):
             # from a tensor subclass's own dispatch (nested tensors), whose decomposition would
             # dispatch back to it endlessly.
             with self:
-                return func._op_dk(_IMPLICIT, *args, **kwargs)
+                return func._op_dk(_compat.composite_implicit_key(), *args, **kwargs)
         cap = self.cap
-        seq = _get_seq() if cap.track_seq and cap.phase is FORWARD else 0
+        seq = cap.next_seq() if cap.track_seq and cap.phase is FORWARD else 0
         if func is _LOCAL_SCALAR and (cap.simulated and _unknown_value(args[0]) or args[0].is_meta):
             # A simulation or a meta run has no values: a value read back (.item(), bool(t)) reads
             # as 1, so data-dependent branches take their "nonzero" side.
@@ -179,7 +179,8 @@ class _Recorder(TorchDispatchMode):
         elif func is _UNIQUE2 and (args[0].is_meta or cap.simulated and _unknown_value(args[0])):
             # values read as 1 (meta, simulation): every element is the same: one unique value
             out = _unique2_of_ones(args[0], *args[1:], **kwargs)
-        elif func is _GROUPED_MM and (args[0].is_meta or cap.simulated) and _grouped_mm_shape(args):
+        elif func is _compat.get("grouped_mm") and (args[0].is_meta or cap.simulated) and \
+                _grouped_mm_shape(args):
             # the meta kernel of _grouped_mm insists on bf16 and 16-byte strides (the CUDA kernel's
             # rules) though CPU runs float32 at any size: the output, by the op's shape rule
             out = torch.empty(_grouped_mm_shape(args), dtype=kwargs.get("out_dtype") or args[0].dtype,
@@ -196,7 +197,6 @@ class _Recorder(TorchDispatchMode):
 
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
-_IMPLICIT = torch._C.DispatchKey.CompositeImplicitAutograd
 _COMPOSITE: dict = {}
 
 
@@ -205,13 +205,12 @@ def _composite(func) -> bool:
     known = _COMPOSITE.get(func)
     if known is None:
         try:
-            known = torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _IMPLICIT)
+            known = _compat.has_composite_kernel(func.name())
         except RuntimeError:   # an op the C++ dispatcher does not know (prim.device, a Python op)
             known = False
         _COMPOSITE[func] = known
     return known
 _SEEDED = torch.Tag.nondeterministic_seeded
-_GROUPED_MM = torch.ops.aten._grouped_mm.default
 _REPEAT_INTERLEAVE = torch.ops.aten.repeat_interleave.Tensor
 
 
@@ -298,6 +297,8 @@ class _Capture(ModuleTracker):
         self.simulated = simulated  # running on fake tensors
         self.options = options
         self.track_seq = track_seq
+        # the autograd sequence number of each forward op maps backward nodes to layers
+        self.next_seq = _compat.sequence_nr("attributing backward ops to layers") if track_seq else None
         self.ops: list[OpEvent] = []
         self.producers = WeakIdKeyDictionary()
         self.phase = FORWARD
@@ -344,7 +345,7 @@ class _Capture(ModuleTracker):
 
     # ---- op recorder ----------------------------------------------------------------------------
     def _backward_layer(self) -> int:
-        node = _current_node()
+        node = _compat.current_autograd_node("attributing backward ops to layers")()
         if node is None:
             return 0
         seq = node._sequence_nr()
@@ -532,8 +533,7 @@ def swapped_state(model: nn.Module, state: dict[str, torch.Tensor] | None):
     that activation checkpointing recomputes with the swapped tensors, not the model's own."""
     if state is None:
         return contextlib.nullcontext()
-    from torch.nn.utils.stateless import _reparametrize_module
-    return _reparametrize_module(model, state, tie_weights=True, strict=False)
+    return _compat.reparametrize_module(model, state, tie_weights=True, strict=False)
 
 
 def empty_like_on(t: torch.Tensor, device) -> torch.Tensor:

@@ -30,6 +30,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .. import _compat
 from ..costs import CostOptions
 from ..errors import ForwardError, InputError, LayerscopeError
 from ..trace import BACKWARD, FORWARD, LOSS, OPTIMIZER, Trace
@@ -87,12 +88,10 @@ def default_loss(output: Any) -> torch.Tensor:
 
 def fake_mode_for():
     """The FakeTensorMode already active (the user's), or a new one."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-    for mode in reversed(_get_current_dispatch_mode_stack()):
-        if isinstance(mode, FakeTensorMode):
-            return mode, False
-    return FakeTensorMode(allow_non_fake_inputs=True), True
+    mode = _compat.active_fake_mode()
+    if mode is not None:
+        return mode, False
+    return _compat.new_fake_mode(allow_non_fake_inputs=True), True
 
 
 def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, device: torch.device,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import _compat
 from ._util import prod, shape
 from .registry import OpCall, OpCost, register
 
@@ -123,8 +124,7 @@ def _window_scores(sq: int, sk: int, *, offset: int, left: int, right: int) -> i
 
 
 def _readable(t) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-    return isinstance(t, torch.Tensor) and t.device.type != "meta" and not isinstance(t, FakeTensor)
+    return isinstance(t, torch.Tensor) and t.device.type != "meta" and not _compat.is_fake_tensor(t)
 
 
 class LengthsUnknown(ValueError):

@@ -20,6 +20,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
+from .. import _compat
 from ..errors import RegistryError
 from ..trace import Window
 
@@ -99,9 +100,9 @@ def _op_key(op: Any) -> str:
             raise RegistryError(f"no op named {key}: give an existing op (torch.ops.<ns>.<name>) or its "
                                 f"'ns::name'")
         return key
-    if isinstance(op, torch._ops.OpOverload):
+    if _compat.is_op_overload(op):
         return op._schema.name
-    if isinstance(op, torch._ops.OpOverloadPacket):
+    if _compat.is_op_packet(op):
         return op._qualified_op_name
     raise RegistryError(f"an op is a torch.ops.<ns>.<name>[.<overload>] or its 'ns::name', got "
                         f"{type(op).__name__}")
@@ -200,11 +201,13 @@ def _add(name: str, fn: CostFn) -> None:
 
 def register(*names: str) -> Callable[[CostFn], CostFn]:
     """Register ``fn`` as the cost formula of each named aten op (``"addmm"``, ``"add_"``, ...) in the
-    default registry (used by the built-in formula modules)."""
+    default registry (used by the built-in formula modules). An op the running torch does not have
+    (``_grouped_mm`` before torch 2.8) is not registered: no model can run it."""
 
     def deco(fn: CostFn) -> CostFn:
         for n in names:
-            _add(n, fn)
+            if op_exists(_key(n)):
+                _add(n, fn)
         return fn
 
     return deco
@@ -212,7 +215,8 @@ def register(*names: str) -> Callable[[CostFn], CostFn]:
 
 def register_free(*names: str) -> None:
     for n in names:
-        _add(n, FREE)
+        if op_exists(_key(n)):
+            _add(n, FREE)
 
 
 def lookup(func: Any) -> CostFn | None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .. import _compat
 from ..errors import ForwardError, InputError
 
 __all__ = ["load_torchscript", "torchscript_trace"]
@@ -119,7 +120,7 @@ def _num_to_tensor(v) -> torch.Tensor:
 
 def _op_for(node) -> Any:
     """The OpOverload a node's schema names."""
-    schema = torch._C.parse_schema(node.schema())
+    schema = _compat.parse_schema(node.schema())
     ns, name = schema.name.split("::")
     packet = getattr(getattr(torch.ops, ns), name)
     return getattr(packet, schema.overload_name or "default"), schema
@@ -251,7 +252,7 @@ def torchscript_trace(src, example_inputs: tuple, options=None):
     if not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
     graph = module.forward.graph.copy()
-    torch._C._jit_pass_inline(graph)
+    _compat.jit_inline(graph)
     named = list(module.named_modules())
     mods = [m for _, m in named]
     cap = _Capture(module, options or CostOptions(), track_seq=False)
