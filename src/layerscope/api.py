@@ -70,12 +70,12 @@ def _check_costs(model, costs) -> None:
     """analyze(costs=...): a CostRegistry, for an eager module (the exported, compiled and TorchScript
     front doors price ops with the default registry)."""
     from .costs import CostRegistry
-    from .formats.exported import _compiled_original, is_exported_module
+    from .formats.exported import compiled_original, is_exported_module
     if not isinstance(costs, CostRegistry):
         raise InputError(f"costs must be a layerscope.costs.CostRegistry (default_registry().copy()), got "
                          f"{type(costs).__name__}")
     if (isinstance(model, (torch.export.ExportedProgram, torch.jit.ScriptModule))
-            or _compiled_original(model) is not None or is_exported_module(model)):
+            or compiled_original(model) is not None or is_exported_module(model)):
         raise InputError("costs= applies to an eager nn.Module; an exported, compiled or TorchScript model "
                          "is priced with the default cost registry")
 

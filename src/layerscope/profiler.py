@@ -183,13 +183,13 @@ class Profiler:
                             detailed: bool = True, output_file: str | None = None) -> None:
         """DeepSpeed's profile printout (summary, aggregated top modules per depth, and the model's
         repr with each module's params, MACs, latency and FLOPS), to stdout or ``output_file``."""
-        from .render.deepspeed import _to_file, model_profile_text
+        from .render.deepspeed import to_output_file, model_profile_text
         prof = self._module_profile()
         _, latency = self._ds_view()
         if latency is not None:   # per-module times: medians over steps, summed over a module's calls
             prof.total_duration = latency.totals["forward"]
         text = model_profile_text(prof, profile_step, module_depth, top_modules, detailed)
-        with _to_file(output_file) as f:
+        with to_output_file(output_file) as f:
             f.write(text)
 
     def __enter__(self) -> "Profiler":

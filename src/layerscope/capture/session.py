@@ -34,11 +34,12 @@ from ..trace import (BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER
                      LayerRecord, OpEvent, ParamSpec, Trace)
 from .inputs import iter_tensors, map_tensors, tensor_specs
 from .rng import PrivateRNG
+from .recorder import FAKE_SIZE_FIXES, OpRecorder
 from .tracker import ModuleTracker, TrackedCall, module_type, tracked_modules
 
-__all__ = ["StateGuard", "capture", "module_type", "tracked_modules", "build_trace", "swapped_state",
+__all__ = ["Session", "OpRecorder", "StateGuard", "capture", "module_type", "tracked_modules", "build_trace", "swapped_state",
            "empty_state", "empty_like_on", "run_forward", "run_backward", "model_device", "describe_inputs",
-           "private_rng", "grad_inputs"]
+           "private_rng", "grad_inputs", "held_tensors", "own_forward"]
 
 _ACCUMULATE_GRAD_SEQ = 2 ** 64 - 1
 
@@ -65,7 +66,7 @@ class StateGuard:
         modules = list(model.modules()) if modules is None else modules
         self.modes = [(m, m.training) for m in modules]
         # parameters, and input tensors a backward would accumulate a .grad into
-        leaves = _held(modules, "_parameters") + [t for t in _unique(iter_tensors(inputs))
+        leaves = held_tensors(modules, "_parameters") + [t for t in _unique(iter_tensors(inputs))
                                                   if t.is_leaf and t.requires_grad]
         self.params = [(p, p.requires_grad, p.grad) for p in _unique(leaves)]
         self.buffers = []
@@ -112,7 +113,7 @@ class _PrivateRngMode:
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if _SEEDED in func.tags:
+        if torch.Tag.nondeterministic_seeded in func.tags:
             return self.rng.call(func, args, kwargs)
         return func(*args, **kwargs)
 
@@ -140,150 +141,7 @@ class _Call(TrackedCall):
         self.span = (0, -1)  # indices of the first and last op that ran inside the call
 
 
-@_compat.dispatch_mode
-class _Recorder:
-    def __init__(self, cap: "_Capture") -> None:
-        super().__init__()
-        self.cap = cap
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if _composite(func) and (torch.is_inference_mode_enabled() or
-                                 any(isinstance(a, torch.Tensor) and a.is_inference() for a in args)):
-            # A composite op (conv2d, linear, matmul, sdpa, ...) reaches a dispatch mode whole when
-            # autograd is not in the way (inference mode kept for a model holding inference
-            # tensors): run its C++ decomposition -- the kernel the Autograd key runs in grad mode
-            # and under no_grad -- with the recorder pushed again, so its parts are priced as in
-            # any other grad mode. Inference tensors skip autograd in any mode, so they bring
-            # composite ops whole too. Only there: otherwise a composite op that arrives whole comes
-            # from a tensor subclass's own dispatch (nested tensors), whose decomposition would
-            # dispatch back to it endlessly.
-            with self:
-                return func._op_dk(_compat.composite_implicit_key(), *args, **kwargs)
-        cap = self.cap
-        seq = cap.next_seq() if cap.track_seq and cap.phase is FORWARD else 0
-        if func is _LOCAL_SCALAR and (cap.simulated and _unknown_value(args[0]) or args[0].is_meta):
-            # A simulation or a meta run has no values: a value read back (.item(), bool(t)) reads
-            # as 1, so data-dependent branches take their "nonzero" side.
-            out = _one_of(args[0].dtype)
-        elif func is _REPEAT_INTERLEAVE and args[0].is_meta and kwargs.get("output_size") is None:
-            # values read as 1 on meta: every repeat count is 1, so the output has one per count
-            out = func(*args, **{**kwargs, "output_size": args[0].numel()})
-        elif func is _NONZERO and args[0].is_meta:
-            # values read as 1 on meta: every element is nonzero (what torch's meta kernel assumes
-            # under a process-wide config flag, which another thread would see flipped)
-            out = torch.empty((args[0].numel(), args[0].dim()), dtype=torch.long, device="meta")
-        elif func in _BOOL_INDEXED and args[0].is_meta and _has_mask(args[1]):
-            # a boolean mask selects every element (values read as 1): its positions as index tensors
-            out = func(args[0], _mask_positions(args[1]), *args[2:], **kwargs)
-        elif func is _UNIQUE2 and (args[0].is_meta or cap.simulated and _unknown_value(args[0])):
-            # values read as 1 (meta, simulation): every element is the same: one unique value
-            out = _unique2_of_ones(args[0], *args[1:], **kwargs)
-        elif func is _compat.get("grouped_mm") and (args[0].is_meta or cap.simulated) and \
-                _grouped_mm_shape(args):
-            # the meta kernel of _grouped_mm insists on bf16 and 16-byte strides (the CUDA kernel's
-            # rules) though CPU runs float32 at any size: the output, by the op's shape rule
-            out = torch.empty(_grouped_mm_shape(args), dtype=kwargs.get("out_dtype") or args[0].dtype,
-                              device=args[0].device)
-        elif _SEEDED in func.tags and not cap.simulated:
-            out = cap.rng.call(func, args, kwargs)
-        else:
-            out = func(*args, **kwargs)
-        # prim.device / prim.layout are metadata queries that only tensor subclasses (fake tensors)
-        # route through dispatch: recording them would make a fake run differ from a real one
-        if not cap.paused and func.namespace != "prim":
-            cap.on_op(func, args, kwargs, out, seq)
-        return out
-
-
-_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
-_COMPOSITE: dict = {}
-
-
-def _composite(func) -> bool:
-    """Whether ``func`` has a CompositeImplicitAutograd kernel (it decomposes above autograd)."""
-    known = _COMPOSITE.get(func)
-    if known is None:
-        try:
-            known = _compat.has_composite_kernel(func.name())
-        except RuntimeError:   # an op the C++ dispatcher does not know (prim.device, a Python op)
-            known = False
-        _COMPOSITE[func] = known
-    return known
-_SEEDED = torch.Tag.nondeterministic_seeded
-_REPEAT_INTERLEAVE = torch.ops.aten.repeat_interleave.Tensor
-
-
-_UNIQUE2 = torch.ops.aten._unique2.default
-_NONZERO = torch.ops.aten.nonzero.default
-_BOOL_INDEXED = (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
-                 torch.ops.aten._index_put_impl_.default)
-
-
-def _has_mask(indices) -> bool:
-    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
-
-
-def _mask_positions(indices) -> list:
-    """Index tensors for ``indices`` with each boolean mask read as all true: a mask of k dims over
-    n elements becomes k index vectors of length n (as ``mask.nonzero(as_tuple=True)`` would)."""
-    out: list = []
-    for i in indices:
-        if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8):
-            out += [torch.empty((i.numel(),), dtype=torch.long, device=i.device)] * max(i.dim(), 1)
-        else:
-            out.append(i)
-    return out
-
-
-def _unique2_of_ones(x, sorted=True, return_inverse=False, return_counts=False):
-    """torch.unique's outputs when every value is 1: one unique value (none for an empty input),
-    every inverse index 0, one count of all elements; an output not asked for is empty, as on CPU."""
-    n = 1 if x.numel() else 0
-    long = dict(dtype=torch.long, device=x.device)
-    return (torch.empty(n, dtype=x.dtype, device=x.device),
-            torch.empty(tuple(x.shape) if return_inverse else (0,), **long),
-            torch.empty(n if return_counts else 0, **long))
-
-
-def _grouped_mm_shape(args) -> tuple[int, ...] | None:
-    """_grouped_mm's output shape: a[M,K] @ b[G,K,N] -> [M,N]; a[G,M,K] @ b[G,K,N] -> [G,M,N];
-    a[M,K] @ b[K,N] grouped over K by offs[G] -> [G,M,N]; None for another layout."""
-    a, b = args[0], args[1]
-    offs = args[2] if len(args) > 2 else None
-    if a.dim() == 2 and b.dim() == 3:
-        return (a.shape[0], b.shape[2])
-    if a.dim() == 3 and b.dim() == 3:
-        return (a.shape[0], a.shape[1], b.shape[2])
-    if a.dim() == 2 and b.dim() == 2 and isinstance(offs, torch.Tensor):
-        return (offs.shape[0], a.shape[0], b.shape[1])
-    return None
-
-
-def _layer_norm_stats(args, outs):
-    """CPU's native_layer_norm returns mean and rstd in float32 for a bf16/fp16 input; its fake
-    (meta) version returns them in the input's dtype. Size them as the real kernel allocates them."""
-    x = args[0]
-    if x.device.type != "cpu" or x.dtype not in (torch.bfloat16, torch.float16):
-        return None
-    return {i: outs[i].numel() * 4 for i in (1, 2) if i < len(outs)}
-
-
-# per op: the output sizes (by output index) a real kernel allocates where a fake run differs
-_FAKE_SIZE_FIXES = {torch.ops.aten.native_layer_norm.default: _layer_norm_stats}
-
-
-def _unknown_value(t) -> bool:
-    return getattr(t, "fake_mode", None) is not None and getattr(t, "constant", None) is None
-
-
-def _one_of(dtype: torch.dtype):
-    if dtype == torch.bool:
-        return True
-    return 1.0 if dtype.is_floating_point or dtype.is_complex else 1
-
-
-class _Capture(ModuleTracker):
+class Session(ModuleTracker):
     """One run's tracker (its module calls) and the op recorder's state (ops, dataflow, autograd
     bookkeeping, cost cache)."""
 
@@ -414,7 +272,7 @@ class _Capture(ModuleTracker):
         if storage is not None:
             storage.layer, storage.phase = layer, self.phase
             # a lift's input is the same logical tensor as its output (a fake run makes a new one)
-            fix = _FAKE_SIZE_FIXES.get(func) if self.simulated else None
+            fix = FAKE_SIZE_FIXES.get(func) if self.simulated else None
             storage.on_op(() if func._opname.startswith("lift") else ins, outs,
                           fix(args, outs) if fix is not None else None)
 
@@ -483,7 +341,7 @@ def _subtree_params(model: nn.Module, holders: dict[int, int]) -> dict[int, int]
     return out
 
 
-def _freeze_layers(cap: _Capture, model: nn.Module, holders, first_owner):
+def _freeze_layers(cap: Session, model: nn.Module, holders, first_owner):
     subtree = _subtree_params(model, holders)
     layers = []
     called = {id(c.module) for c in cap.calls}
@@ -515,7 +373,7 @@ def _script_subtree_params(m: nn.Module, first_owner, called: set[int]) -> list[
     return [p for p in _unique(m.parameters()) if first_owner.get(id(p)) in inside]
 
 
-def _forward_error(cap: _Capture, err: BaseException, phase: str) -> ForwardError:
+def _forward_error(cap: Session, err: BaseException, phase: str) -> ForwardError:
     failed = [c for c in cap.calls if c.error is err]
     where = max(failed, key=lambda c: c.depth) if failed else None
     what = f"{type(err).__name__}: {err}"
@@ -584,8 +442,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     guard = StateGuard(model, modules, (args, kwargs))
     if backward:
         args, kwargs = grad_inputs(args, kwargs)
-    cap = _Capture(model, options, track_seq=backward)
-    cap.seed_producers((args, kwargs), _held(modules, "_parameters") + _held(modules, "_buffers"))
+    cap = Session(model, options, track_seq=backward)
+    cap.seed_producers((args, kwargs), held_tensors(modules, "_parameters") + held_tensors(modules, "_buffers"))
     output = None
     try:
         if mode == "eval":
@@ -597,7 +455,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
         if on_meta:
             meta_params, meta_buffers = empty_state(model, "meta")
             swap = {**meta_params, **meta_buffers}
-        with torch.set_grad_enabled(backward), _Recorder(cap), swapped_state(model, swap):
+        with torch.set_grad_enabled(backward), OpRecorder(cap), swapped_state(model, swap):
             output = run_forward(cap, lambda: model(*args, **kwargs))
             if backward:
                 _run_backward(cap, modules, guard, output)
@@ -626,20 +484,20 @@ def dtype_text(model: nn.Module) -> str | None:
     return f"{order[0]} ({100 * counts[order[0]] / total:.1f}%), " + ", ".join(order[1:])
 
 
-def build_trace(cap: _Capture, model: nn.Module, named: list[tuple[str, nn.Module]], inputs: Any,
+def build_trace(cap: Session, model: nn.Module, named: list[tuple[str, nn.Module]], inputs: Any,
                 output: Any, *, backward: bool, options: dict) -> Trace:
     """Freeze what one capture saw into a Trace (its options say the model's dtypes too)."""
     options = {**options, "model_dtype": options.get("model_dtype", dtype_text(model))}
     modules = [m for _, m in named]
     holders, first_owner = _param_table(modules)
-    params = _held(modules, "_parameters")
-    buffers = _held(modules, "_buffers")
+    params = held_tensors(modules, "_parameters")
+    buffers = held_tensors(modules, "_buffers")
     layers = _freeze_layers(cap, model, holders, first_owner)
     if not layers:
         raise InputError("the model's forward never ran as a module call; nothing to analyse")
     # containers without a forward of their own (ModuleList, ModuleDict) are never called by design
     uncalled = tuple(p or "(root)" for p, m in tracked_modules(named)
-                     if cap.ncalls.get(id(m), 0) == 0 and _own_forward(m))
+                     if cap.ncalls.get(id(m), 0) == 0 and own_forward(m))
     in_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors(inputs)))
     out_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors(output)))
     return Trace(
@@ -658,14 +516,14 @@ def build_trace(cap: _Capture, model: nn.Module, named: list[tuple[str, nn.Modul
     )
 
 
-def _own_forward(m: nn.Module) -> bool:
+def own_forward(m: nn.Module) -> bool:
     """Whether the module defines a forward (a ModuleList does not); script modules say so in C++."""
     if isinstance(m, torch.jit.ScriptModule):
         return m._c._has_method("forward")
     return type(m).forward is not nn.Module.forward
 
 
-def _held(modules: list[nn.Module], slot: str) -> list[torch.Tensor]:
+def held_tensors(modules: list[nn.Module], slot: str) -> list[torch.Tensor]:
     """The distinct tensors the modules hold directly in ``slot`` ("_parameters" or "_buffers")."""
     return list(_unique(t for m in modules for t in getattr(m, slot).values() if t is not None))
 
@@ -678,7 +536,7 @@ def _unique(tensors):
             yield t
 
 
-def run_forward(cap: _Capture, call) -> Any:
+def run_forward(cap: Session, call) -> Any:
     """``call()`` (the model's forward) with a failure turned into a ForwardError naming the layer."""
     try:
         return call()
@@ -688,7 +546,7 @@ def run_forward(cap: _Capture, call) -> Any:
         raise _forward_error(cap, e, "forward") from e
 
 
-def run_backward(cap: _Capture, modules: list[nn.Module], backward) -> None:
+def run_backward(cap: Session, modules: list[nn.Module], backward) -> None:
     """``backward()`` in the BACKWARD phase, ops attributed to the forward calls that made their
     autograd nodes; AccumulateGrad nodes to the module call that owns the parameter."""
     first_call: dict[int, int] = {}
@@ -709,7 +567,7 @@ def run_backward(cap: _Capture, modules: list[nn.Module], backward) -> None:
         cap.phase = FORWARD
 
 
-def _run_backward(cap: _Capture, modules: list[nn.Module], guard: StateGuard, output: Any) -> None:
+def _run_backward(cap: Session, modules: list[nn.Module], guard: StateGuard, output: Any) -> None:
     outs = [t for t in iter_tensors(output) if t.requires_grad and (t.is_floating_point() or t.is_complex())]
     if not outs:
         if not any(True for _ in iter_tensors(output)):

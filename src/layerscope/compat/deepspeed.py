@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from ..errors import InputError
-from ..render.deepspeed import (DEFAULT_PRECISION, ModuleProfile, _aggregated, _params,  # noqa: F401
-                                _to_file, bytes_to_string, duration_to_string, flops_to_string,
+from ..render.deepspeed import (DEFAULT_PRECISION, ModuleProfile, aggregated_profile, module_params,  # noqa: F401
+                                to_output_file, bytes_to_string, duration_to_string, flops_to_string,
                                 macs_to_string, model_profile_text, number_to_string, params_to_string)
 
 __all__ = ["FlopsProfiler", "get_model_profile", "number_to_string", "macs_to_string", "flops_to_string",
@@ -93,7 +93,7 @@ class FlopsProfiler:
         self._prof.print_model_profile(profile_step, module_depth, top_modules, detailed, output_file)
 
     def print_model_aggregated_profile(self, module_depth=-1, top_modules=1) -> None:
-        print(_aggregated(self._prof._module_profile(), module_depth, top_modules), end="")
+        print(aggregated_profile(self._prof._module_profile(), module_depth, top_modules), end="")
 
 
 def get_model_profile(model: nn.Module, input_shape=None, args=[], kwargs={}, print_profile=True,  # noqa: B006
@@ -134,7 +134,7 @@ def get_model_profile(model: nn.Module, input_shape=None, args=[], kwargs={}, pr
     prof = ModuleProfile(model, costs, latency)
     if print_profile:
         text = model_profile_text(prof, warm_up, module_depth, top_modules, detailed)
-        with _to_file(output_file) as f:
+        with to_output_file(output_file) as f:
             f.write(text)
     flops, macs, params = prof.total_flops, prof.total_macs, prof.total_params
     if as_string:

@@ -33,7 +33,7 @@ from torch import nn
 from .. import _compat
 from ..errors import ForwardError, InputError, LayerscopeError
 
-__all__ = ["load_exported", "exported_trace", "graph_module_trace", "is_exported_module"]
+__all__ = ["load_exported", "exported_trace", "graph_module_trace", "is_exported_module", "compiled_original"]
 
 # ops that read shapes or check them: eager runs never dispatch them, so they are not recorded
 _SILENT_PREFIXES = ("_assert", "sym_", "sym_size", "sym_numel", "sym_stride", "sym_storage_offset",
@@ -165,7 +165,7 @@ def _kernel_of(node) -> tuple[int, ...] | None:
 
 def _run(graph, *, get_attr, placeholders: dict, state: list, root_name: str | None, fmt: str,
          device: str, user_inputs: Any, pick_output, options=None):
-    from ..capture.session import StateGuard, _Capture, _Recorder, build_trace
+    from ..capture.session import StateGuard, Session, OpRecorder, build_trace
     from ..costs import CostOptions
 
     state_nodes = {n for n in graph.nodes if n.op == "placeholder" and n.name in placeholders
@@ -186,7 +186,7 @@ def _run(graph, *, get_attr, placeholders: dict, state: list, root_name: str | N
                 m.kernel_size = k
     mods = [m for _, m in named]
     inputs = user_inputs[0]
-    cap = _Capture(root, options or CostOptions(), track_seq=False)
+    cap = Session(root, options or CostOptions(), track_seq=False)
     for path, m in named:
         cap.paths[id(m)] = path
     cap.seed_producers(inputs, [t for _, t, k in state if isinstance(t, torch.Tensor)])
@@ -206,7 +206,7 @@ def _run(graph, *, get_attr, placeholders: dict, state: list, root_name: str | N
 
     output = None
     try:
-        with torch.no_grad(), _Recorder(cap):
+        with torch.no_grad(), OpRecorder(cap):
             cap.enter(root, tuple(_compat.tree_leaves(inputs)), {})
             for n in graph.nodes:
                 if n.op == "placeholder":
@@ -438,7 +438,7 @@ def _noted(report, note: str):
     return Report(dataclasses.replace(report.trace, options=opts), model, graph=report.graph)
 
 
-def _compiled_original(model: Any):
+def compiled_original(model: Any):
     """A torch.compile'd module's original module, else None (torch's dynamo is not imported here:
     a compiled module exists only once it has been)."""
     return _compat.compiled_original(model)
@@ -464,7 +464,7 @@ def route_analyze(model, args: tuple, kwargs: dict, *, input_size, dtypes, batch
             raise InputError("batch_dim does not apply to an exported program")
         return analyze_exported(model, *args, input_size=input_size, dtypes=dtypes, device=device,
                                 causal=causal, **kwargs)
-    orig = _compiled_original(model)
+    orig = compiled_original(model)
     if orig is not None:
         rep = analyze(orig, *args, input_size=input_size, dtypes=dtypes, batch_dim=batch_dim, device=device,
                       mode=mode, backward=backward, causal=causal, **kwargs)

@@ -73,10 +73,10 @@ def _module_path(hierarchy: str, children: dict[str, list[tuple[str, str, str]]]
 def _children(named: list[tuple[str, Any]]) -> dict[str, list[tuple[str, str, str]]]:
     """Per module path: (attribute name, type, path) of the modules a hierarchy frame can name next:
     its children, and the children of its children that are containers without a forward."""
-    from ..capture.session import _own_forward
+    from ..capture.session import own_forward
     kids: dict[str, list[tuple[str, str, str]]] = {}
     types = {p: getattr(m, "original_name", type(m).__name__) for p, m in named}
-    calls = {p: _own_forward(m) for p, m in named}
+    calls = {p: own_forward(m) for p, m in named}
     for p, _ in named:
         if not p:
             continue
@@ -245,7 +245,7 @@ class _Interpreter:
 
 def torchscript_trace(src, example_inputs: tuple, options=None):
     """Run a TorchScript module on ``example_inputs`` under the capture; returns the Trace."""
-    from ..capture.session import (_Capture, _held, _Recorder, build_trace, StateGuard)
+    from ..capture.session import (Session, held_tensors, OpRecorder, build_trace, StateGuard)
     from ..costs import CostOptions
 
     module = load_torchscript(src)
@@ -255,10 +255,10 @@ def torchscript_trace(src, example_inputs: tuple, options=None):
     _compat.jit_inline(graph)
     named = list(module.named_modules())
     mods = [m for _, m in named]
-    cap = _Capture(module, options or CostOptions(), track_seq=False)
+    cap = Session(module, options or CostOptions(), track_seq=False)
     for path, m in named:
         cap.paths[id(m)] = path
-    cap.seed_producers(example_inputs, _held(mods, "_parameters") + _held(mods, "_buffers"))
+    cap.seed_producers(example_inputs, held_tensors(mods, "_parameters") + held_tensors(mods, "_buffers"))
     guard = StateGuard(module, mods, example_inputs)
     interp = _Interpreter(named, lambda m, ins: cap.enter(m, tuple(ins), {}),
                           lambda m, out: cap.exit(m, (), {}, out))
@@ -270,7 +270,7 @@ def torchscript_trace(src, example_inputs: tuple, options=None):
     for v, x in zip(inputs[1:], example_inputs):
         env[v.unique()] = x
     try:
-        with torch.no_grad(), _Recorder(cap):
+        with torch.no_grad(), OpRecorder(cap):
             cap.enter(module, example_inputs, {})
             try:
                 out = interp.run(graph, env)
