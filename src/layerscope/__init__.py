@@ -14,6 +14,7 @@ from . import render as _render  # noqa: F401  (plugs the renderers into the rep
 from .api import (BatchFit, activations, analyze, analyze_exported, analyze_onnx, analyze_torchscript,
                   max_batch_size, memory, onnx_tile, partition, profile)
 from .costs import CostOptions
+from .options import AnalyzeOptions, MemoryOptions, ProfileOptions
 from .errors import ForwardError, InputError, LayerscopeError, PlanError, RegistryError, SpecError
 from .pipeline import SplitUnits, Stage, StagePlan, Unit
 from .memory_report import CallMemory, MemoryLayer, MemoryReport, StepMemory
@@ -40,4 +41,5 @@ __all__ = [
     "partition", "StagePlan", "Stage", "Unit", "SplitUnits", "PlanError",
     "analyze_exported", "analyze_onnx", "analyze_torchscript", "onnx_tile", "profile", "LatencyReport", "LatencyLayer", "Profiler", "Roofline", "measure_roofline",
     "compare", "Comparison", "presets", "compat", "MemoryTotals", "LatencyTotals",
+    "AnalyzeOptions", "MemoryOptions", "ProfileOptions",
 ]

@@ -13,7 +13,7 @@ from .capture.prepare import (as_device, check_model, example_inputs, float_dtyp
                               prepare_inputs, rebatch)
 from .costs import CostOptions
 from .errors import ForwardError, InputError, LayerscopeError
-from .options import forward_inputs, optimizer_factory, optimizer_name, parse_autocast
+from .options import AnalyzeOptions, MemoryOptions, ProfileOptions, forward_inputs, optimizer_name
 from .pipeline.units import units_from_memory, with_latencies, with_work
 from .progress import ProgressBar
 from .report import Report
@@ -49,8 +49,7 @@ def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, batch_di
     if routed is not None:
         return routed
     check_model(model)
-    if causal not in ("dense", "unmasked"):
-        raise InputError(f"causal must be 'dense' or 'unmasked', got {causal!r}")
+    AnalyzeOptions(mode=mode, backward=backward, causal=causal)          # checked once, here
     if isinstance(model, torch.jit.ScriptModule):
         return _analyze_script(model, args, kwargs, input_size, dtypes, batch_dim, device, mode, backward,
                                causal)
@@ -105,8 +104,6 @@ def _analyze_script(model, args, kwargs, input_size, dtypes, batch_dim, device, 
     if why:
         raise InputError(f"a TorchScript module is analysed through its graph (analyze_torchscript): one "
                          f"forward on cpu with positional inputs; {why} is not supported for it")
-    if mode not in ("eval", "train", "same"):
-        raise InputError(f"mode must be 'eval', 'train' or 'same', got {mode!r}")
     flags = [(m, m.training) for m in model.modules()]
     try:
         if mode != "same":
@@ -130,8 +127,7 @@ def analyze_exported(program, *args: Any, input_size=None, dtypes=None, device=N
     from .capture.inputs import make_inputs
     from .formats.exported import exported_trace, load_exported
     ep = load_exported(program)
-    if causal not in ("dense", "unmasked"):
-        raise InputError(f"causal must be 'dense' or 'unmasked', got {causal!r}")
+    AnalyzeOptions(causal=causal)
     if input_size is not None:
         if args or kwargs:
             raise InputError("give example inputs or input_size, not both")
@@ -187,8 +183,7 @@ def activations(model: nn.Module, *args: Any, select=None, mode: str = "eval", f
     from .capture.activations import collect_activations
     kwargs = forward_inputs(kwargs, forward_kwargs)
     check_model(model)
-    if mode not in ("eval", "train", "same"):
-        raise InputError(f"mode must be 'eval', 'train' or 'same', got {mode!r}")
+    AnalyzeOptions(mode=mode)
     return collect_activations(model, args, kwargs, select, mode)
 
 
@@ -232,12 +227,9 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
 
     refuse_exported(model, "memory")   # issue 22: exported programs cannot run a training step
     check_model(model)
-    if steps < 1 or accumulation < 1:
-        raise InputError("steps and accumulation must be at least 1")
-    if optimizer is not None and not training:
-        raise InputError("an optimizer only applies to a training step (training=True)")
-    factory = optimizer_factory(optimizer)
-    amp = parse_autocast(autocast_dtype)
+    opts = MemoryOptions(training=training, optimizer=optimizer, autocast=autocast_dtype, steps=steps,
+                         accumulation=accumulation, batch_size=batch_size)
+    factory, amp = opts.optimizer, opts.autocast
     here = model_device(model)
     target = as_device(device) if device is not None else here
     if target.type == "cuda" and target.index is None and torch.cuda.is_available():
@@ -256,8 +248,6 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     in_device = here if (not simulate or measure) else torch.device("meta")
     args = example_inputs(args, kwargs, input_size, dtypes, batch_dim, in_device, "memory")
     if batch_size is not None:
-        if batch_size < 1:
-            raise InputError(f"batch_size must be at least 1, got {batch_size}")
         args, kwargs = rebatch(args, kwargs, batch_dim or 0, batch_size)
     # where the simulation runs: fake tensors that claim the target device
     sim_device = target
@@ -540,8 +530,7 @@ def profile(model: nn.Module, *args: Any, warmup: int = 3, repeats: int = 20, ba
     from .reports.latency import LatencyReport, latency_layers, latency_totals
 
     check_model(model)
-    if warmup < 0 or repeats < 1:
-        raise InputError(f"warmup must be >= 0 and repeats >= 1, got {warmup} and {repeats}")
+    ProfileOptions(warmup=warmup, repeats=repeats, backward=backward)
     here = model_device(model)
     if here.type == "meta" or is_fake_model(model):
         raise InputError("profile() times real computation; this model has no data (meta or fake "

@@ -3,11 +3,74 @@ autocast dtypes, and the forward's own keywords kept apart from the options."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
 import torch
 
 from .errors import InputError
 
-__all__ = ["forward_inputs", "optimizers", "optimizer_factory", "parse_autocast", "optimizer_name"]
+__all__ = ["Mode", "Causal", "Schedule", "AnalyzeOptions", "MemoryOptions", "ProfileOptions", "forward_inputs",
+           "optimizers", "optimizer_factory", "parse_autocast", "optimizer_name"]
+
+Mode = Literal["eval", "train", "same"]          # the model's flags for the run ("same": as they are)
+Causal = Literal["dense", "unmasked"]            # causal attention as the kernel computes it, or its half
+Schedule = Literal["gpipe", "1f1b", "interleaved"]
+
+
+def _choice(name: str, value: Any, allowed) -> None:
+    options = get_args(allowed)
+    if value not in options:
+        quoted = [repr(o) for o in options]
+        raise InputError(f"{name} must be {', '.join(quoted[:-1])} or {quoted[-1]}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class AnalyzeOptions:
+    """What ``analyze()`` (and ``activations()``) run: checked when made."""
+
+    mode: Mode = "eval"
+    backward: bool = False
+    causal: Causal = "dense"
+
+    def __post_init__(self) -> None:
+        _choice("mode", self.mode, Mode)
+        _choice("causal", self.causal, Causal)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryOptions:
+    """The step ``memory()`` simulates: checked, the optimizer and autocast dtype resolved."""
+
+    training: bool = True
+    optimizer: Any = None            # a callable params -> Optimizer (from a class, name or instance)
+    autocast: torch.dtype | None = None
+    steps: int = 2
+    accumulation: int = 1
+    batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.accumulation < 1:
+            raise InputError("steps and accumulation must be at least 1")
+        if self.optimizer is not None and not self.training:
+            raise InputError("an optimizer only applies to a training step (training=True)")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise InputError(f"batch_size must be at least 1, got {self.batch_size}")
+        object.__setattr__(self, "optimizer", optimizer_factory(self.optimizer))
+        object.__setattr__(self, "autocast", parse_autocast(self.autocast))
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileOptions:
+    """The timed runs of ``profile()``."""
+
+    warmup: int = 3
+    repeats: int = 20
+    backward: bool = False
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0 or self.repeats < 1:
+            raise InputError(f"warmup must be >= 0 and repeats >= 1, got {self.warmup} and {self.repeats}")
 
 
 def forward_inputs(kwargs: dict, forward_kwargs: dict | None) -> dict:
