@@ -79,19 +79,26 @@ def _check_costs(model, costs) -> None:
                          "is priced with the default cost registry")
 
 
-def analyze_onnx(model, input_shapes: dict | None = None) -> Report:
+def analyze_onnx(model, input_shapes: dict | None = None, costs=None) -> Report:
     """Analyse an ONNX model (a path or an ``onnx.ModelProto``) into the same Report as a PyTorch
     model: layers follow the module paths the exporter recorded (else one layer per node), costs
     follow the same conventions, and ``report.graph`` holds the nodes (attributes with defaults,
     shapes, params, MACs, FLOPs, bytes read and written), the op histogram and the peak activation
     memory. ``input_shapes``: ``{input name: shape}`` and/or ``{symbolic dim: value}``; dims left
-    symbolic keep their names, and nodes they make unknown are listed in coverage. Needs the
-    ``onnx`` extra; external data is never read."""
+    symbolic keep their names, and nodes they make unknown are listed in coverage. ``costs``: a
+    ``layerscope.costs.CostRegistry`` whose ONNX op types (``reg.onnx``) price the nodes instead of the
+    default one's (``default_registry().copy()`` then ``reg.onnx.register``/``override``); an op type it
+    has no formula for is uncounted in coverage. Needs the ``onnx`` extra; external data is never read."""
     import importlib.util
+    if costs is not None:
+        from .costs import CostRegistry
+        if not isinstance(costs, CostRegistry):
+            raise InputError(f"costs must be a layerscope.costs.CostRegistry (default_registry().copy()), got "
+                             f"{type(costs).__name__}")
     if importlib.util.find_spec("onnx") is None:
         raise InputError("ONNX analysis needs the onnx package: pip install 'layerscope[onnx]'")
     from .formats.onnx import onnx_trace
-    trace, graph = onnx_trace(model, input_shapes)
+    trace, graph = onnx_trace(model, input_shapes, costs)
     return Report(trace, graph=graph)
 
 
