@@ -32,7 +32,7 @@ from ..errors import InputError, RegistryError
 from ..trace import (FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER_UNKNOWN, Costs, LayerRecord, OpEvent,
                      ParamSpec, TensorSpec, Trace, Window)
 
-__all__ = ["NodeRecord", "OnnxGraph", "load_onnx", "onnx_trace"]
+__all__ = ["NodeRecord", "OnnxGraph", "load_onnx", "onnx_trace", "infer_shapes", "type_shape", "with_input_shapes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +140,7 @@ def _dtype(elem_type: int) -> tuple[str, int]:
         return name, {"bfloat16": 2, "float8e4m3fn": 1, "float8e5m2": 1}.get(name, 0)
 
 
-def _type_shape(tp) -> tuple[tuple | None, int]:
+def type_shape(tp) -> tuple[tuple | None, int]:
     if not tp.HasField("tensor_type"):
         return None, 0
     tt = tp.tensor_type
@@ -153,7 +153,7 @@ def _type_shape(tp) -> tuple[tuple | None, int]:
 _FLOAT_TYPES = {1, 10, 11, 16}      # float, float16, double, bfloat16
 
 
-def _with_inputs(model, input_shapes: dict | None):
+def with_input_shapes(model, input_shapes: dict | None):
     """A copy of the model, without floating-point weight values, whose graph inputs carry the
     user's shapes or symbolic-dim values."""
     import onnx
@@ -194,7 +194,7 @@ def _with_inputs(model, input_shapes: dict | None):
     return m
 
 
-def _infer(model):
+def infer_shapes(model):
     import onnx
     try:
         return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
@@ -322,7 +322,7 @@ def onnx_trace(src, input_shapes: dict | None = None,
     custom = None if costs is None else costs.name
     model = load_onnx(src)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    inferred = _infer(_with_inputs(model, input_shapes))
+    inferred = infer_shapes(with_input_shapes(model, input_shapes))
     g = inferred.graph
     shapes: dict[str, tuple | None] = {}
     dtypes: dict[str, tuple[str, int]] = {}
@@ -544,7 +544,7 @@ def _collect_shapes(g, shapes: dict, dtypes: dict, consts: dict) -> None:
     import onnx
     from onnx import numpy_helper
     for vi in list(g.input) + list(g.value_info) + list(g.output):
-        s, et = _type_shape(vi.type)
+        s, et = type_shape(vi.type)
         if s is not None or vi.name not in shapes:
             shapes[vi.name] = s
         if et:
