@@ -42,8 +42,13 @@ def test_page_is_self_contained(reports, tmp_path):
     # every report's data is in it, and "</" inside the JSON cannot close the script early
     assert page.count("</script>") == 2
     blob = page.split('id="layerscope-data">', 1)[1].split("</script>", 1)[0]
-    assert set(json.loads(blob)) == {"summary", "memory", "latency", "plan"}
-    assert "TinyGPT" in page and "blocks.0.mlp.0" in page
+    data = json.loads(blob)
+    assert {"summary", "memory", "latency", "plan", "context", "charts", "tree"} <= set(data)
+    # the tree holds the terminal's cells (same columns, units, folding); the charts group roles
+    assert [r[1] for r in data["tree"]["folded"]][:2] == ["TinyGPT", "├─tok: Embedding"]
+    assert data["tree"]["headers"][:3] == ["Layer (type)", "Output shape", "Params"]
+    assert any(b["label"] == "blocks.*.mlp.0 x2" for b in data["charts"][0][1]["bars"])
+    assert ["Inputs", "[2, 16] int64"] in data["context"] and "TinyGPT" in page
     out = tmp_path / "r.html"
     assert rep.save_html(str(out), memory=mem) == out.read_text()
 
@@ -60,8 +65,8 @@ def test_charts_render_in_chromium_without_console_errors(reports, tmp_path):
     assert "data-errors" not in dom
     console = [line for line in res.stderr.splitlines() if "CONSOLE" in line]
     assert console == [], console
-    # the layer tree has one row per layer call, and every chart has its bars
-    assert len(re.findall(r'<tr data-i="\d+"', dom)) == len(rep.layers)
+    # the layer tree has one row per layer call (two blocks do not fold), and every chart has its bars
+    assert len(re.findall(r'<tr data-depth="\d+"', dom)) == len(rep.layers)
     bars = [int(n) for n in re.findall(r'class="chart[^"]*"[^>]*data-bars="(\d+)"', dom)]
     assert len(bars) == 7 and all(b > 0 for b in bars)
     shot = tmp_path / "report.png"
@@ -111,3 +116,47 @@ def test_dataframes_when_pandas_is_there(reports):
     df = rep.to_dataframe()
     assert isinstance(df, pd.DataFrame) and len(df) == len(rep.layers)
     assert len(mem.to_dataframe()) == len(mem.layers) and len(plan.to_dataframe()) == 2
+
+
+@pytest.fixture(scope="module")
+def llama70b_page(tmp_path_factory):
+    """The page of Llama-2-70B (the preset, on meta: nothing allocated), its summary and an 8-stage
+    plan made from it."""
+    from layerscope.specs import build_model
+    built = build_model("hf:llama-2-70b", "meta")
+    args, kwargs = built.default_inputs(torch.device("meta"))
+    rep = ls.analyze(built.model, *args, **kwargs)
+    plan = ls.partition(rep, stages=8)
+    path = tmp_path_factory.mktemp("llama") / "llama-2-70b.html"
+    rep.save_html(str(path), plan=plan)
+    return rep, path
+
+
+def test_70b_page_is_folded_and_grouped(llama70b_page):
+    """Issue 19: the tree folds the 80 decoder layers as the terminal does, and the charts sum the 80
+    copies of each role instead of ranking 560 near-identical leaves."""
+    rep, path = llama70b_page
+    data = json.loads(path.read_text().split('id="layerscope-data">', 1)[1].split("</script>", 1)[0])
+    folded = [r[1] for r in data["tree"]["folded"]]
+    assert "│   ├─layers.0-79: LlamaDecoderLayer x80 (each)" in folded
+    assert sum("LlamaDecoderLayer" in n for n in folded) == 1 and len(folded) < 40
+    assert len(data["tree"]["full"]) == len(rep.layers) > 900
+    # the same cells as the terminal's table at the same columns
+    text = rep.table()
+    assert all(cell in text for row in data["tree"]["folded"][:8] for cell in row[2:])
+    macs = data["charts"][0][1]["bars"]
+    assert macs[0]["label"].endswith("x80") and len(macs) <= 20 and data["charts"][0][1]["rest"] is None
+    assert ["Inputs", "[1, 4096] int64"] in data["context"] and ["Model dtype", "float32"] in data["context"]
+    assert data["plan"]["bars"][0]["label"].startswith("stage 0: ")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (make test installs Debian's chromium)")
+def test_70b_page_renders_in_chromium(llama70b_page):
+    rep, path = llama70b_page
+    res = _browser(path, "--dump-dom")
+    dom = res.stdout
+    assert re.search(r'data-rendered="[1-9]', dom) and "data-errors" not in dom, res.stderr[-1500:]
+    assert [line for line in res.stderr.splitlines() if "CONSOLE" in line] == []
+    names = re.findall(r'<td class="name">([^<]*)</td>', dom)       # the rows drawn
+    assert [n for n in names if "LlamaDecoderLayer" in n] == ["│   ├─layers.0-79: LlamaDecoderLayer x80 (each)"]
+    assert re.search(r"<text[^>]*>model.layers.\*.mlp.down_proj x80</text>", dom)

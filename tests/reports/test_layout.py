@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from layerscope.render.fold import find_folds, role
+from layerscope.render.fold import find_folds, roles
 from layerscope.render.layout import fit, grid, shorten, shorten_name
 from layerscope.render.text import grid_text
 from layerscope.render.units import fmt, iec, si
@@ -102,8 +102,17 @@ def test_a_run_that_closes_its_parent_closes_its_branch():
 
 
 def test_roles_group_repeated_layers():
-    assert role("model.layers.17.mlp.down_proj") == "model.layers.*.mlp.down_proj"
-    assert role("h.0") == "h.*" and role("0.fc") == "*.fc" and role("fc1") == "fc1"
+    """Blocks with the same type and structure share roles; the numbered parts inside one block
+    (a Sequential's 0 and 2) stay apart."""
+    layers = [("", "Net"), ("layers", "ModuleList")]
+    for b in range(3):
+        layers += [(f"layers.{b}", "Block"), (f"layers.{b}.mlp", "Sequential"), (f"layers.{b}.mlp.0", "Linear"),
+                   (f"layers.{b}.mlp.1", "GELU"), (f"layers.{b}.mlp.2", "Linear")]
+    layers += [("head", "Linear"), ("extra", "ModuleList"), ("extra.0", "Linear"), ("extra.1", "Conv2d")]
+    r = roles(layers)
+    assert r["layers.2.mlp.2"] == "layers.*.mlp.2" and r["layers.0.mlp.0"] == "layers.*.mlp.0"
+    assert r["layers.1"] == "layers.*" and r["head"] == "head"
+    assert r["extra.0"] == "extra.0" and r["extra.1"] == "extra.1"     # different types: not a block run
 
 
 # ---- fitting ------------------------------------------------------------------------------------

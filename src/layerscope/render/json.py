@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from .units import fmt
+
 if TYPE_CHECKING:
     from ..report import Report
 
@@ -73,7 +75,8 @@ def table_meta(table) -> dict[str, Any]:
     """What every report's JSON says about its table: the context the numbers are for (inputs,
     dtypes, mode, device, optimizer, schedule) and its columns (key, header, unit)."""
     return {"context": [_fact(f) for f in table.context],
-            "columns": [{"key": c.key, "header": c.header, "unit": c.unit, "default": c.default}
+            "columns": [{"key": c.key, "header": c.header, "unit": c.unit, "default": c.default,
+                         **({} if c.fold else {"fold": False, "fold_with": c.fold_with})}
                         for c in table.columns]}
 
 
@@ -86,8 +89,23 @@ def report_json(report, **options) -> dict[str, Any]:
     kinds = {"summary": report_dict, "memory": memory_dict, "latency": latency_dict, "stage_plan": plan_dict,
              "comparison": compare_dict}
     d = kinds[report.kind](report, **options)
-    return {"schema_version": SCHEMA_VERSION, "kind": report.kind, **d,
-            **table_meta(report.table_model(0, "all", **report._csv_view()))}
+    table = report.table_model(None, "all", **report._csv_view())
+    rows = d.get("stages") if report.kind == "stage_plan" else d.get("layers")
+    if rows is not None and len(rows) == len(table.rows):
+        for row, r in zip(rows, table.rows):
+            row["values"] = {c.key: _plain(v) for c, v in zip(table.columns, r.values)}
+            shown = {c.key: (t if t is not None else fmt(c.unit, v)) + x
+                     for c, v, t, x in zip(table.columns, r.values, r.texts, r.suffixes) if t is not None or x}
+            if shown:
+                row["shown"] = shown
+    return {"schema_version": SCHEMA_VERSION, "kind": report.kind, **d, **table_meta(table)}
+
+
+def _plain(v: Any) -> Any:
+    """A column value as JSON holds it: tuples (shapes) as lists."""
+    if isinstance(v, tuple):
+        return [_plain(x) for x in v]
+    return v
 
 
 def compare_dict(cmp) -> dict[str, Any]:

@@ -1,10 +1,12 @@
 """Self-contained HTML report: one file, no network at view time.
 
-The page embeds the data of the reports it shows (the same dicts as their JSON, slimmed: the memory
-timeline is cut to at most ``MAX_POINTS`` points, keeping each bucket's highest point so the peak
-survives) and draws its charts with inline JavaScript into SVG. The layer table is a tree whose rows
-fold and unfold. Sections: summary cards, layer tree, per-layer charts (MACs, params, memory,
-latency), the memory timeline by category, the pipeline stages, coverage.
+The page is built from the reports' JSON (``to_dict()``, or a saved file: the same thing), read
+through the columns every report declares (``columns``: key, header, unit; each row's ``values``):
+the layer tree shows the same cells as the terminal, formatted by ``render.units`` and folded by
+``render.fold`` (``layers.0-79: LlamaDecoderLayer x80 (each)``), and the charts group the copies of
+one role (``model.layers.*.mlp.down_proj x80``) instead of ranking hundreds of identical leaves. The
+memory timeline is cut to at most ``MAX_POINTS`` points, keeping each bucket's highest point so the
+peak survives. Inline JavaScript draws the charts into SVG.
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ import json
 from importlib import resources
 from string import Template
 from typing import Any
+
+from ...reports.table import Column, Row, Table
+from ..fold import roles
+from ..layout import grid
+from ..units import fmt
 
 __all__ = ["html_page", "page_data", "MAX_POINTS", "TOP"]
 
@@ -39,52 +46,172 @@ def _slim_timeline(tl: dict | None) -> dict | None:
             "markers": [m for m in tl["markers"] if m["kind"] in ("step", "phase")]}
 
 
-def page_data(summary: dict | None = None, memory: dict | None = None, latency: dict | None = None,
-              plan: dict | None = None) -> dict[str, Any]:
-    """What the page embeds, from the reports' ``to_dict()`` (or their saved JSON)."""
+def _key(r: dict) -> tuple[str, int]:
+    return r["path"], r["call_index"]
+
+
+def _values(r: dict) -> dict:
+    return r.get("values") or {}
+
+
+def _tree(parts: list[tuple[str, dict, list[str]]]) -> dict:
+    """The layer tree of the page: the first part's layers, with the chosen columns of every part
+    (matched by path and call), drawn and folded exactly as the terminal draws them (the same
+    ``grid``); ``full`` has every block for the page's unfold switch."""
+    base = parts[0][1]["layers"]
+    cols: list[tuple[dict, dict[tuple[str, int], dict]]] = []
+    columns: list[Column] = []
+    for _, d, keys in parts:
+        meta = {c["key"]: c for c in d.get("columns", [])}
+        by_key = {_key(r): r for r in d["layers"]}
+        for k in keys:
+            if k in meta:
+                c = meta[k]
+                columns.append(Column(k, c["header"], c["unit"], lambda r, rep: None, fold=c.get("fold", True),
+                                      fold_with=c.get("fold_with", "max")))
+                cols.append((c, by_key))
+    rows = []
+    for r in base:
+        vals, texts = [], []
+        for c, by_key in cols:
+            other = by_key.get(_key(r))
+            vals.append(_freeze(_values(other).get(c["key"])) if other else None)
+            texts.append((other.get("shown") or {}).get(c["key"]) if other else "--")
+        rows.append(Row(index=r["index"], path=r["path"], type=r["type"], depth=r["depth"],
+                        call_index=r["call_index"], parent=r["parent"], values=tuple(vals), texts=tuple(texts),
+                        suffixes=("",) * len(vals)))
+    table = Table(kind="page", title="", columns=tuple(columns), rows=tuple(rows))
+
+    def drawn(g) -> list[list]:
+        # depth from the tree drawing: "" root, "├─" 1, "│   ├─" 2, ...
+        return [[(len(p) + 2) // 4] + list(row) for p, row in zip(g.prefixes, g.body)]
+    folded = grid(table, fold=True)
+    return {"headers": list(folded.header), "folded": drawn(folded), "full": drawn(grid(table, fold=False)),
+            "note": next((v for k, v, _ in folded.footer if k == "Folded rows"), None)}
+
+
+def _freeze(v: Any) -> Any:
+    return tuple(_freeze(x) for x in v) if isinstance(v, list) else v
+
+
+def _roles(layers: list[dict], value, unit: str, top: int = TOP) -> dict:
+    """A chart's bars: the leaves' values summed per role (the copies of one layer across repeated
+    blocks: ``layers.*.mlp.down_proj x80``), the largest first; what does not fit is summed in a
+    note, not drawn as a bar (it would set the scale and leave the real bars as hairlines)."""
+    groups: dict[str, list] = {}
+    role = roles([(r["path"], r["type"]) for r in layers])
+    for r in layers:
+        if r.get("children"):
+            continue
+        v = value(r)
+        if not v:
+            continue
+        g = groups.setdefault(role[r["path"]] + (f" #{r['call_index'] + 1}" if r["call_index"] else ""), [0, 0])
+        g[0] += v
+        g[1] += 1
+    items = sorted(((k or "(root)", v, n) for k, (v, n) in groups.items()), key=lambda x: -x[1])
+    shown, rest = items[:top], items[top:]
+    return {"unit": unit,
+            "bars": [{"label": k + (f" x{n}" if n > 1 else ""), "value": v, "text": fmt(unit, v, chart=True)}
+                     for k, v, n in shown],
+            "rest": None if not rest else {"roles": len(rest), "layers": sum(n for _, _, n in rest),
+                                           "text": fmt(unit, sum(v for _, v, _ in rest), chart=True)}}
+
+
+def _context(parts: list[dict]) -> list[list[str]]:
+    """The page's first card: what the numbers are for, from every report on it (each line once)."""
+    seen, out = set(), []
+    for d in parts:
+        for f in d.get("context", []):
+            v = f["value"] if f.get("unit", "text") == "text" else fmt(f["unit"], f["value"])
+            label = f["label"] if f["label"] != "Run" or d["kind"] == "summary" else \
+                {"memory": "Memory", "latency": "Timing", "stage_plan": "Pipeline"}.get(d["kind"], "Run")
+            if label not in seen:                  # the first report that says it (the inputs once)
+                seen.add(label)
+                out.append([label, str(v)])
+    return out
+
+
+def _as_dict(x) -> dict | None:
+    if x is None:
+        return None
+    if hasattr(x, "to_dict"):
+        return x.to_dict(timeline=True) if getattr(x, "kind", "") == "memory" else x.to_dict()
+    return x
+
+
+def page_data(summary=None, memory=None, latency=None, plan=None) -> dict[str, Any]:
+    """What the page embeds, from the reports (objects, their ``to_dict()`` or their saved JSON)."""
+    summary, memory, latency, plan = (_as_dict(x) for x in (summary, memory, latency, plan))
     data: dict[str, Any] = {}
+    present = [d for d in (summary, memory, latency, plan) if d is not None]
+    data["context"] = _context(present)
+    tree_parts = []
     if summary is not None:
-        data["summary"] = {
-            "model": summary["model"], "totals": summary["totals"], "coverage": summary["coverage"],
-            "layers": [{"i": r["index"], "path": r["path"], "type": r["type"], "depth": r["depth"],
-                        "call": r["call_index"], "parent": r["parent"], "children": r["children"],
-                        "out": [o["shape"] for o in r["outputs"]][:1], "params": r["subtree_params"],
-                        "own_params": r["num_params"], "macs": r["forward_total"]["macs"],
-                        "flops": r["forward_total"]["flops"], "self_macs": r["forward"]["macs"],
-                        "read": r["forward_total"]["bytes_read"],
-                        "written": r["forward_total"]["bytes_written"],
-                        "bwd_macs": r["backward_total"]["macs"]} for r in summary["layers"]]}
+        tree_parts.append(("summary", summary, [c["key"] for c in summary.get("columns", []) if c.get("default")]))
+    if memory is not None:
+        tree_parts.append(("memory", memory, ["total"] if summary is not None else
+                           [c["key"] for c in memory.get("columns", []) if c.get("default")]))
+    if latency is not None:
+        tree_parts.append(("latency", latency, ["forward_self"] if tree_parts else
+                           [c["key"] for c in latency.get("columns", []) if c.get("default")]))
+    if tree_parts and all("values" in (d["layers"][0] if d["layers"] else {"values": 1}) for _, d, _ in tree_parts):
+        data["tree"] = _tree(tree_parts)
+    charts = []
+    if summary is not None:
+        t = summary["totals"]
+        data["summary"] = {"model": summary["model"], "totals": t, "coverage": summary["coverage"]}
+        charts.append(["Forward MACs per layer role (leaf modules, summed over repeated blocks)",
+                       _roles(summary["layers"], lambda r: _values(r).get("self_macs"), "count")])
+        charts.append(["Parameters per layer role (each counted once)",
+                       _roles(summary["layers"], lambda r: _values(r).get("own_params"), "params")])
     if memory is not None:
         data["memory"] = {k: memory[k] for k in ("model", "peak_bytes", "breakdown", "totals", "steps", "notes")}
-        data["memory"]["layers"] = [
-            {"i": r["index"], "path": r["path"], "type": r["type"], "depth": r["depth"], "call": r["call_index"],
-             "children": r["children"],
-             "own": r["saved_bytes"] + r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"],
-             "total": r["total"]} for r in memory["layers"]]
         data["memory"]["timeline"] = _slim_timeline(memory.get("timeline"))
+        own = ("saved_bytes", "param_bytes", "grad_bytes", "optimizer_bytes")
+        charts.append(["Memory per layer role: saved activations, params, grads, optimizer state",
+                       _roles(memory["layers"], lambda r: sum(r.get(k) or 0 for k in own), "bytes")])
     if latency is not None:
-        data["latency"] = {"model": latency["model"], "totals": latency["totals"], "notes": latency["notes"],
-                           "layers": [{"i": r["index"], "path": r["path"], "type": r["type"],
-                                       "depth": r["depth"], "call": r["call_index"], "children": r["children"],
-                                       "fwd_self": (r["forward_self_s"] or {}).get("median"),
-                                       "bwd_self": (r["backward_self_s"] or {}).get("median")}
-                                      for r in latency["layers"]]}
+        data["latency"] = {"model": latency["model"], "totals": latency["totals"], "notes": latency["notes"]}
+
+        def self_time(r):
+            v = _values(r)
+            return (v.get("forward_self") or 0) + (v.get("backward_self") or 0)
+        charts.append(["Self time per layer role, forward" + (" + backward" if latency["model"]["options"].get(
+            "backward") else "") + " (median, summed over repeated blocks)",
+            _roles(latency["layers"], self_time, "seconds")])
+    data["charts"] = charts
     if plan is not None:
         data["plan"] = {k: plan[k] for k in ("model", "by", "schedule", "microbatches", "bottleneck",
                                              "lower_bound", "imbalance", "split_points", "stages", "notes")}
+        unit = {"memory": "bytes", "latency": "seconds"}.get(plan["by"], "count")
+        data["plan"]["bars"] = [
+            {"label": f"stage {st['stage']}: {st['first_unit']}" + (
+                f" .. {st['last_unit']}" if st["last_unit"] != st["first_unit"] else ""),
+             "value": st["cost"], "text": fmt(unit, st["cost"], chart=True),
+             "memory": st["memory_total"], "memory_text": fmt("bytes", st["memory_total"]),
+             "params_text": fmt("params", st["params"]), "units": st["units"],
+             "limit_text": fmt("bytes", st["limit_bytes"]) if st.get("limit_bytes") else "--"}
+            for st in plan["stages"]]
+    if not present:
+        return {}
     return data
 
 
-def html_page(title: str | None = None, **reports: dict | None) -> str:
-    """The whole page for the given report dicts (summary=, memory=, latency=, plan=)."""
+def html_page(title: str | None = None, **reports) -> str:
+    """The whole page for the given reports (summary=, memory=, latency=, plan=: report objects,
+    their ``to_dict()`` or saved JSON)."""
     data = page_data(**reports)
     if not data:
         from ...errors import InputError
         raise InputError("an HTML report needs at least one of summary, memory, latency, plan")
-    name = next(d["model"]["name"] if isinstance(d["model"], dict) else d["model"] for d in data.values())
+    first = next(d for d in (data.get("summary"), data.get("memory"), data.get("latency"), data.get("plan")) if d)
+    name = first["model"]["name"] if isinstance(first["model"], dict) else first["model"]
+    data["name"] = name
     template = Template(resources.files(__name__).joinpath("report.html").read_text(encoding="utf-8"))
     # inside <script>, "</" could close the tag early: JSON allows "<\/" for it
     blob = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
     from ... import __version__
     return template.substitute(title=html.escape(title or f"layerscope: {name}"), data=blob,
                                version=html.escape(__version__))
+
