@@ -1,19 +1,14 @@
-"""The hand-derived references of bench/peers.py hold for layerscope: the models the peers are
+"""The hand-derived references of bench/peers.py (tests/zoo/peer_models.py) hold for layerscope: the models the peers are
 measured on, counted here without the peers (they are not test dependencies)."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 
 import pytest
 
 import layerscope as ls
 
-_spec = importlib.util.spec_from_file_location(
-    "peers", pathlib.Path(__file__).resolve().parents[1] / "bench" / "peers.py")
-peers = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(peers)
+from .zoo import peer_models as peers
 
 
 @pytest.mark.parametrize("name", ["CNN + ConvTranspose", "LSTM (T=20)", "tied + reused",

@@ -292,9 +292,9 @@ def test_small_cnn_units():
 
 
 def test_saved_inputs_and_outputs_are_not_counted_twice():
-    from layerscope.api import _units_from_memory
+    from layerscope.pipeline.units import units_from_memory
     m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-    units = _units_from_memory(ls.memory(m, torch.randn(3, 4), optimizer="sgd", steps=2), m)
+    units = units_from_memory(ls.memory(m, torch.randn(3, 4), optimizer="sgd", steps=2), m)
     got = [(u.saved_bytes, u.received_saved_bytes, u.output_saved_bytes) for u in units.units]
     # batch 3 x 8 float32 = 96 B. Unit 0 saves only the model's input (an input, not an activation).
     # Unit 1 (Linear) saves its input, unit 0's output, which existed before it began: received 96.

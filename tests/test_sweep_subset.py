@@ -1,19 +1,14 @@
-"""The CI subset of bench/sweep_transformers.py: architectures of every family (encoder, decoder,
+"""The CI subset of bench/sweep_transformers.py (its harness: tests/zoo/hf_sweep.py): architectures of every family (encoder, decoder,
 encoder-decoder, vision, audio, mixture-of-experts) through analyze() on CPU, on meta and with a
 backward, built from their configs shrunk to tiny sizes."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 import warnings
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "sweep_transformers", pathlib.Path(__file__).resolve().parents[1] / "bench" / "sweep_transformers.py")
-sweep = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sweep)
+from .zoo import hf_sweep as sweep
 
 SUBSET = [("bert", "BertModel"), ("gpt2", "GPT2Model"), ("llama", "LlamaModel"), ("t5", "T5Model"),
           ("bart", "BartModel"), ("vit", "ViTModel"), ("resnet", "ResNetModel"), ("wav2vec2", "Wav2Vec2Model"),

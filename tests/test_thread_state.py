@@ -92,3 +92,35 @@ def test_gc_pause_only_when_no_other_thread_runs():
     assert alone == (n_alone > 1) and n_shared > 1 and shared
     import gc
     assert gc.isenabled()
+
+
+def test_meta_masks_read_as_all_true_without_flipping_torch_config():
+    """Issue 20 item 5: on meta, nonzero and boolean masks select every element (values read as
+    1) by the recorder itself; torch's process-wide fx flag meta_nonzero_assume_all_nonzero, which
+    another thread would see, stays as it was. The counts equal a CPU run whose every value is
+    nonzero."""
+    import torch.fx.experimental._config as fx_config
+
+    seen = []
+
+    class Masks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            seen.append(fx_config.meta_nonzero_assume_all_nonzero)
+            y = torch.relu(self.fc(x)) + 1.0            # every value > 0 on cpu
+            a = y[y > 0]
+            b = torch.nonzero(y).float()
+            y[y > 0.5] = 0.5
+            return a.sum() + b.sum() + y.sum()
+
+    torch.manual_seed(0)
+    m = Masks()
+    meta = ls.analyze(m, torch.randn(4, 8), device="meta")
+    cpu = ls.analyze(m, torch.randn(4, 8).abs() + 1)
+    assert seen == [False, False]
+    # bytes differ by 4: the 0.5 of y[...] = 0.5 is a scalar_tensor written on meta, a lift_fresh on cpu
+    assert (meta.totals.macs, meta.totals.flops) == (cpu.totals.macs, cpu.totals.flops) == (256, 802)
+    assert [r.outputs for r in meta.layers] == [r.outputs for r in cpu.layers]

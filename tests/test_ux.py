@@ -14,7 +14,7 @@ from layerscope.cli import main
 
 def run(*argv):
     return main(list(argv))
-from layerscope.render.columns import shorten
+from layerscope.render.layout import shorten
 
 pytest.importorskip("transformers")
 

@@ -10,13 +10,17 @@ with _warnings.catch_warnings():
     _warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     import torch as _torch  # noqa: F401
 
+from . import render as _render  # noqa: F401  (plugs the renderers into the reports)
 from .api import (BatchFit, activations, analyze, analyze_exported, analyze_onnx, analyze_torchscript,
                   max_batch_size, memory, onnx_tile, partition, profile)
 from .costs import CostOptions
+from .options import AnalyzeOptions, MemoryOptions, ProfileOptions
 from .errors import ForwardError, InputError, LayerscopeError, PlanError, RegistryError, SpecError
 from .pipeline import SplitUnits, Stage, StagePlan, Unit
 from .memory_report import CallMemory, MemoryLayer, MemoryReport, StepMemory
 from .latency_report import LatencyLayer, LatencyReport
+from .reports.latency import LatencyTotals
+from .reports.memory import MemoryTotals
 from .profiler import Profiler
 from .analyses.roofline import Roofline, measure_roofline
 from .report import Report
@@ -36,5 +40,6 @@ __all__ = [
     "LayerscopeError", "InputError", "ForwardError", "SpecError", "RegistryError", "__version__",
     "partition", "StagePlan", "Stage", "Unit", "SplitUnits", "PlanError",
     "analyze_exported", "analyze_onnx", "analyze_torchscript", "onnx_tile", "profile", "LatencyReport", "LatencyLayer", "Profiler", "Roofline", "measure_roofline",
-    "compare", "Comparison", "presets", "compat",
+    "compare", "Comparison", "presets", "compat", "MemoryTotals", "LatencyTotals",
+    "AnalyzeOptions", "MemoryOptions", "ProfileOptions",
 ]

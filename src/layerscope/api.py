@@ -2,126 +2,29 @@
 
 from __future__ import annotations
 
-import contextlib
-import fnmatch
-import functools
-import gc
-import threading
-import weakref
 from typing import Any
 
 import torch
 from torch import nn
 
-from .capture import StateGuard, capture, iter_tensors, make_inputs, map_tensors, model_device
-from .capture.session import private_rng, tracked_modules
+from .capture import StateGuard, capture, iter_tensors, model_device
+from .capture.guard import exclusive, gc_paused
+from .capture.prepare import (as_device, check_model, example_inputs, float_dtype, is_fake_model, micro_batch,
+                              prepare_inputs, rebatch)
 from .costs import CostOptions
 from .errors import ForwardError, InputError, LayerscopeError
+from .options import AnalyzeOptions, MemoryOptions, ProfileOptions, forward_inputs, optimizer_name
+from .pipeline.units import units_from_memory, with_latencies, with_work
+from .progress import ProgressBar
 from .report import Report
 
 __all__ = ["analyze", "activations", "memory", "max_batch_size", "BatchFit", "partition"]
 
 
-def _check_model(model: Any) -> nn.Module:
-    if not isinstance(model, nn.Module):
-        raise InputError(f"expected a torch.nn.Module, got {type(model).__name__}")
-    return model
-
-
-def _as_device(device) -> torch.device:
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        raise InputError(f"unknown device {device!r} (cpu, cuda, cuda:1, meta)") from None
-
-
-def _prepare(model: nn.Module, args: tuple, kwargs: dict, input_size, dtypes, batch_dim, device):
-    """Resolve example inputs and where to run. Returns (args, kwargs, on_meta)."""
-    here = model_device(model)
-    target = _as_device(device) if device is not None else here
-    on_meta = target.type == "meta" and here.type != "meta"
-    if not on_meta and target.type != here.type and any(True for _ in model.parameters()):
-        raise InputError(f"the model is on {here} but device={str(target)!r} was asked; layerscope never "
-                         "moves a model: move it first, or pass device='meta' to analyse it without "
-                         "running it")
-    if input_size is None and batch_dim is not None:
-        raise InputError("dtypes and batch_dim only apply together with input_size")
-    args = _example_inputs(args, kwargs, input_size, dtypes, batch_dim, target, "analyze")
-    if on_meta:
-        # a meta copy keeps requires_grad: a backward then computes the input's gradient as on cpu
-        to_meta = lambda t: torch.empty_like(t, device="meta").requires_grad_(  # noqa: E731
-            t.requires_grad and (t.is_floating_point() or t.is_complex()))
-        args, kwargs = map_tensors(tuple(args), to_meta), map_tensors(dict(kwargs), to_meta)
-    return tuple(args), dict(kwargs), on_meta
-
-
-def _example_inputs(args: tuple, kwargs: dict, input_size, dtypes, batch_dim, device, entry: str) -> tuple:
-    """The positional inputs: as given, or built from ``input_size`` on ``device``; refuses both, and
-    neither."""
-    if input_size is not None:
-        if args:
-            raise InputError("give either input_size or example inputs, not both")
-        args = tuple(make_inputs(input_size, dtypes, batch_dim, device))
-    elif dtypes is not None:
-        raise InputError("dtypes and batch_dim only apply together with input_size" if entry == "analyze"
-                         else "dtypes only applies together with input_size")
-    if not args and not kwargs:
-        raise InputError(f"no example inputs: pass them as arguments ({entry}(model, x)) or give input_size")
-    return tuple(args)
-
-
-
-# One lock per model object: an analysis sets a model's flags (eval/train) and swaps its tensors
-# while it runs, so two threads analysing the same model take turns; different models run at once.
-_MODEL_LOCKS: "weakref.WeakKeyDictionary[nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
-_LOCKS_GUARD = threading.Lock()
-
-
-def _exclusive(fn):
-    """Every public entry point that runs a model: one analysis at a time per model, and outside
-    ``torch.inference_mode`` (see ``_normal_tensors``)."""
-    @functools.wraps(fn)
-    def wrapper(model, *args, **kwargs):
-        # Under inference_mode autograd does not decompose composite ops (aten.conv2d, aten.linear,
-        # aten.scaled_dot_product_attention arrive whole), and nothing can be saved for a backward:
-        # every analysis runs as in grad/no_grad mode, so the numbers do not depend on the caller's
-        # mode. The switch is thread-local (InferenceMode is a per-thread guard).
-        # A model that holds inference tensors (built under inference mode) stays in it: outside,
-        # its buffers could not be updated or restored in place; the recorder decomposes
-        # composite ops itself, so forward counts are the same (a backward cannot run for it).
-        leave = not (isinstance(model, nn.Module) and _holds_inference_tensors(model))
-        with torch.inference_mode(False) if leave else contextlib.nullcontext():
-            args, kwargs = _normal_tensors(args, kwargs) if leave else (args, kwargs)
-            if not isinstance(model, nn.Module):
-                return fn(model, *args, **kwargs)
-            with _LOCKS_GUARD:
-                lock = _MODEL_LOCKS.get(model)
-                if lock is None:
-                    lock = _MODEL_LOCKS[model] = threading.RLock()
-            with lock:
-                return fn(model, *args, **kwargs)
-    return wrapper
-
-
-def _holds_inference_tensors(model: nn.Module) -> bool:
-    return any(t.is_inference() for t in model.parameters()) or \
-        any(t.is_inference() for t in model.buffers())
-
-
-def _normal_tensors(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Inputs made under ``torch.inference_mode`` as normal tensors (clones): outside inference mode
-    an inference tensor cannot be saved for backward nor updated in place. The caller's tensors are
-    never touched; nothing is copied when no input is an inference tensor."""
-    if not any(t.is_inference() for t in iter_tensors((args, kwargs))):
-        return args, kwargs
-    fix = lambda t: t.clone() if t.is_inference() else t  # noqa: E731
-    return map_tensors(tuple(args), fix), map_tensors(dict(kwargs), fix)
-
-
-@_exclusive
+@exclusive
 def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, batch_dim: int | None = None,
             device=None, mode: str = "eval", backward: bool = False, causal: str = "dense",
-            costs=None, **kwargs: Any) -> Report:
+            costs=None, forward_kwargs: dict | None = None, **kwargs: Any) -> Report:
     """Analyse one forward (and, with ``backward=True``, one backward) of ``model``.
 
     Args and kwargs pass to ``model.forward`` as they are (dicts, lists, token ids, ...); or give
@@ -131,8 +34,10 @@ def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, batch_di
     ``causal="unmasked"`` counts only the unmasked part of causal attention. ``costs`` is a
     ``layerscope.costs.CostRegistry`` to price ops with instead of the default one (eager modules only;
     ``default_registry().copy()`` then ``register``/``override``); an op it has no formula for is
-    uncounted in coverage. A forward argument named ``costs`` cannot pass through ``**kwargs``.
+    uncounted in coverage. A forward argument named like one of these options (``mode``, ``device``,
+    ``costs``, ...) goes in ``forward_kwargs={"mode": ...}``: keywords an option takes are options.
     """
+    kwargs = forward_inputs(kwargs, forward_kwargs)
     if costs is not None:
         _check_costs(model, costs)
     # torch.export / torch.compile front doors (issue 22): an ExportedProgram or ep.module() runs its
@@ -143,14 +48,13 @@ def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, batch_di
                            analyze_exported=analyze_exported)
     if routed is not None:
         return routed
-    _check_model(model)
-    if causal not in ("dense", "unmasked"):
-        raise InputError(f"causal must be 'dense' or 'unmasked', got {causal!r}")
+    check_model(model)
+    AnalyzeOptions(mode=mode, backward=backward, causal=causal)          # checked once, here
     if isinstance(model, torch.jit.ScriptModule):
         return _analyze_script(model, args, kwargs, input_size, dtypes, batch_dim, device, mode, backward,
                                causal)
-    args, kwargs, on_meta = _prepare(model, args, kwargs, input_size, dtypes, batch_dim, device)
-    with _gc_paused():
+    args, kwargs, on_meta = prepare_inputs(model, args, kwargs, input_size, dtypes, batch_dim, device)
+    with gc_paused():
         try:
             trace, _ = capture(model, args, kwargs, mode=mode, backward=backward, on_meta=on_meta,
                                options=CostOptions(causal=causal, registry=costs))
@@ -165,29 +69,36 @@ def _check_costs(model, costs) -> None:
     """analyze(costs=...): a CostRegistry, for an eager module (the exported, compiled and TorchScript
     front doors price ops with the default registry)."""
     from .costs import CostRegistry
-    from .formats.exported import _compiled_original, is_exported_module
+    from .formats.exported import compiled_original, is_exported_module
     if not isinstance(costs, CostRegistry):
         raise InputError(f"costs must be a layerscope.costs.CostRegistry (default_registry().copy()), got "
                          f"{type(costs).__name__}")
     if (isinstance(model, (torch.export.ExportedProgram, torch.jit.ScriptModule))
-            or _compiled_original(model) is not None or is_exported_module(model)):
+            or compiled_original(model) is not None or is_exported_module(model)):
         raise InputError("costs= applies to an eager nn.Module; an exported, compiled or TorchScript model "
                          "is priced with the default cost registry")
 
 
-def analyze_onnx(model, input_shapes: dict | None = None) -> Report:
+def analyze_onnx(model, input_shapes: dict | None = None, costs=None) -> Report:
     """Analyse an ONNX model (a path or an ``onnx.ModelProto``) into the same Report as a PyTorch
     model: layers follow the module paths the exporter recorded (else one layer per node), costs
     follow the same conventions, and ``report.graph`` holds the nodes (attributes with defaults,
     shapes, params, MACs, FLOPs, bytes read and written), the op histogram and the peak activation
     memory. ``input_shapes``: ``{input name: shape}`` and/or ``{symbolic dim: value}``; dims left
-    symbolic keep their names, and nodes they make unknown are listed in coverage. Needs the
-    ``onnx`` extra; external data is never read."""
+    symbolic keep their names, and nodes they make unknown are listed in coverage. ``costs``: a
+    ``layerscope.costs.CostRegistry`` whose ONNX op types (``reg.onnx``) price the nodes instead of the
+    default one's (``default_registry().copy()`` then ``reg.onnx.register``/``override``); an op type it
+    has no formula for is uncounted in coverage. Needs the ``onnx`` extra; external data is never read."""
     import importlib.util
+    if costs is not None:
+        from .costs import CostRegistry
+        if not isinstance(costs, CostRegistry):
+            raise InputError(f"costs must be a layerscope.costs.CostRegistry (default_registry().copy()), got "
+                             f"{type(costs).__name__}")
     if importlib.util.find_spec("onnx") is None:
         raise InputError("ONNX analysis needs the onnx package: pip install 'layerscope[onnx]'")
     from .formats.onnx import onnx_trace
-    trace, graph = onnx_trace(model, input_shapes)
+    trace, graph = onnx_trace(model, input_shapes, costs)
     return Report(trace, graph=graph)
 
 
@@ -200,8 +111,6 @@ def _analyze_script(model, args, kwargs, input_size, dtypes, batch_dim, device, 
     if why:
         raise InputError(f"a TorchScript module is analysed through its graph (analyze_torchscript): one "
                          f"forward on cpu with positional inputs; {why} is not supported for it")
-    if mode not in ("eval", "train", "same"):
-        raise InputError(f"mode must be 'eval', 'train' or 'same', got {mode!r}")
     flags = [(m, m.training) for m in model.modules()]
     try:
         if mode != "same":
@@ -212,7 +121,7 @@ def _analyze_script(model, args, kwargs, input_size, dtypes, batch_dim, device, 
             m.training = training
 
 
-@_exclusive
+@exclusive
 def analyze_exported(program, *args: Any, input_size=None, dtypes=None, device=None, causal: str = "dense",
                      **kwargs: Any) -> Report:
     """Analyse a torch.export program (an ``ExportedProgram``, or a ``.pt2`` path loaded with
@@ -225,20 +134,19 @@ def analyze_exported(program, *args: Any, input_size=None, dtypes=None, device=N
     from .capture.inputs import make_inputs
     from .formats.exported import exported_trace, load_exported
     ep = load_exported(program)
-    if causal not in ("dense", "unmasked"):
-        raise InputError(f"causal must be 'dense' or 'unmasked', got {causal!r}")
+    AnalyzeOptions(causal=causal)
     if input_size is not None:
         if args or kwargs:
             raise InputError("give example inputs or input_size, not both")
         args = tuple(make_inputs(input_size, dtypes, None, torch.device("cpu")))
     elif dtypes is not None:
         raise InputError("dtypes only applies together with input_size")
-    with _gc_paused():
+    with gc_paused():
         return Report(exported_trace(ep, tuple(args), kwargs, device=device,
                                      options=CostOptions(causal=causal)))
 
 
-@_exclusive
+@exclusive
 def analyze_torchscript(model, *example_inputs: Any, input_size=None, dtypes=None) -> Report:
     """Analyse a TorchScript module (a path loaded with ``torch.jit.load``, never pickle, or a
     ScriptModule) on example inputs (or ``input_size``): its inlined forward graph runs node by node
@@ -253,7 +161,7 @@ def analyze_torchscript(model, *example_inputs: Any, input_size=None, dtypes=Non
         example_inputs = tuple(make_inputs(input_size, dtypes, None, torch.device("cpu")))
     if not example_inputs:
         raise InputError("a TorchScript model needs example inputs (or input_size) to analyse")
-    with _gc_paused():
+    with gc_paused():
         return Report(torchscript_trace(module, tuple(example_inputs)), module)
 
 
@@ -271,145 +179,30 @@ def onnx_tile(model, block=(64, 64, 64), ops=("Gemm", "MatMul"), nodes=None, inp
     return res
 
 
-@contextlib.contextmanager
-def _gc_paused():
-    """Pause the cyclic garbage collector while records are built: its full passes over a large heap
-    made per-module time grow with model size (4,000 blocks: 117 us per call with it, 71 without).
-    Restored on exit; the run's garbage is freed by reference counting or the next collection.
-    The switch is process-wide, so it is only thrown while the calling thread is the only Python
-    thread: with other threads running, their collections go on and the analysis runs slower."""
-    was_enabled = gc.isenabled()
-    if not was_enabled or threading.active_count() > 1:
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _selector(select) -> Any:
-    if select is None:
-        return lambda path, m: True
-    items = select if isinstance(select, (list, tuple, set)) else [select]
-    types = tuple(s for s in items if isinstance(s, type))
-    patterns = [s for s in items if isinstance(s, str)]
-    if len(types) + len(patterns) != len(items):
-        raise InputError("select takes module classes and/or path patterns like 'encoder.*.attn'")
-    return lambda path, m: (types and isinstance(m, types)) or any(fnmatch.fnmatchcase(path, p) for p in patterns)
-
-
-@_exclusive
-def activations(model: nn.Module, *args: Any, select=None, mode: str = "eval", **kwargs: Any) -> dict[str, Any]:
+@exclusive
+def activations(model: nn.Module, *args: Any, select=None, mode: str = "eval", forward_kwargs: dict | None = None,
+                **kwargs: Any) -> dict[str, Any]:
     """Detached outputs of the selected layers for one no-grad forward.
 
     ``select``: module classes and/or fnmatch patterns on the module path. Keys are module paths; a
     module called more than once adds keys ``path[1]``, ``path[2]``, ... for its later calls.
     """
-    _check_model(model)
-    if mode not in ("eval", "train", "same"):
-        raise InputError(f"mode must be 'eval', 'train' or 'same', got {mode!r}")
-    pick = _selector(select)
-    out: dict[str, Any] = {}
-    calls: dict[str, int] = {}
-    handles = []
-
-    def hook_for(path):
-        def hook(module, inputs, output):
-            n = calls.get(path, 0)
-            calls[path] = n + 1
-            out[path if n == 0 else f"{path}[{n}]"] = map_tensors(output, lambda t: t.detach())
-        return hook
-
-    guard = StateGuard(model)
-    rng = None
-    try:
-        if mode != "same":
-            model.train(mode == "train")
-        for path, m in tracked_modules(list(model.named_modules())):
-            if pick(path, m):
-                handles.append(nn.Module.register_forward_hook(m, hook_for(path)))
-        with torch.no_grad(), private_rng() as rng:
-            try:
-                model(*args, **kwargs)
-            except Exception as e:
-                raise ForwardError(f"forward failed: {type(e).__name__}: {e}") from e
-    finally:
-        for h in handles:
-            h.remove()
-        guard.restore(rng=rng is None or rng.touched_global)
-    return out
-
+    from .capture.activations import collect_activations
+    kwargs = forward_inputs(kwargs, forward_kwargs)
+    check_model(model)
+    AnalyzeOptions(mode=mode)
+    return collect_activations(model, args, kwargs, select, mode)
 
 
 # ---- memory ---------------------------------------------------------------------------------------
 
-_AUTOCAST = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-             "float16": torch.float16, "half": torch.float16}
 
-
-def _optimizers() -> dict[str, type]:
-    return {name.lower(): cls for name, cls in vars(torch.optim).items()
-            if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)
-            and cls is not torch.optim.Optimizer}
-
-
-def _optimizer_factory(optimizer):
-    """A callable params -> Optimizer from a class, a factory, an instance (its class and defaults)
-    or a name such as "adamw"."""
-    if optimizer is None or callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
-        return optimizer
-    if isinstance(optimizer, torch.optim.Optimizer):
-        cls, defaults = type(optimizer), dict(optimizer.defaults)
-        return lambda params: cls(params, **defaults)
-    if isinstance(optimizer, str):
-        table = _optimizers()
-        cls = table.get(optimizer.lower().replace("-", "").replace("_", ""))
-        if cls is None:
-            raise InputError(f"unknown optimizer {optimizer!r}; torch.optim has {', '.join(sorted(table))}")
-        return cls
-    raise InputError(f"optimizer must be a torch.optim class, a factory taking the parameters, an "
-                     f"optimizer instance or a name, got {type(optimizer).__name__}")
-
-
-def _autocast_dtype(value) -> torch.dtype | None:
-    if value is None or isinstance(value, torch.dtype):
-        return value
-    if isinstance(value, str) and value.lower() in _AUTOCAST:
-        return _AUTOCAST[value.lower()]
-    raise InputError(f"autocast_dtype must be torch.bfloat16, torch.float16 or one of "
-                     f"{', '.join(_AUTOCAST)}, got {value!r}")
-
-
-def _rebatch(args: tuple, kwargs: dict, batch_dim: int, size: int):
-    """The same inputs with ``size`` along ``batch_dim``: every tensor whose batch dimension matches
-    the first tensor's is cut or repeated (real values repeat; meta/fake tensors have none)."""
-    first = next((t for t in iter_tensors((args, kwargs)) if t.dim() > batch_dim), None)
-    if first is None:
-        raise InputError(f"batch_size needs an input tensor with a dimension {batch_dim}")
-    old = first.shape[batch_dim]
-
-    def fix(t: torch.Tensor) -> torch.Tensor:
-        if t.dim() <= batch_dim or t.shape[batch_dim] != old or old == size:
-            return t
-        if t.device.type == "meta" or old == 0:
-            shape = list(t.shape)
-            shape[batch_dim] = size
-            return torch.empty(shape, dtype=t.dtype, device=t.device)
-        idx = torch.arange(size, device=t.device) % old
-        return t.index_select(batch_dim, idx)
-
-    return map_tensors(tuple(args), fix), map_tensors(dict(kwargs), fix)
-
-
-@_exclusive
+@exclusive
 def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, autocast_dtype=None,
            device=None, batch_dim: int | None = None, input_size=None, dtypes=None,
            batch_size: int | None = None, loss_fn=None, steps: int = 2, accumulation: int = 1,
            simulate: bool = True, measure: bool | None = None, limit=None, progress: bool = False,
-           **kwargs: Any):
+           forward_kwargs: dict | None = None, **kwargs: Any):
     """Memory of a training step (or, with ``training=False``, a no-grad forward), per category, over
     time and per layer. Returns a MemoryReport.
 
@@ -430,7 +223,9 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     against the peak. What the simulation had to make up (random draws taken at their median, values
     read back from tensors that have none, kernels it could not size) is listed in ``notes``.
     """
-    from .analyses.memory import build_memory_report
+    kwargs = forward_inputs(kwargs, forward_kwargs)
+    from .analyses.memory import memory_results
+    from .reports.memory import MemoryReport
     from .capture.measure import measure_cpu, measure_cuda, state_bytes
     from .capture.step import run_steps
     from .capture.storage import StorageTracker, cuda_block_size
@@ -438,19 +233,16 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     from .render.units import parse_bytes
 
     refuse_exported(model, "memory")   # issue 22: exported programs cannot run a training step
-    _check_model(model)
-    if steps < 1 or accumulation < 1:
-        raise InputError("steps and accumulation must be at least 1")
-    if optimizer is not None and not training:
-        raise InputError("an optimizer only applies to a training step (training=True)")
-    factory = _optimizer_factory(optimizer)
-    amp = _autocast_dtype(autocast_dtype)
+    check_model(model)
+    opts = MemoryOptions(training=training, optimizer=optimizer, autocast=autocast_dtype, steps=steps,
+                         accumulation=accumulation, batch_size=batch_size)
+    factory, amp = opts.optimizer, opts.autocast
     here = model_device(model)
-    target = _as_device(device) if device is not None else here
+    target = as_device(device) if device is not None else here
     if target.type == "cuda" and target.index is None and torch.cuda.is_available():
         target = torch.device("cuda", torch.cuda.current_device())
     notes = []
-    real_ok = here.type not in ("meta",) and not _is_fake(model)
+    real_ok = here.type not in ("meta",) and not is_fake_model(model)
     if not simulate and (not real_ok or target != here):
         raise InputError(f"simulate=False tracks the real step where the model is ({here}); it needs "
                          f"real tensors there" + (f", not device={str(target)!r}" if target != here else ""))
@@ -461,11 +253,9 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
                          f"CPU or CUDA model with real tensors and device left at that")
     # example inputs
     in_device = here if (not simulate or measure) else torch.device("meta")
-    args = _example_inputs(args, kwargs, input_size, dtypes, batch_dim, in_device, "memory")
+    args = example_inputs(args, kwargs, input_size, dtypes, batch_dim, in_device, "memory")
     if batch_size is not None:
-        if batch_size < 1:
-            raise InputError(f"batch_size must be at least 1, got {batch_size}")
-        args, kwargs = _rebatch(args, kwargs, batch_dim or 0, batch_size)
+        args, kwargs = rebatch(args, kwargs, batch_dim or 0, batch_size)
     # where the simulation runs: fake tensors that claim the target device
     sim_device = target
     if target.type == "meta":
@@ -481,7 +271,7 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
         notes.append("scratch that CUDA kernels (cuBLAS, cuDNN, attention) allocate inside themselves is "
                      "not counted; measure=True shows the allocator's peak beside the prediction")
     block_size = cuda_block_size if target.type == "cuda" else None
-    options = {"device": str(target), "training": training, "optimizer": _optimizer_name(factory),
+    options = {"device": str(target), "training": training, "optimizer": optimizer_name(factory),
                "autocast": str(amp).replace("torch.", "") if amp else None, "steps": steps if training else 1,
                "accumulation": accumulation if training else 1, "simulated": simulate,
                "allocation_block": 512 if block_size else 1,
@@ -489,9 +279,9 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     step_kw = dict(optimizer=factory if training else None, training=training, autocast_dtype=amp,
                    loss_fn=loss_fn, steps=steps, accumulation=accumulation)
     tracker = StorageTracker(block_size)
-    bar = _Bar(steps if training else 1, "simulating the step" if simulate else "running the step") \
+    bar = ProgressBar(steps if training else 1, "simulating the step" if simulate else "running the step") \
         if progress else None
-    with _gc_paused():
+    with gc_paused():
         try:
             run = run_steps(model, args, kwargs, simulate=simulate, device=sim_device if simulate else here,
                             tracker=tracker, foreach_default=target.type == "cuda",
@@ -520,23 +310,7 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
         if tracker.untracked:
             notes.append(f"{tracker.untracked} tensors without a plain storage (sparse, nested) were "
                          "not tracked")
-        return build_memory_report(run, model, options=options, measured=measured, notes=notes)
-
-
-def _is_fake(model: nn.Module) -> bool:
-    return any(getattr(p, "fake_mode", None) is not None for p in model.parameters())
-
-
-def _optimizer_name(factory) -> str | None:
-    if factory is None:
-        return None
-    if isinstance(factory, type):
-        return factory.__name__
-    func = getattr(factory, "func", None)  # functools.partial
-    if isinstance(func, type):
-        kw = ", ".join(f"{k}={v!r}" for k, v in factory.keywords.items())
-        return f"{func.__name__}({kw})"
-    return getattr(factory, "__name__", type(factory).__name__)
+        return MemoryReport(**memory_results(run, model, options=options, measured=measured, notes=notes))
 
 
 def _meta_hint(err: ForwardError) -> ForwardError:
@@ -575,9 +349,9 @@ class BatchFit:
                 f"simulations={len(self.samples)}>")
 
 
-@_exclusive
+@exclusive
 def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_batch: int = 1 << 20,
-                   **kwargs: Any) -> BatchFit:
+                   forward_kwargs: dict | None = None, **kwargs: Any) -> BatchFit:
     """The largest batch size whose predicted peak (``memory(...)`` with the same arguments) fits
     ``limit`` (bytes, or a string such as "80GiB"). Peaks at batch 1 and 2 give a line; the batch it
     predicts is simulated and the answer is bracketed by bisection, so the result is verified by a
@@ -591,7 +365,8 @@ def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_
 
     def peak(b: int) -> int:
         if b not in reports:
-            reports[b] = memory(model, *args, batch_dim=batch_dim, batch_size=b, **kwargs)
+            reports[b] = memory(model, *args, batch_dim=batch_dim, batch_size=b, forward_kwargs=forward_kwargs,
+                                **kwargs)
         return reports[b].peak_bytes
 
     def result(b: int) -> BatchFit:
@@ -600,10 +375,10 @@ def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_
                         reports.get(b))
 
     if peak(1) > limit_bytes:
-        return _checked(result(0), model, args, kwargs, batch_dim, limit_bytes, reports, peak)
+        return _checked(result(0), model, args, kwargs, batch_dim, limit_bytes, reports, forward_kwargs)
     slope = peak(2) - peak(1)
     if peak(2) > limit_bytes:
-        return _checked(result(1), model, args, kwargs, batch_dim, limit_bytes, reports, peak)
+        return _checked(result(1), model, args, kwargs, batch_dim, limit_bytes, reports, forward_kwargs)
     if slope <= 0:
         raise InputError("the predicted peak does not grow with the batch size; check batch_dim")
     lo, hi = 2, None
@@ -612,7 +387,7 @@ def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_
         if peak(b) > limit_bytes:
             hi = b
         elif b >= max_batch:
-            return _checked(result(b), model, args, kwargs, batch_dim, limit_bytes, reports, peak)
+            return _checked(result(b), model, args, kwargs, batch_dim, limit_bytes, reports, forward_kwargs)
         else:
             lo = b
             b = min(max_batch, b + 1 if b == first else b * 2)
@@ -622,16 +397,16 @@ def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_
             lo = mid
         else:
             hi = mid
-    return _checked(result(lo), model, args, kwargs, batch_dim, limit_bytes, reports, peak)
+    return _checked(result(lo), model, args, kwargs, batch_dim, limit_bytes, reports, forward_kwargs)
 
 
-def _checked(fit: "BatchFit", model, args, kwargs, batch_dim, limit_bytes, reports, peak) -> "BatchFit":
+def _checked(fit: "BatchFit", model, args, kwargs, batch_dim, limit_bytes, reports, forward_kwargs) -> "BatchFit":
     """Where the model has real weights on the device planned for, measure one real step at the
     answer (as partition() measures working memory) and step down while the measured peak exceeds
     the limit: scratch that kernels allocate inside themselves (oneDNN convolutions) is invisible to
     the simulation, so a predicted fit is not proof. The answer is never a batch that did not fit."""
     b = fit.batch_size
-    if b < 1 or kwargs.get("simulate") is False or kwargs.get("measure") is False or _is_fake(model):
+    if b < 1 or kwargs.get("simulate") is False or kwargs.get("measure") is False or is_fake_model(model):
         return fit
     here = model_device(model)
     device = kwargs.get("device")
@@ -639,7 +414,7 @@ def _checked(fit: "BatchFit", model, args, kwargs, batch_dim, limit_bytes, repor
         return fit
     measured = {}
     while b >= 1:
-        rep = memory(model, *args, batch_dim=batch_dim, batch_size=b, measure=True,
+        rep = memory(model, *args, batch_dim=batch_dim, batch_size=b, measure=True, forward_kwargs=forward_kwargs,
                      **{k: v for k, v in kwargs.items() if k != "measure"})
         measured[b] = rep.measured.peak_bytes
         if rep.measured.peak_bytes <= limit_bytes:
@@ -652,26 +427,12 @@ def _checked(fit: "BatchFit", model, args, kwargs, batch_dim, limit_bytes, repor
     return out
 
 
-def micro_batch(args: tuple, kwargs: dict, microbatches: int, batch_dim: int = 0):
-    """The first of ``microbatches`` equal chunks of the inputs along ``batch_dim`` (as the pipeline
-    schedules split them). Integer-free leaves and tensors without that dim pass through."""
-    sizes = {t.shape[batch_dim] for t in iter_tensors((args, kwargs)) if t.dim() > batch_dim}
-    if not sizes:
-        raise InputError("the inputs have no tensor with a batch dimension to split into micro-batches")
-    if len(sizes) > 1:
-        raise InputError(f"the inputs disagree on the batch size along dim {batch_dim}: {sorted(sizes)}")
-    batch = sizes.pop()
-    if batch % microbatches:
-        raise InputError(f"batch size {batch} does not split into {microbatches} equal micro-batches")
-    return _rebatch(args, kwargs, batch_dim, batch // microbatches) + (batch // microbatches,)
-
-
-@_exclusive
+@exclusive
 def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit=None,
               schedule: str = "1f1b", microbatches: int = 1, optimizer=None, stages_per_rank: int = 2,
               batch_dim: int = 0, input_size=None, dtypes=None, autocast_dtype=None, device=None,
               latency_repeats: int = 5, loss_fn=None, measure_working: bool | None = None,
-              **kwargs: Any):
+              forward_kwargs: dict | None = None, **kwargs: Any):
     """Split a model into ``stages`` pipeline stages with the smallest bottleneck (the largest stage
     cost), each fitting ``memory_limit`` (bytes or "16GiB"; a list gives one limit per stage). Returns
     a StagePlan.
@@ -690,6 +451,7 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
     memory there (kernel scratch buffers that simulation cannot see); a unit's working memory is the
     larger of simulated and measured.
     """
+    kwargs = forward_inputs(kwargs, forward_kwargs)
     from .memory_report import MemoryReport
     from .pipeline.partition import build_plan
     from .pipeline.units import split_units, unit_latencies, unit_work_bytes
@@ -705,22 +467,22 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
                      "(pass the model, or a MemoryReport, for memory-aware plans)")
     elif isinstance(model_or_report, MemoryReport):
         rep = model_or_report
-        units = _units_from_memory(rep, rep._model() if rep._model else None)
+        units = units_from_memory(rep, rep._model() if rep._model else None)
         options.update(optimizer=rep.options.get("optimizer"), autocast=rep.options.get("autocast"))
     else:
         from .formats.exported import refuse_exported
         refuse_exported(model_or_report, "partition")   # issue 22
-        model = _check_model(model_or_report)
-        args = _example_inputs(args, kwargs, input_size, dtypes, None, model_device(model), "partition")
+        model = check_model(model_or_report)
+        args = example_inputs(args, kwargs, input_size, dtypes, None, model_device(model), "partition")
         mb_args, mb_kwargs, mb = micro_batch(args, kwargs, microbatches, batch_dim)
         rep = memory(model, *mb_args, optimizer=optimizer, autocast_dtype=autocast_dtype, device=device,
                      steps=2 if optimizer is not None else 1, batch_dim=batch_dim, loss_fn=loss_fn,
-                     **mb_kwargs)
-        no_data = model_device(model).type == "meta" or _is_fake(model)
+                     forward_kwargs=mb_kwargs)
+        no_data = model_device(model).type == "meta" or is_fake_model(model)
         if by == "latency" and no_data:
             raise InputError("by='latency' times the units on the real model; this one has no data "
                              "(meta or fake tensors)")
-        units = _units_from_memory(rep, model, micro=mb)
+        units = units_from_memory(rep, model, micro=mb)
         if measure_working and no_data:
             raise InputError("measure_working=True runs a real step; this model has no data (meta or "
                              "fake tensors)")
@@ -732,15 +494,15 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
                              "autocast; leave device= and autocast_dtype= unset for it")
         if measure_working or (measure_working is None and not no_data and here
                                and rep.totals.get("gradient_bytes")):
-            with _gc_paused():
+            with gc_paused():
                 work = unit_work_bytes(model, units, mb_args, mb_kwargs, loss_fn=loss_fn)
-            units = _with_work(units, work)
+            units = with_work(units, work)
             notes.append(f"working memory: the larger of simulated and measured on {model_device(model)}")
         if by == "latency":
-            with _gc_paused():
+            with gc_paused():
                 lat = unit_latencies(model, units, mb_args, mb_kwargs, repeats=latency_repeats,
                                      loss_fn=loss_fn)
-            units = _with_latencies(units, lat)
+            units = with_latencies(units, lat)
         options.update(optimizer=rep.options.get("optimizer"), autocast=rep.options.get("autocast"),
                        device=rep.options.get("device"))
     return build_plan(units, stages=stages, by=by, memory_limit=memory_limit, schedule=schedule,
@@ -748,31 +510,10 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
                       notes=notes)
 
 
-def _units_from_memory(rep, model, micro=None):
-    from .pipeline.units import loss_working_bytes, split_units
-    grads = rep.totals.get("gradient_bytes") or 0
-    ratio = (rep.totals.get("optimizer_bytes") or 0) / grads if grads else 0.0
-    return split_units(rep.trace, memory_layers=rep.layers, model=model, optimizer_ratio=ratio,
-                       micro_batch=micro, loss_bytes=loss_working_bytes(rep) if grads else 0,
-                       loss_saved_bytes=(rep.totals.get("loss_saved_bytes") or 0) if grads else 0)
-
-
-def _with_work(units, work: dict):
-    import dataclasses
-    return dataclasses.replace(units, units=tuple(
-        dataclasses.replace(u, work_bytes=max(u.work_bytes, work.get(u.name, 0))) for u in units.units))
-
-
-def _with_latencies(units, latencies: dict):
-    import dataclasses
-    return dataclasses.replace(units, units=tuple(dataclasses.replace(u, latency=latencies.get(u.name))
-                                                  for u in units.units))
-
-
-@_exclusive
+@exclusive
 def profile(model: nn.Module, *args: Any, warmup: int = 3, repeats: int = 20, backward: bool = False,
             device=None, input_size=None, dtypes=None, loss_fn=None, roofline=None, progress: bool = False,
-            **kwargs: Any):
+            forward_kwargs: dict | None = None, **kwargs: Any):
     """Time every module call of ``model`` on its own device: forward (and with ``backward=True``
     backward) time per call, inclusive and self, median and quartiles over ``repeats`` after
     ``warmup`` runs. Returns a LatencyReport whose totals put the uninstrumented forward (and
@@ -789,27 +530,27 @@ def profile(model: nn.Module, *args: Any, warmup: int = 3, repeats: int = 20, ba
     model. ``progress=True``
     shows a progress bar on stderr. The model is left as it was (weights, buffers, flags, grads, RNG).
     """
+    kwargs = forward_inputs(kwargs, forward_kwargs)
     from .analyses.latency import time_calls
     from .analyses.roofline import roofline_for
     from .capture.step import default_loss
-    from .latency_report import LatencyReport, latency_layers, latency_totals
+    from .reports.latency import LatencyReport, latency_layers, latency_totals
 
-    _check_model(model)
-    if warmup < 0 or repeats < 1:
-        raise InputError(f"warmup must be >= 0 and repeats >= 1, got {warmup} and {repeats}")
+    check_model(model)
+    ProfileOptions(warmup=warmup, repeats=repeats, backward=backward)
     here = model_device(model)
-    if here.type == "meta" or _is_fake(model):
+    if here.type == "meta" or is_fake_model(model):
         raise InputError("profile() times real computation; this model has no data (meta or fake "
                          "tensors)")
     if device is not None and torch.device(device).type != here.type:
         raise InputError(f"the model is on {here} but device={str(device)!r} was asked; layerscope never "
                          "moves a model: move it first")
-    args = _example_inputs(args, kwargs, input_size, dtypes, None, here, "profile")
+    args = example_inputs(args, kwargs, input_size, dtypes, None, here, "profile")
     try:
-        costs = analyze(model, *args, device="meta", mode="same", backward=backward, **kwargs)
+        costs = analyze(model, *args, device="meta", mode="same", backward=backward, forward_kwargs=kwargs)
     except LayerscopeError:   # a model that reads values: count on the real tensors
-        costs = analyze(model, *args, mode="same", backward=backward, **kwargs)
-    roof = roofline_for(roofline, here, _float_dtype(model))
+        costs = analyze(model, *args, mode="same", backward=backward, forward_kwargs=kwargs)
+    roof = roofline_for(roofline, here, float_dtype(model))
 
     def run():
         if backward:
@@ -823,9 +564,9 @@ def profile(model: nn.Module, *args: Any, warmup: int = 3, repeats: int = 20, ba
         return (loss_fn or default_loss)(out)
 
     guard = StateGuard(model, inputs=(args, kwargs))
-    bar = _Bar(warmup + repeats, "profiling") if progress else None
+    bar = ProgressBar(warmup + repeats, "profiling") if progress else None
     try:
-        with _gc_paused():
+        with gc_paused():
             calls, plain, hooked = time_calls(model, run, loss_of if backward else None, device=here,
                                               warmup=warmup, repeats=repeats,
                                               progress=bar.advance if bar else None)
@@ -842,23 +583,3 @@ def profile(model: nn.Module, *args: Any, warmup: int = 3, repeats: int = 20, ba
                          roofline=roof)
 
 
-def _float_dtype(model: nn.Module) -> torch.dtype:
-    """The dtype of the model's first floating-point parameter (float32 when it has none)."""
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-
-
-class _Bar:
-    """A transient progress bar on stderr (rich)."""
-
-    def __init__(self, total: int, text: str) -> None:
-        from rich.console import Console
-        from rich.progress import Progress
-        self._p = Progress(transient=True, console=Console(stderr=True))
-        self._p.start()
-        self._task = self._p.add_task(text, total=total)
-
-    def advance(self) -> None:
-        self._p.advance(self._task)
-
-    def close(self) -> None:
-        self._p.stop()

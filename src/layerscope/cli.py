@@ -178,7 +178,21 @@ def _memory_args(m: argparse.ArgumentParser, optimizer_default: str | None = Non
     m.add_argument("--accumulation", type=_count(1), default=1, help="micro-batches per step (default 1)")
 
 
+def _columns_help(columns) -> str:
+    """--columns' help from the report kind's own column list (the one place columns are defined)."""
+    import textwrap
+    keys = ", ".join(c.key for c in columns)
+    default = ",".join(c.key for c in columns if c.default)
+    if len(default) > 60:
+        default = f"the first {sum(c.default for c in columns)}"
+    return "comma-separated, of:\n" + "\n".join(textwrap.wrap(keys, 72, break_on_hyphens=False)) + \
+        f"\n(default {default})"
+
+
 def _parser() -> argparse.ArgumentParser:
+    from .reports.memory import COLUMNS as memory_columns
+    from .reports.summary import COLUMNS as summary_columns
+
     from . import __version__
     p = _Parser(
         prog="layerscope", description="What is inside a PyTorch model, layer by layer.",
@@ -188,9 +202,7 @@ def _parser() -> argparse.ArgumentParser:
     s = _sub(sub, "summary", "per-layer shapes, params, MACs, FLOPs, bytes")
     _model_args(s)
     s.add_argument("--device", type=_device, help="cpu, cuda, or meta (count without computing)")
-    s.add_argument("--columns", help="comma-separated: input_shape,output_shape,params,params_percent,"
-                                     "kernel,macs,flops,bytes_read,bytes_written,trainable,receptive_field,"
-                                     "backward_macs,backward_flops")
+    s.add_argument("--columns", help=_columns_help(summary_columns))
     s.add_argument("--mode", choices=("eval", "train", "same"), default="eval")
     s.add_argument("--backward", action="store_true", help="also run and count a backward pass")
     s.add_argument("--causal", choices=("dense", "unmasked"), default="dense",
@@ -224,6 +236,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--limit", help="memory limit such as 80GiB: says whether the peak fits, and the "
                                    "largest batch that does")
     m.add_argument("--measure", action="store_true", help="also run the real step and measure it")
+    m.add_argument("--columns", help=_columns_help(memory_columns))
     pf = _sub(sub, "profile", "per-module forward (and backward) time, self and inclusive, achieved FLOP/s")
     _model_args(pf)
     pf.add_argument("--device", type=_device, help="where to build the model and run it: cpu (default) or cuda")
@@ -237,6 +250,10 @@ def _parser() -> argparse.ArgumentParser:
                          "for a known GPU, else measured) or 'FLOPS,BYTES_PER_S' such as 989e12,3.35e12")
     pf.add_argument("--top", type=_count(0), default=3, metavar="K",
                     help="name the K slowest calls at each depth under the table (default 3; 0: none)")
+    pf.add_argument("--columns", help="comma-separated, of: output_shape,input_shape,params,forward,forward_self,\n"
+                                      "self_percent,forward_p25,forward_p75,backward,backward_self (with\n"
+                                      "--backward),flops,bytes_moved,flops_per_second,intensity,bound,\n"
+                                      "roof_fraction (with --roofline)")
     pf.add_argument("--trace", metavar="FILE.json",
                     help="also write a Chrome trace / Perfetto JSON of the module spans of one repeat")
     sp = _sub(sub, "split", "optimal pipeline stages; --run trains them under torchrun")
@@ -269,6 +286,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--device", type=_device, help="where to build the models (hf: specs are built on meta)")
     c.add_argument("--depth", type=_count(0), default=2, help="deepest layer level shown (default 2)")
     c.add_argument("--changed", action="store_true", help="only the layers that differ")
+    c.add_argument("--expand", action="store_true",
+                   help="show every block of a run of identical blocks (folded by default: 'h.0-23 x24')")
     c.add_argument("--memory", action="store_true", help="specs: also compare a training step's memory per layer "
                                                          "(AdamW)")
     c.add_argument("--profile", action="store_true", help="specs: also compare per-layer times (built on cpu)")
@@ -295,7 +314,8 @@ def _split_args(sp: argparse.ArgumentParser) -> None:
 
 
 def _split(ns: argparse.Namespace) -> int:
-    from .api import _rebatch, partition
+    from .api import partition
+    from .capture.prepare import rebatch
     from .specs import parse_overrides
 
     if ns.run:
@@ -318,7 +338,7 @@ def _split(ns: argparse.Namespace) -> int:
         text = res.plan.table() + "\n" + res.table()
         return _write(ns, text)
     model, args, kwargs = _build(ns, None if ns.device == "cuda" else ns.device)
-    args, kwargs = _rebatch(args, kwargs, 0, ns.batch_size)
+    args, kwargs = rebatch(args, kwargs, 0, ns.batch_size)
     with _status("planning", ns):
         plan = partition(model, *args, stages=ns.stages, by=ns.by, memory_limit=ns.memory_limit,
                          schedule=ns.schedule, microbatches=ns.microbatches, optimizer=ns.optimizer,
@@ -484,8 +504,7 @@ def _emit(ns: argparse.Namespace, rep) -> int:
     else:
         view = {"depth": ns.depth, **({"columns": ns.columns} if hasattr(ns, "columns") else {}),
                 **({"top": ns.top} if hasattr(ns, "top") else {}),
-                **({"fold": not ns.expand} if hasattr(rep, "_html_part") and rep._html_part in ("summary", "memory")
-                   else {})}
+                **({"fold": not ns.expand} if getattr(ns, "expand", None) is not None else {})}
         if ns.output is None:
             rep.print(**view)
             return 0
@@ -532,14 +551,15 @@ def _summary(ns: argparse.Namespace) -> int:
 def _memory(ns: argparse.Namespace) -> int:
     import functools
 
-    from .api import _optimizer_factory, max_batch_size, memory
+    from .api import max_batch_size, memory
+    from .options import optimizer_factory
     from .errors import InputError
     from .render.units import iec
 
     # hf: specs and factories are built where the model will live; a cuda prediction is simulated
     build_on = ns.device if ns.measure else (None if ns.device in (None, "cuda") else ns.device)
     model, args, kwargs = _build(ns, build_on)
-    optimizer = _optimizer_factory(ns.optimizer) if ns.optimizer else None
+    optimizer = optimizer_factory(ns.optimizer) if ns.optimizer else None
     if ns.momentum is not None:
         if optimizer is not torch.optim.SGD:
             raise InputError("--momentum applies to --optimizer sgd")
@@ -672,7 +692,8 @@ def _report(ns: argparse.Namespace) -> int:
         return _write(ns, html_page(ns.title, **parts))
     if len(ns.spec) > 1:
         raise InputError("report takes one model spec, or saved JSON reports (*.json)")
-    from .api import _optimizer_factory, analyze, memory, partition, profile
+    from .api import analyze, memory, partition, profile
+    from .options import optimizer_factory
     ns.spec = ns.spec[0]
     device = "cpu" if ns.profile and not ns.device else ns.device   # timing needs real weights
     model, args, kwargs = _build(ns, device)
@@ -682,7 +703,7 @@ def _report(ns: argparse.Namespace) -> int:
     if ns.memory:
         model.train(ns.training)           # a training step with dropout on; inference without
         with _status("simulating the step", ns):
-            mem = memory(model, *args, optimizer=_optimizer_factory(ns.optimizer) if ns.training else None,
+            mem = memory(model, *args, optimizer=optimizer_factory(ns.optimizer) if ns.training else None,
                          training=ns.training, autocast_dtype=ns.autocast, batch_size=ns.batch_size,
                          steps=ns.steps, accumulation=ns.accumulation, device=device, **kwargs)
     model.eval()                           # timed and split as `profile` and `split` run it
@@ -728,10 +749,14 @@ def _compare(ns: argparse.Namespace) -> int:
                                      indent=2))
     if ns.format == "csv":
         from .render.csv import csv_text
-        rows = [{"compared": d.kind, **r} for d in diffs for r in d.rows()]
+        rows = [{"compared": d.compared, **r} for d in diffs for r in d.rows()]
         return _write(ns, csv_text(list(dict.fromkeys(k for r in rows for k in r)), rows))
-    return _write(ns, "\n".join(f"{d.kind}:\n" + d.table(depth=ns.depth, changed=ns.changed) if len(diffs) > 1
-                                else d.table(depth=ns.depth, changed=ns.changed) for d in diffs))
+    view = {"depth": ns.depth, "changed": ns.changed, "fold": not ns.expand}
+    if ns.output is None and sys.stdout.isatty():       # fitted to the terminal
+        for d in diffs:
+            d.print(**view)
+        return 0
+    return _write(ns, "\n".join(d.table(**view) for d in diffs))
 
 
 def _list_presets(ns: argparse.Namespace) -> int:

@@ -43,8 +43,9 @@ class Profiler:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  warmup_steps: int = 1, step_on: str | None = None, costs: bool = True,
                  roofline=None) -> None:
-        from .api import _check_model, model_device
-        _check_model(model)
+        from .capture import model_device
+        from .capture.prepare import check_model
+        check_model(model)
         if warmup_steps < 0:
             raise InputError(f"warmup_steps must be >= 0, got {warmup_steps}")
         step_on = step_on or ("optimizer" if optimizer is not None else "forward")
@@ -182,13 +183,13 @@ class Profiler:
                             detailed: bool = True, output_file: str | None = None) -> None:
         """DeepSpeed's profile printout (summary, aggregated top modules per depth, and the model's
         repr with each module's params, MACs, latency and FLOPS), to stdout or ``output_file``."""
-        from .render.deepspeed import _to_file, model_profile_text
+        from .render.deepspeed import to_output_file, model_profile_text
         prof = self._module_profile()
         _, latency = self._ds_view()
         if latency is not None:   # per-module times: medians over steps, summed over a module's calls
             prof.total_duration = latency.totals["forward"]
         text = model_profile_text(prof, profile_step, module_depth, top_modules, detailed)
-        with _to_file(output_file) as f:
+        with to_output_file(output_file) as f:
             f.write(text)
 
     def __enter__(self) -> "Profiler":
@@ -224,7 +225,7 @@ class Profiler:
 
     # the report ------------------------------------------------------------------------------
     def report(self, warmup_steps: int | None = None):
-        from .latency_report import LatencyReport, latency_layers
+        from .reports.latency import LatencyReport, latency_layers
         skip = self.warmup_steps if warmup_steps is None else warmup_steps
         steps = self._steps[skip:] if len(self._steps) > skip else self._steps
         if not steps:
@@ -241,13 +242,13 @@ class Profiler:
         if costs is not None:
             totals["flops"] = costs.totals.flops
         from .analyses.roofline import roofline_for
-        from .api import _float_dtype
+        from .capture.prepare import float_dtype
         return LatencyReport(
             model_name=type(self.model).__name__, device=str(self.device),
             options={"steps": len(steps), "warmup": len(self._steps) - len(steps), "backward": backward,
                      "unit": "step", "optimizer": type(self.optimizer).__name__ if self.optimizer else None},
             layers=tuple(latency_layers(calls, costs, backward)), totals=totals, notes=tuple(notes),
-            roofline=roofline_for(self.roofline, self.device, _float_dtype(self.model)))
+            roofline=roofline_for(self.roofline, self.device, float_dtype(self.model)))
 
     def _costs(self, notes: list[str]):
         if not self.costs or self._example is None:
@@ -257,7 +258,8 @@ class Profiler:
         args, kwargs, training = self._example
         try:
             with self._paused():
-                return analyze(self.model, *args, device="meta", mode="train" if training else "eval", **kwargs)
+                return analyze(self.model, *args, device="meta", mode="train" if training else "eval",
+                               forward_kwargs=kwargs)
         except LayerscopeError as e:
             notes.append(f"no costs (FLOPs, bytes): the analysis of the first step's inputs failed: {e}")
             return None

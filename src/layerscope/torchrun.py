@@ -41,7 +41,8 @@ def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def _setup(cfg: dict):
-    from .api import _rebatch, micro_batch, partition
+    from .api import partition
+    from .capture.prepare import micro_batch, rebatch
     from .capture.inputs import map_tensors
     from .specs import build_model
 
@@ -51,7 +52,7 @@ def _setup(cfg: dict):
     if built.default_inputs is None:
         raise InputError(f"{cfg['spec']} gives no default inputs to run a pipeline with")
     args, kwargs = built.default_inputs(torch.device("cpu"))
-    args, kwargs = _rebatch(args, kwargs, 0, cfg["batch_size"])
+    args, kwargs = rebatch(args, kwargs, 0, cfg["batch_size"])
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
 
     def fresh(t: torch.Tensor) -> torch.Tensor:   # distinct samples in every row of the batch
@@ -75,8 +76,8 @@ def _setup(cfg: dict):
 
 
 def _optimizer(name: str, params):
-    from .api import _optimizer_factory
-    return _optimizer_factory(name)(params)
+    from .options import optimizer_factory
+    return optimizer_factory(name)(params)
 
 
 def reference_losses(cfg: dict):

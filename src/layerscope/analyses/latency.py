@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable
@@ -28,14 +29,13 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .. import _compat
 from ..capture.inputs import iter_tensors
-from ..capture.session import module_type, tracked_modules
+from ..capture.tracker import ModuleTracker, TrackedCall, tracked_modules
+from .roofline import Roofline
 
-__all__ = ["Timing", "timing", "CallTimes", "Recorder", "merge_steps", "time_calls"]
-
-# the next autograd sequence number of this thread (nodes are numbered as the forward creates them)
-_next_seq = getattr(torch._C._autograd, "_get_sequence_nr", None)
-
+__all__ = ["Timing", "timing", "CallTimes", "Recorder", "merge_steps", "time_calls", "LatencyLayer",
+           "latency_layers", "latency_totals"]
 
 @dataclass(frozen=True, slots=True)
 class Timing:
@@ -105,41 +105,43 @@ class _Clock:
         return a.elapsed_time(b) / 1e3 if self.cuda else b - a
 
 
-class _Call:
-    __slots__ = ("path", "type", "depth", "call_index", "parent", "children", "f0", "f1", "s0", "s1")
+class _Call(TrackedCall):
+    __slots__ = ("f0", "f1", "s0", "s1")
 
-    def __init__(self, path, type_, depth, call_index, parent) -> None:
-        self.path, self.type, self.depth, self.call_index, self.parent = path, type_, depth, call_index, parent
-        self.children: list[int] = []
+    def __init__(self, module, path, depth, call_index, parent) -> None:
+        super().__init__(module, path, depth, call_index, parent)
         self.f0 = self.f1 = None
         self.s0 = self.s1 = 0
 
 
-class Recorder:
+class Recorder(ModuleTracker):
     """Hooks that time every module call of ``model``, step by step: ``attach()``, then per step
     ``begin()`` ... ``end()`` (which returns that step's calls and times), then ``detach()``. With ``backward``, the backward of every graph a root call built is timed too, on
     whatever thread autograd runs it. Nothing is kept from one step to the next."""
 
+    call_class = _Call
+
     def __init__(self, model: nn.Module, device: torch.device, backward: bool, defer: bool = False) -> None:
+        # every thread's calls: a training loop may run its steps on a thread of its own
+        super().__init__(this_thread_only=False)
         self.clock = _Clock(device)
         self.defer = defer        # hook the graph at hook_pending(), not in the root's forward hook
-        self.backward = backward and _next_seq is not None
-        self.paths: dict[int, str] = {}
-        for p, m in model.named_modules(remove_duplicate=False):
-            self.paths.setdefault(id(m), p)      # the first path, as the analysis names it
-        self.modules = list(dict.fromkeys(m for _, m in tracked_modules(list(model.named_modules()))))
+        # the next autograd sequence number of this thread (nodes are numbered as the forward creates
+        # them); without it (a torch that lacks it) backward passes are not timed
+        self.next_seq = _compat.get("sequence_nr")
+        self.backward = backward and self.next_seq is not None
+        self.named = tracked_modules(list(model.named_modules()))   # each module once, by its first path
         self.param_module: dict[int, int] = {}   # parameter -> the module that registers it
-        for m in self.modules:
+        for _, m in self.named:
             for p in m._parameters.values():
                 if p is not None:
                     self.param_module.setdefault(id(p), id(m))
-        self.handles: list = []
         self._begin_state()
 
     def _begin_state(self) -> None:
         self.calls: list[_Call] = []
         self.stack: list[int] = []
-        self.seen: dict[str, int] = {}
+        self.ncalls = defaultdict(int)
         self.first_call: dict[int, int] = {}   # module -> its first call of the step
         self.events: list[tuple[Any, int]] = []   # backward: (stamp, call), call -1 = a pass ended
         self.node_handles: list = []
@@ -155,33 +157,22 @@ class Recorder:
         self.marks.append((name, self.clock.stamp()))
 
     # hooks ---------------------------------------------------------------------------------
-    def _pre(self, m, args) -> None:
-        path = self.paths.get(id(m), "?")
-        k = self.seen.get(path, 0)
-        self.seen[path] = k + 1
-        parent = self.stack[-1] if self.stack else None
-        i = len(self.calls)
-        c = _Call(path, module_type(m), len(self.stack), k, parent)
-        self.calls.append(c)
-        if parent is not None:
-            self.calls[parent].children.append(i)
-        self.first_call.setdefault(id(m), i)
-        self.stack.append(i)
+    def entered(self, c: _Call) -> None:
+        self.first_call.setdefault(id(c.module), c.index)
         if self.backward:
-            c.s0 = _next_seq()
+            c.s0 = self.next_seq()
         c.f0 = self.clock.stamp()
 
-    def _post(self, m, args, out) -> None:
-        t = self.clock.stamp()
-        if not self.stack:
+    def _post(self, m, args, kwargs, out) -> None:
+        t = self.clock.stamp()                    # first: the forward ended here
+        c = self.exit(m, args, kwargs, out)
+        if c is None:
             return
-        i = self.stack.pop()
-        c = self.calls[i]
         c.f1 = t
         if self.backward:
-            c.s1 = _next_seq()
+            c.s1 = self.next_seq()
             if c.parent is None and c.s1 > c.s0 and out is not None:
-                self.pending.append((i, out))
+                self.pending.append((c.index, out))
                 if not self.defer:
                     self.hook_pending()
 
@@ -228,7 +219,7 @@ class Recorder:
         t = self.clock.stamp()
         if not self.in_pass:
             self.in_pass = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._pass_end)
+            _compat.queue_backward_callback(self._pass_end)
         self.events.append((t, call))
 
     def _pass_end(self) -> None:
@@ -237,15 +228,10 @@ class Recorder:
 
     # control -------------------------------------------------------------------------------
     def attach(self) -> None:
-        for m in self.modules:
-            # nn.Module's methods: a scripted child refuses its own (see capture.session.install)
-            self.handles += [nn.Module.register_forward_pre_hook(m, self._pre),
-                             nn.Module.register_forward_hook(m, self._post, always_call=True)]
+        self.install(self.named)
 
     def detach(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles = []
+        self.remove()
         self._drop_node_hooks()
 
     def _drop_node_hooks(self) -> None:
@@ -405,3 +391,120 @@ def time_calls(model: nn.Module, run: Callable[[], Any], loss_of: Callable[[Any]
     finally:
         rec.detach()
     return merge_steps(steps), plain, hooked
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyLayer:
+    """One module call. Times in seconds; costs of its whole subtree from the capture core."""
+
+    index: int
+    path: str
+    type: str
+    depth: int
+    call_index: int
+    parent: int | None
+    children: tuple[int, ...]
+    params: int                    # unique parameters of the module's subtree
+    input_shapes: tuple[tuple[int, ...], ...]
+    output_shapes: tuple[tuple[int, ...], ...]
+    forward: Timing                # inclusive: the call and everything nested in it
+    forward_self: Timing           # inclusive minus the direct children's, per repeat
+    backward: Timing | None
+    backward_self: Timing | None
+    flops: int                     # forward FLOPs of the subtree
+    bytes_moved: int               # forward bytes read + written of the subtree
+    backward_flops: int = 0
+    backward_bytes: int = 0
+    # where the call ran in one representative run (the one whose forward is the median), in
+    # seconds from that run's start: for traces
+    forward_span: tuple[float, float] | None = None
+    backward_span: tuple[float, float] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path or "(root)"
+
+    @property
+    def flops_per_second(self) -> float | None:
+        """Achieved forward FLOP/s: the subtree's FLOPs over its median inclusive time."""
+        return self.flops / self.forward.median if self.forward.median > 0 and self.flops else None
+
+    @property
+    def bytes_per_second(self) -> float | None:
+        return self.bytes_moved / self.forward.median if self.forward.median > 0 and self.bytes_moved else None
+
+    @property
+    def intensity(self) -> float | None:
+        """Arithmetic intensity: FLOPs per byte moved (forward)."""
+        return self.flops / self.bytes_moved if self.bytes_moved else None
+
+    def bound(self, roof: Roofline | None) -> str | None:
+        """"compute" or "memory": which roof limits this call's forward at its intensity."""
+        i = self.intensity
+        return roof.bound(i) if roof is not None and i else None
+
+    def roof_fraction(self, roof: Roofline | None) -> float | None:
+        """Achieved forward FLOP/s over the roof's attainable FLOP/s at this intensity."""
+        return roof.fraction(self.flops, self.bytes_moved, self.forward.median) if roof is not None else None
+
+
+def _self_times(calls: list[CallTimes], phase: str) -> list[list[float]]:
+    """Self seconds per call and run: inclusive minus the direct children's."""
+    incl = [getattr(c, phase) for c in calls]
+    return [[t - sum(incl[k][r] for k in c.children) for r, t in enumerate(incl[i])]
+            for i, c in enumerate(calls)]
+
+
+def latency_layers(calls: list[CallTimes], costs, backward: bool) -> list[LatencyLayer]:
+    """Report rows from timed calls and (optionally) an analysis Report of the same model whose
+    records give each call's parameters, shapes and costs."""
+    by_call = {(r.path, r.call_index): r for r in costs.layers} if costs is not None else {}
+    f_self = _self_times(calls, "forward")
+    b_self = _self_times(calls, "backward")
+    roots = [i for i, c in enumerate(calls) if c.parent is None]
+    runs = len(calls[0].forward) if calls else 0
+    per_run = sorted(range(runs), key=lambda r: sum(calls[i].forward[r] for i in roots))
+    rep = per_run[len(per_run) // 2] if per_run else 0
+    layers = []
+    for i, c in enumerate(calls):
+        rec = by_call.get((c.path, c.call_index))
+        layers.append(LatencyLayer(
+            index=i, path=c.path, type=c.type, depth=c.depth, call_index=c.call_index, parent=c.parent,
+            children=tuple(c.children), params=rec.subtree_params if rec else 0,
+            input_shapes=tuple(s.shape for s in rec.inputs) if rec else (),
+            output_shapes=tuple(s.shape for s in rec.outputs) if rec else (),
+            forward=timing(c.forward), forward_self=timing(f_self[i]),
+            backward=timing(c.backward) if backward else None,
+            backward_self=timing(b_self[i]) if backward else None,
+            flops=rec.forward_total.flops if rec else 0,
+            bytes_moved=rec.forward_total.bytes_moved if rec else 0,
+            backward_flops=rec.backward_total.flops if rec else 0,
+            backward_bytes=rec.backward_total.bytes_moved if rec else 0,
+            forward_span=c.forward_span[rep] if runs else None,
+            backward_span=c.backward_span[rep] if runs and backward else None))
+    return layers
+
+
+def latency_totals(calls: list[CallTimes], hooked: dict[str, list[float]],
+                   plain: dict[str, list[float]] | None, backward: bool) -> dict[str, float]:
+    """Medians over runs of: the measured forward (and backward) with hooks, without them when
+    ``plain`` is given (and the overhead: the median of the per-repeat ratios), and the sum of every
+    call's self time (the top-level calls' inclusive times, per run). ``spread``: interquartile
+    range over median of the runs."""
+    roots = [i for i, c in enumerate(calls) if c.parent is None]
+    out: dict[str, float] = {"runs": len(hooked["forward"])}
+    for phase in ("forward", "backward") if backward else ("forward",):
+        self_sums = [sum(getattr(calls[i], phase)[r] for i in roots) for r in range(out["runs"])]
+        h = timing(hooked[phase])
+        out[f"{phase}_instrumented"] = h.median
+        out[f"{phase}_self_sum"] = timing(self_sums).median
+        out[f"{phase}_spread"] = h.spread
+        if plain is not None:
+            p = timing(plain[phase])
+            out[f"{phase}_plain"] = p.median
+            # the median over repeats of each repeat's own ratio (both runs of a repeat are
+            # back to back, so the machine's drift cancels)
+            out[f"{phase}_overhead"] = timing([a / b - 1 for a, b in zip(hooked[phase], plain[phase])
+                                               if b > 0] or [0.0]).median
+            out[f"{phase}_spread"] = p.spread
+    return out

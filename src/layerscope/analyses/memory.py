@@ -7,19 +7,115 @@ once, as the allocator holds them, and the peak is the largest such sum.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from dataclasses import dataclass
 from itertools import accumulate
+from typing import TYPE_CHECKING, Any
 
 from ..capture.storage import CATEGORIES
-from ..memory_report import (CallMemory, Marker, MemoryLayer, MemoryReport, PhaseSpan, StepMemory,
-                             Timeline)
 from ..trace import BACKWARD
 
 if TYPE_CHECKING:
     from ..capture.step import StepRun
 
-__all__ = ["build_memory_report", "live_bytes"]
+__all__ = ["memory_results", "live_bytes", "CallMemory", "MemoryLayer", "PhaseSpan", "StepMemory", "Marker",
+           "Timeline"]
+
+
+@dataclass(frozen=True, slots=True)
+class CallMemory:
+    """Live bytes (all categories) when a module call starts, when it ends, and the most in between."""
+
+    entry: int
+    exit: int
+    peak: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryLayer:
+    """One module call of the last pass. ``*_bytes`` are the call's own; ``*_total`` its subtree's."""
+
+    index: int
+    path: str
+    type: str
+    depth: int
+    call_index: int
+    parent: int | None
+    children: tuple[int, ...]
+    input_bytes: int               # bytes of the tensors handed to the call
+    saved_bytes: int               # activations this call saved for backward
+    param_bytes: int               # parameters it owns (first call of the first owner)
+    grad_bytes: int
+    optimizer_bytes: int
+    saved_total: int
+    param_total: int
+    grad_total: int
+    optimizer_total: int
+    forward: CallMemory | None
+    backward: CallMemory | None
+    first_op: int = 0              # the global op index at which the call began
+    # the storages this call itself saved for backward: (global op index of the allocation, bytes)
+    saved_blocks: tuple[tuple[int, int], ...] = ()
+    # its output tensors: (global op index that produced it, bytes)
+    output_allocs: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.path or "(root)"
+
+    @property
+    def total(self) -> int:
+        """Subtree bytes of saved activations, parameters, gradients and optimizer state."""
+        return self.saved_total + self.param_total + self.grad_total + self.optimizer_total
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseSpan:
+    step: int
+    phase: str                     # forward, loss, backward, optimizer
+    first_op: int
+    last_op: int
+    peak_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepMemory:
+    step: int                      # 0-based
+    peak_bytes: int
+    peak_op: int                   # global op index of the peak
+    peak_phase: str
+    peak_layer: str                # module path running at the peak ("" root, None outside the model)
+    breakdown: dict                # category -> live bytes at the peak
+    start_bytes: int               # live before the step's first op
+    end_bytes: int                 # live after its last op
+    phases: tuple[PhaseSpan, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    kind: str                      # "step", "phase" or "module"
+    label: str
+    first_op: int
+    last_op: int
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """Live bytes per category after each op (global op index), with phase and module markers."""
+
+    categories: tuple[str, ...]
+    bytes: tuple[tuple[int, ...], ...]   # per category, per op
+    step: tuple[int, ...]                # per op
+    phase: tuple[str, ...]               # per op
+    markers: tuple[Marker, ...]
+
+    @property
+    def total(self) -> tuple[int, ...]:
+        return tuple(sum(col) for col in zip(*self.bytes)) if self.bytes and self.bytes[0] else ()
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+
 
 _ACTIVATION = CATEGORIES.index("activation")
 _OUTPUT = CATEGORIES.index("output")
@@ -49,7 +145,7 @@ def live_bytes(blocks, n_ops: int):
     return during, allocs, frees
 
 
-def build_memory_report(run: "StepRun", model, *, options: dict, measured=None, notes=()) -> MemoryReport:
+def memory_results(run: "StepRun", model, *, options: dict, measured=None, notes=()) -> dict[str, Any]:
     tracker = run.tracker
     n = tracker.clock + 1
     during, allocs, frees = live_bytes(tracker.blocks, n)
@@ -113,9 +209,9 @@ def build_memory_report(run: "StepRun", model, *, options: dict, measured=None, 
         # what the last pass's loss saved for its backward (not counted as any layer's activations)
         "loss_saved_bytes": _loss_saved(run),
     }
-    return MemoryReport(model_name=type(model).__name__, options=options, steps=tuple(steps),
-                        static=static, totals=totals, layers=layers, timeline=timeline,
-                        trace=last_pass.trace, measured=measured, notes=tuple(notes), model=model)
+    return dict(model_name=type(model).__name__, options=options, steps=tuple(steps),
+                static=static, totals=totals, layers=layers, timeline=timeline,
+                trace=last_pass.trace, measured=measured, notes=tuple(notes), model=model)
 
 
 def _call_memory(first: int, last: int, total, allocs, frees) -> CallMemory | None:

@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from ..errors import InputError
+from .._compat import profiler_event_tree
 
 __all__ = ["Measured", "measure_cpu", "measure_cuda", "state_bytes", "profile_events"]
 
@@ -95,10 +95,7 @@ def profile_events(run: Callable, cuda: bool = False, prefix: str = "layerscope.
     finally:
         with _kineto_quiet():
             prof.__exit__(None, None, None)
-    try:
-        tree = prof.profiler.kineto_results.experimental_event_tree()
-    except AttributeError as e:  # the profiler's result tree is not public API; say so if it moves
-        raise InputError(f"this torch build's profiler gives no allocation events: {e}") from e
+    tree = profiler_event_tree(prof)   # kineto's event tree is not public API (_compat)
     allocations: list[tuple] = []
     ranges: list[tuple[int, str]] = []
 

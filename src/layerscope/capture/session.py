@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 from bisect import bisect_right
 from collections import defaultdict
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .. import _compat
 from ..costs import CostOptions, OpCall, OpCost
 from ..costs.registry import FREE
 from ..errors import ForwardError, InputError, LayerscopeError, RegistryError
@@ -35,35 +34,14 @@ from ..trace import (BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER
                      LayerRecord, OpEvent, ParamSpec, Trace)
 from .inputs import iter_tensors, map_tensors, tensor_specs
 from .rng import PrivateRNG
+from .recorder import FAKE_SIZE_FIXES, OpRecorder
+from .tracker import ModuleTracker, TrackedCall, module_type, tracked_modules
 
-__all__ = ["StateGuard", "capture", "module_type", "tracked_modules", "build_trace", "swapped_state",
+__all__ = ["Session", "OpRecorder", "StateGuard", "capture", "module_type", "tracked_modules", "build_trace", "swapped_state",
            "empty_state", "empty_like_on", "run_forward", "run_backward", "model_device", "describe_inputs",
-           "private_rng", "grad_inputs"]
+           "private_rng", "grad_inputs", "held_tensors", "own_forward"]
 
 _ACCUMULATE_GRAD_SEQ = 2 ** 64 - 1
-_get_seq = torch._C._autograd._get_sequence_nr
-_current_node = torch._C._current_autograd_node
-
-
-def module_type(m: nn.Module) -> str:
-    """The module's class name; a scripted module's original class (``Linear``, not
-    ``RecursiveScriptModule``)."""
-    if isinstance(m, torch.jit.ScriptModule):
-        return getattr(m, "original_name", None) or type(m).__name__
-    return type(m).__name__
-
-
-def tracked_modules(named: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
-    """The modules whose calls the tracker can see: all but those inside a ScriptModule (TorchScript
-    calls them in C++, past any hook; their ops count for the scripted module that holds them)."""
-    out, inside = [], []
-    for path, m in named:
-        if any(path.startswith(p + ".") or p == "" for p in inside):
-            continue
-        out.append((path, m))
-        if isinstance(m, torch.jit.ScriptModule):
-            inside.append(path)
-    return out
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -88,7 +66,7 @@ class StateGuard:
         modules = list(model.modules()) if modules is None else modules
         self.modes = [(m, m.training) for m in modules]
         # parameters, and input tensors a backward would accumulate a .grad into
-        leaves = _held(modules, "_parameters") + [t for t in _unique(iter_tensors(inputs))
+        leaves = held_tensors(modules, "_parameters") + [t for t in _unique(iter_tensors(inputs))
                                                   if t.is_leaf and t.requires_grad]
         self.params = [(p, p.requires_grad, p.grad) for p in _unique(leaves)]
         self.buffers = []
@@ -125,7 +103,8 @@ class StateGuard:
             torch.cuda.set_rng_state_all(self.cuda_rng)
 
 
-class _PrivateRngMode(TorchDispatchMode):
+@_compat.dispatch_mode
+class _PrivateRngMode:
     """Only hands random ops the private generator (no recording)."""
 
     def __init__(self, rng: PrivateRNG) -> None:
@@ -134,7 +113,7 @@ class _PrivateRngMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if _SEEDED in func.tags:
+        if torch.Tag.nondeterministic_seeded in func.tags:
             return self.rng.call(func, args, kwargs)
         return func(*args, **kwargs)
 
@@ -148,18 +127,11 @@ def private_rng():
         yield rng
 
 
-class _Call:
-    __slots__ = ("module", "path", "type", "depth", "call_index", "parent", "children", "inputs",
-                 "outputs", "output_producers", "error", "ambient", "span")
+class _Call(TrackedCall):
+    __slots__ = ("inputs", "outputs", "output_producers", "error", "ambient", "span")
 
     def __init__(self, module, path, depth, call_index, parent, inputs) -> None:
-        self.module = module
-        self.path = path
-        self.type = module_type(module)
-        self.depth = depth
-        self.call_index = call_index
-        self.parent = parent
-        self.children: list[int] = []
+        super().__init__(module, path, depth, call_index, parent)
         self.inputs = inputs
         self.outputs = ()
         self.output_producers: tuple[int, ...] = ()
@@ -169,139 +141,13 @@ class _Call:
         self.span = (0, -1)  # indices of the first and last op that ran inside the call
 
 
-class _Recorder(TorchDispatchMode):
-    def __init__(self, cap: "_Capture") -> None:
-        super().__init__()
-        self.cap = cap
+class Session(ModuleTracker):
+    """One run's tracker (its module calls) and the op recorder's state (ops, dataflow, autograd
+    bookkeeping, cost cache)."""
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if _composite(func) and (torch.is_inference_mode_enabled() or
-                                 any(isinstance(a, torch.Tensor) and a.is_inference() for a in args)):
-            # A composite op (conv2d, linear, matmul, sdpa, ...) reaches a dispatch mode whole when
-            # autograd is not in the way (inference mode kept for a model holding inference
-            # tensors): run its C++ decomposition -- the kernel the Autograd key runs in grad mode
-            # and under no_grad -- with the recorder pushed again, so its parts are priced as in
-            # any other grad mode. Inference tensors skip autograd in any mode, so they bring
-            # composite ops whole too. Only there: otherwise a composite op that arrives whole comes
-            # from a tensor subclass's own dispatch (nested tensors), whose decomposition would
-            # dispatch back to it endlessly.
-            with self:
-                return func._op_dk(_IMPLICIT, *args, **kwargs)
-        cap = self.cap
-        seq = _get_seq() if cap.track_seq and cap.phase is FORWARD else 0
-        if func is _LOCAL_SCALAR and (cap.simulated and _unknown_value(args[0]) or args[0].is_meta):
-            # A simulation or a meta run has no values: a value read back (.item(), bool(t)) reads
-            # as 1, so data-dependent branches take their "nonzero" side.
-            out = _one_of(args[0].dtype)
-        elif func is _REPEAT_INTERLEAVE and args[0].is_meta and kwargs.get("output_size") is None:
-            # values read as 1 on meta: every repeat count is 1, so the output has one per count
-            out = func(*args, **{**kwargs, "output_size": args[0].numel()})
-        elif func is _UNIQUE2 and (args[0].is_meta or cap.simulated and _unknown_value(args[0])):
-            # values read as 1 (meta, simulation): every element is the same: one unique value
-            out = _unique2_of_ones(args[0], *args[1:], **kwargs)
-        elif func is _GROUPED_MM and (args[0].is_meta or cap.simulated) and _grouped_mm_shape(args):
-            # the meta kernel of _grouped_mm insists on bf16 and 16-byte strides (the CUDA kernel's
-            # rules) though CPU runs float32 at any size: the output, by the op's shape rule
-            out = torch.empty(_grouped_mm_shape(args), dtype=kwargs.get("out_dtype") or args[0].dtype,
-                              device=args[0].device)
-        elif _SEEDED in func.tags and not cap.simulated:
-            out = cap.rng.call(func, args, kwargs)
-        else:
-            out = func(*args, **kwargs)
-        # prim.device / prim.layout are metadata queries that only tensor subclasses (fake tensors)
-        # route through dispatch: recording them would make a fake run differ from a real one
-        if not cap.paused and func.namespace != "prim":
-            cap.on_op(func, args, kwargs, out, seq)
-        return out
-
-
-_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
-_IMPLICIT = torch._C.DispatchKey.CompositeImplicitAutograd
-_COMPOSITE: dict = {}
-
-
-def _composite(func) -> bool:
-    """Whether ``func`` has a CompositeImplicitAutograd kernel (it decomposes above autograd)."""
-    known = _COMPOSITE.get(func)
-    if known is None:
-        try:
-            known = torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _IMPLICIT)
-        except RuntimeError:   # an op the C++ dispatcher does not know (prim.device, a Python op)
-            known = False
-        _COMPOSITE[func] = known
-    return known
-_SEEDED = torch.Tag.nondeterministic_seeded
-_GROUPED_MM = torch.ops.aten._grouped_mm.default
-_REPEAT_INTERLEAVE = torch.ops.aten.repeat_interleave.Tensor
-
-
-_UNIQUE2 = torch.ops.aten._unique2.default
-
-
-def _unique2_of_ones(x, sorted=True, return_inverse=False, return_counts=False):
-    """torch.unique's outputs when every value is 1: one unique value (none for an empty input),
-    every inverse index 0, one count of all elements; an output not asked for is empty, as on CPU."""
-    n = 1 if x.numel() else 0
-    long = dict(dtype=torch.long, device=x.device)
-    return (torch.empty(n, dtype=x.dtype, device=x.device),
-            torch.empty(tuple(x.shape) if return_inverse else (0,), **long),
-            torch.empty(n if return_counts else 0, **long))
-
-
-@contextlib.contextmanager
-def _meta_values(on_meta: bool):
-    """On meta, data-dependent sizes follow the rule that values read as 1: ``nonzero`` finds every
-    element nonzero (torch's own switch for its meta kernel, restored afterwards); ``unique`` finds
-    one value (in the recorder)."""
-    if not on_meta:
-        yield
-        return
-    import torch.fx.experimental._config as fx_config
-    with fx_config.patch(meta_nonzero_assume_all_nonzero=True):
-        yield
-
-
-def _grouped_mm_shape(args) -> tuple[int, ...] | None:
-    """_grouped_mm's output shape: a[M,K] @ b[G,K,N] -> [M,N]; a[G,M,K] @ b[G,K,N] -> [G,M,N];
-    a[M,K] @ b[K,N] grouped over K by offs[G] -> [G,M,N]; None for another layout."""
-    a, b = args[0], args[1]
-    offs = args[2] if len(args) > 2 else None
-    if a.dim() == 2 and b.dim() == 3:
-        return (a.shape[0], b.shape[2])
-    if a.dim() == 3 and b.dim() == 3:
-        return (a.shape[0], a.shape[1], b.shape[2])
-    if a.dim() == 2 and b.dim() == 2 and isinstance(offs, torch.Tensor):
-        return (offs.shape[0], a.shape[0], b.shape[1])
-    return None
-
-
-def _layer_norm_stats(args, outs):
-    """CPU's native_layer_norm returns mean and rstd in float32 for a bf16/fp16 input; its fake
-    (meta) version returns them in the input's dtype. Size them as the real kernel allocates them."""
-    x = args[0]
-    if x.device.type != "cpu" or x.dtype not in (torch.bfloat16, torch.float16):
-        return None
-    return {i: outs[i].numel() * 4 for i in (1, 2) if i < len(outs)}
-
-
-# per op: the output sizes (by output index) a real kernel allocates where a fake run differs
-_FAKE_SIZE_FIXES = {torch.ops.aten.native_layer_norm.default: _layer_norm_stats}
-
-
-def _unknown_value(t) -> bool:
-    return getattr(t, "fake_mode", None) is not None and getattr(t, "constant", None) is None
-
-
-def _one_of(dtype: torch.dtype):
-    if dtype == torch.bool:
-        return True
-    return 1.0 if dtype.is_floating_point or dtype.is_complex else 1
-
-
-class _Capture:
     def __init__(self, model: nn.Module, options: CostOptions, track_seq: bool, storage=None,
                  simulated: bool = False, rng: PrivateRNG | None = None) -> None:
+        super().__init__()
         self.model = model
         # random ops draw from a private generator (capture/rng.py), never from torch's global one
         self.rng = rng if rng is not None else PrivateRNG()
@@ -309,10 +155,8 @@ class _Capture:
         self.simulated = simulated  # running on fake tensors
         self.options = options
         self.track_seq = track_seq
-        self.thread = threading.get_ident()
-        self.calls: list[_Call] = []
-        self.stack: list[int] = []
-        self.ncalls: dict[int, int] = defaultdict(int)
+        # the autograd sequence number of each forward op maps backward nodes to layers
+        self.next_seq = _compat.sequence_nr("attributing backward ops to layers") if track_seq else None
         self.ops: list[OpEvent] = []
         self.producers = WeakIdKeyDictionary()
         self.phase = FORWARD
@@ -322,8 +166,6 @@ class _Capture:
         self.seq_cache: dict[int, int] = {}
         self.cost_cache: dict[Any, Any] = {}
         self.param_layer: dict[int, int] = {}
-        self.paths: dict[int, str] = {}
-        self.handles: list = []
 
     def seed_producers(self, inputs: Any, state) -> None:
         """Dataflow sources: the example inputs and the parameters/buffers the ops will read."""
@@ -332,67 +174,36 @@ class _Capture:
         for t in state:
             self.producers[t] = PRODUCER_STATE
 
-    # ---- module tracker -------------------------------------------------------------------------
-    def install(self, named: list[tuple[str, nn.Module]]) -> None:
-        for path, m in tracked_modules(named):
-            self.paths[id(m)] = path
-            # ScriptModule refuses its own register_* methods (hooks do not run when TorchScript code
-            # calls it), but a scripted child called from eager Python runs nn.Module's call path,
-            # hooks included: register through nn.Module's methods. Its own submodules run inside
-            # TorchScript and are never tracked (tracked_modules leaves them out).
-            self.handles.append(nn.Module.register_forward_pre_hook(m, self._pre, with_kwargs=True))
-            self.handles.append(nn.Module.register_forward_hook(m, self._post, with_kwargs=True,
-                                                                always_call=True))
-
+    # ---- module calls (capture/tracker.py numbers them) ----------------------------------------
     def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
+        super().remove()
         # drop the weak references to the model's tensors now: a tensor with a weakref on it cannot
         # be swapped later (module.to_empty() / .to() on tensor subclasses use swap_tensors)
         self.producers = WeakIdKeyDictionary()
 
-    def _pre(self, module, args, kwargs):
+    def skip(self) -> bool:
         # Module calls during backward are activation-checkpoint recomputations: their ops are
         # attributed through the autograd node that runs them, so they add no records.
-        if threading.get_ident() != self.thread or self.phase is BACKWARD:
-            return None
-        idx = len(self.calls)
-        parent = self.stack[-1] if self.stack else None
-        key = id(module)
-        path = self.paths.get(key, type(module).__name__)
-        call = _Call(module, path, 0 if parent is None else self.calls[parent].depth + 1,
-                     self.ncalls[key], parent, tensor_specs((args, kwargs)))
-        self.ncalls[key] += 1
-        if parent is not None:
-            self.calls[parent].children.append(idx)
-        call.span = (len(self.ops), -1)
-        self.calls.append(call)
-        self.stack.append(idx)
-        return None
+        return super().skip() or self.phase is BACKWARD
 
-    def _post(self, module, args, kwargs, output):
-        if threading.get_ident() != self.thread:
-            return None
-        stack = self.stack
-        while stack and self.calls[stack[-1]].module is not module:
-            stack.pop()
-        if not stack:
-            return None
-        call = self.calls[stack.pop()]
+    def new_call(self, module, path, depth, call_index, parent, args, kwargs):
+        call = _Call(module, path, depth, call_index, parent, tensor_specs((args, kwargs)))
+        call.span = (len(self.ops), -1)
+        return call
+
+    def exited(self, call, output) -> None:
         call.span = (call.span[0], len(self.ops) - 1)
         err = sys.exc_info()[1]
         if err is not None and err is not call.ambient:  # the always-called hook of a failed forward
             call.error = err
-            return None
+            return
         call.outputs = tensor_specs(output)
         get = self.producers.get
         call.output_producers = tuple(get(t, PRODUCER_UNKNOWN) for t in iter_tensors(output))
-        return None
 
     # ---- op recorder ----------------------------------------------------------------------------
     def _backward_layer(self) -> int:
-        node = _current_node()
+        node = _compat.current_autograd_node("attributing backward ops to layers")()
         if node is None:
             return 0
         seq = node._sequence_nr()
@@ -461,7 +272,7 @@ class _Capture:
         if storage is not None:
             storage.layer, storage.phase = layer, self.phase
             # a lift's input is the same logical tensor as its output (a fake run makes a new one)
-            fix = _FAKE_SIZE_FIXES.get(func) if self.simulated else None
+            fix = FAKE_SIZE_FIXES.get(func) if self.simulated else None
             storage.on_op(() if func._opname.startswith("lift") else ins, outs,
                           fix(args, outs) if fix is not None else None)
 
@@ -530,7 +341,7 @@ def _subtree_params(model: nn.Module, holders: dict[int, int]) -> dict[int, int]
     return out
 
 
-def _freeze_layers(cap: _Capture, model: nn.Module, holders, first_owner):
+def _freeze_layers(cap: Session, model: nn.Module, holders, first_owner):
     subtree = _subtree_params(model, holders)
     layers = []
     called = {id(c.module) for c in cap.calls}
@@ -562,7 +373,7 @@ def _script_subtree_params(m: nn.Module, first_owner, called: set[int]) -> list[
     return [p for p in _unique(m.parameters()) if first_owner.get(id(p)) in inside]
 
 
-def _forward_error(cap: _Capture, err: BaseException, phase: str) -> ForwardError:
+def _forward_error(cap: Session, err: BaseException, phase: str) -> ForwardError:
     failed = [c for c in cap.calls if c.error is err]
     where = max(failed, key=lambda c: c.depth) if failed else None
     what = f"{type(err).__name__}: {err}"
@@ -580,8 +391,7 @@ def swapped_state(model: nn.Module, state: dict[str, torch.Tensor] | None):
     that activation checkpointing recomputes with the swapped tensors, not the model's own."""
     if state is None:
         return contextlib.nullcontext()
-    from torch.nn.utils.stateless import _reparametrize_module
-    return _reparametrize_module(model, state, tie_weights=True, strict=False)
+    return _compat.reparametrize_module(model, state, tie_weights=True, strict=False)
 
 
 def empty_like_on(t: torch.Tensor, device) -> torch.Tensor:
@@ -632,8 +442,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     guard = StateGuard(model, modules, (args, kwargs))
     if backward:
         args, kwargs = grad_inputs(args, kwargs)
-    cap = _Capture(model, options, track_seq=backward)
-    cap.seed_producers((args, kwargs), _held(modules, "_parameters") + _held(modules, "_buffers"))
+    cap = Session(model, options, track_seq=backward)
+    cap.seed_producers((args, kwargs), held_tensors(modules, "_parameters") + held_tensors(modules, "_buffers"))
     output = None
     try:
         if mode == "eval":
@@ -645,7 +455,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
         if on_meta:
             meta_params, meta_buffers = empty_state(model, "meta")
             swap = {**meta_params, **meta_buffers}
-        with torch.set_grad_enabled(backward), _Recorder(cap), swapped_state(model, swap), _meta_values(on_meta):
+        with torch.set_grad_enabled(backward), OpRecorder(cap), swapped_state(model, swap):
             output = run_forward(cap, lambda: model(*args, **kwargs))
             if backward:
                 _run_backward(cap, modules, guard, output)
@@ -659,19 +469,35 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     return trace, output
 
 
-def build_trace(cap: _Capture, model: nn.Module, named: list[tuple[str, nn.Module]], inputs: Any,
+def dtype_text(model: nn.Module) -> str | None:
+    """The model's parameter dtypes by share of elements: ``bfloat16`` or ``bfloat16 (98.1%), float32``."""
+    counts: dict[str, int] = {}
+    for p in {id(p): p for p in model.parameters()}.values():
+        key = str(p.dtype).removeprefix("torch.")
+        counts[key] = counts.get(key, 0) + p.numel()
+    if not counts:
+        return None
+    total = sum(counts.values()) or 1
+    order = sorted(counts, key=counts.get, reverse=True)
+    if len(order) == 1:
+        return order[0]
+    return f"{order[0]} ({100 * counts[order[0]] / total:.1f}%), " + ", ".join(order[1:])
+
+
+def build_trace(cap: Session, model: nn.Module, named: list[tuple[str, nn.Module]], inputs: Any,
                 output: Any, *, backward: bool, options: dict) -> Trace:
-    """Freeze what one capture saw into a Trace."""
+    """Freeze what one capture saw into a Trace (its options say the model's dtypes too)."""
+    options = {**options, "model_dtype": options.get("model_dtype", dtype_text(model))}
     modules = [m for _, m in named]
     holders, first_owner = _param_table(modules)
-    params = _held(modules, "_parameters")
-    buffers = _held(modules, "_buffers")
+    params = held_tensors(modules, "_parameters")
+    buffers = held_tensors(modules, "_buffers")
     layers = _freeze_layers(cap, model, holders, first_owner)
     if not layers:
         raise InputError("the model's forward never ran as a module call; nothing to analyse")
     # containers without a forward of their own (ModuleList, ModuleDict) are never called by design
     uncalled = tuple(p or "(root)" for p, m in tracked_modules(named)
-                     if cap.ncalls.get(id(m), 0) == 0 and _own_forward(m))
+                     if cap.ncalls.get(id(m), 0) == 0 and own_forward(m))
     in_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors(inputs)))
     out_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors(output)))
     return Trace(
@@ -690,14 +516,14 @@ def build_trace(cap: _Capture, model: nn.Module, named: list[tuple[str, nn.Modul
     )
 
 
-def _own_forward(m: nn.Module) -> bool:
+def own_forward(m: nn.Module) -> bool:
     """Whether the module defines a forward (a ModuleList does not); script modules say so in C++."""
     if isinstance(m, torch.jit.ScriptModule):
         return m._c._has_method("forward")
     return type(m).forward is not nn.Module.forward
 
 
-def _held(modules: list[nn.Module], slot: str) -> list[torch.Tensor]:
+def held_tensors(modules: list[nn.Module], slot: str) -> list[torch.Tensor]:
     """The distinct tensors the modules hold directly in ``slot`` ("_parameters" or "_buffers")."""
     return list(_unique(t for m in modules for t in getattr(m, slot).values() if t is not None))
 
@@ -710,7 +536,7 @@ def _unique(tensors):
             yield t
 
 
-def run_forward(cap: _Capture, call) -> Any:
+def run_forward(cap: Session, call) -> Any:
     """``call()`` (the model's forward) with a failure turned into a ForwardError naming the layer."""
     try:
         return call()
@@ -720,7 +546,7 @@ def run_forward(cap: _Capture, call) -> Any:
         raise _forward_error(cap, e, "forward") from e
 
 
-def run_backward(cap: _Capture, modules: list[nn.Module], backward) -> None:
+def run_backward(cap: Session, modules: list[nn.Module], backward) -> None:
     """``backward()`` in the BACKWARD phase, ops attributed to the forward calls that made their
     autograd nodes; AccumulateGrad nodes to the module call that owns the parameter."""
     first_call: dict[int, int] = {}
@@ -741,7 +567,7 @@ def run_backward(cap: _Capture, modules: list[nn.Module], backward) -> None:
         cap.phase = FORWARD
 
 
-def _run_backward(cap: _Capture, modules: list[nn.Module], guard: StateGuard, output: Any) -> None:
+def _run_backward(cap: Session, modules: list[nn.Module], guard: StateGuard, output: Any) -> None:
     outs = [t for t in iter_tensors(output) if t.requires_grad and (t.is_floating_point() or t.is_complex())]
     if not outs:
         if not any(True for _ in iter_tensors(output)):

@@ -39,9 +39,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map_only
 
+from .._compat import dispatch_mode, disable_current_modes, no_dispatch, profiler_enabled, tree_leaves, \
+    tree_map_only
 from ..trace import BACKWARD, FORWARD
 
 __all__ = ["SimulationLog", "SimulationKernels", "ValueReads", "PROBE_LIMIT", "eager_paths"]
@@ -199,8 +199,6 @@ def _probe_real(func, args, kwargs, device):
     oneDNN's LSTM keeps no workspace under no_grad). Returns (output sizes, scratch): each output's
     (shape, stride, dtype), and the most bytes the kernel held above its outputs while it ran, from
     the profiler's allocation events (0 where a profiler is already running: it cannot nest)."""
-    from torch.autograd import _profiler_enabled
-    from torch.utils._python_dispatch import _disable_current_modes
     from .measure import profile_events
 
     result = []
@@ -214,8 +212,8 @@ def _probe_real(func, args, kwargs, device):
                        for r in reals])
         result.append(sum(r.untyped_storage().nbytes() for r in reals if isinstance(r, torch.Tensor)))
 
-    with _disable_current_modes():
-        if _profiler_enabled() or device.type != "cpu":
+    with disable_current_modes():
+        if profiler_enabled() or device.type != "cpu":
             run()
             return result[0], 0
         allocations, _ = profile_events(run)
@@ -229,7 +227,8 @@ def _probe_real(func, args, kwargs, device):
     return result[0], max(0, peak - inputs - result[1])
 
 
-class SimulationKernels(TorchDispatchMode):
+@dispatch_mode
+class SimulationKernels:
     """Below the recorder: random draws get their median, nonzero its largest size, and kernels whose
     fake output sizes are wrong the real sizes."""
 
@@ -273,7 +272,6 @@ class SimulationKernels(TorchDispatchMode):
         if value is None or out.device.type not in ("cpu", "cuda") or \
                 out.device.type == "cuda" and not torch.cuda.is_available():
             return      # left without a value: a read of it is noted by ValueReads
-        from torch.utils._mode_utils import no_dispatch
         with no_dispatch():
             const = torch.full(tuple(out.shape), value, dtype=out.dtype, device=out.device)
         out.constant = const
@@ -325,7 +323,8 @@ class SimulationKernels(TorchDispatchMode):
         return type(out)(fixed) if isinstance(out, (tuple, list)) else fixed[0]
 
 
-class ValueReads(TorchDispatchMode):
+@dispatch_mode
+class ValueReads:
     """Above the recorder: notes each value read back from a tensor that has none."""
 
     def __init__(self, cap, log: SimulationLog) -> None:

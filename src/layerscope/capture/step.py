@@ -30,12 +30,13 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .. import _compat
 from ..costs import CostOptions
 from ..errors import ForwardError, InputError, LayerscopeError
 from ..trace import BACKWARD, FORWARD, LOSS, OPTIMIZER, Trace
 from .inputs import iter_tensors, map_tensors
 from .rng import PrivateRNG
-from .session import (StateGuard, _Capture, _Recorder, build_trace, empty_like_on, empty_state, run_backward,
+from .session import (StateGuard, Session, OpRecorder, build_trace, empty_like_on, empty_state, run_backward,
                       run_forward, swapped_state)
 from .simulation import SimulationKernels, SimulationLog, ValueReads, eager_paths
 from .storage import BUFFER, GRAD, INPUT, OPT, OUTPUT, PARAM, StorageTracker
@@ -87,12 +88,10 @@ def default_loss(output: Any) -> torch.Tensor:
 
 def fake_mode_for():
     """The FakeTensorMode already active (the user's), or a new one."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-    for mode in reversed(_get_current_dispatch_mode_stack()):
-        if isinstance(mode, FakeTensorMode):
-            return mode, False
-    return FakeTensorMode(allow_non_fake_inputs=True), True
+    mode = _compat.active_fake_mode()
+    if mode is not None:
+        return mode, False
+    return _compat.new_fake_mode(allow_non_fake_inputs=True), True
 
 
 def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, device: torch.device,
@@ -201,7 +200,7 @@ def _loop(run: StepRun, model, named, call, swap, inputs, params, buffers, opt, 
             on_step(step, "begin")
         first_op = tracker.clock + 1 if tracker else 0
         for micro in range(accumulation):
-            cap = _Capture(model, options, track_seq=training, storage=tracker, simulated=simulate, rng=rng)
+            cap = Session(model, options, track_seq=training, storage=tracker, simulated=simulate, rng=rng)
             cap.seed_producers(inputs, state)
             offset = tracker.clock + 1 if tracker else 0
             if tracker:
@@ -226,7 +225,7 @@ def _loop(run: StepRun, model, named, call, swap, inputs, params, buffers, opt, 
             cap = last_micro
             start = tracker.clock + 1 if tracker else 0
             cap.phase = OPTIMIZER
-            with _Recorder(cap) if tracker else contextlib.nullcontext():
+            with OpRecorder(cap) if tracker else contextlib.nullcontext():
                 try:
                     opt.step()
                 except LayerscopeError:
@@ -249,7 +248,7 @@ def _loop(run: StepRun, model, named, call, swap, inputs, params, buffers, opt, 
             on_step(step, "end")
 
 
-def _one_pass(run: StepRun, cap: _Capture, named, call, autocast, loss_fn, training: bool):
+def _one_pass(run: StepRun, cap: Session, named, call, autocast, loss_fn, training: bool):
     tracker = cap.storage
     tracked = tracker is not None
     step_phase = []
@@ -280,7 +279,7 @@ def _one_pass(run: StepRun, cap: _Capture, named, call, autocast, loss_fn, train
     if tracked:
         cap.install(named)
     try:
-        with torch.set_grad_enabled(training), below, _Recorder(cap) if tracked else contextlib.nullcontext(), \
+        with torch.set_grad_enabled(training), below, OpRecorder(cap) if tracked else contextlib.nullcontext(), \
                 above:
             with saved_hooks:
                 mark_phase(FORWARD)

@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from ..errors import InputError
-from ..render.deepspeed import (DEFAULT_PRECISION, ModuleProfile, _aggregated, _params,  # noqa: F401
-                                _to_file, bytes_to_string, duration_to_string, flops_to_string,
+from ..render.deepspeed import (DEFAULT_PRECISION, ModuleProfile, aggregated_profile, module_params,  # noqa: F401
+                                to_output_file, bytes_to_string, duration_to_string, flops_to_string,
                                 macs_to_string, model_profile_text, number_to_string, params_to_string)
 
 __all__ = ["FlopsProfiler", "get_model_profile", "number_to_string", "macs_to_string", "flops_to_string",
@@ -93,7 +93,7 @@ class FlopsProfiler:
         self._prof.print_model_profile(profile_step, module_depth, top_modules, detailed, output_file)
 
     def print_model_aggregated_profile(self, module_depth=-1, top_modules=1) -> None:
-        print(_aggregated(self._prof._module_profile(), module_depth, top_modules), end="")
+        print(aggregated_profile(self._prof._module_profile(), module_depth, top_modules), end="")
 
 
 def get_model_profile(model: nn.Module, input_shape=None, args=[], kwargs={}, print_profile=True,  # noqa: B006
@@ -102,8 +102,9 @@ def get_model_profile(model: nn.Module, input_shape=None, args=[], kwargs={}, pr
     """DeepSpeed's get_model_profile: ``warm_up`` forwards, then one profiled forward in eval mode
     (the model's flags are restored afterwards; DeepSpeed leaves it in eval). Returns
     ``(flops, macs, params)``, as strings ("1.2 G", "0.6 GMACs", "3.4 M") with ``as_string``."""
-    from ..api import _check_model, analyze, profile
-    _check_model(model)
+    from ..api import analyze, profile
+    from ..capture.prepare import check_model
+    check_model(model)
     if mode != "forward":
         raise InputError(f"mode={mode!r} is not supported: only 'forward' (profile model.generate "
                          "by analysing one forward step)")
@@ -125,15 +126,15 @@ def get_model_profile(model: nn.Module, input_shape=None, args=[], kwargs={}, pr
     try:
         model.eval()
         meta = _device(model).type == "meta"
-        costs = analyze(model, *args, mode="same", **kwargs)
-        latency = None if meta else profile(model, *args, warmup=warm_up, repeats=1, **kwargs)
+        costs = analyze(model, *args, mode="same", forward_kwargs=kwargs)
+        latency = None if meta else profile(model, *args, warmup=warm_up, repeats=1, forward_kwargs=kwargs)
     finally:
         for m, t in flags:
             m.training = t
     prof = ModuleProfile(model, costs, latency)
     if print_profile:
         text = model_profile_text(prof, warm_up, module_depth, top_modules, detailed)
-        with _to_file(output_file) as f:
+        with to_output_file(output_file) as f:
             f.write(text)
     flops, macs, params = prof.total_flops, prof.total_macs, prof.total_params
     if as_string:

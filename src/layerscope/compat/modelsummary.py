@@ -81,8 +81,8 @@ class Statistics:
 
     def __init__(self, model: nn.Module, input_data: Any = None, *args: Any, batch_dim: int | None = 0,
                  branching: bool = True, depth: int | None = None, device=None, dtypes=None, **kwargs: Any):
-        from ..api import _check_model
-        _check_model(model)
+        from ..capture.prepare import check_model
+        check_model(model)
         del branching, depth        # layout switch and an unused argument of the original
         self.depth = _depth(model)
         self.input_size: list = []

@@ -350,7 +350,7 @@ class ModelStatistics(Report):
                         with _mode(model, mode):
                             rep = memory(model, *args, training=training, steps=1, input_size=input_size,
                                          dtypes=dtypes, batch_dim=batch_dim if input_size is not None
-                                         else None, **kwargs)
+                                         else None, forward_kwargs=kwargs)
                     except Exception as e:   # noqa: BLE001 -- a derived figure: shown as n/a, never raised
                         self.memory_error = f"{basis}: {type(e).__name__}: {e}" if not isinstance(
                             e, LayerscopeError) else f"{basis}: {e}"
@@ -577,8 +577,9 @@ def build(model: nn.Module, input_size=None, input_data=None, batch_dim: int | N
           col_names=None, col_width: int = 25, depth: int = 3, device=None, dtypes=None,
           mode: str = "same", row_settings=None, verbose: int = 1, kwargs: dict | None = None) -> ModelStatistics:
     """The ModelStatistics of one summary, without printing."""
-    from ..api import _check_model, analyze
-    _check_model(model)
+    from ..api import analyze
+    from ..capture.prepare import check_model
+    check_model(model)
     kwargs = dict(kwargs or {})
     if input_size is not None and input_data is not None:
         raise InputError("give either input_size or input_data, not both")
@@ -603,7 +604,8 @@ def build(model: nn.Module, input_size=None, input_data=None, batch_dim: int | N
     kwargs = {**data_kwargs, **kwargs}
     # with input_data, batch_dim only takes that dimension out of the sizes shown (as torchinfo)
     rep = analyze(model, *args, input_size=input_size, dtypes=as_dtypes(dtypes),
-                  batch_dim=batch_dim if input_size is not None else None, device=device, mode=mode, **kwargs)
+                  batch_dim=batch_dim if input_size is not None else None, device=device, mode=mode,
+                  forward_kwargs=kwargs)
     if input_size is not None:
         from ..capture.inputs import make_inputs
         sizes = [list(t.shape) for t in make_inputs(input_size, as_dtypes(dtypes), batch_dim, torch.device("meta"))]
@@ -647,12 +649,14 @@ def layerscope_summary(model: nn.Module, input_size=None, input_data=None, batch
     or a dict of kwargs; other kwargs go to ``forward``. ``receptive_field`` adds that column to the
     printed table (torchscan's argument); ``cache_forward_pass`` is accepted and ignored. For
     torchinfo's printed layout too, import ``layerscope.compat.torchinfo.summary``."""
-    from ..render.columns import ALIASES, COLUMNS, DEFAULT_COLUMNS
+    from ..reports.summary import COLUMNS, DEFAULT_COLUMNS
     del cache_forward_pass
+    known = {c.key for c in COLUMNS} | {a for c in COLUMNS for a in c.aliases}
     cols = col_names.split(",") if isinstance(col_names, str) else col_names
     for c in cols or ():
-        if c not in COLUMN_NAMES and ALIASES.get(c, c) not in COLUMNS:
-            raise InputError(f"unknown column {c!r}; choose from {', '.join((*COLUMNS, *COLUMN_NAMES))}")
+        if c not in COLUMN_NAMES and c not in known:
+            raise InputError(f"unknown column {c!r}; choose from "
+                             f"{', '.join((*(c.key for c in COLUMNS), *COLUMN_NAMES))}")
     # layerscope's own column names (flops, receptive_field, ...) are for the printed table only
     ti_cols = None if cols is None else [c for c in cols if c in COLUMN_NAMES] or None
     stats = build(model, input_size, input_data, batch_dim, ti_cols, col_width, depth, device, dtypes,
@@ -662,8 +666,7 @@ def layerscope_summary(model: nn.Module, input_size=None, input_data=None, batch
             print(stats)
         else:
             # torchinfo's groups and params_percent have no layerscope column: str(stats) shows them
-            shown = None if cols is None else [c for c in cols if c not in COLUMN_NAMES
-                                               or ALIASES.get(c, c) in COLUMNS] or None
+            shown = None if cols is None else [c for c in cols if c not in COLUMN_NAMES or c in known] or None
             if receptive_field:
                 shown = [*(shown or DEFAULT_COLUMNS), "receptive_field"]
             stats.report.print(depth=None if depth < 0 else depth, columns=shown, fold=verbose < 2)

@@ -41,8 +41,9 @@ def _shapes(input_shape) -> list[tuple[int, ...]]:
 
 def crawl_module(module: nn.Module, input_shape, dtype=None) -> dict[str, Any]:
     """torchscan's per-layer information for one forward on a batch of 1 of ``input_shape``."""
-    from ..api import _check_model, analyze
-    _check_model(module)
+    from ..api import analyze
+    from ..capture.prepare import check_model
+    check_model(module)
     shapes = _shapes(input_shape)
     first = next(module.parameters(), None)
     if dtype is None:

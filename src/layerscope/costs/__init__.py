@@ -6,12 +6,14 @@ Bytes: per op, every tensor input read once and every output written once (no ca
 metadata-only ops move nothing. Counts are per batch.
 
 An analysis may bring its own registry (``default_registry().copy()`` changed with ``register`` /
-``override``; ``analyze(..., costs=reg)``); the default one is read-only.
+``override``; ``analyze(..., costs=reg)``); the default one is read-only. ONNX op types are priced by
+the same formulas (costs/onnx.py) in the registry's ``onnx`` namespace (``reg.onnx.override("Softmax",
+fn)``; ``analyze_onnx(path, costs=reg)``).
 """
 
-from . import attention, conv, elementwise, matmul, movement, norm, pool, rnn, spectral  # noqa: F401 (registers)
-from .registry import (FREE, CostOptions, CostRegistry, OpCall, OpCost, default_registry, lookup, register,
-                       register_free, registered_names)
+from . import attention, conv, elementwise, matmul, movement, norm, onnx, pool, rnn, spectral  # noqa: F401 (registers)
+from .registry import (FREE, CostOptions, CostRegistry, NodeCall, OnnxOps, OpCall, OpCost, ShapeUnknown,
+                       default_registry, lookup, register, register_free, registered_names)
 
-__all__ = ["FREE", "CostOptions", "CostRegistry", "OpCall", "OpCost", "default_registry", "lookup", "register",
-           "register_free", "registered_names"]
+__all__ = ["FREE", "CostOptions", "CostRegistry", "NodeCall", "OnnxOps", "OpCall", "OpCost", "ShapeUnknown",
+           "default_registry", "lookup", "register", "register_free", "registered_names"]

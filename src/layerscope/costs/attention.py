@@ -32,11 +32,24 @@ from __future__ import annotations
 
 import torch
 
+from .. import _compat
 from ._util import prod, shape
+from .elementwise import SOFTMAX as SOFTMAX_FWD
+from .elementwise import SOFTMAX_BACKWARD as SOFTMAX_BWD
+from .matmul import contraction
 from .registry import OpCall, OpCost, register
 
-SOFTMAX_FWD = 5   # max, subtract, exp, sum, divide
-SOFTMAX_BWD = 4   # dS = P * (dP - rowsum(dP * P)): mul, sum, sub, mul
+
+def attention_cost(scores: int, d: int, dv: int, *, bias: bool, backward: bool = False) -> OpCost:
+    """Attention over ``scores`` query-key pairs (heads and batch included) with head dims d (Q, K)
+    and dv (V): the formulas above, shared by every kernel here and ONNX Attention (costs/onnx.py)."""
+    if backward:
+        macs = scores * (3 * d + 2 * dv)
+        per_score = 1 + SOFTMAX_FWD + SOFTMAX_BWD + 1 + int(bias)
+    else:
+        macs = scores * (d + dv)
+        per_score = 1 + SOFTMAX_FWD + int(bias)
+    return contraction(macs, per_score * scores)
 
 
 def _kept_scores(sq: int, sk: int, causal: bool, options) -> int:
@@ -52,13 +65,7 @@ def _sdpa(q, k, v, causal: bool, has_mask: bool, backward: bool, options) -> OpC
     batch, sq, d = prod(qs[:-2]), qs[-2], qs[-1]
     sk, dv = shape(k)[-2], vs[-1]
     scores = batch * _kept_scores(sq, sk, causal, options)
-    if backward:
-        macs = scores * (3 * d + 2 * dv)
-        per_score = 1 + SOFTMAX_FWD + SOFTMAX_BWD + 1 + int(has_mask)
-    else:
-        macs = scores * (d + dv)
-        per_score = 1 + SOFTMAX_FWD + int(has_mask)
-    return OpCost(macs, 2 * macs + per_score * scores)
+    return attention_cost(scores, d, dv, bias=has_mask, backward=backward)
 
 
 @register("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
@@ -100,8 +107,9 @@ def native_mha(c: OpCall) -> OpCost:
     macs = b * sq * e * e + 2 * b * sk * e * e + 2 * b * sq * sk * e + b * sq * e * e
     biases = (b * sq * e if c.args[6] is not None else 0) + (2 * b * sk * e if c.args[6] is not None else 0)
     biases += b * sq * e if c.args[8] is not None else 0
-    scores = b * heads * sq * sk
-    return OpCost(macs, 2 * macs + biases + scores * (1 + SOFTMAX_FWD + int(mask is not None)))
+    # the score arithmetic as attention_cost counts it; the projections' MACs and bias adds on top
+    att = attention_cost(b * heads * sq * sk, 0, 0, bias=mask is not None)
+    return contraction(macs, biases + att.flops)
 
 
 # ---- the kernels under SDPA: flash and memory-efficient attention (heads-third layout, varlen) ----
@@ -123,8 +131,7 @@ def _window_scores(sq: int, sk: int, *, offset: int, left: int, right: int) -> i
 
 
 def _readable(t) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-    return isinstance(t, torch.Tensor) and t.device.type != "meta" and not isinstance(t, FakeTensor)
+    return isinstance(t, torch.Tensor) and t.device.type != "meta" and not _compat.is_fake_tensor(t)
 
 
 class LengthsUnknown(ValueError):
@@ -192,14 +199,7 @@ def _fused(c: OpCall, *, backward: bool, flash: bool) -> OpCost:
             scores += _window_scores(sq, sk, offset=sk - sq if bottom_right else 0, left=left, right=right)
         else:
             scores += sq * sk
-    scores *= heads
-    if backward:
-        macs = scores * (3 * d + 2 * dv)
-        per_score = 1 + SOFTMAX_FWD + SOFTMAX_BWD + 1 + int(bias)
-    else:
-        macs = scores * (d + dv)
-        per_score = 1 + SOFTMAX_FWD + int(bias)
-    return OpCost(macs, 2 * macs + per_score * scores)
+    return attention_cost(scores * heads, d, dv, bias=bias, backward=backward)
 
 
 @register("_flash_attention_forward", "_flash_attention_forward_no_dropout_inplace")

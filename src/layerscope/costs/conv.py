@@ -12,12 +12,18 @@ from __future__ import annotations
 
 from ..trace import Window
 from ._util import numel, prod, shape, tup
+from .matmul import contraction
 from .registry import OpCall, OpCost, register
 
 
+def conv_macs(in_numel: int, weight_shape, out_numel: int, transposed: bool) -> int:
+    """A convolution's MACs from its sizes (the aten formulas here and ONNX Conv/ConvTranspose)."""
+    per = int(weight_shape[1]) * prod(weight_shape[2:])
+    return in_numel * per if transposed else out_numel * per
+
+
 def _conv_macs(x, w, out, transposed: bool) -> int:
-    k = prod(shape(w)[2:])
-    return numel(x) * shape(w)[1] * k if transposed else numel(out) * shape(w)[1] * k
+    return conv_macs(numel(x), shape(w), numel(out), transposed)
 
 
 def _window(w, stride, padding, dilation, transposed: bool) -> Window:
@@ -32,8 +38,8 @@ def convolution(c: OpCall) -> OpCost:
     stride, padding, dilation, transposed = c.args[3], c.args[4], c.args[5], bool(c.args[6])
     out = c.out
     macs = _conv_macs(x, w, out, transposed)
-    return OpCost(macs, 2 * macs + (numel(out) if b is not None else 0),
-                  window=_window(w, stride, padding, dilation, transposed))
+    return contraction(macs, numel(out) if b is not None else 0)._replace(
+        window=_window(w, stride, padding, dilation, transposed))
 
 
 @register("convolution_backward")
@@ -42,5 +48,4 @@ def convolution_backward(c: OpCall) -> OpCost:
     transposed, mask = bool(c.args[7]), c.args[10]
     macs_one = _conv_macs(x, w, grad_out, transposed)
     macs = macs_one * (int(bool(mask[0])) + int(bool(mask[1])))
-    flops = 2 * macs + (numel(grad_out) if mask[2] else 0)
-    return OpCost(macs, flops)
+    return contraction(macs, numel(grad_out) if mask[2] else 0)

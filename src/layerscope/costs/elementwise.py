@@ -22,6 +22,46 @@ import torch
 from ._util import numel, shape
 from .registry import OpCall, OpCost, register
 
+# The conventions, as pure functions of sizes: the aten formulas below and the ONNX op types
+# (costs/onnx.py) both count with these.
+POINTWISE = 1           # per output element: arithmetic, comparisons, transcendental functions, activations
+SOFTMAX = 5             # per element: max, subtract, exp, sum, divide (log_softmax: log)
+SOFTMAX_BACKWARD = 4    # per element: dS = P * (dP - rowsum(dP * P)): mul, sum, sub, mul
+
+
+def pointwise_flops(out_numel: int) -> int:
+    return POINTWISE * out_numel
+
+
+def variadic_flops(n_inputs: int, out_numel: int, mean: bool = False) -> int:
+    """n inputs combined elementwise (max, min, sum of n tensors): n - 1 per output element, at least 1;
+    a mean adds 1 per element for the divide."""
+    return out_numel * (max(1, n_inputs - 1) + int(mean))
+
+
+def softmax_flops(elements: int) -> int:
+    return SOFTMAX * elements
+
+
+def reduce_flops(in_numel: int) -> int:
+    """A reduction (sum, max, prod, argmax, cumsum, ...): 1 per input element."""
+    return in_numel
+
+
+def mean_flops(in_numel: int, out_numel: int) -> int:
+    """A mean: the sum's 1 per input element and 1 divide per output element."""
+    return in_numel + out_numel
+
+
+def map_reduce_flops(in_numel: int) -> int:
+    """One pointwise op then a sum (a vector norm: square and add): 2 per input element."""
+    return 2 * in_numel
+
+
+def sort_flops(elements: int, n: int) -> int:
+    """Sort or top-k along a dim of n: n*ceil(log2 n) comparisons per row, i.e. ceil(log2 n) per element."""
+    return elements * max(1, math.ceil(math.log2(max(n, 2))))
+
 
 def _out_numel(c: OpCall) -> int:
     o = c.outs[0]
@@ -30,7 +70,7 @@ def _out_numel(c: OpCall) -> int:
 
 def _pointwise(per: int, *names: str, inplace: bool = True) -> None:
     def fn(c: OpCall) -> OpCost:
-        return OpCost(0, per * _out_numel(c))
+        return OpCost(0, per * pointwise_flops(_out_numel(c)))
 
     fn.__doc__ = f"{per} FLOP(s) per output element."
     all_names = []
@@ -42,7 +82,7 @@ def _pointwise(per: int, *names: str, inplace: bool = True) -> None:
 
 
 _pointwise(
-    1,
+    1,          # one pointwise op per output element (pointwise_flops)
     # arithmetic
     "add", "sub", "rsub", "mul", "div", "true_divide", "floor_divide", "remainder", "fmod", "neg",
     "abs", "reciprocal", "pow", "square", "sqrt", "rsqrt", "sign", "sgn", "floor", "ceil", "round",
@@ -83,12 +123,12 @@ def native_dropout(c: OpCall) -> OpCost:
 
 @register("_softmax", "_log_softmax", "_safe_softmax", "softmax", "log_softmax")
 def softmax(c: OpCall) -> OpCost:
-    return OpCost(0, 5 * numel(c.args[0]))
+    return OpCost(0, softmax_flops(numel(c.args[0])))
 
 
 @register("_softmax_backward_data", "_log_softmax_backward_data")
 def softmax_backward(c: OpCall) -> OpCost:
-    return OpCost(0, 4 * numel(c.args[0]))
+    return OpCost(0, SOFTMAX_BACKWARD * numel(c.args[0]))
 
 
 # Reductions: one FLOP per input element read.
@@ -97,12 +137,12 @@ def softmax_backward(c: OpCall) -> OpCost:
           "histc", "bincount",
           "logcumsumexp")
 def reduce_one(c: OpCall) -> OpCost:
-    return OpCost(0, numel(c.args[0]), window=_global_window(c))
+    return OpCost(0, reduce_flops(numel(c.args[0])), window=_global_window(c))
 
 
 @register("mean", "nanmean")
 def mean(c: OpCall) -> OpCost:
-    return OpCost(0, numel(c.args[0]) + _out_numel(c), window=_global_window(c))
+    return OpCost(0, mean_flops(numel(c.args[0]), _out_numel(c)), window=_global_window(c))
 
 
 @register("var", "std", "var_mean", "std_mean")
@@ -112,7 +152,7 @@ def var(c: OpCall) -> OpCost:
 
 @register("norm", "linalg_vector_norm", "frobenius_norm")
 def norm(c: OpCall) -> OpCost:
-    return OpCost(0, 2 * numel(c.args[0]))
+    return OpCost(0, map_reduce_flops(numel(c.args[0])))
 
 
 @register("_weight_norm_interface")
@@ -140,7 +180,7 @@ def sort(c: OpCall) -> OpCost:
     if not isinstance(dim, int):
         dim = -1
     n = shape(x)[dim] if x.dim() else 1
-    return OpCost(0, numel(x) * max(1, math.ceil(math.log2(max(n, 2)))))
+    return OpCost(0, sort_flops(numel(x), n))
 
 
 def _global_window(c: OpCall):

@@ -24,84 +24,117 @@ matmul/einsum/linear usually decompose into these before dispatch.
 
 from __future__ import annotations
 
+import math
+
 from ._util import numel, prod, shape
 from .registry import OpCall, OpCost, register
+
+
+def contraction(macs: int, adds: int = 0) -> OpCost:
+    """The cost of a contraction: its MACs, and FLOPs = 2 * MACs + the other adds (a bias: one per
+    output element). Every contraction formula (matmul family, conv, attention, recurrent layers; aten
+    ops and ONNX op types alike) counts through here."""
+    return OpCost(macs, 2 * macs + adds)
+
+
+def matmul_macs(a, b) -> int:
+    """MACs of a matmul of shapes a and b with numpy semantics: batch dims broadcast, a 1-D operand is
+    promoted (a: [k] -> [1, k], b: [k] -> [k, 1]) and the added dim removed again."""
+    a, b = [int(d) for d in a], [int(d) for d in b]
+    if len(a) == 1:
+        a = [1] + a
+    if len(b) == 1:
+        b = b + [1]
+    m, k, n = a[-2], a[-1], b[-1]
+    batch_a, batch_b = a[:-2], b[:-2]
+    nd = max(len(batch_a), len(batch_b))
+    batch_a = [1] * (nd - len(batch_a)) + batch_a
+    batch_b = [1] * (nd - len(batch_b)) + batch_b
+    return math.prod(max(x, y) for x, y in zip(batch_a, batch_b)) * m * k * n
+
+
+def einsum_macs(equation: str, shapes) -> int | None:
+    """MACs of an einsum of two or more operands: the product of every index's size (each output
+    element is a sum over the contracted indices). None where it cannot tell (ellipsis, a rank that
+    does not match its term)."""
+    lhs = equation.replace(" ", "").split("->")[0]
+    terms = lhs.split(",")
+    if len(terms) < 2 or any("..." in t for t in terms):
+        return None
+    size: dict[str, int] = {}
+    for t, s in zip(terms, shapes):
+        if len(t) != len(s):
+            return None
+        for ch, d in zip(t, s):
+            size[ch] = max(size.get(ch, 1), d)
+    return math.prod(size.values())
 
 
 @register("mm", "_int_mm")
 def mm(c: OpCall) -> OpCost:
     (m, k), n = shape(c.args[0]), shape(c.args[1])[1]
-    macs = m * k * n
-    return OpCost(macs, 2 * macs)
+    return contraction(m * k * n)
 
 
 @register("addmm", "addmm_")
 def addmm(c: OpCall) -> OpCost:
     (m, k), n = shape(c.args[1]), shape(c.args[2])[1]
-    macs = m * k * n
-    return OpCost(macs, 2 * macs + m * n)
+    return contraction(m * k * n, m * n)
 
 
 @register("bmm")
 def bmm(c: OpCall) -> OpCost:
     b, m, k = shape(c.args[0])
     n = shape(c.args[1])[2]
-    macs = b * m * k * n
-    return OpCost(macs, 2 * macs)
+    return contraction(b * m * k * n)
 
 
 @register("baddbmm", "baddbmm_")
 def baddbmm(c: OpCall) -> OpCost:
     b, m, k = shape(c.args[1])
     n = shape(c.args[2])[2]
-    macs = b * m * k * n
-    return OpCost(macs, 2 * macs + b * m * n)
+    return contraction(b * m * k * n, b * m * n)
 
 
 @register("addbmm", "addbmm_")
 def addbmm(c: OpCall) -> OpCost:
     b, m, k = shape(c.args[1])
     n = shape(c.args[2])[2]
-    macs = b * m * k * n
-    return OpCost(macs, 2 * macs + m * n)
+    return contraction(b * m * k * n, m * n)
 
 
 @register("mv")
 def mv(c: OpCall) -> OpCost:
     m, k = shape(c.args[0])
-    return OpCost(m * k, 2 * m * k)
+    return contraction(m * k)
 
 
 @register("addmv", "addmv_")
 def addmv(c: OpCall) -> OpCost:
     m, k = shape(c.args[1])
-    return OpCost(m * k, 2 * m * k + m)
+    return contraction(m * k, m)
 
 
 @register("dot", "vdot")
 def dot(c: OpCall) -> OpCost:
-    k = numel(c.args[0])
-    return OpCost(k, 2 * k)
+    return contraction(numel(c.args[0]))
 
 
 @register("_scaled_mm", "_scaled_mm_v2")
 def scaled_mm(c: OpCall) -> OpCost:
     (m, k), n = shape(c.args[0]), shape(c.args[1])[1]
-    macs = m * k * n
-    return OpCost(macs, 2 * macs + (m * n if c.arg("bias") is not None else 0))
+    return contraction(m * k * n, m * n if c.arg("bias") is not None else 0)
 
 
 @register("_weight_int8pack_mm", "_weight_int4pack_mm", "_weight_int4pack_mm_for_cpu",
           "_weight_int4pack_mm_with_scales_and_zeros")
 def weight_packed_mm(c: OpCall) -> OpCost:
-    macs = numel(c.outs[0]) * shape(c.args[0])[-1]
-    return OpCost(macs, 2 * macs)
+    return contraction(numel(c.outs[0]) * shape(c.args[0])[-1])
 
 
 @register("_foreach_mm")
 def foreach_mm(c: OpCall) -> OpCost:
-    macs = sum(shape(a)[0] * shape(a)[1] * shape(b)[1] for a, b in zip(c.args[0], c.args[1]))
-    return OpCost(macs, 2 * macs)
+    return contraction(sum(shape(a)[0] * shape(a)[1] * shape(b)[1] for a, b in zip(c.args[0], c.args[1])))
 
 
 @register("_grouped_mm", "_scaled_grouped_mm")
@@ -137,6 +170,5 @@ def linear(c: OpCall) -> OpCost:
     k = shape(x)[-1]
     rows = prod(shape(x)[:-1])
     n = shape(w)[0]
-    macs = rows * k * n
     bias = c.args[2] if len(c.args) > 2 else c.kwargs.get("bias")
-    return OpCost(macs, 2 * macs + (rows * n if bias is not None else 0))
+    return contraction(rows * k * n, rows * n if bias is not None else 0)

@@ -15,8 +15,14 @@ from ._util import nbytes, numel, tensors_in
 from .registry import OpCall, OpCost, register, register_free
 
 
+def move(c) -> OpCost:
+    """Data movement (aten copies and ONNX Transpose, Concat, Gather, ...): no arithmetic; bytes by
+    the default rule."""
+    return OpCost(0, 0)
+
+
 def _movement(*names: str) -> None:
-    register(*names)(lambda c: OpCost(0, 0))
+    register(*names)(move)
 
 
 _movement(

@@ -22,11 +22,21 @@ from ._util import numel
 from .registry import OpCall, OpCost, register
 
 STATS, NORMALISE = 4, 2
+RMS_STATS, RMS_NORMALISE = 2, 1
+
+
+def normalise_flops(n: int, *, stats: bool, weight: bool, bias: bool) -> int:
+    """Batch, layer, group and instance norm forward over n elements (the aten formulas here and the
+    ONNX op types in costs/onnx.py)."""
+    return n * ((STATS if stats else 0) + NORMALISE + int(weight) + int(bias))
+
+
+def rms_norm_flops(n: int, *, weight: bool) -> int:
+    return n * (RMS_STATS + RMS_NORMALISE + int(weight))
 
 
 def _fwd(n: int, with_stats: bool, weight, bias) -> OpCost:
-    per = (STATS if with_stats else 0) + NORMALISE + int(weight is not None) + int(bias is not None)
-    return OpCost(0, per * n)
+    return OpCost(0, normalise_flops(n, stats=with_stats, weight=weight is not None, bias=bias is not None))
 
 
 def _bwd(n: int, with_stats: bool, affine: bool) -> OpCost:
@@ -97,7 +107,7 @@ def group_norm_backward(c: OpCall) -> OpCost:
 
 @register("_fused_rms_norm", "rms_norm")
 def rms_norm(c: OpCall) -> OpCost:
-    return OpCost(0, (3 + int(c.args[2] is not None)) * numel(c.args[0]))
+    return OpCost(0, rms_norm_flops(numel(c.args[0]), weight=c.args[2] is not None))
 
 
 @register("_fused_rms_norm_backward")

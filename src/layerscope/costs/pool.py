@@ -18,6 +18,25 @@ from ._util import numel, prod, shape, tup
 from .registry import OpCall, OpCost, register
 
 
+# The conventions as functions of sizes (the aten formulas here and ONNX pooling and Resize).
+def max_pool_flops(out_numel: int, kernel) -> int:
+    return out_numel * (prod(kernel) - 1)
+
+
+def avg_pool_flops(out_numel: int, kernel) -> int:
+    return out_numel * prod(kernel)
+
+
+def interpolation_flops(mode: str, dims: int) -> int:
+    """FLOPs per output element of a resize: nearest 0 (a copy); linear over `dims` resized dims
+    2**(dims + 1) - 1 (linear 3, bilinear 7, trilinear 15); cubic 31."""
+    if mode == "nearest":
+        return 0
+    if mode == "linear":
+        return 2 ** (dims + 1) - 1
+    return 31
+
+
 def _pool_window(c: OpCall, nd: int) -> Window:
     k = tup(c.arg("kernel_size"), nd)
     stride = c.arg("stride")
@@ -28,14 +47,14 @@ def _pool_window(c: OpCall, nd: int) -> Window:
 def _max_pool(nd: int):
     def fn(c: OpCall) -> OpCost:
         k = tup(c.arg("kernel_size"), nd)
-        return OpCost(0, numel(c.outs[0]) * (prod(k) - 1), window=_pool_window(c, nd))
+        return OpCost(0, max_pool_flops(numel(c.outs[0]), k), window=_pool_window(c, nd))
     return fn
 
 
 def _avg_pool(nd: int):
     def fn(c: OpCall) -> OpCost:
         k = tup(c.arg("kernel_size"), nd)
-        return OpCost(0, numel(c.outs[0]) * prod(k), window=_pool_window(c, nd))
+        return OpCost(0, avg_pool_flops(numel(c.outs[0]), k), window=_pool_window(c, nd))
     return fn
 
 
@@ -54,8 +73,9 @@ def _adaptive_window(x, out, nd: int) -> Window:
 def _adaptive(nd: int, is_max: bool):
     def fn(c: OpCall) -> OpCost:
         x, out = c.args[0], c.outs[0]
-        k = prod(_adaptive_kernel(x, out, nd))
-        return OpCost(0, numel(out) * (k - 1 if is_max else k), window=_adaptive_window(x, out, nd))
+        k = _adaptive_kernel(x, out, nd)
+        flops = max_pool_flops(numel(out), k) if is_max else avg_pool_flops(numel(out), k)
+        return OpCost(0, flops, window=_adaptive_window(x, out, nd))
     return fn
 
 
@@ -86,7 +106,9 @@ def adaptive_avg_pool_backward(c: OpCall) -> OpCost:
     return OpCost(0, numel(c.args[1]))
 
 
-_RESIZE = {"nearest": 0, "linear": 3, "bilinear": 7, "trilinear": 15, "bicubic": 31}
+_RESIZE = {"nearest": interpolation_flops("nearest", 0), "linear": interpolation_flops("linear", 1),
+           "bilinear": interpolation_flops("linear", 2), "trilinear": interpolation_flops("linear", 3),
+           "bicubic": interpolation_flops("cubic", 2)}
 
 
 def _resize(per: int, backward: bool):

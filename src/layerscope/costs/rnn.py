@@ -15,10 +15,22 @@ their own formulas. Time steps come from the input, so cost scales with the sequ
 from __future__ import annotations
 
 from ._util import numel, shape
+from .matmul import contraction
 from .registry import OpCall, OpCost, register
 
+# cell arithmetic per hidden unit per direction per time step and batch row (see above)
+CELL_FLOPS = {"RNN": 4, "LSTM": 21, "GRU": 18}
 # mode codes shared by oneDNN and cuDNN: 0 RNN_RELU, 1 RNN_TANH, 2 LSTM, 3 GRU
-_CELL = {0: 4, 1: 4, 2: 21, 3: 18}
+_MODE = {0: "RNN", 1: "RNN", 2: "LSTM", 3: "GRU"}
+
+
+def recurrent_cost(steps_batch: int, weight_numel: int, cell_units: int, cell: str,
+                   backward: bool = False) -> OpCost:
+    """A recurrent layer run over T * B = steps_batch rows: every weight matrix applied once per row
+    (weight_numel: the elements of all its 2-D weights), plus the cell's arithmetic on cell_units =
+    hidden * directions * layers (the aten kernels here and ONNX LSTM/GRU/RNN in costs/onnx.py)."""
+    times = 2 if backward else 1
+    return contraction(steps_batch * weight_numel * times, steps_batch * CELL_FLOPS[cell] * cell_units * times)
 
 
 def _steps_batch(x, batch_first: bool, batch_sizes) -> int:
@@ -34,9 +46,7 @@ def _cost(weights, x, batch_first, batch_sizes, mode: int, hidden: int, backward
           directions: int = 1, layers: int = 1) -> OpCost:
     tb = _steps_batch(x, batch_first, batch_sizes)
     per_step = sum(numel(w) for w in weights if w is not None and w.dim() == 2)
-    macs = tb * per_step * (2 if backward else 1)
-    cell = tb * _CELL.get(int(mode), 4) * hidden * directions * layers * (2 if backward else 1)
-    return OpCost(macs, 2 * macs + cell)
+    return recurrent_cost(tb, per_step, hidden * directions * layers, _MODE.get(int(mode), "RNN"), backward)
 
 
 @register("mkldnn_rnn_layer")

@@ -29,11 +29,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
+from .. import _compat
 from ..errors import ForwardError, InputError, LayerscopeError
 
-__all__ = ["load_exported", "exported_trace", "graph_module_trace", "is_exported_module"]
+__all__ = ["load_exported", "exported_trace", "graph_module_trace", "is_exported_module", "compiled_original"]
 
 # ops that read shapes or check them: eager runs never dispatch them, so they are not recorded
 _SILENT_PREFIXES = ("_assert", "sym_", "sym_size", "sym_numel", "sym_stride", "sym_storage_offset",
@@ -165,7 +165,7 @@ def _kernel_of(node) -> tuple[int, ...] | None:
 
 def _run(graph, *, get_attr, placeholders: dict, state: list, root_name: str | None, fmt: str,
          device: str, user_inputs: Any, pick_output, options=None):
-    from ..capture.session import StateGuard, _Capture, _Recorder, build_trace
+    from ..capture.session import StateGuard, Session, OpRecorder, build_trace
     from ..costs import CostOptions
 
     state_nodes = {n for n in graph.nodes if n.op == "placeholder" and n.name in placeholders
@@ -186,7 +186,7 @@ def _run(graph, *, get_attr, placeholders: dict, state: list, root_name: str | N
                 m.kernel_size = k
     mods = [m for _, m in named]
     inputs = user_inputs[0]
-    cap = _Capture(root, options or CostOptions(), track_seq=False)
+    cap = Session(root, options or CostOptions(), track_seq=False)
     for path, m in named:
         cap.paths[id(m)] = path
     cap.seed_producers(inputs, [t for _, t, k in state if isinstance(t, torch.Tensor)])
@@ -202,12 +202,12 @@ def _run(graph, *, get_attr, placeholders: dict, state: list, root_name: str | N
 
     def leave(c: int) -> None:
         outs = [env[n] for n in plan.calls[c]["outputs"] if n in env]
-        cap._post(modules[plan.calls[c]["path"]], (), {}, outs[0] if len(outs) == 1 else tuple(outs))
+        cap.exit(modules[plan.calls[c]["path"]], (), {}, outs[0] if len(outs) == 1 else tuple(outs))
 
     output = None
     try:
-        with torch.no_grad(), _Recorder(cap):
-            cap._pre(root, tuple(pytree.tree_leaves(inputs)), {})
+        with torch.no_grad(), OpRecorder(cap):
+            cap.enter(root, tuple(_compat.tree_leaves(inputs)), {})
             for n in graph.nodes:
                 if n.op == "placeholder":
                     continue
@@ -228,7 +228,7 @@ def _run(graph, *, get_attr, placeholders: dict, state: list, root_name: str | N
                 while len(opened) > k:
                     leave(opened.pop())
                 for c in want[k:]:
-                    cap._pre(modules[plan.calls[c]["path"]],
+                    cap.enter(modules[plan.calls[c]["path"]],
                              tensors(env[a] for a in plan.calls[c]["inputs"] if a in env), {})
                     opened.append(c)
                 args, kwargs = value(n.args), value(n.kwargs)
@@ -240,9 +240,9 @@ def _run(graph, *, get_attr, placeholders: dict, state: list, root_name: str | N
                         args = args[1:]
                     else:
                         fn = n.target
-                    silent = not isinstance(fn, torch._ops.OpOverload) and \
-                        not isinstance(fn, torch._ops.HigherOrderOperator) and not isinstance(fn, nn.Module) \
-                        or isinstance(fn, torch._ops.OpOverload) and fn._opname.startswith(_SILENT_PREFIXES)
+                    silent = not _compat.is_op_overload(fn) and \
+                        not _compat.is_higher_order_op(fn) and not isinstance(fn, nn.Module) \
+                        or _compat.is_op_overload(fn) and fn._opname.startswith(_SILENT_PREFIXES)
                     cap.paused = silent
                     try:
                         env[n] = fn(*args, **kwargs)
@@ -255,7 +255,7 @@ def _run(graph, *, get_attr, placeholders: dict, state: list, root_name: str | N
                     raise ForwardError(f"the exported program failed in {where} at node {n.name} "
                                        f"({n.target}): {type(e).__name__}: {str(e).splitlines()[0][:300]}",
                                        path=where) from e
-            cap._post(root, (), {}, output)
+            cap.exit(root, (), {}, output)
     finally:
         guard.restore()
     for c in cap.calls:
@@ -311,7 +311,7 @@ def _inputs_from_program(ep, user_names: list[str]) -> tuple[tuple, dict]:
         built.append(torch.zeros(tuple(val.shape), dtype=val.dtype) if not val.is_floating_point()
                      else torch.randn(tuple(val.shape), dtype=val.dtype))
     spec = ep.call_spec.in_spec
-    args, kwargs = pytree.tree_unflatten(built, spec)
+    args, kwargs = _compat.tree_unflatten(built, spec)
     return tuple(args), dict(kwargs)
 
 
@@ -333,8 +333,8 @@ def exported_trace(src, args: tuple = (), kwargs: dict | None = None, *, device:
         raise InputError(f"an exported program is analysed on CPU or device='meta', not {device!r}")
     if on_meta:
         to_meta = lambda t: torch.empty_like(t, device="meta")  # noqa: E731
-        args, kwargs = pytree.tree_map_only(torch.Tensor, to_meta, (tuple(args), kwargs))
-    flat, spec = pytree.tree_flatten((tuple(args), kwargs))
+        args, kwargs = _compat.tree_map_only(torch.Tensor, to_meta, (tuple(args), kwargs))
+    flat, spec = _compat.tree_flatten((tuple(args), kwargs))
     in_spec = ep.call_spec.in_spec
     if in_spec is not None and spec != in_spec:
         raise InputError(f"the exported program takes {len(user_names)} inputs "
@@ -387,7 +387,7 @@ def exported_trace(src, args: tuple = (), kwargs: dict | None = None, *, device:
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
         vals = [outs[i] for i in user_out] if len(outs) == len(out_names) else outs
         try:
-            return pytree.tree_unflatten(vals, ep.call_spec.out_spec)
+            return _compat.tree_unflatten(vals, ep.call_spec.out_spec)
         except Exception:
             return vals[0] if len(vals) == 1 else tuple(vals)
 
@@ -405,7 +405,7 @@ def _get_attr(root, target: str):
 def graph_module_trace(gm: torch.fx.GraphModule, args: tuple, kwargs: dict, options=None):
     """The same for ``ep.module()``: its graph reads parameters and buffers with get_attr nodes."""
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    flat = pytree.tree_leaves((tuple(args), dict(kwargs)))
+    flat = _compat.tree_leaves((tuple(args), dict(kwargs)))
     if len(flat) != len(names):
         raise InputError(f"the exported module takes {len(names)} inputs ({', '.join(names)}); "
                          f"{len(flat)} were given")
@@ -419,7 +419,7 @@ def graph_module_trace(gm: torch.fx.GraphModule, args: tuple, kwargs: dict, opti
         vals = list(outs) if isinstance(outs, (list, tuple)) else [outs]
         if out_spec is not None:
             try:
-                return pytree.tree_unflatten(vals, out_spec)
+                return _compat.tree_unflatten(vals, out_spec)
             except Exception:
                 pass
         return vals[0] if len(vals) == 1 else tuple(vals)
@@ -438,14 +438,10 @@ def _noted(report, note: str):
     return Report(dataclasses.replace(report.trace, options=opts), model, graph=report.graph)
 
 
-def _compiled_original(model: Any):
-    """A torch.compile'd module's original module, else None (torch._dynamo is not imported here:
+def compiled_original(model: Any):
+    """A torch.compile'd module's original module, else None (torch's dynamo is not imported here:
     a compiled module exists only once it has been)."""
-    import sys
-    ef = sys.modules.get("torch._dynamo.eval_frame")
-    if ef is not None and isinstance(model, getattr(ef, "OptimizedModule", ())):
-        return model._orig_mod
-    return None
+    return _compat.compiled_original(model)
 
 
 def route_analyze(model, args: tuple, kwargs: dict, *, input_size, dtypes, batch_dim, device, mode: str,
@@ -468,7 +464,7 @@ def route_analyze(model, args: tuple, kwargs: dict, *, input_size, dtypes, batch
             raise InputError("batch_dim does not apply to an exported program")
         return analyze_exported(model, *args, input_size=input_size, dtypes=dtypes, device=device,
                                 causal=causal, **kwargs)
-    orig = _compiled_original(model)
+    orig = compiled_original(model)
     if orig is not None:
         rep = analyze(orig, *args, input_size=input_size, dtypes=dtypes, batch_dim=batch_dim, device=device,
                       mode=mode, backward=backward, causal=causal, **kwargs)

@@ -7,7 +7,9 @@ module path the exporter recorded (metadata ``pkg.torch.onnx.name_scopes``), inp
 shapes and dtypes, attributes with the schema's defaults filled in (a conv's kernel from its weight,
 ``auto_pad`` resolved into pads), parameters (floating-point initializers, each once however many
 nodes read it; integer and 0-d initializers are constants, not parameters), MACs and FLOPs under the
-conventions of ``layerscope.costs`` and bytes read and written.
+conventions of ``layerscope.costs`` and bytes read and written. Each op type is priced by the cost
+registry's ONNX formula (``layerscope.costs.onnx``: the same functions of shapes as the aten ops'; a
+registry passed in overrides them); one with none is uncounted in coverage.
 
 The layer tree follows the module paths when the exporter recorded them (a node belongs to its
 innermost module); otherwise each node is a layer of its own under the graph.
@@ -24,11 +26,13 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InputError
+from ..costs.registry import (FREE, CostRegistry, NodeCall, OpCost, ShapeUnknown, default_registry,
+                              onnx_key)
+from ..errors import InputError, RegistryError
 from ..trace import (FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER_UNKNOWN, Costs, LayerRecord, OpEvent,
                      ParamSpec, TensorSpec, Trace, Window)
 
-__all__ = ["NodeRecord", "OnnxGraph", "load_onnx", "onnx_trace"]
+__all__ = ["NodeRecord", "OnnxGraph", "load_onnx", "onnx_trace", "infer_shapes", "type_shape", "with_input_shapes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,15 +75,18 @@ class OnnxGraph:
     def table(self, sort: str = "order", top: int | None = None) -> str:
         """The per-node table (bytes read, written and moved, MACs, FLOPs, params) with the model
         total; ``sort``: order, read, write, bytes, macs, flops or params; ``top``: first rows only."""
-        from ..render.onnx import render_nodes_text
-        return render_nodes_text(self, sort, top)
+        from ..reports.base import renderer
+        from ..reports.onnx import nodes_table
+        return renderer().text(nodes_table(self, sort, top), False, None)
 
     def to_csv(self, sort: str = "order", top: int | None = None) -> str:
-        from ..render.onnx import render_nodes_csv
-        return render_nodes_csv(self, sort, top)
+        from ..reports.base import renderer
+        from ..reports.onnx import nodes_table
+        return renderer().table_csv(nodes_table(self, sort, top))
 
     def to_dict(self) -> dict:
-        from ..render.onnx import node_dict
+        from ..reports.base import renderer
+        node_dict = renderer().onnx_node
         return {"opset": self.opset, "histogram": dict(self.histogram),
                 "peak_activation_bytes": self.peak_activation_bytes, "unknown_shapes": list(self.unknown_shapes),
                 "symbolic_dims": list(self.symbolic_dims), "nodes": [node_dict(n) for n in self.nodes]}
@@ -133,7 +140,7 @@ def _dtype(elem_type: int) -> tuple[str, int]:
         return name, {"bfloat16": 2, "float8e4m3fn": 1, "float8e5m2": 1}.get(name, 0)
 
 
-def _type_shape(tp) -> tuple[tuple | None, int]:
+def type_shape(tp) -> tuple[tuple | None, int]:
     if not tp.HasField("tensor_type"):
         return None, 0
     tt = tp.tensor_type
@@ -146,7 +153,7 @@ def _type_shape(tp) -> tuple[tuple | None, int]:
 _FLOAT_TYPES = {1, 10, 11, 16}      # float, float16, double, bfloat16
 
 
-def _with_inputs(model, input_shapes: dict | None):
+def with_input_shapes(model, input_shapes: dict | None):
     """A copy of the model, without floating-point weight values, whose graph inputs carry the
     user's shapes or symbolic-dim values."""
     import onnx
@@ -187,7 +194,7 @@ def _with_inputs(model, input_shapes: dict | None):
     return m
 
 
-def _infer(model):
+def infer_shapes(model):
     import onnx
     try:
         return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
@@ -262,177 +269,30 @@ def _numel(shape) -> int | None:
     return math.prod(shape)
 
 
-FREE_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Shape", "Size", "Constant",
-            "Dropout", "Optional", "OptionalGetElement", "OptionalHasElement"}
-# data movement: no arithmetic, every input read and output written
-MOVE_OPS = {"Transpose", "Concat", "Split", "Slice", "Gather", "GatherElements", "GatherND", "Expand",
-            "Tile", "Pad", "Cast", "CastLike", "ConstantOfShape", "Range", "ScatterND", "ScatterElements",
-            "Trilu", "DepthToSpace", "SpaceToDepth", "OneHot", "NonZero", "Compress", "ReverseSequence",
-            "EyeLike", "SequenceConstruct", "SplitToSequence", "ConcatFromSequence", "SequenceAt",
-            "Col2Im", "CenterCropPad", "Unique"}
-# one FLOP per output element (as layerscope.costs.elementwise counts the aten ops)
-POINTWISE = {"Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Neg", "Abs", "Exp", "Log", "Relu",
-             "Sigmoid", "Tanh", "Erf", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh",
-             "Acosh", "Atanh", "Floor", "Ceil", "Round", "Sign", "Mod", "Where", "Equal", "Less",
-             "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And", "Or", "Xor", "BitwiseAnd",
-             "BitwiseOr", "BitwiseXor", "BitwiseNot", "BitShift", "IsNaN", "IsInf", "Clip", "LeakyRelu",
-             "Elu", "Selu", "Celu", "HardSigmoid", "HardSwish", "Softplus", "Softsign", "ThresholdedRelu",
-             "PRelu", "Gelu", "Mish", "Shrink", "Max", "Min", "Sum", "Mean"}
+def node_costs(op_type: str, ins: list, outs: list, attrs: dict, registry: CostRegistry | None = None,
+               domain: str = "") -> tuple[str, OpCost]:
+    """(status, cost) of one node from its input and output shapes (None: unknown), priced by the
+    registry's ONNX formulas (``layerscope.costs.onnx``, the same functions of shapes as the aten
+    ops'): "free"; "counted"; "unknown shape" where its formula needs a shape inference left unknown;
+    "uncounted" where no formula covers the op type (or this node), never a zero."""
+    fn = (default_registry() if registry is None else registry).onnx.lookup(op_type, domain)
+    if fn is None:
+        return "uncounted", _ZERO
+    if fn is FREE:
+        return "free", _ZERO
+    try:
+        cost = fn(NodeCall(op_type, ins, outs, attrs, domain))
+    except ShapeUnknown:
+        return "unknown shape", _ZERO
+    if cost is None:
+        return "uncounted", _ZERO
+    if not isinstance(cost, OpCost):
+        raise RegistryError(f"the cost formula of ONNX op type {onnx_key(op_type, domain)} returned "
+                            f"{type(cost).__name__}, not an OpCost (or None)")
+    return "counted", cost
 
 
-def _variadic(op: str, n_in: int, out_numel: int) -> int:
-    if op in ("Max", "Min", "Sum", "Mean"):       # n inputs: n - 1 per element (Mean: + 1 divide)
-        return out_numel * (max(1, n_in - 1) + (1 if op == "Mean" else 0))
-    return out_numel
-
-
-def _matmul_macs(a, b) -> int:
-    """numpy matmul semantics: 1-D operands are promoted and the added dim removed again."""
-    a = list(a)
-    b = list(b)
-    if len(a) == 1:
-        a = [1] + a
-    if len(b) == 1:
-        b = b + [1]
-    m, k, n = a[-2], a[-1], b[-1]
-    batch_a, batch_b = a[:-2], b[:-2]
-    nd = max(len(batch_a), len(batch_b))
-    batch_a = [1] * (nd - len(batch_a)) + batch_a
-    batch_b = [1] * (nd - len(batch_b)) + batch_b
-    batch = math.prod(max(x, y) for x, y in zip(batch_a, batch_b))
-    return batch * m * k * n
-
-
-def _einsum_macs(eq: str, shapes) -> int | None:
-    lhs = eq.replace(" ", "").split("->")[0]
-    terms = lhs.split(",")
-    if len(terms) < 2 or any("..." in t for t in terms):
-        return None
-    size: dict[str, int] = {}
-    for t, s in zip(terms, shapes):
-        if len(t) != len(s):
-            return None
-        for ch, d in zip(t, s):
-            size[ch] = max(size.get(ch, 1), d)
-    return math.prod(size.values())
-
-
-def _rnn(op: str, ins, attrs) -> tuple[int, int] | None:
-    x, w, r = ins[0], ins[1], ins[2]
-    if x is None or w is None or r is None:
-        return None
-    steps_batch = x[0] * x[1]                         # [T, B, I] or [B, T, I] (layout 1)
-    dirs, gates, inp = w
-    hidden = r[2]
-    macs = steps_batch * dirs * (gates * inp + gates * hidden)
-    cell = {"LSTM": 21, "GRU": 18, "RNN": 4}[op]
-    return macs, 2 * macs + steps_batch * dirs * hidden * cell
-
-
-def _attention(ins, attrs) -> tuple[int, int] | None:
-    q, k, v = ins[0], ins[1], ins[2]
-    if q is None or k is None or v is None:
-        return None
-    if len(q) == 3:                                   # [B, S, H*D]: heads from the attributes
-        hq, hkv = attrs.get("q_num_heads"), attrs.get("kv_num_heads")
-        if not hq or not hkv:
-            return None
-        b, sq, d = q[0], q[1], q[2] // hq
-        sk, dv = k[1], v[2] // hkv
-        heads = b * hq
-    else:
-        heads, sq, d = math.prod(q[:-2]), q[-2], q[-1]
-        sk, dv = k[-2], v[-1]
-    scores = heads * sq * sk
-    macs = scores * (d + dv)
-    has_mask = len(ins) > 3 and ins[3] is not None
-    return macs, 2 * macs + scores * (1 + 5 + int(has_mask))
-
-
-def node_costs(op: str, ins: list, outs: list, attrs: dict) -> tuple[str, int, int]:
-    """(status, MACs, FLOPs) of one node from its input and output shapes (None: unknown)."""
-    if op in FREE_OPS:
-        return "free", 0, 0
-    if op in MOVE_OPS:
-        return "counted", 0, 0
-    y = outs[0] if outs else None
-    ny = _numel(y)
-    need = {"Conv": (0, 1), "ConvTranspose": (0, 1), "Gemm": (0, 1), "MatMul": (0, 1), "LSTM": (0, 1, 2),
-            "GRU": (0, 1, 2), "RNN": (0, 1, 2), "Attention": (0, 1, 2)}.get(op, (0,))
-    if any(i >= len(ins) or _numel(ins[i]) is None for i in need) or (ny is None and op not in (
-            "LSTM", "GRU", "RNN", "Attention")):
-        return ("unknown shape" if op in _KNOWN else "uncounted"), 0, 0
-    x = ins[0]
-    nx = _numel(x)
-    has = (lambda i: len(ins) > i and ins[i] is not None)
-    if op == "Conv":
-        w = ins[1]
-        macs = ny * w[1] * math.prod(w[2:])
-        return "counted", macs, 2 * macs + (ny if has(2) else 0)
-    if op == "ConvTranspose":
-        w = ins[1]
-        macs = nx * w[1] * math.prod(w[2:])
-        return "counted", macs, 2 * macs + (ny if has(2) else 0)
-    if op == "Gemm":
-        a, b = ins[0], ins[1]
-        m, k = (a[1], a[0]) if attrs.get("transA") else (a[0], a[1])
-        n = b[0] if attrs.get("transB") else b[1]
-        macs = m * k * n
-        return "counted", macs, 2 * macs + (m * n if has(2) else 0)
-    if op in ("MatMul", "MatMulInteger"):
-        macs = _matmul_macs(ins[0], ins[1])
-        return "counted", macs, 2 * macs
-    if op == "Einsum":
-        shapes = [s for s in ins if s is not None]
-        macs = _einsum_macs(attrs.get("equation", ""), shapes) if len(shapes) == len(ins) else None
-        if macs is None:
-            return "uncounted", 0, 0
-        return "counted", macs, 2 * macs
-    if op in ("LSTM", "GRU", "RNN"):
-        r = _rnn(op, ins, attrs)
-        return ("counted", *r) if r else ("unknown shape", 0, 0)
-    if op == "Attention":
-        r = _attention(ins, attrs)
-        return ("counted", *r) if r else ("unknown shape", 0, 0)
-    if op in POINTWISE:
-        return "counted", 0, _variadic(op, len(ins), ny)
-    if op in ("Softmax", "LogSoftmax"):
-        return "counted", 0, 5 * nx
-    if op in ("LayerNormalization", "GroupNormalization", "InstanceNormalization"):
-        return "counted", 0, nx * (4 + 2 + int(has(1)) + int(has(2)))
-    if op == "BatchNormalization":
-        return "counted", 0, nx * ((4 if attrs.get("training_mode") else 0) + 2 + 1 + 1)
-    if op in ("RMSNormalization", "SimplifiedLayerNormalization"):
-        return "counted", 0, nx * (3 + int(has(1)))
-    if op == "MaxPool":
-        return "counted", 0, ny * (math.prod(attrs["kernel_shape"]) - 1)
-    if op == "AveragePool":
-        return "counted", 0, ny * math.prod(attrs["kernel_shape"])
-    if op in ("GlobalAveragePool", "ReduceMean"):
-        return "counted", 0, nx + ny
-    if op in ("GlobalMaxPool", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ArgMax", "ArgMin",
-              "ReduceL1", "CumSum"):
-        return "counted", 0, nx
-    if op in ("ReduceSumSquare", "ReduceL2", "ReduceLogSumExp", "ReduceLogSum"):
-        return "counted", 0, 2 * nx
-    if op == "Resize":
-        mode = attrs.get("mode", "nearest")
-        resized = sum(1 for a, b in zip(x, y) if a != b) if len(x) == len(y) else 0
-        per = 0 if mode == "nearest" else (2 ** (resized + 1) - 1 if mode == "linear" else 31)
-        return "counted", 0, per * ny
-    if op in ("TopK",):
-        n = x[attrs.get("axis", -1)]
-        return "counted", 0, nx * max(1, math.ceil(math.log2(max(n, 2))))
-    return "uncounted", 0, 0
-
-
-_KNOWN = FREE_OPS | MOVE_OPS | POINTWISE | {
-    "Conv", "ConvTranspose", "Gemm", "MatMul", "MatMulInteger", "Einsum", "LSTM", "GRU", "RNN", "Attention",
-    "Softmax", "LogSoftmax", "LayerNormalization", "GroupNormalization", "InstanceNormalization",
-    "BatchNormalization", "RMSNormalization", "SimplifiedLayerNormalization", "MaxPool", "AveragePool",
-    "GlobalAveragePool", "ReduceMean", "GlobalMaxPool", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
-    "ArgMax", "ArgMin", "ReduceL1", "CumSum", "ReduceSumSquare", "ReduceL2", "ReduceLogSumExp",
-    "ReduceLogSum", "Resize", "TopK"}
+_ZERO = OpCost(0, 0, 0, 0)
 
 
 # ---- the trace ---------------------------------------------------------------------------------
@@ -454,11 +314,15 @@ def _scopes(node) -> tuple[list[str], list[str]] | None:
     return scopes, classes
 
 
-def onnx_trace(src, input_shapes: dict | None = None) -> tuple[Trace, OnnxGraph]:
-    """The Trace of an ONNX model (path or ModelProto) and its node-level view."""
+def onnx_trace(src, input_shapes: dict | None = None,
+               costs: CostRegistry | None = None) -> tuple[Trace, OnnxGraph]:
+    """The Trace of an ONNX model (path or ModelProto) and its node-level view; ``costs``: the registry
+    whose ONNX formulas price the nodes (None: the default one)."""
+    registry = default_registry() if costs is None else costs
+    custom = None if costs is None else costs.name
     model = load_onnx(src)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    inferred = _infer(_with_inputs(model, input_shapes))
+    inferred = infer_shapes(with_input_shapes(model, input_shapes))
     g = inferred.graph
     shapes: dict[str, tuple | None] = {}
     dtypes: dict[str, tuple[str, int]] = {}
@@ -518,14 +382,14 @@ def onnx_trace(src, input_shapes: dict | None = None) -> tuple[Trace, OnnxGraph]
         attrs = _attributes(node, opset, shapes)
         ins = [shapes.get(n) if n else None for n in node.input]
         outs = [shapes.get(n) for n in node.output]
-        op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+        op = onnx_key(node.op_type, node.domain)
+        cost = _ZERO
         if node.op_type in ("If", "Loop", "Scan"):
-            status, macs, flops, extra = _control_flow(node, attrs, shapes, consts, opset)
+            status, macs, flops, extra = _control_flow(node, attrs, shapes, consts, opset, registry)
             attrs = {k: v for k, v in attrs.items() if not hasattr(v, "node")} | extra
-        elif node.domain not in ("", "ai.onnx"):
-            status, macs, flops = "uncounted", 0, 0
         else:
-            status, macs, flops = node_costs(node.op_type, ins, outs, attrs)
+            status, cost = node_costs(node.op_type, ins, outs, attrs, registry, node.domain)
+            macs, flops = cost.macs, cost.flops
         for n in list(node.input) + list(node.output):
             if n and _numel(shapes.get(n)) is None:
                 unknown[n] = None
@@ -534,7 +398,9 @@ def onnx_trace(src, input_shapes: dict | None = None) -> tuple[Trace, OnnxGraph]
         if status == "free":
             read = written = 0
         elif status == "counted" and None not in r_bytes + w_bytes:
-            read, written = sum(r_bytes), sum(w_bytes)
+            # every input read and every output written once, unless the formula says otherwise
+            read = sum(r_bytes) if cost.bytes_read is None else cost.bytes_read
+            written = sum(w_bytes) if cost.bytes_written is None else cost.bytes_written
         elif status == "counted":
             status = "unknown shape"
             read = written = 0
@@ -654,11 +520,14 @@ def onnx_trace(src, input_shapes: dict | None = None) -> tuple[Trace, OnnxGraph]
     total_params = sum(_numel(shapes[n]) or 0 for n in param_first)
     param_bytes = sum(nbytes(n) or 0 for n in param_first)
     shared = sum(_numel(shapes[n]) or 0 for n in param_first if len(param_users[n]) > 1)
+    options = {"format": "onnx", "opset": opset}
+    if custom is not None:         # as analyze(costs=...) records it: the numbers follow another registry
+        options["costs"] = custom
     trace = Trace(
         model_name=g.name or "onnx", layers=tuple(layers), ops=tuple(ops), layer_outputs=tuple(layer_outputs),
         param_numel=total_params, trainable_numel=total_params, shared_numel=shared, param_bytes=param_bytes,
         buffer_numel=0, buffer_bytes=0, input_bytes=sum(nbytes(n) or 0 for n in graph_inputs),
-        output_bytes=sum(nbytes(o.name) or 0 for o in g.output), options={"format": "onnx", "opset": opset})
+        output_bytes=sum(nbytes(o.name) or 0 for o in g.output), options=options)
     hist: dict[str, int] = {}
     for n in nodes:
         hist[n.op_type] = hist.get(n.op_type, 0) + 1
@@ -675,7 +544,7 @@ def _collect_shapes(g, shapes: dict, dtypes: dict, consts: dict) -> None:
     import onnx
     from onnx import numpy_helper
     for vi in list(g.input) + list(g.value_info) + list(g.output):
-        s, et = _type_shape(vi.type)
+        s, et = type_shape(vi.type)
         if s is not None or vi.name not in shapes:
             shapes[vi.name] = s
         if et:
@@ -695,18 +564,17 @@ def _collect_shapes(g, shapes: dict, dtypes: dict, consts: dict) -> None:
                 _collect_shapes(sub, shapes, dtypes, consts)
 
 
-def _graph_costs(g, shapes: dict, consts: dict, opset: int) -> tuple[Costs, int]:
+def _graph_costs(g, shapes: dict, consts: dict, opset: int, registry: CostRegistry) -> tuple[Costs, int]:
     """Costs of every node of a (sub)graph, and how many nodes could not be counted."""
     total, missed = Costs(), 0
     for node in g.node:
         attrs = _attributes(node, opset, shapes)
         if node.op_type in ("If", "Loop", "Scan"):
-            status, macs, flops, _ = _control_flow(node, attrs, shapes, consts, opset)
-        elif node.domain not in ("", "ai.onnx"):
-            status, macs, flops = "uncounted", 0, 0
+            status, macs, flops, _ = _control_flow(node, attrs, shapes, consts, opset, registry)
         else:
-            status, macs, flops = node_costs(node.op_type, [shapes.get(n) if n else None for n in node.input],
-                                             [shapes.get(n) for n in node.output], attrs)
+            status, cost = node_costs(node.op_type, [shapes.get(n) if n else None for n in node.input],
+                                      [shapes.get(n) for n in node.output], attrs, registry, node.domain)
+            macs, flops = cost.macs, cost.flops
         if status not in ("counted", "free"):
             missed += 1
             continue
@@ -715,20 +583,20 @@ def _graph_costs(g, shapes: dict, consts: dict, opset: int) -> tuple[Costs, int]
     return total, missed
 
 
-def _control_flow(node, attrs: dict, shapes: dict, consts: dict, opset: int):
+def _control_flow(node, attrs: dict, shapes: dict, consts: dict, opset: int, registry: CostRegistry):
     """(status, MACs, FLOPs, attributes to show) of If, Loop and Scan from their subgraphs. If: the
     costlier branch (an upper bound; both are shown). Loop: the body times the trip count when the
     count is a constant (else uncounted, with the per-iteration cost shown). Scan: the body times
     the scanned axis's length."""
     graphs = {a.name: a.g for a in node.attribute if a.HasField("g")}
     if node.op_type == "If":
-        then, t_miss = _graph_costs(graphs["then_branch"], shapes, consts, opset)
-        other, e_miss = _graph_costs(graphs["else_branch"], shapes, consts, opset)
+        then, t_miss = _graph_costs(graphs["then_branch"], shapes, consts, opset, registry)
+        other, e_miss = _graph_costs(graphs["else_branch"], shapes, consts, opset, registry)
         big = max(then, other, key=lambda c: (c.flops, c.macs))
         extra = {"then_macs": then.macs, "then_flops": then.flops, "else_macs": other.macs,
                  "else_flops": other.flops, "counted_branch": "then" if big is then else "else"}
         return ("counted" if not (t_miss or e_miss) else "uncounted"), big.macs, big.flops, extra
-    body, miss = _graph_costs(graphs["body"], shapes, consts, opset)
+    body, miss = _graph_costs(graphs["body"], shapes, consts, opset, registry)
     trips = None
     if node.op_type == "Loop":
         m = consts.get(node.input[0]) if node.input and node.input[0] else None

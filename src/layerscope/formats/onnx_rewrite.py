@@ -84,17 +84,17 @@ def onnx_tile(model, block: tuple[int, int, int] = (64, 64, 64), ops=("Gemm", "M
     import onnx
     from onnx import helper
 
-    from .onnx import _infer, _type_shape, _with_inputs, load_onnx
+    from .onnx import infer_shapes, type_shape, with_input_shapes, load_onnx
 
     if len(block) != 3 or any(int(b) < 1 for b in block):
         raise InputError(f"block must be three positive sizes (M, K, N), got {block!r}")
     bm, bk, bn = (int(b) for b in block)
     src = load_onnx(model)
     opset = next((o.version for o in src.opset_import if o.domain in ("", "ai.onnx")), 0)
-    inferred = _infer(_with_inputs(src, input_shapes))
+    inferred = infer_shapes(with_input_shapes(src, input_shapes))
     shapes: dict[str, Any] = {}
     for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
-        shapes[vi.name] = _type_shape(vi.type)[0]
+        shapes[vi.name] = type_shape(vi.type)[0]
     for t in src.graph.initializer:
         shapes[t.name] = tuple(t.dims)
     wanted = set(nodes) if nodes is not None else None
@@ -179,13 +179,13 @@ def onnx_tile(model, block: tuple[int, int, int] = (64, 64, 64), ops=("Gemm", "M
 
 def _random_feeds(model, input_shapes: dict | None, rng) -> dict[str, np.ndarray]:
     import onnx
-    from .onnx import _type_shape
+    from .onnx import type_shape
     init = {t.name for t in model.graph.initializer}
     feeds = {}
     for i in model.graph.input:
         if i.name in init:
             continue
-        shape, et = _type_shape(i.type)
+        shape, et = type_shape(i.type)
         given = (input_shapes or {}).get(i.name)
         dims = list(given) if given is not None else [d if isinstance(d, int) and d > 0 else
                                                       int((input_shapes or {}).get(d, 1)) for d in (shape or [])]

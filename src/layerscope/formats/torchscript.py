@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .. import _compat
 from ..errors import ForwardError, InputError
 
 __all__ = ["load_torchscript", "torchscript_trace"]
@@ -72,10 +73,10 @@ def _module_path(hierarchy: str, children: dict[str, list[tuple[str, str, str]]]
 def _children(named: list[tuple[str, Any]]) -> dict[str, list[tuple[str, str, str]]]:
     """Per module path: (attribute name, type, path) of the modules a hierarchy frame can name next:
     its children, and the children of its children that are containers without a forward."""
-    from ..capture.session import _own_forward
+    from ..capture.session import own_forward
     kids: dict[str, list[tuple[str, str, str]]] = {}
     types = {p: getattr(m, "original_name", type(m).__name__) for p, m in named}
-    calls = {p: _own_forward(m) for p, m in named}
+    calls = {p: own_forward(m) for p, m in named}
     for p, _ in named:
         if not p:
             continue
@@ -119,7 +120,7 @@ def _num_to_tensor(v) -> torch.Tensor:
 
 def _op_for(node) -> Any:
     """The OpOverload a node's schema names."""
-    schema = torch._C.parse_schema(node.schema())
+    schema = _compat.parse_schema(node.schema())
     ns, name = schema.name.split("::")
     packet = getattr(getattr(torch.ops, ns), name)
     return getattr(packet, schema.overload_name or "default"), schema
@@ -244,23 +245,23 @@ class _Interpreter:
 
 def torchscript_trace(src, example_inputs: tuple, options=None):
     """Run a TorchScript module on ``example_inputs`` under the capture; returns the Trace."""
-    from ..capture.session import (_Capture, _held, _Recorder, build_trace, StateGuard)
+    from ..capture.session import (Session, held_tensors, OpRecorder, build_trace, StateGuard)
     from ..costs import CostOptions
 
     module = load_torchscript(src)
     if not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
     graph = module.forward.graph.copy()
-    torch._C._jit_pass_inline(graph)
+    _compat.jit_inline(graph)
     named = list(module.named_modules())
     mods = [m for _, m in named]
-    cap = _Capture(module, options or CostOptions(), track_seq=False)
+    cap = Session(module, options or CostOptions(), track_seq=False)
     for path, m in named:
         cap.paths[id(m)] = path
-    cap.seed_producers(example_inputs, _held(mods, "_parameters") + _held(mods, "_buffers"))
+    cap.seed_producers(example_inputs, held_tensors(mods, "_parameters") + held_tensors(mods, "_buffers"))
     guard = StateGuard(module, mods, example_inputs)
-    interp = _Interpreter(named, lambda m, ins: cap._pre(m, tuple(ins), {}),
-                          lambda m, out: cap._post(m, (), {}, out))
+    interp = _Interpreter(named, lambda m, ins: cap.enter(m, tuple(ins), {}),
+                          lambda m, out: cap.exit(m, (), {}, out))
     inputs = list(graph.inputs())
     if len(inputs) - 1 != len(example_inputs):
         raise InputError(f"the TorchScript forward takes {len(inputs) - 1} inputs "
@@ -269,8 +270,8 @@ def torchscript_trace(src, example_inputs: tuple, options=None):
     for v, x in zip(inputs[1:], example_inputs):
         env[v.unique()] = x
     try:
-        with torch.no_grad(), _Recorder(cap):
-            cap._pre(module, example_inputs, {})
+        with torch.no_grad(), OpRecorder(cap):
+            cap.enter(module, example_inputs, {})
             try:
                 out = interp.run(graph, env)
             except InputError:
@@ -281,7 +282,7 @@ def torchscript_trace(src, example_inputs: tuple, options=None):
                                    f"{str(e).splitlines()[0][:300]}") from e
             output = out[0] if len(out) == 1 else tuple(out)
             interp.close(output)
-            cap._post(module, example_inputs, {}, output)
+            cap.exit(module, example_inputs, {}, output)
     finally:
         guard.restore()
     for c in cap.calls:                   # script modules keep their Python class name aside

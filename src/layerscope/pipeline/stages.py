@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
+from .. import _compat
 from ..capture.session import StateGuard
 from ..errors import InputError
 from .plan import StagePlan
@@ -41,7 +41,7 @@ def main_tensor(out: Any) -> torch.Tensor:
         v = out.get(key) if isinstance(out, dict) else getattr(out, key, None)
         if isinstance(v, torch.Tensor):
             return v
-    leaves = [x for x in pytree.tree_leaves(out) if isinstance(x, torch.Tensor)]
+    leaves = [x for x in _compat.tree_leaves(out) if isinstance(x, torch.Tensor)]
     if not leaves:
         raise InputError("the model's output holds no tensor a pipeline could hand to a loss")
     return leaves[0]
@@ -49,14 +49,14 @@ def main_tensor(out: Any) -> torch.Tensor:
 
 def flat_inputs(args: tuple, kwargs: dict):
     """(tensors, rebuild): the input tensors in order, and a function tensors -> (args, kwargs)."""
-    leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    leaves, spec = _compat.tree_flatten((tuple(args), dict(kwargs)))
     where = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
 
     def rebuild(tensors):
         out = list(leaves)
         for i, t in zip(where, tensors):
             out[i] = t
-        return pytree.tree_unflatten(out, spec)
+        return _compat.tree_unflatten(out, spec)
 
     return tuple(leaves[i] for i in where), rebuild
 
@@ -76,10 +76,10 @@ class _Stub(nn.Module):
         self.batch = batch
 
     def forward(self, *args, **kwargs):
-        dev = next((t.device for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)),
+        dev = next((t.device for t in _compat.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)),
                    torch.device("cpu"))
         out = [torch.zeros(m[0], dtype=m[1], device=dev) if isinstance(m, tuple) else m for m in self.metas]
-        return pytree.tree_unflatten(out, self.spec)
+        return _compat.tree_unflatten(out, self.spec)
 
     def extra_repr(self) -> str:
         return f"stub for {self.name}"
@@ -98,17 +98,17 @@ def _record(model: nn.Module, plan: StagePlan, tensors: tuple, rebuild):
 
     def post(u):
         def hook(mod, a, out):
-            leaves, spec = pytree.tree_flatten(out)
+            leaves, spec = _compat.tree_flatten(out)
             templates[u] = ([(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in leaves],
                             spec)
-            return pytree.tree_unflatten(
+            return _compat.tree_unflatten(
                 [x.detach().requires_grad_(x.is_floating_point()) if isinstance(x, torch.Tensor) else x
                  for x in leaves], spec)
         return hook
 
     def pre(u):
         def hook(mod, a, kw):
-            leaves = pytree.tree_leaves((a, kw))
+            leaves = _compat.tree_leaves((a, kw))
             boundary[u] = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.requires_grad]
         return hook
 
@@ -154,7 +154,7 @@ class StageModule(nn.Module):
             if st.first <= u.index <= st.last:
                 continue
             for p in _stubbed(model, u):
-                metas, spec = templates.get(p, ([], pytree.tree_flatten(None)[1]))
+                metas, spec = templates.get(p, ([], _compat.tree_flatten(None)[1]))
                 parent, _, name = p.rpartition(".")
                 model.get_submodule(parent)._modules[name] = _Stub(p, metas, spec, 0)
         self.model = model
@@ -168,13 +168,13 @@ class StageModule(nn.Module):
                 self._stop, with_kwargs=True)
 
     def _inject(self, mod, args, kwargs):
-        leaves, spec = pytree.tree_flatten((args, kwargs))
+        leaves, spec = _compat.tree_flatten((args, kwargs))
         for i, t in zip(self.first_boundary, self._received):
             leaves[i] = t
-        return pytree.tree_unflatten(leaves, spec)
+        return _compat.tree_unflatten(leaves, spec)
 
     def _stop(self, mod, args, kwargs):
-        leaves = pytree.tree_leaves((args, kwargs))
+        leaves = _compat.tree_leaves((args, kwargs))
         self._sent = [leaves[i] for i in self.next_boundary]
         raise _Stop
 

@@ -28,7 +28,7 @@ import torch
 from ..capture.session import model_device
 from ..trace import BACKWARD, FORWARD, PRODUCER_INPUT, Costs, Trace
 
-__all__ = ["Unit", "Tie", "SplitUnits", "split_units"]
+__all__ = ["Unit", "Tie", "SplitUnits", "split_units", "units_from_memory", "with_work", "with_latencies"]
 
 _FLOAT = ("float16", "bfloat16", "float32", "float64")
 
@@ -559,3 +559,26 @@ def _work_from_events(events, names: list[str]) -> dict[str, int]:
         w = max(span) - (span[-1] if phase == "f" else span[0])
         work[names[int(g)]] = max(work[names[int(g)]], int(w))
     return work
+
+
+def units_from_memory(rep, model, micro=None):
+    """Split units from a MemoryReport: its trace, per-layer memory and optimizer state ratio."""
+    grads = rep.totals.get("gradient_bytes") or 0
+    ratio = (rep.totals.get("optimizer_bytes") or 0) / grads if grads else 0.0
+    return split_units(rep.trace, memory_layers=rep.layers, model=model, optimizer_ratio=ratio,
+                       micro_batch=micro, loss_bytes=loss_working_bytes(rep) if grads else 0,
+                       loss_saved_bytes=(rep.totals.get("loss_saved_bytes") or 0) if grads else 0)
+
+
+def with_work(units, work: dict):
+    """The units with each one's working memory the larger of simulated and measured (``work``)."""
+    import dataclasses
+    return dataclasses.replace(units, units=tuple(
+        dataclasses.replace(u, work_bytes=max(u.work_bytes, work.get(u.name, 0))) for u in units.units))
+
+
+def with_latencies(units, latencies: dict):
+    """The units with their measured times (``latencies``: unit name -> seconds)."""
+    import dataclasses
+    return dataclasses.replace(units, units=tuple(dataclasses.replace(u, latency=latencies.get(u.name))
+                                                  for u in units.units))

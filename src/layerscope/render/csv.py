@@ -1,50 +1,52 @@
-"""CSV of the layer rows (one row per module call; numbers unformatted)."""
+"""CSV of a report's rows: where each row sits (index, path, type, depth, call, parent), then every
+column of its kind, values unformatted (shapes as 1x32x64, several joined by ;)."""
 
 from __future__ import annotations
 
 import csv
 import io
-from typing import TYPE_CHECKING, Any
+from typing import Any, Iterable
 
-from .columns import rf_str
+from ..reports.table import Table
 
-if TYPE_CHECKING:
-    from ..report import Report
-
-FIELDS = ("index", "path", "type", "depth", "call_index", "parent", "input_shapes", "output_shapes",
-          "num_params", "subtree_params", "trainable_params", "kernel_size", "macs", "flops",
-          "bytes_read", "bytes_written", "self_macs", "self_flops", "backward_macs", "backward_flops",
-          "uncounted_ops", "receptive_field")
+__all__ = ["csv_text", "table_rows", "render_csv"]
 
 
-def _shapes(specs) -> str:
-    return ";".join("x".join(str(d) for d in s.shape) for s in specs)
+def _plain(unit: str, v: Any) -> Any:
+    if v is None:
+        return ""
+    if unit == "shape":
+        return ";".join("x".join(str(d) for d in s) for s in v)
+    if unit == "ratio" and isinstance(v, tuple):
+        return "x".join(str(int(x)) if float(x).is_integer() else str(x) for x in v)
+    return v
 
 
-def layer_row(r) -> dict[str, Any]:
-    return {
-        "index": r.index, "path": r.path, "type": r.type, "depth": r.depth, "call_index": r.call_index,
-        "parent": "" if r.parent is None else r.parent, "input_shapes": _shapes(r.inputs),
-        "output_shapes": _shapes(r.outputs), "num_params": r.num_params,
-        "subtree_params": r.subtree_params, "trainable_params": r.trainable_params,
-        "kernel_size": "x".join(map(str, r.kernel_size)) if r.kernel_size else "",
-        "macs": r.forward_total.macs, "flops": r.forward_total.flops,
-        "bytes_read": r.forward_total.bytes_read, "bytes_written": r.forward_total.bytes_written,
-        "self_macs": r.forward.macs, "self_flops": r.forward.flops,
-        "backward_macs": r.backward_total.macs, "backward_flops": r.backward_total.flops,
-        "uncounted_ops": r.uncounted_ops,
-        "receptive_field": "" if r.receptive_field is None else rf_str(r.receptive_field),
-    }
+def table_rows(table: Table) -> list[dict[str, Any]]:
+    """One dict per row: place in the tree (for tree tables), then each column's plain value."""
+    out = []
+    for r in table.rows:
+        row: dict[str, Any] = {table.meta.get("index_key", "index"): r.index}
+        if table.tree:
+            row.update(path=r.path, type=r.type, depth=r.depth, call_index=r.call_index,
+                       parent="" if r.parent is None else r.parent)
+        for c, v in zip(table.columns, r.values):
+            row[c.key] = _plain(c.unit, v)
+        out.append(row)
+    return out
 
 
-def csv_text(fields, rows) -> str:
+def csv_text(fields, rows: Iterable[dict]) -> str:
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=list(fields), lineterminator="\n")
     w.writeheader()
     for row in rows:
         w.writerow(row)
     return buf.getvalue()
 
 
-def render_csv(rep: "Report") -> str:
-    return csv_text(FIELDS, (layer_row(r) for r in rep.layers))
+def render_csv(table: Table) -> str:
+    rows = table_rows(table)
+    fields = [table.meta.get("index_key", "index")] + (["path", "type", "depth", "call_index", "parent"] if table.tree else []) \
+        + [c.key for c in table.columns]
+    return csv_text(fields, rows)

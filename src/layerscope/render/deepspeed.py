@@ -13,7 +13,8 @@ from torch import nn
 from torch.nn.modules.module import _addindent
 
 __all__ = ["number_to_string", "macs_to_string", "flops_to_string", "params_to_string", "duration_to_string",
-           "bytes_to_string", "ModuleProfile", "model_profile_text", "DEFAULT_PRECISION"]
+           "bytes_to_string", "ModuleProfile", "model_profile_text", "DEFAULT_PRECISION", "aggregated_profile",
+           "module_params", "to_output_file"]
 
 DEFAULT_PRECISION = 2
 
@@ -90,10 +91,10 @@ class ModuleProfile:
         self.total_macs = costs.totals.macs if costs is not None else 0
         self.total_flops = costs.totals.flops if costs is not None else 0
         self.total_duration = self.duration.get("", 0.0)
-        self.total_params = _params(model)
+        self.total_params = module_params(model)
 
     def params(self, path: str) -> int:
-        return _params(self.model.get_submodule(path))
+        return module_params(self.model.get_submodule(path))
 
 
 def _ancestors(path: str):
@@ -104,7 +105,7 @@ def _ancestors(path: str):
             yield ".".join(parts[:i])
 
 
-def _params(module: nn.Module) -> int:
+def module_params(module: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
 
 
@@ -145,7 +146,7 @@ def model_profile_text(prof: ModuleProfile, profile_step=1, module_depth=-1, top
     p(line.format("fwd FLOPS per GPU = fwd flops per GPU / fwd latency: ",
                   flops_to_string(flops / latency if latency else 0)))
     p("\n----------------------------- Aggregated Profile per GPU -----------------------------")
-    out.write(_aggregated(prof, module_depth, top_modules))
+    out.write(aggregated_profile(prof, module_depth, top_modules))
     if detailed:
         p("\n------------------------------ Detailed Profile per GPU ------------------------------")
         p("Each module profile is listed after its name in the following order: \nparams, percentage of "
@@ -157,13 +158,13 @@ def model_profile_text(prof: ModuleProfile, profile_step=1, module_depth=-1, top
     return out.getvalue()
 
 
-def _aggregated(prof: ModuleProfile, module_depth: int, top_modules: int) -> str:
+def aggregated_profile(prof: ModuleProfile, module_depth: int, top_modules: int) -> str:
     info: dict[int, dict[str, list]] = {}
 
     def walk(module: nn.Module, path: str, depth: int) -> None:
         row = info.setdefault(depth, {}).setdefault(module.__class__.__name__, [0, 0, 0.0])
         row[0] += prof.macs.get(path, 0)
-        row[1] += _params(module)
+        row[1] += module_params(module)
         row[2] += prof.duration.get(path, 0.0)
         for name, child in module._modules.items():
             if child is not None:
@@ -186,7 +187,7 @@ def _aggregated(prof: ModuleProfile, module_depth: int, top_modules: int) -> str
 def _module_repr(prof: ModuleProfile, module: nn.Module, path: str) -> str:
     """nn.Module.__repr__ with DeepSpeed's profile in front of each module's extra_repr; the model's
     own extra_repr is not replaced (DeepSpeed patches it while printing)."""
-    params = _params(module)
+    params = module_params(module)
     macs, flops, dur = prof.macs.get(path, 0), prof.flops.get(path, 0), prof.duration.get(path, 0.0)
     pct = lambda a, b: round(100 * a / b, DEFAULT_PRECISION) if b else 0  # noqa: E731
     items = [f"{params_to_string(params)} = {pct(params, prof.total_params):g}% Params",
@@ -213,7 +214,7 @@ def _module_repr(prof: ModuleProfile, module: nn.Module, path: str) -> str:
 
 
 @contextlib.contextmanager
-def _to_file(output_file):
+def to_output_file(output_file):
     """DeepSpeed's output_file: the profile goes there instead of stdout."""
     if not output_file:
         yield sys.stdout

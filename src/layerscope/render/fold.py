@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..reports.table import Row, Table
 
-__all__ = ["FOLD_MIN", "Fold", "subtree_ends", "find_folds", "role"]
+__all__ = ["FOLD_MIN", "Fold", "subtree_ends", "find_folds", "roles"]
 
 FOLD_MIN = 3             # runs of at least this many identical blocks fold into one row
 _INDEXED = re.compile(r"^(.*?)(\d+)$")
@@ -95,10 +95,40 @@ def find_folds(table: Table, min_run: int = FOLD_MIN) -> list[Fold]:
     return out
 
 
-_NUM = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
-
-
-def role(path: str) -> str:
-    """A layer's role across repeated blocks: its path with block numbers replaced by ``*``
-    (``model.layers.*.mlp.down_proj``), so charts group the 80 copies of one role."""
-    return _NUM.sub("*", path)
+def roles(layers) -> dict[str, str]:
+    """Each layer's role across repeated blocks: its path with every block number replaced by
+    ``*`` (``model.layers.*.mlp.down_proj``), so a chart sums the 80 copies of one role. A number is
+    a block number when the module it names has a sibling, also numbered, of the same type and the
+    same structure below it (paths and types), and either all its numbered siblings are alike (a
+    ModuleList of blocks or of experts) or it has modules of its own: ``mlp.0`` and ``mlp.2`` (two
+    Linear of a Sequential) stay apart, ``layers.3`` and ``layers.4`` are one role. ``layers``: (path, type) of every module call."""
+    types: dict[str, str] = {}
+    for path, typ in layers:
+        types.setdefault(path, typ)
+    below: dict[str, list[tuple[str, str]]] = {p: [] for p in types}
+    for path, typ in types.items():
+        parts = path.split(".") if path else []
+        for k in range(len(parts) - 1, 0, -1):
+            anc = ".".join(parts[:k])
+            if anc in below:
+                below[anc].append((".".join(parts[k:]), typ))
+    numbered: dict[str, list[str]] = {}
+    for path in types:
+        parent, _, local = path.rpartition(".")
+        if local.isdigit():
+            numbered.setdefault(parent, []).append(path)
+    block: set[str] = set()
+    for kids in numbered.values():
+        sig = {k: (types[k], tuple(sorted(below[k]))) for k in kids}
+        counts: dict[tuple, int] = {}
+        for v in sig.values():
+            counts[v] = counts.get(v, 0) + 1
+        if len(counts) == 1 and len(kids) > 1:
+            block.update(kids)               # all alike (a ModuleList of blocks, of experts)
+        else:                                # a mix (a Sequential): only blocks with a structure of their own
+            block.update(k for k in kids if counts[sig[k]] > 1 and below[k])
+    out = {}
+    for path in types:
+        parts = path.split(".") if path else []
+        out[path] = ".".join("*" if ".".join(parts[:k + 1]) in block else part for k, part in enumerate(parts))
+    return out

@@ -1,35 +1,51 @@
-"""Rich terminal table."""
+"""Rich terminal table, fitted to the console: names shrink and low-priority columns drop before any
+number is cut."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from rich import box
 from rich.console import Group
-from rich.table import Table
+from rich.table import Table as RichTable
 from rich.text import Text
 
-from .columns import build_rows, footer_lines
+from ..reports.table import Table
+from .layout import Grid, fit, grid
 
-if TYPE_CHECKING:
-    from ..report import Report
+__all__ = ["render_rich", "rich_grid"]
+
+# rich's SIMPLE_HEAVY table: one space of padding each side of a cell, a one-space divider between
+# columns and a one-space edge each side: width = sum of cells + 3 per column + 1
+_SEP, _EDGE = 3, 4
 
 
-def render_rich(rep: "Report", depth: int | None = None, columns=None, fold: bool = True) -> Group:
-    header, body = build_rows(rep, depth, columns, fold)
-    return rich_table(f"layerscope: {rep.model_name}", header, body, footer_lines(rep))
+def render_rich(table: Table, fold: bool = True, width: int | None = None) -> Group:
+    return rich_grid(fit(grid(table, fold), width, sep=_SEP, edge=_EDGE))
 
 
-def rich_table(title: str, header: list[str], body: list[list[str]], footer: list[tuple[str, str]]) -> Group:
-    table = Table(title=title, box=box.SIMPLE_HEAVY, header_style="bold")
-    table.add_column(header[0], no_wrap=True)
-    for h in header[1:]:
-        table.add_column(h, justify="right", no_wrap=True)
-    for row in body:
+def _facts(lines) -> RichTable:
+    t = RichTable.grid(padding=(0, 2))
+    t.add_column(style="bold", no_wrap=True)
+    t.add_column()
+    for k, v, alert in lines:
+        t.add_row(Text(k), Text(v, style="red" if alert else ""))
+    return t
+
+
+def rich_grid(g: Grid) -> Group:
+    parts: list = [Text(g.title, style="bold")]
+    if g.context:
+        parts.append(_facts(g.context))
+    table = RichTable(box=box.SIMPLE_HEAVY, header_style="bold")
+    widths = g.widths
+    table.add_column(g.header[0], no_wrap=True, overflow="ellipsis")
+    # a number column never narrows: when the terminal is narrower still, the name column gives way
+    for h, w in zip(g.header[1:], widths[1:]):
+        table.add_column(h, justify="right", no_wrap=True, min_width=w)
+    for row in g.body:
         table.add_row(*(Text(c) for c in row))
-    foot = Table.grid(padding=(0, 2))
-    foot.add_column(style="bold")
-    foot.add_column()
-    for k, v in footer:
-        foot.add_row(Text(k), Text(v, style="red" if v.startswith(("INCOMPLETE", "DOES NOT FIT")) else ""))
-    return Group(table, foot)
+    parts.append(table)
+    footer = list(g.footer)
+    if g.dropped:
+        footer.append(("Columns left out", f"{', '.join(g.dropped)} (the terminal is too narrow)", False))
+    parts.append(_facts(footer))
+    return Group(*parts)

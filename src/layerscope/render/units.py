@@ -1,15 +1,22 @@
-"""Number formatting: SI prefixes for counts (K, M, G, T), IEC for bytes (KiB, MiB, GiB)."""
+"""Number formatting, one unit system for every view: SI prefixes for counts (K, M, G, T, P, E), IEC
+for bytes (KiB ... EiB), parameters with thousands separators in tables and SI in charts, seconds
+with their unit."""
 
 from __future__ import annotations
 
-__all__ = ["si", "iec", "seconds", "parse_bytes"]
+from typing import Any
+
+__all__ = ["si", "iec", "seconds", "params", "shapes", "fmt", "parse_bytes"]
+
+_SI = (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3))
+_IEC = (("EiB", 2 ** 60), ("PiB", 2 ** 50), ("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10))
 
 
 def si(n: float | int | None, digits: int = 2) -> str:
     if n is None:
         return "--"
     n = float(n)
-    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+    for unit, scale in _SI:
         if abs(n) >= scale:
             return f"{n / scale:.{digits}f} {unit}"
     return f"{int(n)}" if n == int(n) else f"{n:.{digits}f}"
@@ -19,7 +26,7 @@ def iec(n: float | int | None, digits: int = 2) -> str:
     if n is None:
         return "--"
     n = float(n)
-    for unit, scale in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+    for unit, scale in _IEC:
         if abs(n) >= scale:
             return f"{n / scale:.{digits}f} {unit}"
     return f"{int(n)} B"
@@ -33,6 +40,48 @@ def seconds(s: float | None) -> str:
     if s >= 1e-3:
         return f"{s * 1e3:.2f} ms"
     return f"{s * 1e6:.1f} us"
+
+
+def params(n: int | None) -> str:
+    """A parameter count in a table: every digit, with thousands separators (124,439,808)."""
+    return "--" if n is None else f"{int(n):,}"
+
+
+def shapes(value) -> str:
+    """The first of a call's tensor shapes, and how many more there are: ``[1, 32, 64] +1``."""
+    if not value:
+        return "--"
+    first = "[" + ", ".join(str(d) for d in value[0]) + "]"
+    return first if len(value) == 1 else f"{first} +{len(value) - 1}"
+
+
+def _ratio(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else f"{v:.2f}"
+
+
+def fmt(unit: str, value: Any, chart: bool = False) -> str:
+    """A value of a column or fact shown by its unit; None is ``--``. ``chart``: the short form a
+    chart's labels use (parameters in SI there)."""
+    if value is None:
+        return "--"
+    if unit.startswith("+"):                  # a difference: its sign always shown
+        text = fmt(unit[1:], value, chart)
+        return "+" + text if value > 0 else text
+    if unit in ("count", "rate"):
+        return si(value)
+    if unit == "params":
+        return si(value) if chart else params(value)
+    if unit == "bytes":
+        return iec(value)
+    if unit == "seconds":
+        return seconds(value)
+    if unit == "percent":
+        return f"{100 * value:.2f}%"
+    if unit == "ratio":
+        return _ratio(value)
+    if unit == "shape":
+        return shapes(value)
+    return str(value)
 
 
 _BYTE_UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9,

@@ -29,7 +29,8 @@ class Column:
     cannot say it (``(reused)`` for a module's second call), or None to format the value.
     ``suffix(record, report)``: a mark after the formatted value (`` *`` for shared parameters).
     ``fold``: False for a value that depends on when a call ran, not on what the block is (memory
-    live at a call's peak): a fold ignores it and its row shows the highest of the folded blocks.
+    live at a call's peak, a time): a fold ignores it and its row shows the highest (``fold_with``
+    "max") or the median of the folded blocks' values.
     ``drop``: when a terminal is too narrow, columns with a higher ``drop`` go first; 0 never goes.
     ``default``: shown when no columns are chosen."""
 
@@ -40,6 +41,7 @@ class Column:
     text: Callable[[Any, Any], str | None] | None = None
     suffix: Callable[[Any, Any], str] | None = None
     fold: bool = True
+    fold_with: Literal["max", "median"] = "max"   # what a fold row shows of a column that does not fold
     drop: int = 0
     default: bool = True
     aliases: tuple[str, ...] = ()
@@ -113,8 +115,8 @@ def select_columns(all_columns: Sequence[Column], chosen, error: Callable[[str],
     return tuple(out)
 
 
-def _row(rec, rep, columns: Sequence[Column], tree: bool) -> Row:
-    return Row(index=rec.index, path=getattr(rec, "path", ""), type=getattr(rec, "type", ""),
+def _row(rec, rep, columns: Sequence[Column], tree: bool, name: Callable[[Any], str] | None = None) -> Row:
+    return Row(index=rec.index, path=name(rec) if name else getattr(rec, "path", ""), type=getattr(rec, "type", ""),
                depth=rec.depth if tree else None,
                call_index=getattr(rec, "call_index", 0), parent=getattr(rec, "parent", None),
                values=tuple(c.value(rec, rep) for c in columns),
@@ -130,7 +132,9 @@ def tree_table(kind: str, title: str, rep, records: Sequence, columns: Sequence[
     return Table(kind=kind, title=title, columns=tuple(columns), rows=rows, **kw)
 
 
-def flat_table(kind: str, title: str, rep, records: Sequence, columns: Sequence[Column], **kw) -> Table:
-    """A table of records that are not module calls (stages, ONNX nodes): no tree, no folding."""
-    rows = tuple(_row(r, rep, columns, False) for r in records)
+def flat_table(kind: str, title: str, rep, records: Sequence, columns: Sequence[Column],
+               name: Callable[[Any], str] | None = None, **kw) -> Table:
+    """A table of records that are not module calls (stages, ONNX nodes): no tree, no folding;
+    ``name(record)``: the first column's text."""
+    rows = tuple(_row(r, rep, columns, False, name) for r in records)
     return Table(kind=kind, title=title, columns=tuple(columns), rows=rows, tree=False, **kw)

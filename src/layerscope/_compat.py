@@ -1,0 +1,281 @@
+"""Every private torch API layerscope uses, in one place, each resolved when first used.
+
+torch's private names (``torch._C``, ``torch._subclasses``, the profiler's kineto event tree, ``torch.utils._python_dispatch`` / ``_pytree``, ``torch._dynamo``,
+ops such as ``aten._grouped_mm``) come and go between releases without notice. Resolving them while
+layerscope is imported made ``import layerscope`` fail on any torch that lacked one, even for a
+user who never reached the feature. Here each is looked up on first use and cached:
+
+* where layerscope can do without it, the caller gets a fallback (an op this torch does not have
+  is simply not priced, since no model can run it; without autograd sequence numbers the latency
+  timer times forward passes only);
+* where a feature needs it, ``need`` raises ``TorchFeatureError`` naming the feature, the missing
+  name, and the torch version that has it.
+
+``_API`` says, per name, what it is and the first torch release known to have it (checked against
+the 2.4.1, 2.5.1, 2.6.0, 2.7.1 and 2.8.0 wheels' own sources; "2.4" means 2.4 or earlier). The
+suite runs on torch ``TESTED_TORCH`` (pyproject's floor): older releases are not tested.
+
+This module sits below everything else: it imports only torch and layerscope.errors.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+from typing import Any, Callable
+
+import torch
+
+from .errors import LayerscopeError
+
+__all__ = ["TESTED_TORCH", "TorchFeatureError", "get", "need", "has", "forget",
+           "dispatch_mode", "sequence_nr", "current_autograd_node", "composite_implicit_key",
+           "has_composite_kernel", "profiler_event_tree", "profiler_enabled",
+           "reparametrize_module", "parse_schema", "jit_inline", "is_op_overload", "is_op_packet",
+           "is_higher_order_op", "is_fake_tensor", "active_fake_mode", "new_fake_mode",
+           "disable_current_modes", "no_dispatch", "queue_backward_callback", "compiled_original",
+           "tree_leaves", "tree_flatten", "tree_unflatten", "tree_map_only"]
+
+# the torch release the whole suite is run on; pyproject's floor says the same
+TESTED_TORCH = "2.13"
+
+
+class TorchFeatureError(LayerscopeError, RuntimeError):
+    """A feature needs a private torch API that the running torch does not have."""
+
+
+def _module(name: str):
+    return importlib.import_module(name)
+
+
+def _event_tree():
+    # an unbound method: called on ``prof.profiler.kineto_results``
+    return torch._C._autograd._ProfilerResult.experimental_event_tree
+
+
+# name -> (the private API in torch's words, first torch release known to have it, resolver).
+# A resolver raises AttributeError or ImportError where this torch lacks the API; tests replace
+# resolvers to play an older torch.
+_API: dict[str, tuple[str, str, Callable[[], Any]]] = {
+    "TorchDispatchMode": ("torch.utils._python_dispatch.TorchDispatchMode", "2.4",
+                          lambda: _module("torch.utils._python_dispatch").TorchDispatchMode),
+    "dispatch_mode_stack": ("torch.utils._python_dispatch._get_current_dispatch_mode_stack", "2.4",
+                            lambda: _module("torch.utils._python_dispatch")._get_current_dispatch_mode_stack),
+    "disable_current_modes": ("torch.utils._python_dispatch._disable_current_modes", "2.4",
+                              lambda: _module("torch.utils._python_dispatch")._disable_current_modes),
+    "no_dispatch": ("torch.utils._mode_utils.no_dispatch", "2.4", lambda: _module("torch.utils._mode_utils").no_dispatch),
+    "pytree": ("torch.utils._pytree", "2.4", lambda: _module("torch.utils._pytree")),
+    "sequence_nr": ("torch._C._autograd._get_sequence_nr", "2.4", lambda: torch._C._autograd._get_sequence_nr),
+    "current_autograd_node": ("torch._C._current_autograd_node", "2.4", lambda: torch._C._current_autograd_node),
+    "composite_implicit_key": ("torch._C.DispatchKey.CompositeImplicitAutograd", "2.4",
+                               lambda: torch._C.DispatchKey.CompositeImplicitAutograd),
+    "dispatch_has_kernel": ("torch._C._dispatch_has_kernel_for_dispatch_key", "2.4",
+                            lambda: torch._C._dispatch_has_kernel_for_dispatch_key),
+    "parse_schema": ("torch._C.parse_schema", "2.4", lambda: torch._C.parse_schema),
+    "jit_pass_inline": ("torch._C._jit_pass_inline", "2.4", lambda: torch._C._jit_pass_inline),
+    "profiler_enabled": ("torch.autograd._profiler_enabled", "2.4", lambda: torch.autograd._profiler_enabled),
+    "event_tree": ("torch._C._autograd._ProfilerResult.experimental_event_tree (kineto's event tree)", "2.4",
+                   _event_tree),
+    "reparametrize_module": ("torch.nn.utils.stateless._reparametrize_module", "2.4",
+                             lambda: _module("torch.nn.utils.stateless")._reparametrize_module),
+    "OpOverload": ("torch._ops.OpOverload", "2.4", lambda: torch._ops.OpOverload),
+    "OpOverloadPacket": ("torch._ops.OpOverloadPacket", "2.4", lambda: torch._ops.OpOverloadPacket),
+    "HigherOrderOperator": ("torch._ops.HigherOrderOperator", "2.4", lambda: torch._ops.HigherOrderOperator),
+    "FakeTensor": ("torch._subclasses.fake_tensor.FakeTensor", "2.4",
+                   lambda: _module("torch._subclasses.fake_tensor").FakeTensor),
+    "FakeTensorMode": ("torch._subclasses.fake_tensor.FakeTensorMode", "2.4",
+                       lambda: _module("torch._subclasses.fake_tensor").FakeTensorMode),
+    "queue_callback": ("torch.autograd.Variable._execution_engine.queue_callback", "2.4",
+                       lambda: torch.autograd.Variable._execution_engine.queue_callback),
+    "grouped_mm": ("torch.ops.aten._grouped_mm", "2.8", lambda: torch.ops.aten._grouped_mm.default),
+}
+
+_NOT_YET = object()
+_MISSING = object()
+_cache: dict[str, Any] = {}
+
+
+def _resolved(name: str) -> Any:
+    value = _cache.get(name, _NOT_YET)
+    if value is _NOT_YET:
+        try:
+            value = _API[name][2]()
+        except (AttributeError, ImportError, RuntimeError):
+            value = _MISSING
+        _cache[name] = value
+    return value
+
+
+def forget() -> None:
+    """Drop what was resolved (tests that play another torch resolve again)."""
+    _cache.clear()
+
+
+def has(name: str) -> bool:
+    """Whether the running torch has the private API ``name`` (a key of ``_API``)."""
+    return _resolved(name) is not _MISSING
+
+
+def get(name: str, default: Any = None) -> Any:
+    """The private API ``name``, or ``default`` where this torch has none (the caller's fallback)."""
+    value = _resolved(name)
+    return default if value is _MISSING else value
+
+
+def need(name: str, feature: str) -> Any:
+    """The private API ``name``; where this torch has none, a TorchFeatureError that names the
+    feature, the missing API and the torch release that has it."""
+    value = _resolved(name)
+    if value is _MISSING:
+        what, since, _ = _API[name]
+        raise TorchFeatureError(f"{feature} needs {what}, which torch {torch.__version__} does not have: "
+                                f"it needs torch >= {since} (layerscope is tested on torch {TESTED_TORCH})")
+    return value
+
+
+# ---- ops ---------------------------------------------------------------------------------------------
+
+def is_op_overload(op: Any) -> bool:
+    return isinstance(op, get("OpOverload", ()))
+
+
+def is_op_packet(op: Any) -> bool:
+    return isinstance(op, get("OpOverloadPacket", ()))
+
+
+def is_higher_order_op(op: Any) -> bool:
+    return isinstance(op, get("HigherOrderOperator", ()))
+
+
+def parse_schema(text: str):
+    return need("parse_schema", "reading a TorchScript graph")(text)
+
+
+def jit_inline(graph) -> None:
+    """Inline every call in a TorchScript graph (in place)."""
+    need("jit_pass_inline", "reading a TorchScript graph")(graph)
+
+
+# ---- dispatch modes ----------------------------------------------------------------------------------
+
+def dispatch_mode(body: type) -> Callable[..., Any]:
+    """Decorator: ``body``'s methods on a TorchDispatchMode subclass, made on first call, so that
+    defining it does not touch torch's private dispatch module at import. The decorated name
+    builds instances (``Mode(args)``), and instances are ``body`` instances."""
+    made: list[type] = []
+
+    @functools.wraps(body, updated=())
+    def make(*args, **kwargs):
+        if not made:
+            base = need("TorchDispatchMode", f"layerscope's op recorder ({body.__name__})")
+            made.append(type(body.__name__, (body, base),
+                             {"__module__": body.__module__, "__qualname__": body.__qualname__}))
+        return made[0](*args, **kwargs)
+
+    return make
+
+
+def disable_current_modes():
+    return need("disable_current_modes", "running a kernel for real inside a simulation")()
+
+
+def no_dispatch():
+    return need("no_dispatch", "making a constant inside a simulation")()
+
+
+def is_fake_tensor(t: Any) -> bool:
+    return isinstance(t, get("FakeTensor", ()))
+
+
+def active_fake_mode():
+    """The innermost FakeTensorMode on the current dispatch mode stack (the user's), or None."""
+    mode_type = need("FakeTensorMode", "a simulated run (fake tensors)")
+    stack = need("dispatch_mode_stack", "a simulated run (fake tensors)")
+    return next((m for m in reversed(stack()) if isinstance(m, mode_type)), None)
+
+
+def new_fake_mode(**kwargs):
+    return need("FakeTensorMode", "a simulated run (fake tensors)")(**kwargs)
+
+
+# ---- autograd ----------------------------------------------------------------------------------------
+
+def sequence_nr(feature: str) -> Callable[[], int]:
+    """The function giving this thread's next autograd sequence number."""
+    return need("sequence_nr", feature)
+
+
+def current_autograd_node(feature: str) -> Callable[[], Any]:
+    """The function giving the autograd node being run (None outside backward)."""
+    return need("current_autograd_node", feature)
+
+
+def composite_implicit_key():
+    return need("composite_implicit_key", "decomposing a composite op in inference mode")
+
+
+def has_composite_kernel(op_name: str) -> bool:
+    """Whether the op has a CompositeImplicitAutograd kernel (it decomposes above autograd).
+    RuntimeError where the C++ dispatcher does not know the op, as torch raises it."""
+    return need("dispatch_has_kernel", "decomposing a composite op in inference mode")(op_name,
+                                                                                      composite_implicit_key())
+
+
+def queue_backward_callback(fn: Callable[[], None]) -> None:
+    """Run ``fn`` when the current backward pass ends."""
+    need("queue_callback", "timing backward passes")(fn)
+
+
+def reparametrize_module(model, state: dict, *, tie_weights: bool, strict: bool):
+    return need("reparametrize_module", "running a model with swapped parameters")(
+        model, state, tie_weights=tie_weights, strict=strict)
+
+
+# ---- profiler, dynamo --------------------------------------------------------------------------------
+
+def profiler_enabled() -> bool:
+    """Whether a profiler is running in this process (one cannot nest)."""
+    return need("profiler_enabled", "sizing a kernel's scratch memory")()
+
+
+def profiler_event_tree(prof) -> list:
+    """The event tree (allocations included) of a finished ``torch.profiler.profile``."""
+    tree = need("event_tree", "the profiler's allocation events")
+    results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
+    if results is None:     # a profiler that kept no kineto results (built without kineto)
+        raise TorchFeatureError(f"the profiler's allocation events need kineto's results, which the profiler "
+                                f"of torch {torch.__version__} did not keep")
+    return tree(results)
+
+
+def compiled_original(model) -> Any:
+    """A torch.compile'd module's original module, else None. torch._dynamo is not imported here:
+    a model can only be a compiled one when the user has imported it already."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    optimized = getattr(eval_frame, "OptimizedModule", None) if eval_frame is not None else None
+    if optimized is not None and isinstance(model, optimized):
+        return model._orig_mod
+    return None
+
+
+# ---- pytree ------------------------------------------------------------------------------------------
+
+def _pytree():
+    return need("pytree", "walking nested inputs and outputs")
+
+
+def tree_leaves(tree, *args, **kwargs) -> list:
+    return _pytree().tree_leaves(tree, *args, **kwargs)
+
+
+def tree_flatten(tree, *args, **kwargs):
+    return _pytree().tree_flatten(tree, *args, **kwargs)
+
+
+def tree_unflatten(leaves, spec):
+    return _pytree().tree_unflatten(leaves, spec)
+
+
+def tree_map_only(types, fn, tree, *args, **kwargs):
+    return _pytree().tree_map_only(types, fn, tree, *args, **kwargs)

@@ -1,0 +1,164 @@
+"""The op recorder: a TorchDispatchMode that sees every aten op after autograd has decomposed
+composite ops, and hands it (with its inputs and outputs) to the Session that prices it and
+attributes it to the innermost running module call. On meta and fake tensors, which have no values,
+it gives ops whose result depends on values the rule that values read as 1."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .. import _compat
+from ..trace import FORWARD
+
+if TYPE_CHECKING:
+    from .session import Session
+
+__all__ = ["OpRecorder", "unknown_value", "FAKE_SIZE_FIXES"]
+
+
+@_compat.dispatch_mode
+class OpRecorder:
+    """THE op recorder: a dispatch mode that sees every aten op of a run, gives values to what
+    meta and fake tensors cannot compute (values read as 1), and hands each op to its Session."""
+
+    def __init__(self, cap: "Session") -> None:
+        super().__init__()
+        self.cap = cap
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _composite(func) and (torch.is_inference_mode_enabled() or
+                                 any(isinstance(a, torch.Tensor) and a.is_inference() for a in args)):
+            # A composite op (conv2d, linear, matmul, sdpa, ...) reaches a dispatch mode whole when
+            # autograd is not in the way (inference mode kept for a model holding inference
+            # tensors): run its C++ decomposition -- the kernel the Autograd key runs in grad mode
+            # and under no_grad -- with the recorder pushed again, so its parts are priced as in
+            # any other grad mode. Inference tensors skip autograd in any mode, so they bring
+            # composite ops whole too. Only there: otherwise a composite op that arrives whole comes
+            # from a tensor subclass's own dispatch (nested tensors), whose decomposition would
+            # dispatch back to it endlessly.
+            with self:
+                return func._op_dk(_compat.composite_implicit_key(), *args, **kwargs)
+        cap = self.cap
+        seq = cap.next_seq() if cap.track_seq and cap.phase is FORWARD else 0
+        if func is _LOCAL_SCALAR and (cap.simulated and unknown_value(args[0]) or args[0].is_meta):
+            # A simulation or a meta run has no values: a value read back (.item(), bool(t)) reads
+            # as 1, so data-dependent branches take their "nonzero" side.
+            out = _one_of(args[0].dtype)
+        elif func is _REPEAT_INTERLEAVE and args[0].is_meta and kwargs.get("output_size") is None:
+            # values read as 1 on meta: every repeat count is 1, so the output has one per count
+            out = func(*args, **{**kwargs, "output_size": args[0].numel()})
+        elif func is _NONZERO and args[0].is_meta:
+            # values read as 1 on meta: every element is nonzero (what torch's meta kernel assumes
+            # under a process-wide config flag, which another thread would see flipped)
+            out = torch.empty((args[0].numel(), args[0].dim()), dtype=torch.long, device="meta")
+        elif func in _BOOL_INDEXED and args[0].is_meta and _has_mask(args[1]):
+            # a boolean mask selects every element (values read as 1): its positions as index tensors
+            out = func(args[0], _mask_positions(args[1]), *args[2:], **kwargs)
+        elif func is _UNIQUE2 and (args[0].is_meta or cap.simulated and unknown_value(args[0])):
+            # values read as 1 (meta, simulation): every element is the same: one unique value
+            out = _unique2_of_ones(args[0], *args[1:], **kwargs)
+        elif func is _compat.get("grouped_mm") and (args[0].is_meta or cap.simulated) and \
+                _grouped_mm_shape(args):
+            # the meta kernel of _grouped_mm insists on bf16 and 16-byte strides (the CUDA kernel's
+            # rules) though CPU runs float32 at any size: the output, by the op's shape rule
+            out = torch.empty(_grouped_mm_shape(args), dtype=kwargs.get("out_dtype") or args[0].dtype,
+                              device=args[0].device)
+        elif _SEEDED in func.tags and not cap.simulated:
+            out = cap.rng.call(func, args, kwargs)
+        else:
+            out = func(*args, **kwargs)
+        # prim.device / prim.layout are metadata queries that only tensor subclasses (fake tensors)
+        # route through dispatch: recording them would make a fake run differ from a real one
+        if not cap.paused and func.namespace != "prim":
+            cap.on_op(func, args, kwargs, out, seq)
+        return out
+
+
+_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
+_COMPOSITE: dict = {}
+
+
+def _composite(func) -> bool:
+    """Whether ``func`` has a CompositeImplicitAutograd kernel (it decomposes above autograd)."""
+    known = _COMPOSITE.get(func)
+    if known is None:
+        try:
+            known = _compat.has_composite_kernel(func.name())
+        except RuntimeError:   # an op the C++ dispatcher does not know (prim.device, a Python op)
+            known = False
+        _COMPOSITE[func] = known
+    return known
+_SEEDED = torch.Tag.nondeterministic_seeded
+_REPEAT_INTERLEAVE = torch.ops.aten.repeat_interleave.Tensor
+
+
+_UNIQUE2 = torch.ops.aten._unique2.default
+_NONZERO = torch.ops.aten.nonzero.default
+_BOOL_INDEXED = (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
+                 torch.ops.aten._index_put_impl_.default)
+
+
+def _has_mask(indices) -> bool:
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
+
+
+def _mask_positions(indices) -> list:
+    """Index tensors for ``indices`` with each boolean mask read as all true: a mask of k dims over
+    n elements becomes k index vectors of length n (as ``mask.nonzero(as_tuple=True)`` would)."""
+    out: list = []
+    for i in indices:
+        if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8):
+            out += [torch.empty((i.numel(),), dtype=torch.long, device=i.device)] * max(i.dim(), 1)
+        else:
+            out.append(i)
+    return out
+
+
+def _unique2_of_ones(x, sorted=True, return_inverse=False, return_counts=False):
+    """torch.unique's outputs when every value is 1: one unique value (none for an empty input),
+    every inverse index 0, one count of all elements; an output not asked for is empty, as on CPU."""
+    n = 1 if x.numel() else 0
+    long = dict(dtype=torch.long, device=x.device)
+    return (torch.empty(n, dtype=x.dtype, device=x.device),
+            torch.empty(tuple(x.shape) if return_inverse else (0,), **long),
+            torch.empty(n if return_counts else 0, **long))
+
+
+def _grouped_mm_shape(args) -> tuple[int, ...] | None:
+    """_grouped_mm's output shape: a[M,K] @ b[G,K,N] -> [M,N]; a[G,M,K] @ b[G,K,N] -> [G,M,N];
+    a[M,K] @ b[K,N] grouped over K by offs[G] -> [G,M,N]; None for another layout."""
+    a, b = args[0], args[1]
+    offs = args[2] if len(args) > 2 else None
+    if a.dim() == 2 and b.dim() == 3:
+        return (a.shape[0], b.shape[2])
+    if a.dim() == 3 and b.dim() == 3:
+        return (a.shape[0], a.shape[1], b.shape[2])
+    if a.dim() == 2 and b.dim() == 2 and isinstance(offs, torch.Tensor):
+        return (offs.shape[0], a.shape[0], b.shape[1])
+    return None
+
+
+def _layer_norm_stats(args, outs):
+    """CPU's native_layer_norm returns mean and rstd in float32 for a bf16/fp16 input; its fake
+    (meta) version returns them in the input's dtype. Size them as the real kernel allocates them."""
+    x = args[0]
+    if x.device.type != "cpu" or x.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    return {i: outs[i].numel() * 4 for i in (1, 2) if i < len(outs)}
+
+
+# per op: the output sizes (by output index) a real kernel allocates where a fake run differs
+FAKE_SIZE_FIXES = {torch.ops.aten.native_layer_norm.default: _layer_norm_stats}
+
+
+def unknown_value(t) -> bool:
+    return getattr(t, "fake_mode", None) is not None and getattr(t, "constant", None) is None
+
+
+def _one_of(dtype: torch.dtype):
+    if dtype == torch.bool:
+        return True
+    return 1.0 if dtype.is_floating_point or dtype.is_complex else 1

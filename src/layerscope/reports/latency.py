@@ -1,0 +1,208 @@
+"""LatencyReport: per module call, forward (and backward) time, inclusive and self, over repeats;
+its columns, header and footer."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from ..analyses.latency import LatencyLayer, latency_layers, latency_totals
+from ..analyses.roofline import Roofline
+from ..errors import InputError
+from .base import Rendered, Totals, renderer
+from .table import Column, Fact, Table, select_columns, tree_table
+
+__all__ = ["LatencyLayer", "LatencyReport", "LatencyTotals", "latency_layers", "latency_totals", "latency_columns"]
+
+
+def _med(phase: str):
+    return lambda r, rep: getattr(r, phase).median if getattr(r, phase) is not None else None
+
+
+def _q(phase: str, k: str):
+    return lambda r, rep: getattr(getattr(r, phase), k) if getattr(r, phase) is not None else None
+
+
+_T = {"fold": False, "fold_with": "median"}   # times differ from block to block
+
+
+def latency_columns(rep: "LatencyReport") -> tuple[Column, ...]:
+    """Every column of a latency report (backward and roofline ones when the run has them). Times
+    differ from block to block, so a fold shows the median of the folded blocks' times."""
+    total = sum(r.forward_self.median for r in rep.layers) or 1.0
+    roof = rep.roofline
+    cols = [
+        Column("input_shape", "Input shape", "shape", lambda r, rep: r.input_shapes, drop=4, default=False),
+        Column("output_shape", "Output shape", "shape", lambda r, rep: r.output_shapes, drop=3),
+        Column("params", "Params", "params", lambda r, rep: r.params, drop=2),
+        Column("forward", "Fwd", "seconds", _med("forward"), **_T, description="median inclusive time"),
+        Column("forward_self", "Fwd self", "seconds", _med("forward_self"), **_T,
+               description="inclusive minus the direct children's"),
+        Column("self_percent", "% self", "percent", lambda r, rep: r.forward_self.median / total, **_T,
+               drop=1),
+        Column("forward_p25", "Fwd p25", "seconds", _q("forward", "p25"), **_T, drop=6, default=False),
+        Column("forward_p75", "Fwd p75", "seconds", _q("forward", "p75"), **_T, drop=6, default=False),
+    ]
+    if rep.options.get("backward"):
+        cols += [Column("backward", "Bwd", "seconds", _med("backward"), **_T),
+                 Column("backward_self", "Bwd self", "seconds", _med("backward_self"), **_T, drop=1)]
+    cols += [Column("flops", "FLOPs", "count", lambda r, rep: r.flops, drop=6, default=False),
+             Column("bytes_moved", "Bytes", "bytes", lambda r, rep: r.bytes_moved, drop=6, default=False),
+             Column("flops_per_second", "FLOP/s", "rate", lambda r, rep: r.flops_per_second, **_T, drop=5),
+             Column("intensity", "FLOP/B", "ratio", lambda r, rep: r.intensity, drop=5)]
+    if roof is not None:
+        cols += [Column("bound", "Bound", "text", lambda r, rep: r.bound(roof), drop=5),
+                 Column("roof_fraction", "% of roof", "percent", lambda r, rep: r.roof_fraction(roof),
+                        **_T, drop=5)]
+    return tuple(cols)
+
+
+def _ms(v: float) -> tuple:
+    return (v, "seconds")
+
+
+def _phase_line(t: dict, phase: str) -> tuple:
+    parts: list = []
+    if f"{phase}_plain" in t:
+        parts += [_ms(t[f"{phase}_plain"]), " uninstrumented, ", _ms(t[f"{phase}_instrumented"]),
+                  f" with hooks ({100 * t[f'{phase}_overhead']:+.1f}%), "]
+    inst = t[f"{phase}_instrumented"]
+    parts += ["sum of self times ", _ms(t[f"{phase}_self_sum"])]
+    if inst and f"{phase}_plain" in t:
+        parts.append(f" ({100 * t[f'{phase}_self_sum'] / inst:.1f}% of it)")
+    return tuple(parts)
+
+
+def latency_context(rep: "LatencyReport") -> tuple[Fact, ...]:
+    o = rep.options
+    root = rep.layers[0] if rep.layers else None
+    facts = []
+    if root is not None and root.input_shapes:
+        facts.append(Fact("Inputs", ", ".join("[" + ", ".join(map(str, s)) + "]" for s in root.input_shapes[:4])))
+    if o.get("unit") == "step":
+        run = f"{o['steps']} training steps after {o['warmup']} warm-up on {rep.device}; medians per step"
+        if o.get("optimizer"):
+            run += f"; optimizer {o['optimizer']}"
+    else:
+        run = (f"{o['repeats']} timed repeats after {o['warmup']} warm-up on {rep.device}, forward"
+               + (" and backward" if o.get("backward") else "") + "; medians")
+    facts.append(Fact("Run", run))
+    return tuple(facts)
+
+
+def latency_footer(rep: "LatencyReport", top: int = 3) -> tuple[Fact, ...]:
+    t = rep.totals
+    if rep.options.get("unit") == "step":
+        lines = [Fact("Step", (_ms(t["step"]), " = forward ", _ms(t["forward"]), " + backward ", _ms(t["backward"]),
+                               " + optimizer ", _ms(t["optimizer"]), " + other (loss, data, loop) ",
+                               _ms(t["other"]), ", of which ", _ms(t["graph_hooks"]),
+                               f" the profiler's graph hooks; spread (IQR/median) {100 * t['step_spread']:.1f}%"))]
+    else:
+        lines = [Fact("Forward", _phase_line(t, "forward") + (
+            f"; spread (IQR/median) {100 * t['forward_spread']:.1f}%",))]
+        if rep.options.get("backward"):
+            lines.append(Fact("Backward", _phase_line(t, "backward")))
+    if rep.roofline is not None:
+        r = rep.roofline
+        lines.append(Fact("Roofline", (f"{r.name}: ", (r.peak_flops, "rate"), "FLOP/s, ", (r.peak_bandwidth, "rate"),
+                                       f"B/s, ridge {r.ridge:.1f} FLOP/B ({r.source}); % of roof = achieved / "
+                                       "attainable at the call's intensity")))
+    if top > 0:
+        for d, rows in rep.top_per_depth(top).items():
+            parts: list = []
+            for r in rows:
+                parts += [", " if parts else "", f"{r.name} ", _ms(r.forward.median)]
+                if r.backward:
+                    parts += [" + ", _ms(r.backward.median), " bwd"]
+            lines.append(Fact(f"Top depth {d}", tuple(parts)))
+    lines += [Fact("Note", n) for n in rep.notes]
+    return tuple(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyTotals(Totals):
+    """Medians over the timed runs, in seconds. ``profile()``: the forward (and backward) with the
+    timing hooks (``*_instrumented``) and without them (``*_plain``, with ``*_overhead`` the median
+    of the per-run ratios), the sum of the calls' self times and the spread (IQR over median). A
+    ``Profiler`` of training steps: the step and its forward, backward, optimizer and other time."""
+
+    runs: int
+    forward_instrumented: float | None = None
+    forward_self_sum: float | None = None
+    forward_spread: float | None = None
+    forward_plain: float | None = None
+    forward_overhead: float | None = None
+    backward_instrumented: float | None = None
+    backward_self_sum: float | None = None
+    backward_spread: float | None = None
+    backward_plain: float | None = None
+    backward_overhead: float | None = None
+    flops: int | None = None           # forward FLOPs of the model
+    step: float | None = None
+    forward: float | None = None
+    backward: float | None = None
+    optimizer: float | None = None
+    other: float | None = None
+    graph_hooks: float | None = None
+    step_spread: float | None = None
+
+
+@dataclass(frozen=True)
+class LatencyReport(Rendered):
+    model_name: str
+    device: str
+    options: dict
+    layers: tuple[LatencyLayer, ...]
+    totals: LatencyTotals          # a dict of its fields is taken too
+    notes: tuple[str, ...] = ()
+    roofline: Roofline | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.totals, LatencyTotals):
+            object.__setattr__(self, "totals", LatencyTotals(**self.totals))
+
+    kind = "latency"
+    _html_part = "latency"
+
+    def top(self, k: int = 5, depth: int | None = None, by: str = "forward_self") -> list[LatencyLayer]:
+        """The k calls with the largest median ``by`` time (``forward``, ``forward_self``,
+        ``backward``, ``backward_self``), optionally only at one depth."""
+        rows = [r for r in self.layers if depth is None or r.depth == depth]
+        return sorted(rows, key=lambda r: getattr(r, by).median if getattr(r, by) else 0.0, reverse=True)[:k]
+
+    def top_per_depth(self, k: int = 3, by: str = "forward") -> dict[int, list[LatencyLayer]]:
+        """The k slowest calls at each depth below the root (DeepSpeed's "top modules at each
+        depth"), by median ``by`` time."""
+        return {d: self.top(k, depth=d, by=by) for d in sorted({r.depth for r in self.layers}) if d > 0}
+
+    def to_chrome_trace(self, path: str | None = None) -> str:
+        """Chrome trace / Perfetto JSON of the module spans of one repeat (the one whose forward is
+        the median), forward and backward on separate tracks; open in ui.perfetto.dev or
+        chrome://tracing."""
+        return renderer().write(json.dumps(renderer().chrome_trace(self)), path)
+
+    def table_model(self, depth: int | None = None, columns=None, top: int = 3, **_: Any) -> Table:
+        cols = latency_columns(self)
+        cols = cols if columns == "all" else select_columns(cols, columns, InputError)
+        return tree_table("latency", f"layerscope profile: {self.model_name}", self, self.layers, cols, depth,
+                          context=latency_context(self), footer=latency_footer(self, top))
+
+    def table(self, depth: int | None = None, top: int = 3, fold: bool = True, columns=None,
+              width: int | None = None) -> str:
+        """The tree table; the footer names the ``top`` slowest calls at each depth (0: none)."""
+        return self._text(depth, columns, fold, width, top=top)
+
+    def rich_table(self, depth: int | None = None, top: int = 3, fold: bool = True, columns=None,
+                   width: int | None = None):
+        return self._rich(depth, columns, fold, width, top=top)
+
+    def print(self, depth: int | None = None, top: int = 3, file: TextIO | None = None, fold: bool = True,
+              columns=None) -> None:
+        self._print(file, depth, columns, fold, top=top)
+
+    def __repr__(self) -> str:
+        t = self.totals
+        return (f"<LatencyReport {self.model_name}: forward {t['forward_instrumented'] * 1e3:.3f} ms "
+                f"({len(self.layers)} calls, {t['runs']} {self.options.get('unit', 'repeat')}s on "
+                f"{self.device})>")

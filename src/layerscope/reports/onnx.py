@@ -1,0 +1,72 @@
+"""The per-node table of an ONNX model: its columns and footer (the seed's bandwidth table, sortable,
+with the model total)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import InputError
+from .table import Column, Fact, Table, flat_table
+
+if TYPE_CHECKING:
+    from ..formats.onnx import NodeRecord, OnnxGraph
+
+__all__ = ["SORT_KEYS", "NODE_COLUMNS", "sorted_nodes", "nodes_table"]
+
+SORT_KEYS = {
+    "order": None,
+    "read": lambda n: n.costs.bytes_read,
+    "write": lambda n: n.costs.bytes_written,
+    "bytes": lambda n: n.costs.bytes_moved,
+    "macs": lambda n: n.costs.macs,
+    "flops": lambda n: n.costs.flops,
+    "params": lambda n: n.params,
+}
+
+NODE_COLUMNS: tuple[Column, ...] = (
+    Column("index", "#", "index", lambda n, g: n.index),
+    Column("op_type", "Op", "text", lambda n, g: n.op_type),
+    Column("module", "Module", "text", lambda n, g: None if n.module is None else (n.module or "(root)"), drop=2),
+    Column("output_shape", "Output shape", "shape",
+           lambda n, g: (n.outputs[0][1],) if n.outputs and n.outputs[0][1] is not None else None, drop=1),
+    Column("params", "Params", "params", lambda n, g: n.params, drop=1),
+    Column("macs", "MACs", "count", lambda n, g: n.costs.macs),
+    Column("flops", "FLOPs", "count", lambda n, g: n.costs.flops),
+    Column("bytes_read", "Read", "bytes", lambda n, g: n.costs.bytes_read),
+    Column("bytes_written", "Written", "bytes", lambda n, g: n.costs.bytes_written),
+    Column("bytes_moved", "Total", "bytes", lambda n, g: n.costs.bytes_moved, drop=1),
+    Column("status", "Status", "text", lambda n, g: n.status, drop=1),
+)
+
+
+def sorted_nodes(graph: "OnnxGraph", sort: str = "order", top: int | None = None) -> list["NodeRecord"]:
+    if sort not in SORT_KEYS:
+        raise InputError(f"sort must be one of {', '.join(SORT_KEYS)}, got {sort!r}")
+    key = SORT_KEYS[sort]
+    nodes = list(graph.nodes) if key is None else sorted(graph.nodes, key=key, reverse=True)
+    return nodes[:top] if top else nodes
+
+
+def nodes_footer(graph: "OnnxGraph") -> tuple[Fact, ...]:
+    read = sum(n.costs.bytes_read for n in graph.nodes)
+    written = sum(n.costs.bytes_written for n in graph.nodes)
+    macs = sum(n.costs.macs for n in graph.nodes)
+    flops = sum(n.costs.flops for n in graph.nodes)
+    lines = [Fact("Nodes", f"{len(graph.nodes)} (opset {graph.opset}): " +
+                  ", ".join(f"{k} {v}" for k, v in graph.histogram.items())),
+             Fact("Model total", ("MACs ", (macs, "count"), ", FLOPs ", (flops, "count"), ", read ", (read, "bytes"),
+                                  ", written ", (written, "bytes"), ", moved ", (read + written, "bytes")))]
+    peak = graph.peak_activation_bytes
+    lines.append(Fact("Peak activations", peak, "bytes") if peak is not None
+                 else Fact("Peak activations", "unknown (a shape is not known)"))
+    if graph.unknown_shapes:
+        lines.append(Fact("Unknown shapes", f"{len(graph.unknown_shapes)} values, e.g. " +
+                          ", ".join(graph.unknown_shapes[:5])))
+    if graph.symbolic_dims:
+        lines.append(Fact("Symbolic dims", ", ".join(graph.symbolic_dims) + " (give values with input_shapes / --input)"))
+    return tuple(lines)
+
+
+def nodes_table(graph: "OnnxGraph", sort: str = "order", top: int | None = None) -> Table:
+    return flat_table("onnx_nodes", "ONNX nodes", graph, sorted_nodes(graph, sort, top), NODE_COLUMNS,
+                      name=lambda n: n.name, first_header="Node", footer=nodes_footer(graph))

@@ -1,0 +1,183 @@
+"""StagePlan: the chosen split, per stage cost and memory; its columns, header and footer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TextIO
+
+from ..errors import InputError
+from .base import Rendered
+from .table import Column, Fact, Table, flat_table, select_columns
+
+if TYPE_CHECKING:
+    from ..pipeline.units import SplitUnits
+
+__all__ = ["Stage", "StagePlan", "plan_columns"]
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    index: int
+    first: int                     # unit indices, inclusive
+    last: int
+    units: tuple[str, ...]
+    cost: float                    # by the plan's cost measure
+    flops: int                     # forward + backward
+    macs: int
+    params: int
+    memory: dict                   # params, grads, optimizer, tied_dedup, state, held_microbatches,
+    #                                peak_backward (the micro-batch whose backward is the peak), and at
+    #                                that peak activations, outputs, grad_overlap, sends (tensors pending
+    #                                sends keep alive); boundary, working, total (bytes)
+    limit: int | None
+    rank: int
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory["total"])
+
+    @property
+    def label(self) -> str:
+        """``3: h.4 .. h.7``: the stage first, then its first and last units."""
+        names = self.units[0] if len(self.units) == 1 else f"{self.units[0]} .. {self.units[-1]}"
+        return f"{self.index}: {names}"
+
+    @property
+    def activation_bytes(self) -> int:
+        m = self.memory
+        return int(m["activations"] + m["outputs"] + m["grad_overlap"] + m["sends"])
+
+
+_COST_UNIT = {"memory": "bytes", "latency": "seconds"}
+
+
+def plan_columns(plan: "StagePlan") -> tuple[Column, ...]:
+    """Every column of a plan. The cost column is left out when it is the FLOPs column again."""
+    m = lambda key: (lambda s, p: s.memory[key])  # noqa: E731
+    cols = [
+        Column("rank", "Rank", "index", lambda s, p: s.rank, drop=5, default=False),
+        Column("first_unit", "First unit", "text", lambda s, p: s.units[0], drop=6, default=False),
+        Column("last_unit", "Last unit", "text", lambda s, p: s.units[-1], drop=6, default=False),
+        Column("num_units", "#", "index", lambda s, p: len(s.units), drop=4),
+        Column("params", "Params", "params", lambda s, p: s.params, drop=3),
+        Column("flops", "FLOPs fwd+bwd", "count", lambda s, p: s.flops),
+        Column("macs", "MACs fwd+bwd", "count", lambda s, p: s.macs, drop=5, default=False),
+    ]
+    if plan.by != "flops":
+        cols.append(Column("cost", f"Cost ({plan.by_name})", _COST_UNIT.get(plan.by_name, "count"),
+                           lambda s, p: s.cost))
+    total = sum(s.cost for s in plan.stages) or 1.0
+    cols += [
+        Column("share", "Share", "percent", lambda s, p: s.cost / total, drop=2),
+        Column("memory", "Memory", "bytes", lambda s, p: s.memory_bytes),
+        Column("state", "State", "bytes", m("state"), drop=1),
+        Column("activations", "Activations", "bytes", lambda s, p: s.activation_bytes,
+               suffix=lambda s, p: f" ({s.memory['held_microbatches']} mb)", drop=1),
+        Column("boundary", "Boundary", "bytes", m("boundary"), drop=2),
+        Column("working", "Working", "bytes", m("working"), drop=2),
+        Column("limit", "Limit", "bytes", lambda s, p: s.limit, drop=3),
+    ]
+    keys = {c.key for c in cols}
+    extra = sorted({k for s in plan.stages for k in s.memory} - keys - {"total", "held_microbatches", "peak_backward"})
+    cols += [Column(f"memory_{k}", k.replace("_", " ").capitalize(), "bytes", m(k), drop=6, default=False)
+             for k in extra]
+    cols.append(Column("held_microbatches", "Held mb", "index", m("held_microbatches"), drop=6, default=False))
+    return tuple(cols)
+
+
+def plan_context(plan: "StagePlan") -> tuple[Fact, ...]:
+    o = plan.options
+    run = [f"schedule {plan.schedule}", f"{plan.microbatches} micro-batches"
+           + (f" of {plan.units.micro_batch}" if plan.units.micro_batch else ""),
+           f"optimizer {o['optimizer']}" if o.get("optimizer") else "no optimizer state",
+           f"autocast {o['autocast']}" if o.get("autocast") else None,
+           f"device {o['device']}" if o.get("device") else None]
+    return (Fact("Run", ", ".join(x for x in run if x)),)
+
+
+def plan_footer(plan: "StagePlan") -> tuple[Fact, ...]:
+    unit = _COST_UNIT.get(plan.by_name, "count")
+    lines = [Fact("Split", f"{len(plan.units)} units into {plan.num_stages} stages by {plan.by_name}"),
+             Fact("Bottleneck", ((plan.bottleneck, unit),) + (
+                 (" (lower bound total/K ", (plan.lower_bound, unit), f", ratio {plan.imbalance:.3f})")
+                 if plan.imbalance else ()))]
+    if plan.split_points:
+        lines.append(Fact("Split points", ", ".join(plan.split_points)))
+    for t in plan.units.ties:
+        st = sorted({plan.stage_of(u) for u in t.units})
+        if len(st) > 1:
+            lines.append(Fact("Tied weights", f"{', '.join(t.names)} in stages {st} (gradients summed across "
+                                              "them each step)"))
+    lines += [Fact("Note", n) for n in plan.notes]
+    return tuple(lines)
+
+
+class StagePlan(Rendered):
+    """Result of ``layerscope.partition``. Frozen; renderers only read it."""
+
+    kind = "stage_plan"
+    _html_part = "plan"
+
+    def __init__(self, *, units: "SplitUnits", stages: tuple[Stage, ...], by: str, schedule: str,
+                 microbatches: int, bottleneck: float, options: dict, notes: tuple[str, ...] = ()) -> None:
+        self.units = units
+        self.stages = stages
+        self.by = by
+        self.schedule = schedule
+        self.microbatches = microbatches
+        self.bottleneck = bottleneck
+        self.total_cost = sum(s.cost for s in stages) if by != "memory" else None
+        self.lower_bound = self.total_cost / len(stages) if self.total_cost is not None else None
+        self.options = dict(options)
+        self.notes = notes
+
+    @property
+    def model_name(self) -> str:
+        return self.units.model_name
+
+    @property
+    def by_name(self) -> str:
+        return self.by if isinstance(self.by, str) else "custom"
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def imbalance(self) -> float | None:
+        """Bottleneck over the lower bound total/K (1.0 = perfectly balanced)."""
+        if not self.lower_bound:
+            return None
+        return self.bottleneck / self.lower_bound
+
+    @property
+    def split_points(self) -> tuple[str, ...]:
+        """Module path where each stage after the first begins (for SplitPoint.BEGINNING)."""
+        return tuple(self.units.units[s.first].paths[0] for s in self.stages[1:])
+
+    def stage_of(self, unit: int) -> int:
+        for s in self.stages:
+            if s.first <= unit <= s.last:
+                return s.index
+        raise IndexError(unit)
+
+    # ---- views ----------------------------------------------------------------------------------
+    def table_model(self, depth: int | None = None, columns=None, **_: Any) -> Table:
+        cols = plan_columns(self)
+        cols = cols if columns == "all" else select_columns(cols, columns, InputError)
+        return flat_table("stage_plan", f"layerscope split: {self.model_name}", self, self.stages, cols,
+                          name=lambda s: s.label, first_header="Stage: units", meta={"index_key": "stage"},
+                          context=plan_context(self), footer=plan_footer(self))
+
+    def table(self, depth: int | None = None, columns=None, width: int | None = None, **_: Any) -> str:
+        return self._text(None, columns, True, width)
+
+    def rich_table(self, columns=None, width: int | None = None, **_: Any):
+        return self._rich(None, columns, True, width)
+
+    def print(self, file: TextIO | None = None, columns=None, **_: Any) -> None:
+        self._print(file, None, columns, True)
+
+    def __repr__(self) -> str:
+        return (f"StagePlan({self.model_name}, {self.num_stages} stages by {self.by_name}, "
+                f"bottleneck {self.bottleneck:g})")

@@ -1,0 +1,170 @@
+"""Every report kind in every text format against its golden: the terminal at 80 and 120 columns,
+plain text, CSV and JSON (tests/goldens/<kind>/<case>.<format>). A missing golden fails; write it
+with ``pytest --update-goldens`` and read the diff before committing it.
+
+The terminal goldens are the proof that numbers are never cut: every line fits the width, and every
+number of the plain text (which is never narrowed) appears whole in the terminal views.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+from torch import nn
+
+import layerscope as ls
+from layerscope.analyses.latency import LatencyLayer, Timing
+from layerscope.examples import SmallCNN, TinyGPT
+
+GOLDENS = Path(__file__).parent.parent / "goldens"
+
+
+def check_golden(name: str, text: str, update: bool) -> None:
+    path = GOLDENS / name
+    if update:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    if not path.exists():
+        pytest.fail(f"no golden {path.relative_to(GOLDENS.parent)}: run pytest --update-goldens and review it")
+    assert text == path.read_text(encoding="utf-8"), f"{name} differs from its golden"
+
+
+def terminal(rep, width: int, **view) -> str:
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None, force_terminal=False)
+    console.print(rep.rich_table(width=width, **view))
+    return console.export_text()
+
+
+class _MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(16, 32)
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(32, 32), nn.ReLU()) for _ in range(4))
+        self.out = nn.Linear(32, 4)
+
+    def forward(self, x):
+        x = self.inp(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.out(x)
+
+
+def _t(ms: float) -> Timing:
+    s = ms / 1e3
+    return Timing(median=s, p25=0.9 * s, p75=1.1 * s, min=0.8 * s, max=1.3 * s)
+
+
+def hand_made_latency() -> ls.LatencyReport:
+    """A profile with known times (no timing run): a root, four identical blocks with one child
+    each (times differ a little, so a fold shows their median), and a head."""
+    rows = [("", "Net", 0, None, (1, 3, 5, 7, 9, 10), 9.0, 0.5, 4096)]
+    for b, ms in enumerate((2.0, 2.2, 1.8, 2.1)):
+        rows.append((f"blocks.{b}", "Block", 1, 0, (2 + 2 * b,), ms, 0.2, 1024))
+        rows.append((f"blocks.{b}.fc", "Linear", 2, 1 + 2 * b, (), ms - 0.2, ms - 0.2, 1024))
+    rows.append(("head", "Linear", 1, 0, (), 0.4, 0.4, 512))
+    layers = []
+    for i, (path, typ, depth, parent, children, inc, own, params) in enumerate(rows):
+        layers.append(LatencyLayer(
+            index=i, path=path, type=typ, depth=depth, call_index=0, parent=parent,
+            children=tuple(c for c in children if c < len(rows)), params=params,
+            input_shapes=((8, 32),), output_shapes=((8, 32),), forward=_t(inc), forward_self=_t(own),
+            backward=None, backward_self=None, flops=2 * 8 * params, bytes_moved=4 * (params + 512)))
+    totals = {"runs": 5, "forward_instrumented": 9.0e-3, "forward_self_sum": 9.0e-3, "forward_spread": 0.05,
+              "forward_plain": 8.5e-3, "forward_overhead": 0.0588}
+    return ls.LatencyReport(model_name="Net", device="cpu",
+                            options={"warmup": 2, "repeats": 5, "backward": False, "unit": "repeat"},
+                            layers=tuple(layers), totals=totals)
+
+
+@pytest.fixture(scope="module")
+def reports():
+    torch.manual_seed(0)
+    gpt = TinyGPT(layers=4)
+    ids = torch.randint(0, 1000, (2, 32), generator=torch.Generator().manual_seed(0))
+    summary = ls.analyze(gpt, ids, backward=True)
+    torch.manual_seed(0)
+    small = ls.analyze(SmallCNN(), input_size=(1, 3, 32, 32))
+    mlp = _MLP()
+    memory = ls.memory(mlp, torch.randn(8, 16), optimizer="adamw")
+    plan = ls.partition(gpt, ids, stages=2, microbatches=2, optimizer="adamw")
+    other = ls.analyze(TinyGPT(layers=3), ids)
+    comparison = ls.compare(summary, other, names=("tiny_gpt_4", "tiny_gpt_3"))
+    return {"summary": summary, "summary_cnn": small, "memory": memory, "latency": hand_made_latency(),
+            "stage_plan": plan, "comparison": comparison}
+
+
+VIEWS = {
+    "summary": {"columns": "input_shape,output_shape,params,macs,flops,backward_macs"},
+    "summary_cnn": {"columns": "input_shape,output_shape,params,params_percent,kernel,macs,flops,bytes_read,"
+                               "bytes_written,trainable,receptive_field"},
+}
+KINDS = ["summary", "summary_cnn", "memory", "latency", "stage_plan", "comparison"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("width", [80, 120])
+def test_terminal(reports, kind, width, update_goldens):
+    rep = reports[kind]
+    text = terminal(rep, width, **VIEWS.get(kind, {}))
+    check_golden(f"{kind}/terminal_{width}.txt", text, update_goldens)
+    assert max(len(line) for line in text.splitlines()) <= width
+    for cells in number_cells(text):
+        assert not any("…" in c for c in cells), f"a number was cut: {cells}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_text(reports, kind, update_goldens):
+    check_golden(f"{kind}/table.txt", reports[kind].table(**VIEWS.get(kind, {})), update_goldens)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_csv(reports, kind, update_goldens):
+    check_golden(f"{kind}/table.csv", reports[kind].to_csv(), update_goldens)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_json(reports, kind, update_goldens):
+    rep = reports[kind]
+    d = rep.to_dict(timeline=False) if kind == "memory" else rep.to_dict()
+    check_golden(f"{kind}/report.json", json.dumps(d, indent=1, sort_keys=True) + "\n", update_goldens)
+
+
+def test_onnx_nodes(update_goldens, tmp_path):
+    pytest.importorskip("onnx")
+    torch.manual_seed(0)
+    path = tmp_path / "cnn.onnx"
+    with torch.no_grad():
+        torch.onnx.export(SmallCNN().eval(), (torch.randn(1, 3, 32, 32),), dynamo=True).save(str(path))
+    graph = ls.analyze_onnx(str(path)).graph
+    check_golden("onnx_nodes/table.txt", graph.table(), update_goldens)
+    check_golden("onnx_nodes/table.csv", graph.to_csv(), update_goldens)
+
+
+def number_cells(text: str):
+    """The cells right of the name column, per table row of a terminal view (from the right: as many
+    as the header has columns after the first)."""
+    lines = text.splitlines()
+    rule = next(i for i, line in enumerate(lines) if "━" in line)
+    n = len(re.split(r"\s{2,}", lines[rule - 1].strip())) - 1
+    for line in lines[rule + 1:]:
+        if not line.strip():
+            break
+        yield re.split(r"\s{2,}", line.strip())[-n:]
+
+
+def test_every_number_of_the_text_is_whole_at_80_columns(reports):
+    """What the 80-column terminal shows of each row, it shows whole: each of its cells is a cell
+    of the unnarrowed plain text."""
+    for kind in KINDS:
+        rep = reports[kind]
+        wide = rep.table(**VIEWS.get(kind, {}))
+        cells = {c.strip() for line in wide.splitlines() for c in re.split(r"\s{2,}", line) if c.strip()}
+        for row in number_cells(terminal(rep, 80, **VIEWS.get(kind, {}))):
+            for cell in row:
+                assert cell in cells, (kind, cell, row)
