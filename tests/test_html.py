@@ -27,9 +27,9 @@ def reports():
             ls.profile(m, x, warmup=0, repeats=2, backward=True), ls.partition(m, x, stages=2))
 
 
-def _browser(path: pathlib.Path, *flags: str) -> subprocess.CompletedProcess:
+def _browser(path: pathlib.Path, *flags: str, fragment: str = "") -> subprocess.CompletedProcess:
     return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           "--enable-logging=stderr", "--v=0", *flags, path.as_uri()],
+                           "--enable-logging=stderr", "--v=0", *flags, path.as_uri() + fragment],
                           capture_output=True, text=True, timeout=120)
 
 
@@ -69,6 +69,8 @@ def test_charts_render_in_chromium_without_console_errors(reports, tmp_path):
     assert len(re.findall(r'<tr data-depth="\d+"', dom)) == len(rep.layers)
     bars = [int(n) for n in re.findall(r'class="chart[^"]*"[^>]*data-bars="(\d+)"', dom)]
     assert len(bars) == 7 and all(b > 0 for b in bars)
+    # the page's own check: no chart text leaves its chart, no two chart texts overlap
+    assert 'data-clipped="0"' in dom and 'data-overlaps="0"' in dom
     shot = tmp_path / "report.png"
     _browser(path, f"--screenshot={shot}", "--window-size=1400,2600")
     assert shot.stat().st_size > 20_000          # a page with charts, not a blank one
@@ -160,3 +162,51 @@ def test_70b_page_renders_in_chromium(llama70b_page):
     names = re.findall(r'<td class="name">([^<]*)</td>', dom)       # the rows drawn
     assert [n for n in names if "LlamaDecoderLayer" in n] == ["│   ├─layers.0-79: LlamaDecoderLayer x80 (each)"]
     assert re.search(r"<text[^>]*>model.layers.\*.mlp.down_proj x80</text>", dom)
+    assert 'data-clipped="0"' in dom and 'data-overlaps="0"' in dom
+    # report.html#unfold: every block has its row, the first unfolded like the others
+    full = _browser(path, "--dump-dom", fragment="#unfold").stdout
+    assert "data-errors" not in full and "Fold repeated blocks" in full
+    names = re.findall(r'<td class="name">([^<]*)</td>', full)
+    assert sum(n.endswith(": LlamaDecoderLayer") for n in names) == 80 and not any("(each)" in n for n in names)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (make test installs Debian's chromium)")
+def test_70b_training_memory_page_in_chromium(tmp_path):
+    """Issue 19: the memory timeline of a 70B training step: its y labels are not clipped, its phase
+    labels do not overlap and none is lost (the one-op loss phase does not hide backward)."""
+    from layerscope.specs import build_model
+    built = build_model("hf:llama-2-70b", "meta", dtype="bf16")
+    args, kwargs = built.default_inputs(torch.device("meta"))
+    rep = ls.analyze(built.model, *args, **kwargs)
+    mem = ls.memory(built.model, *args, optimizer="adamw", steps=1, **kwargs)
+    path = tmp_path / "llama-2-70b-memory.html"
+    rep.save_html(str(path), memory=mem)
+    res = _browser(path, "--dump-dom")
+    dom = res.stdout
+    assert 'data-rendered="4"' in dom and "data-errors" not in dom, res.stderr[-1500:]
+    assert [line for line in res.stderr.splitlines() if "CONSOLE" in line] == []
+    assert 'data-clipped="0"' in dom and 'data-overlaps="0"' in dom
+    phases = re.findall(r'<text[^>]*class="muted phase"[^>]*>([^<]*)</text>', dom)
+    assert phases == ["forward", "loss", "backward", "optimizer"]
+    axis = re.findall(r'<text[^>]*class="muted axis"[^>]*>([^<]*)</text>', dom)
+    assert len(axis) == 5 and all(re.fullmatch(r"\d+(\.\d\d)? (B|KiB|MiB|GiB|TiB)", a) for a in axis), axis
+    # one colour per category, the same as on every page
+    fills = dict(re.findall(r'<path d="[^"]*" fill="(#[0-9a-f]{6})"[^>]*data-category="(\w+)"', dom))
+    cats = {c: f for f, c in fills.items()}
+    assert cats["parameter"] == _category_colors()["parameter"] and len(set(cats.values())) == len(cats)
+    # the tree is folded (layer 0 keeps its own row where its memory differs from the others')
+    names = re.findall(r'<td class="name">([^<]*)</td>', dom)
+    assert len(names) < 60 and any(re.search(r"layers\.[01]-79: LlamaDecoderLayer x(79|80) \(each\)", n) for n in names)
+
+
+def _category_colors() -> dict[str, str]:
+    from importlib import resources
+    page = resources.files("layerscope.render.html").joinpath("report.html").read_text()
+    body = re.search(r"var CATEGORY_COLORS = \{(.*?)\};", page, re.S).group(1)
+    return dict(re.findall(r'(\w+): "(#[0-9a-f]{6})"', body))
+
+
+def test_every_memory_category_has_its_own_fixed_colour():
+    from layerscope.capture.storage import CATEGORIES
+    colors = _category_colors()
+    assert set(CATEGORIES) <= set(colors) and len(set(colors.values())) == len(colors)
