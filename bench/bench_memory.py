@@ -35,6 +35,9 @@ import time
 import torch
 from torch import nn
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from zoo.models import UNet  # noqa: E402  (shared with tests/analyses/test_memory_trust.py)
+
 import layerscope as ls
 from layerscope.render.units import iec
 
@@ -122,21 +125,6 @@ class LSTMLM(nn.Module):
         return self.head(self.rnn(self.emb(ids))[0])
 
 
-class UNet(nn.Module):
-    def __init__(self, c=16):
-        super().__init__()
-
-        def blk(i, o):
-            return nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.GroupNorm(4, o), nn.SiLU())
-        self.d1, self.d2, self.pool, self.mid = blk(3, c), blk(c, 2 * c), nn.MaxPool2d(2), blk(2 * c, 2 * c)
-        self.up = nn.ConvTranspose2d(2 * c, c, 2, stride=2)
-        self.u1, self.out = blk(2 * c, c), nn.Conv2d(c, 3, 1)
-
-    def forward(self, x):
-        a = self.d1(x)
-        return self.out(self.u1(torch.cat([self.up(self.mid(self.d2(self.pool(a)))), a], 1)))
-
-
 CASES = [("GPT-2 shrunk + AdamW", gpt2), ("CNN + BatchNorm + SGD momentum", bn_cnn),
          ("BERT shrunk + Adam, bf16 autocast", bert_bf16),
          ("frozen embeddings + checkpointed blocks + AdamW", frozen_ckpt),
@@ -173,7 +161,7 @@ CASES = [("GPT-2 shrunk + AdamW", gpt2), ("CNN + BatchNorm + SGD momentum", bn_c
                                          n_layers=2, dim=64, n_heads=4, hidden_dim=128, vocab_size=512)),
          ("LSTM language model + AdamW", lambda: (LSTMLM(), (_ids(4, 32, 512),), {},
                                                  dict(optimizer=torch.optim.AdamW))),
-         ("U-Net (ConvTranspose, GroupNorm) + AdamW", lambda: (UNet(), (torch.randn(4, 3, 32, 32),), {},
+         ("U-Net (ConvTranspose, GroupNorm) + AdamW", lambda: (UNet(16), (torch.randn(4, 3, 32, 32),), {},
                                                              dict(optimizer=torch.optim.AdamW)))]
 
 

@@ -217,3 +217,21 @@ class Everything(nn.Module):
         logits = self.head(h)
         loss = F.cross_entropy(logits.flatten(0, 1), ids.flatten() % 3) + F.mse_loss(logits, logits.detach() * 0.5)
         return torch.log_softmax(logits, -1).sum() + torch.softmax(logits, -1).max() + loss + total
+
+
+class UNet(nn.Module):
+    """A small U-Net: convolutions with GroupNorm, a skip connection, a transposed convolution
+    (tests/analyses/test_memory_trust.py; bench/bench_memory.py builds it with c=16)."""
+
+    def __init__(self, c=8):
+        super().__init__()
+
+        def blk(i, o):
+            return nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.GroupNorm(4, o), nn.SiLU())
+        self.d1, self.d2, self.pool, self.mid = blk(3, c), blk(c, 2 * c), nn.MaxPool2d(2), blk(2 * c, 2 * c)
+        self.up = nn.ConvTranspose2d(2 * c, c, 2, stride=2)
+        self.u1, self.out = blk(2 * c, c), nn.Conv2d(c, 3, 1)
+
+    def forward(self, x):
+        a = self.d1(x)
+        return self.out(self.u1(torch.cat([self.up(self.mid(self.d2(self.pool(a)))), a], 1)))

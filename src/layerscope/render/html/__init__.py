@@ -183,13 +183,14 @@ def page_data(summary=None, memory=None, latency=None, plan=None) -> dict[str, A
     data["charts"] = charts
     if plan is not None:
         data["plan"] = {k: plan[k] for k in ("model", "by", "schedule", "microbatches", "bottleneck",
-                                             "lower_bound", "imbalance", "split_points", "stages", "notes")}
+                                             "lower_bound", "imbalance", "split_points", "notes")}
+        data["plan"]["stages"] = [{k: v for k, v in st.items() if k not in ("values", "shown")} for st in plan["stages"]]
         unit = {"memory": "bytes", "latency": "seconds"}.get(plan["by"], "count")
         data["plan"]["bars"] = [
             {"label": f"stage {st['stage']}: {st['first_unit']}" + (
                 f" .. {st['last_unit']}" if st["last_unit"] != st["first_unit"] else ""),
              "value": st["cost"], "text": fmt(unit, st["cost"], chart=True),
-             "memory": st["memory_total"], "memory_text": fmt("bytes", st["memory_total"]),
+             "memory_bytes": st["memory_total"], "memory_text": fmt("bytes", st["memory_total"]),
              "params_text": fmt("params", st["params"]), "units": st["units"],
              "limit_text": fmt("bytes", st["limit_bytes"]) if st.get("limit_bytes") else "--"}
             for st in plan["stages"]]

@@ -14,6 +14,8 @@ from layerscope.errors import ForwardError
 
 from tests.helpers import assert_unchanged, snapshot
 
+from ..zoo.models import UNet
+
 transformers = pytest.importorskip("transformers")
 
 
@@ -151,21 +153,6 @@ def test_gqa_decoder_takes_the_eager_mask_path(name):
     _within(sim)
     from transformers.utils import import_utils
     assert import_utils.is_fake_tensor.__name__ == "is_fake_tensor"     # swapped back
-
-
-class UNet(nn.Module):
-    def __init__(self, c=8):
-        super().__init__()
-
-        def blk(i, o):
-            return nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.GroupNorm(4, o), nn.SiLU())
-        self.d1, self.d2, self.pool, self.mid = blk(3, c), blk(c, 2 * c), nn.MaxPool2d(2), blk(2 * c, 2 * c)
-        self.up = nn.ConvTranspose2d(2 * c, c, 2, stride=2)
-        self.u1, self.out = blk(2 * c, c), nn.Conv2d(c, 3, 1)
-
-    def forward(self, x):
-        a = self.d1(x)
-        return self.out(self.u1(torch.cat([self.up(self.mid(self.d2(self.pool(a)))), a], 1)))
 
 
 def test_unet_conv_scratch_and_max_batch_size_checked_by_a_measured_step():

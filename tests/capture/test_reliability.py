@@ -14,7 +14,7 @@ from torch import nn
 
 import layerscope as ls
 
-from .helpers import assert_sums, assert_unchanged, snapshot
+from ..helpers import assert_sums, assert_unchanged, snapshot
 
 D = 8
 

@@ -7,7 +7,7 @@ Substitutions, stated here because they are not "as written":
   64-wide hidden size, a 128-token vocabulary. The example's own --set values come after and win.
   Built on meta as the examples are; the point is that each line parses, validates and runs.
 - `split --run` (torchrun, several processes) is checked up to the launch: the launcher is replaced by
-  a stub that records what it was asked (tests/test_pipeline.py runs real pipelines).
+  a stub that records what it was asked (tests/pipeline/test_pipeline.py runs real pipelines).
 - an example that allocates on CUDA here ends in the one-line "no CUDA" refusal (parse and validation
   only); `memory`/`split --device cuda` simulate a CUDA step and run fully.
 - model.onnx is a two-Gemm graph (/fc1/Gemm, /fc2/Gemm) with an input named input_ids of shape
@@ -26,7 +26,7 @@ import pytest
 from layerscope import cli
 from layerscope.cli import _EXAMPLES, main
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 _LLAMA = ["num_hidden_layers=2", "hidden_size=64", "intermediate_size=128", "num_attention_heads=4",
           "num_key_value_heads=2", "vocab_size=128"]

@@ -15,7 +15,7 @@ from torch import nn
 import layerscope as ls
 from layerscope.costs.registry import CostOptions, OpCall
 
-from .helpers import Fn
+from ..helpers import Fn
 
 A = torch.ops.aten
 META = dict(device="meta", dtype=torch.float16)

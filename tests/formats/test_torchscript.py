@@ -11,7 +11,7 @@ import layerscope as ls
 from layerscope.cli import main
 from layerscope.examples import small_cnn
 
-from .helpers import assert_unchanged, snapshot
+from ..helpers import assert_unchanged, snapshot
 
 # torch 2.13 deprecates torch.jit.trace/script/load with a DeprecationWarning per call: the tests make
 # TorchScript models on purpose, so exactly those messages are ignored here, nothing else

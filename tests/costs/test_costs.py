@@ -12,7 +12,7 @@ from layerscope.costs import register
 from layerscope.costs.registry import op_exists, registered_names
 from layerscope.errors import RegistryError
 
-from .helpers import Fn
+from ..helpers import Fn
 
 
 def costs(fn, *args, backward=False, **kw):

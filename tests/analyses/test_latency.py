@@ -17,7 +17,7 @@ from layerscope.cli import main
 from layerscope.examples import small_cnn
 from layerscope.render.latency import _lanes, chrome_trace
 
-from .helpers import assert_unchanged, snapshot
+from ..helpers import assert_unchanged, snapshot
 
 CPU = torch.device("cpu")
 

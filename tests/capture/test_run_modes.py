@@ -12,9 +12,9 @@ from torch import nn
 import layerscope as ls
 from layerscope.errors import InputError
 
-from .helpers import assert_sums, assert_unchanged, snapshot
-from .test_transformers import CASES, _inputs
-from .zoo import models as zoo
+from ..helpers import assert_sums, assert_unchanged, snapshot
+from ..test_transformers import CASES, _inputs
+from ..zoo import models as zoo
 
 
 def _conv():

@@ -17,7 +17,7 @@ from layerscope.pipeline.partition import solve
 from layerscope.pipeline.stages import verify_chain
 from layerscope.trace import Costs
 
-from .helpers import assert_unchanged, snapshot
+from ..helpers import assert_unchanged, snapshot
 
 transformers = pytest.importorskip("transformers")
 warnings.filterwarnings("ignore", category=UserWarning)
