@@ -210,3 +210,60 @@ def test_every_memory_category_has_its_own_fixed_colour():
     from layerscope.capture.storage import CATEGORIES
     colors = _category_colors()
     assert set(CATEGORIES) <= set(colors) and len(set(colors.values())) == len(colors)
+
+
+# ---- page_data without a browser: folding and roles on a small model of repeated blocks ----------
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.act, self.down = torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.down(self.act(self.up(x)))
+
+
+class _Stack(torch.nn.Module):
+    """6 identical blocks, a Sequential of different layers, and 24 differently named heads."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_Block() for _ in range(6))
+        self.mix = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8))
+        self.heads = torch.nn.ModuleDict({f"h{i}": torch.nn.Linear(8, i + 1) for i in range(24)})
+
+    def forward(self, x):
+        for b in self.layers:
+            x = b(x)
+        x = self.mix(x)
+        return [h(x) for h in self.heads.values()]
+
+
+@pytest.fixture(scope="module")
+def stack():
+    return ls.analyze(_Stack(), torch.randn(2, 8))
+
+
+def test_page_data_folds_blocks_and_sums_roles(stack):
+    from layerscope.render.html import TOP, page_data
+    data = page_data(summary=stack)
+    names = [r[1] for r in data["tree"]["folded"]]
+    assert sum("layers.0-5: _Block x6 (each)" in n for n in names) == 1
+    assert not any(n.endswith("layers.1: _Block") for n in names)
+    assert len(data["tree"]["full"]) == len(stack.layers) == len(names) + 5 * 4
+    chart = data["charts"][0][1]                                    # forward MACs per role
+    bars = {b["label"]: b["value"] for b in chart["bars"]}
+    up = next(r for r in stack.layers if r.path == "layers.0.up").forward.macs
+    assert bars["layers.*.up x6"] == 6 * up
+    # a Sequential's different layers are not one role
+    assert "mix.0" in bars and "mix.2" in bars and not any(k.startswith("mix.*") for k in bars)
+    # 24 heads + 2 block roles + 2 mix layers: the 20 largest are bars, the rest a note, not a bar
+    assert len(chart["bars"]) == TOP and chart["rest"]["roles"] == 28 - TOP and chart["rest"]["layers"] == 28 - TOP
+    assert not any("other" in b["label"] for b in chart["bars"])
+    drawn = sum(b["value"] for b in chart["bars"])
+    assert drawn < sum(r.forward.macs for r in stack.layers if not r.children)
+
+
+def test_page_data_is_the_same_from_a_report_and_its_saved_json(stack):
+    from layerscope.render.html import page_data
+    assert page_data(summary=json.loads(stack.to_json())) == page_data(summary=stack)
