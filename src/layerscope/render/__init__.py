@@ -47,7 +47,7 @@ class _Renderer:
 
     def html_page(self, title: str | None, **reports: Any) -> str:
         from .html import html_page
-        return html_page(title, **{k: v.to_dict() if hasattr(v, "to_dict") else v for k, v in reports.items()})
+        return html_page(title, **reports)
 
     def chrome_trace(self, report) -> dict:
         from .latency import chrome_trace

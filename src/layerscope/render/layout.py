@@ -123,7 +123,7 @@ def grid(table: Table, fold: bool = True) -> Grid:
     keep = [True] * len(rows)
     for f in folds:
         first = f.blocks[0]
-        local, _, rest = body[first][0].partition(": ")
+        local = body[first][0].partition(": ")[0]
         body[first][0] = f"{local}-{f.last}: {rows[first].type} x{f.count} (each)"
         # a value that differs from block to block (a peak, a time): each row of the fold shows the
         # highest or the median over the same row of every folded block (the blocks have the same

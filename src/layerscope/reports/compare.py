@@ -168,12 +168,6 @@ class Comparison(Rendered):
             out.append(row)
         return out
 
-    def to_json(self, path: str | None = None, indent: int | None = 2) -> str:
-        return super().to_json(path, indent)
-
-    def to_csv(self, path: str | None = None) -> str:
-        return super().to_csv(path)
-
 
 def _as_dict(x) -> dict:
     d = x.to_dict() if hasattr(x, "to_dict") else x

@@ -92,9 +92,6 @@ class Table:
     tree: bool = True                   # rows form a module tree: names drawn as one, folding applies
     meta: dict = field(default_factory=dict)
 
-    def column(self, key: str) -> int:
-        return next(i for i, c in enumerate(self.columns) if c.key == key)
-
 
 def select_columns(all_columns: Sequence[Column], chosen, error: Callable[[str], Exception]) -> tuple[Column, ...]:
     """The columns a caller chose (keys or aliases, a list or a comma-separated string), or the
