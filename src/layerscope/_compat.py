@@ -35,7 +35,7 @@ __all__ = ["TESTED_TORCH", "TorchFeatureError", "get", "need", "has", "forget",
            "reparametrize_module", "parse_schema", "jit_inline", "is_op_overload", "is_op_packet",
            "is_higher_order_op", "is_fake_tensor", "active_fake_mode", "new_fake_mode",
            "disable_current_modes", "no_dispatch", "queue_backward_callback", "compiled_original",
-           "tree_leaves", "tree_flatten", "tree_unflatten", "tree_map_only"]
+           "tree_leaves", "tree_flatten", "tree_unflatten", "tree_map_only", "interleaved_order"]
 
 # the torch release the whole suite is run on; pyproject's floor says the same
 TESTED_TORCH = "2.13"
@@ -89,6 +89,10 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
     "queue_callback": ("torch.autograd.Variable._execution_engine.queue_callback", "2.4",
                        lambda: torch.autograd.Variable._execution_engine.queue_callback),
     "grouped_mm": ("torch.ops.aten._grouped_mm", "2.8", lambda: torch.ops.aten._grouped_mm.default),
+    "interleaved_rank_ops": ("torch.distributed.pipelining.schedules.ScheduleInterleaved1F1B."
+                             "_calculate_single_rank_operations", "2.6",
+                             lambda: _module("torch.distributed.pipelining.schedules")
+                             .ScheduleInterleaved1F1B._calculate_single_rank_operations),
 }
 
 _NOT_YET = object()
@@ -279,3 +283,24 @@ def tree_unflatten(leaves, spec):
 
 def tree_map_only(types, fn, tree, *args, **kwargs):
     return _pytree().tree_map_only(types, fn, tree, *args, **kwargs)
+
+
+def interleaved_order(rank: int, stages_per_rank: int, ranks: int, microbatches: int) -> list[tuple[int, str, int]]:
+    """The (stage, "F" or "B", micro-batch) actions rank ``rank`` runs under torch's
+    ScheduleInterleaved1F1B, in order, from torch's own order builder (called on the attributes it
+    reads, without process groups or stages; its padding no-ops dropped)."""
+    import types
+    build = need("interleaved_rank_ops", "the interleaved 1F1B step-time prediction")
+    rounds = max(1, microbatches // ranks)
+    if microbatches % rounds:
+        from .errors import InputError
+        raise InputError(f"interleaved 1F1B needs the micro-batches ({microbatches}) to be a multiple of "
+                         f"the rounds ({rounds} = micro-batches // ranks), as torch requires")
+    me = types.SimpleNamespace(n_local_stages=stages_per_rank, pp_group_size=ranks, _n_microbatches=microbatches,
+                               microbatches_per_round=microbatches // rounds)
+    out = []
+    for a in build(me, rank):
+        if a is not None:
+            kind = str(getattr(a.computation_type, "value", a.computation_type))
+            out.append((int(a.stage_index), "B" if kind.startswith("B") else "F", int(a.microbatch_index)))
+    return out

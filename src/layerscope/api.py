@@ -432,16 +432,27 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
               schedule: str = "1f1b", microbatches: int = 1, optimizer=None, stages_per_rank: int = 2,
               batch_dim: int = 0, input_size=None, dtypes=None, autocast_dtype=None, device=None,
               latency_repeats: int = 5, loss_fn=None, measure_working: bool | None = None,
-              forward_kwargs: dict | None = None, **kwargs: Any):
-    """Split a model into ``stages`` pipeline stages with the smallest bottleneck (the largest stage
-    cost), each fitting ``memory_limit`` (bytes or "16GiB"; a list gives one limit per stage). Returns
-    a StagePlan.
+              forward_kwargs: dict | None = None, objective: str | None = None, roofline=None,
+              link_bandwidth: float | None = None, optimizer_bandwidth: float | None = None, **kwargs: Any):
+    """Split a model into ``stages`` pipeline stages, each fitting ``memory_limit`` (bytes or "16GiB";
+    a list gives one limit per stage). Returns a StagePlan.
+
+    ``objective``: "step_time" — the smallest predicted time of one training step under
+    ``schedule``, simulated from each stage's forward and backward time per micro-batch, the sends
+    across cuts (``link_bandwidth``, bytes/s) and each rank's optimizer step
+    (``optimizer_bandwidth``, bytes/s); the default when the costs are times (``by="latency"`` or
+    ``"roofline"``). "bottleneck" — the smallest largest stage cost; the default otherwise.
+    "uniform" — equal numbers of the repeated blocks per stage (torchtitan's default split), for
+    comparison. With times, the plan states the predicted step time, bubble and per-rank busy time
+    and draws the step (``plan.timeline``).
 
     ``model_or_report``: a model with its example inputs (the whole batch; it is cut into
     ``microbatches`` chunks along ``batch_dim`` as the schedule will), a MemoryReport (of one
     micro-batch) or a Report (costs and parameters only: no activation memory). ``by``: "flops"
-    (forward + backward), "macs", "params", "memory", "latency" (measured here on the real model) or a
-    callable Unit -> cost. ``schedule``: "gpipe", "1f1b" or "interleaved" (``stages_per_rank`` stages
+    (forward + backward), "macs", "params", "memory", "latency" (forward and backward times measured
+    here on the real model), "roofline" (times predicted from each unit's FLOPs and bytes moved under
+    ``roofline``: a device name from the built-in table such as "H100", ``(peak_flops,
+    peak_bytes_per_s)``, or "measure"/"auto": measured on this machine) or a callable Unit -> cost. ``schedule``: "gpipe", "1f1b" or "interleaved" (``stages_per_rank`` stages
     on each rank). ``optimizer`` (class, factory, instance or name) sets the optimizer state counted
     in each stage's memory; the training step is simulated on fake tensors, so a model on the meta
     device plans without memory. ``loss_fn(output) -> scalar`` (as in ``memory()``; default: the
@@ -505,9 +516,32 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
             units = with_latencies(units, lat)
         options.update(optimizer=rep.options.get("optimizer"), autocast=rep.options.get("autocast"),
                        device=rep.options.get("device"))
+    if by == "roofline":
+        from .analyses.roofline import roofline_for
+        from .pipeline.units import roofline_times
+        where = torch.device(options.get("device") or "cpu")
+        if roofline is None and where.type == "cuda" and not torch.cuda.is_available():
+            raise InputError("by='roofline' for a GPU that is not here needs its peaks: roofline='H100' (or "
+                             "another name of the built-in table) or (peak_flops, peak_bytes_per_s)")
+        roof = roofline_for(roofline or "auto", where, _plan_dtype(units))
+        units = with_latencies(units, roofline_times(units, roof))
+        notes.append(f"times predicted by a roofline ({roof.name}): {roof.peak_flops / 1e12:.3g} TFLOP/s, "
+                     f"{roof.peak_bandwidth / 1e9:.3g} GB/s ({roof.source})")
+        options["roofline"] = roof.to_dict()
     return build_plan(units, stages=stages, by=by, memory_limit=memory_limit, schedule=schedule,
                       microbatches=microbatches, stages_per_rank=stages_per_rank, options=options,
-                      notes=notes)
+                      notes=notes, objective=objective, link_bandwidth=link_bandwidth,
+                      optimizer_bandwidth=optimizer_bandwidth)
+
+
+def _plan_dtype(units) -> torch.dtype:
+    """The floating dtype most of the units' parameters are in (for a roofline's peak)."""
+    by = {}
+    for u in units.units:
+        if u.params:
+            by[u.param_bytes // u.params] = by.get(u.param_bytes // u.params, 0) + u.params
+    size = max(by, key=by.get) if by else 4
+    return {2: torch.bfloat16, 8: torch.float64}.get(size, torch.float32)
 
 
 @exclusive

@@ -267,3 +267,20 @@ def test_page_data_folds_blocks_and_sums_roles(stack):
 def test_page_data_is_the_same_from_a_report_and_its_saved_json(stack):
     from layerscope.render.html import page_data
     assert page_data(summary=json.loads(stack.to_json())) == page_data(summary=stack)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (make test installs Debian's chromium)")
+def test_plan_schedule_timeline_renders(tmp_path):
+    # interleaved, 4 stages on 2 ranks, 4 micro-batches: 2 x 4 x 4 = 32 forward and backward blocks
+    m = tiny_gpt()
+    plan = ls.partition(m, torch.randint(0, 1000, (8, 32)), stages=4, microbatches=4, by="roofline",
+                        roofline=(1e11, 1e10), schedule="interleaved")
+    path = tmp_path / "plan.html"
+    plan.save_html(str(path))
+    res = _browser(path, "--dump-dom")
+    dom = res.stdout
+    assert re.search(r'class="chart schedule"[^>]*data-blocks="32"', dom), res.stderr[-1500:]
+    assert len(re.findall(r'data-kind="F"', dom)) == 16 and len(re.findall(r'data-kind="B"', dom)) == 16
+    assert "rank 1 (stages 1,3)" in dom and "Step time" in dom
+    assert "data-errors" not in dom and 'data-clipped="0"' in dom and 'data-overlaps="0"' in dom
+    assert [line for line in res.stderr.splitlines() if "CONSOLE" in line] == []

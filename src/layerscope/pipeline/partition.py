@@ -43,10 +43,12 @@ import torch
 from ..errors import InputError, PlanError
 from .units import SplitUnits, Unit
 
-__all__ = ["solve", "held_microbatches", "stage_memory", "SCHEDULES", "COSTS"]
+__all__ = ["solve", "held_microbatches", "stage_memory", "SCHEDULES", "COSTS", "OBJECTIVES", "TIME_COSTS"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-COSTS = ("flops", "macs", "params", "memory", "latency")
+COSTS = ("flops", "macs", "params", "memory", "latency", "roofline")
+TIME_COSTS = ("latency", "roofline")        # costs that are seconds: the step time can be predicted
+OBJECTIVES = ("step_time", "bottleneck", "uniform")
 
 
 def held_microbatches(schedule: str, stages: int, microbatches: int, stage: int,
@@ -71,11 +73,11 @@ def _unit_cost(by) -> Callable[[Unit], float]:
         return lambda u: float(u.macs)
     if by == "params":
         return lambda u: float(u.params)
-    if by == "latency":
+    if by in TIME_COSTS:
         def lat(u):
             if u.latency is None:
-                raise InputError(f"unit {u.name!r} has no measured latency (partition(..., by='latency') "
-                                 "measures it on a real model; a meta model or a report cannot be timed)")
+                raise InputError(f"unit {u.name!r} has no time (partition(..., by='latency') measures it on a "
+                                 "real model, by='roofline' predicts it from FLOPs and bytes)")
             return float(u.latency)
         return lat
     raise InputError(f"by must be one of {', '.join(COSTS)} or a callable unit -> cost, got {by!r}")
@@ -294,10 +296,19 @@ def _in_flight_parts(a: int, o: int, grads: int, inb: int, held, m, schedule, fi
 
 
 def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: str, microbatches: int,
-               stages_per_rank: int = 2, options: dict | None = None, notes=()):
-    """Solve and package the result as a StagePlan; infeasible -> PlanError with what would work."""
+               stages_per_rank: int = 2, options: dict | None = None, notes=(), objective: str | None = None,
+               link_bandwidth: float | None = None, optimizer_bandwidth: float | None = None):
+    """Solve and package the result as a StagePlan; infeasible -> PlanError with what would work.
+
+    ``objective``: "step_time" (the smallest predicted step time of the schedule; the default when
+    the units have times), "bottleneck" (the smallest largest stage cost; the default otherwise) or
+    "uniform" (equal numbers of repeated blocks per stage, the rest on the first and last: the
+    split torchtitan makes by default). ``link_bandwidth`` (bytes/s) prices the sends across cuts,
+    ``optimizer_bandwidth`` (bytes/s) each rank's optimizer step; without them neither is in the
+    predicted step time, and the plan says so."""
     from ..render.units import iec, parse_bytes
     from .plan import Stage, StagePlan
+    from .schedule import simulate
 
     if schedule not in SCHEDULES:
         raise InputError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
@@ -313,6 +324,17 @@ def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: st
         raise PlanError(f"{units.model_name} has only {n} split units "
                         f"({', '.join(u.name for u in units.units[:8])}{' ...' if n > 8 else ''}); "
                         f"it cannot be cut into {stages} stages", min_stages=None)
+    timed = all(u.forward_time is not None and u.backward_time is not None for u in units.units)
+    if objective is None:
+        objective = "step_time" if timed and by in TIME_COSTS else "bottleneck"
+    if objective not in OBJECTIVES:
+        raise InputError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    if objective == "step_time" and not timed:
+        raise InputError("objective='step_time' needs each unit's forward and backward time: by='latency' "
+                         "measures them on the real model, by='roofline' predicts them from FLOPs and bytes")
+    if schedule == "interleaved" and timed:
+        from .._compat import interleaved_order
+        interleaved_order(0, stages_per_rank, stages // stages_per_rank, microbatches)   # torch's rule
     limits = None
     if memory_limit is not None:
         raw = memory_limit if isinstance(memory_limit, (list, tuple)) else [memory_limit] * stages
@@ -339,18 +361,106 @@ def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: st
             + (f"; with this limit the smallest stage count that works is {k_ok}" if k_ok
                else "; no stage count works with this limit"),
             min_memory=need, min_stages=k_ok)
-    bounds, bottleneck = found
+    bounds = [x for x, _ in found[0]] + [n]
+    notes = list(notes)
+    exact = True
+    times = _step_times(units, link_bandwidth, optimizer_bandwidth, notes) if timed else None
+
+    def fits(s: int, x: int, y: int) -> bool:
+        return limits is None or _stage_total(units, x, y, s, stages, schedule, microbatches,
+                                              stages_per_rank) <= limits[s]
+
+    if objective == "uniform":
+        bounds = uniform_bounds(units, stages)
+        over = [s for s in range(stages) if not fits(s, bounds[s], bounds[s + 1])]
+        if over:
+            raise PlanError(f"the uniform split of {units.model_name} into {stages} stages does not fit the "
+                            f"memory limit: stage{'s' if len(over) > 1 else ''} {', '.join(map(str, over))} "
+                            "over (objective='bottleneck' or 'step_time' finds one that fits)", min_stages=None)
+    elif objective == "step_time":
+        from .steptime import best_step_split
+        seeds = [bounds, uniform_bounds(units, stages)]   # never worse than either
+        for part in ("forward_time", "backward_time"):
+            alt = solve(units, stages, lambda u, p=part: getattr(u, p), limits, schedule, microbatches,
+                        stages_per_rank)
+            seeds.append([x for x, _ in alt[0]] + [n] if alt else None)
+        best = best_step_split(times, stages, schedule, microbatches, stages_per_rank, fits, seeds)
+        bounds, exact = best[0], best[2]
     cost_of = None if by == "memory" else _unit_cost(by)
     p = stages // stages_per_rank if schedule == "interleaved" else stages
     out = []
-    for s, (x, y) in enumerate(bounds):
+    for s in range(stages):
+        x, y = bounds[s], bounds[s + 1]
         us = units.units[x:y]
         mem = stage_memory(units, x, y, s, stages, schedule, microbatches, stages_per_rank)
+        timing = {}
+        if times is not None:
+            timing = {"forward_time": float(times.f[y] - times.f[x]), "backward_time": float(times.b[y] - times.b[x]),
+                      "send_time": float(times.send_after[y - 1]) if s < stages - 1 else None,
+                      "optimizer_time": float(times.o[y] - times.o[x])}
         out.append(Stage(index=s, first=x, last=y - 1, units=tuple(u.name for u in us),
                          cost=float(mem["total"]) if cost_of is None else sum(cost_of(u) for u in us),
                          flops=sum(u.flops for u in us), macs=sum(u.macs for u in us),
                          params=sum(u.params for u in us), memory=mem,
-                         limit=int(limits[s]) if limits else None, rank=s % p))
+                         limit=int(limits[s]) if limits else None, rank=s % p, **timing))
+    timeline = None
+    if times is not None:
+        timeline = simulate(schedule, [st.forward_time for st in out], [st.backward_time for st in out],
+                            microbatches, send=[st.send_time for st in out[:-1]],
+                            optimizer=[st.optimizer_time for st in out], stages_per_rank=stages_per_rank)
+    if objective == "step_time" and not exact:
+        notes.append("step time: the best split a descent from the min-max splits found (too many splits "
+                     "to simulate every one)")
     return StagePlan(units=units, stages=tuple(out), by=by if isinstance(by, str) else "custom",
-                     schedule=schedule, microbatches=microbatches, bottleneck=bottleneck,
-                     options=dict(options or {}), notes=tuple(notes))
+                     schedule=schedule, microbatches=microbatches,
+                     bottleneck=max(st.cost for st in out), options=dict(options or {}), notes=tuple(notes),
+                     objective=objective, timeline=timeline, stages_per_rank=stages_per_rank)
+
+
+def _stage_total(units, x, y, s, stages, schedule, microbatches, stages_per_rank) -> float:
+    return float(stage_memory(units, x, y, s, stages, schedule, microbatches, stages_per_rank)["total"])
+
+
+def _step_times(units: SplitUnits, link_bandwidth, optimizer_bandwidth, notes: list):
+    """Per-unit seconds for the step-time simulation, with a note for each part left out."""
+    from .steptime import StepTimes
+    us = units.units
+    if link_bandwidth:
+        send = [u.output_bytes / float(link_bandwidth) for u in us]
+    else:
+        send = [0.0] * len(us)
+        notes.append("step time: sends across cuts not priced (give link_bandwidth, bytes/s)")
+    if optimizer_bandwidth:
+        opt = [(2 * u.param_bytes + u.grad_bytes + 2 * u.optimizer_bytes) / float(optimizer_bandwidth) for u in us]
+    else:
+        opt = [0.0] * len(us)
+        notes.append("step time: the optimizer step not priced (give optimizer_bandwidth, bytes/s)")
+    return StepTimes([u.forward_time for u in us], [u.backward_time for u in us], send, opt)
+
+
+def uniform_bounds(units: SplitUnits, stages: int) -> list[int]:
+    """torchtitan's default split: the longest run of units of one type (the repeated blocks) in
+    equal shares (earlier stages take one more when they do not divide), the units before the run
+    on the first stage and those after it on the last; without such a run of at least ``stages``
+    units, equal numbers of units."""
+    us, n, k = units.units, len(units.units), stages
+    best = (0, 0)                      # (length, start) of the longest run of one type
+    i = 0
+    while i < n:
+        j = i
+        while j < n and us[j].type == us[i].type:
+            j += 1
+        if j - i > best[0]:
+            best = (j - i, i)
+        i = j
+    length, start = best
+    if length < k:
+        length, start = n, 0
+    q, r = divmod(length, k)
+    bounds = [0]
+    pos = start
+    for s in range(k):
+        pos += q + (1 if s < r else 0)
+        bounds.append(pos)
+    bounds[-1] = n                     # what follows the run goes to the last stage
+    return bounds

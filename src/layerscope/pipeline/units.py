@@ -28,7 +28,8 @@ import torch
 from ..capture.session import model_device
 from ..trace import BACKWARD, FORWARD, PRODUCER_INPUT, Costs, Trace
 
-__all__ = ["Unit", "Tie", "SplitUnits", "split_units", "units_from_memory", "with_work", "with_latencies"]
+__all__ = ["Unit", "Tie", "SplitUnits", "split_units", "units_from_memory", "with_work", "with_latencies",
+           "roofline_times"]
 
 _FLOAT = ("float16", "bfloat16", "float32", "float64")
 
@@ -50,7 +51,9 @@ class Unit:
     output_bytes: int
     forward: Costs
     backward: Costs
-    latency: float | None = None   # measured forward + backward seconds, when measured
+    latency: float | None = None   # forward + backward seconds, when measured or predicted
+    forward_time: float | None = None    # of latency: the forward's seconds per micro-batch
+    backward_time: float | None = None   # and the backward's
     needs_inputs: bool = False     # a stage starting here also needs the model's inputs
     work_bytes: int = 0            # transient bytes while it runs, above what it keeps (largest of
                                    # its calls' backward peak - entry and forward peak - exit), per micro-batch
@@ -466,8 +469,8 @@ def _hooked_steps(model: torch.nn.Module, units: SplitUnits, args: tuple, kwargs
 
 
 def unit_latencies(model: torch.nn.Module, units: SplitUnits, args: tuple, kwargs: dict,
-                   repeats: int = 5, loss_fn=None) -> dict[str, float]:
-    """Median forward + backward seconds per unit over ``repeats`` training passes (after one
+                   repeats: int = 5, loss_fn=None) -> dict[str, tuple[float, float]]:
+    """Median (forward, backward) seconds per unit over ``repeats`` training passes (after one
     warm-up), from the profiler's per-call times (``analyses.latency.time_calls``): a unit's time is
     the inclusive time of every call of its modules. Backward time is that of the autograd nodes
     each module's forward made, so a first unit's weight gradients count for it."""
@@ -491,7 +494,8 @@ def unit_latencies(model: torch.nn.Module, units: SplitUnits, args: tuple, kwarg
     out = {}
     for u in units.units:
         mine = [c for c in calls if c.path in u.paths]
-        out[u.name] = statistics.median(sum(c.forward[r] + c.backward[r] for c in mine) for r in range(repeats))
+        out[u.name] = (statistics.median(sum(c.forward[r] for c in mine) for r in range(repeats)),
+                       statistics.median(sum(c.backward[r] for c in mine) for r in range(repeats)))
     return out
 
 
@@ -578,7 +582,18 @@ def with_work(units, work: dict):
 
 
 def with_latencies(units, latencies: dict):
-    """The units with their measured times (``latencies``: unit name -> seconds)."""
+    """The units with their times (``latencies``: unit name -> (forward, backward) seconds)."""
     import dataclasses
-    return dataclasses.replace(units, units=tuple(dataclasses.replace(u, latency=latencies.get(u.name))
-                                                  for u in units.units))
+
+    def timed(u):
+        f, b = latencies.get(u.name, (None, None))
+        return dataclasses.replace(u, latency=None if f is None else f + b, forward_time=f, backward_time=b)
+    return dataclasses.replace(units, units=tuple(timed(u) for u in units.units))
+
+
+def roofline_times(units, roof) -> dict[str, tuple[float, float]]:
+    """Each unit's (forward, backward) seconds predicted by a Roofline: a pass takes as long as the
+    larger of its FLOPs at the peak FLOP/s and its bytes moved at the peak bandwidth."""
+    def t(c):
+        return max(c.flops / roof.peak_flops, c.bytes_moved / roof.peak_bandwidth)
+    return {u.name: (t(u.forward), t(u.backward)) for u in units.units}

@@ -21,10 +21,20 @@ __all__ = ["render_csv", "render_rich", "render_text", "SCHEMA_VERSION"]
 
 class _Renderer:
     def text(self, table: Table, fold: bool, width: int | None) -> str:
-        return render_text(table, fold, width)
+        out = render_text(table, fold, width)
+        if table.meta.get("timeline") is not None:     # a stage plan's simulated step, below its table
+            from .timeline import timeline_text
+            out = out.rstrip("\n") + "\n\n" + timeline_text(table.meta["timeline"], width)
+        return out
 
     def rich(self, table: Table, fold: bool, width: int | None):
-        return render_rich(table, fold, width)
+        out = render_rich(table, fold, width)
+        if table.meta.get("timeline") is not None:
+            from rich.console import Group
+
+            from .timeline import timeline_rich
+            out = Group(out, timeline_rich(table.meta["timeline"], width))
+        return out
 
     def csv(self, report) -> str:
         return render_csv(report.table_model(None, "all", **report._csv_view()))

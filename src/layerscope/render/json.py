@@ -16,7 +16,8 @@ from .units import fmt
 if TYPE_CHECKING:
     from ..report import Report
 
-SCHEMA_VERSION = "1.2"   # 1.1: every report names its kind; 1.2: context and columns (docs/json.md)
+SCHEMA_VERSION = "1.3"   # 1.1: every report names its kind; 1.2: context and columns; 1.3: plan step times
+#                          (docs/json.md)
 
 
 def _costs(c) -> dict[str, int]:

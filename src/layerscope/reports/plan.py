@@ -10,6 +10,7 @@ from .base import Rendered
 from .table import Column, Fact, Table, flat_table, select_columns
 
 if TYPE_CHECKING:
+    from ..pipeline.schedule import Timeline
     from ..pipeline.units import SplitUnits
 
 __all__ = ["Stage", "StagePlan", "plan_columns"]
@@ -31,6 +32,10 @@ class Stage:
     #                                sends keep alive); boundary, working, total (bytes)
     limit: int | None
     rank: int
+    forward_time: float | None = None     # seconds per micro-batch (measured or predicted units' sums)
+    backward_time: float | None = None
+    send_time: float | None = None        # seconds to send one micro-batch's output to the next stage
+    optimizer_time: float | None = None   # seconds of this stage's optimizer step
 
     @property
     def memory_bytes(self) -> int:
@@ -48,7 +53,8 @@ class Stage:
         return int(m["activations"] + m["outputs"] + m["grad_overlap"] + m["sends"])
 
 
-_COST_UNIT = {"memory": "bytes", "latency": "seconds"}
+_COST_UNIT = {"memory": "bytes", "latency": "seconds", "roofline": "seconds"}
+_TIME_COSTS = ("latency", "roofline")    # shown as the forward and backward time columns
 
 
 def plan_columns(plan: "StagePlan") -> tuple[Column, ...]:
@@ -63,9 +69,17 @@ def plan_columns(plan: "StagePlan") -> tuple[Column, ...]:
         Column("flops", "FLOPs fwd+bwd", "count", lambda s, p: s.flops),
         Column("macs", "MACs fwd+bwd", "count", lambda s, p: s.macs, drop=5, default=False),
     ]
-    if plan.by != "flops":
+    if plan.by != "flops" and plan.by_name not in _TIME_COSTS:
         cols.append(Column("cost", f"Cost ({plan.by_name})", _COST_UNIT.get(plan.by_name, "count"),
                            lambda s, p: s.cost))
+    if plan.timeline is not None:
+        busy = plan.timeline.busy
+        cols += [Column("forward_time", "Fwd time", "seconds", lambda s, p: s.forward_time, drop=4),
+                 Column("backward_time", "Bwd time", "seconds", lambda s, p: s.backward_time, drop=4),
+                 Column("send_time", "Send", "seconds", lambda s, p: s.send_time, drop=6, default=False),
+                 Column("optimizer_time", "Optimizer", "seconds", lambda s, p: s.optimizer_time, drop=6,
+                        default=False),
+                 Column("busy", "Rank busy", "seconds", lambda s, p: busy[s.rank], drop=3)]
     total = sum(s.cost for s in plan.stages) or 1.0
     cols += [
         Column("share", "Share", "percent", lambda s, p: s.cost / total, drop=2),
@@ -95,12 +109,21 @@ def plan_context(plan: "StagePlan") -> tuple[Fact, ...]:
     return (Fact("Run", ", ".join(x for x in run if x)),)
 
 
+_AIM = {"step_time": "smallest predicted step time", "bottleneck": "smallest largest stage",
+        "uniform": "equal repeated blocks per stage (torchtitan's default)"}
+
+
 def plan_footer(plan: "StagePlan") -> tuple[Fact, ...]:
     unit = _COST_UNIT.get(plan.by_name, "count")
-    lines = [Fact("Split", f"{len(plan.units)} units into {plan.num_stages} stages by {plan.by_name}"),
+    lines = [Fact("Split", f"{len(plan.units)} units into {plan.num_stages} stages by {plan.by_name}: "
+                           f"{_AIM[plan.objective]}"),
              Fact("Bottleneck", ((plan.bottleneck, unit),) + (
                  (" (lower bound total/K ", (plan.lower_bound, unit), f", ratio {plan.imbalance:.3f})")
                  if plan.imbalance else ()))]
+    t = plan.timeline
+    if t is not None:
+        lines.append(Fact("Step time", ((t.step_time, "seconds"), " predicted (pipeline ",
+                                        (t.pipeline_time, "seconds"), f", bubble {100 * t.bubble:.1f}%)")))
     if plan.split_points:
         lines.append(Fact("Split points", ", ".join(plan.split_points)))
     for t in plan.units.ties:
@@ -119,7 +142,12 @@ class StagePlan(Rendered):
     _html_part = "plan"
 
     def __init__(self, *, units: "SplitUnits", stages: tuple[Stage, ...], by: str, schedule: str,
-                 microbatches: int, bottleneck: float, options: dict, notes: tuple[str, ...] = ()) -> None:
+                 microbatches: int, bottleneck: float, options: dict, notes: tuple[str, ...] = (),
+                 objective: str = "bottleneck", timeline: "Timeline | None" = None,
+                 stages_per_rank: int = 2) -> None:
+        self.objective = objective
+        self.timeline = timeline            # the simulated step, when the units have times
+        self.stages_per_rank = stages_per_rank if schedule == "interleaved" else 1
         self.units = units
         self.stages = stages
         self.by = by
@@ -144,6 +172,15 @@ class StagePlan(Rendered):
         return len(self.stages)
 
     @property
+    def step_time(self) -> float | None:
+        """Predicted seconds of one training step under the schedule (None without unit times)."""
+        return self.timeline.step_time if self.timeline is not None else None
+
+    @property
+    def bubble(self) -> float | None:
+        return self.timeline.bubble if self.timeline is not None else None
+
+    @property
     def imbalance(self) -> float | None:
         """Bottleneck over the lower bound total/K (1.0 = perfectly balanced)."""
         if not self.lower_bound:
@@ -166,7 +203,8 @@ class StagePlan(Rendered):
         cols = plan_columns(self)
         cols = cols if columns == "all" else select_columns(cols, columns, InputError)
         return flat_table("stage_plan", f"layerscope split: {self.model_name}", self, self.stages, cols,
-                          name=lambda s: s.label, first_header="Stage: units", meta={"index_key": "stage"},
+                          name=lambda s: s.label, first_header="Stage: units",
+                          meta={"index_key": "stage", "timeline": self.timeline},
                           context=plan_context(self), footer=plan_footer(self))
 
     def table(self, depth: int | None = None, columns=None, width: int | None = None, **_: Any) -> str:
@@ -179,5 +217,6 @@ class StagePlan(Rendered):
         self._print(file, None, columns, True)
 
     def __repr__(self) -> str:
+        step = f", step {self.step_time:.4g} s" if self.timeline is not None else ""
         return (f"StagePlan({self.model_name}, {self.num_stages} stages by {self.by_name}, "
-                f"bottleneck {self.bottleneck:g})")
+                f"bottleneck {self.bottleneck:g}{step})")

@@ -182,10 +182,16 @@ def page_data(summary=None, memory=None, latency=None, plan=None) -> dict[str, A
             _roles(latency["layers"], self_time, "seconds")])
     data["charts"] = charts
     if plan is not None:
-        data["plan"] = {k: plan[k] for k in ("model", "by", "schedule", "microbatches", "bottleneck",
-                                             "lower_bound", "imbalance", "split_points", "notes")}
+        data["plan"] = {k: plan.get(k) for k in ("model", "by", "objective", "schedule", "microbatches", "bottleneck",
+                                                 "lower_bound", "imbalance", "split_points", "notes", "step_time",
+                                                 "bubble", "timeline")}
+        if plan.get("timeline"):
+            t = plan["timeline"]
+            data["plan"]["timeline_text"] = {"step": fmt("seconds", t["step_time"]),
+                                             "pipeline": fmt("seconds", t["pipeline_time"]),
+                                             "busy": [fmt("seconds", b) for b in t["busy"]]}
         data["plan"]["stages"] = [{k: v for k, v in st.items() if k not in ("values", "shown")} for st in plan["stages"]]
-        unit = {"memory": "bytes", "latency": "seconds"}.get(plan["by"], "count")
+        unit = {"memory": "bytes", "latency": "seconds", "roofline": "seconds"}.get(plan["by"], "count")
         data["plan"]["bars"] = [
             {"label": f"stage {st['stage']}: {st['first_unit']}" + (
                 f" .. {st['last_unit']}" if st["last_unit"] != st["first_unit"] else ""),

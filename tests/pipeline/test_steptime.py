@@ -1,0 +1,204 @@
+"""The step-time simulation of a pipeline schedule and the split that minimises it."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+
+import pytest
+import torch
+
+import layerscope as ls
+from layerscope.errors import InputError
+from layerscope.examples import tiny_gpt
+from layerscope.pipeline import SplitUnits, build_plan
+from layerscope.pipeline.partition import uniform_bounds
+from layerscope.pipeline.schedule import rank_orders, simulate
+from layerscope.pipeline.steptime import StepTimes, best_step_split
+
+from .test_pipeline import _random_units
+
+
+def _event_sim(schedule, f, b, m, send, spr=2):
+    """An independent, plain event loop over the ranks' orders (no waves, no tensors): each rank
+    takes its next action as soon as what it needs has arrived. Returns {(stage, kind, mb): end}."""
+    orders = rank_orders(schedule, len(f), m, spr)
+    k = len(f)
+    end, free, nxt = {}, [0.0] * len(orders), [0] * len(orders)
+    while any(nxt[r] < len(o) for r, o in enumerate(orders)):
+        for r, o in enumerate(orders):
+            while nxt[r] < len(o):
+                a = o[nxt[r]]
+                if a.kind == "F":
+                    need = None if a.stage == 0 else (a.stage - 1, "F", a.microbatch)
+                    lag = send[a.stage - 1] if a.stage else 0.0
+                else:
+                    need = (a.stage, "F", a.microbatch) if a.stage == k - 1 else (a.stage + 1, "B", a.microbatch)
+                    lag = 0.0 if a.stage == k - 1 else send[a.stage]
+                if need is not None and need not in end:
+                    break
+                start = max(free[r], end[need] + lag if need else 0.0)
+                end[(a.stage, a.kind, a.microbatch)] = free[r] = start + (f if a.kind == "F" else b)[a.stage]
+                nxt[r] += 1
+    return end
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
+def test_simulation_equals_a_plain_event_loop(schedule):
+    rng = random.Random(3)
+    for _ in range(150):
+        k = rng.choice([2, 4, 6]) if schedule == "interleaved" else rng.randint(1, 6)
+        p = k // 2 if schedule == "interleaved" else k
+        m = rng.choice([p, 2 * p, 3 * p]) if schedule == "interleaved" else rng.randint(1, 9)
+        f = [rng.uniform(0, 3) for _ in range(k)]
+        b = [rng.uniform(0, 6) for _ in range(k)]
+        send = [rng.choice([0.0, rng.uniform(0, 1)]) for _ in range(k - 1)]
+        tl = simulate(schedule, f, b, m, send=send)
+        want = _event_sim(schedule, f, b, m, send)
+        got = {(x.stage, x.kind, x.microbatch): x.end for x in tl.blocks}
+        assert got.keys() == want.keys()
+        assert all(abs(got[a] - want[a]) < 1e-9 for a in want)
+        assert tl.pipeline_time == pytest.approx(max(want.values()))
+
+
+def test_hand_derived_step_times():
+    # 1F1B, K equal stages: (M + K - 1)(f + b) -- 4 stages, f 1, b 2, 8 micro-batches: 11 x 3 = 33,
+    # bubble (K - 1)/(M + K - 1) = 3/11
+    tl = simulate("1f1b", [1] * 4, [2] * 4, 8)
+    assert tl.pipeline_time == 33 and tl.bubble == pytest.approx(3 / 11)
+    # GPipe: the forwards flow through like a flow shop of identical jobs, then the backwards:
+    # sum(f) + (M-1) max(f) + sum(b) + (M-1) max(b) + 2 x the sends, for any stage times
+    rng = random.Random(0)
+    for _ in range(200):
+        k, m = rng.randint(1, 5), rng.randint(1, 8)
+        f = [rng.uniform(0, 3) for _ in range(k)]
+        b = [rng.uniform(0, 6) for _ in range(k)]
+        c = [rng.uniform(0, 1) for _ in range(k - 1)]
+        want = sum(f) + (m - 1) * max(f) + sum(b) + (m - 1) * max(b) + 2 * sum(c)
+        assert simulate("gpipe", f, b, m, send=c).pipeline_time == pytest.approx(want)
+    # 1F1B, 2 stages, stage 0 heavy (f0 2, b0 4), stage 1 light (f1 1, b1 1), M = 3:
+    # rank 0: F0 0-2, F1 2-4, B0 needs stage 1's B0 (F0 there 2-3, B0 3-4): 4-8, F2 8-10,
+    # B1 (stage 1: F1 4-5, B1 5-6) 10-14, B2 (stage 1: F2 10-11, B2 11-12) 14-18 -> 18
+    assert simulate("1f1b", [2, 1], [4, 1], 3).pipeline_time == 18
+    # the optimizer step runs on each rank after its own last backward: rank 1 ends at 12 + 10
+    assert simulate("1f1b", [2, 1], [4, 1], 3, optimizer=[1, 10]).step_time == 22
+
+
+def test_interleaved_order_is_torchs():
+    # rank 0 of 2 with stages 0 and 2, 4 micro-batches: torch's depth-first warm-up
+    # (ScheduleInterleaved1F1B's own order builder); 2 x 2 x 4 = 16 actions on each rank
+    orders = rank_orders("interleaved", 4, 4, 2)
+    assert [(a.stage, a.kind, a.microbatch) for a in orders[0][:5]] == \
+        [(0, "F", 0), (0, "F", 1), (2, "F", 0), (2, "F", 1), (0, "F", 2)]
+    assert all(len(o) == 16 for o in orders)
+    with pytest.raises(InputError, match="multiple of the rounds"):
+        rank_orders("interleaved", 4, 5, 2)
+
+
+def _timed(units, rng):
+    return dataclasses.replace(units, units=tuple(
+        dataclasses.replace(u, forward_time=(f := rng.uniform(0, 3)), backward_time=(b := rng.uniform(0, 6)),
+                            latency=f + b) for u in units.units))
+
+
+def _brute_step(units, k, schedule, m, limits, spr=2, link=None):
+    from layerscope.pipeline.partition import stage_memory
+    n, best = len(units.units), None
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        bd = (0,) + cuts + (n,)
+        if limits and any(stage_memory(units, bd[s], bd[s + 1], s, k, schedule, m, spr)["total"] > limits[s]
+                          for s in range(k)):
+            continue
+        st = [units.units[bd[s]:bd[s + 1]] for s in range(k)]
+        t = simulate(schedule, [sum(u.forward_time for u in x) for x in st],
+                     [sum(u.backward_time for u in x) for x in st], m,
+                     send=[st[s][-1].output_bytes / link if link else 0.0 for s in range(k - 1)],
+                     stages_per_rank=spr).step_time
+        best = t if best is None or t < best - 1e-12 else best
+    return best
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
+def test_step_time_split_equals_brute_force(schedule):
+    """The plan's predicted step time is the smallest over every split that fits the limits
+    (brute force: every split simulated by itself), with sends priced, for each schedule."""
+    rng = random.Random({"gpipe": 1, "1f1b": 2, "interleaved": 3}[schedule])
+    infeasible = 0
+    for _ in range(120):
+        n = rng.randint(2, 10)
+        if schedule == "interleaved":
+            k = rng.choice([x for x in (2, 4) if x <= n])
+            m = rng.choice([1, 2, 4] if k == 4 else [1, 2, 3])
+        else:
+            k, m = rng.randint(1, min(4, n)), rng.randint(1, 6)
+        units = _timed(_random_units(n, rng), rng)
+        limits = None if rng.random() < 0.4 else [rng.randint(100, 600)] * k
+        want = _brute_step(units, k, schedule, m, limits, link=50.0)
+        try:
+            plan = build_plan(units, stages=k, by="latency", memory_limit=limits, schedule=schedule,
+                              microbatches=m, link_bandwidth=50.0)
+        except ls.PlanError:
+            assert want is None
+            infeasible += 1
+            continue
+        assert plan.objective == "step_time" and plan.step_time == pytest.approx(want, rel=1e-12)
+    assert infeasible < 80
+
+
+def test_descent_beyond_enumeration():
+    """Past 20,000 splits the split comes from a descent: never slower than the min-max split or
+    the uniform one (both are its seeds), and on small instances forced to descend it finds the
+    enumerated optimum in most cases (measured: 97.9% of 575 random instances, worst 7.1% over)."""
+    rng = random.Random(11)
+    hits = total = 0
+    for _ in range(60):
+        n, k, m = rng.randint(4, 11), rng.randint(2, 4), rng.randint(1, 6)
+        schedule = rng.choice(["gpipe", "1f1b"])
+        f = [rng.uniform(0, 3) for _ in range(n)]
+        b = [rng.uniform(0, 6) for _ in range(n)]
+        t = StepTimes(f, b, [0.0] * n, [0.0] * n)
+        units = SplitUnits("m", tuple(dataclasses.replace(u, type="Block") for u in _random_units(n, rng).units))
+        seeds = [uniform_bounds(units, k)]
+        exact = best_step_split(t, k, schedule, m, 2, lambda *_: True, seeds)
+        desc = best_step_split(t, k, schedule, m, 2, lambda *_: True, seeds, enumerate_limit=0)
+        assert exact[2] and not desc[2]
+        seed_t = simulate(schedule, [sum(f[seeds[0][s]:seeds[0][s + 1]]) for s in range(k)],
+                          [sum(b[seeds[0][s]:seeds[0][s + 1]]) for s in range(k)], m).step_time
+        assert exact[1] <= desc[1] + 1e-12 and desc[1] <= seed_t + 1e-12
+        hits += desc[1] <= exact[1] * (1 + 1e-9)
+        total += 1
+    assert hits >= 0.9 * total
+
+
+def test_uniform_split_is_torchtitans():
+    # 2 head units, 10 blocks, 1 tail unit into 4 stages: 3, 3, 2, 2 blocks; head on the first
+    # stage, tail on the last
+    us = _random_units(13, random.Random(0)).units
+    units = SplitUnits("m", tuple(dataclasses.replace(u, type="Block" if 2 <= i < 12 else f"T{i}")
+                                  for i, u in enumerate(us)))
+    assert uniform_bounds(units, 4) == [0, 5, 8, 10, 13]
+    assert uniform_bounds(SplitUnits("m", us[:5]), 2) == [0, 3, 5]   # no run of 2: equal unit counts
+
+
+def test_partition_step_time_on_a_model_and_its_views():
+    m = tiny_gpt()
+    ids = torch.randint(0, 1000, (8, 32))
+    plans = {o: ls.partition(m, ids, stages=2, microbatches=4, by="roofline", roofline=(1e11, 1e10),
+                             objective=o, link_bandwidth=1e9, optimizer_bandwidth=2e10)
+             for o in ("step_time", "bottleneck", "uniform")}
+    best = plans["step_time"]
+    assert best.step_time <= min(p.step_time for p in plans.values()) + 1e-12
+    tl = best.timeline
+    assert tl.ranks == 2 and len(tl.blocks) == 2 * 2 * 4
+    assert sum(tl.busy) == pytest.approx(4 * sum(s.forward_time + s.backward_time for s in best.stages))
+    # roofline times: a unit's forward is the larger of FLOPs at 1e11 FLOP/s and bytes at 1e10 B/s
+    u = best.units.units[-1]
+    assert u.forward_time == pytest.approx(max(u.forward.flops / 1e11, u.forward.bytes_moved / 1e10))
+    text = best.table(width=100)
+    assert "Step time" in text and "Timeline of one step" in text and "rank 1" in text
+    d = best.to_dict()
+    assert d["objective"] == "step_time" and d["step_time"] == pytest.approx(best.step_time)
+    assert len(d["timeline"]["blocks"]) == 16
+    with pytest.raises(InputError, match="needs each unit's forward and backward time"):
+        ls.partition(m, ids, stages=2, microbatches=4, objective="step_time")
