@@ -433,7 +433,8 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
               batch_dim: int = 0, input_size=None, dtypes=None, autocast_dtype=None, device=None,
               latency_repeats: int = 5, loss_fn=None, measure_working: bool | None = None,
               forward_kwargs: dict | None = None, objective: str | None = None, roofline=None,
-              link_bandwidth: float | None = None, optimizer_bandwidth: float | None = None, **kwargs: Any):
+              link_bandwidth: float | None = None, optimizer_bandwidth: float | None = None, cuts=None,
+              **kwargs: Any):
     """Split a model into ``stages`` pipeline stages, each fitting ``memory_limit`` (bytes or "16GiB";
     a list gives one limit per stage). Returns a StagePlan.
 
@@ -443,7 +444,8 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
     (``optimizer_bandwidth``, bytes/s); the default when the costs are times (``by="latency"`` or
     ``"roofline"``). "bottleneck" — the smallest largest stage cost; the default otherwise.
     "uniform" — equal numbers of the repeated blocks per stage (torchtitan's default split), for
-    comparison. With times, the plan states the predicted step time, bubble and per-rank busy time
+    comparison. ``cuts``: take this split instead (where stages 1 .. K-1 begin: unit indices or
+    split point names, as ``plan.split_points`` gives them). With times, the plan states the predicted step time, bubble and per-rank busy time
     and draws the step (``plan.timeline``).
 
     ``model_or_report``: a model with its example inputs (the whole batch; it is cut into
@@ -531,7 +533,7 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
     return build_plan(units, stages=stages, by=by, memory_limit=memory_limit, schedule=schedule,
                       microbatches=microbatches, stages_per_rank=stages_per_rank, options=options,
                       notes=notes, objective=objective, link_bandwidth=link_bandwidth,
-                      optimizer_bandwidth=optimizer_bandwidth)
+                      optimizer_bandwidth=optimizer_bandwidth, cuts=cuts)
 
 
 def _plan_dtype(units) -> torch.dtype:

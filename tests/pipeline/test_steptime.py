@@ -202,3 +202,17 @@ def test_partition_step_time_on_a_model_and_its_views():
     assert len(d["timeline"]["blocks"]) == 16
     with pytest.raises(InputError, match="needs each unit's forward and backward time"):
         ls.partition(m, ids, stages=2, microbatches=4, objective="step_time")
+
+
+def test_given_cuts_reproduce_a_plan():
+    m = tiny_gpt()
+    ids = torch.randint(0, 1000, (8, 32))
+    plan = ls.partition(m, ids, stages=3, microbatches=4)
+    again = ls.partition(m, ids, stages=3, microbatches=4, cuts=list(plan.split_points))
+    assert again.objective == "given" and [(s.first, s.last) for s in again.stages] == \
+        [(s.first, s.last) for s in plan.stages]
+    assert [s.first for s in ls.partition(m, ids, stages=3, microbatches=4, cuts=[1, 3]).stages] == [0, 1, 3]
+    with pytest.raises(InputError, match="increasing unit indices"):
+        ls.partition(m, ids, stages=3, microbatches=4, cuts=[3, 1])
+    with pytest.raises(InputError, match="is not where a split unit begins"):
+        ls.partition(m, ids, stages=2, microbatches=4, cuts=["nope"])

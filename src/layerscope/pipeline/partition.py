@@ -48,7 +48,7 @@ __all__ = ["solve", "held_microbatches", "stage_memory", "SCHEDULES", "COSTS", "
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 COSTS = ("flops", "macs", "params", "memory", "latency", "roofline")
 TIME_COSTS = ("latency", "roofline")        # costs that are seconds: the step time can be predicted
-OBJECTIVES = ("step_time", "bottleneck", "uniform")
+OBJECTIVES = ("step_time", "bottleneck", "uniform")   # and "given": the caller's cuts
 
 
 def held_microbatches(schedule: str, stages: int, microbatches: int, stage: int,
@@ -149,33 +149,74 @@ class _Tables:
 def solve(units: SplitUnits, stages: int, by, limits: list[float] | None, schedule: str,
           microbatches: int, stages_per_rank: int = 2):
     """Exact min-max split. Returns (bounds, bottleneck) with bounds[s] = (x, y), or None when no split
-    fits the limits."""
+    fits the limits.
+
+    For additive non-negative costs the programme only looks at stages whose cost is at most a cap
+    U (a band around the diagonal, in blocks of rows): U = 1.25 x the lower bound max(total / K,
+    largest unit), doubled twice while no split is found within it (memory limits can force larger
+    stages), then no band. This is exact: an optimum of bottleneck B <= U has every stage within the band, every row on its path
+    (and every row it ties with) has a value <= U and so is computed as without the band, and the
+    banded values are never below the true ones."""
     t = _Tables(units, by, microbatches, schedule)
     n, k = t.n, stages
     if k > n:
         return None
+    if t.cost is None or n == 0 or bool((t.cost[1:] < t.cost[:-1]).any()):
+        return _solve(t, k, limits, schedule, microbatches, stages_per_rank, None)
+    total = float(t.cost[-1])
+    unit_max = float((t.cost[1:] - t.cost[:-1]).max())
+    cap = 1.25 * max(total / k, unit_max)
+    for _ in range(3):             # within the band every value is <= cap: None means not found in it
+        if cap >= total:
+            break
+        found = _solve(t, k, limits, schedule, microbatches, stages_per_rank, cap)
+        if found is not None:
+            return found
+        cap *= 2
+    return _solve(t, k, limits, schedule, microbatches, stages_per_rank, None)
+
+
+def _solve(t: "_Tables", k: int, limits, schedule: str, microbatches: int, stages_per_rank: int,
+           cap: float | None, block: int = 64):
+    n = t.n
     inf = float("inf")
     best = torch.full((n + 1,), inf, dtype=torch.float64)
     best[n] = 0.0
     choice: list[torch.Tensor] = [None] * k  # type: ignore[list-item]
     for s in range(k - 1, -1, -1):
         lo, hi = s, n - (k - s)                 # stage s starts in [lo, hi]
-        x = torch.arange(lo, hi + 1)
-        y = torch.arange(lo + 1, n - (k - s - 1) + 1)
+        ytop = n - (k - s - 1)
         held = held_microbatches(schedule, k, microbatches, s, stages_per_rank)
-        mem = t.memory(x, y, held, s == 0, s == k - 1)
-        val = torch.maximum(t.cost_grid(x, y, mem), best[y][None, :])
-        bad = y[None, :] <= x[:, None]
-        if limits is not None:
-            bad = bad | (mem > limits[s])
-        val = val.masked_fill(bad, inf)
-        row_best, arg = val.min(dim=1)
         nb = torch.full((n + 1,), inf, dtype=torch.float64)
-        nb[lo:hi + 1] = row_best
         full = torch.zeros(n + 1, dtype=torch.long)
-        full[lo:hi + 1] = y[arg]
+        if cap is None:
+            spans = [(lo, hi, lo + 1, ytop)]
+        else:
+            # y of the last stage end whose cost from x is within the cap, per row x
+            xs = torch.arange(lo, hi + 1)
+            reach = torch.searchsorted(t.cost, t.cost[xs] + cap * (1 + 1e-12), right=True) - 1
+            spans = []
+            for a in range(lo, hi + 1, block):
+                b = min(a + block - 1, hi)
+                y1 = min(int(reach[b - lo]), ytop)
+                if y1 >= a + 1:
+                    spans.append((a, b, a + 1, y1))
+        for a, b, y0, y1 in spans:
+            x = torch.arange(a, b + 1)
+            y = torch.arange(y0, y1 + 1)
+            mem = t.memory(x, y, held, s == 0, s == k - 1)
+            val = torch.maximum(t.cost_grid(x, y, mem), best[y][None, :])
+            bad = y[None, :] <= x[:, None]
+            if limits is not None:
+                bad = bad | (mem > limits[s])
+            val = val.masked_fill(bad, inf)
+            row_best, arg = val.min(dim=1)
+            nb[a:b + 1] = row_best
+            full[a:b + 1] = y[arg]
         choice[s] = full
         best = nb
+        if not bool(torch.isfinite(nb).any()):   # no stage s .. K-1 fits from any start: infeasible
+            return None
     if not math.isfinite(best[0].item()):
         return None
     bounds, x = [], 0
@@ -297,13 +338,16 @@ def _in_flight_parts(a: int, o: int, grads: int, inb: int, held, m, schedule, fi
 
 def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: str, microbatches: int,
                stages_per_rank: int = 2, options: dict | None = None, notes=(), objective: str | None = None,
-               link_bandwidth: float | None = None, optimizer_bandwidth: float | None = None):
+               link_bandwidth: float | None = None, optimizer_bandwidth: float | None = None,
+               cuts=None):
     """Solve and package the result as a StagePlan; infeasible -> PlanError with what would work.
 
     ``objective``: "step_time" (the smallest predicted step time of the schedule; the default when
     the units have times), "bottleneck" (the smallest largest stage cost; the default otherwise) or
     "uniform" (equal numbers of repeated blocks per stage, the rest on the first and last: the
-    split torchtitan makes by default). ``link_bandwidth`` (bytes/s) prices the sends across cuts,
+    split torchtitan makes by default). ``cuts``: the caller's split instead (the first unit of
+    each stage after the first: unit indices or split point names, as ``plan.split_points``; a
+    pipeline run passes its plan to every rank this way). ``link_bandwidth`` (bytes/s) prices the sends across cuts,
     ``optimizer_bandwidth`` (bytes/s) each rank's optimizer step; without them neither is in the
     predicted step time, and the plan says so."""
     from ..render.units import iec, parse_bytes
@@ -325,9 +369,12 @@ def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: st
                         f"({', '.join(u.name for u in units.units[:8])}{' ...' if n > 8 else ''}); "
                         f"it cannot be cut into {stages} stages", min_stages=None)
     timed = all(u.forward_time is not None and u.backward_time is not None for u in units.units)
+    given = None if cuts is None else _given_bounds(units, stages, cuts)
+    if given is not None:
+        objective = "given"
     if objective is None:
         objective = "step_time" if timed and by in TIME_COSTS else "bottleneck"
-    if objective not in OBJECTIVES:
+    if objective not in OBJECTIVES and given is None:
         raise InputError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if objective == "step_time" and not timed:
         raise InputError("objective='step_time' needs each unit's forward and backward time: by='latency' "
@@ -370,11 +417,11 @@ def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: st
         return limits is None or _stage_total(units, x, y, s, stages, schedule, microbatches,
                                               stages_per_rank) <= limits[s]
 
-    if objective == "uniform":
-        bounds = uniform_bounds(units, stages)
+    if objective in ("uniform", "given"):
+        bounds = given or uniform_bounds(units, stages)
         over = [s for s in range(stages) if not fits(s, bounds[s], bounds[s + 1])]
         if over:
-            raise PlanError(f"the uniform split of {units.model_name} into {stages} stages does not fit the "
+            raise PlanError(f"the {objective} split of {units.model_name} into {stages} stages does not fit the "
                             f"memory limit: stage{'s' if len(over) > 1 else ''} {', '.join(map(str, over))} "
                             "over (objective='bottleneck' or 'step_time' finds one that fits)", min_stages=None)
     elif objective == "step_time":
@@ -415,6 +462,21 @@ def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: st
                      schedule=schedule, microbatches=microbatches,
                      bottleneck=max(st.cost for st in out), options=dict(options or {}), notes=tuple(notes),
                      objective=objective, timeline=timeline, stages_per_rank=stages_per_rank)
+
+
+def _given_bounds(units: SplitUnits, stages: int, cuts) -> list[int]:
+    n = len(units.units)
+    first = {u.paths[0]: u.index for u in units.units}
+    try:
+        idx = [c if isinstance(c, int) else first[c] for c in cuts]
+    except KeyError as e:
+        raise InputError(f"cut {e.args[0]!r} is not where a split unit begins; units begin at: "
+                         f"{', '.join(list(first)[:12])}{' ...' if n > 12 else ''}") from None
+    bounds = [0, *idx, n]
+    if len(idx) != stages - 1 or any(a >= b for a, b in zip(bounds, bounds[1:])):
+        raise InputError(f"cuts must be {stages - 1} increasing unit indices in 1 .. {n - 1} (or split point "
+                         f"names), got {list(cuts)!r}")
+    return bounds
 
 
 def _stage_total(units, x, y, s, stages, schedule, microbatches, stages_per_rank) -> float:

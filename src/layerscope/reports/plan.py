@@ -110,7 +110,7 @@ def plan_context(plan: "StagePlan") -> tuple[Fact, ...]:
 
 
 _AIM = {"step_time": "smallest predicted step time", "bottleneck": "smallest largest stage",
-        "uniform": "equal repeated blocks per stage (torchtitan's default)"}
+        "uniform": "equal repeated blocks per stage (torchtitan's default)", "given": "the cuts given"}
 
 
 def plan_footer(plan: "StagePlan") -> tuple[Fact, ...]:
