@@ -432,7 +432,8 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
               schedule: str = "1f1b", microbatches: int = 1, optimizer=None, stages_per_rank: int = 2,
               batch_dim: int = 0, input_size=None, dtypes=None, autocast_dtype=None, device=None,
               latency_repeats: int = 5, loss_fn=None, measure_working: bool | None = None,
-              forward_kwargs: dict | None = None, **kwargs: Any):
+              forward_kwargs: dict | None = None, return_outputs: bool = False, count_inputs: bool = False,
+              target_bytes: int = 0, **kwargs: Any):
     """Split a model into ``stages`` pipeline stages with the smallest bottleneck (the largest stage
     cost), each fitting ``memory_limit`` (bytes or "16GiB"; a list gives one limit per stage). Returns
     a StagePlan.
@@ -450,6 +451,11 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
     without autocast) runs one real training step of a micro-batch to measure each unit's working
     memory there (kernel scratch buffers that simulation cannot see); a unit's working memory is the
     larger of simulated and measured.
+
+    What the caller of ``schedule.step()`` keeps alive: ``return_outputs=True`` (torch's own default
+    for ``step()``; False here, the setting that saves the memory) plans for the last stage keeping
+    every micro-batch's output and their concatenation; ``count_inputs=True`` counts the whole
+    batch's inputs on the first stage; ``target_bytes`` the whole batch's targets on the last.
     """
     kwargs = forward_inputs(kwargs, forward_kwargs)
     from .memory_report import MemoryReport
@@ -505,6 +511,17 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
             units = with_latencies(units, lat)
         options.update(optimizer=rep.options.get("optimizer"), autocast=rep.options.get("autocast"),
                        device=rep.options.get("device"))
+    if count_inputs and isinstance(model_or_report, (Report, MemoryReport)):
+        raise InputError("count_inputs=True counts the whole batch's inputs: pass the model and its inputs")
+    if return_outputs or count_inputs or target_bytes:
+        import dataclasses
+        seen: dict[int, int] = {}
+        if count_inputs:
+            for t in iter_tensors((args, kwargs)):
+                seen[id(t)] = t.numel() * t.element_size()
+        units = dataclasses.replace(units, kept_outputs=bool(return_outputs),
+                                    input_batch_bytes=sum(seen.values()), target_bytes=int(target_bytes))
+        options.update(return_outputs=bool(return_outputs))
     return build_plan(units, stages=stages, by=by, memory_limit=memory_limit, schedule=schedule,
                       microbatches=microbatches, stages_per_rank=stages_per_rank, options=options,
                       notes=notes)

@@ -87,6 +87,74 @@ def test_in_flight_peak_is_the_largest_backward():
         assert p["activations"] + p["outputs"] + p["sends"] + p["grad_overlap"] == max(every)
 
 
+def test_partition_with_what_the_step_keeps_equals_brute_force():
+    # the same brute force with step(return_outputs=True)'s kept outputs, the batch's inputs on the
+    # first stage and its targets on the last, over GPipe, 1F1B and interleaved (2 stages per rank)
+    import dataclasses
+    rng = random.Random(3)
+    infeasible = 0
+    for _ in range(600):
+        n = rng.randint(1, 12)
+        schedule = rng.choice(["gpipe", "1f1b", "interleaved"])
+        k = rng.choice([2, 4]) if schedule == "interleaved" else rng.randint(1, 5)
+        if k > n:
+            continue
+        m = rng.randint(1, 6)
+        units = dataclasses.replace(_random_units(n, rng), kept_outputs=rng.random() < 0.7,
+                                    input_batch_bytes=rng.choice([0, rng.randint(0, 90)]),
+                                    target_bytes=rng.choice([0, rng.randint(0, 90)]))
+        limits = None if rng.random() < 0.3 else [rng.randint(50, 700)] * k
+        got = solve(units, k, "flops", limits, schedule, m)
+        want = _brute(units, k, schedule, m, limits)
+        assert (None if got is None else got[1]) == want
+        infeasible += got is None
+    assert 50 < infeasible < 500
+
+
+def test_in_flight_peak_with_kept_outputs_is_the_largest_backward_or_the_end():
+    # with return_outputs=True the last stage also holds, at backward j, the j outputs whose backward
+    # is done, and at the end of the step all M and their concatenation (M more)
+    from layerscope.pipeline.partition import _in_flight_parts, flight_counts
+    rng = random.Random(4)
+    for _ in range(2000):
+        a, o, grads, inb = (rng.randint(0, 50) for _ in range(4))
+        m, k = rng.randint(1, 9), rng.randint(1, 6)
+        s, schedule = rng.randrange(k), rng.choice(["gpipe", "1f1b"])
+        held = held_microbatches(schedule, k, m, s)
+        first, last = s == 0, s == k - 1
+        keeps = last
+        kept_out = keeps or (not last and (schedule == "gpipe" or held == 2))
+        counts = flight_counts(schedule, held, m, first, last)
+        every = [acts * a + outs * o + sends * inb + (j * o if keeps else 0)
+                 - (min(a if kept_out else a + o, grads) if j == 0 else 0)
+                 for j, (acts, outs, sends) in enumerate(counts)]
+        if keeps:
+            every.append(counts[-1][2] * inb + 2 * m * o)
+        p = _in_flight_parts(a, o, grads, inb, held, m, schedule, first, last, kept=True)
+        assert p["activations"] + p["outputs"] + p["sends"] + p["grad_overlap"] + p["kept_outputs"] == max(every)
+
+
+def test_hand_derived_kept_outputs_inputs_and_targets():
+    import dataclasses
+    # the units of test_hand_derived_working_memory_loss_and_gradient_overlap, M = 2, 2 1F1B stages,
+    # with return_outputs=True, a 6-byte input batch and a 4-byte target batch. Stage 0: as before
+    # 36, + inputs 6 = 42. Stage 1 (last): backward 0: 9 - min(3 + 4 = 7 freed, the output is kept,
+    # 10) = 2; backward 1: 9 + input gradient 2 + kept output of micro-batch 0: 2 = 13; end of step:
+    # 2 outputs kept + their concatenation 2 x 2 = 8, + the last input gradient 2 = 10 -> 13.
+    # State 20 + 13 + received 4 + working 9 + targets 4 = 50 (44 without them)
+    units = SplitUnits("m", (_unit(0, 1, state=10, saved=3, inb=2, outb=2, grads=10, work=5),
+                             _unit(1, 1, state=10, saved=3, inb=2, outb=2, grads=10, work=7)),
+                       loss_bytes=9, loss_saved_bytes=4, kept_outputs=True, input_batch_bytes=6, target_bytes=4)
+    plan = build_plan(units, stages=2, by="flops", memory_limit=None, schedule="1f1b", microbatches=2)
+    assert [s.memory_bytes for s in plan.stages] == [42, 50]
+    last = plan.stages[1].memory
+    assert (last["kept_outputs"], last["peak_backward"], last["targets"], last["inputs"]) == (2, 1, 4, 0)
+    # one GPipe stage: with M = 2 the end of the step holds 2 x 2 outputs + 2 x 2 concatenated = 8,
+    # less than backward 0's 24 - min(12 - 2, 20) = 14 or backward 1's 12 + 2 = 14 (-> 14)
+    m = stage_memory(dataclasses.replace(units, input_batch_bytes=0, target_bytes=0), 0, 2, 0, 1, "gpipe", 2)
+    assert (m["activations"], m["outputs"], m["kept_outputs"], m["grad_overlap"]) == (20, 4, 0, -10)
+
+
 def test_partition_1000_units_64_stages():
     rng = random.Random(1)
     units = SplitUnits("m", tuple(_unit(i, rng.randint(1, 1000)) for i in range(1000)))

@@ -27,6 +27,11 @@ equal bottlenecks go to the earliest cut). Memory of stage s over units [x, y), 
       which is how torch.distributed.pipelining allocates its receive buffers (one per micro-batch)
     + working memory: the largest transient of one unit's forward or backward (a range maximum),
       and on the last stage at least the loss's forward and backward working memory
+    + what the caller of ``schedule.step()`` keeps (``SplitUnits.kept_outputs``, ``input_batch_bytes``,
+      ``target_bytes``): with ``return_outputs=True`` (torch's default) the last stage keeps the output
+      of every micro-batch whose backward is done (detached, its data alive until the next step) and
+      at the end of the step returns them concatenated: j more outputs at backward j, 2·M outputs at
+      the end; the whole batch's inputs on the first stage and its targets on the last
 
 held(s): GPipe keeps all M micro-batches; 1F1B keeps min(K - s, M); interleaved 1F1B with v stages per
 rank keeps, on rank r of p, min(M, ceil(((p - r - 1)·2 + (v - 1)·p + 1) / v)) per stage (Megatron's
@@ -116,6 +121,9 @@ class _Tables:
             self.work[:self.n, 1:] = torch.cummax(rows, dim=1).values
         self.loss = float(units.loss_bytes)
         self.loss_saved = float(units.loss_saved_bytes)
+        self.kept = bool(units.kept_outputs)
+        self.inputs = float(units.input_batch_bytes)
+        self.targets = float(units.target_bytes)
 
     def _grid(self, p, x, y):
         return p[y][None, :] - p[x][:, None]
@@ -132,7 +140,9 @@ class _Tables:
         if not first:
             act = act - self.recv[x][:, None]
         mem = mem + in_flight(act, self.outb[y][None, :], self._grid(self.grads, x, y),
-                              self.inb[x][:, None], held, self.m, self.schedule, first, last)
+                              self.inb[x][:, None], held, self.m, self.schedule, first, last,
+                              kept=self.kept)
+        mem = mem + (self.inputs if first else 0.0) + (self.targets if last else 0.0)
         if not first:
             mem = mem + (self.m * self.inb[x])[:, None]
         if not last:
@@ -203,7 +213,7 @@ def stage_memory(units: SplitUnits, x: int, y: int, stage: int, stages: int, sch
         + loss_saved
     o = us[-1].output_bytes
     parts = _in_flight_parts(a, o, grads, us[0].input_bytes, held, microbatches, schedule, stage == 0,
-                             last)
+                             last, kept=units.kept_outputs)
     boundary = (microbatches * us[0].input_bytes if stage > 0 else 0) + \
         (microbatches * us[-1].output_bytes if not last else 0)
     work = max(u.work_bytes for u in us)
@@ -211,10 +221,17 @@ def stage_memory(units: SplitUnits, x: int, y: int, stage: int, stages: int, sch
         work = max(work, units.loss_bytes)
     state = params + grads + opt - dup
     dup, state = int(dup), int(state)
-    flight = parts["activations"] + parts["outputs"] + parts["grad_overlap"] + parts["sends"]
+    flight = parts["activations"] + parts["outputs"] + parts["grad_overlap"] + parts["sends"] + \
+        parts["kept_outputs"]
+    inputs = units.input_batch_bytes if stage == 0 else 0
+    targets = units.target_bytes if last else 0
+    # the step's own keys only where the plan counts them (a plan without them reads as before)
+    if not units.kept_outputs:
+        del parts["kept_outputs"]
+    step = {"inputs": inputs, "targets": targets} if units.input_batch_bytes or units.target_bytes else {}
     return {"params": params, "grads": grads, "optimizer": opt, "tied_dedup": dup, "state": state,
-            "held_microbatches": held, **parts, "boundary": boundary, "working": work,
-            "total": state + flight + boundary + work}
+            "held_microbatches": held, **parts, "boundary": boundary, "working": work, **step,
+            "total": state + flight + boundary + work + inputs + targets}
 
 
 def flight_counts(schedule: str, held: int, m: int, first: bool, last: bool) -> list[tuple[int, int, int]]:
@@ -246,28 +263,37 @@ def flight_counts(schedule: str, held: int, m: int, first: bool, last: bool) -> 
     return out
 
 
-def in_flight(a, o, grads, inb, held: int, m: int, schedule: str, first: bool, last: bool):
+def in_flight(a, o, grads, inb, held: int, m: int, schedule: str, first: bool, last: bool,
+              kept: bool = False):
     """Bytes a stage holds for micro-batches in flight at its peak: the largest over its backwards
     (``flight_counts``) of ``a`` activations and ``o`` output per micro-batch and ``inb`` bytes per
     input gradient waiting to be sent; during the first backward the gradients appear as that
     micro-batch's activations (and its output, when nothing else holds it) are freed, so that
-    backward counts min(freed, gradients) less. On the solver's tensor grids."""
+    backward counts min(freed, gradients) less. ``kept`` (step(return_outputs=True)): the last stage
+    also holds the outputs it keeps to return (``_candidates``). On the solver's tensor grids."""
     best = None
-    for j, acts, outs, sends, freed in _candidates(a, o, held, m, schedule, first, last):
-        v = acts * a + outs * o + sends * inb
+    for j, acts, outs, sends, nkept, freed in _candidates(a, o, held, m, schedule, first, last, kept):
+        v = acts * a + outs * o + sends * inb + nkept * o
         if freed is not None:
             v = v - torch.minimum(freed, grads)
         best = v if best is None else torch.maximum(best, v)
     return best
 
 
-def _candidates(a, o, held, m, schedule, first, last):
-    """(j, activations, outputs, input gradients, what backward 0 frees or None) for the backwards
-    that can be the peak: counts are non-negative multipliers of non-negative sizes, so a backward
-    whose counts are all at most another's (j = 0 included: it also subtracts) cannot be; under
-    GPipe the counts are linear in j >= 1, so the peak is at j = 0, 1 or M - 1."""
-    counts = flight_counts(schedule, held, m, first, last)
-    js = range(m) if schedule != "gpipe" else sorted({0, min(1, m - 1), m - 1})
+def _candidates(a, o, held, m, schedule, first, last, kept: bool = False):
+    """(j, activations, outputs, input gradients, kept outputs, what backward 0 frees or None) for
+    the backwards that can be the peak: counts are non-negative multipliers of non-negative sizes, so
+    a backward whose counts are all at most another's (j = 0 included: it also subtracts) cannot be;
+    under GPipe the counts are linear in j >= 1, so the peak is at j = 0, 1 or M - 1.
+    With ``kept`` on the last stage, backward j also holds the j outputs of the micro-batches whose
+    backward is done (the stage keeps them to return), and j = M is the end of the step: those M
+    outputs and their concatenation (M more), with the last backward's input gradient still held."""
+    keeps = kept and last
+    counts = [(*c, j if keeps else 0) for j, c in enumerate(flight_counts(schedule, held, m, first, last))]
+    js = list(range(m)) if schedule != "gpipe" else sorted({0, min(1, m - 1), m - 1})
+    if keeps:
+        counts.append((0, 0, counts[-1][2], 2 * m))
+        js.append(m)
 
     def covered(j: int, i: int) -> bool:   # backward i holds at least what backward j does
         ci, cj = counts[i], counts[j]
@@ -275,19 +301,22 @@ def _candidates(a, o, held, m, schedule, first, last):
 
     keep = [j for j in js if not any(covered(j, i) for i in js if i not in (0, j))]
     # micro-batch 0's output outlives its backward when a pending forward send holds it
-    kept_out = not last and (schedule == "gpipe" or (schedule == "1f1b" and held == 2))
+    # (the kept output is micro-batch 0's on the last stage, when the step keeps it to return)
+    kept_out = keeps or (not last and (schedule == "gpipe" or (schedule == "1f1b" and held == 2)))
     for j in keep:
         yield (j, *counts[j], (a if kept_out else a + o) if j == 0 else None)
 
 
-def _in_flight_parts(a: int, o: int, grads: int, inb: int, held, m, schedule, first, last) -> dict:
-    """``in_flight`` on numbers, with the parts of the backward where it peaks."""
+def _in_flight_parts(a: int, o: int, grads: int, inb: int, held, m, schedule, first, last,
+                     kept: bool = False) -> dict:
+    """``in_flight`` on numbers, with the parts of the backward where it peaks (``peak_backward``
+    M: the end of the step, with kept outputs)."""
     best = None
-    for j, acts, outs, sends, freed in _candidates(a, o, held, m, schedule, first, last):
+    for j, acts, outs, sends, nkept, freed in _candidates(a, o, held, m, schedule, first, last, kept):
         overlap = -min(freed, grads) if freed is not None else 0
         parts = {"peak_backward": j, "activations": acts * a, "outputs": outs * o,
-                 "grad_overlap": overlap, "sends": sends * inb}
-        v = acts * a + outs * o + sends * inb + overlap
+                 "grad_overlap": overlap, "sends": sends * inb, "kept_outputs": nkept * o}
+        v = acts * a + outs * o + sends * inb + nkept * o + overlap
         if best is None or v > best[0]:
             best = (v, parts)
     return best[1]
