@@ -451,9 +451,9 @@ def _check_memory(ns: argparse.Namespace, device: str | None) -> None:
 
 def _build(ns: argparse.Namespace, device: str | None):
     """The model and example inputs a subcommand asked for: (model, args, kwargs)."""
-    from .capture import make_inputs, model_device
+    from .capture import model_device
     from .errors import InputError
-    from .specs import build_model, parse_overrides, token_ids
+    from .specs import build_model, command_inputs, parse_overrides
 
     for ext in ("onnx", "pt2"):
         if ns.spec.endswith("." + ext):
@@ -467,30 +467,8 @@ def _build(ns: argparse.Namespace, device: str | None):
     if isinstance(model, torch.jit.ScriptModule) and ns.command != "summary":
         raise InputError(f"{ns.command} {ns.spec}: {_FILE_SUPPORT['torchscript']}")
     dev = torch.device(device) if device else model_device(model)
-    args: tuple = ()
-    kwargs: dict = {}
-    if ns.input_size:
-        dtypes = ns.dtype or None
-        if dtypes is not None and len(dtypes) == 1 and len(ns.input_size) > 1:
-            dtypes = dtypes * len(ns.input_size)
-        args = tuple(make_inputs(ns.input_size, dtypes, None, dev))
-    elif ns.dtype:
-        raise InputError("--dtype applies to --input-size inputs")
-    if ns.input_ids:
-        if len(ns.input_ids) != 2:
-            raise InputError("--input-ids takes B,S")
-        vocab = getattr(getattr(model, "config", None), "vocab_size", None) or 2
-        ids = token_ids(ns.input_ids, vocab, dev)
-        if hasattr(model, "config"):
-            kwargs["input_ids"] = ids
-            if getattr(model.config, "is_encoder_decoder", False):
-                kwargs["decoder_input_ids"] = ids      # an encoder-decoder (T5) needs both
-        else:
-            args = args + (ids,)
-    if not args and not kwargs:
-        if built.default_inputs is None:
-            raise InputError(f"no inputs for {ns.spec}: give --input-size (or --input-ids)")
-        args, kwargs = built.default_inputs(dev)
+    args, kwargs = command_inputs(ns.spec, model, built.default_inputs, dev, ns.input_size, ns.dtype,
+                                  ns.input_ids)
     return model, args, kwargs
 
 
