@@ -311,6 +311,13 @@ def _split_args(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--optimizer", default="adamw", help="optimizer whose state each stage holds (default adamw)")
     sp.add_argument("--memory-limit", help="per-stage memory limit such as 16GiB")
     sp.add_argument("--device", type=_device, help="the device to plan for (cpu or cuda)")
+    sp.add_argument("--stages-per-rank", type=_count(2), default=2,
+                    help="stages on each rank under --schedule interleaved (default 2; --run starts\n"
+                         "stages / stages-per-rank processes)")
+    sp.add_argument("--return-outputs", action=argparse.BooleanOptionalAction, default=None,
+                    help="plan for schedule.step(..., return_outputs=True): the last stage keeps every\n"
+                         "micro-batch's output (torch's default, and the default with --run; without\n"
+                         "--run the plan leaves them out unless this is given)")
 
 
 def _split(ns: argparse.Namespace) -> int:
@@ -319,22 +326,18 @@ def _split(ns: argparse.Namespace) -> int:
     from .specs import parse_overrides
 
     if ns.run:
-        from .errors import InputError
         from .torchrun import launch
-        # each rank rebuilds the model from SPEC, --set and its default inputs: options that the run
-        # cannot honour are refused rather than silently dropped
-        dropped = [opt for opt, v in (("--memory-limit", ns.memory_limit), ("--head", ns.head),
-                                      ("--input-ids", ns.input_ids), ("--input-size", ns.input_size),
-                                      ("--dtype", ns.dtype), ("--model-dtype", ns.model_dtype),
-                                      ("--allow-pickle", ns.allow_pickle)) if v]
-        if dropped:
-            raise InputError(f"split --run trains the spec's default inputs at --batch-size on --device: "
-                             f"{', '.join(dropped)} cannot be passed to the run (plan without --run to use them)")
+        # every rank rebuilds the model and its inputs from these options (specs.command_inputs)
         _check_device(ns.device)
-        with _status(f"training {ns.stages} stages under torchrun", ns):
+        procs = ns.stages // ns.stages_per_rank if ns.schedule == "interleaved" else ns.stages
+        with _status(f"training {ns.stages} stages on {procs} ranks under torchrun", ns):
             res = launch(ns.spec, overrides=parse_overrides(ns.set), stages=ns.stages, by=ns.by,
                          schedule=ns.schedule, microbatches=ns.microbatches, batch_size=ns.batch_size,
-                         steps=ns.steps, optimizer=ns.optimizer, device=ns.device or "cpu")
+                         steps=ns.steps, optimizer=ns.optimizer, device=ns.device or "cpu", head=ns.head,
+                         input_size=ns.input_size, dtypes=ns.dtype, input_ids=ns.input_ids,
+                         model_dtype=ns.model_dtype, memory_limit=ns.memory_limit,
+                         stages_per_rank=ns.stages_per_rank, allow_pickle=ns.allow_pickle,
+                         return_outputs=ns.return_outputs is not False)
         text = res.plan.table() + "\n" + res.table()
         return _write(ns, text)
     model, args, kwargs = _build(ns, None if ns.device == "cuda" else ns.device)
@@ -342,7 +345,8 @@ def _split(ns: argparse.Namespace) -> int:
     with _status("planning", ns):
         plan = partition(model, *args, stages=ns.stages, by=ns.by, memory_limit=ns.memory_limit,
                          schedule=ns.schedule, microbatches=ns.microbatches, optimizer=ns.optimizer,
-                         device=ns.device, **kwargs)
+                         device=ns.device, stages_per_rank=ns.stages_per_rank,
+                         return_outputs=bool(ns.return_outputs), **kwargs)
     return _emit(ns, plan)
 
 

@@ -108,8 +108,9 @@ def reference_losses(cfg: dict):
 
 def reference_run(cfg: dict):
     """Single-process training with the same micro-batches, loss and optimizer (gradient
-    accumulation): (losses per step, {parameter name: gradient of the last step}, plan). Tied
-    parameters appear under every name."""
+    accumulation): (losses per step, {parameter name: gradient of the first step}, plan). Tied
+    parameters appear under every name. The first step's gradients are of the same weights on every
+    side; later steps' weights differ by the rounding of the earlier steps."""
     model, args, kwargs, _, _, plan, target = _setup(cfg)
     tensors, rebuild = flat_inputs(args, kwargs)
     m = cfg["microbatches"]
@@ -117,7 +118,8 @@ def reference_run(cfg: dict):
     targets = target.tensor_split(m)
     opt = _optimizer(cfg["optimizer"], [p for p in model.parameters() if p.requires_grad])
     losses = []
-    for _ in range(cfg["steps"]):
+    grads: dict = {}
+    for step in range(cfg["steps"]):
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for c, t in zip(chunks, targets):
@@ -125,10 +127,11 @@ def reference_run(cfg: dict):
             loss = _loss(main_tensor(model(*a, **k)), t)
             (loss / m).backward()
             total += loss.item()
+        if step == 0:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)
+                     if p.grad is not None}
         opt.step()
         losses.append(total / m)
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)
-             if p.grad is not None}
     return losses, grads, plan
 
 
@@ -231,11 +234,18 @@ def worker(cfg_path: str) -> None:
         held = [*(p for st in stages for p in st.submod.parameters()), *(b for st in stages for b in st.submod.buffers())]
         before = state_bytes(held + (list(tensors) if first else []) + ([target] if last else []))
 
+        first_grads: dict = {}
+
         def all_steps(on_step):
             for i in range(steps):
                 on_step(i, "begin")
                 one_step()
                 on_step(i, "end")
+                if i == 0 and cfg.get("grads"):   # outside the measured step: not in its peak
+                    for st in stages:
+                        for n, p in st.submod.named_parameters():
+                            if p.grad is not None:
+                                first_grads[_model_name(n)] = p.grad.detach().cpu().clone()
 
         if device.type == "cpu":
             measured = measure_cpu(all_steps, before, steps)
@@ -259,14 +269,10 @@ def worker(cfg_path: str) -> None:
                "busy_per_stage": {str(k): v for k, v in busy.per_stage.items()}, "losses": losses,
                "peak_bytes": peak, "step_peaks": step_peaks, "before_bytes": before,
                "predicted_bytes": int(predicted), "predicted_parts": own,
+               "inputs": [list(t.shape) for t in tensors] if first else [],
                "params": sum(p.numel() for st in stages for p in st.submod.parameters())}
         if cfg.get("grads"):
-            grads = {}
-            for st in stages:
-                for n, p in st.submod.named_parameters():
-                    if p.grad is not None:
-                        grads[_model_name(n)] = p.grad.detach().cpu()
-            torch.save(grads, os.path.join(cfg["out"], f"grads{rank}.pt"))
+            torch.save(first_grads, os.path.join(cfg["out"], f"grads{rank}.pt"))
         with open(os.path.join(cfg["out"], f"rank{rank}.json"), "w") as f:
             json.dump(out, f)
     finally:
@@ -285,7 +291,7 @@ class RunResult:
     reference: tuple[float, ...]   #   (measured, predicted and the prediction's parts), losses
     losses: tuple[float, ...]
     path: str
-    grad_rel_diff: float | None = None   # largest over parameters of |g - g_ref| / |g_ref| (2-norms)
+    grad_rel_diff: float | None = None   # first step: max over parameters of |g - g_ref| / |g_ref| (2-norms)
     return_outputs: bool = True
 
     @property
@@ -344,7 +350,7 @@ def launch(spec: str, *, overrides: dict | None = None, stages: int, by: str = "
     more keyword arguments, JSON values). The interleaved schedule puts ``stages_per_rank`` stages on
     each of stages / stages_per_rank ranks. ``return_outputs`` is passed to ``schedule.step()``
     (True is torch's default) and to the plan. ``compare_grads``: also compare every parameter's
-    gradient of the last step with one process (``RunResult.grad_rel_diff``)."""
+    gradient of the first step with one process (``RunResult.grad_rel_diff``)."""
     if schedule == "interleaved":
         if stages_per_rank < 2 or stages % stages_per_rank:
             raise InputError(f"the interleaved schedule puts {stages_per_rank} stages on each rank: "
@@ -373,6 +379,9 @@ def launch(spec: str, *, overrides: dict | None = None, stages: int, by: str = "
         cfg_path = os.path.join(tmp, "run.json")
         with open(cfg_path, "w") as f:
             json.dump(cfg, f)     # refuses what JSON cannot carry (partition_options must be JSON)
+        # the single process first: it plans exactly as every rank will, so a plan that cannot be
+        # made (a memory limit no split fits, inputs the model refuses) fails here, in one line
+        ref, ref_grads, plan = reference_run(cfg)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
                "--master_port", str(_free_port()), "-m", "layerscope.torchrun", cfg_path]
         env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // procs)))
@@ -384,7 +393,6 @@ def launch(spec: str, *, overrides: dict | None = None, stages: int, by: str = "
         for r in range(procs):
             with open(os.path.join(tmp, f"rank{r}.json")) as f:
                 ranks.append(json.load(f))
-        ref, ref_grads, plan = reference_run(cfg)   # the plan every rank computed, from the same setup
         diff = None
         if compare_grads:
             diff = 0.0

@@ -309,15 +309,58 @@ GPT2_RUN = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 300, "n_posit
             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}   # no dropout: losses comparable
 
 
-@pytest.mark.parametrize("spec,overrides,schedule,path", [
-    ("hf:GPT2Config", GPT2_RUN, "1f1b", "ownership"),        # export refused: the mask boundary
-    ("layerscope.examples:small_cnn", {}, "gpipe", "export")])
-def test_torchrun_training_matches_one_process(spec, overrides, schedule, path):
+@pytest.mark.parametrize("spec,overrides,schedule,path,stages", [
+    ("hf:GPT2Config", GPT2_RUN, "1f1b", "ownership", 2),        # export refused: the mask boundary
+    ("layerscope.examples:small_cnn", {}, "gpipe", "export", 2),
+    # 4 stages on 2 ranks (0, 2 | 1, 3); the tied embedding and head on stages 0 and 3 (both ranks)
+    ("hf:GPT2Config", GPT2_RUN, "interleaved", "ownership", 4)])
+def test_torchrun_training_matches_one_process(spec, overrides, schedule, path, stages):
     from layerscope.torchrun import launch
-    res = launch(spec, overrides=overrides, stages=2, schedule=schedule, microbatches=2, batch_size=4,
-                 steps=2, optimizer="sgd")
+    res = launch(spec, overrides=overrides, stages=stages, schedule=schedule, microbatches=2, batch_size=4,
+                 steps=2, optimizer="sgd", compare_grads=True)
     assert len(res.losses) == 2 and res.loss_rel_diff < 1e-5 and res.path == path
     assert all(r["peak_bytes"] > 0 and r["predicted_bytes"] > 0 for r in res.ranks)
+    # losses of both steps and every parameter's gradient (first step) as one process computes them
+    assert res.loss_rel_diff < 1e-6 and res.grad_rel_diff < 1e-6
+    assert len(res.ranks) == 2 and [r["stages"] for r in res.ranks] == \
+        ([[0, 2], [1, 3]] if schedule == "interleaved" else [[0], [1]])
+    # every step's time and busy seconds (forward, backward, loss), busy within the step
+    assert all(len(r["times"]) == len(r["busy"]) == 2 and 0 < r["busy"][1] < r["times"][1] for r in res.ranks)
+
+
+def test_torchrun_honours_head_input_ids_and_memory_limit():
+    from layerscope.torchrun import launch
+    cfg = {k: v for k, v in GPT2_RUN.items()}
+    res = launch("hf:GPT2Config", overrides=cfg, head="causal-lm", input_ids=(4, 12), memory_limit="64MiB",
+                 stages=2, microbatches=2, batch_size=4, steps=1, optimizer="sgd", return_outputs=False)
+    plan = res.plan
+    # the head reached the ranks (GPT2LMHeadModel: the last unit is lm_head), the input ids of
+    # shape 4 x 12 the first rank, the limit the plan every rank made
+    assert plan.units.units[-1].name == "lm_head" and res.ranks[0]["inputs"] == [[4, 12]]
+    assert all(s.limit == 64 * 2**20 and s.memory_bytes <= s.limit for s in plan.stages)
+    assert plan.options.get("return_outputs") is not True and "kept_outputs" not in plan.stages[-1].memory
+    assert "first step only" in res.table()
+
+
+def test_cli_split_run_passes_every_option(monkeypatch, capsys):
+    import layerscope.torchrun as run
+    from layerscope.cli import main
+    seen = {}
+
+    def stub(spec, **kw):
+        seen.update(kw)
+        raise ls.InputError("stubbed")
+    monkeypatch.setattr(run, "launch", stub)
+    assert main(["split", "hf:GPT2Config", "--set", "n_layer=2", "--head", "causal-lm", "--input-ids", "4,12",
+                 "--memory-limit", "1GiB", "--stages", "4", "--schedule", "interleaved", "--model-dtype", "fp32",
+                 "--microbatches", "2", "--batch-size", "4", "--by", "params", "--optimizer", "sgd",
+                 "--no-return-outputs", "--run", "--steps", "1"]) == 1
+    assert (seen["head"], seen["input_ids"], seen["memory_limit"], seen["schedule"], seen["stages_per_rank"],
+            seen["model_dtype"], seen["by"], seen["return_outputs"], seen["overrides"]) == \
+        ("causal-lm", (4, 12), "1GiB", "interleaved", 2, "fp32", "params", False, {"n_layer": 2})
+    main(["split", "layerscope.examples:small_cnn", "--stages", "2", "--input-size", "4,3,32,32", "--run"])
+    assert seen["input_size"] == [(4, 3, 32, 32)] and seen["return_outputs"] is True
+    capsys.readouterr()
 
 
 def test_export_stages_drop_a_tied_weight_they_do_not_use():
