@@ -262,9 +262,15 @@ def worker(cfg_path: str) -> None:
             all_steps(on_step)
             peak = step_peaks[-1]
         own = [plan.stages[s].memory for s in mine]
-        # the rank's stages are alive together: their memory adds up, but their working memory is
-        # one transient at a time (the largest)
-        predicted = sum(x["total"] - x["working"] for x in own) + max(x["working"] for x in own)
+        if len(mine) == 1:
+            predicted = own[0]["total"]
+        else:
+            # several stages: their memory over the order this rank's schedule runs them in
+            from .pipeline.partition import rank_memory
+            kinds = {"FORWARD": "F", "FULL_BACKWARD": "B"}
+            order = [(a.stage_index, kinds[a.computation_type.name]) for a in sched.pipeline_order[rank]
+                     if a is not None and a.computation_type.name in kinds]
+            predicted = rank_memory(plan.units, [plan.stages[s] for s in mine], plan.num_stages, order, m)
         out = {"rank": rank, "stages": mine, "path": path, "times": times, "busy": busy_s,
                "busy_per_stage": {str(k): v for k, v in busy.per_stage.items()}, "losses": losses,
                "peak_bytes": peak, "step_peaks": step_peaks, "before_bytes": before,

@@ -112,25 +112,29 @@ def test_partition_with_what_the_step_keeps_equals_brute_force():
 
 
 def test_in_flight_peak_with_kept_outputs_is_the_largest_backward_or_the_end():
-    # with return_outputs=True the last stage also holds, at backward j, the j outputs whose backward
+    # interleaved: torch's runtime schedule keeps every send's work to the end of the step. With
+    # return_outputs=True the last stage also holds, at backward j, the j outputs whose backward
     # is done, and at the end of the step all M and their concatenation (M more)
     from layerscope.pipeline.partition import _in_flight_parts, flight_counts
     rng = random.Random(4)
     for _ in range(2000):
         a, o, grads, inb = (rng.randint(0, 50) for _ in range(4))
-        m, k = rng.randint(1, 9), rng.randint(1, 6)
-        s, schedule = rng.randrange(k), rng.choice(["gpipe", "1f1b"])
+        schedule = rng.choice(["gpipe", "1f1b", "interleaved"])
+        m, k = rng.randint(1, 9), rng.choice([2, 4, 6]) if schedule == "interleaved" else rng.randint(1, 6)
+        s, kept = rng.randrange(k), rng.random() < 0.7
         held = held_microbatches(schedule, k, m, s)
         first, last = s == 0, s == k - 1
-        keeps = last
-        kept_out = keeps or (not last and (schedule == "gpipe" or held == 2))
+        keeps = kept and last
+        kept_out = keeps or (not last and (schedule != "1f1b" or held == 2))
         counts = flight_counts(schedule, held, m, first, last)
         every = [acts * a + outs * o + sends * inb + (j * o if keeps else 0)
                  - (min(a if kept_out else a + o, grads) if j == 0 else 0)
                  for j, (acts, outs, sends) in enumerate(counts)]
-        if keeps:
-            every.append(counts[-1][2] * inb + 2 * m * o)
-        p = _in_flight_parts(a, o, grads, inb, held, m, schedule, first, last, kept=True)
+        # the end of the step: interleaved holds every sent output and input gradient until then
+        if keeps or schedule == "interleaved":
+            every.append((counts[-1][2] if schedule == "1f1b" else (0 if first else m)) * inb
+                         + (m * o if schedule == "interleaved" and not last else 0) + (2 * m * o if keeps else 0))
+        p = _in_flight_parts(a, o, grads, inb, held, m, schedule, first, last, kept=kept)
         assert p["activations"] + p["outputs"] + p["sends"] + p["grad_overlap"] + p["kept_outputs"] == max(every)
 
 

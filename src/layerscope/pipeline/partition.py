@@ -48,7 +48,7 @@ import torch
 from ..errors import InputError, PlanError
 from .units import SplitUnits, Unit
 
-__all__ = ["solve", "held_microbatches", "stage_memory", "SCHEDULES", "COSTS"]
+__all__ = ["solve", "held_microbatches", "stage_memory", "rank_memory", "SCHEDULES", "COSTS"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 COSTS = ("flops", "macs", "params", "memory", "latency")
@@ -234,6 +234,63 @@ def stage_memory(units: SplitUnits, x: int, y: int, stage: int, stages: int, sch
             "total": state + flight + boundary + work + inputs + targets}
 
 
+def _stage_sizes(units: SplitUnits, x: int, y: int, stage: int, stages: int) -> tuple[int, int, int, int]:
+    """(a, o, grads, inb) of the stage over units [x, y): per micro-batch activations (as in
+    ``stage_memory``), output and input-gradient bytes, and its gradients."""
+    us = units.units[x:y]
+    last = stage == stages - 1
+    recv = min(us[0].received_saved_bytes, us[0].input_bytes) if stage > 0 else 0
+    a = sum(u.saved_bytes for u in us) - recv - min(us[-1].output_saved_bytes, us[-1].output_bytes) \
+        + (units.loss_saved_bytes if last else 0)
+    return a, us[-1].output_bytes, sum(u.grad_bytes for u in us), us[0].input_bytes
+
+
+def rank_memory(units: SplitUnits, plan_stages, num_stages: int, order, microbatches: int) -> int:
+    """Memory of one rank holding several stages (interleaved 1F1B), from the order its schedule
+    runs them: ``order`` is the rank's (stage index, "F" or "B") actions, as torch's
+    ScheduleInterleaved1F1B lists them (``pipeline_order[rank]``). The stages' state, boundary
+    buffers, inputs and targets add up, working memory is the largest one's; what is in flight is
+    counted after every forward, during every backward and at the end of the step, with each
+    stage's counts so far (the runtime schedule keeps every send's work to the end: all outputs
+    and input gradients sent so far; with kept outputs the last stage holds those of its finished
+    backwards, and at the end their concatenation too); a stage's gradients exist from its first
+    backward on. Summing each stage's own peak instead over-counts: they peak at different times."""
+    m, last_index = microbatches, num_stages - 1
+    info = {st.index: _stage_sizes(units, st.first, st.last + 1, st.index, num_stages) for st in plan_stages}
+    const = sum(st.memory["state"] + st.memory["boundary"] + st.memory.get("inputs", 0)
+                + st.memory.get("targets", 0) for st in plan_stages) + max(st.memory["working"] for st in plan_stages)
+    f = {t: 0 for t in info}
+    b = dict(f)
+
+    def flight(doing: int | None) -> int:
+        v = 0
+        for t, (a, o, grads, inb) in info.items():
+            first, last = t == 0, t == last_index
+            acts = f[t] - b[t]
+            v += acts * a + (acts if last else f[t]) * o + (0 if first else b[t]) * inb
+            if last and units.kept_outputs:
+                v += b[t] * o
+            if b[t] == 0:
+                if t == doing:     # its gradients appear as this backward frees its micro-batch
+                    v -= min(a if (not last or units.kept_outputs) else a + o, grads)
+                else:
+                    v -= grads     # no backward yet: no gradients
+        return v
+
+    best = 0
+    for t, kind in order:
+        if t not in f:
+            continue
+        if kind == "F":
+            f[t] += 1
+            best = max(best, flight(None))
+        else:
+            best = max(best, flight(t))
+            b[t] += 1
+    merged = m * info[last_index][1] if last_index in info and units.kept_outputs else 0
+    return int(const + max(best, flight(None) + merged))
+
+
 def flight_counts(schedule: str, held: int, m: int, first: bool, last: bool) -> list[tuple[int, int, int]]:
     """For the backward of each micro-batch j = 0 .. M-1 on a stage: how many micro-batches'
     activations, outputs and input gradients are alive, as torch.distributed.pipelining's schedules
@@ -247,12 +304,19 @@ def flight_counts(schedule: str, held: int, m: int, first: bool, last: bool) -> 
     min(W + j, M) - j micro-batches are in flight; the input gradient of backward j - 1 is still
     held (its op list is replaced after backward j); and with W >= 2 the warm-up's send work keeps
     the output of micro-batch W - 2 alive until the steady phase ends (backward M - W).
-    Interleaved: as 1F1B, with ``held`` from its own warm-up count."""
+    Interleaved (torch's ScheduleInterleaved1F1B, a runtime schedule): ``held`` warm-up forwards
+    from its own count; every send's work is kept until the step ends, so a stage that sends its
+    outputs holds all it has sent (min(W + j, M) at backward j) and the j input gradients sent
+    before backward j."""
     out = []
     for j in range(m):
         if schedule == "gpipe":
             acts = m - j
             outs = acts if last else m
+            sends = j
+        elif schedule == "interleaved":
+            acts = min(held + j, m) - j
+            outs = acts if last else acts + j
             sends = j
         else:
             acts = min(held + j, m) - j
@@ -287,12 +351,15 @@ def _candidates(a, o, held, m, schedule, first, last, kept: bool = False):
     under GPipe the counts are linear in j >= 1, so the peak is at j = 0, 1 or M - 1.
     With ``kept`` on the last stage, backward j also holds the j outputs of the micro-batches whose
     backward is done (the stage keeps them to return), and j = M is the end of the step: those M
-    outputs and their concatenation (M more), with the last backward's input gradient still held."""
+    outputs and their concatenation (M more), with the input gradients still held (the last one
+    under 1F1B, all M under GPipe and interleaved). Interleaved has that end too (every sent output
+    and input gradient is held until it)."""
     keeps = kept and last
     counts = [(*c, j if keeps else 0) for j, c in enumerate(flight_counts(schedule, held, m, first, last))]
     js = list(range(m)) if schedule != "gpipe" else sorted({0, min(1, m - 1), m - 1})
-    if keeps:
-        counts.append((0, 0, counts[-1][2], 2 * m))
+    if keeps or schedule == "interleaved":
+        end_sends = counts[-1][2] if schedule == "1f1b" else (0 if first else m)
+        counts.append((0, m if schedule == "interleaved" and not last else 0, end_sends, 2 * m if keeps else 0))
         js.append(m)
 
     def covered(j: int, i: int) -> bool:   # backward i holds at least what backward j does
@@ -302,7 +369,7 @@ def _candidates(a, o, held, m, schedule, first, last, kept: bool = False):
     keep = [j for j in js if not any(covered(j, i) for i in js if i not in (0, j))]
     # micro-batch 0's output outlives its backward when a pending forward send holds it
     # (the kept output is micro-batch 0's on the last stage, when the step keeps it to return)
-    kept_out = keeps or (not last and (schedule == "gpipe" or (schedule == "1f1b" and held == 2)))
+    kept_out = keeps or (not last and (schedule in ("gpipe", "interleaved") or (schedule == "1f1b" and held == 2)))
     for j in keep:
         yield (j, *counts[j], (a if kept_out else a + o) if j == 0 else None)
 
