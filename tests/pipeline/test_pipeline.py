@@ -159,6 +159,25 @@ def test_hand_derived_kept_outputs_inputs_and_targets():
     assert (m["activations"], m["outputs"], m["kept_outputs"], m["grad_overlap"]) == (20, 4, 0, -10)
 
 
+def test_hand_derived_rank_memory_of_two_interleaved_stages():
+    from layerscope.pipeline.partition import rank_memory
+    # 4 units of 10 B parameters and 8 B gradients, saving 3 B, receiving and sending 2 B per
+    # micro-batch; 4 stages on 2 ranks, M = 2. Rank 0 holds stages 0 and 2 and runs (torch's order:
+    # 4 warm-up forwards) F0 F0 F2 F2 B2 B2 B0 B0. Constant: state 2 x 18 + boundary (stage 0: 2 x 2
+    # gradient buffers; stage 2: 2 x 2 received + 2 x 2) 12 = 48. In flight, gradients absent until
+    # a stage's first backward: after the forwards 20 - 16 = 4; B2 (0): stage 0 10 - 8, stage 2
+    # 10 - min(3, 8) -> 9; B2 (1): 2 + 3 + 2 x 2 sent outputs + 2 sent gradient = 11; B0 (0): 10 - 3
+    # + stage 2's 2 x 2 + 2 x 2 = 15; B0 (1): 3 + 4 + 8 = 15; the end 4 + 8 = 12 -> 48 + 15 = 63.
+    # Each stage's own peak (stage 0: 18 + 7 + 4 = 29 at its backwards; stage 2: 18 + 9 + 8 = 35 at
+    # its backward 1) summed: 64 -- the stages peak at different times
+    units = SplitUnits("m", tuple(_unit(i, 1, state=10, saved=3, inb=2, outb=2, grads=8) for i in range(4)))
+    plan = build_plan(units, stages=4, by="flops", memory_limit=None, schedule="interleaved", microbatches=2)
+    assert [s.rank for s in plan.stages] == [0, 1, 0, 1]
+    order = [(0, "F"), (0, "F"), (2, "F"), (2, "F"), (2, "B"), (2, "B"), (0, "B"), (0, "B")]
+    assert rank_memory(units, [plan.stages[0], plan.stages[2]], 4, order, 2) == 63
+    assert (plan.stages[0].memory_bytes, plan.stages[2].memory_bytes) == (29, 35)
+
+
 def test_partition_1000_units_64_stages():
     rng = random.Random(1)
     units = SplitUnits("m", tuple(_unit(i, rng.randint(1, 1000)) for i in range(1000)))
