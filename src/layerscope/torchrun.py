@@ -231,7 +231,7 @@ def worker(cfg_path: str) -> None:
         # stage's rank, the targets on the last's) plus every allocation from the first step on
         # (optimizer state, the schedule's receive buffers, gradients, activations, kept outputs);
         # the peak is taken in the last step (steady state)
-        held = [*(p for st in stages for p in st.submod.parameters()), *(b for st in stages for b in st.submod.buffers())]
+        held = [t for st in stages for t in (*st.submod.parameters(), *st.submod.buffers())]
         before = state_bytes(held + (list(tensors) if first else []) + ([target] if last else []))
 
         first_grads: dict = {}
