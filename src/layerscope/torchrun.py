@@ -209,10 +209,11 @@ def worker(cfg_path: str) -> None:
         first, last = 0 in mine, plan.num_stages - 1 in mine
         keep = bool(cfg.get("return_outputs", True))
         times, losses, busy_s = [], [], []
+        busy_stage: dict[int, list] = {i: [] for i in mine}
 
         def one_step():
             opt.zero_grad(set_to_none=True)
-            b0 = busy.seconds
+            b0, s0 = busy.seconds, dict(busy.per_stage)
             t0 = time.perf_counter()
             mb_losses: list = []
             out = sched.step(*(tensors if first else ()), target=target if last else None,
@@ -222,6 +223,8 @@ def worker(cfg_path: str) -> None:
             opt.step()
             times.append(time.perf_counter() - t0)
             busy_s.append(busy.seconds - b0)
+            for i in mine:
+                busy_stage[i].append(busy.per_stage[i] - s0[i])
             if mb_losses:
                 losses.append(sum(x.item() for x in mb_losses) / len(mb_losses))
 
@@ -272,7 +275,7 @@ def worker(cfg_path: str) -> None:
                      if a is not None and a.computation_type.name in kinds]
             predicted = rank_memory(plan.units, [plan.stages[s] for s in mine], plan.num_stages, order, m)
         out = {"rank": rank, "stages": mine, "path": path, "times": times, "busy": busy_s,
-               "busy_per_stage": {str(k): v for k, v in busy.per_stage.items()}, "losses": losses,
+               "busy_per_stage": {str(k): v for k, v in busy_stage.items()}, "losses": losses,
                "peak_bytes": peak, "step_peaks": step_peaks, "before_bytes": before,
                "predicted_bytes": int(predicted), "predicted_parts": own,
                "inputs": [list(t.shape) for t in tensors] if first else [],
@@ -293,8 +296,11 @@ def _model_name(name: str) -> str:
 @dataclass(frozen=True)
 class RunResult:
     plan: object
-    ranks: tuple[dict, ...]        # per rank: times and busy seconds of every step, peak bytes
-    reference: tuple[float, ...]   #   (measured, predicted and the prediction's parts), losses
+    ranks: tuple[dict, ...]        # per rank: its stages; seconds of every step ("times"), busy in it
+    #                                ("busy"; "busy_per_stage": stage -> seconds per step, forward and
+    #                                backward without the loss); peak bytes measured and predicted
+    #                                (and the stages' parts), losses
+    reference: tuple[float, ...]
     losses: tuple[float, ...]
     path: str
     grad_rel_diff: float | None = None   # first step: max over parameters of |g - g_ref| / |g_ref| (2-norms)
