@@ -1,10 +1,16 @@
-"""Pipeline runs under torchrun (gloo, CPU): loss vs one process, per-stage peak memory vs the plan.
+"""Pipeline runs under torchrun (gloo, CPU): loss vs one process, per-rank peak memory vs the plan.
 
 GPT-2 (transformers' GPT2Config shrunk: 4 layers, width 64, vocabulary 1000; no download) and the
-bundled small CNN, 2 and 4 processes (dropout off, so the losses are comparable), GPipe and 1F1B, AdamW, 4 micro-batches of 2, 3 steps.
+bundled small CNN on 2 processes (dropout off, so the losses are comparable): GPipe and 1F1B with 2
+stages, interleaved 1F1B with 4 stages (2 per rank), each with torch's default
+``schedule.step(..., return_outputs=True)`` (the last stage keeps every micro-batch's output) and
+with ``return_outputs=False``; AdamW, 4 micro-batches of 2, 3 steps. The measured peak is the
+rank's live tensor bytes in the last step (CPU allocator events) plus what exists before it and the
+plan counts (parameters, buffers, the batch on rank 0, the targets on the last rank).
 
-Run: python bench/bench_pipeline.py
+Run: python bench/bench_pipeline.py [--quick]   (--quick: 1F1B and interleaved only)
 """
+import sys
 import time
 
 from layerscope.torchrun import launch
@@ -12,20 +18,24 @@ from layerscope.torchrun import launch
 GPT2 = ("hf:GPT2Config", {"n_layer": 4, "n_embd": 64, "n_head": 4, "vocab_size": 1000, "n_positions": 64,
                           "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0})  # dropout off: same losses
 CNN = ("layerscope.examples:small_cnn", {})
-CASES = [(m, k, sched) for m in (GPT2, CNN) for k in (2, 4) for sched in ("gpipe", "1f1b")]
+SCHEDULES = [("gpipe", 2), ("1f1b", 2), ("interleaved", 4)]
+if "--quick" in sys.argv:
+    SCHEDULES = SCHEDULES[1:]
+CASES = [(m, sched, k, keep) for m in (GPT2, CNN) for sched, k in SCHEDULES for keep in (True, False)]
 
-print("| model | procs | schedule | path | loss rel diff | peak measured / predicted per stage | s |")
-print("|---|---|---|---|---|---|---|")
-for (spec, overrides), k, sched in CASES:
+print("| model | schedule | stages | return_outputs | path | loss rel diff | grad rel diff "
+      "| per rank: measured / predicted (error) | s |")
+print("|---|---|---|---|---|---|---|---|---|")
+for (spec, overrides), sched, k, keep in CASES:
     name = spec.split(":")[1]
     t = time.perf_counter()
     try:
         r = launch(spec, overrides=overrides, stages=k, schedule=sched, microbatches=4, batch_size=8,
-                   steps=3, optimizer="adamw")
+                   steps=3, optimizer="adamw", return_outputs=keep, compare_grads=True)
     except Exception as e:  # noqa: BLE001 - report and go on
-        print(f"| {name} | {k} | {sched} | error: {str(e).splitlines()[-1][:100]} | | | |")
+        print(f"| {name} | {sched} | {k} | {keep} | error: {str(e).splitlines()[-1][:100]} | | | | |")
         continue
-    mem = ", ".join(f"{x['peak_bytes'] / 2**20:.2f}/{x['predicted_bytes'] / 2**20:.2f} MiB "
-                    f"({100 * (x['predicted_bytes'] - x['peak_bytes']) / x['peak_bytes']:+.0f}%)" for x in r.ranks)
-    print(f"| {name} | {k} | {sched} | {r.path} | {r.loss_rel_diff:.1e} | {mem} | "
+    mem = ", ".join(f"{x['peak_bytes']:,} / {x['predicted_bytes']:,} B "
+                    f"({100 * (x['predicted_bytes'] - x['peak_bytes']) / x['peak_bytes']:+.1f}%)" for x in r.ranks)
+    print(f"| {name} | {sched} | {k} | {keep} | {r.path} | {r.loss_rel_diff:.1e} | {r.grad_rel_diff:.1e} | {mem} | "
           f"{time.perf_counter() - t:.1f} |", flush=True)

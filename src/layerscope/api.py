@@ -434,6 +434,7 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
               latency_repeats: int = 5, loss_fn=None, measure_working: bool | None = None,
               forward_kwargs: dict | None = None, objective: str | None = None, roofline=None,
               link_bandwidth: float | None = None, optimizer_bandwidth: float | None = None, cuts=None,
+              return_outputs: bool = False, count_inputs: bool = False, target_bytes: int = 0,
               **kwargs: Any):
     """Split a model into ``stages`` pipeline stages, each fitting ``memory_limit`` (bytes or "16GiB";
     a list gives one limit per stage). Returns a StagePlan.
@@ -445,8 +446,8 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
     ``"roofline"``). "bottleneck" — the smallest largest stage cost; the default otherwise.
     "uniform" — equal numbers of the repeated blocks per stage (torchtitan's default split), for
     comparison. ``cuts``: take this split instead (where stages 1 .. K-1 begin: unit indices or
-    split point names, as ``plan.split_points`` gives them). With times, the plan states the predicted step time, bubble and per-rank busy time
-    and draws the step (``plan.timeline``).
+    split point names, as ``plan.split_points`` gives them). With times, the plan states the
+    predicted step time, bubble and per-rank busy time and draws the step (``plan.timeline``).
 
     ``model_or_report``: a model with its example inputs (the whole batch; it is cut into
     ``microbatches`` chunks along ``batch_dim`` as the schedule will), a MemoryReport (of one
@@ -463,6 +464,11 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
     without autocast) runs one real training step of a micro-batch to measure each unit's working
     memory there (kernel scratch buffers that simulation cannot see); a unit's working memory is the
     larger of simulated and measured.
+
+    What the caller of ``schedule.step()`` keeps alive: ``return_outputs=True`` (torch's own default
+    for ``step()``; False here, the setting that saves the memory) plans for the last stage keeping
+    every micro-batch's output and their concatenation; ``count_inputs=True`` counts the whole
+    batch's inputs on the first stage; ``target_bytes`` the whole batch's targets on the last.
     """
     kwargs = forward_inputs(kwargs, forward_kwargs)
     from .memory_report import MemoryReport
@@ -518,6 +524,17 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
             units = with_latencies(units, lat)
         options.update(optimizer=rep.options.get("optimizer"), autocast=rep.options.get("autocast"),
                        device=rep.options.get("device"))
+    if count_inputs and isinstance(model_or_report, (Report, MemoryReport)):
+        raise InputError("count_inputs=True counts the whole batch's inputs: pass the model and its inputs")
+    if return_outputs or count_inputs or target_bytes:
+        import dataclasses
+        seen: dict[int, int] = {}
+        if count_inputs:
+            for t in iter_tensors((args, kwargs)):
+                seen[id(t)] = t.numel() * t.element_size()
+        units = dataclasses.replace(units, kept_outputs=bool(return_outputs),
+                                    input_batch_bytes=sum(seen.values()), target_bytes=int(target_bytes))
+        options.update(return_outputs=bool(return_outputs))
     if by == "roofline":
         from .analyses.roofline import roofline_for
         from .pipeline.units import roofline_times

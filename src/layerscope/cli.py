@@ -311,6 +311,13 @@ def _split_args(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--optimizer", default="adamw", help="optimizer whose state each stage holds (default adamw)")
     sp.add_argument("--memory-limit", help="per-stage memory limit such as 16GiB")
     sp.add_argument("--device", type=_device, help="the device to plan for (cpu or cuda)")
+    sp.add_argument("--stages-per-rank", type=_count(2), default=2,
+                    help="stages on each rank under --schedule interleaved (default 2; --run starts\n"
+                         "stages / stages-per-rank processes)")
+    sp.add_argument("--return-outputs", action=argparse.BooleanOptionalAction, default=None,
+                    help="plan for schedule.step(..., return_outputs=True): the last stage keeps every\n"
+                         "micro-batch's output (torch's default, and the default with --run; without\n"
+                         "--run the plan leaves them out unless this is given)")
 
 
 def _split(ns: argparse.Namespace) -> int:
@@ -319,22 +326,18 @@ def _split(ns: argparse.Namespace) -> int:
     from .specs import parse_overrides
 
     if ns.run:
-        from .errors import InputError
         from .torchrun import launch
-        # each rank rebuilds the model from SPEC, --set and its default inputs: options that the run
-        # cannot honour are refused rather than silently dropped
-        dropped = [opt for opt, v in (("--memory-limit", ns.memory_limit), ("--head", ns.head),
-                                      ("--input-ids", ns.input_ids), ("--input-size", ns.input_size),
-                                      ("--dtype", ns.dtype), ("--model-dtype", ns.model_dtype),
-                                      ("--allow-pickle", ns.allow_pickle)) if v]
-        if dropped:
-            raise InputError(f"split --run trains the spec's default inputs at --batch-size on --device: "
-                             f"{', '.join(dropped)} cannot be passed to the run (plan without --run to use them)")
+        # every rank rebuilds the model and its inputs from these options (specs.command_inputs)
         _check_device(ns.device)
-        with _status(f"training {ns.stages} stages under torchrun", ns):
+        procs = ns.stages // ns.stages_per_rank if ns.schedule == "interleaved" else ns.stages
+        with _status(f"training {ns.stages} stages on {procs} ranks under torchrun", ns):
             res = launch(ns.spec, overrides=parse_overrides(ns.set), stages=ns.stages, by=ns.by,
                          schedule=ns.schedule, microbatches=ns.microbatches, batch_size=ns.batch_size,
-                         steps=ns.steps, optimizer=ns.optimizer, device=ns.device or "cpu")
+                         steps=ns.steps, optimizer=ns.optimizer, device=ns.device or "cpu", head=ns.head,
+                         input_size=ns.input_size, dtypes=ns.dtype, input_ids=ns.input_ids,
+                         model_dtype=ns.model_dtype, memory_limit=ns.memory_limit,
+                         stages_per_rank=ns.stages_per_rank, allow_pickle=ns.allow_pickle,
+                         return_outputs=ns.return_outputs is not False)
         text = res.plan.table() + "\n" + res.table()
         return _write(ns, text)
     model, args, kwargs = _build(ns, None if ns.device == "cuda" else ns.device)
@@ -342,7 +345,8 @@ def _split(ns: argparse.Namespace) -> int:
     with _status("planning", ns):
         plan = partition(model, *args, stages=ns.stages, by=ns.by, memory_limit=ns.memory_limit,
                          schedule=ns.schedule, microbatches=ns.microbatches, optimizer=ns.optimizer,
-                         device=ns.device, **kwargs)
+                         device=ns.device, stages_per_rank=ns.stages_per_rank,
+                         return_outputs=bool(ns.return_outputs), **kwargs)
     return _emit(ns, plan)
 
 
@@ -451,9 +455,9 @@ def _check_memory(ns: argparse.Namespace, device: str | None) -> None:
 
 def _build(ns: argparse.Namespace, device: str | None):
     """The model and example inputs a subcommand asked for: (model, args, kwargs)."""
-    from .capture import make_inputs, model_device
+    from .capture import model_device
     from .errors import InputError
-    from .specs import build_model, parse_overrides, token_ids
+    from .specs import build_model, command_inputs, parse_overrides
 
     for ext in ("onnx", "pt2"):
         if ns.spec.endswith("." + ext):
@@ -467,30 +471,8 @@ def _build(ns: argparse.Namespace, device: str | None):
     if isinstance(model, torch.jit.ScriptModule) and ns.command != "summary":
         raise InputError(f"{ns.command} {ns.spec}: {_FILE_SUPPORT['torchscript']}")
     dev = torch.device(device) if device else model_device(model)
-    args: tuple = ()
-    kwargs: dict = {}
-    if ns.input_size:
-        dtypes = ns.dtype or None
-        if dtypes is not None and len(dtypes) == 1 and len(ns.input_size) > 1:
-            dtypes = dtypes * len(ns.input_size)
-        args = tuple(make_inputs(ns.input_size, dtypes, None, dev))
-    elif ns.dtype:
-        raise InputError("--dtype applies to --input-size inputs")
-    if ns.input_ids:
-        if len(ns.input_ids) != 2:
-            raise InputError("--input-ids takes B,S")
-        vocab = getattr(getattr(model, "config", None), "vocab_size", None) or 2
-        ids = token_ids(ns.input_ids, vocab, dev)
-        if hasattr(model, "config"):
-            kwargs["input_ids"] = ids
-            if getattr(model.config, "is_encoder_decoder", False):
-                kwargs["decoder_input_ids"] = ids      # an encoder-decoder (T5) needs both
-        else:
-            args = args + (ids,)
-    if not args and not kwargs:
-        if built.default_inputs is None:
-            raise InputError(f"no inputs for {ns.spec}: give --input-size (or --input-ids)")
-        args, kwargs = built.default_inputs(dev)
+    args, kwargs = command_inputs(ns.spec, model, built.default_inputs, dev, ns.input_size, ns.dtype,
+                                  ns.input_ids)
     return model, args, kwargs
 
 

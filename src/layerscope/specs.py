@@ -204,6 +204,40 @@ def token_ids(shape, vocab: int, dev: torch.device) -> torch.Tensor:
     return torch.randint(0, vocab, shape, device=dev, generator=torch.Generator(dev).manual_seed(0))
 
 
+def command_inputs(spec: str, model: nn.Module, default_inputs, dev: torch.device, input_size=None,
+                   dtypes=None, input_ids=None) -> tuple[tuple, dict]:
+    """The example inputs a command line asks for: ``input_size`` shapes (with ``dtypes``, one for all
+    or one each), ``input_ids`` B,S (the ``input_ids`` keyword of a transformers model, also its
+    ``decoder_input_ids`` for an encoder-decoder; else one more positional input), or the spec's
+    default inputs. Shared by the CLI and the ranks of ``split --run``, which build the same inputs."""
+    from .errors import InputError
+    args: tuple = ()
+    kwargs: dict = {}
+    if input_size:
+        dts = list(dtypes) if dtypes else None
+        if dts is not None and len(dts) == 1 and len(input_size) > 1:
+            dts = dts * len(input_size)
+        args = tuple(make_inputs(input_size, dts, None, dev))
+    elif dtypes:
+        raise InputError("--dtype applies to --input-size inputs")
+    if input_ids:
+        if len(input_ids) != 2:
+            raise InputError("--input-ids takes B,S")
+        vocab = getattr(getattr(model, "config", None), "vocab_size", None) or 2
+        ids = token_ids(tuple(input_ids), vocab, dev)
+        if hasattr(model, "config"):
+            kwargs["input_ids"] = ids
+            if getattr(model.config, "is_encoder_decoder", False):
+                kwargs["decoder_input_ids"] = ids      # an encoder-decoder (T5) needs both
+        else:
+            args = args + (ids,)
+    if not args and not kwargs:
+        if default_inputs is None:
+            raise InputError(f"no inputs for {spec}: give --input-size (or --input-ids)")
+        args, kwargs = default_inputs(dev)
+    return args, kwargs
+
+
 def presets() -> dict[str, dict]:
     """The architectures shipped as config files (``hf:NAME``): name -> {description, config, model,
     params (the published count; a test builds each and checks it), settings, inputs}."""

@@ -40,18 +40,27 @@ def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (out.float() - target.float()).pow(2).mean()
 
 
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name.rsplit(".", 1)[-1])
+
+
 def _setup(cfg: dict):
+    """What every rank and the single-process reference build alike: the model (same seed), the
+    whole batch (the command line's inputs at ``batch_size``, fresh values in every row), one
+    micro-batch of it, the target and the plan."""
     from .api import partition
-    from .capture.prepare import micro_batch, rebatch
     from .capture.inputs import map_tensors
-    from .specs import build_model
+    from .capture.prepare import micro_batch, rebatch
+    from .specs import build_model, command_inputs
 
     torch.manual_seed(cfg["seed"])
-    built = build_model(cfg["spec"], "cpu", cfg.get("overrides") or {})   # real weights to train
+    built = build_model(cfg["spec"], "cpu", cfg.get("overrides") or {}, cfg.get("head"),   # real weights
+                        allow_pickle=cfg.get("allow_pickle", False), dtype=cfg.get("model_dtype"))
     model = built.model
-    if built.default_inputs is None:
-        raise InputError(f"{cfg['spec']} gives no default inputs to run a pipeline with")
-    args, kwargs = built.default_inputs(torch.device("cpu"))
+    dtypes = [_dtype(d) for d in cfg["dtypes"]] if cfg.get("dtypes") else None
+    sizes = [tuple(x) for x in cfg["input_size"]] if cfg.get("input_size") else None
+    args, kwargs = command_inputs(cfg["spec"], model, built.default_inputs, torch.device("cpu"), sizes, dtypes,
+                                  cfg.get("input_ids"))
     args, kwargs = rebatch(args, kwargs, 0, cfg["batch_size"])
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
 
@@ -62,16 +71,27 @@ def _setup(cfg: dict):
 
     args, kwargs = map_tensors(args, fresh), map_tensors(kwargs, fresh)
     model.train() if cfg.get("train_mode", True) else model.eval()
-    # the loss's working memory is planned with a stand-in target (a view of the output: no
-    # allocation, as the run's target, which exists before the step)
-    plan = partition(model, *args, stages=cfg["stages"], by=cfg["by"], schedule=cfg["schedule"],
-                     microbatches=cfg["microbatches"], optimizer=cfg["optimizer"],
-                     loss_fn=lambda o: _loss(main_tensor(o), main_tensor(o).detach()), **kwargs)
     mb_args, mb_kwargs, _ = micro_batch(args, kwargs, cfg["microbatches"])
+    rng = torch.get_rng_state()
     with torch.no_grad():
         out = main_tensor(model(*mb_args, **mb_kwargs))
+    torch.set_rng_state(rng)
     g = torch.Generator().manual_seed(cfg["seed"] + 1)
     target = torch.randn((out.shape[0] * cfg["microbatches"],) + tuple(out.shape[1:]), generator=g)
+    del out
+    device = cfg.get("device") or "cpu"
+    # the loss's working memory is planned with a stand-in target (a view of the output: no
+    # allocation, as the run's target, which exists before the step); the plan counts what the
+    # ranks hand to schedule.step(): the batch on rank 0, the targets on the last rank, and with
+    # return_outputs (torch's default) the outputs the last stage keeps
+    plan = partition(model, *args, stages=cfg["stages"], by=cfg["by"], schedule=cfg["schedule"],
+                     microbatches=cfg["microbatches"], optimizer=cfg["optimizer"],
+                     stages_per_rank=cfg.get("stages_per_rank", 2), memory_limit=cfg.get("memory_limit"),
+                     device=None if torch.device(device).type == "cpu" else device,
+                     loss_fn=lambda o: _loss(main_tensor(o), main_tensor(o).detach()),
+                     return_outputs=cfg.get("return_outputs", True), count_inputs=True,
+                     target_bytes=target.numel() * target.element_size(),
+                     **(cfg.get("partition_options") or {}), **kwargs)
     return model, args, kwargs, mb_args, mb_kwargs, plan, target
 
 
@@ -82,14 +102,24 @@ def _optimizer(name: str, params):
 
 def reference_losses(cfg: dict):
     """Single-process training with the same micro-batches, loss and optimizer: (losses, plan)."""
+    losses, _, plan = reference_run(cfg)
+    return losses, plan
+
+
+def reference_run(cfg: dict):
+    """Single-process training with the same micro-batches, loss and optimizer (gradient
+    accumulation): (losses per step, {parameter name: gradient of the first step}, plan). Tied
+    parameters appear under every name. The first step's gradients are of the same weights on every
+    side; later steps' weights differ by the rounding of the earlier steps."""
     model, args, kwargs, _, _, plan, target = _setup(cfg)
     tensors, rebuild = flat_inputs(args, kwargs)
     m = cfg["microbatches"]
-    chunks = list(zip(*[t.chunk(m) for t in tensors]))
-    targets = target.chunk(m)
+    chunks = list(zip(*[t.tensor_split(m) for t in tensors]))
+    targets = target.tensor_split(m)
     opt = _optimizer(cfg["optimizer"], [p for p in model.parameters() if p.requires_grad])
     losses = []
-    for _ in range(cfg["steps"]):
+    grads: dict = {}
+    for step in range(cfg["steps"]):
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for c, t in zip(chunks, targets):
@@ -97,140 +127,303 @@ def reference_losses(cfg: dict):
             loss = _loss(main_tensor(model(*a, **k)), t)
             (loss / m).backward()
             total += loss.item()
+        if step == 0:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)
+                     if p.grad is not None}
         opt.step()
         losses.append(total / m)
-    return losses, plan
+    return losses, grads, plan
+
+
+class _Busy:
+    """Seconds a rank spends computing: its stages' forward and backward of each micro-batch
+    (``forward_one_chunk``, ``backward_one_chunk``, ``backward_weight_one_chunk``) and the loss,
+    timed around the stage's own methods; the schedule's sends, receives and waits are outside."""
+
+    def __init__(self, stages) -> None:
+        self.seconds = 0.0
+        self.per_stage = {s.stage_index: 0.0 for s in stages}
+        for st in stages:
+            for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+                setattr(st, name, self._timed(getattr(st, name), st.stage_index))
+
+    def _timed(self, fn, index):
+        def run(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                dt = time.perf_counter() - t0
+                self.seconds += dt
+                self.per_stage[index] += dt
+        return run
+
+    def loss(self, fn):
+        def run(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.seconds += time.perf_counter() - t0
+        return run
+
+
+def _local_stages(plan, rank: int) -> list[int]:
+    return [s.index for s in plan.stages if s.rank == rank]
 
 
 def worker(cfg_path: str) -> None:
     import torch.distributed as dist
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
     from .capture.measure import measure_cpu, state_bytes
 
     with open(cfg_path) as f:
         cfg = json.load(f)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    cuda = torch.cuda.is_available() and cfg.get("device", "cpu") != "cpu"
+    cuda = torch.cuda.is_available() and torch.device(cfg.get("device") or "cpu").type == "cuda"
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
         model, args, kwargs, mb_args, mb_kwargs, plan, target = _setup(cfg)
-        if plan.num_stages != world:
-            raise InputError(f"the plan has {plan.num_stages} stages for {world} ranks")
-        stage, sync, path = pipeline_stage(plan, model, rank, mb_args, mb_kwargs, device=device,
-                                           path=cfg.get("path", "auto"))
-        params = [p for p in stage.submod.parameters() if p.requires_grad]
+        ranks = max(s.rank for s in plan.stages) + 1
+        if ranks != world:
+            raise InputError(f"the plan puts its {plan.num_stages} stages on {ranks} ranks, not {world}")
+        mine = _local_stages(plan, rank)
+        stages, sync, path = pipeline_stage(plan, model, rank, mb_args, mb_kwargs, device=device,
+                                            path=cfg.get("path", "auto"), all_local=True)
+        busy = _Busy(stages)
+        params = [p for st in stages for p in st.submod.parameters() if p.requires_grad]
         opt = _optimizer(cfg["optimizer"], params)
-        cls = ScheduleGPipe if cfg["schedule"] == "gpipe" else Schedule1F1B
-        sched = cls(stage, n_microbatches=cfg["microbatches"], loss_fn=_loss)
+        loss_fn = busy.loss(_loss)
+        m = cfg["microbatches"]
+        if cfg["schedule"] == "interleaved":
+            sched = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn)
+        else:
+            sched = (ScheduleGPipe if cfg["schedule"] == "gpipe" else Schedule1F1B)(
+                stages[0], n_microbatches=m, loss_fn=loss_fn)
         tensors, _ = flat_inputs(args, kwargs)
         tensors = [t.to(device) for t in tensors]
-        times, losses = [], []
+        target = target.to(device)
+        first, last = 0 in mine, plan.num_stages - 1 in mine
+        keep = bool(cfg.get("return_outputs", True))
+        times, losses, busy_s = [], [], []
+        busy_stage: dict[int, list] = {i: [] for i in mine}
 
         def one_step():
             opt.zero_grad(set_to_none=True)
+            b0, s0 = busy.seconds, dict(busy.per_stage)
             t0 = time.perf_counter()
             mb_losses: list = []
-            if rank == 0:
-                sched.step(*tensors, target=target.to(device) if world == 1 else None,
-                           losses=mb_losses if world == 1 else None, return_outputs=False)
-            elif rank == world - 1:
-                sched.step(target=target.to(device), losses=mb_losses, return_outputs=False)
-            else:
-                sched.step(return_outputs=False)
+            out = sched.step(*(tensors if first else ()), target=target if last else None,
+                             losses=mb_losses if last else None, return_outputs=keep)
+            del out     # the merged outputs (return_outputs=True) are the caller's: dropped here
             sync()
             opt.step()
             times.append(time.perf_counter() - t0)
+            busy_s.append(busy.seconds - b0)
+            for i in mine:
+                busy_stage[i].append(busy.per_stage[i] - s0[i])
             if mb_losses:
                 losses.append(sum(x.item() for x in mb_losses) / len(mb_losses))
 
         steps = cfg["steps"]
-        # live tensor bytes of this rank from here on: the stage's parameters and buffers (alive now)
-        # plus every allocation from the first step on (optimizer state, the schedule's receive
-        # buffers, gradients, activations); the peak is taken in the last step (steady state)
-        before = state_bytes([*stage.submod.parameters(), *stage.submod.buffers()])
+        # live tensor bytes of this rank from here on: what exists before the step and that the
+        # plan counts (the stages' parameters and buffers; the batch handed to step() on the first
+        # stage's rank, the targets on the last's) plus every allocation from the first step on
+        # (optimizer state, the schedule's receive buffers, gradients, activations, kept outputs);
+        # the peak is taken in the last step (steady state)
+        held = [t for st in stages for t in (*st.submod.parameters(), *st.submod.buffers())]
+        before = state_bytes(held + (list(tensors) if first else []) + ([target] if last else []))
+
+        first_grads: dict = {}
 
         def all_steps(on_step):
             for i in range(steps):
                 on_step(i, "begin")
                 one_step()
                 on_step(i, "end")
+                if i == 0 and cfg.get("grads"):   # outside the measured step: not in its peak
+                    for st in stages:
+                        for n, p in st.submod.named_parameters():
+                            if p.grad is not None:
+                                first_grads[_model_name(n)] = p.grad.detach().cpu().clone()
 
         if device.type == "cpu":
             measured = measure_cpu(all_steps, before, steps)
-            peak = measured.step_peaks[-1]
+            peak, step_peaks = measured.step_peaks[-1], list(measured.step_peaks)
         else:
-            all_steps(lambda i, when: torch.cuda.reset_peak_memory_stats(device)
-                      if when == "begin" and i == steps - 1 else None)
-            peak = torch.cuda.max_memory_allocated(device)
-        out = {"rank": rank, "path": path, "times": times, "losses": losses, "peak_bytes": peak,
-               "predicted_bytes": plan.stages[rank].memory_bytes,
-               "params": sum(p.numel() for p in stage.submod.parameters())}
+            step_peaks = []
+
+            def on_step(i, when):
+                torch.cuda.synchronize(device)
+                if when == "begin":
+                    torch.cuda.reset_peak_memory_stats(device)
+                else:
+                    step_peaks.append(torch.cuda.max_memory_allocated(device))
+            all_steps(on_step)
+            peak = step_peaks[-1]
+        own = [plan.stages[s].memory for s in mine]
+        if len(mine) == 1:
+            predicted = own[0]["total"]
+        else:
+            # several stages: their memory over the order this rank's schedule runs them in
+            from .pipeline.partition import rank_memory
+            kinds = {"FORWARD": "F", "FULL_BACKWARD": "B"}
+            order = [(a.stage_index, kinds[a.computation_type.name]) for a in sched.pipeline_order[rank]
+                     if a is not None and a.computation_type.name in kinds]
+            predicted = rank_memory(plan.units, [plan.stages[s] for s in mine], plan.num_stages, order, m)
+        out = {"rank": rank, "stages": mine, "path": path, "times": times, "busy": busy_s,
+               "busy_per_stage": {str(k): v for k, v in busy_stage.items()}, "losses": losses,
+               "peak_bytes": peak, "step_peaks": step_peaks, "before_bytes": before,
+               "predicted_bytes": int(predicted), "predicted_parts": own,
+               "inputs": [list(t.shape) for t in tensors] if first else [],
+               "params": sum(p.numel() for st in stages for p in st.submod.parameters())}
+        if cfg.get("grads"):
+            torch.save(first_grads, os.path.join(cfg["out"], f"grads{rank}.pt"))
         with open(os.path.join(cfg["out"], f"rank{rank}.json"), "w") as f:
             json.dump(out, f)
     finally:
         dist.destroy_process_group()
 
 
+def _model_name(name: str) -> str:
+    """A stage parameter's name in the model: both paths wrap the model as ``model``."""
+    return name[len("model."):] if name.startswith("model.") else name
+
+
 @dataclass(frozen=True)
 class RunResult:
     plan: object
-    ranks: tuple[dict, ...]
+    ranks: tuple[dict, ...]        # per rank: its stages; seconds of every step ("times"), busy in it
+    #                                ("busy"; "busy_per_stage": stage -> seconds per step, forward and
+    #                                backward without the loss); peak bytes measured and predicted
+    #                                (and the stages' parts), losses
     reference: tuple[float, ...]
     losses: tuple[float, ...]
     path: str
+    grad_rel_diff: float | None = None   # first step: max over parameters of |g - g_ref| / |g_ref| (2-norms)
+    return_outputs: bool = True
 
     @property
     def loss_rel_diff(self) -> float:
         return max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(self.losses, self.reference))
 
+    @staticmethod
+    def steady(values: list) -> float:
+        """The median of the steps after the first (the first alone with one step)."""
+        xs = sorted(values[1:] or values)
+        return xs[len(xs) // 2]
+
     def table(self) -> str:
         from .render.text import text_table
         from .render.units import iec
-        header = ["Stage", "Step time (median)", "Peak measured", "Peak predicted", "Error"]
+        one = all(len(r["times"]) == 1 for r in self.ranks)
+        when = "first step" if one else "median"
+        header = ["Rank", "Stages", f"Step time ({when})", f"Busy ({when})", "Peak measured",
+                  "Peak predicted", "Error"]
         body = []
         for r in self.ranks:
-            ts = sorted(r["times"][1:] or r["times"])
             err = (r["predicted_bytes"] - r["peak_bytes"]) / r["peak_bytes"] if r["peak_bytes"] else 0.0
-            body.append([str(r["rank"]), f"{ts[len(ts) // 2] * 1e3:.1f} ms", iec(r["peak_bytes"]),
-                         iec(r["predicted_bytes"]), f"{100 * err:+.1f}%"])
+            body.append([str(r["rank"]), ", ".join(str(s) for s in r.get("stages", [r["rank"]])),
+                         f"{self.steady(r['times']) * 1e3:.1f} ms",
+                         f"{self.steady(r['busy']) * 1e3:.1f} ms" if r.get("busy") else "--",
+                         iec(r["peak_bytes"]), iec(r["predicted_bytes"]), f"{100 * err:+.1f}%"])
         footer = [("Stages built by", "torch.export + pipeline()" if self.path == "export"
                    else "module ownership (torch.export could not trace the model)"),
+                  ("Step time", "the first step only (--steps 1): not steady state, it includes "
+                                "warm-up (allocations, first sends)" if one else
+                   "median of the steps after the first (the first is warm-up)"),
+                  ("Outputs", "step(return_outputs=True) (torch's default): the last stage keeps every "
+                              "micro-batch's output" if self.return_outputs else
+                   "step(return_outputs=False): the last stage keeps no outputs"),
                   ("Loss per step", ", ".join(f"{x:.6g}" for x in self.losses)),
                   ("Single process", ", ".join(f"{x:.6g}" for x in self.reference)),
                   ("Max relative diff", f"{self.loss_rel_diff:.2e}")]
+        if self.grad_rel_diff is not None:
+            footer.append(("Gradients", f"max relative diff {self.grad_rel_diff:.2e} against one process"))
         return text_table(header, body, footer)
 
 
-def launch(spec: str, *, overrides: dict | None = None, stages: int, by: str = "flops", schedule: str = "1f1b", microbatches: int = 4,
-           batch_size: int = 8, steps: int = 3, optimizer: str = "sgd", seed: int = 0, path: str = "auto",
-           device: str = "cpu", timeout: float = 600.0) -> RunResult:
-    """Train ``steps`` steps of the split model under torchrun and compare with one process."""
+def launch(spec: str, *, overrides: dict | None = None, stages: int, by: str = "flops", schedule: str = "1f1b",
+           microbatches: int = 4, batch_size: int = 8, steps: int = 3, optimizer: str = "sgd", seed: int = 0,
+           path: str = "auto", device: str = "cpu", timeout: float = 600.0, head: str | None = None,
+           input_size=None, dtypes=None, input_ids=None, model_dtype: str | None = None,
+           memory_limit=None, stages_per_rank: int = 2, return_outputs: bool = True,
+           allow_pickle: bool = False, partition_options: dict | None = None,
+           compare_grads: bool = False) -> RunResult:
+    """Train ``steps`` steps of the split model under torchrun and compare with one process.
+
+    Every rank builds the model from ``spec`` (``overrides``, ``head``, ``model_dtype``) and the
+    inputs the command line would (``input_size`` with ``dtypes``, ``input_ids``, else the spec's
+    defaults) at ``batch_size``, and plans it with ``partition()`` (``by``, ``schedule``,
+    ``microbatches``, ``optimizer``, ``memory_limit``, ``stages_per_rank``, and ``partition_options``:
+    more keyword arguments, JSON values). The interleaved schedule puts ``stages_per_rank`` stages on
+    each of stages / stages_per_rank ranks. ``return_outputs`` is passed to ``schedule.step()``
+    (True is torch's default) and to the plan. ``compare_grads``: also compare every parameter's
+    gradient of the first step with one process (``RunResult.grad_rel_diff``)."""
     if schedule == "interleaved":
-        raise InputError("--run supports the gpipe and 1f1b schedules")
+        if stages_per_rank < 2 or stages % stages_per_rank:
+            raise InputError(f"the interleaved schedule puts {stages_per_rank} stages on each rank: "
+                             f"--stages ({stages}) must be a multiple of it (at least 2)")
+        procs = stages // stages_per_rank
+        rounds = max(1, microbatches // procs)
+        if microbatches % rounds:
+            # torch's ScheduleInterleaved1F1B runs the micro-batches in rounds of pp_size
+            raise InputError(f"torch's interleaved 1F1B needs the micro-batches ({microbatches}) to be a "
+                             f"multiple of its rounds ({rounds} = max(1, micro-batches // {procs} ranks))")
+    else:
+        procs = stages
+    if microbatches > batch_size:
+        raise InputError(f"{microbatches} micro-batches need a batch of at least {microbatches} "
+                         f"(--batch-size {batch_size})")
     with tempfile.TemporaryDirectory(prefix="layerscope-run-") as tmp:
         cfg = {"spec": spec, "overrides": overrides or {}, "stages": stages, "by": by, "schedule": schedule,
                "microbatches": microbatches, "batch_size": batch_size, "steps": steps,
-               "optimizer": optimizer, "seed": seed, "out": tmp, "path": path, "device": device}
+               "optimizer": optimizer, "seed": seed, "out": tmp, "path": path, "device": device,
+               "head": head, "input_size": [list(x) for x in input_size] if input_size else None,
+               "dtypes": [str(d) for d in dtypes] if dtypes else None,
+               "input_ids": list(input_ids) if input_ids else None, "model_dtype": model_dtype,
+               "memory_limit": memory_limit, "stages_per_rank": stages_per_rank,
+               "return_outputs": bool(return_outputs), "allow_pickle": bool(allow_pickle),
+               "partition_options": dict(partition_options or {}), "grads": bool(compare_grads)}
         cfg_path = os.path.join(tmp, "run.json")
         with open(cfg_path, "w") as f:
-            json.dump(cfg, f)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(stages),
+            json.dump(cfg, f)     # refuses what JSON cannot carry (partition_options must be JSON)
+        # the single process first: it plans exactly as every rank will, so a plan that cannot be
+        # made (a memory limit no split fits, inputs the model refuses) fails here, in one line
+        ref, ref_grads, plan = reference_run(cfg)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
                "--master_port", str(_free_port()), "-m", "layerscope.torchrun", cfg_path]
-        env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // stages)))
+        env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // procs)))
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         if proc.returncode != 0:
             raise InputError(f"the pipeline run failed (torchrun exit {proc.returncode}):\n"
                              + _worker_error(proc.stderr or proc.stdout or ""))
         ranks = []
-        for r in range(stages):
+        for r in range(procs):
             with open(os.path.join(tmp, f"rank{r}.json")) as f:
                 ranks.append(json.load(f))
-        ref, plan = reference_losses(cfg)   # the plan every rank computed, from the same setup
+        diff = None
+        if compare_grads:
+            diff = 0.0
+            seen = set()
+            for r in range(procs):
+                for name, g in torch.load(os.path.join(tmp, f"grads{r}.pt")).items():
+                    if name not in ref_grads:
+                        raise InputError(f"rank {r} has a gradient for {name}, which the model lacks")
+                    want = ref_grads[name].double()
+                    scale = float(want.norm()) or 1.0
+                    diff = max(diff, float((g.double() - want).norm()) / scale)
+                    seen.add(name)
+            missing = {n for n in ref_grads} - seen
+            # a tied parameter has several names in the model; one stage's name covers it
+            if any(not any(ref_grads[n] is ref_grads[s] or torch.equal(ref_grads[n], ref_grads[s])
+                           for s in seen) for n in missing):
+                raise InputError(f"no rank returned the gradients of {sorted(missing)[:5]}")
     return RunResult(plan=plan, ranks=tuple(ranks), reference=tuple(ref), losses=tuple(ranks[-1]["losses"]),
-                     path=ranks[0]["path"])
+                     path=ranks[0]["path"], grad_rel_diff=diff, return_outputs=bool(return_outputs))
 
 
 def _worker_error(text: str) -> str:

@@ -87,6 +87,97 @@ def test_in_flight_peak_is_the_largest_backward():
         assert p["activations"] + p["outputs"] + p["sends"] + p["grad_overlap"] == max(every)
 
 
+def test_partition_with_what_the_step_keeps_equals_brute_force():
+    # the same brute force with step(return_outputs=True)'s kept outputs, the batch's inputs on the
+    # first stage and its targets on the last, over GPipe, 1F1B and interleaved (2 stages per rank)
+    import dataclasses
+    rng = random.Random(3)
+    infeasible = 0
+    for _ in range(600):
+        n = rng.randint(1, 12)
+        schedule = rng.choice(["gpipe", "1f1b", "interleaved"])
+        k = rng.choice([2, 4]) if schedule == "interleaved" else rng.randint(1, 5)
+        if k > n:
+            continue
+        m = rng.randint(1, 6)
+        units = dataclasses.replace(_random_units(n, rng), kept_outputs=rng.random() < 0.7,
+                                    input_batch_bytes=rng.choice([0, rng.randint(0, 90)]),
+                                    target_bytes=rng.choice([0, rng.randint(0, 90)]))
+        limits = None if rng.random() < 0.3 else [rng.randint(50, 700)] * k
+        got = solve(units, k, "flops", limits, schedule, m)
+        want = _brute(units, k, schedule, m, limits)
+        assert (None if got is None else got[1]) == want
+        infeasible += got is None
+    assert 50 < infeasible < 500
+
+
+def test_in_flight_peak_with_kept_outputs_is_the_largest_backward_or_the_end():
+    # interleaved: torch's runtime schedule keeps every send's work to the end of the step. With
+    # return_outputs=True the last stage also holds, at backward j, the j outputs whose backward
+    # is done, and at the end of the step all M and their concatenation (M more)
+    from layerscope.pipeline.partition import _in_flight_parts, flight_counts
+    rng = random.Random(4)
+    for _ in range(2000):
+        a, o, grads, inb = (rng.randint(0, 50) for _ in range(4))
+        schedule = rng.choice(["gpipe", "1f1b", "interleaved"])
+        m, k = rng.randint(1, 9), rng.choice([2, 4, 6]) if schedule == "interleaved" else rng.randint(1, 6)
+        s, kept = rng.randrange(k), rng.random() < 0.7
+        held = held_microbatches(schedule, k, m, s)
+        first, last = s == 0, s == k - 1
+        keeps = kept and last
+        kept_out = keeps or (not last and (schedule != "1f1b" or held == 2))
+        counts = flight_counts(schedule, held, m, first, last)
+        every = [acts * a + outs * o + sends * inb + (j * o if keeps else 0)
+                 - (min(a if kept_out else a + o, grads) if j == 0 else 0)
+                 for j, (acts, outs, sends) in enumerate(counts)]
+        # the end of the step: interleaved holds every sent output and input gradient until then
+        if keeps or schedule == "interleaved":
+            every.append((counts[-1][2] if schedule == "1f1b" else (0 if first else m)) * inb
+                         + (m * o if schedule == "interleaved" and not last else 0) + (2 * m * o if keeps else 0))
+        p = _in_flight_parts(a, o, grads, inb, held, m, schedule, first, last, kept=kept)
+        assert p["activations"] + p["outputs"] + p["sends"] + p["grad_overlap"] + p["kept_outputs"] == max(every)
+
+
+def test_hand_derived_kept_outputs_inputs_and_targets():
+    import dataclasses
+    # the units of test_hand_derived_working_memory_loss_and_gradient_overlap, M = 2, 2 1F1B stages,
+    # with return_outputs=True, a 6-byte input batch and a 4-byte target batch. Stage 0: as before
+    # 36, + inputs 6 = 42. Stage 1 (last): backward 0: 9 - min(3 + 4 = 7 freed, the output is kept,
+    # 10) = 2; backward 1: 9 + input gradient 2 + kept output of micro-batch 0: 2 = 13; end of step:
+    # 2 outputs kept + their concatenation 2 x 2 = 8, + the last input gradient 2 = 10 -> 13.
+    # State 20 + 13 + received 4 + working 9 + targets 4 = 50 (44 without them)
+    units = SplitUnits("m", (_unit(0, 1, state=10, saved=3, inb=2, outb=2, grads=10, work=5),
+                             _unit(1, 1, state=10, saved=3, inb=2, outb=2, grads=10, work=7)),
+                       loss_bytes=9, loss_saved_bytes=4, kept_outputs=True, input_batch_bytes=6, target_bytes=4)
+    plan = build_plan(units, stages=2, by="flops", memory_limit=None, schedule="1f1b", microbatches=2)
+    assert [s.memory_bytes for s in plan.stages] == [42, 50]
+    last = plan.stages[1].memory
+    assert (last["kept_outputs"], last["peak_backward"], last["targets"], last["inputs"]) == (2, 1, 4, 0)
+    # one GPipe stage: with M = 2 the end of the step holds 2 x 2 outputs + 2 x 2 concatenated = 8,
+    # less than backward 0's 24 - min(12 - 2, 20) = 14 or backward 1's 12 + 2 = 14 (-> 14)
+    m = stage_memory(dataclasses.replace(units, input_batch_bytes=0, target_bytes=0), 0, 2, 0, 1, "gpipe", 2)
+    assert (m["activations"], m["outputs"], m["kept_outputs"], m["grad_overlap"]) == (20, 4, 0, -10)
+
+
+def test_hand_derived_rank_memory_of_two_interleaved_stages():
+    from layerscope.pipeline.partition import rank_memory
+    # 4 units of 10 B parameters and 8 B gradients, saving 3 B, receiving and sending 2 B per
+    # micro-batch; 4 stages on 2 ranks, M = 2. Rank 0 holds stages 0 and 2 and runs (torch's order:
+    # 4 warm-up forwards) F0 F0 F2 F2 B2 B2 B0 B0. Constant: state 2 x 18 + boundary (stage 0: 2 x 2
+    # gradient buffers; stage 2: 2 x 2 received + 2 x 2) 12 = 48. In flight, gradients absent until
+    # a stage's first backward: after the forwards 20 - 16 = 4; B2 (0): stage 0 10 - 8, stage 2
+    # 10 - min(3, 8) -> 9; B2 (1): 2 + 3 + 2 x 2 sent outputs + 2 sent gradient = 11; B0 (0): 10 - 3
+    # + stage 2's 2 x 2 + 2 x 2 = 15; B0 (1): 3 + 4 + 8 = 15; the end 4 + 8 = 12 -> 48 + 15 = 63.
+    # Each stage's own peak (stage 0: 18 + 7 + 4 = 29 at its backwards; stage 2: 18 + 9 + 8 = 35 at
+    # its backward 1) summed: 64 -- the stages peak at different times
+    units = SplitUnits("m", tuple(_unit(i, 1, state=10, saved=3, inb=2, outb=2, grads=8) for i in range(4)))
+    plan = build_plan(units, stages=4, by="flops", memory_limit=None, schedule="interleaved", microbatches=2)
+    assert [s.rank for s in plan.stages] == [0, 1, 0, 1]
+    order = [(0, "F"), (0, "F"), (2, "F"), (2, "F"), (2, "B"), (2, "B"), (0, "B"), (0, "B")]
+    assert rank_memory(units, [plan.stages[0], plan.stages[2]], 4, order, 2) == 63
+    assert (plan.stages[0].memory_bytes, plan.stages[2].memory_bytes) == (29, 35)
+
+
 def test_partition_1000_units_64_stages():
     rng = random.Random(1)
     units = SplitUnits("m", tuple(_unit(i, rng.randint(1, 1000)) for i in range(1000)))
@@ -241,15 +332,58 @@ GPT2_RUN = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 300, "n_posit
             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}   # no dropout: losses comparable
 
 
-@pytest.mark.parametrize("spec,overrides,schedule,path", [
-    ("hf:GPT2Config", GPT2_RUN, "1f1b", "ownership"),        # export refused: the mask boundary
-    ("layerscope.examples:small_cnn", {}, "gpipe", "export")])
-def test_torchrun_training_matches_one_process(spec, overrides, schedule, path):
+@pytest.mark.parametrize("spec,overrides,schedule,path,stages", [
+    ("hf:GPT2Config", GPT2_RUN, "1f1b", "ownership", 2),        # export refused: the mask boundary
+    ("layerscope.examples:small_cnn", {}, "gpipe", "export", 2),
+    # 4 stages on 2 ranks (0, 2 | 1, 3); the tied embedding and head on stages 0 and 3 (both ranks)
+    ("hf:GPT2Config", GPT2_RUN, "interleaved", "ownership", 4)])
+def test_torchrun_training_matches_one_process(spec, overrides, schedule, path, stages):
     from layerscope.torchrun import launch
-    res = launch(spec, overrides=overrides, stages=2, schedule=schedule, microbatches=2, batch_size=4,
-                 steps=2, optimizer="sgd")
+    res = launch(spec, overrides=overrides, stages=stages, schedule=schedule, microbatches=2, batch_size=4,
+                 steps=2, optimizer="sgd", compare_grads=True)
     assert len(res.losses) == 2 and res.loss_rel_diff < 1e-5 and res.path == path
     assert all(r["peak_bytes"] > 0 and r["predicted_bytes"] > 0 for r in res.ranks)
+    # losses of both steps and every parameter's gradient (first step) as one process computes them
+    assert res.loss_rel_diff < 1e-6 and res.grad_rel_diff < 1e-6
+    assert len(res.ranks) == 2 and [r["stages"] for r in res.ranks] == \
+        ([[0, 2], [1, 3]] if schedule == "interleaved" else [[0], [1]])
+    # every step's time and busy seconds (forward, backward, loss), busy within the step
+    assert all(len(r["times"]) == len(r["busy"]) == 2 and 0 < r["busy"][1] < r["times"][1] for r in res.ranks)
+
+
+def test_torchrun_honours_head_input_ids_and_memory_limit():
+    from layerscope.torchrun import launch
+    cfg = {k: v for k, v in GPT2_RUN.items()}
+    res = launch("hf:GPT2Config", overrides=cfg, head="causal-lm", input_ids=(4, 12), memory_limit="64MiB",
+                 stages=2, microbatches=2, batch_size=4, steps=1, optimizer="sgd", return_outputs=False)
+    plan = res.plan
+    # the head reached the ranks (GPT2LMHeadModel: the last unit is lm_head), the input ids of
+    # shape 4 x 12 the first rank, the limit the plan every rank made
+    assert plan.units.units[-1].name == "lm_head" and res.ranks[0]["inputs"] == [[4, 12]]
+    assert all(s.limit == 64 * 2**20 and s.memory_bytes <= s.limit for s in plan.stages)
+    assert plan.options.get("return_outputs") is not True and "kept_outputs" not in plan.stages[-1].memory
+    assert "first step only" in res.table()
+
+
+def test_cli_split_run_passes_every_option(monkeypatch, capsys):
+    import layerscope.torchrun as run
+    from layerscope.cli import main
+    seen = {}
+
+    def stub(spec, **kw):
+        seen.update(kw)
+        raise ls.InputError("stubbed")
+    monkeypatch.setattr(run, "launch", stub)
+    assert main(["split", "hf:GPT2Config", "--set", "n_layer=2", "--head", "causal-lm", "--input-ids", "4,12",
+                 "--memory-limit", "1GiB", "--stages", "4", "--schedule", "interleaved", "--model-dtype", "fp32",
+                 "--microbatches", "2", "--batch-size", "4", "--by", "params", "--optimizer", "sgd",
+                 "--no-return-outputs", "--run", "--steps", "1"]) == 1
+    assert (seen["head"], seen["input_ids"], seen["memory_limit"], seen["schedule"], seen["stages_per_rank"],
+            seen["model_dtype"], seen["by"], seen["return_outputs"], seen["overrides"]) == \
+        ("causal-lm", (4, 12), "1GiB", "interleaved", 2, "fp32", "params", False, {"n_layer": 2})
+    main(["split", "layerscope.examples:small_cnn", "--stages", "2", "--input-size", "4,3,32,32", "--run"])
+    assert seen["input_size"] == [(4, 3, 32, 32)] and seen["return_outputs"] is True
+    capsys.readouterr()
 
 
 def test_export_stages_drop_a_tied_weight_they_do_not_use():

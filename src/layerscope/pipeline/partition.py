@@ -27,6 +27,11 @@ equal bottlenecks go to the earliest cut). Memory of stage s over units [x, y), 
       which is how torch.distributed.pipelining allocates its receive buffers (one per micro-batch)
     + working memory: the largest transient of one unit's forward or backward (a range maximum),
       and on the last stage at least the loss's forward and backward working memory
+    + what the caller of ``schedule.step()`` keeps (``SplitUnits.kept_outputs``, ``input_batch_bytes``,
+      ``target_bytes``): with ``return_outputs=True`` (torch's default) the last stage keeps the output
+      of every micro-batch whose backward is done (detached, its data alive until the next step) and
+      at the end of the step returns them concatenated: j more outputs at backward j, 2·M outputs at
+      the end; the whole batch's inputs on the first stage and its targets on the last
 
 held(s): GPipe keeps all M micro-batches; 1F1B keeps min(K - s, M); interleaved 1F1B with v stages per
 rank keeps, on rank r of p, min(M, ceil(((p - r - 1)·2 + (v - 1)·p + 1) / v)) per stage (Megatron's
@@ -43,7 +48,8 @@ import torch
 from ..errors import InputError, PlanError
 from .units import SplitUnits, Unit
 
-__all__ = ["solve", "held_microbatches", "stage_memory", "SCHEDULES", "COSTS", "OBJECTIVES", "TIME_COSTS"]
+__all__ = ["solve", "held_microbatches", "stage_memory", "rank_memory", "SCHEDULES", "COSTS", "OBJECTIVES",
+           "TIME_COSTS"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 COSTS = ("flops", "macs", "params", "memory", "latency", "roofline")
@@ -118,6 +124,9 @@ class _Tables:
             self.work[:self.n, 1:] = torch.cummax(rows, dim=1).values
         self.loss = float(units.loss_bytes)
         self.loss_saved = float(units.loss_saved_bytes)
+        self.kept = bool(units.kept_outputs)
+        self.inputs = float(units.input_batch_bytes)
+        self.targets = float(units.target_bytes)
 
     def _grid(self, p, x, y):
         return p[y][None, :] - p[x][:, None]
@@ -134,7 +143,9 @@ class _Tables:
         if not first:
             act = act - self.recv[x][:, None]
         mem = mem + in_flight(act, self.outb[y][None, :], self._grid(self.grads, x, y),
-                              self.inb[x][:, None], held, self.m, self.schedule, first, last)
+                              self.inb[x][:, None], held, self.m, self.schedule, first, last,
+                              kept=self.kept)
+        mem = mem + (self.inputs if first else 0.0) + (self.targets if last else 0.0)
         if not first:
             mem = mem + (self.m * self.inb[x])[:, None]
         if not last:
@@ -246,7 +257,7 @@ def stage_memory(units: SplitUnits, x: int, y: int, stage: int, stages: int, sch
         + loss_saved
     o = us[-1].output_bytes
     parts = _in_flight_parts(a, o, grads, us[0].input_bytes, held, microbatches, schedule, stage == 0,
-                             last)
+                             last, kept=units.kept_outputs)
     boundary = (microbatches * us[0].input_bytes if stage > 0 else 0) + \
         (microbatches * us[-1].output_bytes if not last else 0)
     work = max(u.work_bytes for u in us)
@@ -254,10 +265,74 @@ def stage_memory(units: SplitUnits, x: int, y: int, stage: int, stages: int, sch
         work = max(work, units.loss_bytes)
     state = params + grads + opt - dup
     dup, state = int(dup), int(state)
-    flight = parts["activations"] + parts["outputs"] + parts["grad_overlap"] + parts["sends"]
+    flight = parts["activations"] + parts["outputs"] + parts["grad_overlap"] + parts["sends"] + \
+        parts["kept_outputs"]
+    inputs = units.input_batch_bytes if stage == 0 else 0
+    targets = units.target_bytes if last else 0
+    # the step's own keys only where the plan counts them (a plan without them reads as before)
+    if not units.kept_outputs:
+        del parts["kept_outputs"]
+    step = {"inputs": inputs, "targets": targets} if units.input_batch_bytes or units.target_bytes else {}
     return {"params": params, "grads": grads, "optimizer": opt, "tied_dedup": dup, "state": state,
-            "held_microbatches": held, **parts, "boundary": boundary, "working": work,
-            "total": state + flight + boundary + work}
+            "held_microbatches": held, **parts, "boundary": boundary, "working": work, **step,
+            "total": state + flight + boundary + work + inputs + targets}
+
+
+def _stage_sizes(units: SplitUnits, x: int, y: int, stage: int, stages: int) -> tuple[int, int, int, int]:
+    """(a, o, grads, inb) of the stage over units [x, y): per micro-batch activations (as in
+    ``stage_memory``), output and input-gradient bytes, and its gradients."""
+    us = units.units[x:y]
+    last = stage == stages - 1
+    recv = min(us[0].received_saved_bytes, us[0].input_bytes) if stage > 0 else 0
+    a = sum(u.saved_bytes for u in us) - recv - min(us[-1].output_saved_bytes, us[-1].output_bytes) \
+        + (units.loss_saved_bytes if last else 0)
+    return a, us[-1].output_bytes, sum(u.grad_bytes for u in us), us[0].input_bytes
+
+
+def rank_memory(units: SplitUnits, plan_stages, num_stages: int, order, microbatches: int) -> int:
+    """Memory of one rank holding several stages (interleaved 1F1B), from the order its schedule
+    runs them: ``order`` is the rank's (stage index, "F" or "B") actions, as torch's
+    ScheduleInterleaved1F1B lists them (``pipeline_order[rank]``). The stages' state, boundary
+    buffers, inputs and targets add up, working memory is the largest one's; what is in flight is
+    counted after every forward, during every backward and at the end of the step, with each
+    stage's counts so far (the runtime schedule keeps every send's work to the end: all outputs
+    and input gradients sent so far; with kept outputs the last stage holds those of its finished
+    backwards, and at the end their concatenation too); a stage's gradients exist from its first
+    backward on. Summing each stage's own peak instead over-counts: they peak at different times."""
+    m, last_index = microbatches, num_stages - 1
+    info = {st.index: _stage_sizes(units, st.first, st.last + 1, st.index, num_stages) for st in plan_stages}
+    const = sum(st.memory["state"] + st.memory["boundary"] + st.memory.get("inputs", 0)
+                + st.memory.get("targets", 0) for st in plan_stages) + max(st.memory["working"] for st in plan_stages)
+    f = {t: 0 for t in info}
+    b = dict(f)
+
+    def flight(doing: int | None) -> int:
+        v = 0
+        for t, (a, o, grads, inb) in info.items():
+            first, last = t == 0, t == last_index
+            acts = f[t] - b[t]
+            v += acts * a + (acts if last else f[t]) * o + (0 if first else b[t]) * inb
+            if last and units.kept_outputs:
+                v += b[t] * o
+            if b[t] == 0:
+                if t == doing:     # its gradients appear as this backward frees its micro-batch
+                    v -= min(a if (not last or units.kept_outputs) else a + o, grads)
+                else:
+                    v -= grads     # no backward yet: no gradients
+        return v
+
+    best = 0
+    for t, kind in order:
+        if t not in f:
+            continue
+        if kind == "F":
+            f[t] += 1
+            best = max(best, flight(None))
+        else:
+            best = max(best, flight(t))
+            b[t] += 1
+    merged = m * info[last_index][1] if last_index in info and units.kept_outputs else 0
+    return int(const + max(best, flight(None) + merged))
 
 
 def flight_counts(schedule: str, held: int, m: int, first: bool, last: bool) -> list[tuple[int, int, int]]:
@@ -273,12 +348,19 @@ def flight_counts(schedule: str, held: int, m: int, first: bool, last: bool) -> 
     min(W + j, M) - j micro-batches are in flight; the input gradient of backward j - 1 is still
     held (its op list is replaced after backward j); and with W >= 2 the warm-up's send work keeps
     the output of micro-batch W - 2 alive until the steady phase ends (backward M - W).
-    Interleaved: as 1F1B, with ``held`` from its own warm-up count."""
+    Interleaved (torch's ScheduleInterleaved1F1B, a runtime schedule): ``held`` warm-up forwards
+    from its own count; every send's work is kept until the step ends, so a stage that sends its
+    outputs holds all it has sent (min(W + j, M) at backward j) and the j input gradients sent
+    before backward j."""
     out = []
     for j in range(m):
         if schedule == "gpipe":
             acts = m - j
             outs = acts if last else m
+            sends = j
+        elif schedule == "interleaved":
+            acts = min(held + j, m) - j
+            outs = acts if last else acts + j
             sends = j
         else:
             acts = min(held + j, m) - j
@@ -289,28 +371,40 @@ def flight_counts(schedule: str, held: int, m: int, first: bool, last: bool) -> 
     return out
 
 
-def in_flight(a, o, grads, inb, held: int, m: int, schedule: str, first: bool, last: bool):
+def in_flight(a, o, grads, inb, held: int, m: int, schedule: str, first: bool, last: bool,
+              kept: bool = False):
     """Bytes a stage holds for micro-batches in flight at its peak: the largest over its backwards
     (``flight_counts``) of ``a`` activations and ``o`` output per micro-batch and ``inb`` bytes per
     input gradient waiting to be sent; during the first backward the gradients appear as that
     micro-batch's activations (and its output, when nothing else holds it) are freed, so that
-    backward counts min(freed, gradients) less. On the solver's tensor grids."""
+    backward counts min(freed, gradients) less. ``kept`` (step(return_outputs=True)): the last stage
+    also holds the outputs it keeps to return (``_candidates``). On the solver's tensor grids."""
     best = None
-    for j, acts, outs, sends, freed in _candidates(a, o, held, m, schedule, first, last):
-        v = acts * a + outs * o + sends * inb
+    for j, acts, outs, sends, nkept, freed in _candidates(a, o, held, m, schedule, first, last, kept):
+        v = acts * a + outs * o + sends * inb + nkept * o
         if freed is not None:
             v = v - torch.minimum(freed, grads)
         best = v if best is None else torch.maximum(best, v)
     return best
 
 
-def _candidates(a, o, held, m, schedule, first, last):
-    """(j, activations, outputs, input gradients, what backward 0 frees or None) for the backwards
-    that can be the peak: counts are non-negative multipliers of non-negative sizes, so a backward
-    whose counts are all at most another's (j = 0 included: it also subtracts) cannot be; under
-    GPipe the counts are linear in j >= 1, so the peak is at j = 0, 1 or M - 1."""
-    counts = flight_counts(schedule, held, m, first, last)
-    js = range(m) if schedule != "gpipe" else sorted({0, min(1, m - 1), m - 1})
+def _candidates(a, o, held, m, schedule, first, last, kept: bool = False):
+    """(j, activations, outputs, input gradients, kept outputs, what backward 0 frees or None) for
+    the backwards that can be the peak: counts are non-negative multipliers of non-negative sizes, so
+    a backward whose counts are all at most another's (j = 0 included: it also subtracts) cannot be;
+    under GPipe the counts are linear in j >= 1, so the peak is at j = 0, 1 or M - 1.
+    With ``kept`` on the last stage, backward j also holds the j outputs of the micro-batches whose
+    backward is done (the stage keeps them to return), and j = M is the end of the step: those M
+    outputs and their concatenation (M more), with the input gradients still held (the last one
+    under 1F1B, all M under GPipe and interleaved). Interleaved has that end too (every sent output
+    and input gradient is held until it)."""
+    keeps = kept and last
+    counts = [(*c, j if keeps else 0) for j, c in enumerate(flight_counts(schedule, held, m, first, last))]
+    js = list(range(m)) if schedule != "gpipe" else sorted({0, min(1, m - 1), m - 1})
+    if keeps or schedule == "interleaved":
+        end_sends = counts[-1][2] if schedule == "1f1b" else (0 if first else m)
+        counts.append((0, m if schedule == "interleaved" and not last else 0, end_sends, 2 * m if keeps else 0))
+        js.append(m)
 
     def covered(j: int, i: int) -> bool:   # backward i holds at least what backward j does
         ci, cj = counts[i], counts[j]
@@ -318,19 +412,22 @@ def _candidates(a, o, held, m, schedule, first, last):
 
     keep = [j for j in js if not any(covered(j, i) for i in js if i not in (0, j))]
     # micro-batch 0's output outlives its backward when a pending forward send holds it
-    kept_out = not last and (schedule == "gpipe" or (schedule == "1f1b" and held == 2))
+    # (the kept output is micro-batch 0's on the last stage, when the step keeps it to return)
+    kept_out = keeps or (not last and (schedule in ("gpipe", "interleaved") or (schedule == "1f1b" and held == 2)))
     for j in keep:
         yield (j, *counts[j], (a if kept_out else a + o) if j == 0 else None)
 
 
-def _in_flight_parts(a: int, o: int, grads: int, inb: int, held, m, schedule, first, last) -> dict:
-    """``in_flight`` on numbers, with the parts of the backward where it peaks."""
+def _in_flight_parts(a: int, o: int, grads: int, inb: int, held, m, schedule, first, last,
+                     kept: bool = False) -> dict:
+    """``in_flight`` on numbers, with the parts of the backward where it peaks (``peak_backward``
+    M: the end of the step, with kept outputs)."""
     best = None
-    for j, acts, outs, sends, freed in _candidates(a, o, held, m, schedule, first, last):
+    for j, acts, outs, sends, nkept, freed in _candidates(a, o, held, m, schedule, first, last, kept):
         overlap = -min(freed, grads) if freed is not None else 0
         parts = {"peak_backward": j, "activations": acts * a, "outputs": outs * o,
-                 "grad_overlap": overlap, "sends": sends * inb}
-        v = acts * a + outs * o + sends * inb + overlap
+                 "grad_overlap": overlap, "sends": sends * inb, "kept_outputs": nkept * o}
+        v = acts * a + outs * o + sends * inb + nkept * o + overlap
         if best is None or v > best[0]:
             best = (v, parts)
     return best[1]

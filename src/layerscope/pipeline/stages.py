@@ -329,27 +329,40 @@ def _verify_chain(model: nn.Module, plan: StagePlan, args: tuple, kwargs: dict, 
 
 
 class TieSync:
-    """Sums the gradients of tied weights held by several stages (one all-reduce per tie)."""
+    """Sums the gradients of tied weights held by several stages: locally over the rank's own stages
+    (each holds its own copy), then one all-reduce per tie across the ranks that hold it."""
 
-    def __init__(self, plan: StagePlan, module: nn.Module, rank: int, prefix: str = "") -> None:
+    def __init__(self, plan: StagePlan, module, rank: int, prefix: str = "") -> None:
         import torch.distributed as dist
+        modules = list(module) if isinstance(module, (list, tuple)) else [module]
         self.pairs = []
         for tie in plan.units.ties:
             ranks = sorted({plan.stages[plan.stage_of(u)].rank for u in tie.units})
-            if len(ranks) < 2:
+            # every rank creates every group, in the same order
+            group = dist.new_group(ranks) if len(ranks) >= 2 else None
+            if rank not in ranks:
                 continue
-            group = dist.new_group(ranks)     # every rank creates every group, in the same order
-            if rank in ranks:
-                p = _find(module, tie.names, prefix)
-                if p is not None:
-                    self.pairs.append((p, group))
+            params: list = []
+            for m in modules:
+                p = _find(m, tie.names, prefix)
+                if p is not None and not any(p is q for q in params):
+                    params.append(p)
+            if params and (group is not None or len(params) >= 2):
+                self.pairs.append((params, group))
 
     def __call__(self) -> None:
         import torch.distributed as dist
-        for p, group in self.pairs:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            dist.all_reduce(p.grad, group=group)
+        for params, group in self.pairs:
+            first = params[0]
+            if first.grad is None:
+                first.grad = torch.zeros_like(first)
+            for p in params[1:]:
+                if p.grad is not None:
+                    first.grad += p.grad
+            if group is not None:
+                dist.all_reduce(first.grad, group=group)
+            for p in params[1:]:
+                p.grad = first.grad.clone()
 
 
 def _find(module: nn.Module, names, prefix: str):
@@ -362,28 +375,40 @@ def _find(module: nn.Module, names, prefix: str):
 
 
 def pipeline_stage(plan, model: torch.nn.Module, rank: int, args: tuple, kwargs: dict | None = None,
-                   device=None, path: str = "auto", group=None):
+                   device=None, path: str = "auto", group=None, all_local: bool = False):
     """(PipelineStage, TieSync, path) for ``rank``'s stage. ``args``/``kwargs``: one micro-batch of
     example inputs. The model is cut down in place on the ownership path (other stages' modules
-    become stubs), so pass the rank's own copy. Call the TieSync after backward, before the step."""
+    become stubs), so pass the rank's own copy. Call the TieSync after backward, before the step.
+
+    ``all_local=True`` gives ([PipelineStage, ...], TieSync, path) with every stage the plan puts on
+    ``rank`` (``Stage.rank``: the interleaved schedule's stages r, r + P, ...), for
+    ``ScheduleInterleaved1F1B``; on the ownership path each but the last is cut from its own copy
+    of the model."""
     from torch.distributed.pipelining import PipelineStage
 
     kwargs = kwargs or {}
     device = torch.device(device) if device is not None else torch.device("cpu")
-    if plan.schedule == "interleaved":
-        raise InputError("pipeline_stage() builds one stage per rank; the interleaved schedule needs "
-                         "several per rank (build each with build_stage_module on its own model copy)")
+    mine = [s.index for s in plan.stages if s.rank == rank]
+    if not mine:
+        raise InputError(f"the plan puts no stage on rank {rank}")
+    if len(mine) > 1 and not all_local:
+        raise InputError(f"the plan puts stages {mine} on rank {rank}: pipeline_stage(..., all_local=True) "
+                         "builds them all (a list, for ScheduleInterleaved1F1B)")
+    done = (lambda st, sync, p: (st, sync, p)) if all_local else (lambda st, sync, p: (st[0], sync, p))
     if path in ("auto", "export"):
         try:
             pipe, _ = export_stages(model, plan, args, kwargs)
-            drop_unused_params(pipe.get_stage_module(rank))
-            stage = pipe.build_stage(rank, device, group)
-            return stage, TieSync(plan, stage.submod, rank, prefix="model."), "export"
+            built = []
+            for s in mine:
+                drop_unused_params(pipe.get_stage_module(s))
+                built.append(pipe.build_stage(s, device, group))
+            return done(built, TieSync(plan, [b.submod for b in built], rank, prefix="model."), "export")
         except InputError:
             raise
         except Exception:  # noqa: BLE001 - export failed: module ownership
             if path == "export":
                 raise
-    mod = build_stage_module(model, plan, rank, args, kwargs, copy_model=False).to(device)
-    stage = PipelineStage(mod, rank, plan.num_stages, device, group=group)
-    return stage, TieSync(plan, mod, rank, prefix="model."), "ownership"
+    mods = [build_stage_module(model, plan, s, args, kwargs, copy_model=i < len(mine) - 1).to(device)
+            for i, s in enumerate(mine)]
+    built = [PipelineStage(mod, s, plan.num_stages, device, group=group) for mod, s in zip(mods, mine)]
+    return done(built, TieSync(plan, mods, rank, prefix="model."), "ownership")

@@ -93,6 +93,11 @@ class SplitUnits:
     loss_bytes: int = 0            # the loss's transient working memory (forward and backward) per
                                    # micro-batch, above the output and what it saves: on the last stage
     loss_saved_bytes: int = 0      # what the loss saves for its backward, per micro-batch in flight
+    # what the caller of schedule.step() keeps alive during the step (torch.distributed.pipelining):
+    kept_outputs: bool = False     # step(..., return_outputs=True), torch's default: the last stage keeps
+                                   # every micro-batch's output and returns them merged
+    input_batch_bytes: int = 0     # the whole batch's inputs, handed to step() on the first stage's rank
+    target_bytes: int = 0          # the whole batch's targets, handed to step() on the last stage's rank
     notes: tuple[str, ...] = ()
     options: dict = field(default_factory=dict)
 

@@ -29,7 +29,8 @@ class Stage:
     memory: dict                   # params, grads, optimizer, tied_dedup, state, held_microbatches,
     #                                peak_backward (the micro-batch whose backward is the peak), and at
     #                                that peak activations, outputs, grad_overlap, sends (tensors pending
-    #                                sends keep alive); boundary, working, total (bytes)
+    #                                sends keep alive), kept_outputs (step(return_outputs=True));
+    #                                boundary, working, inputs and targets (of the step), total (bytes)
     limit: int | None
     rank: int
     forward_time: float | None = None     # seconds per micro-batch (measured or predicted units' sums)
@@ -50,7 +51,7 @@ class Stage:
     @property
     def activation_bytes(self) -> int:
         m = self.memory
-        return int(m["activations"] + m["outputs"] + m["grad_overlap"] + m["sends"])
+        return int(m["activations"] + m["outputs"] + m["grad_overlap"] + m["sends"] + m.get("kept_outputs", 0))
 
 
 _COST_UNIT = {"memory": "bytes", "latency": "seconds", "roofline": "seconds"}
