@@ -434,7 +434,7 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
               latency_repeats: int = 5, loss_fn=None, measure_working: bool | None = None,
               forward_kwargs: dict | None = None, objective: str | None = None, roofline=None,
               link_bandwidth: float | None = None, optimizer_bandwidth: float | None = None, cuts=None,
-              return_outputs: bool = False, count_inputs: bool = False, target_bytes: int = 0,
+              return_outputs: bool = True, count_inputs: bool | None = None, target_bytes: int = 0,
               **kwargs: Any):
     """Split a model into ``stages`` pipeline stages, each fitting ``memory_limit`` (bytes or "16GiB";
     a list gives one limit per stage). Returns a StagePlan.
@@ -465,10 +465,12 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
     memory there (kernel scratch buffers that simulation cannot see); a unit's working memory is the
     larger of simulated and measured.
 
-    What the caller of ``schedule.step()`` keeps alive: ``return_outputs=True`` (torch's own default
-    for ``step()``; False here, the setting that saves the memory) plans for the last stage keeping
-    every micro-batch's output and their concatenation; ``count_inputs=True`` counts the whole
-    batch's inputs on the first stage; ``target_bytes`` the whole batch's targets on the last.
+    What the caller of ``schedule.step()`` keeps alive, by default as torch's defaults keep it:
+    ``return_outputs=True`` (``step()``'s own default) plans for the last stage keeping every
+    micro-batch's output and their concatenation (False: the setting that saves that memory, when
+    the loop calls ``step(..., return_outputs=False)``); ``count_inputs`` (default: when a model and
+    its inputs are given) counts the whole batch's inputs on the first stage; ``target_bytes`` the
+    whole batch's targets on the last.
     """
     kwargs = forward_inputs(kwargs, forward_kwargs)
     from .memory_report import MemoryReport
@@ -526,6 +528,8 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
                        device=rep.options.get("device"))
     if count_inputs and isinstance(model_or_report, (Report, MemoryReport)):
         raise InputError("count_inputs=True counts the whole batch's inputs: pass the model and its inputs")
+    if count_inputs is None:
+        count_inputs = not isinstance(model_or_report, (Report, MemoryReport))
     if return_outputs or count_inputs or target_bytes:
         import dataclasses
         seen: dict[int, int] = {}
