@@ -299,8 +299,21 @@ def _parser() -> argparse.ArgumentParser:
 
 def _split_args(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--stages", type=_count(1), required=True, help="number of pipeline stages")
-    sp.add_argument("--by", choices=("flops", "macs", "params", "memory", "latency"), default="flops",
-                    help="the stage cost to balance (default flops, forward + backward)")
+    sp.add_argument("--by", choices=("flops", "macs", "params", "memory", "latency", "roofline"), default="flops",
+                    help="the stage cost (default flops, forward + backward); latency: forward and backward\n"
+                         "times measured here (real weights), roofline: predicted from FLOPs and bytes\n"
+                         "(--roofline): with either the plan predicts the step time and draws the step")
+    sp.add_argument("--objective", choices=("step_time", "bottleneck", "uniform"),
+                    help="what the split minimises: step_time (the schedule's simulated step; the default\n"
+                         "with --by latency or roofline), bottleneck (the largest stage cost; the default\n"
+                         "otherwise) or uniform (equal repeated blocks per stage: torchtitan's default)")
+    sp.add_argument("--roofline", metavar="PEAKS",
+                    help="peaks for --by roofline: a GPU of the built-in table (H100, A100, ...),\n"
+                         "'FLOPS,BYTES_PER_S', or 'measure' (default: measured on this machine on cpu)")
+    sp.add_argument("--link-bandwidth", type=_bandwidth, metavar="BYTES_PER_S",
+                    help="price each send across a cut at this bandwidth (e.g. 50e9 or 50GB/s)")
+    sp.add_argument("--optimizer-bandwidth", type=_bandwidth, metavar="BYTES_PER_S",
+                    help="price each rank's optimizer step at this memory bandwidth (e.g. 2e12)")
     sp.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"), default="1f1b",
                     help="pipeline schedule (default 1f1b)")
     sp.add_argument("--microbatches", type=_count(1), default=4,
@@ -316,8 +329,32 @@ def _split_args(sp: argparse.ArgumentParser) -> None:
                          "stages / stages-per-rank processes)")
     sp.add_argument("--return-outputs", action=argparse.BooleanOptionalAction, default=None,
                     help="plan for schedule.step(..., return_outputs=True): the last stage keeps every\n"
-                         "micro-batch's output (torch's default, and the default with --run; without\n"
-                         "--run the plan leaves them out unless this is given)")
+                         "micro-batch's output (torch's default, and the default; --no-return-outputs\n"
+                         "plans for step(..., return_outputs=False))")
+
+
+def _bandwidth(text: str) -> float:
+    """'50e9', '50GB/s', '2.5TB/s' -> bytes per second."""
+    t = text.strip()
+    scale = 1.0
+    for suffix, mult in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("B/s", 1.0)):
+        if t.upper().endswith(suffix.upper()):
+            t, scale = t[:-len(suffix)].strip(), mult
+            break
+    try:
+        v = float(t) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a bandwidth (e.g. 50e9 or 50GB/s)") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a bandwidth must be positive")
+    return v
+
+
+def _plan_options(ns: argparse.Namespace) -> dict:
+    """The step-time options of split, for partition() (and for every rank of a --run)."""
+    out = {"objective": ns.objective, "roofline": ns.roofline, "link_bandwidth": ns.link_bandwidth,
+           "optimizer_bandwidth": ns.optimizer_bandwidth}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def _split(ns: argparse.Namespace) -> int:
@@ -337,7 +374,7 @@ def _split(ns: argparse.Namespace) -> int:
                          input_size=ns.input_size, dtypes=ns.dtype, input_ids=ns.input_ids,
                          model_dtype=ns.model_dtype, memory_limit=ns.memory_limit,
                          stages_per_rank=ns.stages_per_rank, allow_pickle=ns.allow_pickle,
-                         return_outputs=ns.return_outputs is not False)
+                         return_outputs=ns.return_outputs is not False, partition_options=_plan_options(ns))
         text = res.plan.table() + "\n" + res.table()
         return _write(ns, text)
     model, args, kwargs = _build(ns, None if ns.device == "cuda" else ns.device)
@@ -346,7 +383,7 @@ def _split(ns: argparse.Namespace) -> int:
         plan = partition(model, *args, stages=ns.stages, by=ns.by, memory_limit=ns.memory_limit,
                          schedule=ns.schedule, microbatches=ns.microbatches, optimizer=ns.optimizer,
                          device=ns.device, stages_per_rank=ns.stages_per_rank,
-                         return_outputs=bool(ns.return_outputs), **kwargs)
+                         return_outputs=ns.return_outputs is not False, **_plan_options(ns), **kwargs)
     return _emit(ns, plan)
 
 

@@ -310,6 +310,13 @@ class RunResult:
     def loss_rel_diff(self) -> float:
         return max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(self.losses, self.reference))
 
+    @property
+    def step_time(self) -> float:
+        """Measured seconds of one step: per step the slowest rank's, the median over the steps
+        after the first (the first alone with one step)."""
+        steps = min(len(r["times"]) for r in self.ranks)
+        return self.steady([max(r["times"][i] for r in self.ranks) for i in range(steps)])
+
     @staticmethod
     def steady(values: list) -> float:
         """The median of the steps after the first (the first alone with one step)."""
@@ -321,20 +328,26 @@ class RunResult:
         from .render.units import iec
         one = all(len(r["times"]) == 1 for r in self.ranks)
         when = "first step" if one else "median"
-        header = ["Rank", "Stages", f"Step time ({when})", f"Busy ({when})", "Peak measured",
-                  "Peak predicted", "Error"]
+        tl = getattr(self.plan, "timeline", None)
+        header = ["Rank", "Stages", f"Step time ({when})", f"Busy ({when})"] + \
+            (["Busy predicted"] if tl is not None else []) + ["Peak measured", "Peak predicted", "Error"]
         body = []
         for r in self.ranks:
             err = (r["predicted_bytes"] - r["peak_bytes"]) / r["peak_bytes"] if r["peak_bytes"] else 0.0
             body.append([str(r["rank"]), ", ".join(str(s) for s in r.get("stages", [r["rank"]])),
                          f"{self.steady(r['times']) * 1e3:.1f} ms",
-                         f"{self.steady(r['busy']) * 1e3:.1f} ms" if r.get("busy") else "--",
-                         iec(r["peak_bytes"]), iec(r["predicted_bytes"]), f"{100 * err:+.1f}%"])
+                         f"{self.steady(r['busy']) * 1e3:.1f} ms" if r.get("busy") else "--"] +
+                        ([f"{tl.busy[r['rank']] * 1e3:.1f} ms"] if tl is not None else []) +
+                        [iec(r["peak_bytes"]), iec(r["predicted_bytes"]), f"{100 * err:+.1f}%"])
         footer = [("Stages built by", "torch.export + pipeline()" if self.path == "export"
                    else "module ownership (torch.export could not trace the model)"),
                   ("Step time", "the first step only (--steps 1): not steady state, it includes "
                                 "warm-up (allocations, first sends)" if one else
                    "median of the steps after the first (the first is warm-up)"),
+                  ("Step time predicted", f"{tl.step_time * 1e3:.1f} ms (the plan's simulation), measured "
+                   f"{self.step_time * 1e3:.1f} ms (the slowest rank): predicted / measured "
+                   f"{tl.step_time / self.step_time:.2f}" if tl is not None else
+                   "-- (the plan has no unit times: --by latency measures them, --by roofline predicts them)"),
                   ("Outputs", "step(return_outputs=True) (torch's default): the last stage keeps every "
                               "micro-batch's output" if self.return_outputs else
                    "step(return_outputs=False): the last stage keeps no outputs"),
@@ -392,8 +405,21 @@ def launch(spec: str, *, overrides: dict | None = None, stages: int, by: str = "
         with open(cfg_path, "w") as f:
             json.dump(cfg, f)     # refuses what JSON cannot carry (partition_options must be JSON)
         # the single process first: it plans exactly as every rank will, so a plan that cannot be
-        # made (a memory limit no split fits, inputs the model refuses) fails here, in one line
-        ref, ref_grads, plan = reference_run(cfg)
+        # made (a memory limit no split fits, inputs the model refuses) fails here, in one line. It
+        # runs with the threads each rank will have, so that times measured for the plan
+        # (by="latency") are those of the run; the ranks then take this plan's cuts, not their own
+        # measurements (which differ from rank to rank)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // procs))
+        try:
+            ref, ref_grads, plan = reference_run(cfg)
+        finally:
+            torch.set_num_threads(threads)
+        if plan.num_stages > 1 and "cuts" not in cfg["partition_options"]:
+            cfg["partition_options"]["cuts"] = list(plan.split_points)
+            cfg["by"] = "flops" if cfg["by"] in ("latency", "roofline") else cfg["by"]   # nothing to time
+            with open(cfg_path, "w") as f:
+                json.dump(cfg, f)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
                "--master_port", str(_free_port()), "-m", "layerscope.torchrun", cfg_path]
         env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // procs)))

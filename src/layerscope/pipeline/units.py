@@ -478,10 +478,14 @@ def unit_latencies(model: torch.nn.Module, units: SplitUnits, args: tuple, kwarg
     """Median (forward, backward) seconds per unit over ``repeats`` training passes (after one
     warm-up), from the profiler's per-call times (``analyses.latency.time_calls``): a unit's time is
     the inclusive time of every call of its modules. Backward time is that of the autograd nodes
-    each module's forward made, so a first unit's weight gradients count for it."""
+    each module's forward made, so a first unit's weight gradients count for it. The loss's own
+    forward and backward (timed alone on the model's output) go to the last unit: they run on the
+    last stage."""
     import statistics
+    import time
 
     from ..analyses.latency import time_calls
+    from ..capture.inputs import map_tensors
     from ..capture.session import StateGuard
     from ..capture.step import default_loss
 
@@ -490,10 +494,29 @@ def unit_latencies(model: torch.nn.Module, units: SplitUnits, args: tuple, kwarg
             p.grad = None
         return (loss_fn or default_loss)(out)
 
+    dev = model_device(model)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     guard = StateGuard(model, inputs=(args, kwargs))
+    loss_f, loss_b = [], []
     try:
-        calls, _, _ = time_calls(model, lambda: model(*args, **kwargs), loss_of, device=model_device(model),
+        calls, _, _ = time_calls(model, lambda: model(*args, **kwargs), loss_of, device=dev,
                                  warmup=1, repeats=repeats)
+        with torch.no_grad():
+            result = model(*args, **kwargs)
+        for _ in range(repeats + 1):              # the first is a warm-up
+            leaf = map_tensors(result, lambda t: t.detach().requires_grad_(t.is_floating_point()))
+            sync()
+            t0 = time.perf_counter()
+            loss = (loss_fn or default_loss)(leaf)
+            sync()
+            t1 = time.perf_counter()
+            if loss.requires_grad:
+                loss.backward()
+            sync()
+            loss_f.append(t1 - t0)
+            loss_b.append(time.perf_counter() - t1)
+            del loss, leaf
+        del result
     finally:
         guard.restore()
     out = {}
@@ -501,6 +524,10 @@ def unit_latencies(model: torch.nn.Module, units: SplitUnits, args: tuple, kwarg
         mine = [c for c in calls if c.path in u.paths]
         out[u.name] = (statistics.median(sum(c.forward[r] for c in mine) for r in range(repeats)),
                        statistics.median(sum(c.backward[r] for c in mine) for r in range(repeats)))
+    if units.units:
+        last = units.units[-1].name
+        f, b = out[last]
+        out[last] = (f + statistics.median(loss_f[1:]), b + statistics.median(loss_b[1:]))
     return out
 
 
