@@ -134,6 +134,7 @@ _EXAMPLES = {
   layerscope profile hf:GPT2Config --set n_layer=2 --input-ids 1,128 --roofline measure --trace gpt2.json""",
     "split": """examples:
   layerscope split hf:GPT2Config --head causal-lm --set n_layer=4 --input-ids 8,64 --stages 2
+  layerscope split layerscope.examples:tiny_gpt --stages 2 --by roofline --roofline 1e11,1e10
   layerscope split layerscope.examples:tiny_gpt --stages 2 --schedule gpipe --microbatches 4 --run
   layerscope split hf:llama-2-70b --model-dtype bf16 --input-ids 8,1024 --stages 16 --memory-limit 80GiB --device cuda
 
