@@ -105,9 +105,10 @@ def _timed(units, rng):
 def _brute_step(units, k, schedule, m, limits, spr=2, link=None):
     from layerscope.pipeline.partition import stage_memory
     n, best = len(units.units), None
+    share = spr if schedule == "interleaved" else 1      # a device's limit over the stages it holds
     for cuts in itertools.combinations(range(1, n), k - 1):
         bd = (0,) + cuts + (n,)
-        if limits and any(stage_memory(units, bd[s], bd[s + 1], s, k, schedule, m, spr)["total"] > limits[s]
+        if limits and any(stage_memory(units, bd[s], bd[s + 1], s, k, schedule, m, spr)["total"] > limits[s] / share
                           for s in range(k)):
             continue
         st = [units.units[bd[s]:bd[s + 1]] for s in range(k)]
@@ -216,3 +217,16 @@ def test_given_cuts_reproduce_a_plan():
         ls.partition(m, ids, stages=3, microbatches=4, cuts=[3, 1])
     with pytest.raises(InputError, match="is not where a split unit begins"):
         ls.partition(m, ids, stages=2, microbatches=4, cuts=["nope"])
+
+
+def test_interleaved_limit_is_per_device():
+    # a rank holds 2 stages: each stage gets half the device's limit, so every rank fits it
+    m = tiny_gpt()
+    ids = torch.randint(0, 1000, (8, 32))
+    plan = ls.partition(m, ids, stages=4, microbatches=4, schedule="interleaved", memory_limit="7MiB")
+    assert all(s.memory_bytes <= 7 * 2**20 / 2 for s in plan.stages)
+    assert len(plan.rank_bytes) == 2 and all(b <= 7 * 2**20 for b in plan.rank_bytes)
+    # the rank's peak is below the sum of its stages' peaks (they peak at different times)
+    assert all(b <= sum(s.memory_bytes for s in plan.stages if s.rank == r) for r, b in enumerate(plan.rank_bytes))
+    with pytest.raises(ls.PlanError, match=r"smallest device limit .* \(2 stages on each\)"):
+        ls.partition(m, ids, stages=4, microbatches=4, schedule="interleaved", memory_limit="6MiB")

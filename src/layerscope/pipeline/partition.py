@@ -485,6 +485,15 @@ def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: st
         if len(raw) != stages:
             raise InputError(f"memory_limit has {len(raw)} entries for {stages} stages")
         limits = [float(parse_bytes(v)) for v in raw]
+    notes = list(notes)
+    device_limits = limits
+    if limits is not None and schedule == "interleaved":
+        # a rank holds stages_per_rank stages: each stage held to its share of the device, which is
+        # sufficient (the rank's peak is at most the sum of its stages' peaks) but not necessary
+        limits = [v / stages_per_rank for v in limits]
+        notes.append(f"interleaved: each stage is held to 1/{stages_per_rank} of the device's memory limit "
+                     f"(a rank holds {stages_per_rank} stages; sufficient, not necessary: the rank's own "
+                     "peak is in Rank memory)")
     _unit_cost(by) if by != "memory" else None   # validates ``by`` early
     found = solve(units, stages, by, limits, schedule, microbatches, stages_per_rank)
     if found is None:
@@ -498,15 +507,17 @@ def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: st
             if solve(units, k, by, lim_k, schedule, microbatches, stages_per_rank) is not None:
                 k_ok = k
                 break
+        share = stages_per_rank if schedule == "interleaved" else 1     # stages on one device
+        need = need * share if need else need
         raise PlanError(
             f"no split of {units.model_name} into {stages} stages fits the memory limit "
-            f"({', '.join(iec(int(v)) for v in sorted(set(limits or [])))}); "
-            + (f"the smallest per-stage limit that works with {stages} stages is {iec(need)}" if need else "")
+            f"({', '.join(iec(int(v)) for v in sorted(set(device_limits or [])))}); "
+            + (f"the smallest {'device' if share > 1 else 'per-stage'} limit that works with {stages} stages "
+               f"is {iec(need)}" + (f" ({share} stages on each)" if share > 1 else "") if need else "")
             + (f"; with this limit the smallest stage count that works is {k_ok}" if k_ok
                else "; no stage count works with this limit"),
             min_memory=need, min_stages=k_ok)
     bounds = [x for x, _ in found[0]] + [n]
-    notes = list(notes)
     exact = True
     times = _step_times(units, link_bandwidth, optimizer_bandwidth, notes) if timed else None
 
@@ -546,19 +557,27 @@ def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: st
                          cost=float(mem["total"]) if cost_of is None else sum(cost_of(u) for u in us),
                          flops=sum(u.flops for u in us), macs=sum(u.macs for u in us),
                          params=sum(u.params for u in us), memory=mem,
-                         limit=int(limits[s]) if limits else None, rank=s % p, **timing))
+                         limit=int(device_limits[s]) if device_limits else None, rank=s % p, **timing))
     timeline = None
     if times is not None:
         timeline = simulate(schedule, [st.forward_time for st in out], [st.backward_time for st in out],
                             microbatches, send=[st.send_time for st in out[:-1]],
                             optimizer=[st.optimizer_time for st in out], stages_per_rank=stages_per_rank)
+    rank_bytes = None
+    if schedule == "interleaved":
+        from .._compat import interleaved_order
+        rank_bytes = tuple(
+            rank_memory(units, [st for st in out if st.rank == r], stages,
+                        [(st, kind) for st, kind, _ in interleaved_order(r, stages_per_rank, p, microbatches)],
+                        microbatches) for r in range(p))
     if objective == "step_time" and not exact:
         notes.append("step time: the best split a descent from the min-max splits found (too many splits "
                      "to simulate every one)")
     return StagePlan(units=units, stages=tuple(out), by=by if isinstance(by, str) else "custom",
                      schedule=schedule, microbatches=microbatches,
                      bottleneck=max(st.cost for st in out), options=dict(options or {}), notes=tuple(notes),
-                     objective=objective, timeline=timeline, stages_per_rank=stages_per_rank)
+                     objective=objective, timeline=timeline, stages_per_rank=stages_per_rank,
+                     rank_bytes=rank_bytes)
 
 
 def _given_bounds(units: SplitUnits, stages: int, cuts) -> list[int]:

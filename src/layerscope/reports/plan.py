@@ -127,6 +127,9 @@ def plan_footer(plan: "StagePlan") -> tuple[Fact, ...]:
                                         (t.pipeline_time, "seconds"), f", bubble {100 * t.bubble:.1f}%)")))
     if plan.split_points:
         lines.append(Fact("Split points", ", ".join(plan.split_points)))
+    if plan.rank_bytes:
+        lines.append(Fact("Rank memory", tuple(x for r, b in enumerate(plan.rank_bytes)
+                                               for x in ((", " if r else "") + f"rank {r} ", (b, "bytes")))))
     for t in plan.units.ties:
         st = sorted({plan.stage_of(u) for u in t.units})
         if len(st) > 1:
@@ -145,8 +148,9 @@ class StagePlan(Rendered):
     def __init__(self, *, units: "SplitUnits", stages: tuple[Stage, ...], by: str, schedule: str,
                  microbatches: int, bottleneck: float, options: dict, notes: tuple[str, ...] = (),
                  objective: str = "bottleneck", timeline: "Timeline | None" = None,
-                 stages_per_rank: int = 2) -> None:
+                 stages_per_rank: int = 2, rank_bytes: tuple[int, ...] | None = None) -> None:
         self.objective = objective
+        self.rank_bytes = rank_bytes        # interleaved: each rank's peak over its stages
         self.timeline = timeline            # the simulated step, when the units have times
         self.stages_per_rank = stages_per_rank if schedule == "interleaved" else 1
         self.units = units
