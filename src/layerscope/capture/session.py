@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
+import weakref
 from bisect import bisect_right
 from collections import defaultdict
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import _compat
 from ..costs import CostOptions, OpCall, OpCost
@@ -32,16 +33,21 @@ from ..costs.registry import FREE
 from ..errors import ForwardError, InputError, LayerscopeError, RegistryError
 from ..trace import (BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER_UNKNOWN, Costs,
                      LayerRecord, OpEvent, ParamSpec, Trace)
-from .inputs import iter_tensors, map_tensors, tensor_specs
+from .inputs import SpecCache, iter_tensors, map_tensors
 from .rng import PrivateRNG
 from .recorder import FAKE_SIZE_FIXES, OpRecorder
 from .tracker import ModuleTracker, TrackedCall, module_type, tracked_modules
+
+_get_ident = threading.get_ident
 
 __all__ = ["Session", "OpRecorder", "StateGuard", "capture", "module_type", "tracked_modules", "build_trace", "swapped_state",
            "empty_state", "empty_like_on", "run_forward", "run_backward", "model_device", "describe_inputs",
            "private_rng", "grad_inputs", "held_tensors", "own_forward"]
 
 _ACCUMULATE_GRAD_SEQ = 2 ** 64 - 1
+_NO_COSTS = Costs()   # uncounted and free ops (a frozen record: one object serves them all)
+_Tensor = torch.Tensor
+_ref = weakref.ref
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -130,8 +136,8 @@ def private_rng():
 class _Call(TrackedCall):
     __slots__ = ("inputs", "outputs", "output_producers", "error", "ambient", "span")
 
-    def __init__(self, module, path, depth, call_index, parent, inputs) -> None:
-        super().__init__(module, path, depth, call_index, parent)
+    def __init__(self, module, path, depth, call_index, parent, inputs, type_: str | None = None) -> None:
+        super().__init__(module, path, depth, call_index, parent, type_)
         self.inputs = inputs
         self.outputs = ()
         self.output_producers: tuple[int, ...] = ()
@@ -158,7 +164,12 @@ class Session(ModuleTracker):
         # the autograd sequence number of each forward op maps backward nodes to layers
         self.next_seq = _compat.sequence_nr("attributing backward ops to layers") if track_seq else None
         self.ops: list[OpEvent] = []
-        self.producers = WeakIdKeyDictionary()
+        # dataflow: id(tensor) -> (weak reference, the op that produced it or a PRODUCER_* code). A
+        # plain dict of weakref.ref (C) instead of torch's WeakIdKeyDictionary (a Python class per
+        # key): an entry counts only while its reference still points at the very tensor looked up,
+        # so a dead tensor's id reused by a new one reads as unknown, as before.
+        self.producers: dict[int, tuple] = {}
+        self.specs = SpecCache()     # TensorSpec per (shape, dtype): the same few recur in every call
         self.phase = FORWARD
         self.paused = False
         self.seq_vals: list[int] = []
@@ -169,25 +180,31 @@ class Session(ModuleTracker):
 
     def seed_producers(self, inputs: Any, state) -> None:
         """Dataflow sources: the example inputs and the parameters/buffers the ops will read."""
+        producers = self.producers
         for t in iter_tensors(inputs):
-            self.producers[t] = PRODUCER_INPUT
+            producers[id(t)] = (_ref(t), PRODUCER_INPUT)
         for t in state:
-            self.producers[t] = PRODUCER_STATE
+            producers[id(t)] = (_ref(t), PRODUCER_STATE)
+
+    def producer(self, t: torch.Tensor) -> int:
+        """The op that produced ``t`` (its index), or a PRODUCER_* code."""
+        e = self.producers.get(id(t))
+        return e[1] if e is not None and e[0]() is t else PRODUCER_UNKNOWN
 
     # ---- module calls (capture/tracker.py numbers them) ----------------------------------------
     def remove(self) -> None:
         super().remove()
         # drop the weak references to the model's tensors now: a tensor with a weakref on it cannot
         # be swapped later (module.to_empty() / .to() on tensor subclasses use swap_tensors)
-        self.producers = WeakIdKeyDictionary()
+        self.producers = {}
 
     def skip(self) -> bool:
         # Module calls during backward are activation-checkpoint recomputations: their ops are
         # attributed through the autograd node that runs them, so they add no records.
-        return super().skip() or self.phase is BACKWARD
+        return self.phase is BACKWARD or self.thread is not None and _get_ident() != self.thread
 
-    def new_call(self, module, path, depth, call_index, parent, args, kwargs):
-        call = _Call(module, path, depth, call_index, parent, tensor_specs((args, kwargs)))
+    def new_call(self, module, path, depth, call_index, parent, args, kwargs, type_=None):
+        call = _Call(module, path, depth, call_index, parent, self.specs.of_call(args, kwargs), type_)
         call.span = (len(self.ops), -1)
         return call
 
@@ -197,9 +214,10 @@ class Session(ModuleTracker):
         if err is not None and err is not call.ambient:  # the always-called hook of a failed forward
             call.error = err
             return
-        call.outputs = tensor_specs(output)
-        get = self.producers.get
-        call.output_producers = tuple(get(t, PRODUCER_UNKNOWN) for t in iter_tensors(output))
+        ts = [output] if isinstance(output, _Tensor) else list(iter_tensors(output))
+        call.outputs = self.specs.of(ts)
+        producer = self.producer
+        call.output_producers = tuple([producer(t) for t in ts])
 
     # ---- op recorder ----------------------------------------------------------------------------
     def _backward_layer(self) -> int:
@@ -223,35 +241,43 @@ class Session(ModuleTracker):
             # the analysis's own registry (CostOptions.registry), else the default one
             entry = self.cost_cache[func] = (self.options.lookup(func), f"{func.namespace}.{func._opname}")
         fn, name = entry
-        if self.phase is FORWARD:
-            layer = self.stack[-1] if self.stack else 0
+        phase = self.phase
+        if phase is FORWARD:
+            stack = self.stack
+            layer = stack[-1] if stack else 0
             if self.track_seq:
                 self.seq_vals.append(seq)
                 self.seq_layers.append(layer)
-        elif self.phase is BACKWARD:
+        elif phase is BACKWARD:
             layer = self._backward_layer()
         else:  # loss and optimizer ops run outside any module call: the root's
             layer = 0
-        ins = [a for a in args if isinstance(a, torch.Tensor)]
+        # the tensor inputs: positional ones, then those inside list/tuple arguments, then keyword ones
+        ins = [a for a in args if isinstance(a, _Tensor)]
         for a in args:
             if isinstance(a, (list, tuple)):
-                ins.extend(x for x in a if isinstance(x, torch.Tensor))
+                ins.extend(x for x in a if isinstance(x, _Tensor))
         if kwargs:
-            ins.extend(v for v in kwargs.values() if isinstance(v, torch.Tensor))
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        outs = [o for o in outs if isinstance(o, torch.Tensor)]
-        get = self.producers.get
-        producers = tuple(get(t, PRODUCER_UNKNOWN) for t in ins)
+            ins.extend(v for v in kwargs.values() if isinstance(v, _Tensor))
+        if isinstance(out, _Tensor):
+            outs = [out]
+        else:
+            outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, _Tensor)]
+        known = self.producers
+        producers = []
+        for t in ins:
+            e = known.get(id(t))
+            producers.append(e[1] if e is not None and e[0]() is t else PRODUCER_UNKNOWN)
         window = None
         if fn is None:
-            status, costs = "uncounted", Costs()
+            status, costs = "uncounted", _NO_COSTS
         elif fn is FREE:
-            status, costs = "free", Costs()
+            status, costs = "free", _NO_COSTS
         else:
             try:
                 c = fn(OpCall(func, args, kwargs, out, self.options))
             except Exception:  # a formula that cannot read these arguments: report, never crash
-                status, costs = "uncounted", Costs()
+                status, costs = "uncounted", _NO_COSTS
             else:
                 if type(c) is not OpCost:  # a user's formula (analyze(costs=...)) gone wrong: say so
                     raise RegistryError(f"the cost formula of {func._schema.name} returned "
@@ -262,15 +288,14 @@ class Session(ModuleTracker):
                 bw = c.bytes_written if c.bytes_written is not None else \
                     sum(t.numel() * t.element_size() for t in outs)
                 costs = Costs(int(c.macs), int(c.flops), int(br), int(bw))
-        index = len(self.ops)
-        self.ops.append(OpEvent(index, name, layer, self.phase, status,
-                                costs, producers, window))
-        producers_map = self.producers
+        ops = self.ops
+        index = len(ops)
+        ops.append(OpEvent(index, name, layer, phase, status, costs, tuple(producers), window))
         for o in outs:
-            producers_map[o] = index
+            known[id(o)] = (_ref(o), index)
         storage = self.storage
         if storage is not None:
-            storage.layer, storage.phase = layer, self.phase
+            storage.layer, storage.phase = layer, phase
             # a lift's input is the same logical tensor as its output (a fake run makes a new one)
             fix = FAKE_SIZE_FIXES.get(func) if self.simulated else None
             storage.on_op(() if func._opname.startswith("lift") else ins, outs,

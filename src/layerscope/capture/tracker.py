@@ -46,11 +46,12 @@ class TrackedCall:
 
     __slots__ = ("module", "path", "type", "depth", "call_index", "parent", "children", "index")
 
-    def __init__(self, module: nn.Module, path: str, depth: int, call_index: int, parent: int | None) -> None:
+    def __init__(self, module: nn.Module, path: str, depth: int, call_index: int, parent: int | None,
+                 type_: str | None = None) -> None:
         self.index = -1                   # its position in the tracker's calls (set when it begins)
         self.module = module
         self.path = path
-        self.type = module_type(module)
+        self.type = module_type(module) if type_ is None else type_
         self.depth = depth
         self.call_index = call_index
         self.parent = parent
@@ -72,12 +73,14 @@ class ModuleTracker:
         self.stack: list[int] = []
         self.ncalls: dict[int, int] = defaultdict(int)
         self.paths: dict[int, str] = {}
+        self.types: dict[int, str] = {}     # module_type of each installed module, worked out once
         self.handles: list = []
 
     # ---- hooks ---------------------------------------------------------------------------------
     def install(self, named: list[tuple[str, nn.Module]]) -> None:
         for path, m in tracked_modules(named):
             self.paths.setdefault(id(m), path)
+            self.types[id(m)] = module_type(m)
             # ScriptModule refuses its own register_* methods (hooks do not run when TorchScript code
             # calls it), but a scripted child called from eager Python runs nn.Module's call path,
             # hooks included: register through nn.Module's methods. Its own submodules run inside
@@ -108,18 +111,21 @@ class ModuleTracker:
         """A call of ``module`` begins: its record (None when it is not tracked)."""
         if self.skip():
             return None
-        idx = len(self.calls)
-        parent = self.stack[-1] if self.stack else None
+        calls, stack = self.calls, self.stack
+        idx = len(calls)
+        parent = stack[-1] if stack else None
         key = id(module)
-        call = self.new_call(module, self.paths.get(key, type(module).__name__),
-                             0 if parent is None else self.calls[parent].depth + 1, self.ncalls[key], parent,
-                             args, kwargs or {})
+        path = self.paths.get(key)
+        n = self.ncalls[key]
+        call = self.new_call(module, type(module).__name__ if path is None else path,
+                             0 if parent is None else calls[parent].depth + 1, n, parent,
+                             args, kwargs or {}, self.types.get(key))
         call.index = idx
-        self.ncalls[key] += 1
+        self.ncalls[key] = n + 1
         if parent is not None:
-            self.calls[parent].children.append(idx)
-        self.calls.append(call)
-        self.stack.append(idx)
+            calls[parent].children.append(idx)
+        calls.append(call)
+        stack.append(idx)
         self.entered(call)
         return call
 
@@ -137,8 +143,9 @@ class ModuleTracker:
         self.exited(call, output)
         return call
 
-    def new_call(self, module, path, depth, call_index, parent, args, kwargs):
-        return self.call_class(module, path, depth, call_index, parent)
+    def new_call(self, module, path, depth, call_index, parent, args, kwargs, type_=None):
+        """``type_``: the module's module_type when the tracker knows it (installed modules)."""
+        return self.call_class(module, path, depth, call_index, parent, type_)
 
     def entered(self, call) -> None:
         pass
