@@ -318,20 +318,53 @@ def _param_table(modules: list[nn.Module]):
     return holders, first_owner
 
 
-def _specs(items, holders, trainable_default=None) -> tuple[ParamSpec, ...]:
+def _specs(slots: dict, holders, trainable_default=None, made: dict | None = None) -> tuple[ParamSpec, ...]:
+    """ParamSpecs of a module's parameters or buffers. ``made``: specs already made in this build,
+    by what fixes one (name, shape, dtype, trainable, shared) -- the blocks of a deep model hold
+    the same ones again and again, and a spec is a frozen record."""
+    if not slots:      # most modules hold no buffers, and containers and activations no parameters
+        return ()
     out = []
-    for name, t in items:
+    for name, t in slots.items():
         if t is None:
             continue
+        trainable = t.requires_grad if trainable_default is None else trainable_default
+        shared = holders[id(t)] > 1
+        key = None
+        if made is not None:
+            try:
+                key = (name, t.shape, t.dtype, trainable, shared)
+                spec = made.get(key)
+            except TypeError:     # an unhashable (symbolic) size
+                key = spec = None
+            if spec is not None:
+                out.append(spec)
+                continue
         n = int(t.numel())
-        out.append(ParamSpec(name, tuple(int(s) for s in t.shape), n, n * t.element_size(),
-                             t.requires_grad if trainable_default is None else trainable_default,
-                             holders[id(t)] > 1))
+        spec = ParamSpec(name, tuple(map(int, t.shape)), n, n * t.element_size(), trainable, shared)
+        if key is not None:
+            made[key] = spec
+        out.append(spec)
     return tuple(out)
 
 
+_NO_KERNEL_ATTR: dict[type, bool] = {}
+
+
 def _kernel(module: nn.Module):
+    cls = type(module)
+    plain = _NO_KERNEL_ATTR.get(cls)
+    if plain is None:
+        # a class with no kernel_size of its own and nn.Module's own attribute lookup: then only the
+        # instance can hold one (getattr's miss goes through nn.Module.__getattr__ and an exception,
+        # the slow way to learn that a Linear has no kernel)
+        plain = _NO_KERNEL_ATTR[cls] = not hasattr(cls, "kernel_size") and cls.__getattr__ is nn.Module.__getattr__
+    if plain and "kernel_size" not in module.__dict__ and "kernel_size" not in module._parameters and \
+            "kernel_size" not in module._buffers and "kernel_size" not in module._modules:
+        return None
     k = getattr(module, "kernel_size", None)
+    if k is None:
+        return None
     if isinstance(k, int):
         return (k,)
     if isinstance(k, tuple) and all(isinstance(x, int) for x in k):
@@ -370,14 +403,16 @@ def _freeze_layers(cap: Session, model: nn.Module, holders, first_owner):
     subtree = _subtree_params(model, holders)
     layers = []
     called = {id(c.module) for c in cap.calls}
+    script = torch.jit.ScriptModule
+    made: dict = {}
     for i, c in enumerate(cap.calls):
         m = c.module
-        params = _specs(m._parameters.items(), holders)
-        buffers = _specs(m._buffers.items(), holders, trainable_default=False)
+        params = _specs(m._parameters, holders, made=made)
+        buffers = _specs(m._buffers, holders, trainable_default=False, made=made)
         counted = trainable = 0
-        if c.call_index == 0:
+        if c.call_index == 0 and (params or isinstance(m, script)):
             # a script module is one layer: it owns the parameters of its whole subtree
-            own = _script_subtree_params(m, first_owner, called) if isinstance(m, torch.jit.ScriptModule) \
+            own = _script_subtree_params(m, first_owner, called) if isinstance(m, script) \
                 else (p for p in m._parameters.values() if p is not None and first_owner.get(id(p)) == id(m))
             for p in own:
                 counted += int(p.numel())
