@@ -10,12 +10,15 @@ thing in every report.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import defaultdict
 from typing import Any
 
 import torch
 from torch import nn
+
+from .. import _compat
 
 __all__ = ["TrackedCall", "ModuleTracker", "module_type", "tracked_modules"]
 
@@ -58,6 +61,11 @@ class TrackedCall:
         self.children: list[int] = []
 
 
+# hook keys of trackers that write nn.Module's hook dicts themselves: negative, so never one of the
+# ids RemovableHandle hands out (0, 1, 2, ...); one per tracker, so two trackers on a module differ
+_HOOK_KEYS = itertools.count(1)
+
+
 class ModuleTracker:
     """Forward pre- and post-hooks on every tracked module (``install``), or driven by hand
     (``enter``/``exit``: the graph interpreters). ``calls`` in the order they began (pre-order),
@@ -75,24 +83,53 @@ class ModuleTracker:
         self.paths: dict[int, str] = {}
         self.types: dict[int, str] = {}     # module_type of each installed module, worked out once
         self.handles: list = []
+        self.hooked: list[nn.Module] = []   # modules whose hook dicts hold this tracker's hooks
+        self.hook_key = -next(_HOOK_KEYS)
 
     # ---- hooks ---------------------------------------------------------------------------------
     def install(self, named: list[tuple[str, nn.Module]]) -> None:
+        direct = _compat.get("module_hook_dicts")
+        key, pre, post = self.hook_key, self._pre, self._post
         for path, m in tracked_modules(named):
             self.paths.setdefault(id(m), path)
             self.types[id(m)] = module_type(m)
+            if direct is not None:
+                # what the two register_* calls below write, without their handles: a forward
+                # pre-hook with kwargs, then a forward hook with kwargs that is always called
+                d = m.__dict__
+                try:
+                    pre_hooks, pre_kw, hooks, hooks_kw, always = (d[n] for n in direct)
+                except KeyError:   # a module that never ran nn.Module.__init__'s dicts: the public way
+                    pass
+                else:
+                    pre_hooks[key] = pre
+                    pre_kw[key] = True
+                    hooks[key] = post
+                    hooks_kw[key] = True
+                    always[key] = True
+                    self.hooked.append(m)
+                    continue
             # ScriptModule refuses its own register_* methods (hooks do not run when TorchScript code
             # calls it), but a scripted child called from eager Python runs nn.Module's call path,
             # hooks included: register through nn.Module's methods. Its own submodules run inside
             # TorchScript and are never tracked (tracked_modules leaves them out).
-            self.handles.append(nn.Module.register_forward_pre_hook(m, self._pre, with_kwargs=True))
-            self.handles.append(nn.Module.register_forward_hook(m, self._post, with_kwargs=True,
-                                                                always_call=True))
+            self.handles.append(nn.Module.register_forward_pre_hook(m, pre, with_kwargs=True))
+            self.handles.append(nn.Module.register_forward_hook(m, post, with_kwargs=True, always_call=True))
 
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+        direct = _compat.get("module_hook_dicts")
+        if self.hooked and direct is not None:
+            key = self.hook_key
+            for m in self.hooked:
+                d = m.__dict__
+                for n in direct:
+                    hooks = d.get(n)
+                    if hooks is not None:
+                        hooks.pop(key, None)
+        self.hooked.clear()
 
     def _pre(self, module, args, kwargs):
         self.enter(module, args, kwargs)
