@@ -89,7 +89,8 @@ class StateGuard:
         a private generator (capture/rng.py) never advanced them, and setting them back would rewind
         the draws other threads made meanwhile."""
         for m, training in self.modes:
-            m.training = training
+            if m.training is not training:   # nn.Module.__setattr__ is slow, and most flags never moved
+                m.training = training
         for p, requires_grad, grad in self.params:
             if p.requires_grad != requires_grad:
                 p.requires_grad_(requires_grad)
@@ -254,9 +255,10 @@ class Session(ModuleTracker):
             layer = 0
         # the tensor inputs: positional ones, then those inside list/tuple arguments, then keyword ones
         ins = [a for a in args if isinstance(a, _Tensor)]
-        for a in args:
-            if isinstance(a, (list, tuple)):
-                ins.extend(x for x in a if isinstance(x, _Tensor))
+        if len(ins) != len(args):
+            for a in args:
+                if isinstance(a, (list, tuple)):
+                    ins.extend([x for x in a if isinstance(x, _Tensor)])
         if kwargs:
             ins.extend(v for v in kwargs.values() if isinstance(v, _Tensor))
         if isinstance(out, _Tensor):
@@ -506,10 +508,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     cap.seed_producers((args, kwargs), held_tensors(modules, "_parameters") + held_tensors(modules, "_buffers"))
     output = None
     try:
-        if mode == "eval":
-            model.eval()
-        elif mode == "train":
-            model.train()
+        if mode != "same":
+            set_mode(model, modules, mode == "train")
         cap.install(named)
         swap = None
         if on_meta:
@@ -527,6 +527,24 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
                                  "device": "meta" if on_meta else str(model_device(model)),
                                  **({"costs": options.registry.name} if options.registry is not None else {})})
     return trace, output
+
+
+_TRAIN, _EVAL = nn.Module.train, nn.Module.eval
+
+
+def set_mode(model: nn.Module, modules: list[nn.Module], training: bool) -> None:
+    """``model.train(training)``, which is nothing to do where every module is in that mode already
+    and none overrides train()/eval() (nn.Module.train only sets the flags, one slow __setattr__ each)."""
+    for m in modules:
+        cls = type(m)
+        if m.training is not training or cls.train is not _TRAIN or cls.eval is not _EVAL:
+            break
+    else:
+        return
+    if training:
+        model.train()
+    else:
+        model.eval()
 
 
 def dtype_text(model: nn.Module) -> str | None:
