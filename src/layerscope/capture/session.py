@@ -549,10 +549,10 @@ def set_mode(model: nn.Module, modules: list[nn.Module], training: bool) -> None
 
 def dtype_text(model: nn.Module) -> str | None:
     """The model's parameter dtypes by share of elements: ``bfloat16`` or ``bfloat16 (98.1%), float32``."""
-    counts: dict[str, int] = {}
-    for p in {id(p): p for p in model.parameters()}.values():
-        key = str(p.dtype).removeprefix("torch.")
-        counts[key] = counts.get(key, 0) + p.numel()
+    by_dtype: dict[torch.dtype, int] = {}
+    for p in model.parameters():          # each tensor once (parameters() drops repeats)
+        by_dtype[p.dtype] = by_dtype.get(p.dtype, 0) + p.numel()
+    counts = {str(d).removeprefix("torch."): n for d, n in by_dtype.items()}
     if not counts:
         return None
     total = sum(counts.values()) or 1
@@ -565,7 +565,7 @@ def dtype_text(model: nn.Module) -> str | None:
 def build_trace(cap: Session, model: nn.Module, named: list[tuple[str, nn.Module]], inputs: Any,
                 output: Any, *, backward: bool, options: dict) -> Trace:
     """Freeze what one capture saw into a Trace (its options say the model's dtypes too)."""
-    options = {**options, "model_dtype": options.get("model_dtype", dtype_text(model))}
+    options = {**options, "model_dtype": options["model_dtype"] if "model_dtype" in options else dtype_text(model)}
     modules = [m for _, m in named]
     holders, first_owner = _param_table(modules)
     params = held_tensors(modules, "_parameters")
