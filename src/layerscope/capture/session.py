@@ -138,7 +138,15 @@ class _Call(TrackedCall):
     __slots__ = ("inputs", "outputs", "output_producers", "error", "ambient", "span")
 
     def __init__(self, module, path, depth, call_index, parent, inputs, type_: str | None = None) -> None:
-        super().__init__(module, path, depth, call_index, parent, type_)
+        # TrackedCall's fields, set here (one Python frame less on every module call)
+        self.index = -1
+        self.module = module
+        self.path = path
+        self.type = module_type(module) if type_ is None else type_
+        self.depth = depth
+        self.call_index = call_index
+        self.parent = parent
+        self.children: list[int] = []
         self.inputs = inputs
         self.outputs = ()
         self.output_producers: tuple[int, ...] = ()
@@ -208,6 +216,41 @@ class Session(ModuleTracker):
         call = _Call(module, path, depth, call_index, parent, self.specs.of_call(args, kwargs), type_)
         call.span = (len(self.ops), -1)
         return call
+
+    # The forward hooks: ModuleTracker.enter/exit with new_call and exited inlined, the same steps in
+    # the same order (a module call is the unit of analyze()'s cost, and each Python frame counts).
+    # The graph interpreters (exported, TorchScript) go through enter/exit, which come to the same.
+    def _pre(self, module, args, kwargs):
+        if self.phase is BACKWARD or self.thread is not None and _get_ident() != self.thread:
+            return None
+        calls, stack = self.calls, self.stack
+        idx = len(calls)
+        parent = stack[-1] if stack else None
+        key = id(module)
+        path = self.paths.get(key)
+        n = self.ncalls[key]
+        call = _Call(module, type(module).__name__ if path is None else path,
+                     0 if parent is None else calls[parent].depth + 1, n, parent,
+                     self.specs.of_call(args, kwargs), self.types.get(key))
+        call.span = (len(self.ops), -1)
+        call.index = idx
+        self.ncalls[key] = n + 1
+        if parent is not None:
+            calls[parent].children.append(idx)
+        calls.append(call)
+        stack.append(idx)
+        return None
+
+    def _post(self, module, args, kwargs, output):
+        if self.thread is not None and _get_ident() != self.thread:
+            return None
+        calls, stack = self.calls, self.stack
+        while stack and calls[stack[-1]].module is not module:
+            stack.pop()
+        if not stack:
+            return None
+        self.exited(calls[stack.pop()], output)
+        return None
 
     def exited(self, call, output) -> None:
         call.span = (call.span[0], len(self.ops) - 1)
