@@ -36,7 +36,7 @@ def tracked_modules(named: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Mo
     calls them in C++, past any hook; their ops count for the scripted module that holds them)."""
     out, inside = [], []
     for path, m in named:
-        if any(path.startswith(p + ".") or p == "" for p in inside):
+        if inside and any(path.startswith(p + ".") or p == "" for p in inside):
             continue
         out.append((path, m))
         if isinstance(m, torch.jit.ScriptModule):
