@@ -217,9 +217,10 @@ class Session(ModuleTracker):
         call.span = (len(self.ops), -1)
         return call
 
-    # The forward hooks: ModuleTracker.enter/exit with new_call and exited inlined, the same steps in
-    # the same order (a module call is the unit of analyze()'s cost, and each Python frame counts).
-    # The graph interpreters (exported, TorchScript) go through enter/exit, which come to the same.
+    # The forward hooks: ModuleTracker.enter (with skip, new_call and TrackedCall.__init__ folded in)
+    # and ModuleTracker.exit, the same steps in the same order (a module call is the unit of
+    # analyze()'s cost, and each Python frame counts). The graph interpreters (exported, TorchScript)
+    # call enter/exit, which come to the same records.
     def _pre(self, module, args, kwargs):
         if self.phase is BACKWARD or self.thread is not None and _get_ident() != self.thread:
             return None
