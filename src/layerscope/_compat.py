@@ -93,7 +93,24 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
                              "_calculate_single_rank_operations", "2.6",
                              lambda: _module("torch.distributed.pipelining.schedules")
                              .ScheduleInterleaved1F1B._calculate_single_rank_operations),
+    "module_hook_dicts": ("torch.nn.Module's forward hook dicts (_forward_pre_hooks, _forward_hooks and their "
+                          "_with_kwargs / _always_called companions)", "2.4", lambda: _module_hook_dicts()),
 }
+
+# What nn.Module.register_forward_pre_hook(with_kwargs=True) and register_forward_hook(with_kwargs=True,
+# always_call=True) write, hook dict first: the module tracker writes the same entries itself, as
+# those methods do without their RemovableHandle (two Python objects and five weak references per
+# module, most of the cost of hooking a deep model).
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+               "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+
+
+def _module_hook_dicts() -> tuple[str, ...]:
+    m = torch.nn.Module()
+    for name in _HOOK_DICTS:
+        if not isinstance(m.__dict__.get(name), dict):
+            raise AttributeError(name)
+    return _HOOK_DICTS
 
 _NOT_YET = object()
 _MISSING = object()

@@ -108,8 +108,8 @@ class _Clock:
 class _Call(TrackedCall):
     __slots__ = ("f0", "f1", "s0", "s1")
 
-    def __init__(self, module, path, depth, call_index, parent) -> None:
-        super().__init__(module, path, depth, call_index, parent)
+    def __init__(self, module, path, depth, call_index, parent, type_=None) -> None:
+        super().__init__(module, path, depth, call_index, parent, type_)
         self.f0 = self.f1 = None
         self.s0 = self.s1 = 0
 

@@ -49,11 +49,18 @@ def _apply(rf: ReceptiveField, w: Window) -> ReceptiveField:
 def _largest(fields: list[ReceptiveField]) -> ReceptiveField | None:
     if not fields:
         return None
+    if len(fields) == 1:
+        return fields[0]
     return max(fields, key=lambda f: (max(f.size), max(f.stride)))
 
 
 def receptive_fields(trace: Trace) -> list[ReceptiveField | None]:
     """Per layer index, the receptive field of its output, or None where no field is defined."""
+    if not any(op.window is not None and op.window.kind != "global" and op.phase != BACKWARD
+               for op in trace.ops):
+        # no convolution/pooling anywhere: a receptive field means nothing here (decided before
+        # walking the dataflow, which would come to the same answer)
+        return [None] * len(trace.layers)
     op_rf: dict[int, ReceptiveField | None] = {}
     any_window = False
     for op in trace.ops:

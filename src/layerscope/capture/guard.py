@@ -52,8 +52,23 @@ def exclusive(fn):
 
 
 def holds_inference_tensors(model: nn.Module) -> bool:
-    return any(t.is_inference() for t in model.parameters()) or \
-        any(t.is_inference() for t in model.buffers())
+    # every module's own slots, as model.parameters() and .buffers() would reach them, in one walk
+    # without their generators and named_modules' path strings (a tensor met twice asks twice)
+    seen: set[int] = set()
+    todo = [model]
+    while todo:
+        m = todo.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        todo.extend(c for c in m._modules.values() if c is not None)
+        for t in m._parameters.values():
+            if t is not None and t.is_inference():
+                return True
+        for t in m._buffers.values():
+            if t is not None and t.is_inference():
+                return True
+    return False
 
 
 def normal_tensors(args: tuple, kwargs: dict) -> tuple[tuple, dict]:

@@ -11,7 +11,7 @@ import torch
 from ..errors import InputError
 from ..trace import TensorSpec
 
-__all__ = ["make_inputs", "iter_tensors", "tensor_specs", "map_tensors", "dtype_name"]
+__all__ = ["make_inputs", "iter_tensors", "tensor_specs", "SpecCache", "map_tensors", "dtype_name"]
 
 _MAX_DEPTH = 32
 
@@ -65,8 +65,53 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def tensor_specs(obj: Any) -> tuple[TensorSpec, ...]:
-    return tuple(TensorSpec(tuple(t.shape), dtype_name(t.dtype), t.numel() * t.element_size())
-                 for t in iter_tensors(obj))
+    return tuple(_spec(t) for t in iter_tensors(obj))
+
+
+def _spec(t: torch.Tensor) -> TensorSpec:
+    return TensorSpec(tuple(t.shape), dtype_name(t.dtype), t.numel() * t.element_size())
+
+
+class SpecCache:
+    """tensor_specs for one run, each TensorSpec made once per (shape, dtype): a spec is a frozen
+    record fixed by the two (numel is the product of the shape), and a model's calls see the same
+    few again and again. Shapes that cannot be a key (symbolic sizes) are made each time."""
+
+    __slots__ = ("known",)
+
+    def __init__(self) -> None:
+        self.known: dict = {}
+
+    def of(self, tensors) -> tuple[TensorSpec, ...]:
+        known = self.known
+        out = []
+        for t in tensors:
+            try:
+                key = (t.shape, t.dtype)
+                spec = known.get(key)
+            except TypeError:      # an unhashable (symbolic) size
+                out.append(_spec(t))
+                continue
+            if spec is None:
+                spec = known[key] = _spec(t)
+            out.append(spec)
+        return tuple(out)
+
+    def of_call(self, args: tuple, kwargs: dict) -> tuple[TensorSpec, ...]:
+        """tensor_specs((args, kwargs)), without the generators where an argument is a tensor."""
+        ts: list = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                ts.append(a)
+            else:
+                ts.extend(iter_tensors(a, 2))     # the depth iter_tensors((args, kwargs)) gives it
+        if kwargs:
+            for v in kwargs.values():
+                if isinstance(v, torch.Tensor):
+                    ts.append(v)
+                else:
+                    ts.extend(iter_tensors(v, 2))
+        return self.of(ts)
 
 
 def _as_sizes(input_size: Any) -> list[tuple[int, ...]]:

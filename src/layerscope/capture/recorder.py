@@ -29,8 +29,19 @@ class OpRecorder:
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if _composite(func) and (torch.is_inference_mode_enabled() or
-                                 any(isinstance(a, torch.Tensor) and a.is_inference() for a in args)):
+        kind = _KIND.get(func)
+        if kind is None:
+            kind = _kind(func)
+        if kind == _PLAIN:
+            # the common op: no special case below applies (one dict lookup instead of a dozen tests)
+            cap = self.cap
+            seq = cap.next_seq() if cap.track_seq and cap.phase is FORWARD else 0
+            out = func(*args, **kwargs)
+            if not cap.paused:
+                cap.on_op(func, args, kwargs, out, seq)
+            return out
+        if kind & _COMPOSITE_KIND and (torch.is_inference_mode_enabled() or
+                                       any(isinstance(a, torch.Tensor) and a.is_inference() for a in args)):
             # A composite op (conv2d, linear, matmul, sdpa, ...) reaches a dispatch mode whole when
             # autograd is not in the way (inference mode kept for a model holding inference
             # tensors): run its C++ decomposition -- the kernel the Autograd key runs in grad mode
@@ -72,13 +83,29 @@ class OpRecorder:
             out = func(*args, **kwargs)
         # prim.device / prim.layout are metadata queries that only tensor subclasses (fake tensors)
         # route through dispatch: recording them would make a fake run differ from a real one
-        if not cap.paused and func.namespace != "prim":
+        if not cap.paused and not kind & _PRIM_KIND:
             cap.on_op(func, args, kwargs, out, seq)
         return out
 
 
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _COMPOSITE: dict = {}
+
+# per op, what __torch_dispatch__ must look at (bits); _PLAIN: none of it, the fast path
+_PLAIN, _COMPOSITE_KIND, _SPECIAL_KIND, _PRIM_KIND = 0, 1, 2, 4
+_KIND: dict = {}
+
+
+def _kind(func) -> int:
+    """The bits of ``func``: composite (may arrive whole), special (a value or shape rule below, or a
+    seeded random op), prim (a metadata query, not recorded). Cached per op: they never change."""
+    kind = _COMPOSITE_KIND if _composite(func) else _PLAIN
+    if func in _SPECIAL_OPS or func is _compat.get("grouped_mm") or _SEEDED in func.tags:
+        kind |= _SPECIAL_KIND
+    if func.namespace == "prim":
+        kind |= _PRIM_KIND
+    _KIND[func] = kind
+    return kind
 
 
 def _composite(func) -> bool:
@@ -99,6 +126,7 @@ _UNIQUE2 = torch.ops.aten._unique2.default
 _NONZERO = torch.ops.aten.nonzero.default
 _BOOL_INDEXED = (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
                  torch.ops.aten._index_put_impl_.default)
+_SPECIAL_OPS = frozenset((_LOCAL_SCALAR, _REPEAT_INTERLEAVE, _UNIQUE2, _NONZERO) + _BOOL_INDEXED)
 
 
 def _has_mask(indices) -> bool:

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
+import weakref
 from bisect import bisect_right
 from collections import defaultdict
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import _compat
 from ..costs import CostOptions, OpCall, OpCost
@@ -32,16 +33,21 @@ from ..costs.registry import FREE
 from ..errors import ForwardError, InputError, LayerscopeError, RegistryError
 from ..trace import (BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER_UNKNOWN, Costs,
                      LayerRecord, OpEvent, ParamSpec, Trace)
-from .inputs import iter_tensors, map_tensors, tensor_specs
+from .inputs import SpecCache, iter_tensors, map_tensors
 from .rng import PrivateRNG
 from .recorder import FAKE_SIZE_FIXES, OpRecorder
 from .tracker import ModuleTracker, TrackedCall, module_type, tracked_modules
+
+_get_ident = threading.get_ident
 
 __all__ = ["Session", "OpRecorder", "StateGuard", "capture", "module_type", "tracked_modules", "build_trace", "swapped_state",
            "empty_state", "empty_like_on", "run_forward", "run_backward", "model_device", "describe_inputs",
            "private_rng", "grad_inputs", "held_tensors", "own_forward"]
 
 _ACCUMULATE_GRAD_SEQ = 2 ** 64 - 1
+_NO_COSTS = Costs()   # uncounted and free ops (a frozen record: one object serves them all)
+_Tensor = torch.Tensor
+_ref = weakref.ref
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -83,7 +89,8 @@ class StateGuard:
         a private generator (capture/rng.py) never advanced them, and setting them back would rewind
         the draws other threads made meanwhile."""
         for m, training in self.modes:
-            m.training = training
+            if m.training is not training:   # nn.Module.__setattr__ is slow, and most flags never moved
+                m.training = training
         for p, requires_grad, grad in self.params:
             if p.requires_grad != requires_grad:
                 p.requires_grad_(requires_grad)
@@ -130,8 +137,16 @@ def private_rng():
 class _Call(TrackedCall):
     __slots__ = ("inputs", "outputs", "output_producers", "error", "ambient", "span")
 
-    def __init__(self, module, path, depth, call_index, parent, inputs) -> None:
-        super().__init__(module, path, depth, call_index, parent)
+    def __init__(self, module, path, depth, call_index, parent, inputs, type_: str | None = None) -> None:
+        # TrackedCall's fields, set here (one Python frame less on every module call)
+        self.index = -1
+        self.module = module
+        self.path = path
+        self.type = module_type(module) if type_ is None else type_
+        self.depth = depth
+        self.call_index = call_index
+        self.parent = parent
+        self.children: list[int] = []
         self.inputs = inputs
         self.outputs = ()
         self.output_producers: tuple[int, ...] = ()
@@ -158,7 +173,12 @@ class Session(ModuleTracker):
         # the autograd sequence number of each forward op maps backward nodes to layers
         self.next_seq = _compat.sequence_nr("attributing backward ops to layers") if track_seq else None
         self.ops: list[OpEvent] = []
-        self.producers = WeakIdKeyDictionary()
+        # dataflow: id(tensor) -> (weak reference, the op that produced it or a PRODUCER_* code). A
+        # plain dict of weakref.ref (C) instead of torch's WeakIdKeyDictionary (a Python class per
+        # key): an entry counts only while its reference still points at the very tensor looked up,
+        # so a dead tensor's id reused by a new one reads as unknown, as before.
+        self.producers: dict[int, tuple] = {}
+        self.specs = SpecCache()     # TensorSpec per (shape, dtype): the same few recur in every call
         self.phase = FORWARD
         self.paused = False
         self.seq_vals: list[int] = []
@@ -169,27 +189,69 @@ class Session(ModuleTracker):
 
     def seed_producers(self, inputs: Any, state) -> None:
         """Dataflow sources: the example inputs and the parameters/buffers the ops will read."""
+        producers = self.producers
         for t in iter_tensors(inputs):
-            self.producers[t] = PRODUCER_INPUT
+            producers[id(t)] = (_ref(t), PRODUCER_INPUT)
         for t in state:
-            self.producers[t] = PRODUCER_STATE
+            producers[id(t)] = (_ref(t), PRODUCER_STATE)
+
+    def producer(self, t: torch.Tensor) -> int:
+        """The op that produced ``t`` (its index), or a PRODUCER_* code."""
+        e = self.producers.get(id(t))
+        return e[1] if e is not None and e[0]() is t else PRODUCER_UNKNOWN
 
     # ---- module calls (capture/tracker.py numbers them) ----------------------------------------
     def remove(self) -> None:
         super().remove()
         # drop the weak references to the model's tensors now: a tensor with a weakref on it cannot
         # be swapped later (module.to_empty() / .to() on tensor subclasses use swap_tensors)
-        self.producers = WeakIdKeyDictionary()
+        self.producers = {}
 
     def skip(self) -> bool:
         # Module calls during backward are activation-checkpoint recomputations: their ops are
         # attributed through the autograd node that runs them, so they add no records.
-        return super().skip() or self.phase is BACKWARD
+        return self.phase is BACKWARD or self.thread is not None and _get_ident() != self.thread
 
-    def new_call(self, module, path, depth, call_index, parent, args, kwargs):
-        call = _Call(module, path, depth, call_index, parent, tensor_specs((args, kwargs)))
+    def new_call(self, module, path, depth, call_index, parent, args, kwargs, type_=None):
+        call = _Call(module, path, depth, call_index, parent, self.specs.of_call(args, kwargs), type_)
         call.span = (len(self.ops), -1)
         return call
+
+    # The forward hooks: ModuleTracker.enter (with skip, new_call and TrackedCall.__init__ folded in)
+    # and ModuleTracker.exit, the same steps in the same order (a module call is the unit of
+    # analyze()'s cost, and each Python frame counts). The graph interpreters (exported, TorchScript)
+    # call enter/exit, which come to the same records.
+    def _pre(self, module, args, kwargs):
+        if self.phase is BACKWARD or self.thread is not None and _get_ident() != self.thread:
+            return None
+        calls, stack = self.calls, self.stack
+        idx = len(calls)
+        parent = stack[-1] if stack else None
+        key = id(module)
+        path = self.paths.get(key)
+        n = self.ncalls[key]
+        call = _Call(module, type(module).__name__ if path is None else path,
+                     0 if parent is None else calls[parent].depth + 1, n, parent,
+                     self.specs.of_call(args, kwargs), self.types.get(key))
+        call.span = (len(self.ops), -1)
+        call.index = idx
+        self.ncalls[key] = n + 1
+        if parent is not None:
+            calls[parent].children.append(idx)
+        calls.append(call)
+        stack.append(idx)
+        return None
+
+    def _post(self, module, args, kwargs, output):
+        if self.thread is not None and _get_ident() != self.thread:
+            return None
+        calls, stack = self.calls, self.stack
+        while stack and calls[stack[-1]].module is not module:
+            stack.pop()
+        if not stack:
+            return None
+        self.exited(calls[stack.pop()], output)
+        return None
 
     def exited(self, call, output) -> None:
         call.span = (call.span[0], len(self.ops) - 1)
@@ -197,9 +259,10 @@ class Session(ModuleTracker):
         if err is not None and err is not call.ambient:  # the always-called hook of a failed forward
             call.error = err
             return
-        call.outputs = tensor_specs(output)
-        get = self.producers.get
-        call.output_producers = tuple(get(t, PRODUCER_UNKNOWN) for t in iter_tensors(output))
+        ts = [output] if isinstance(output, _Tensor) else list(iter_tensors(output))
+        call.outputs = self.specs.of(ts)
+        producer = self.producer
+        call.output_producers = tuple([producer(t) for t in ts])
 
     # ---- op recorder ----------------------------------------------------------------------------
     def _backward_layer(self) -> int:
@@ -223,35 +286,44 @@ class Session(ModuleTracker):
             # the analysis's own registry (CostOptions.registry), else the default one
             entry = self.cost_cache[func] = (self.options.lookup(func), f"{func.namespace}.{func._opname}")
         fn, name = entry
-        if self.phase is FORWARD:
-            layer = self.stack[-1] if self.stack else 0
+        phase = self.phase
+        if phase is FORWARD:
+            stack = self.stack
+            layer = stack[-1] if stack else 0
             if self.track_seq:
                 self.seq_vals.append(seq)
                 self.seq_layers.append(layer)
-        elif self.phase is BACKWARD:
+        elif phase is BACKWARD:
             layer = self._backward_layer()
         else:  # loss and optimizer ops run outside any module call: the root's
             layer = 0
-        ins = [a for a in args if isinstance(a, torch.Tensor)]
-        for a in args:
-            if isinstance(a, (list, tuple)):
-                ins.extend(x for x in a if isinstance(x, torch.Tensor))
+        # the tensor inputs: positional ones, then those inside list/tuple arguments, then keyword ones
+        ins = [a for a in args if isinstance(a, _Tensor)]
+        if len(ins) != len(args):
+            for a in args:
+                if isinstance(a, (list, tuple)):
+                    ins.extend([x for x in a if isinstance(x, _Tensor)])
         if kwargs:
-            ins.extend(v for v in kwargs.values() if isinstance(v, torch.Tensor))
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        outs = [o for o in outs if isinstance(o, torch.Tensor)]
-        get = self.producers.get
-        producers = tuple(get(t, PRODUCER_UNKNOWN) for t in ins)
+            ins.extend(v for v in kwargs.values() if isinstance(v, _Tensor))
+        if isinstance(out, _Tensor):
+            outs = [out]
+        else:
+            outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, _Tensor)]
+        known = self.producers
+        producers = []
+        for t in ins:
+            e = known.get(id(t))
+            producers.append(e[1] if e is not None and e[0]() is t else PRODUCER_UNKNOWN)
         window = None
         if fn is None:
-            status, costs = "uncounted", Costs()
+            status, costs = "uncounted", _NO_COSTS
         elif fn is FREE:
-            status, costs = "free", Costs()
+            status, costs = "free", _NO_COSTS
         else:
             try:
                 c = fn(OpCall(func, args, kwargs, out, self.options))
             except Exception:  # a formula that cannot read these arguments: report, never crash
-                status, costs = "uncounted", Costs()
+                status, costs = "uncounted", _NO_COSTS
             else:
                 if type(c) is not OpCost:  # a user's formula (analyze(costs=...)) gone wrong: say so
                     raise RegistryError(f"the cost formula of {func._schema.name} returned "
@@ -262,15 +334,14 @@ class Session(ModuleTracker):
                 bw = c.bytes_written if c.bytes_written is not None else \
                     sum(t.numel() * t.element_size() for t in outs)
                 costs = Costs(int(c.macs), int(c.flops), int(br), int(bw))
-        index = len(self.ops)
-        self.ops.append(OpEvent(index, name, layer, self.phase, status,
-                                costs, producers, window))
-        producers_map = self.producers
+        ops = self.ops
+        index = len(ops)
+        ops.append(OpEvent(index, name, layer, phase, status, costs, tuple(producers), window))
         for o in outs:
-            producers_map[o] = index
+            known[id(o)] = (_ref(o), index)
         storage = self.storage
         if storage is not None:
-            storage.layer, storage.phase = layer, self.phase
+            storage.layer, storage.phase = layer, phase
             # a lift's input is the same logical tensor as its output (a fake run makes a new one)
             fix = FAKE_SIZE_FIXES.get(func) if self.simulated else None
             storage.on_op(() if func._opname.startswith("lift") else ins, outs,
@@ -293,20 +364,53 @@ def _param_table(modules: list[nn.Module]):
     return holders, first_owner
 
 
-def _specs(items, holders, trainable_default=None) -> tuple[ParamSpec, ...]:
+def _specs(slots: dict, holders, trainable_default=None, made: dict | None = None) -> tuple[ParamSpec, ...]:
+    """ParamSpecs of a module's parameters or buffers. ``made``: specs already made in this build,
+    by what fixes one (name, shape, dtype, trainable, shared) -- the blocks of a deep model hold
+    the same ones again and again, and a spec is a frozen record."""
+    if not slots:      # most modules hold no buffers, and containers and activations no parameters
+        return ()
     out = []
-    for name, t in items:
+    for name, t in slots.items():
         if t is None:
             continue
+        trainable = t.requires_grad if trainable_default is None else trainable_default
+        shared = holders[id(t)] > 1
+        key = None
+        if made is not None:
+            try:
+                key = (name, t.shape, t.dtype, trainable, shared)
+                spec = made.get(key)
+            except TypeError:     # an unhashable (symbolic) size
+                key = spec = None
+            if spec is not None:
+                out.append(spec)
+                continue
         n = int(t.numel())
-        out.append(ParamSpec(name, tuple(int(s) for s in t.shape), n, n * t.element_size(),
-                             t.requires_grad if trainable_default is None else trainable_default,
-                             holders[id(t)] > 1))
+        spec = ParamSpec(name, tuple(map(int, t.shape)), n, n * t.element_size(), trainable, shared)
+        if key is not None:
+            made[key] = spec
+        out.append(spec)
     return tuple(out)
 
 
+_NO_KERNEL_ATTR: dict[type, bool] = {}
+
+
 def _kernel(module: nn.Module):
+    cls = type(module)
+    plain = _NO_KERNEL_ATTR.get(cls)
+    if plain is None:
+        # a class with no kernel_size of its own and nn.Module's own attribute lookup: then only the
+        # instance can hold one (getattr's miss goes through nn.Module.__getattr__ and an exception,
+        # the slow way to learn that a Linear has no kernel)
+        plain = _NO_KERNEL_ATTR[cls] = not hasattr(cls, "kernel_size") and cls.__getattr__ is nn.Module.__getattr__
+    if plain and "kernel_size" not in module.__dict__ and "kernel_size" not in module._parameters and \
+            "kernel_size" not in module._buffers and "kernel_size" not in module._modules:
+        return None
     k = getattr(module, "kernel_size", None)
+    if k is None:
+        return None
     if isinstance(k, int):
         return (k,)
     if isinstance(k, tuple) and all(isinstance(x, int) for x in k):
@@ -345,14 +449,16 @@ def _freeze_layers(cap: Session, model: nn.Module, holders, first_owner):
     subtree = _subtree_params(model, holders)
     layers = []
     called = {id(c.module) for c in cap.calls}
+    script = torch.jit.ScriptModule
+    made: dict = {}
     for i, c in enumerate(cap.calls):
         m = c.module
-        params = _specs(m._parameters.items(), holders)
-        buffers = _specs(m._buffers.items(), holders, trainable_default=False)
+        params = _specs(m._parameters, holders, made=made)
+        buffers = _specs(m._buffers, holders, trainable_default=False, made=made)
         counted = trainable = 0
-        if c.call_index == 0:
+        if c.call_index == 0 and (params or isinstance(m, script)):
             # a script module is one layer: it owns the parameters of its whole subtree
-            own = _script_subtree_params(m, first_owner, called) if isinstance(m, torch.jit.ScriptModule) \
+            own = _script_subtree_params(m, first_owner, called) if isinstance(m, script) \
                 else (p for p in m._parameters.values() if p is not None and first_owner.get(id(p)) == id(m))
             for p in own:
                 counted += int(p.numel())
@@ -446,10 +552,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     cap.seed_producers((args, kwargs), held_tensors(modules, "_parameters") + held_tensors(modules, "_buffers"))
     output = None
     try:
-        if mode == "eval":
-            model.eval()
-        elif mode == "train":
-            model.train()
+        if mode != "same":
+            set_mode(model, modules, mode == "train")
         cap.install(named)
         swap = None
         if on_meta:
@@ -469,12 +573,30 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     return trace, output
 
 
+_TRAIN, _EVAL = nn.Module.train, nn.Module.eval
+
+
+def set_mode(model: nn.Module, modules: list[nn.Module], training: bool) -> None:
+    """``model.train(training)``, which is nothing to do where every module is in that mode already
+    and none overrides train()/eval() (nn.Module.train only sets the flags, one slow __setattr__ each)."""
+    for m in modules:
+        cls = type(m)
+        if m.training is not training or cls.train is not _TRAIN or cls.eval is not _EVAL:
+            break
+    else:
+        return
+    if training:
+        model.train()
+    else:
+        model.eval()
+
+
 def dtype_text(model: nn.Module) -> str | None:
     """The model's parameter dtypes by share of elements: ``bfloat16`` or ``bfloat16 (98.1%), float32``."""
-    counts: dict[str, int] = {}
-    for p in {id(p): p for p in model.parameters()}.values():
-        key = str(p.dtype).removeprefix("torch.")
-        counts[key] = counts.get(key, 0) + p.numel()
+    by_dtype: dict[torch.dtype, int] = {}
+    for p in model.parameters():          # each tensor once (parameters() drops repeats)
+        by_dtype[p.dtype] = by_dtype.get(p.dtype, 0) + p.numel()
+    counts = {str(d).removeprefix("torch."): n for d, n in by_dtype.items()}
     if not counts:
         return None
     total = sum(counts.values()) or 1
@@ -487,7 +609,7 @@ def dtype_text(model: nn.Module) -> str | None:
 def build_trace(cap: Session, model: nn.Module, named: list[tuple[str, nn.Module]], inputs: Any,
                 output: Any, *, backward: bool, options: dict) -> Trace:
     """Freeze what one capture saw into a Trace (its options say the model's dtypes too)."""
-    options = {**options, "model_dtype": options.get("model_dtype", dtype_text(model))}
+    options = {**options, "model_dtype": options["model_dtype"] if "model_dtype" in options else dtype_text(model)}
     modules = [m for _, m in named]
     holders, first_owner = _param_table(modules)
     params = held_tensors(modules, "_parameters")

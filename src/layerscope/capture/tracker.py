@@ -10,12 +10,15 @@ thing in every report.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import defaultdict
 from typing import Any
 
 import torch
 from torch import nn
+
+from .. import _compat
 
 __all__ = ["TrackedCall", "ModuleTracker", "module_type", "tracked_modules"]
 
@@ -33,7 +36,7 @@ def tracked_modules(named: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Mo
     calls them in C++, past any hook; their ops count for the scripted module that holds them)."""
     out, inside = [], []
     for path, m in named:
-        if any(path.startswith(p + ".") or p == "" for p in inside):
+        if inside and any(path.startswith(p + ".") or p == "" for p in inside):
             continue
         out.append((path, m))
         if isinstance(m, torch.jit.ScriptModule):
@@ -46,15 +49,21 @@ class TrackedCall:
 
     __slots__ = ("module", "path", "type", "depth", "call_index", "parent", "children", "index")
 
-    def __init__(self, module: nn.Module, path: str, depth: int, call_index: int, parent: int | None) -> None:
+    def __init__(self, module: nn.Module, path: str, depth: int, call_index: int, parent: int | None,
+                 type_: str | None = None) -> None:
         self.index = -1                   # its position in the tracker's calls (set when it begins)
         self.module = module
         self.path = path
-        self.type = module_type(module)
+        self.type = module_type(module) if type_ is None else type_
         self.depth = depth
         self.call_index = call_index
         self.parent = parent
         self.children: list[int] = []
+
+
+# hook keys of trackers that write nn.Module's hook dicts themselves: negative, so never one of the
+# ids RemovableHandle hands out (0, 1, 2, ...); one per tracker, so two trackers on a module differ
+_HOOK_KEYS = itertools.count(1)
 
 
 class ModuleTracker:
@@ -72,24 +81,55 @@ class ModuleTracker:
         self.stack: list[int] = []
         self.ncalls: dict[int, int] = defaultdict(int)
         self.paths: dict[int, str] = {}
+        self.types: dict[int, str] = {}     # module_type of each installed module, worked out once
         self.handles: list = []
+        self.hooked: list[nn.Module] = []   # modules whose hook dicts hold this tracker's hooks
+        self.hook_key = -next(_HOOK_KEYS)
 
     # ---- hooks ---------------------------------------------------------------------------------
     def install(self, named: list[tuple[str, nn.Module]]) -> None:
+        direct = _compat.get("module_hook_dicts")
+        key, pre, post = self.hook_key, self._pre, self._post
         for path, m in tracked_modules(named):
             self.paths.setdefault(id(m), path)
+            self.types[id(m)] = module_type(m)
+            if direct is not None:
+                # what the two register_* calls below write, without their handles: a forward
+                # pre-hook with kwargs, then a forward hook with kwargs that is always called
+                d = m.__dict__
+                try:
+                    pre_hooks, pre_kw, hooks, hooks_kw, always = (d[n] for n in direct)
+                except KeyError:   # a module that never ran nn.Module.__init__'s dicts: the public way
+                    pass
+                else:
+                    pre_hooks[key] = pre
+                    pre_kw[key] = True
+                    hooks[key] = post
+                    hooks_kw[key] = True
+                    always[key] = True
+                    self.hooked.append(m)
+                    continue
             # ScriptModule refuses its own register_* methods (hooks do not run when TorchScript code
             # calls it), but a scripted child called from eager Python runs nn.Module's call path,
             # hooks included: register through nn.Module's methods. Its own submodules run inside
             # TorchScript and are never tracked (tracked_modules leaves them out).
-            self.handles.append(nn.Module.register_forward_pre_hook(m, self._pre, with_kwargs=True))
-            self.handles.append(nn.Module.register_forward_hook(m, self._post, with_kwargs=True,
-                                                                always_call=True))
+            self.handles.append(nn.Module.register_forward_pre_hook(m, pre, with_kwargs=True))
+            self.handles.append(nn.Module.register_forward_hook(m, post, with_kwargs=True, always_call=True))
 
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+        direct = _compat.get("module_hook_dicts")
+        if self.hooked and direct is not None:
+            key = self.hook_key
+            for m in self.hooked:
+                d = m.__dict__
+                for n in direct:
+                    hooks = d.get(n)
+                    if hooks is not None:
+                        hooks.pop(key, None)
+        self.hooked.clear()
 
     def _pre(self, module, args, kwargs):
         self.enter(module, args, kwargs)
@@ -108,18 +148,21 @@ class ModuleTracker:
         """A call of ``module`` begins: its record (None when it is not tracked)."""
         if self.skip():
             return None
-        idx = len(self.calls)
-        parent = self.stack[-1] if self.stack else None
+        calls, stack = self.calls, self.stack
+        idx = len(calls)
+        parent = stack[-1] if stack else None
         key = id(module)
-        call = self.new_call(module, self.paths.get(key, type(module).__name__),
-                             0 if parent is None else self.calls[parent].depth + 1, self.ncalls[key], parent,
-                             args, kwargs or {})
+        path = self.paths.get(key)
+        n = self.ncalls[key]
+        call = self.new_call(module, type(module).__name__ if path is None else path,
+                             0 if parent is None else calls[parent].depth + 1, n, parent,
+                             args, kwargs or {}, self.types.get(key))
         call.index = idx
-        self.ncalls[key] += 1
+        self.ncalls[key] = n + 1
         if parent is not None:
-            self.calls[parent].children.append(idx)
-        self.calls.append(call)
-        self.stack.append(idx)
+            calls[parent].children.append(idx)
+        calls.append(call)
+        stack.append(idx)
         self.entered(call)
         return call
 
@@ -137,8 +180,9 @@ class ModuleTracker:
         self.exited(call, output)
         return call
 
-    def new_call(self, module, path, depth, call_index, parent, args, kwargs):
-        return self.call_class(module, path, depth, call_index, parent)
+    def new_call(self, module, path, depth, call_index, parent, args, kwargs, type_=None):
+        """``type_``: the module's module_type when the tracker knows it (installed modules)."""
+        return self.call_class(module, path, depth, call_index, parent, type_)
 
     def entered(self, call) -> None:
         pass

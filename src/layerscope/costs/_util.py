@@ -20,11 +20,11 @@ def nbytes(t: torch.Tensor) -> int:
 
 
 def shape(t: torch.Tensor) -> tuple[int, ...]:
-    return tuple(int(s) for s in t.shape)
+    return tuple(map(int, t.shape))
 
 
 def prod(xs) -> int:
-    return int(math.prod(int(x) for x in xs))
+    return int(math.prod(map(int, xs)))
 
 
 def tup(v, n: int) -> tuple[int, ...]:

@@ -27,9 +27,9 @@ def _conv_macs(x, w, out, transposed: bool) -> int:
 
 
 def _window(w, stride, padding, dilation, transposed: bool) -> Window:
-    nd = len(shape(w)) - 2
-    return Window("tconv" if transposed else "conv", shape(w)[2:], tup(stride, nd), tup(padding, nd),
-                  tup(dilation, nd))
+    ws = shape(w)
+    nd = len(ws) - 2
+    return Window("tconv" if transposed else "conv", ws[2:], tup(stride, nd), tup(padding, nd), tup(dilation, nd))
 
 
 @register("convolution", "_convolution")
@@ -38,8 +38,10 @@ def convolution(c: OpCall) -> OpCost:
     stride, padding, dilation, transposed = c.args[3], c.args[4], c.args[5], bool(c.args[6])
     out = c.out
     macs = _conv_macs(x, w, out, transposed)
-    return contraction(macs, numel(out) if b is not None else 0)._replace(
-        window=_window(w, stride, padding, dilation, transposed))
+    cost = contraction(macs, numel(out) if b is not None else 0)
+    # the contraction's cost with the window added (a namedtuple's _replace is slow for one field)
+    return OpCost(cost.macs, cost.flops, cost.bytes_read, cost.bytes_written,
+                  _window(w, stride, padding, dilation, transposed))
 
 
 @register("convolution_backward")

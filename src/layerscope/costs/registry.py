@@ -60,6 +60,9 @@ class CostOptions:
         return (_DEFAULT if self.registry is None else self.registry).lookup(func)
 
 
+_ARG_POSITIONS: dict[Any, dict[str, int]] = {}   # per op: each argument name's position in its schema
+
+
 class OpCall:
     """What a cost function sees of one op call."""
 
@@ -76,10 +79,18 @@ class OpCall:
         """An argument by its schema name, positional or keyword."""
         if name in self.kwargs:
             return self.kwargs[name]
-        for i, a in enumerate(self.func._schema.arguments):
-            if a.name == name:
-                return self.args[i] if i < len(self.args) else default
-        return default
+        func = self.func
+        where = _ARG_POSITIONS.get(func)
+        if where is None:
+            # the schema's argument list is built anew on every ._schema.arguments: read it once per op
+            where = {}
+            for i, a in enumerate(func._schema.arguments):
+                where.setdefault(a.name, i)
+            _ARG_POSITIONS[func] = where
+        i = where.get(name)
+        if i is None:
+            return default
+        return self.args[i] if i < len(self.args) else default
 
     @property
     def outs(self) -> tuple:

@@ -7,6 +7,7 @@ its layers through ``COLUMNS``.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import weakref
 from typing import Any, TextIO
 
@@ -15,7 +16,7 @@ from torch import nn
 from ..analyses.flops import coverage, layer_costs
 from ..analyses.receptive_field import receptive_fields
 from ..errors import InputError
-from ..trace import Coverage, LayerRecord, Totals, Trace
+from ..trace import Costs, Coverage, LayerRecord, Totals, Trace
 from .base import Rendered
 from .table import Column, Fact, Table, select_columns, tree_table
 
@@ -138,6 +139,29 @@ def summary_table(rep: "Report", depth: int | None = None, columns=None) -> Tabl
                       context=summary_context(rep), footer=summary_footer(rep))
 
 
+_COST_FIELDS = ("forward", "backward", "forward_total", "backward_total", "uncounted_ops", "receptive_field")
+_LAYER_FIELDS = tuple(f.name for f in dataclasses.fields(LayerRecord))
+# the fields a layer record keeps from the capture, read in one C call: dataclasses.replace was half
+# of building a report of a deep model
+_kept = operator.attrgetter(*_LAYER_FIELDS[:-len(_COST_FIELDS)]) \
+    if _LAYER_FIELDS[-len(_COST_FIELDS):] == _COST_FIELDS else None
+
+
+def _with_costs(r: LayerRecord, *costs) -> LayerRecord:
+    """``r`` with its costs and receptive field (the _COST_FIELDS, in that order)."""
+    if _kept is None:   # LayerRecord's fields moved: the slow, general way
+        return dataclasses.replace(r, **dict(zip(_COST_FIELDS, costs)))
+    return LayerRecord(*_kept(r), *costs)
+
+
+def _sum(costs: list[Costs]) -> Costs:
+    """The sum of ``costs`` (the first one itself when there is one)."""
+    if len(costs) == 1:
+        return costs[0]
+    return Costs(sum(c.macs for c in costs), sum(c.flops for c in costs), sum(c.bytes_read for c in costs),
+                 sum(c.bytes_written for c in costs))
+
+
 class Report(Rendered):
     """Results of ``layerscope.analyze``. Everything in it is frozen; renderers only read it."""
 
@@ -150,15 +174,9 @@ class Report(Rendered):
         self.trace = trace
         # the capture's records with their costs: built whole here, once
         self.layers: tuple[LayerRecord, ...] = tuple(
-            dataclasses.replace(r, forward=fwd[i], backward=bwd[i], forward_total=fwd_t[i],
-                                backward_total=bwd_t[i], uncounted_ops=unc[i], receptive_field=rfs[i])
-            for i, r in enumerate(trace.layers))
+            _with_costs(r, fwd[i], bwd[i], fwd_t[i], bwd_t[i], unc[i], rfs[i]) for i, r in enumerate(trace.layers))
         self.coverage: Coverage = coverage(trace)
-        f_sum, b_sum = fwd[0], bwd[0]
-        for c in fwd[1:]:
-            f_sum = f_sum + c
-        for c in bwd[1:]:
-            b_sum = b_sum + c
+        f_sum, b_sum = _sum(fwd), _sum(bwd)
         self.totals = Totals(
             params=trace.param_numel, trainable_params=trace.trainable_numel,
             frozen_params=trace.param_numel - trace.trainable_numel, shared_params=trace.shared_numel,
