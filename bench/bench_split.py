@@ -8,9 +8,11 @@ Per model and schedule: the unit times are measured once here (forward and backw
 unit, ``partition(by="latency")``) with one thread, as each rank will run with (2 ranks on the 2
 cores); the three plans are made from the same times; each is then run ``--repeats`` times under
 torchrun, the three plans interleaved (A B C A B C ...) so that a noisy stretch hits all of them.
-A run's step time is, per step, the slowest rank's, and its median over the steps after the first
-(the first step is not steady state). Prints a markdown table and writes it to
-bench/results/split.md (docs/benchmarks.md quotes it).
+A step's time is the slowest rank's; the table gives the median, min and max over every timed step
+of all the runs of a split (on CPU the run times its steps after the memory-measured ones, without
+the profiler: steady state). Sends across cuts are priced at the
+bandwidth of one gloo send measured here first (bench/_gloo_bandwidth.py). Prints a markdown table
+and writes it to bench/results/split_MODELS.md (docs/benchmarks.md quotes it).
 """
 
 from __future__ import annotations
@@ -42,7 +44,21 @@ SCHEDULES = [("1f1b", 2), ("gpipe", 2), ("interleaved", 4)]
 BATCH, MICRO = 16, 4
 
 
-def plans(spec, overrides, schedule, stages):
+def link_bandwidth() -> float:
+    """Bytes per second of one gloo send between two processes here, for a 4 MiB tensor (the
+    median of 6 round trips; bench/_gloo_bandwidth.py under torchrun)."""
+    import json
+    import subprocess
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          os.path.join(ROOT, "bench", "_gloo_bandwidth.py")], capture_output=True, text=True,
+                         env=env, timeout=300)
+    line = next(x for x in out.stdout.splitlines() if x.startswith("{"))
+    sizes = {int(k): v for k, v in json.loads(line).items()}
+    return (1 << 22) / sizes[1 << 22]
+
+
+def plans(spec, overrides, schedule, stages, link=None):
     torch.manual_seed(0)
     built = build_model(spec, "cpu", overrides, head=HEAD.get(spec))
     args, kwargs = built.default_inputs(torch.device("cpu"))
@@ -53,21 +69,25 @@ def plans(spec, overrides, schedule, stages):
     # the run's loss (torchrun's mean squared error against a target of the output's shape)
     loss = lambda o: (main_tensor(o).float() - main_tensor(o).detach().float()).pow(2).mean()  # noqa: E731
     common = dict(stages=stages, schedule=schedule, microbatches=MICRO, optimizer="sgd", loss_fn=loss, **kwargs)
-    timed = ls.partition(built.model, *args, by="latency", objective="bottleneck", latency_repeats=7, **common)
+    timed = ls.partition(built.model, *args, by="latency", objective="bottleneck", latency_repeats=7,
+                         link_bandwidth=link, **common)
     # the other two from the same unit times (no second measurement to differ by noise)
     from layerscope.pipeline import build_plan
     out = {"uniform": build_plan(timed.units, stages=stages, by="latency", memory_limit=None, schedule=schedule,
-                                 microbatches=MICRO, objective="uniform"),
+                                 microbatches=MICRO, objective="uniform", link_bandwidth=link),
            "min-max": timed,
            "step time": build_plan(timed.units, stages=stages, by="latency", memory_limit=None,
-                                   schedule=schedule, microbatches=MICRO, objective="step_time")}
+                                   schedule=schedule, microbatches=MICRO, objective="step_time",
+                                   link_bandwidth=link)}
     return out
 
 
-def measured_step(res) -> float:
+def measured_steps(res) -> list[float]:
+    """Per steady step (on CPU every timed step: they run after the memory-measured ones), the
+    slowest rank's seconds."""
     steps = len(res.ranks[0]["times"])
     per_step = [max(r["times"][i] for r in res.ranks) for i in range(steps)]
-    return statistics.median(per_step[1:] if steps > 1 else per_step)
+    return per_step if res.warm or steps == 1 else per_step[1:]
 
 
 def main() -> None:
@@ -75,14 +95,20 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--only", default="gpt2,cnn")
+    ap.add_argument("--schedules", default="1f1b,gpipe,interleaved")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    lines = ["| model | schedule | split | cuts | predicted step | measured step (median of runs; min-max) "
-             "| predicted / measured | throughput vs uniform |", "|---|---|---|---|---|---|---|---|"]
+    link = link_bandwidth()
+    print(f"gloo send, 4 MiB: {link / 1e9:.2f} GB/s (prices every send across a cut)", file=sys.stderr)
+    lines = [f"Sends priced at {link / 1e9:.2f} GB/s (one gloo send of 4 MiB between the two processes).", "","| model | schedule | split | cuts | predicted step | measured step: median [min-max] "
+             "| predicted / measured median (/ min) | throughput vs uniform (medians) |",
+             "|---|---|---|---|---|---|---|---|"]
     for name in a.only.split(","):
         spec, overrides = MODELS[name]
         for schedule, stages in SCHEDULES:
-            ps = plans(spec, overrides, schedule, stages)
+            if schedule not in a.schedules.split(","):
+                continue
+            ps = plans(spec, overrides, schedule, stages, link)
             runs = {k: [] for k in ps}
             for _ in range(a.repeats):
                 for k, p in ps.items():
@@ -90,20 +116,21 @@ def main() -> None:
                     res = launch(spec, overrides=overrides, stages=stages, schedule=schedule, microbatches=MICRO,
                                  batch_size=BATCH, steps=a.steps, optimizer="sgd", head=HEAD.get(spec),
                                  partition_options={"cuts": list(p.split_points)})
-                    runs[k].append(measured_step(res))
-                    print(f"{name} {schedule} {k}: {runs[k][-1] * 1e3:.1f} ms ({time.perf_counter() - t0:.0f} s)",
-                          file=sys.stderr, flush=True)
+                    runs[k] += measured_steps(res)
+                    print(f"{name} {schedule} {k}: {[round(x * 1e3) for x in measured_steps(res)]} ms "
+                          f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
             base = statistics.median(runs["uniform"])
             for k, p in ps.items():
-                m = statistics.median(runs[k])
+                m, lo = statistics.median(runs[k]), min(runs[k])
                 lines.append(f"| {name} | {schedule} ({stages} stages) | {k} | {', '.join(p.split_points)} | "
-                             f"{p.step_time * 1e3:.1f} ms | {m * 1e3:.1f} ms ({min(runs[k]) * 1e3:.1f}-"
-                             f"{max(runs[k]) * 1e3:.1f}) | {p.step_time / m:.2f} | {base / m:.2f}x |")
+                             f"{p.step_time * 1e3:.0f} ms | {m * 1e3:.0f} ms [{lo * 1e3:.0f}-{max(runs[k]) * 1e3:.0f}, "
+                             f"{len(runs[k])} steps] | {p.step_time / m:.2f} ({p.step_time / lo:.2f}) | "
+                             f"{base / m:.2f}x |")
             print("\n".join(lines[-3:]), flush=True)
     text = "\n".join(lines) + "\n"
     print(text)
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    with open(os.path.join(ROOT, "bench", "results", "split.md"), "w") as f:
+    with open(os.path.join(ROOT, "bench", "results", f"split_{a.only.replace(',', '_')}.md"), "w") as f:
         f.write(text)
 
 

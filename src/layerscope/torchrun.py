@@ -253,6 +253,17 @@ def worker(cfg_path: str) -> None:
         if device.type == "cpu":
             measured = measure_cpu(all_steps, before, steps)
             peak, step_peaks = measured.step_peaks[-1], list(measured.step_peaks)
+            # the times: the profiler above records every allocation, and its growing buffers slow
+            # the later steps down (1F1B on GPT-2: 430 ms steps became 830 ms by the fifth), so
+            # ``steps`` more steps are timed without it (all in steady state: after the first)
+            n_losses = len(losses)
+            times.clear()
+            busy_s.clear()
+            for i in mine:
+                busy_stage[i].clear()
+            for _ in range(steps):
+                one_step()
+            del losses[n_losses:]
         else:
             step_peaks = []
 
@@ -275,6 +286,7 @@ def worker(cfg_path: str) -> None:
                      if a is not None and a.computation_type.name in kinds]
             predicted = rank_memory(plan.units, [plan.stages[s] for s in mine], plan.num_stages, order, m)
         out = {"rank": rank, "stages": mine, "path": path, "times": times, "busy": busy_s,
+               "steady": device.type == "cpu",      # the times are of steps after the measured ones
                "busy_per_stage": {str(k): v for k, v in busy_stage.items()}, "losses": losses,
                "peak_bytes": peak, "step_peaks": step_peaks, "before_bytes": before,
                "predicted_bytes": int(predicted), "predicted_parts": own,
@@ -317,16 +329,21 @@ class RunResult:
         steps = min(len(r["times"]) for r in self.ranks)
         return self.steady([max(r["times"][i] for r in self.ranks) for i in range(steps)])
 
-    @staticmethod
-    def steady(values: list) -> float:
-        """The median of the steps after the first (the first alone with one step)."""
-        xs = sorted(values[1:] or values)
+    @property
+    def warm(self) -> bool:
+        """Whether every timed step came after others (CPU: timed after the memory-measured steps)."""
+        return all(r.get("steady") for r in self.ranks)
+
+    def steady(self, values: list) -> float:
+        """The median of the timed steps in steady state: all of them when they came after the
+        memory-measured steps, else those after the first (the first alone with one step)."""
+        xs = sorted(values if self.warm else (values[1:] or values))
         return xs[len(xs) // 2]
 
     def table(self) -> str:
         from .render.text import text_table
         from .render.units import iec
-        one = all(len(r["times"]) == 1 for r in self.ranks)
+        one = all(len(r["times"]) == 1 for r in self.ranks) and not self.warm
         when = "first step" if one else "median"
         tl = getattr(self.plan, "timeline", None)
         header = ["Rank", "Stages", f"Step time ({when})", f"Busy ({when})"] + \
@@ -343,6 +360,8 @@ class RunResult:
                    else "module ownership (torch.export could not trace the model)"),
                   ("Step time", "the first step only (--steps 1): not steady state, it includes "
                                 "warm-up (allocations, first sends)" if one else
+                   f"median of {len(self.ranks[0]['times'])} steps timed after as many memory-measured ones "
+                   "(steady state, without the profiler)" if self.warm else
                    "median of the steps after the first (the first is warm-up)"),
                   ("Step time predicted", f"{tl.step_time * 1e3:.1f} ms (the plan's simulation), measured "
                    f"{self.step_time * 1e3:.1f} ms (the slowest rank): predicted / measured "
