@@ -360,8 +360,8 @@ class RunResult:
                    else "module ownership (torch.export could not trace the model)"),
                   ("Step time", "the first step only (--steps 1): not steady state, it includes "
                                 "warm-up (allocations, first sends)" if one else
-                   f"median of {len(self.ranks[0]['times'])} steps timed after as many memory-measured ones "
-                   "(steady state, without the profiler)" if self.warm else
+                   (lambda n: f"median of {n} step{'s' if n > 1 else ''} timed after as many memory-measured "
+                    "ones (steady state, without the profiler)")(len(self.ranks[0]["times"])) if self.warm else
                    "median of the steps after the first (the first is warm-up)"),
                   ("Step time predicted", f"{tl.step_time * 1e3:.1f} ms (the plan's simulation), measured "
                    f"{self.step_time * 1e3:.1f} ms (the slowest rank): predicted / measured "

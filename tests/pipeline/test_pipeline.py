@@ -362,7 +362,8 @@ def test_torchrun_honours_head_input_ids_and_memory_limit():
     assert plan.units.units[-1].name == "lm_head" and res.ranks[0]["inputs"] == [[4, 12]]
     assert all(s.limit == 64 * 2**20 and s.memory_bytes <= s.limit for s in plan.stages)
     assert plan.options.get("return_outputs") is not True and "kept_outputs" not in plan.stages[-1].memory
-    assert "first step only" in res.table()
+    # on CPU the one timed step comes after the memory-measured one, without the profiler: steady
+    assert res.warm and "median of 1 step timed after as many memory-measured ones" in res.table()
 
 
 def test_cli_split_run_passes_every_option(monkeypatch, capsys):
