@@ -521,9 +521,15 @@ def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: st
     exact = True
     times = _step_times(units, link_bandwidth, optimizer_bandwidth, notes) if timed else None
 
+    seen: dict[tuple[int, int, int], bool] = {}     # the searches ask about the same stages often
+
     def fits(s: int, x: int, y: int) -> bool:
-        return limits is None or _stage_total(units, x, y, s, stages, schedule, microbatches,
-                                              stages_per_rank) <= limits[s]
+        if limits is None:
+            return True
+        key = (s, x, y)
+        if key not in seen:
+            seen[key] = _stage_total(units, x, y, s, stages, schedule, microbatches, stages_per_rank) <= limits[s]
+        return seen[key]
 
     if objective in ("uniform", "given"):
         bounds = given or uniform_bounds(units, stages)
