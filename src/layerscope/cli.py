@@ -410,8 +410,24 @@ def _status(text: str, ns: argparse.Namespace | None = None):
     """A spinner on stderr while work runs, only when stderr is a terminal (and not --quiet)."""
     if not sys.stderr.isatty() or getattr(ns, "quiet", False):
         return contextlib.nullcontext()
+    return _spinner(text)
+
+
+@contextlib.contextmanager
+def _spinner(text: str):
+    """rich's status spinner, with its refresh thread made known to the profiler's stderr
+    hold-back (capture/measure.py): that thread only draws the spinner, so kineto's start and stop
+    lines can still be held back while it runs (what it draws meanwhile is passed on)."""
+    import threading
+
     from rich.console import Console
-    return Console(stderr=True).status(text)
+
+    from .capture.measure import quiet_safe_threads
+    before = set(threading.enumerate())
+    with Console(stderr=True).status(text):
+        mine = [t for t in threading.enumerate() if t not in before]
+        with quiet_safe_threads(mine):
+            yield
 
 
 # What each saved-model format supports, for the commands that need a PyTorch module to run.

@@ -50,13 +50,30 @@ def state_bytes(tensors) -> int:
     return total
 
 
+_SAFE_THREADS: set[int] = set()    # idents of threads whose stderr output may be held back and passed on
+
+
+@contextlib.contextmanager
+def quiet_safe_threads(threads):
+    """While inside: these threads (a caller's own spinner) do not stop the profiler's stderr
+    hold-back; what they write to stderr meanwhile is passed on after it."""
+    idents = {t.ident for t in threads if t.ident is not None}
+    _SAFE_THREADS.update(idents)
+    try:
+        yield
+    finally:
+        _SAFE_THREADS.difference_update(idents)
+
+
 @contextlib.contextmanager
 def _kineto_quiet():
     """Hold back what the profiler's C++ side writes to stderr as it starts and stops (torch 2.13's
     kineto logs "USDT: ... profiler_start" lines whatever the log level): fd 2 goes to a temporary
     file for the duration, and any other line written there is passed on. fd 2 is the process's:
-    with other Python threads running (which could write to stderr meanwhile) nothing is held back."""
-    if threading.active_count() > 1:
+    with other Python threads running (which could write to stderr meanwhile) nothing is held back,
+    unless they are known to only draw a spinner (``quiet_safe_threads``)."""
+    me = threading.current_thread()
+    if any(t is not me and t.ident not in _SAFE_THREADS for t in threading.enumerate()):
         yield
         return
     try:
