@@ -230,3 +230,15 @@ def test_interleaved_limit_is_per_device():
     assert all(b <= sum(s.memory_bytes for s in plan.stages if s.rank == r) for r, b in enumerate(plan.rank_bytes))
     with pytest.raises(ls.PlanError, match=r"smallest device limit .* \(2 stages on each\)"):
         ls.partition(m, ids, stages=4, microbatches=4, schedule="interleaved", memory_limit="6MiB")
+
+
+def test_timing_units_leaves_the_model_alone():
+    # by="latency" runs real passes and times the loss on the output: weights, buffers, mode,
+    # requires_grad, .grad, hooks and RNG come out as they went in
+    from ..helpers import assert_unchanged, snapshot
+    m = tiny_gpt().train()
+    ids = torch.randint(0, 1000, (8, 32))
+    before = snapshot(m)
+    plan = ls.partition(m, ids, stages=2, microbatches=4, by="latency", latency_repeats=2)
+    assert plan.objective == "step_time" and plan.step_time > 0
+    assert_unchanged(before, m)
