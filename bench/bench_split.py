@@ -9,7 +9,9 @@ unit, ``partition(by="latency")``) with one thread, as each rank will run with (
 cores); the three plans are made from the same times; each is then run ``--repeats`` times under
 torchrun, the three plans interleaved (A B C A B C ...) so that a noisy stretch hits all of them.
 A step's time is the slowest rank's; the table gives the median, min and max over every timed step
-of all the runs of a split (on CPU the run times its steps after the memory-measured ones, without
+of all the runs of a split. Each run measures, before its steps, how much slower its ranks compute
+when they compute at once than alone (they share the 2 cores: ``RunResult.corun``); the predicted
+step is the plan's simulation with that slowdown, the one "ranks alone" without it (on CPU the run times its steps after the memory-measured ones, without
 the profiler: steady state). Sends across cuts are priced at the
 bandwidth of one gloo send measured here first (bench/_gloo_bandwidth.py). Prints a markdown table
 and writes it to bench/results/split_MODELS.md (docs/benchmarks.md quotes it).
@@ -100,9 +102,11 @@ def main() -> None:
     torch.set_num_threads(1)
     link = link_bandwidth()
     print(f"gloo send, 4 MiB: {link / 1e9:.2f} GB/s (prices every send across a cut)", file=sys.stderr)
-    lines = [f"Sends priced at {link / 1e9:.2f} GB/s (one gloo send of 4 MiB between the two processes).", "","| model | schedule | split | cuts | predicted step | measured step: median [min-max] "
-             "| predicted / measured median (/ min) | throughput vs uniform (medians) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [f"Sends priced at {link / 1e9:.2f} GB/s (one gloo send of 4 MiB between the two processes).", "","| model | schedule | split | cuts | predicted, ranks alone | co-run slowdown (measured) "
+             "| predicted step | measured step: median [min-max] | predicted / measured median (ranks alone) "
+             "| schedule replayed with the run's action times / the run's last action end "
+             "| throughput vs uniform (medians) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in a.only.split(","):
         spec, overrides = MODELS[name]
         for schedule, stages in SCHEDULES:
@@ -110,6 +114,9 @@ def main() -> None:
                 continue
             ps = plans(spec, overrides, schedule, stages, link)
             runs = {k: [] for k in ps}
+            pred = {k: [] for k in ps}    # the prediction with each run's measured co-run slowdown
+            coruns = {k: [] for k in ps}
+            replays = {k: [] for k in ps}   # the schedule simulated with the run's own action times
             for _ in range(a.repeats):
                 for k, p in ps.items():
                     t0 = time.perf_counter()
@@ -117,15 +124,22 @@ def main() -> None:
                                  batch_size=BATCH, steps=a.steps, optimizer="sgd", head=HEAD.get(spec),
                                  partition_options={"cuts": list(p.split_points)})
                     runs[k] += measured_steps(res)
-                    print(f"{name} {schedule} {k}: {[round(x * 1e3) for x in measured_steps(res)]} ms "
+                    pred[k].append(res.predict(p).step_time)
+                    coruns[k].append(res.corun)
+                    sim, end = res.replay()
+                    replays[k].append(sim / end)
+                    print(f"{name} {schedule} {k}: {[round(x * 1e3) for x in measured_steps(res)]} ms, co-run "
+                          f"x{res.corun:.2f}, predicted {res.predict(p).step_time * 1e3:.0f} ms "
                           f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
             base = statistics.median(runs["uniform"])
             for k, p in ps.items():
                 m, lo = statistics.median(runs[k]), min(runs[k])
+                pc = statistics.median(pred[k])
                 lines.append(f"| {name} | {schedule} ({stages} stages) | {k} | {', '.join(p.split_points)} | "
-                             f"{p.step_time * 1e3:.0f} ms | {m * 1e3:.0f} ms [{lo * 1e3:.0f}-{max(runs[k]) * 1e3:.0f}, "
-                             f"{len(runs[k])} steps] | {p.step_time / m:.2f} ({p.step_time / lo:.2f}) | "
-                             f"{base / m:.2f}x |")
+                             f"{p.step_time * 1e3:.0f} ms | x{statistics.median(coruns[k]):.2f} | {pc * 1e3:.0f} ms | "
+                             f"{m * 1e3:.0f} ms [{lo * 1e3:.0f}-{max(runs[k]) * 1e3:.0f}, "
+                             f"{len(runs[k])} steps] | {pc / m:.2f} ({p.step_time / m:.2f}) | "
+                             f"{statistics.median(replays[k]):.2f} | {base / m:.2f}x |")
             print("\n".join(lines[-3:]), flush=True)
     text = "\n".join(lines) + "\n"
     print(text)

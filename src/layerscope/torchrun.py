@@ -143,19 +143,25 @@ class _Busy:
     def __init__(self, stages) -> None:
         self.seconds = 0.0
         self.per_stage = {s.stage_index: 0.0 for s in stages}
+        # this step's actions: [stage, "F"/"B"/"W", micro-batch, start, end], seconds from ``start``
+        self.blocks: list[list] = []
+        self.start = 0.0
+        kinds = {"forward_one_chunk": "F", "backward_one_chunk": "B", "backward_weight_one_chunk": "W"}
         for st in stages:
-            for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
-                setattr(st, name, self._timed(getattr(st, name), st.stage_index))
+            for name, kind in kinds.items():
+                setattr(st, name, self._timed(getattr(st, name), st.stage_index, kind))
 
-    def _timed(self, fn, index):
+    def _timed(self, fn, index, kind):
         def run(*a, **k):
             t0 = time.perf_counter()
             try:
                 return fn(*a, **k)
             finally:
-                dt = time.perf_counter() - t0
-                self.seconds += dt
-                self.per_stage[index] += dt
+                t1 = time.perf_counter()
+                self.seconds += t1 - t0
+                self.per_stage[index] += t1 - t0
+                mb = a[0] if a else k.get("fwd_chunk_id", k.get("bwd_chunk_id", -1))
+                self.blocks.append([index, kind, mb, t0 - self.start, t1 - self.start])
         return run
 
     def loss(self, fn):
@@ -164,8 +170,43 @@ class _Busy:
             try:
                 return fn(*a, **k)
             finally:
-                self.seconds += time.perf_counter() - t0
+                t1 = time.perf_counter()
+                self.seconds += t1 - t0
+                if self.blocks and self.blocks[-1][1] == "F":   # the loss follows the last stage's
+                    self.blocks[-1][4] = t1 - self.start           # forward: part of its block, as planned
         return run
+
+
+def _corun(model, mb_args, mb_kwargs, rank: int, world: int, repeats: int = 3) -> float:
+    """How much slower this rank computes while every rank computes at once than alone: ranks that
+    share one machine (CPU processes) share its cores, caches and memory bandwidth. Measured on the
+    work of the run, one micro-batch's forward and backward of the whole model, ``repeats`` times
+    alone (the ranks take turns, the others wait at a barrier) and ``repeats`` times all at once;
+    the ratio of the medians. The model's gradients are cleared after and the RNG restored, so the
+    training steps that follow are those of a run without it."""
+    import torch.distributed as dist
+
+    def once() -> float:
+        t0 = time.perf_counter()
+        main_tensor(model(*mb_args, **mb_kwargs)).float().pow(2).mean().backward()
+        return time.perf_counter() - t0
+
+    rng = torch.get_rng_state()
+    try:
+        once()                              # warm-up: first-call allocations and kernel choice
+        alone, together = [], []
+        for r in range(world):
+            dist.barrier()
+            if r == rank:
+                alone = [once() for _ in range(repeats)]
+        dist.barrier()
+        together = [once() for _ in range(repeats)]
+        dist.barrier()
+    finally:
+        torch.set_rng_state(rng)
+        for p in model.parameters():
+            p.grad = None
+    return sorted(together)[repeats // 2] / sorted(alone)[repeats // 2]
 
 
 def _local_stages(plan, rank: int) -> list[int]:
@@ -191,6 +232,10 @@ def worker(cfg_path: str) -> None:
         if ranks != world:
             raise InputError(f"the plan puts its {plan.num_stages} stages on {ranks} ranks, not {world}")
         mine = _local_stages(plan, rank)
+        # ranks on one machine's CPU slow each other down when they compute at once: measured here,
+        # before the stages exist (they hook the model) and the steps, for the prediction (GPUs:
+        # one per rank, nothing shared)
+        corun = _corun(model, mb_args, mb_kwargs, rank, world) if device.type == "cpu" and world > 1 else 1.0
         stages, sync, path = pipeline_stage(plan, model, rank, mb_args, mb_kwargs, device=device,
                                             path=cfg.get("path", "auto"), all_local=True)
         busy = _Busy(stages)
@@ -208,13 +253,14 @@ def worker(cfg_path: str) -> None:
         target = target.to(device)
         first, last = 0 in mine, plan.num_stages - 1 in mine
         keep = bool(cfg.get("return_outputs", True))
-        times, losses, busy_s = [], [], []
+        times, losses, busy_s, blocks = [], [], [], []
         busy_stage: dict[int, list] = {i: [] for i in mine}
 
         def one_step():
             opt.zero_grad(set_to_none=True)
             b0, s0 = busy.seconds, dict(busy.per_stage)
             t0 = time.perf_counter()
+            busy.start, busy.blocks = t0, []
             mb_losses: list = []
             out = sched.step(*(tensors if first else ()), target=target if last else None,
                              losses=mb_losses if last else None, return_outputs=keep)
@@ -222,6 +268,7 @@ def worker(cfg_path: str) -> None:
             sync()
             opt.step()
             times.append(time.perf_counter() - t0)
+            blocks.append(busy.blocks)
             busy_s.append(busy.seconds - b0)
             for i in mine:
                 busy_stage[i].append(busy.per_stage[i] - s0[i])
@@ -259,6 +306,7 @@ def worker(cfg_path: str) -> None:
             n_losses = len(losses)
             times.clear()
             busy_s.clear()
+            blocks.clear()
             for i in mine:
                 busy_stage[i].clear()
             for _ in range(steps):
@@ -288,6 +336,7 @@ def worker(cfg_path: str) -> None:
         out = {"rank": rank, "stages": mine, "path": path, "times": times, "busy": busy_s,
                "steady": device.type == "cpu",      # the times are of steps after the measured ones
                "busy_per_stage": {str(k): v for k, v in busy_stage.items()}, "losses": losses,
+               "blocks": blocks, "corun": corun,
                "peak_bytes": peak, "step_peaks": step_peaks, "before_bytes": before,
                "predicted_bytes": int(predicted), "predicted_parts": own,
                "inputs": [list(t.shape) for t in tensors] if first else [],
@@ -330,6 +379,56 @@ class RunResult:
         return self.steady([max(r["times"][i] for r in self.ranks) for i in range(steps)])
 
     @property
+    def corun(self) -> float:
+        """How much slower a rank computed while every rank computed at once than alone, measured
+        in the run before its steps (the median over the ranks; 1.0 on GPUs, one per rank)."""
+        xs = sorted(float(r.get("corun", 1.0)) for r in self.ranks)
+        return xs[len(xs) // 2]
+
+    @property
+    def timeline(self):
+        """The plan's simulated step with the co-run slowdown measured in the run (None: the plan
+        has no unit times)."""
+        return self.predict(self.plan)
+
+    def predict(self, plan):
+        """``plan``'s simulated step (a plan of these cuts with unit times, e.g. made before the
+        run) with the co-run slowdown measured in this run; None where the plan has no times."""
+        if getattr(plan, "timeline", None) is None:
+            return None
+        from .pipeline.schedule import simulate
+        st = plan.stages
+        return simulate(plan.schedule, [s.forward_time for s in st], [s.backward_time for s in st],
+                        plan.microbatches, send=[s.send_time for s in st[:-1]],
+                        optimizer=[s.optimizer_time for s in st], stages_per_rank=plan.stages_per_rank,
+                        corun=self.corun)
+
+    def replay(self) -> tuple[float, float] | None:
+        """A check of the schedule model alone: the plan's schedule simulated with the durations the
+        run itself measured for its actions (per stage and kind, the mean over the micro-batches of
+        the median step), against that step's end of the last action. Returns (simulated, measured)
+        seconds; None without per-action times."""
+        if not all(r.get("blocks") for r in self.ranks):
+            return None
+        from .pipeline.schedule import simulate
+        steps = min(len(r["blocks"]) for r in self.ranks)
+        per_step = [max(r["times"][i] for r in self.ranks) for i in range(steps)]
+        pool = list(range(steps)) if self.warm or steps == 1 else list(range(1, steps))
+        i = sorted(pool, key=lambda j: per_step[j])[len(pool) // 2]
+        durs: dict = {}
+        for r in self.ranks:
+            for st, kind, _, a, b in r["blocks"][i]:
+                durs.setdefault((st, kind), []).append(b - a)
+        k = self.plan.num_stages
+        try:
+            f = [sum(durs[(s, "F")]) / len(durs[(s, "F")]) for s in range(k)]
+            b = [sum(durs[(s, "B")]) / len(durs[(s, "B")]) for s in range(k)]
+        except KeyError:        # an action kind the simulation does not know (zero-bubble's W)
+            return None
+        tl = simulate(self.plan.schedule, f, b, self.plan.microbatches, stages_per_rank=self.plan.stages_per_rank)
+        return tl.pipeline_time, max(b for r in self.ranks for *_, b in r["blocks"][i])
+
+    @property
     def warm(self) -> bool:
         """Whether every timed step came after others (CPU: timed after the memory-measured steps)."""
         return all(r.get("steady") for r in self.ranks)
@@ -345,7 +444,7 @@ class RunResult:
         from .render.units import iec
         one = all(len(r["times"]) == 1 for r in self.ranks) and not self.warm
         when = "first step" if one else "median"
-        tl = getattr(self.plan, "timeline", None)
+        tl = self.timeline
         header = ["Rank", "Stages", f"Step time ({when})", f"Busy ({when})"] + \
             (["Busy predicted"] if tl is not None else []) + ["Peak measured", "Peak predicted", "Error"]
         body = []
@@ -363,8 +462,10 @@ class RunResult:
                    (lambda n: f"median of {n} step{'s' if n > 1 else ''} timed after as many memory-measured "
                     "ones (steady state, without the profiler)")(len(self.ranks[0]["times"])) if self.warm else
                    "median of the steps after the first (the first is warm-up)"),
-                  ("Step time predicted", f"{tl.step_time * 1e3:.1f} ms (the plan's simulation), measured "
-                   f"{self.step_time * 1e3:.1f} ms (the slowest rank): predicted / measured "
+                  ("Step time predicted", f"{tl.step_time * 1e3:.1f} ms (the plan's simulation"
+                   + (f", {self.plan.timeline.step_time * 1e3:.1f} ms with ranks that do not slow each other"
+                      if self.corun != 1.0 else "")
+                   + f"), measured {self.step_time * 1e3:.1f} ms (the slowest rank): predicted / measured "
                    f"{tl.step_time / self.step_time:.2f}" if tl is not None else
                    "-- (the plan has no unit times: --by latency measures them, --by roofline predicts them)"),
                   ("Outputs", "step(return_outputs=True) (torch's default): the last stage keeps every "
@@ -373,6 +474,16 @@ class RunResult:
                   ("Loss per step", ", ".join(f"{x:.6g}" for x in self.losses)),
                   ("Single process", ", ".join(f"{x:.6g}" for x in self.reference)),
                   ("Max relative diff", f"{self.loss_rel_diff:.2e}")]
+        check = self.replay()
+        if check is not None:
+            footer.insert(3, ("Schedule model", f"{check[0] * 1e3:.1f} ms simulated from the run's own action times, "
+                              f"against {check[1] * 1e3:.1f} ms to the end of the last action "
+                              f"({check[0] / check[1]:.2f}): what the prediction misses beyond this is in the "
+                              "predicted action times, not the schedule"))
+        if self.corun != 1.0:
+            footer.insert(3, ("Co-run slowdown", f"x{self.corun:.2f}: a rank computed that much slower while every "
+                              "rank computed at once than alone (measured before the steps: the ranks share "
+                              "this machine's cores); the prediction slows ranks that compute together by it"))
         if self.grad_rel_diff is not None:
             footer.append(("Gradients", f"max relative diff {self.grad_rel_diff:.2e} against one process"))
         return text_table(header, body, footer)

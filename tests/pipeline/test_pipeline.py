@@ -349,6 +349,21 @@ def test_torchrun_training_matches_one_process(spec, overrides, schedule, path, 
         ([[0, 2], [1, 3]] if schedule == "interleaved" else [[0], [1]])
     # every step's time and busy seconds (forward, backward, loss), busy within the step
     assert all(len(r["times"]) == len(r["busy"]) == 2 and 0 < r["busy"][1] < r["times"][1] for r in res.ranks)
+    # each step's actions as run: every stage's forward and backward of both micro-batches, inside
+    # the step; the last stage's forward block runs on to the end of its loss, so the blocks hold
+    # at least the busy time
+    for r in res.ranks:
+        for step, blocks, busy in zip(r["times"], r["blocks"], r["busy"]):
+            assert sorted((s, k, mb) for s, k, mb, _, _ in blocks) == \
+                sorted((s, k, mb) for s in r["stages"] for k in "BF" for mb in range(2))
+            assert all(0 <= a <= b <= step for _, _, _, a, b in blocks)
+            assert busy - 1e-6 <= sum(b - a for *_, a, b in blocks) <= step
+    # the co-run slowdown was measured (before the steps: the losses and gradients above match)
+    assert all(r["corun"] > 0 for r in res.ranks) and res.corun > 0
+    # the schedule replayed with the run's own action times (means per stage and kind, so not a
+    # bound: a plumbing check) lands near the run's own end of the last action
+    sim, last_end = res.replay()
+    assert 0.5 * last_end < sim < 1.25 * last_end
 
 
 def test_torchrun_honours_head_input_ids_and_memory_limit():

@@ -85,6 +85,38 @@ def test_hand_derived_step_times():
     assert simulate("1f1b", [2, 1], [4, 1], 3, optimizer=[1, 10]).step_time == 22
 
 
+def test_ranks_that_share_cores():
+    # GPipe, 2 stages, f = b = 2 everywhere, 2 micro-batches; ranks computing together run at half
+    # speed (corun 2). By hand: rank 0 F0.0 0-2 alone; F0.1 and rank 1's F1.0 both start at 2, both
+    # have 2 s of work at half speed: 2-6; rank 1 F1.1 6-8 alone, B1.0 8-10 alone; B1.1 and rank 0's
+    # B0.0 (it needed B1.0, done at 10) 10-14 together; B0.1 14-16 alone -> 16 (12 when they do not
+    # slow each other: F0.0 0-2, F0.1 2-4 | F1.0 2-4, F1.1 4-6, B1.0 6-8, B1.1 8-10 | B0.0 8-10, B0.1 10-12)
+    assert simulate("gpipe", [2, 2], [2, 2], 2).pipeline_time == 12
+    tl = simulate("gpipe", [2, 2], [2, 2], 2, corun=2.0)
+    assert tl.pipeline_time == pytest.approx(16)
+    ends = {(x.stage, x.kind, x.microbatch): (x.start, x.end) for x in tl.blocks}
+    assert ends[(0, "F", 1)] == pytest.approx((2, 6)) and ends[(1, "F", 0)] == pytest.approx((2, 6))
+    assert ends[(0, "B", 0)] == pytest.approx((10, 14)) and ends[(0, "B", 1)] == pytest.approx((14, 16))
+    # busy is the slowed time: rank 0 computed 2 + 4 + 4 + 2 = 12 s for 8 s of work
+    assert tl.busy == pytest.approx((12, 12))
+    # one rank alone is never slowed; corun 1 + tiny equals the plain simulation everywhere
+    assert simulate("1f1b", [3], [5], 4, corun=3.0).pipeline_time == 32
+    rng = random.Random(5)
+    for schedule in ("gpipe", "1f1b", "interleaved"):
+        for _ in range(30):
+            k = rng.choice([2, 4]) if schedule == "interleaved" else rng.randint(2, 5)
+            m = k if schedule == "interleaved" else rng.randint(1, 6)
+            f = [rng.uniform(0.1, 3) for _ in range(k)]
+            b = [rng.uniform(0.1, 6) for _ in range(k)]
+            c = [rng.uniform(0, 1) for _ in range(k - 1)]
+            plain = simulate(schedule, f, b, m, send=c)
+            near = simulate(schedule, f, b, m, send=c, corun=1 + 1e-12)
+            assert near.pipeline_time == pytest.approx(plain.pipeline_time, rel=1e-9)
+            slow = simulate(schedule, f, b, m, send=c, corun=1.5)
+            # slowing can only lengthen the step, and never by more than the factor itself
+            assert plain.pipeline_time - 1e-9 <= slow.pipeline_time <= 1.5 * plain.pipeline_time + 1e-9
+
+
 def test_interleaved_order_is_torchs():
     # rank 0 of 2 with stages 0 and 2, 4 micro-batches: torch's depth-first warm-up
     # (ScheduleInterleaved1F1B's own order builder); 2 x 2 x 4 = 16 actions on each rank

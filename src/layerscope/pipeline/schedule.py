@@ -160,6 +160,8 @@ class Graph:
                 raise AssertionError(f"the {schedule} order deadlocks")
         self.actions = tuple(acts)
         self.rank_of = tuple(rank_of)
+        self.dep, self.link = tuple(dep), tuple(link)
+        self.orders = tuple(tuple(range(base[r], base[r + 1])) for r in range(self.ranks))
         waves: dict[int, list[int]] = {}
         for i, lv in enumerate(level):
             waves.setdefault(lv, []).append(i)
@@ -203,23 +205,30 @@ def graph(schedule: str, stages: int, microbatches: int, stages_per_rank: int = 
 
 def simulate(schedule: str, forward: list[float], backward: list[float], microbatches: int, *,
              send: list[float] | None = None, optimizer: list[float] | None = None,
-             stages_per_rank: int = 2) -> Timeline:
+             stages_per_rank: int = 2, corun: float = 1.0) -> Timeline:
     """Simulate one step. ``forward[s]``/``backward[s]``: seconds per micro-batch on stage s (the
     last stage's forward includes the loss); ``send[s]``: seconds to send stage s's output to stage
     s + 1 (and its gradient back); ``optimizer[s]``: seconds of stage s's optimizer step, which
-    its rank runs after its last backward."""
+    its rank runs after its last backward. ``corun``: how much slower a rank computes while every
+    rank computes at once (ranks that share one machine's cores and memory: CPU processes), as a
+    factor of its time alone; with n of P ranks computing each runs at 1 / (1 + (corun - 1)(n - 1)
+    / (P - 1)) of its speed alone. 1 (the default): ranks on their own devices. A block's length
+    and the busy times are then the slowed ones."""
     k = len(forward)
     g = graph(schedule, k, microbatches, stages_per_rank)
     d = torch.float64
     f, b = torch.tensor([forward], dtype=d), torch.tensor([backward], dtype=d)
     sd = torch.tensor([list(send) if send is not None else [0.0] * (k - 1)], dtype=d).reshape(1, k - 1)
-    end = g.ends(f, b, sd)[0].tolist()
+    if corun > 1.0 and g.ranks > 1:
+        start, end = _shared(g, forward, backward, sd[0].tolist(), corun)
+    else:
+        end = g.ends(f, b, sd)[0].tolist()
+        start = [e - (forward if a.kind == FORWARD else backward)[a.stage] for e, a in zip(end, g.actions)]
     blocks, busy, last = [], [0.0] * g.ranks, [0.0] * g.ranks
     for i, a in enumerate(g.actions):
-        cost = (forward if a.kind == FORWARD else backward)[a.stage]
         r = g.rank_of[i]
-        blocks.append(Block(r, a.stage, a.kind, a.microbatch, end[i] - cost, end[i]))
-        busy[r] += cost
+        blocks.append(Block(r, a.stage, a.kind, a.microbatch, start[i], end[i]))
+        busy[r] += end[i] - start[i]
         last[r] = max(last[r], end[i])
     opt = [0.0] * g.ranks
     for s, x in enumerate(optimizer or [0.0] * k):
@@ -227,3 +236,47 @@ def simulate(schedule: str, forward: list[float], backward: list[float], microba
     step = max((a + o for a, o in zip(last, opt)), default=0.0)
     return Timeline(blocks=tuple(sorted(blocks, key=lambda b: (b.rank, b.start))), ranks=g.ranks,
                     pipeline_time=max(last, default=0.0), step_time=step, busy=tuple(busy))
+
+
+def _shared(g: Graph, forward, backward, send, corun: float) -> tuple[list[float], list[float]]:
+    """Start and end of every action when ranks that compute at the same time slow each other down
+    (processor sharing): an event loop over the ranks' orders. Between two events every computing
+    rank progresses at the speed the number of computing ranks gives; an event is an action ending
+    or an input arriving."""
+    n, p = len(g.actions), g.ranks
+    cost = [(forward if a.kind == FORWARD else backward)[a.stage] for a in g.actions]
+    start, end = [0.0] * n, [None] * n
+    pos = [0] * p                      # next action of each rank in its order
+    cur: list = [None] * p             # the action a rank is computing and the work left of it
+    t, left = 0.0, n
+    while left:
+        wake = float("inf")
+        for r in range(p):
+            if cur[r] is None and pos[r] < len(g.orders[r]):
+                i = g.orders[r][pos[r]]
+                d = g.dep[i]
+                if d >= 0 and end[d] is None:
+                    continue           # its input is not computed yet
+                ready = end[d] + (send[g.link[i]] if g.link[i] >= 0 else 0.0) if d >= 0 else 0.0
+                if ready <= t + 1e-15:
+                    start[i], cur[r] = t, [i, cost[i]]
+                    pos[r] += 1
+                else:
+                    wake = min(wake, ready)
+        busy = sum(c is not None for c in cur)
+        if not busy:
+            if wake == float("inf"):
+                raise AssertionError(f"the {g.schedule} order deadlocks")
+            t = wake
+            continue
+        speed = 1.0 / (1.0 + (corun - 1.0) * (busy - 1) / (p - 1))
+        dt = min(min(c[1] for c in cur if c is not None) / speed, wake - t)
+        t += dt
+        for r in range(p):
+            c = cur[r]
+            if c is not None:
+                c[1] -= dt * speed
+                if c[1] <= 1e-12 * max(1.0, cost[c[0]]):
+                    end[c[0]], cur[r] = t, None
+                    left -= 1
+    return start, end
