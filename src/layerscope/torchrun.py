@@ -177,7 +177,7 @@ class _Busy:
         return run
 
 
-def _corun(model, mb_args, mb_kwargs, rank: int, world: int, repeats: int = 3) -> float:
+def _corun(model, mb_args, mb_kwargs, rank: int, world: int, repeats: int = 5) -> float:
     """How much slower this rank computes while every rank computes at once than alone: ranks that
     share one machine (CPU processes) share its cores, caches and memory bandwidth. Measured on the
     work of the run, one micro-batch's forward and backward of the whole model, ``repeats`` times
