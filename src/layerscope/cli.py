@@ -261,7 +261,7 @@ def _parser() -> argparse.ArgumentParser:
     pf.add_argument("--backward", action="store_true", help="also time the backward pass")
     pf.add_argument("--repeats", type=_count_or_auto(1), default="auto",
                     help="timed repeats, or auto (the default): 6 to 20, stopping when every median that\n"
-                         "matters is known within +-2% (whole run) / +-5% (calls over 5% of it), 95% confidence")
+                         "matters is known within +-2%% (whole run) / +-5%% (calls over 5%% of it), 95%% confidence")
     pf.add_argument("--warmup", type=_count_or_auto(0), default="auto",
                     help="untimed warm-up runs, or auto (the default): 1 to 3, more while runs get faster")
     pf.add_argument("--roofline", metavar="PEAKS",
