@@ -294,8 +294,9 @@ def _parser() -> argparse.ArgumentParser:
     _memory_args(r, optimizer_default="adamw")
     r.add_argument("--profile", action="store_true", help="also time every layer (needs real weights: "
                                                           "the model is built on cpu)")
-    r.add_argument("--repeats", type=_count_or_auto(1), default="auto",
-                   help="timed repeats for --profile, or auto (the default; as for `profile`)")
+    # 10 fixed, as before: on a 2-core shared machine auto runs to its maximum of 20 (twice the time)
+    r.add_argument("--repeats", type=_count_or_auto(1), default=10,
+                   help="timed repeats for --profile (default 10), or auto (as for `profile`: 6-20)")
     r.add_argument("--stages", type=_count(1), help="also plan this many pipeline stages")
     r.add_argument("--by", choices=("flops", "macs", "params", "memory", "latency"), default="flops",
                    help="the stage cost to balance (default flops)")

@@ -133,3 +133,11 @@ def test_cli_repeats_auto_and_int(capsys):
     assert L.AUTO_MIN <= o["repeats"] <= L.AUTO_MAX and d["totals"]["runs"] == o["repeats"]
     assert main(["profile", spec, "--repeats", "sometimes"]) == 1
     assert "an integer or auto" in capsys.readouterr().err
+
+
+def test_report_repeats_flag_parses_auto_and_int():
+    from layerscope.cli import _parser
+    base = ["report", "layerscope.examples:small_cnn", "-o", "r.html", "--profile"]
+    assert _parser().parse_args(base).repeats == 10          # report keeps its fixed 10 by default
+    assert _parser().parse_args(base + ["--repeats", "auto"]).repeats == "auto"
+    assert _parser().parse_args(base + ["--repeats", "7"]).repeats == 7
