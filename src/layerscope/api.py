@@ -568,13 +568,22 @@ def _plan_dtype(units) -> torch.dtype:
 
 
 @exclusive
-def profile(model: nn.Module, *args: Any, warmup: int = 3, repeats: int = 20, backward: bool = False,
+def profile(model: nn.Module, *args: Any, warmup: int | str = "auto", repeats: int | str = "auto",
+            backward: bool = False,
             device=None, input_size=None, dtypes=None, loss_fn=None, roofline=None, progress: bool = False,
             forward_kwargs: dict | None = None, **kwargs: Any):
     """Time every module call of ``model`` on its own device: forward (and with ``backward=True``
     backward) time per call, inclusive and self, median and quartiles over ``repeats`` after
     ``warmup`` runs. Returns a LatencyReport whose totals put the uninstrumented forward (and
     backward) beside the instrumented one and the sum of self times, so the hooks' overhead shows.
+
+    ``repeats="auto"`` (the default; an int is a fixed count): 6 to 20 repeats, stopping at the first
+    at which the distribution-free 95% confidence interval of every median that matters lies within
+    +-2% of it for the whole forward (and backward), with hooks and without, and within +-5% for each
+    call that takes at least 5% of the whole: about what 20 fixed repeats give on a typical spread
+    (analyses/latency.py says why). ``warmup="auto"`` (the default): 1 to 3 runs, more while a run was
+    over 2% slower than the next. The report's ``options`` and footer say how many ran and why they
+    stopped ("precise", "maximum" or "fixed").
 
     Forward-only runs are under ``torch.no_grad()`` (as inference runs); with ``backward=True`` each
     repeat runs forward, ``loss_fn(output)`` (default: the output's ``loss`` or its sum) and backward,
@@ -621,21 +630,30 @@ def profile(model: nn.Module, *args: Any, warmup: int = 3, repeats: int = 20, ba
         return (loss_fn or default_loss)(out)
 
     guard = StateGuard(model, inputs=(args, kwargs))
-    bar = ProgressBar(warmup + repeats, "profiling") if progress else None
+    from .analyses.latency import AUTO_MAX, WARMUP_MAX
+    bar = ProgressBar((WARMUP_MAX if warmup == "auto" else warmup) + (AUTO_MAX if repeats == "auto" else repeats),
+                      "profiling") if progress else None
+    ran: dict = {}
     try:
         with gc_paused():
             calls, plain, hooked = time_calls(model, run, loss_of if backward else None, device=here,
                                               warmup=warmup, repeats=repeats,
-                                              progress=bar.advance if bar else None)
+                                              progress=bar.advance if bar else None, info=ran)
     finally:
         guard.restore()
         if bar:
             bar.close()
     totals = latency_totals(calls, hooked, plain, backward)
     totals["flops"] = costs.totals.flops
+    options = {"warmup": ran["warmup"], "repeats": ran["repeats"], "backward": backward, "unit": "repeat"}
+    if repeats == "auto" or warmup == "auto":     # how the counts were chosen (a fixed pair: as before)
+        options["stopped"] = ran["stopped"]
+        options["repeats_rule"] = "auto" if repeats == "auto" else "fixed"
+        options["warmup_rule"] = "auto" if warmup == "auto" else "fixed"
+        if "worst" in ran:
+            options["least_precise"] = {"name": ran["worst"][1], "tolerance_ratio": ran["worst"][0]}
     return LatencyReport(model_name=type(model).__name__, device=str(here),
-                         options={"warmup": warmup, "repeats": repeats, "backward": backward,
-                                  "unit": "repeat"},
+                         options=options,
                          layers=tuple(latency_layers(calls, costs, backward)), totals=totals,
                          roofline=roof)
 

@@ -64,13 +64,16 @@ class MemoryOptions:
 class ProfileOptions:
     """The timed runs of ``profile()``."""
 
-    warmup: int = 3
-    repeats: int = 20
+    warmup: int | str = "auto"
+    repeats: int | str = "auto"
     backward: bool = False
 
     def __post_init__(self) -> None:
-        if self.warmup < 0 or self.repeats < 1:
-            raise InputError(f"warmup must be >= 0 and repeats >= 1, got {self.warmup} and {self.repeats}")
+        def ok(v, least: int) -> bool:
+            return v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= least)
+        if not ok(self.warmup, 0) or not ok(self.repeats, 1):
+            raise InputError(f"warmup must be >= 0 and repeats >= 1 (or \"auto\"), got {self.warmup!r} and "
+                             f"{self.repeats!r}")
 
 
 def forward_inputs(kwargs: dict, forward_kwargs: dict | None) -> dict:

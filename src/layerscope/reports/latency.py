@@ -74,6 +74,28 @@ def _phase_line(t: dict, phase: str) -> tuple:
     return tuple(parts)
 
 
+def repeats_line(o: dict) -> str:
+    """How many repeats and warm-up runs ran and why they stopped (``profile(repeats="auto")``)."""
+    from ..analyses.latency import AUTO_MAX, AUTO_MIN, CALL_SHARE, TOL_CALL, TOL_TOTAL
+
+    n = o["repeats"]
+    if o.get("repeats_rule") == "auto":
+        rule = (f"auto ({AUTO_MIN}-{AUTO_MAX}): stop when the 95% interval of each median lies within "
+                f"+-{100 * TOL_TOTAL:g}% for the whole run, +-{100 * TOL_CALL:g}% for calls over "
+                f"{100 * CALL_SHARE:g}% of it")
+        lp = o.get("least_precise") or {}
+        if o.get("stopped") == "precise":
+            why = f"stopped: precise enough after {n}"
+        else:
+            why = f"stopped at the maximum, {n}"
+        if lp.get("name"):
+            why += f" (least precise: {lp['name']} at {lp['tolerance_ratio']:.2f}x its tolerance)"
+    else:
+        rule, why = "fixed", f"{n} as asked"
+    warm = f"; warm-up {o['warmup']} ({o.get('warmup_rule', 'fixed')})"
+    return f"{rule}; {why}{warm}"
+
+
 def latency_context(rep: "LatencyReport") -> tuple[Fact, ...]:
     o = rep.options
     root = rep.layers[0] if rep.layers else None
@@ -103,6 +125,8 @@ def latency_footer(rep: "LatencyReport", top: int = 3) -> tuple[Fact, ...]:
             f"; spread (IQR/median) {100 * t['forward_spread']:.1f}%",))]
         if rep.options.get("backward"):
             lines.append(Fact("Backward", _phase_line(t, "backward")))
+    if rep.options.get("stopped"):
+        lines.append(Fact("Repeats", repeats_line(rep.options)))
     if rep.roofline is not None:
         r = rep.roofline
         lines.append(Fact("Roofline", (f"{r.name}: ", (r.peak_flops, "rate"), "FLOP/s, ", (r.peak_bandwidth, "rate"),
