@@ -354,8 +354,10 @@ def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_
                    forward_kwargs: dict | None = None, **kwargs: Any) -> BatchFit:
     """The largest batch size whose predicted peak (``memory(...)`` with the same arguments) fits
     ``limit`` (bytes, or a string such as "80GiB"). Peaks at batch 1 and 2 give a line; the batch it
-    predicts is simulated and the answer is bracketed by bisection, so the result is verified by a
-    simulation at that batch and one above it. With real weights on the device planned for, one real
+    predicts and the one above are simulated, which proves the answer where the peak is affine in the
+    batch size (4 simulations); elsewhere a line through neighbouring batches predicts again, then
+    bisection brackets it. The result is always verified by a simulation at that batch and one above
+    it (``BatchFit.samples``: every batch simulated). With real weights on the device planned for, one real
     step at the answer is then measured with the allocator (``BatchFit.measured``) and the batch is
     lowered until the measured peak fits, so scratch the simulation cannot see (oneDNN convolution
     workspace) never makes the answer too large."""
@@ -374,30 +376,67 @@ def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_
         return BatchFit(b, reports[b].peak_bytes if b else None, limit_bytes, samples,
                         reports.get(b))
 
+    def done(b: int) -> BatchFit:
+        return _checked(result(b), model, args, kwargs, batch_dim, limit_bytes, reports, forward_kwargs)
+
     if peak(1) > limit_bytes:
-        return _checked(result(0), model, args, kwargs, batch_dim, limit_bytes, reports, forward_kwargs)
+        return done(0)
     slope = peak(2) - peak(1)
     if peak(2) > limit_bytes:
-        return _checked(result(1), model, args, kwargs, batch_dim, limit_bytes, reports, forward_kwargs)
+        return done(1)
     if slope <= 0:
         raise InputError("the predicted peak does not grow with the batch size; check batch_dim")
+    if max_batch <= 2:
+        return done(max_batch)
+    # The answer is the largest batch that fits, once one that fits (lo) and the next that does not
+    # (hi = lo + 1) are both simulated, or lo reaches max_batch. Where the peak is affine in the
+    # batch size, the line through batches 1 and 2 predicts the answer exactly: it and one above are
+    # simulated to prove it (4 simulations in all). Where it is not (the peak moves from one phase
+    # to another as activations grow, or allocation blocks round), the line through the last two
+    # batches simulated, next to each other, predicts again; then doubling and bisection, as before.
     lo, hi = 2, None
-    first = b = min(max_batch, max(3, 1 + (limit_bytes - peak(1)) // slope))
-    while hi is None:  # from the linear estimate: one above it, then doubling until one fails
-        if peak(b) > limit_bytes:
-            hi = b
-        elif b >= max_batch:
-            return _checked(result(b), model, args, kwargs, batch_dim, limit_bytes, reports, forward_kwargs)
+
+    def settled() -> bool:
+        return lo >= max_batch or hi == lo + 1
+
+    def fits(b: int) -> bool:
+        nonlocal lo, hi
+        ok = peak(b) <= limit_bytes
+        if ok:
+            lo = max(lo, b)
         else:
-            lo = b
-            b = min(max_batch, b + 1 if b == first else b * 2)
+            hi = b if hi is None else min(hi, b)
+        return ok
+
+    b = min(max_batch, max(3, 1 + (limit_bytes - peak(1)) // slope))
+    for _ in range(3):
+        # the prediction, and its neighbour on the side that would prove it
+        near = b + 1 if fits(b) else b - 1
+        if settled():
+            break
+        if lo < near < (hi if hi is not None else max_batch + 1):
+            fits(near)
+            if settled():
+                break
+        a, z = min(b, near), max(b, near)
+        local = peak(z) - peak(a) if (a in reports and z in reports and z == a + 1) else 0
+        if local <= 0:
+            break
+        b = a + (limit_bytes - peak(a)) // local      # the last batch on the local line that fits
+        b = min(max_batch, max(lo + 1, b if hi is None else min(b, hi - 1)))
+        if b in reports:
+            break
+    if settled():
+        return done(lo)
+    b = lo
+    while hi is None:  # doubling until one fails
+        b = min(max_batch, b * 2)
+        if fits(b) and b >= max_batch:
+            return done(b)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if peak(mid) <= limit_bytes:
-            lo = mid
-        else:
-            hi = mid
-    return _checked(result(lo), model, args, kwargs, batch_dim, limit_bytes, reports, forward_kwargs)
+        fits(mid)
+    return done(lo)
 
 
 def _checked(fit: "BatchFit", model, args, kwargs, batch_dim, limit_bytes, reports, forward_kwargs) -> "BatchFit":

@@ -361,6 +361,28 @@ def test_max_batch_size():
     assert ls.max_batch_size(model, X, optimizer=torch.optim.SGD, limit=100).batch_size == 0
 
 
+def test_max_batch_size_is_the_brute_force_answer_in_few_simulations():
+    # issue 24 item 2: at most 4 simulations where the peak is affine in the batch size, and the
+    # answer always the largest batch whose own memory() fits. measure=False: no real step checks it.
+    model = mlp()
+    sizes = range(1, 25)
+    for kw in (dict(training=False), dict(optimizer="adamw")):
+        peaks = {b: ls.memory(model, X, batch_size=b, measure=False, **kw).peak_bytes for b in sizes}
+        # inference: +160 B a sample at the peak (input 8 + hidden 16 + ReLU 16 floats: affine);
+        # training: +32 B a sample while the optimizer step holds the peak, +240 B from batch 8 on,
+        # when the forward/backward holds it (not affine)
+        steps = {peaks[b + 1] - peaks[b] for b in sizes if b + 1 in peaks}
+        assert steps == ({160} if kw.get("training") is False else {32, 104, 240}), steps
+        for limit in (peaks[3], peaks[7] + 1, peaks[8], peaks[15] - 1, peaks[23] + 5):
+            fit = ls.max_batch_size(model, X, limit=limit, max_batch=24, measure=False, **kw)
+            assert fit.batch_size == max(b for b, p in peaks.items() if p <= limit), (kw, limit)
+            assert all(peaks[b] == p for b, p in fit.samples)
+            if kw.get("training") is False:
+                assert len(fit.samples) == 4 and "simulations=4" in repr(fit)
+            else:   # the line through batches 1 and 2 (slope 32) misses; one more line finds it
+                assert len(fit.samples) <= 6, fit.samples
+
+
 def test_bad_arguments():
     with pytest.raises(InputError, match="only applies to a training step"):
         ls.memory(mlp(), X, optimizer="sgd", training=False)

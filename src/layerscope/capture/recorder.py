@@ -23,9 +23,23 @@ class OpRecorder:
     """THE op recorder: a dispatch mode that sees every aten op of a run, gives values to what
     meta and fake tensors cannot compute (values read as 1), and hands each op to its Session."""
 
-    def __init__(self, cap: "Session") -> None:
+    def __init__(self, cap: "Session", kernels=None, reads=None) -> None:
         super().__init__()
         self.cap = cap
+        # A simulation's own steps (capture/simulation.py), taken inside this one mode rather than
+        # as two more modes around it (each mode is a Python frame and a re-dispatch on every op,
+        # prim.device queries included): ``kernels`` (a SimulationKernels) runs each op in place of
+        # ``func(...)``, so the recorder sees what it returns, as from a mode below; ``reads`` (a
+        # ValueReads) notes a value read before the recorder answers it, as from a mode above.
+        self.kernels = kernels
+        self.reads = reads
+        # the plain ops the kernels act on; every other op they act on is special here (below)
+        self._watch = kernels.watch if kernels is not None else frozenset()
+        self._nested = 0    # inside a composite op's decomposition (a mode above would not see it)
+
+    def _call(self, func, args, kwargs):
+        kernels = self.kernels
+        return func(*args, **kwargs) if kernels is None else kernels.call(func, args, kwargs)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -36,10 +50,17 @@ class OpRecorder:
             # the common op: no special case below applies (one dict lookup instead of a dozen tests)
             cap = self.cap
             seq = cap.next_seq() if cap.track_seq and cap.phase is FORWARD else 0
-            out = func(*args, **kwargs)
+            out = func(*args, **kwargs) if func not in self._watch else self.kernels.call(func, args, kwargs)
             if not cap.paused:
                 cap.on_op(func, args, kwargs, out, seq)
             return out
+        if kind == _PRIM_KIND:
+            # prim.device / prim.layout: metadata queries that only tensor subclasses (fake tensors)
+            # route through dispatch, thousands per step (autograd asks every gradient's device).
+            # Not recorded (a fake run would differ from a real one), nothing to decide
+            return func(*args, **kwargs)
+        if self.reads is not None and not self._nested:
+            self.reads.note(func, args)
         if kind & _COMPOSITE_KIND and (torch.is_inference_mode_enabled() or
                                        any(isinstance(a, torch.Tensor) and a.is_inference() for a in args)):
             # A composite op (conv2d, linear, matmul, sdpa, ...) reaches a dispatch mode whole when
@@ -50,8 +71,12 @@ class OpRecorder:
             # composite ops whole too. Only there: otherwise a composite op that arrives whole comes
             # from a tensor subclass's own dispatch (nested tensors), whose decomposition would
             # dispatch back to it endlessly.
-            with self:
-                return func._op_dk(_compat.composite_implicit_key(), *args, **kwargs)
+            self._nested += 1
+            try:
+                with self:
+                    return func._op_dk(_compat.composite_implicit_key(), *args, **kwargs)
+            finally:
+                self._nested -= 1
         cap = self.cap
         seq = cap.next_seq() if cap.track_seq and cap.phase is FORWARD else 0
         if func is _LOCAL_SCALAR and (cap.simulated and unknown_value(args[0]) or args[0].is_meta):
@@ -60,14 +85,14 @@ class OpRecorder:
             out = _one_of(args[0].dtype)
         elif func is _REPEAT_INTERLEAVE and args[0].is_meta and kwargs.get("output_size") is None:
             # values read as 1 on meta: every repeat count is 1, so the output has one per count
-            out = func(*args, **{**kwargs, "output_size": args[0].numel()})
+            out = self._call(func, args, {**kwargs, "output_size": args[0].numel()})
         elif func is _NONZERO and args[0].is_meta:
             # values read as 1 on meta: every element is nonzero (what torch's meta kernel assumes
             # under a process-wide config flag, which another thread would see flipped)
             out = torch.empty((args[0].numel(), args[0].dim()), dtype=torch.long, device="meta")
         elif func in _BOOL_INDEXED and args[0].is_meta and _has_mask(args[1]):
             # a boolean mask selects every element (values read as 1): its positions as index tensors
-            out = func(args[0], _mask_positions(args[1]), *args[2:], **kwargs)
+            out = self._call(func, (args[0], _mask_positions(args[1]), *args[2:]), kwargs)
         elif func is _UNIQUE2 and (args[0].is_meta or cap.simulated and unknown_value(args[0])):
             # values read as 1 (meta, simulation): every element is the same: one unique value
             out = _unique2_of_ones(args[0], *args[1:], **kwargs)
@@ -78,11 +103,16 @@ class OpRecorder:
             out = torch.empty(_grouped_mm_shape(args), dtype=kwargs.get("out_dtype") or args[0].dtype,
                               device=args[0].device)
         elif _SEEDED in func.tags and not cap.simulated:
-            out = cap.rng.call(func, args, kwargs)
+            if self.kernels is None:
+                out = cap.rng.call(func, args, kwargs)
+            else:
+                # every op the private generator's call makes reaches the kernels, as below the
+                # recorder (a tracked real step's CPU flash attention is seeded and probed)
+                with self.kernels:
+                    out = cap.rng.call(func, args, kwargs)
         else:
-            out = func(*args, **kwargs)
-        # prim.device / prim.layout are metadata queries that only tensor subclasses (fake tensors)
-        # route through dispatch: recording them would make a fake run differ from a real one
+            out = self._call(func, args, kwargs)
+        # a prim op that is also composite or special (none in torch today) is not recorded either
         if not cap.paused and not kind & _PRIM_KIND:
             cap.on_op(func, args, kwargs, out, seq)
         return out

@@ -1,7 +1,9 @@
 """What a simulated step (fake tensors, no values) must do so that it takes the real step's path and
 sizes the real kernels' outputs, and the record of every value it had to invent.
 
-Two dispatch modes, used only in a simulation and only around the model's forward, loss and backward:
+Two steps, used only in a simulation and only around the model's forward, loss and backward. The op
+recorder takes both itself (``OpRecorder(cap, kernels, reads)``: one dispatch mode instead of three on
+every op); where nothing is recorded they are dispatch modes of their own, placed as described:
 
 * ``SimulationKernels`` sits below the op recorder (the recorder sees what it returns):
   - a random draw of at most one element (``torch.rand([]) < p`` in LayerDrop) gets a value: the
@@ -236,9 +238,16 @@ class SimulationKernels:
         super().__init__()
         self.cap = cap
         self.log = log
+        # The ops ``call`` does more than run that the op recorder otherwise runs without a second
+        # look (it runs this in place of them, capture/recorder.py): the probed kernels. nonzero,
+        # boolean-mask indexing and random ops are special cases there already.
+        self.watch = frozenset(_PROBED) if log.probe else frozenset()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        return self.call(func, args, kwargs or {})
+
+    def call(self, func, args, kwargs):
+        """Run ``func``, as a mode below the recorder would (the recorder calls it directly)."""
         if self.log.real:   # a tracked real step: outputs are real, only the kernels' scratch is added
             out = func(*args, **kwargs)
             if func in _PROBED and self.log.probe:
@@ -333,12 +342,15 @@ class ValueReads:
         self.log = log
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        self.note(func, args)
+        return func(*args, **(kwargs or {}))
+
+    def note(self, func, args) -> None:
+        """Note ``func`` if it reads a value that is not there (the recorder calls this directly)."""
         if func is _LOCAL_SCALAR and _unknown(args[0]):
             self.log.add("read", "a tensor's value (.item(), bool(tensor), int(tensor))", _where(self.cap))
         elif func is _UNIQUE2 and _unknown(args[0]):
             self.log.add("read", "torch.unique's values", _where(self.cap))
-        return func(*args, **kwargs)
 
 
 # ---- third-party checks for fake tensors -------------------------------------------------------------

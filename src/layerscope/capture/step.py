@@ -270,17 +270,23 @@ def _one_pass(run: StepRun, cap: Session, named, call, autocast, loss_fn, traini
 
     saved_hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) \
         if training and tracked else contextlib.nullcontext()
-    # a simulation's own modes: kernels below the recorder (it records what they return), value
-    # reads above it (it answers those itself)
+    # a simulation's own steps: kernels below the recorder (it records what they return), value
+    # reads above it (it answers those itself); taken by the recorder itself when there is one
     log = run.log
-    below = SimulationKernels(cap, log) if log is not None else contextlib.nullcontext()
-    above = ValueReads(cap, log) if log is not None and not log.real else contextlib.nullcontext()
+    kernels = SimulationKernels(cap, log) if log is not None else None
+    reads = ValueReads(cap, log) if log is not None and not log.real else None
+    below, above = contextlib.nullcontext(), contextlib.nullcontext()
+    if tracked:
+        recorder = OpRecorder(cap, kernels, reads)
+    else:
+        recorder = contextlib.nullcontext()
+        below = kernels if kernels is not None else below
+        above = reads if reads is not None else above
     output = None
     if tracked:
         cap.install(named)
     try:
-        with torch.set_grad_enabled(training), below, OpRecorder(cap) if tracked else contextlib.nullcontext(), \
-                above:
+        with torch.set_grad_enabled(training), below, recorder, above:
             with saved_hooks:
                 mark_phase(FORWARD)
                 with autocast():
