@@ -151,7 +151,8 @@ class _Busy:
             for name, kind in kinds.items():
                 setattr(st, name, self._timed(getattr(st, name), st.stage_index, kind))
 
-    def _timed(self, fn, index, kind):
+    def _clocked(self, fn, done):
+        """``fn`` timed: ``done(t0, t1, args, kwargs)`` after each call (also when it raises)."""
         def run(*a, **k):
             t0 = time.perf_counter()
             try:
@@ -159,22 +160,21 @@ class _Busy:
             finally:
                 t1 = time.perf_counter()
                 self.seconds += t1 - t0
-                self.per_stage[index] += t1 - t0
-                mb = a[0] if a else k.get("fwd_chunk_id", k.get("bwd_chunk_id", -1))
-                self.blocks.append([index, kind, mb, t0 - self.start, t1 - self.start])
+                done(t0, t1, a, k)
         return run
 
+    def _timed(self, fn, index, kind):
+        def done(t0, t1, a, k):
+            self.per_stage[index] += t1 - t0
+            mb = a[0] if a else k.get("fwd_chunk_id", k.get("bwd_chunk_id", -1))
+            self.blocks.append([index, kind, mb, t0 - self.start, t1 - self.start])
+        return self._clocked(fn, done)
+
     def loss(self, fn):
-        def run(*a, **k):
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                t1 = time.perf_counter()
-                self.seconds += t1 - t0
-                if self.blocks and self.blocks[-1][1] == "F":   # the loss follows the last stage's
-                    self.blocks[-1][4] = t1 - self.start           # forward: part of its block, as planned
-        return run
+        def done(t0, t1, a, k):
+            if self.blocks and self.blocks[-1][1] == "F":   # the loss follows the last stage's
+                self.blocks[-1][4] = t1 - self.start           # forward: part of its block, as planned
+        return self._clocked(fn, done)
 
 
 def _corun(model, mb_args, mb_kwargs, rank: int, world: int, repeats: int = 5) -> float:
