@@ -18,9 +18,11 @@ from layerscope.torchrun import launch
 GPT2 = ("hf:GPT2Config", {"n_layer": 4, "n_embd": 64, "n_head": 4, "vocab_size": 1000, "n_positions": 64,
                           "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0})  # dropout off: same losses
 CNN = ("layerscope.examples:small_cnn", {})
-SCHEDULES = [("gpipe", 2), ("1f1b", 2), ("interleaved", 4)]
+SCHEDULES = [("gpipe", 2), ("1f1b", 2), ("interleaved", 4), ("zb", 4), ("zbv", 4)]
 if "--quick" in sys.argv:
-    SCHEDULES = SCHEDULES[1:]
+    SCHEDULES = SCHEDULES[1:3]
+if "--zero-bubble" in sys.argv:
+    SCHEDULES = SCHEDULES[3:]
 CASES = [(m, sched, k, keep) for m in (GPT2, CNN) for sched, k in SCHEDULES for keep in (True, False)]
 
 print("| model | schedule | stages | return_outputs | path | loss rel diff | grad rel diff "

@@ -2,7 +2,7 @@
 on the first and last stage: torchtitan's default), the min-max split and the step-time split,
 each trained under torchrun (gloo, CPU, one process per rank), predicted against measured.
 
-  python bench/bench_split.py [--repeats 3] [--steps 6] [--only gpt2,cnn]
+  python bench/bench_split.py [--repeats 3] [--steps 6] [--only gpt2,cnn] [--schedules zb,zbv]
 
 Per model and schedule: the unit times are measured once here (forward and backward of every split
 unit, ``partition(by="latency")``) with one thread, as each rank will run with (2 ranks on the 2
@@ -42,7 +42,7 @@ CNN = ("bench/pipeline_models.py:stem_cnn", {})
 MODELS = {"gpt2": GPT2, "cnn": CNN}
 HEAD = {"hf:GPT2Config": "causal-lm"}     # the LM head (and its vocabulary-sized matmul) on the last stage
 # (schedule, stages): 2 ranks each
-SCHEDULES = [("1f1b", 2), ("gpipe", 2), ("interleaved", 4)]
+SCHEDULES = [("1f1b", 2), ("gpipe", 2), ("interleaved", 4), ("zb", 4), ("zbv", 4)]
 BATCH, MICRO = 16, 4
 
 
@@ -97,7 +97,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--only", default="gpt2,cnn")
-    ap.add_argument("--schedules", default="1f1b,gpipe,interleaved")
+    ap.add_argument("--schedules", default="1f1b,gpipe,interleaved,zb,zbv")
     a = ap.parse_args()
     torch.set_num_threads(1)
     link = link_bandwidth()
@@ -144,7 +144,9 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    with open(os.path.join(ROOT, "bench", "results", f"split_{a.only.replace(',', '_')}.md"), "w") as f:
+    tag = a.only.replace(",", "_") + ("" if a.schedules == ap.get_default("schedules") else
+                                      "_" + a.schedules.replace(",", "_"))
+    with open(os.path.join(ROOT, "bench", "results", f"split_{tag}.md"), "w") as f:
         f.write(text)
 
 

@@ -93,6 +93,13 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
                              "_calculate_single_rank_operations", "2.6",
                              lambda: _module("torch.distributed.pipelining.schedules")
                              .ScheduleInterleaved1F1B._calculate_single_rank_operations),
+    "zb_rank_ops": ("torch.distributed.pipelining.schedules.ScheduleInterleavedZeroBubble."
+                    "_calculate_single_rank_operations and _add_bubbles_to_actions", "2.6",
+                    lambda: _module("torch.distributed.pipelining.schedules").ScheduleInterleavedZeroBubble),
+    "zbv_rank_ops": ("torch.distributed.pipelining.schedules.ScheduleZBVZeroBubble."
+                     "_calculate_single_rank_operations", "2.6",
+                     lambda: _module("torch.distributed.pipelining.schedules")
+                     .ScheduleZBVZeroBubble._calculate_single_rank_operations),
     "module_hook_dicts": ("torch.nn.Module's forward hook dicts (_forward_pre_hooks, _forward_hooks and their "
                           "_with_kwargs / _always_called companions)", "2.4", lambda: _module_hook_dicts()),
 }
@@ -306,18 +313,42 @@ def interleaved_order(rank: int, stages_per_rank: int, ranks: int, microbatches:
     """The (stage, "F" or "B", micro-batch) actions rank ``rank`` runs under torch's
     ScheduleInterleaved1F1B, in order, from torch's own order builder (called on the attributes it
     reads, without process groups or stages; its padding no-ops dropped)."""
+    return schedule_order("interleaved", rank, stages_per_rank, ranks, microbatches)
+
+
+def schedule_order(schedule: str, rank: int, stages_per_rank: int, ranks: int,
+                   microbatches: int) -> list[tuple[int, str, int]]:
+    """The (stage, kind, micro-batch) actions rank ``rank`` runs, in order, under torch's
+    ScheduleInterleaved1F1B ("interleaved"), ScheduleInterleavedZeroBubble ("zb") or
+    ScheduleZBVZeroBubble ("zbv"), from torch's own order builders (called on the attributes they
+    read, without process groups or stages; padding no-ops dropped). Kinds: "F" forward, "B" full
+    backward, "I" the backward for the stage's input only, "W" the backward for its weights."""
     import types
-    build = need("interleaved_rank_ops", "the interleaved 1F1B step-time prediction")
-    rounds = max(1, microbatches // ranks)
-    if microbatches % rounds:
-        from .errors import InputError
-        raise InputError(f"interleaved 1F1B needs the micro-batches ({microbatches}) to be a multiple of "
-                         f"the rounds ({rounds} = micro-batches // ranks), as torch requires")
-    me = types.SimpleNamespace(n_local_stages=stages_per_rank, pp_group_size=ranks, _n_microbatches=microbatches,
-                               microbatches_per_round=microbatches // rounds)
+
+    from .errors import InputError
+    m, p, v = microbatches, ranks, stages_per_rank
+    rounds = max(1, m // p)
+    if schedule != "zbv" and m % rounds:
+        what = "interleaved 1F1B" if schedule == "interleaved" else "interleaved zero bubble"
+        raise InputError(f"{what} needs the micro-batches ({m}) to be a multiple of the rounds ({rounds} = "
+                         "micro-batches // ranks), as torch requires")
+    me = types.SimpleNamespace(n_local_stages=v, pp_group_size=p, _n_microbatches=m,
+                               microbatches_per_round=m // rounds, num_stages=v * p)
+    if schedule == "interleaved":
+        ops = need("interleaved_rank_ops", "the interleaved 1F1B step-time prediction")(me, rank)
+    elif schedule == "zb":
+        cls = need("zb_rank_ops", "the zero-bubble step-time prediction")
+        me.pipeline_order = {r: cls._calculate_single_rank_operations(me, r) for r in range(p)}
+        ops = cls._add_bubbles_to_actions(me, v * p)[rank]
+    else:
+        ops = need("zbv_rank_ops", "the ZBV zero-bubble step-time prediction")(me, rank)
+    kinds = {"F": "F", "B": "B", "I": "I", "W": "W"}
     out = []
-    for a in build(me, rank):
-        if a is not None:
-            kind = str(getattr(a.computation_type, "value", a.computation_type))
-            out.append((int(a.stage_index), "B" if kind.startswith("B") else "F", int(a.microbatch_index)))
+    for a in ops:
+        if a is None:
+            continue
+        kind = str(getattr(a.computation_type, "value", a.computation_type))
+        if kind not in kinds:
+            continue              # communication or reduce actions: not compute
+        out.append((int(a.stage_index), kinds[kind], int(a.microbatch_index)))
     return out

@@ -494,8 +494,9 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
     (forward + backward), "macs", "params", "memory", "latency" (forward and backward times measured
     here on the real model), "roofline" (times predicted from each unit's FLOPs and bytes moved under
     ``roofline``: a device name from the built-in table such as "H100", ``(peak_flops,
-    peak_bytes_per_s)``, or "measure"/"auto": measured on this machine) or a callable Unit -> cost. ``schedule``: "gpipe", "1f1b" or "interleaved" (``stages_per_rank`` stages
-    on each rank). ``optimizer`` (class, factory, instance or name) sets the optimizer state counted
+    peak_bytes_per_s)``, or "measure"/"auto": measured on this machine) or a callable Unit -> cost. ``schedule``: "gpipe", "1f1b", "interleaved" (``stages_per_rank`` stages
+    on each rank), "zb" (torch's ScheduleInterleavedZeroBubble, placed as interleaved) or "zbv"
+    (ScheduleZBVZeroBubble: two stages per rank in a V). ``optimizer`` (class, factory, instance or name) sets the optimizer state counted
     in each stage's memory; the training step is simulated on fake tensors, so a model on the meta
     device plans without memory. ``loss_fn(output) -> scalar`` (as in ``memory()``; default: the
     output's ``loss`` or its sum) sets the loss's working memory, which the last stage holds.

@@ -337,8 +337,10 @@ def _split_args(sp: argparse.ArgumentParser) -> None:
                     help="price each send across a cut at this bandwidth (e.g. 50e9 or 50GB/s)")
     sp.add_argument("--optimizer-bandwidth", type=_bandwidth, metavar="BYTES_PER_S",
                     help="price each rank's optimizer step at this memory bandwidth (e.g. 2e12)")
-    sp.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved"), default="1f1b",
-                    help="pipeline schedule (default 1f1b)")
+    sp.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb", "zbv"), default="1f1b",
+                    help="pipeline schedule (default 1f1b): torch's ScheduleGPipe, Schedule1F1B,\n"
+                         "ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble (zb) or\n"
+                         "ScheduleZBVZeroBubble (zbv: 2 stages per rank in a V)")
     sp.add_argument("--microbatches", type=_count(1), default=4,
                     help="micro-batches the batch is split into (default 4)")
     sp.add_argument("--batch-size", type=_count(1), default=8,
@@ -348,7 +350,7 @@ def _split_args(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--memory-limit", help="per-stage memory limit such as 16GiB")
     sp.add_argument("--device", type=_device, help="the device to plan for (cpu or cuda)")
     sp.add_argument("--stages-per-rank", type=_count(2), default=2,
-                    help="stages on each rank under --schedule interleaved (default 2; --run starts\n"
+                    help="stages on each rank under --schedule interleaved or zb (default 2; --run starts\n"
                          "stages / stages-per-rank processes)")
     sp.add_argument("--return-outputs", action=argparse.BooleanOptionalAction, default=None,
                     help="plan for schedule.step(..., return_outputs=True): the last stage keeps every\n"
@@ -389,7 +391,7 @@ def _split(ns: argparse.Namespace) -> int:
         from .torchrun import launch
         # every rank rebuilds the model and its inputs from these options (specs.command_inputs)
         _check_device(ns.device)
-        procs = ns.stages // ns.stages_per_rank if ns.schedule == "interleaved" else ns.stages
+        procs = ns.stages // ns.stages_per_rank if ns.schedule in ("interleaved", "zb", "zbv") else ns.stages
         with _status(f"training {ns.stages} stages on {procs} ranks under torchrun", ns):
             res = launch(ns.spec, overrides=parse_overrides(ns.set), stages=ns.stages, by=ns.by,
                          schedule=ns.schedule, microbatches=ns.microbatches, batch_size=ns.batch_size,

@@ -15,7 +15,7 @@ __all__ = ["Mode", "Causal", "Schedule", "AnalyzeOptions", "MemoryOptions", "Pro
 
 Mode = Literal["eval", "train", "same"]          # the model's flags for the run ("same": as they are)
 Causal = Literal["dense", "unmasked"]            # causal attention as the kernel computes it, or its half
-Schedule = Literal["gpipe", "1f1b", "interleaved"]
+Schedule = Literal["gpipe", "1f1b", "interleaved", "zb", "zbv"]
 
 
 def _choice(name: str, value: Any, allowed) -> None:

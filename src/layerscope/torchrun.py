@@ -167,7 +167,9 @@ class _Busy:
         def done(t0, t1, a, k):
             self.per_stage[index] += t1 - t0
             mb = a[0] if a else k.get("fwd_chunk_id", k.get("bwd_chunk_id", -1))
-            self.blocks.append([index, kind, mb, t0 - self.start, t1 - self.start])
+            # zero bubble's I: the backward for the input alone (its W follows as its own call)
+            what = "I" if kind == "B" and k.get("full_backward", True) is False else kind
+            self.blocks.append([index, what, mb, t0 - self.start, t1 - self.start])
         return self._clocked(fn, done)
 
     def loss(self, fn):
@@ -209,13 +211,21 @@ def _corun(model, mb_args, mb_kwargs, rank: int, world: int, repeats: int = 5) -
     return sorted(together)[repeats // 2] / sorted(alone)[repeats // 2]
 
 
+def _weights(plan) -> list[float] | None:
+    """Zero bubble: each stage's W seconds, from the plan."""
+    if plan.schedule not in ("zb", "zbv"):
+        return None
+    return [s.weight_time or 0.0 for s in plan.stages]
+
+
 def _local_stages(plan, rank: int) -> list[int]:
     return [s.index for s in plan.stages if s.rank == rank]
 
 
 def worker(cfg_path: str) -> None:
     import torch.distributed as dist
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    from torch.distributed.pipelining import (Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
+                                              ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
 
     from .capture.measure import measure_cpu, state_bytes
 
@@ -243,8 +253,10 @@ def worker(cfg_path: str) -> None:
         opt = _optimizer(cfg["optimizer"], params)
         loss_fn = busy.loss(_loss)
         m = cfg["microbatches"]
-        if cfg["schedule"] == "interleaved":
-            sched = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn)
+        multi = {"interleaved": ScheduleInterleaved1F1B, "zb": ScheduleInterleavedZeroBubble,
+                 "zbv": ScheduleZBVZeroBubble}
+        if cfg["schedule"] in multi:
+            sched = multi[cfg["schedule"]](stages, n_microbatches=m, loss_fn=loss_fn)
         else:
             sched = (ScheduleGPipe if cfg["schedule"] == "gpipe" else Schedule1F1B)(
                 stages[0], n_microbatches=m, loss_fn=loss_fn)
@@ -329,7 +341,7 @@ def worker(cfg_path: str) -> None:
         else:
             # several stages: their memory over the order this rank's schedule runs them in
             from .pipeline.partition import rank_memory
-            kinds = {"FORWARD": "F", "FULL_BACKWARD": "B"}
+            kinds = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "I", "BACKWARD_WEIGHT": "W"}
             order = [(a.stage_index, kinds[a.computation_type.name]) for a in sched.pipeline_order[rank]
                      if a is not None and a.computation_type.name in kinds]
             predicted = rank_memory(plan.units, [plan.stages[s] for s in mine], plan.num_stages, order, m)
@@ -401,7 +413,7 @@ class RunResult:
         return simulate(plan.schedule, [s.forward_time for s in st], [s.backward_time for s in st],
                         plan.microbatches, send=[s.send_time for s in st[:-1]],
                         optimizer=[s.optimizer_time for s in st], stages_per_rank=plan.stages_per_rank,
-                        corun=self.corun)
+                        corun=self.corun, weight=_weights(plan))
 
     def replay(self) -> tuple[float, float] | None:
         """A check of the schedule model alone: the plan's schedule simulated with the durations the
@@ -420,12 +432,15 @@ class RunResult:
             for st, kind, _, a, b in r["blocks"][i]:
                 durs.setdefault((st, kind), []).append(b - a)
         k = self.plan.num_stages
-        try:
-            f = [sum(durs[(s, "F")]) / len(durs[(s, "F")]) for s in range(k)]
-            b = [sum(durs[(s, "B")]) / len(durs[(s, "B")]) for s in range(k)]
-        except KeyError:        # an action kind the simulation does not know (zero-bubble's W)
-            return None
-        tl = simulate(self.plan.schedule, f, b, self.plan.microbatches, stages_per_rank=self.plan.stages_per_rank)
+
+        def mean(s, kind):
+            v = durs.get((s, kind))
+            return sum(v) / len(v) if v else 0.0
+        f = [mean(s, "F") for s in range(k)]
+        w = [mean(s, "W") for s in range(k)]                 # zero bubble: backward = I + W
+        b = [mean(s, "B") + mean(s, "I") + w[s] for s in range(k)]
+        tl = simulate(self.plan.schedule, f, b, self.plan.microbatches, stages_per_rank=self.plan.stages_per_rank,
+                      weight=w if any(w) else None)
         return tl.pipeline_time, max(b for r in self.ranks for *_, b in r["blocks"][i])
 
     @property
@@ -456,6 +471,7 @@ class RunResult:
                         ([f"{tl.busy[r['rank']] * 1e3:.1f} ms"] if tl is not None else []) +
                         [iec(r["peak_bytes"]), iec(r["predicted_bytes"]), f"{100 * err:+.1f}%"])
         footer = [("Stages built by", "torch.export + pipeline()" if self.path == "export"
+                   else "module ownership (zbv runs no other way here)" if self.plan.schedule == "zbv"
                    else "module ownership (torch.export could not trace the model)"),
                   ("Step time", "the first step only (--steps 1): not steady state, it includes "
                                 "warm-up (allocations, first sends)" if one else
@@ -502,8 +518,8 @@ def launch(spec: str, *, overrides: dict | None = None, stages: int, by: str = "
     inputs the command line would (``input_size`` with ``dtypes``, ``input_ids``, else the spec's
     defaults) at ``batch_size``, and plans it with ``partition()`` (``by``, ``schedule``,
     ``microbatches``, ``optimizer``, ``memory_limit``, ``stages_per_rank``, and ``partition_options``:
-    more keyword arguments, JSON values). The interleaved schedule puts ``stages_per_rank`` stages on
-    each of stages / stages_per_rank ranks. ``return_outputs`` is passed to ``schedule.step()``
+    more keyword arguments, JSON values). The interleaved and zb schedules put ``stages_per_rank``
+    stages on each of stages / stages_per_rank ranks, zbv two. ``return_outputs`` is passed to ``schedule.step()``
     (True is torch's default) and to the plan. ``compare_grads``: also compare every parameter's
     gradient of the first step with one process (``RunResult.grad_rel_diff``)."""
     if schedule == "interleaved":
@@ -516,6 +532,16 @@ def launch(spec: str, *, overrides: dict | None = None, stages: int, by: str = "
             # torch's ScheduleInterleaved1F1B runs the micro-batches in rounds of pp_size
             raise InputError(f"torch's interleaved 1F1B needs the micro-batches ({microbatches}) to be a "
                              f"multiple of its rounds ({rounds} = max(1, micro-batches // {procs} ranks))")
+    elif schedule in ("zb", "zbv"):
+        # the plan checks the stage counts and torch's rules (partition() runs first, below)
+        procs = stages // (2 if schedule == "zbv" else max(1, stages_per_rank))
+        if schedule == "zbv":
+            # torch's traced stages (pipeline(), build_stage) under ScheduleZBVZeroBubble's V placement
+            # failed to connect here (gloo: "Pair is not connected", torch 2.13); ownership stages run
+            if path == "export":
+                raise InputError("--schedule zbv runs with module-ownership stages: torch.export stages "
+                                 "fail to connect under its V placement (torch 2.13, gloo)")
+            path = "ownership"
     else:
         procs = stages
     if microbatches > batch_size:
@@ -578,7 +604,8 @@ def launch(spec: str, *, overrides: dict | None = None, stages: int, by: str = "
             if any(not any(ref_grads[n] is ref_grads[s] or torch.equal(ref_grads[n], ref_grads[s])
                            for s in seen) for n in missing):
                 raise InputError(f"no rank returned the gradients of {sorted(missing)[:5]}")
-    return RunResult(plan=plan, ranks=tuple(ranks), reference=tuple(ref), losses=tuple(ranks[-1]["losses"]),
+    holder = next(r for r in ranks if plan.num_stages - 1 in r["stages"])    # zbv: rank 0
+    return RunResult(plan=plan, ranks=tuple(ranks), reference=tuple(ref), losses=tuple(holder["losses"]),
                      path=ranks[0]["path"], grad_rel_diff=diff, return_outputs=bool(return_outputs))
 
 

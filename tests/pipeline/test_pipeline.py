@@ -242,7 +242,7 @@ def test_infeasible_says_what_would_work():
     with pytest.raises(ls.PlanError, match="only 4 split units"):
         build_plan(units, stages=5, by="flops", memory_limit=None, schedule="gpipe", microbatches=1)
     with pytest.raises(ls.InputError, match="schedule"):
-        build_plan(units, stages=2, by="flops", memory_limit=None, schedule="zb", microbatches=1)
+        build_plan(units, stages=2, by="flops", memory_limit=None, schedule="dualpipev", microbatches=1)
 
 
 def _gpt2(layers=4, train=False, cache=False):
@@ -336,7 +336,11 @@ GPT2_RUN = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 300, "n_posit
     ("hf:GPT2Config", GPT2_RUN, "1f1b", "ownership", 2),        # export refused: the mask boundary
     ("layerscope.examples:small_cnn", {}, "gpipe", "export", 2),
     # 4 stages on 2 ranks (0, 2 | 1, 3); the tied embedding and head on stages 0 and 3 (both ranks)
-    ("hf:GPT2Config", GPT2_RUN, "interleaved", "ownership", 4)])
+    ("hf:GPT2Config", GPT2_RUN, "interleaved", "ownership", 4),
+    # zero bubble: backwards split into I and W; zbv's V puts stages 0, 3 on rank 0 (the tied
+    # embedding and head on one rank) and 1, 2 on rank 1 (passed on without a send)
+    ("layerscope.examples:small_cnn", {}, "zb", "export", 4),
+    ("hf:GPT2Config", GPT2_RUN, "zbv", "ownership", 4)])
 def test_torchrun_training_matches_one_process(spec, overrides, schedule, path, stages):
     from layerscope.torchrun import launch
     res = launch(spec, overrides=overrides, stages=stages, schedule=schedule, microbatches=2, batch_size=4,
@@ -346,16 +350,22 @@ def test_torchrun_training_matches_one_process(spec, overrides, schedule, path, 
     # losses of both steps and every parameter's gradient (first step) as one process computes them
     assert res.loss_rel_diff < 1e-6 and res.grad_rel_diff < 1e-6
     assert len(res.ranks) == 2 and [r["stages"] for r in res.ranks] == \
-        ([[0, 2], [1, 3]] if schedule == "interleaved" else [[0], [1]])
+        {"interleaved": [[0, 2], [1, 3]], "zb": [[0, 2], [1, 3]], "zbv": [[0, 3], [1, 2]]}.get(schedule, [[0], [1]])
     # every step's time and busy seconds (forward, backward, loss), busy within the step
     assert all(len(r["times"]) == len(r["busy"]) == 2 and 0 < r["busy"][1] < r["times"][1] for r in res.ranks)
     # each step's actions as run: every stage's forward and backward of both micro-batches, inside
     # the step; the last stage's forward block runs on to the end of its loss, so the blocks hold
     # at least the busy time
+    kinds = "FIW" if schedule in ("zb", "zbv") else "FB"
+    from layerscope.pipeline.schedule import rank_orders
+    orders = rank_orders(schedule, stages, 2, 2)
     for r in res.ranks:
         for step, blocks, busy in zip(r["times"], r["blocks"], r["busy"]):
             assert sorted((s, k, mb) for s, k, mb, _, _ in blocks) == \
-                sorted((s, k, mb) for s in r["stages"] for k in "BF" for mb in range(2))
+                sorted((s, k, mb) for s in r["stages"] for k in kinds for mb in range(2))
+            # in the order the simulation takes from torch's order builders
+            assert [(s, k, mb) for s, k, mb, _, _ in sorted(blocks, key=lambda x: x[3])] == \
+                [(a.stage, a.kind, a.microbatch) for a in orders[r["rank"]]]
             assert all(0 <= a <= b <= step for _, _, _, a, b in blocks)
             assert busy - 1e-6 <= sum(b - a for *_, a, b in blocks) <= step
     # the co-run slowdown was measured (before the steps: the losses and gradients above match)

@@ -14,17 +14,23 @@ from layerscope.errors import InputError
 from layerscope.examples import tiny_gpt
 from layerscope.pipeline import SplitUnits, build_plan
 from layerscope.pipeline.partition import uniform_bounds
-from layerscope.pipeline.schedule import rank_orders, simulate
+from layerscope.pipeline.schedule import rank_orders, simulate, stage_ranks
 from layerscope.pipeline.steptime import StepTimes, best_step_split
+from layerscope.trace import Costs
 
 from .test_pipeline import _random_units
 
 
-def _event_sim(schedule, f, b, m, send, spr=2):
+def _event_sim(schedule, f, b, m, send, spr=2, w=None):
     """An independent, plain event loop over the ranks' orders (no waves, no tensors): each rank
-    takes its next action as soon as what it needs has arrived. Returns {(stage, kind, mb): end}."""
+    takes its next action as soon as what it needs has arrived. Zero bubble: an I takes b - w, a W
+    takes w and needs its own stage's I. Two stages on one rank pass without a send (torch's local
+    transfer). Returns {(stage, kind, mb): end}."""
     orders = rank_orders(schedule, len(f), m, spr)
+    where = stage_ranks(schedule, len(f), spr)
+    w = w or [0.0] * len(f)
     k = len(f)
+    cost = {"F": f, "B": b, "I": [x - y for x, y in zip(b, w)], "W": w}
     end, free, nxt = {}, [0.0] * len(orders), [0] * len(orders)
     while any(nxt[r] < len(o) for r, o in enumerate(orders)):
         for r, o in enumerate(orders):
@@ -32,34 +38,43 @@ def _event_sim(schedule, f, b, m, send, spr=2):
                 a = o[nxt[r]]
                 if a.kind == "F":
                     need = None if a.stage == 0 else (a.stage - 1, "F", a.microbatch)
-                    lag = send[a.stage - 1] if a.stage else 0.0
+                    link = a.stage - 1
+                elif a.kind == "W":
+                    need, link = (a.stage, "I", a.microbatch), None
                 else:
-                    need = (a.stage, "F", a.microbatch) if a.stage == k - 1 else (a.stage + 1, "B", a.microbatch)
-                    lag = 0.0 if a.stage == k - 1 else send[a.stage]
+                    need = (a.stage, "F", a.microbatch) if a.stage == k - 1 else (a.stage + 1, a.kind, a.microbatch)
+                    link = None if a.stage == k - 1 else a.stage
+                lag = send[link] if need and link is not None and where[link] != where[link + 1] else 0.0
                 if need is not None and need not in end:
                     break
                 start = max(free[r], end[need] + lag if need else 0.0)
-                end[(a.stage, a.kind, a.microbatch)] = free[r] = start + (f if a.kind == "F" else b)[a.stage]
+                end[(a.stage, a.kind, a.microbatch)] = free[r] = start + cost[a.kind][a.stage]
                 nxt[r] += 1
     return end
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved", "zb", "zbv"])
 def test_simulation_equals_a_plain_event_loop(schedule):
     rng = random.Random(3)
+    multi = schedule in ("interleaved", "zb", "zbv")
     for _ in range(150):
-        k = rng.choice([2, 4, 6]) if schedule == "interleaved" else rng.randint(1, 6)
-        p = k // 2 if schedule == "interleaved" else k
-        m = rng.choice([p, 2 * p, 3 * p]) if schedule == "interleaved" else rng.randint(1, 9)
+        k = rng.choice([2, 4, 6]) if multi else rng.randint(1, 6)
+        p = k // 2 if multi else k
+        m = rng.choice([p, 2 * p, 3 * p]) if multi else rng.randint(1, 9)
         f = [rng.uniform(0, 3) for _ in range(k)]
         b = [rng.uniform(0, 6) for _ in range(k)]
+        w = [x * rng.uniform(0, 1) for x in b] if schedule in ("zb", "zbv") else None
         send = [rng.choice([0.0, rng.uniform(0, 1)]) for _ in range(k - 1)]
-        tl = simulate(schedule, f, b, m, send=send)
-        want = _event_sim(schedule, f, b, m, send)
+        tl = simulate(schedule, f, b, m, send=send, weight=w)
+        want = _event_sim(schedule, f, b, m, send, w=w)
         got = {(x.stage, x.kind, x.microbatch): x.end for x in tl.blocks}
         assert got.keys() == want.keys()
         assert all(abs(got[a] - want[a]) < 1e-9 for a in want)
         assert tl.pipeline_time == pytest.approx(max(want.values()))
+        # every rank runs each of its stages' actions once per micro-batch, and is busy for their sum
+        assert len(tl.blocks) == k * m * (3 if w else 2)
+        busy = sum(m * (f[s] + b[s]) for s in range(k))
+        assert sum(tl.busy) == pytest.approx(busy)
 
 
 def test_hand_derived_step_times():
@@ -83,6 +98,19 @@ def test_hand_derived_step_times():
     assert simulate("1f1b", [2, 1], [4, 1], 3).pipeline_time == 18
     # the optimizer step runs on each rank after its own last backward: rank 1 ends at 12 + 10
     assert simulate("1f1b", [2, 1], [4, 1], 3, optimizer=[1, 10]).step_time == 22
+    # ZBV, 2 ranks (stages 0, 3 on rank 0; 1, 2 on rank 1), M = 2, f = 1, backward 2 = I 1 + W 1.
+    # rank 0: F0.0 0-1, F0.1 1-2; rank 1: F1.0 1-2, F2.0 2-3 (no send: same rank), F1.1 3-4,
+    # F2.1 4-5; rank 0: F3.0 3-4, I3.0 4-5, W3.0 5-6, F3.1 6-7, I3.1 7-8, W3.1 8-9; rank 1: I2.0
+    # 5-6, W2.0 6-7, I1.0 7-8, W1.0 8-9, I2.1 (needs I3.1 at 8) 9-10, W2.1 10-11, I1.1 11-12,
+    # W1.1 12-13; rank 0: I0.0 (needs I1.0 at 8) 9-10, W0.0 10-11, I0.1 (I1.1 at 12) 12-13,
+    # W0.1 13-14 -> 14; each rank busy 2 x 2 x 3 = 12 of 14: bubble 1 - 24/28 = 1/7
+    tl = simulate("zbv", [1] * 4, [2] * 4, 2, weight=[1] * 4)
+    assert tl.pipeline_time == 14 and tl.bubble == pytest.approx(1 / 7)
+    ends = {(x.stage, x.kind, x.microbatch): (x.start, x.end) for x in tl.blocks}
+    assert ends[(2, "F", 0)] == (2, 3) and ends[(0, "I", 0)] == (9, 10) and ends[(1, "W", 1)] == (12, 13)
+    # a send across the boundary of stages 1 and 2 (one rank) costs nothing; 2 and 3 it delays
+    assert simulate("zbv", [1] * 4, [2] * 4, 2, weight=[1] * 4, send=[0, 5, 0]).pipeline_time == 14
+    assert simulate("zbv", [1] * 4, [2] * 4, 2, weight=[1] * 4, send=[0, 0, 5]).pipeline_time > 14
 
 
 def test_ranks_that_share_cores():
@@ -131,36 +159,42 @@ def test_interleaved_order_is_torchs():
 def _timed(units, rng):
     return dataclasses.replace(units, units=tuple(
         dataclasses.replace(u, forward_time=(f := rng.uniform(0, 3)), backward_time=(b := rng.uniform(0, 6)),
-                            latency=f + b) for u in units.units))
+                            latency=f + b, backward=Costs(flops=(bf := rng.randint(1, 2000))),
+                            weight_flops=int(bf * rng.uniform(0, 1)))
+        for u in units.units))
 
 
 def _brute_step(units, k, schedule, m, limits, spr=2, link=None):
     from layerscope.pipeline.partition import stage_memory
     n, best = len(units.units), None
-    share = spr if schedule == "interleaved" else 1      # a device's limit over the stages it holds
+    share = spr if schedule in ("interleaved", "zb", "zbv") else 1   # a device's limit over its stages
     for cuts in itertools.combinations(range(1, n), k - 1):
         bd = (0,) + cuts + (n,)
         if limits and any(stage_memory(units, bd[s], bd[s + 1], s, k, schedule, m, spr)["total"] > limits[s] / share
                           for s in range(k)):
             continue
         st = [units.units[bd[s]:bd[s + 1]] for s in range(k)]
-        t = simulate(schedule, [sum(u.forward_time for u in x) for x in st],
-                     [sum(u.backward_time for u in x) for x in st], m,
+        back = [sum(u.backward_time for u in x) for x in st]
+        # zero bubble's W: each unit's backward times its weight-gradient share of the backward
+        # FLOPs; the first stage's input needs no gradient, so torch runs its whole backward as W
+        w = [back[0]] + [sum(u.backward_time * u.weight_flops / u.backward.flops for u in x if u.backward.flops)
+                         for x in st[1:]]
+        t = simulate(schedule, [sum(u.forward_time for u in x) for x in st], back, m,
                      send=[st[s][-1].output_bytes / link if link else 0.0 for s in range(k - 1)],
-                     stages_per_rank=spr).step_time
+                     stages_per_rank=spr, weight=w if schedule in ("zb", "zbv") else None).step_time
         best = t if best is None or t < best - 1e-12 else best
     return best
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved", "zb", "zbv"])
 def test_step_time_split_equals_brute_force(schedule):
     """The plan's predicted step time is the smallest over every split that fits the limits
     (brute force: every split simulated by itself), with sends priced, for each schedule."""
-    rng = random.Random({"gpipe": 1, "1f1b": 2, "interleaved": 3}[schedule])
+    rng = random.Random({"gpipe": 1, "1f1b": 2, "interleaved": 3, "zb": 4, "zbv": 5}[schedule])
     infeasible = 0
     for _ in range(120):
         n = rng.randint(2, 10)
-        if schedule == "interleaved":
+        if schedule in ("interleaved", "zb", "zbv"):
             k = rng.choice([x for x in (2, 4) if x <= n])
             m = rng.choice([1, 2, 4] if k == 4 else [1, 2, 3])
         else:

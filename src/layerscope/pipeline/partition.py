@@ -35,11 +35,14 @@ equal bottlenecks go to the earliest cut). Memory of stage s over units [x, y), 
 
 held(s): GPipe keeps all M micro-batches; 1F1B keeps min(K - s, M); interleaved 1F1B with v stages per
 rank keeps, on rank r of p, min(M, ceil(((p - r - 1)·2 + (v - 1)·p + 1) / v)) per stage (Megatron's
-warm-up count spread over the rank's stages).
+warm-up count spread over the rank's stages); zero bubble (zb, zbv) keeps a micro-batch from its
+forward to its W (the weights' gradients need what the forward saved), the most at once in torch's
+order. The runtime schedules (interleaved, zb, zbv) keep every send's work to the end of the step.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -51,7 +54,7 @@ from .units import SplitUnits, Unit
 __all__ = ["solve", "held_microbatches", "stage_memory", "rank_memory", "SCHEDULES", "COSTS", "OBJECTIVES",
            "TIME_COSTS"]
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "zbv")
 COSTS = ("flops", "macs", "params", "memory", "latency", "roofline")
 TIME_COSTS = ("latency", "roofline")        # costs that are seconds: the step time can be predicted
 OBJECTIVES = ("step_time", "bottleneck", "uniform")   # and "given": the caller's cuts
@@ -64,10 +67,48 @@ def held_microbatches(schedule: str, stages: int, microbatches: int, stage: int,
         return m
     if schedule == "1f1b":
         return min(stages - stage, m)
+    if schedule in ("zb", "zbv"):
+        return _zb_held(schedule, stages, m, stages_per_rank)[stage]
     v = stages_per_rank
     p = stages // v
     r = stage % p
     return min(m, math.ceil(((p - r - 1) * 2 + (v - 1) * p + 1) / v))
+
+
+@functools.lru_cache(maxsize=64)
+def _zb_held(schedule: str, stages: int, microbatches: int, stages_per_rank: int) -> tuple[int, ...]:
+    """Per stage, the most micro-batches between their forward and their W at once, in torch's order."""
+    return _zb_counts(schedule, stages, microbatches, stages_per_rank)[0]
+
+
+@functools.lru_cache(maxsize=64)
+def _zb_counts(schedule: str, stages: int, microbatches: int, stages_per_rank: int):
+    """Per stage, the most micro-batches at once between their forward and their W, and between
+    their I and their W (the output gradients kept for the W: ``Unit.deferred_bytes``)."""
+    from .schedule import rank_orders
+    held, pending = [0] * stages, [0] * stages
+    for order in rank_orders(schedule, stages, microbatches, stages_per_rank):
+        live, wait = [0] * stages, [0] * stages
+        for a in order:
+            live[a.stage] += 1 if a.kind == "F" else -1 if a.kind == "W" else 0
+            wait[a.stage] += 1 if a.kind == "I" else -1 if a.kind == "W" else 0
+            held[a.stage] = max(held[a.stage], live[a.stage])
+            pending[a.stage] = max(pending[a.stage], wait[a.stage])
+    return tuple(held), tuple(pending)
+
+
+def zb_pending(schedule: str, stages: int, microbatches: int, stage: int, stages_per_rank: int = 2) -> int:
+    """Zero bubble: the most micro-batches of ``stage`` between their I and their W at once (0 on
+    the first stage, whose I torch skips: its W runs the whole backward; 0 for other schedules)."""
+    if schedule not in ("zb", "zbv") or stage == 0:
+        return 0
+    return _zb_counts(schedule, stages, microbatches, stages_per_rank)[1][stage]
+
+
+def multi_stage(schedule: str) -> bool:
+    """Whether the schedule puts several stages on each rank (torch's runtime schedules)."""
+    from .schedule import MULTI
+    return schedule in MULTI
 
 
 def _unit_cost(by) -> Callable[[Unit], float]:
@@ -105,6 +146,7 @@ class _Tables:
         self.state = prefix([u.state_bytes for u in us])
         self.grads = prefix([u.grad_bytes for u in us])
         self.act = prefix([u.saved_bytes for u in us])
+        self.deferred = prefix([u.deferred_bytes for u in us])
         self.inb = torch.tensor([u.input_bytes for u in us] + [0], dtype=d)
         # what a stage starting at x saves of its received inputs (counted as receive buffers)
         self.recv = torch.tensor([min(u.received_saved_bytes, u.input_bytes) for u in us] + [0], dtype=d)
@@ -131,9 +173,12 @@ class _Tables:
     def _grid(self, p, x, y):
         return p[y][None, :] - p[x][:, None]
 
-    def memory(self, x, y, held: int, first: bool, last: bool):
-        """Memory of a stage over units [x, y) for every pair in the index vectors x (rows), y (cols)."""
+    def memory(self, x, y, held: int, first: bool, last: bool, pending: int = 0):
+        """Memory of a stage over units [x, y) for every pair in the index vectors x (rows), y (cols).
+        ``pending``: zero bubble's micro-batches between their I and W (``zb_pending``)."""
         mem = self._grid(self.state, x, y)
+        if pending:
+            mem = mem + pending * self._grid(self.deferred, x, y)
         for pre, nbytes in self.ties:
             cnt = self._grid(pre, x, y)
             mem = mem - torch.clamp(cnt - 1, min=0) * nbytes
@@ -198,6 +243,7 @@ def _solve(t: "_Tables", k: int, limits, schedule: str, microbatches: int, stage
         lo, hi = s, n - (k - s)                 # stage s starts in [lo, hi]
         ytop = n - (k - s - 1)
         held = held_microbatches(schedule, k, microbatches, s, stages_per_rank)
+        pending = zb_pending(schedule, k, microbatches, s, stages_per_rank)
         nb = torch.full((n + 1,), inf, dtype=torch.float64)
         full = torch.zeros(n + 1, dtype=torch.long)
         if cap is None:
@@ -215,7 +261,7 @@ def _solve(t: "_Tables", k: int, limits, schedule: str, microbatches: int, stage
         for a, b, y0, y1 in spans:
             x = torch.arange(a, b + 1)
             y = torch.arange(y0, y1 + 1)
-            mem = t.memory(x, y, held, s == 0, s == k - 1)
+            mem = t.memory(x, y, held, s == 0, s == k - 1, pending)
             val = torch.maximum(t.cost_grid(x, y, mem), best[y][None, :])
             bad = y[None, :] <= x[:, None]
             if limits is not None:
@@ -243,6 +289,7 @@ def stage_memory(units: SplitUnits, x: int, y: int, stage: int, stages: int, sch
     """Breakdown of one stage's memory (bytes): state, activations, boundary, total."""
     us = units.units[x:y]
     held = held_microbatches(schedule, stages, microbatches, stage, stages_per_rank)
+    pending = zb_pending(schedule, stages, microbatches, stage, stages_per_rank)
     dup = 0
     for tie in units.ties:
         c = sum(1 for i in tie.units if x <= i < y)
@@ -273,26 +320,32 @@ def stage_memory(units: SplitUnits, x: int, y: int, stage: int, stages: int, sch
     if not units.kept_outputs:
         del parts["kept_outputs"]
     step = {"inputs": inputs, "targets": targets} if units.input_batch_bytes or units.target_bytes else {}
+    # zero bubble: the output gradients each I keeps for its W, for the micro-batches between them
+    deferred = pending * sum(u.deferred_bytes for u in us)
+    zb = {"deferred": deferred, "pending_microbatches": pending} if schedule in ("zb", "zbv") else {}
     return {"params": params, "grads": grads, "optimizer": opt, "tied_dedup": dup, "state": state,
-            "held_microbatches": held, **parts, "boundary": boundary, "working": work, **step,
-            "total": state + flight + boundary + work + inputs + targets}
+            "held_microbatches": held, **parts, **zb, "boundary": boundary, "working": work, **step,
+            "total": state + flight + deferred + boundary + work + inputs + targets}
 
 
-def _stage_sizes(units: SplitUnits, x: int, y: int, stage: int, stages: int) -> tuple[int, int, int, int]:
-    """(a, o, grads, inb) of the stage over units [x, y): per micro-batch activations (as in
-    ``stage_memory``), output and input-gradient bytes, and its gradients."""
+def _stage_sizes(units: SplitUnits, x: int, y: int, stage: int, stages: int) -> tuple[int, int, int, int, int]:
+    """(a, o, grads, inb, deferred) of the stage over units [x, y): per micro-batch activations (as
+    in ``stage_memory``), output and input-gradient bytes, its gradients, and what zero bubble's I
+    keeps for the W per micro-batch (none on the first stage)."""
     us = units.units[x:y]
     last = stage == stages - 1
     recv = min(us[0].received_saved_bytes, us[0].input_bytes) if stage > 0 else 0
     a = sum(u.saved_bytes for u in us) - recv - min(us[-1].output_saved_bytes, us[-1].output_bytes) \
         + (units.loss_saved_bytes if last else 0)
-    return a, us[-1].output_bytes, sum(u.grad_bytes for u in us), us[0].input_bytes
+    return a, us[-1].output_bytes, sum(u.grad_bytes for u in us), us[0].input_bytes, \
+        (sum(u.deferred_bytes for u in us) if stage > 0 else 0)
 
 
 def rank_memory(units: SplitUnits, plan_stages, num_stages: int, order, microbatches: int) -> int:
     """Memory of one rank holding several stages (interleaved 1F1B), from the order its schedule
-    runs them: ``order`` is the rank's (stage index, "F" or "B") actions, as torch's
-    ScheduleInterleaved1F1B lists them (``pipeline_order[rank]``). The stages' state, boundary
+    runs them: ``order`` is the rank's (stage index, "F", "B", "I" or "W") actions, as torch's
+    runtime schedules list them (``pipeline_order[rank]``; zero bubble's W frees a micro-batch as a
+    full backward does, its I frees nothing). The stages' state, boundary
     buffers, inputs and targets add up, working memory is the largest one's; what is in flight is
     counted after every forward, during every backward and at the end of the step, with each
     stage's counts so far (the runtime schedule keeps every send's work to the end: all outputs
@@ -305,13 +358,15 @@ def rank_memory(units: SplitUnits, plan_stages, num_stages: int, order, microbat
                 + st.memory.get("targets", 0) for st in plan_stages) + max(st.memory["working"] for st in plan_stages)
     f = {t: 0 for t in info}
     b = dict(f)
+    i = dict(f)         # zero bubble: I done (its W frees the micro-batch and what the I kept)
 
     def flight(doing: int | None) -> int:
         v = 0
-        for t, (a, o, grads, inb) in info.items():
+        for t, (a, o, grads, inb, kept_for_w) in info.items():
             first, last = t == 0, t == last_index
             acts = f[t] - b[t]
             v += acts * a + (acts if last else f[t]) * o + (0 if first else b[t]) * inb
+            v += max(i[t] - b[t], 0) * kept_for_w
             if last and units.kept_outputs:
                 v += b[t] * o
             if b[t] == 0:
@@ -325,8 +380,10 @@ def rank_memory(units: SplitUnits, plan_stages, num_stages: int, order, microbat
     for t, kind in order:
         if t not in f:
             continue
-        if kind == "F":
-            f[t] += 1
+        if kind in ("F", "I"):     # zero bubble's I: the micro-batch stays until its W
+            best = max(best, flight(None))
+            f[t] += kind == "F"
+            i[t] += kind == "I"
             best = max(best, flight(None))
         else:
             best = max(best, flight(t))
@@ -358,7 +415,7 @@ def flight_counts(schedule: str, held: int, m: int, first: bool, last: bool) -> 
             acts = m - j
             outs = acts if last else m
             sends = j
-        elif schedule == "interleaved":
+        elif multi_stage(schedule):
             acts = min(held + j, m) - j
             outs = acts if last else acts + j
             sends = j
@@ -401,9 +458,9 @@ def _candidates(a, o, held, m, schedule, first, last, kept: bool = False):
     keeps = kept and last
     counts = [(*c, j if keeps else 0) for j, c in enumerate(flight_counts(schedule, held, m, first, last))]
     js = list(range(m)) if schedule != "gpipe" else sorted({0, min(1, m - 1), m - 1})
-    if keeps or schedule == "interleaved":
+    if keeps or multi_stage(schedule):
         end_sends = counts[-1][2] if schedule == "1f1b" else (0 if first else m)
-        counts.append((0, m if schedule == "interleaved" and not last else 0, end_sends, 2 * m if keeps else 0))
+        counts.append((0, m if multi_stage(schedule) and not last else 0, end_sends, 2 * m if keeps else 0))
         js.append(m)
 
     def covered(j: int, i: int) -> bool:   # backward i holds at least what backward j does
@@ -413,7 +470,8 @@ def _candidates(a, o, held, m, schedule, first, last, kept: bool = False):
     keep = [j for j in js if not any(covered(j, i) for i in js if i not in (0, j))]
     # micro-batch 0's output outlives its backward when a pending forward send holds it
     # (the kept output is micro-batch 0's on the last stage, when the step keeps it to return)
-    kept_out = keeps or (not last and (schedule in ("gpipe", "interleaved") or (schedule == "1f1b" and held == 2)))
+    kept_out = keeps or (not last and (schedule == "gpipe" or multi_stage(schedule)
+                                       or (schedule == "1f1b" and held == 2)))
     for j in keep:
         yield (j, *counts[j], (a if kept_out else a + o) if j == 0 else None)
 
@@ -460,6 +518,12 @@ def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: st
     if schedule == "interleaved" and (stages_per_rank < 2 or stages % stages_per_rank):
         raise InputError(f"the interleaved schedule puts {stages_per_rank} stages on each rank: stages "
                          f"({stages}) must be a multiple of stages_per_rank (at least 2)")
+    if schedule == "zb" and (stages_per_rank < 1 or stages % stages_per_rank):
+        raise InputError(f"the zb schedule puts {stages_per_rank} stages on each rank: stages ({stages}) must "
+                         "be a multiple of stages_per_rank")
+    if schedule == "zbv" and (stages_per_rank != 2 or stages % 2):
+        raise InputError(f"the zbv schedule puts exactly 2 stages on each rank (stages_per_rank=2, got "
+                         f"{stages_per_rank}): stages ({stages}) must be even")
     n = len(units)
     if stages > n:
         raise PlanError(f"{units.model_name} has only {n} split units "
@@ -476,9 +540,9 @@ def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: st
     if objective == "step_time" and not timed:
         raise InputError("objective='step_time' needs each unit's forward and backward time: by='latency' "
                          "measures them on the real model, by='roofline' predicts them from FLOPs and bytes")
-    if schedule == "interleaved" and timed:
-        from .._compat import interleaved_order
-        interleaved_order(0, stages_per_rank, stages // stages_per_rank, microbatches)   # torch's rule
+    if multi_stage(schedule) and timed:
+        from .._compat import schedule_order
+        schedule_order(schedule, 0, stages_per_rank, stages // stages_per_rank, microbatches)   # torch's rule
     limits = None
     if memory_limit is not None:
         raw = memory_limit if isinstance(memory_limit, (list, tuple)) else [memory_limit] * stages
@@ -487,11 +551,11 @@ def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: st
         limits = [float(parse_bytes(v)) for v in raw]
     notes = list(notes)
     device_limits = limits
-    if limits is not None and schedule == "interleaved":
+    if limits is not None and multi_stage(schedule):
         # a rank holds stages_per_rank stages: each stage held to its share of the device, which is
         # sufficient (the rank's peak is at most the sum of its stages' peaks) but not necessary
         limits = [v / stages_per_rank for v in limits]
-        notes.append(f"interleaved: each stage is held to 1/{stages_per_rank} of the device's memory limit "
+        notes.append(f"{schedule}: each stage is held to 1/{stages_per_rank} of the device's memory limit "
                      f"(a rank holds {stages_per_rank} stages; sufficient, not necessary: the rank's own "
                      "peak is in Rank memory)")
     _unit_cost(by) if by != "memory" else None   # validates ``by`` early
@@ -501,13 +565,13 @@ def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: st
         need = int(math.ceil(fit[1])) if fit else None
         k_ok = None
         for k in range(stages + 1, n + 1):
-            if schedule == "interleaved" and k % stages_per_rank:
+            if multi_stage(schedule) and k % stages_per_rank:
                 continue
             lim_k = None if limits is None else [min(limits)] * k
             if solve(units, k, by, lim_k, schedule, microbatches, stages_per_rank) is not None:
                 k_ok = k
                 break
-        share = stages_per_rank if schedule == "interleaved" else 1     # stages on one device
+        share = stages_per_rank if multi_stage(schedule) else 1     # stages on one device
         need = need * share if need else need
         raise PlanError(
             f"no split of {units.model_name} into {stages} stages fits the memory limit "
@@ -548,7 +612,10 @@ def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: st
         best = best_step_split(times, stages, schedule, microbatches, stages_per_rank, fits, seeds)
         bounds, exact = best[0], best[2]
     cost_of = None if by == "memory" else _unit_cost(by)
-    p = stages // stages_per_rank if schedule == "interleaved" else stages
+    from .schedule import stage_ranks
+    where = stage_ranks(schedule, stages, stages_per_rank)
+    p = max(where) + 1
+    zero_bubble = schedule in ("zb", "zbv")
     out = []
     for s in range(stages):
         x, y = bounds[s], bounds[s + 1]
@@ -559,23 +626,30 @@ def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: st
             timing = {"forward_time": float(times.f[y] - times.f[x]), "backward_time": float(times.b[y] - times.b[x]),
                       "send_time": float(times.send_after[y - 1]) if s < stages - 1 else None,
                       "optimizer_time": float(times.o[y] - times.o[x])}
+            if zero_bubble:
+                timing["weight_time"] = float(times.stage_times(torch.tensor([bounds]))[4][0, s])
         out.append(Stage(index=s, first=x, last=y - 1, units=tuple(u.name for u in us),
                          cost=float(mem["total"]) if cost_of is None else sum(cost_of(u) for u in us),
                          flops=sum(u.flops for u in us), macs=sum(u.macs for u in us),
                          params=sum(u.params for u in us), memory=mem,
-                         limit=int(device_limits[s]) if device_limits else None, rank=s % p, **timing))
+                         limit=int(device_limits[s]) if device_limits else None, rank=where[s], **timing))
     timeline = None
     if times is not None:
         timeline = simulate(schedule, [st.forward_time for st in out], [st.backward_time for st in out],
                             microbatches, send=[st.send_time for st in out[:-1]],
-                            optimizer=[st.optimizer_time for st in out], stages_per_rank=stages_per_rank)
+                            optimizer=[st.optimizer_time for st in out], stages_per_rank=stages_per_rank,
+                            weight=[st.weight_time for st in out] if zero_bubble else None)
+        if zero_bubble:
+            notes.append("zero bubble: each unit's backward is split into the input's gradient (I) and the "
+                         "weights' (W) by FLOPs (a weight gradient costs the forward FLOPs of the ops that read "
+                         "the weight); the first stage's whole backward is W, as torch runs it")
     rank_bytes = None
-    if schedule == "interleaved":
-        from .._compat import interleaved_order
+    if multi_stage(schedule):
+        from .schedule import rank_orders
+        orders = rank_orders(schedule, stages, microbatches, stages_per_rank)
         rank_bytes = tuple(
             rank_memory(units, [st for st in out if st.rank == r], stages,
-                        [(st, kind) for st, kind, _ in interleaved_order(r, stages_per_rank, p, microbatches)],
-                        microbatches) for r in range(p))
+                        [(a.stage, a.kind) for a in orders[r]], microbatches) for r in range(p))
     if objective == "step_time" and not exact:
         notes.append("step time: the best split a descent from the min-max splits found (too many splits "
                      "to simulate every one)")
@@ -619,7 +693,8 @@ def _step_times(units: SplitUnits, link_bandwidth, optimizer_bandwidth, notes: l
     else:
         opt = [0.0] * len(us)
         notes.append("step time: the optimizer step not priced (give optimizer_bandwidth, bytes/s)")
-    return StepTimes([u.forward_time for u in us], [u.backward_time for u in us], send, opt)
+    return StepTimes([u.forward_time for u in us], [u.backward_time for u in us], send, opt,
+                     [u.backward_time * u.weight_share for u in us])
 
 
 def uniform_bounds(units: SplitUnits, stages: int) -> list[int]:

@@ -7,7 +7,12 @@ order torch.distributed.pipelining's schedule runs them:
 - 1F1B (``Schedule1F1B``): stage s runs W = min(M, K - s) warm-up forwards, then alternates one
   backward and one forward ("1B1F") until the forwards are done, then the remaining backwards.
 - Interleaved 1F1B (``ScheduleInterleaved1F1B``, v stages per rank, rank r owns stages r, r + P, ...):
-  torch's own per-rank order (``_compat.interleaved_order``), Megatron's depth-first warm-up.
+  torch's own per-rank order (``_compat.schedule_order``), Megatron's depth-first warm-up.
+- Zero bubble (``ScheduleInterleavedZeroBubble``, "zb": v stages per rank, placed as interleaved;
+  ``ScheduleZBVZeroBubble``, "zbv": two stages per rank in a V, rank r owns stages r and 2P - 1 - r):
+  torch's own orders. Each backward is split in two: "I" computes the gradient of the stage's input
+  (what the previous stage waits for) and "W" the gradients of its weights, which the schedule
+  defers to fill what would be idle time. W of micro-batch i needs I of i on the same stage.
 
 An action starts when its rank is free and its input has arrived: the forward of micro-batch i on
 stage s needs stage s - 1's forward of i plus the time to send the activations across; the backward
@@ -29,13 +34,14 @@ from ..errors import InputError
 
 __all__ = ["Action", "Block", "Graph", "Timeline", "graph", "rank_orders", "simulate", "stage_ranks"]
 
-FORWARD, BACKWARD = "F", "B"
+FORWARD, BACKWARD, INPUT, WEIGHT = "F", "B", "I", "W"
+MULTI = ("interleaved", "zb", "zbv")      # schedules that put several stages on each rank
 
 
 @dataclass(frozen=True, slots=True)
 class Action:
     stage: int
-    kind: str          # "F" or "B"
+    kind: str          # "F", "B" (full backward), "I" (input gradient) or "W" (weight gradients)
     microbatch: int
 
 
@@ -74,8 +80,12 @@ class Timeline:
 
 
 def stage_ranks(schedule: str, stages: int, stages_per_rank: int = 2) -> list[int]:
-    """The rank each stage runs on: one stage per rank, or loop-style for interleaved (s % P)."""
-    p = stages // stages_per_rank if schedule == "interleaved" else stages
+    """The rank each stage runs on: one stage per rank, loop-style for interleaved and zb (s % P),
+    a V for zbv (stage s on rank s for s < P, else 2P - 1 - s)."""
+    if schedule == "zbv":
+        p = stages // 2
+        return [s if s < p else 2 * p - 1 - s for s in range(stages)]
+    p = stages // stages_per_rank if schedule in MULTI else stages
     return [s % p for s in range(stages)]
 
 
@@ -97,11 +107,12 @@ def rank_orders(schedule: str, stages: int, microbatches: int,
                     acts.append(Action(s, FORWARD, w + j))
             out.append(acts)
         return out
-    if schedule == "interleaved":
-        from .._compat import interleaved_order
-        p = k // stages_per_rank
-        return [[Action(st, BACKWARD if kind == "B" else FORWARD, mb)
-                 for st, kind, mb in interleaved_order(r, stages_per_rank, p, m)] for r in range(p)]
+    if schedule in MULTI:
+        from .._compat import schedule_order
+        v = 2 if schedule == "zbv" else stages_per_rank
+        p = k // v
+        return [[Action(st, kind, mb) for st, kind, mb in schedule_order(schedule, r, v, p, m)]
+                for r in range(p)]
     raise InputError(f"unknown schedule {schedule!r}")
 
 
@@ -129,12 +140,17 @@ class Graph:
             if a.kind == FORWARD:
                 d = index[(a.stage - 1, FORWARD, a.microbatch)] if a.stage else -1
                 link.append(a.stage - 1 if a.stage else -1)
+            elif a.kind == WEIGHT:                 # its own stage's input gradient, on this rank
+                d = index[(a.stage, INPUT, a.microbatch)]
+                link.append(-1)
             elif a.stage == k - 1:
                 d = index[(a.stage, FORWARD, a.microbatch)]
                 link.append(-1)
             else:
-                d = index[(a.stage + 1, BACKWARD, a.microbatch)]
+                d = index[(a.stage + 1, a.kind, a.microbatch)]
                 link.append(a.stage)
+            if link[-1] >= 0 and self.where[link[-1]] == self.where[link[-1] + 1]:
+                link[-1] = -1                      # both stages on one rank (zbv's turn): no send
             dep.append(d)
         # each action's wave: one more than its predecessors' (its rank's previous action and the
         # action it needs), resolved rank by rank in the ranks' own orders (torch's orders are
@@ -171,13 +187,18 @@ class Graph:
             ids = waves[lv]
             self.waves.append((t(ids), t([prev[i] for i in ids]), t([dep[i] for i in ids]),
                                t([link[i] for i in ids]),
-                               t([acts[i].stage + (k if acts[i].kind == BACKWARD else 0) for i in ids])))
+                               t([acts[i].stage + k * _COLUMN[acts[i].kind] for i in ids])))
 
-    def ends(self, forward: torch.Tensor, backward: torch.Tensor, send: torch.Tensor) -> torch.Tensor:
+    def ends(self, forward: torch.Tensor, backward: torch.Tensor, send: torch.Tensor,
+             weight: torch.Tensor | None = None) -> torch.Tensor:
         """End time of every action for C candidates: ``forward``/``backward`` [C, K] seconds per
-        micro-batch, ``send`` [C, K-1] seconds per boundary. Returns [C, actions]."""
+        micro-batch, ``send`` [C, K-1] seconds per boundary, ``weight`` [C, K] the part of each
+        backward that computes the weights' gradients (zero bubble runs it apart as W, the rest
+        as I; None: zero). Returns [C, actions]."""
         c = forward.shape[0]
-        cost = torch.cat([forward, backward], dim=1)                         # [C, 2K]
+        if weight is None:
+            weight = torch.zeros_like(backward)
+        cost = torch.cat([forward, backward, backward - weight, weight], dim=1)   # [C, 4K]
         sendp = torch.cat([send, torch.zeros(c, 1, dtype=send.dtype)], dim=1)  # index -1: no send
         end = torch.zeros(c, len(self.actions) + 1, dtype=forward.dtype)     # column -1: time 0
         for ids, prev, dep, link, col in self.waves:
@@ -185,9 +206,9 @@ class Graph:
             end[:, ids] = ready + cost[:, col]
         return end[:, :-1]
 
-    def pipeline_times(self, forward, backward, send, optimizer=None) -> torch.Tensor:
+    def pipeline_times(self, forward, backward, send, optimizer=None, weight=None) -> torch.Tensor:
         """Step time [C]: per rank, its last action's end plus its optimizer step; the slowest rank."""
-        end = self.ends(forward, backward, send)
+        end = self.ends(forward, backward, send, weight)
         ranks = torch.tensor(self.rank_of)
         last = torch.full((end.shape[0], self.ranks), 0.0, dtype=end.dtype)
         last = last.scatter_reduce(1, ranks.expand(end.shape[0], -1), end, reduce="amax")
@@ -198,6 +219,18 @@ class Graph:
         return last.max(dim=1).values
 
 
+_COLUMN = {FORWARD: 0, BACKWARD: 1, INPUT: 2, WEIGHT: 3}     # an action's block of cost columns
+
+
+def _action_cost(a: Action, forward, backward, weight) -> float:
+    if a.kind == FORWARD:
+        return forward[a.stage]
+    if a.kind == BACKWARD:
+        return backward[a.stage]
+    w = weight[a.stage] if weight is not None else 0.0
+    return w if a.kind == WEIGHT else backward[a.stage] - w
+
+
 @functools.lru_cache(maxsize=32)
 def graph(schedule: str, stages: int, microbatches: int, stages_per_rank: int = 2) -> Graph:
     return Graph(schedule, stages, microbatches, stages_per_rank)
@@ -205,11 +238,12 @@ def graph(schedule: str, stages: int, microbatches: int, stages_per_rank: int = 
 
 def simulate(schedule: str, forward: list[float], backward: list[float], microbatches: int, *,
              send: list[float] | None = None, optimizer: list[float] | None = None,
-             stages_per_rank: int = 2, corun: float = 1.0) -> Timeline:
+             stages_per_rank: int = 2, corun: float = 1.0, weight: list[float] | None = None) -> Timeline:
     """Simulate one step. ``forward[s]``/``backward[s]``: seconds per micro-batch on stage s (the
     last stage's forward includes the loss); ``send[s]``: seconds to send stage s's output to stage
     s + 1 (and its gradient back); ``optimizer[s]``: seconds of stage s's optimizer step, which
-    its rank runs after its last backward. ``corun``: how much slower a rank computes while every
+    its rank runs after its last backward. ``weight[s]``: of ``backward[s]``, the seconds of the
+    weights' gradients (zero bubble's W; its I takes the rest); None: zero. ``corun``: how much slower a rank computes while every
     rank computes at once (ranks that share one machine's cores and memory: CPU processes), as a
     factor of its time alone; with n of P ranks computing each runs at 1 / (1 + (corun - 1)(n - 1)
     / (P - 1)) of its speed alone. 1 (the default): ranks on their own devices. A block's length
@@ -220,10 +254,11 @@ def simulate(schedule: str, forward: list[float], backward: list[float], microba
     f, b = torch.tensor([forward], dtype=d), torch.tensor([backward], dtype=d)
     sd = torch.tensor([list(send) if send is not None else [0.0] * (k - 1)], dtype=d).reshape(1, k - 1)
     if corun > 1.0 and g.ranks > 1:
-        start, end = _shared(g, forward, backward, sd[0].tolist(), corun)
+        start, end = _shared(g, forward, backward, sd[0].tolist(), corun, weight)
     else:
-        end = g.ends(f, b, sd)[0].tolist()
-        start = [e - (forward if a.kind == FORWARD else backward)[a.stage] for e, a in zip(end, g.actions)]
+        w = torch.tensor([weight], dtype=d) if weight is not None else None
+        end = g.ends(f, b, sd, w)[0].tolist()
+        start = [e - _action_cost(a, forward, backward, weight) for e, a in zip(end, g.actions)]
     blocks, busy, last = [], [0.0] * g.ranks, [0.0] * g.ranks
     for i, a in enumerate(g.actions):
         r = g.rank_of[i]
@@ -238,13 +273,13 @@ def simulate(schedule: str, forward: list[float], backward: list[float], microba
                     pipeline_time=max(last, default=0.0), step_time=step, busy=tuple(busy))
 
 
-def _shared(g: Graph, forward, backward, send, corun: float) -> tuple[list[float], list[float]]:
+def _shared(g: Graph, forward, backward, send, corun: float, weight=None) -> tuple[list[float], list[float]]:
     """Start and end of every action when ranks that compute at the same time slow each other down
     (processor sharing): an event loop over the ranks' orders. Between two events every computing
     rank progresses at the speed the number of computing ranks gives; an event is an action ending
     or an input arriving."""
     n, p = len(g.actions), g.ranks
-    cost = [(forward if a.kind == FORWARD else backward)[a.stage] for a in g.actions]
+    cost = [_action_cost(a, forward, backward, weight) for a in g.actions]
     start, end = [0.0] * n, [None] * n
     pos = [0] * p                      # next action of each rank in its order
     cur: list = [None] * p             # the action a rank is computing and the work left of it

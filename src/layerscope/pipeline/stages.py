@@ -150,6 +150,9 @@ class StageModule(nn.Module):
         self.next_boundary = boundary.get(st.last + 1, []) if stage < plan.num_stages - 1 else []
         self.pass_inputs = stage < plan.num_stages - 1 and any(
             units[plan.stages[t].first].needs_inputs for t in range(stage + 1, plan.num_stages))
+        # zero bubble's backward for the input detaches the stage's outputs in place (torch's
+        # stage_backward_input), which a view refuses: such outputs are sent as copies
+        self.own_outputs = plan.schedule in ("zb", "zbv")
         for u in units:
             if st.first <= u.index <= st.last:
                 continue
@@ -192,6 +195,8 @@ class StageModule(nn.Module):
         except _Stop:
             sent = tuple(self._sent)
             self._sent = []
+            if self.own_outputs:
+                sent = tuple(t.clone() if isinstance(t, torch.Tensor) and t._is_view() else t for t in sent)
             return sent + (tuple(inputs) if self.pass_inputs else ())
         finally:
             self._received = ()

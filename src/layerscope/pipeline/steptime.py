@@ -33,29 +33,34 @@ _D = torch.float64
 
 class StepTimes:
     """Per-unit seconds, as prefix sums: forward and backward per micro-batch, the send across a
-    cut after each unit, the optimizer step."""
+    cut after each unit, the optimizer step, and of the backward the weights' gradients (``weight``:
+    zero bubble's W; None: zero)."""
 
-    def __init__(self, forward, backward, send_after, optimizer) -> None:
+    def __init__(self, forward, backward, send_after, optimizer, weight=None) -> None:
         def prefix(v):
             return torch.cat([torch.zeros(1, dtype=_D), torch.cumsum(torch.tensor(v, dtype=_D), 0)])
         self.n = len(forward)
         self.f, self.b, self.o = prefix(forward), prefix(backward), prefix(optimizer)
+        self.w = prefix(weight if weight is not None else [0.0] * self.n)
         self.send_after = torch.tensor(list(send_after), dtype=_D)
 
     def stage_times(self, bounds: torch.Tensor):
         """bounds [C, K+1] (0 = b0 < b1 < ... < bK = n) -> forward, backward [C, K], send [C, K-1],
-        optimizer [C, K]."""
+        optimizer, weight [C, K]."""
         x, y = bounds[:, :-1], bounds[:, 1:]
         send = self.send_after[bounds[:, 1:-1] - 1] if bounds.shape[1] > 2 else \
             torch.zeros(bounds.shape[0], 0, dtype=_D)
-        return self.f[y] - self.f[x], self.b[y] - self.b[x], send, self.o[y] - self.o[x]
+        back, w = self.b[y] - self.b[x], self.w[y] - self.w[x]
+        # the first stage's input needs no gradient: torch runs its whole backward as the W
+        w = torch.cat([back[:, :1], w[:, 1:]], dim=1)
+        return self.f[y] - self.f[x], back, send, self.o[y] - self.o[x], w
 
 
 def _evaluate(g, t: StepTimes, bounds: torch.Tensor, batch: int = 4096) -> torch.Tensor:
     out = []
     for i in range(0, bounds.shape[0], batch):
-        f, b, send, opt = t.stage_times(bounds[i:i + batch])
-        out.append(g.pipeline_times(f, b, send, opt))
+        f, b, send, opt, w = t.stage_times(bounds[i:i + batch])
+        out.append(g.pipeline_times(f, b, send, opt, w))
     return torch.cat(out) if out else torch.zeros(0, dtype=_D)
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..capture.session import model_device
-from ..trace import BACKWARD, FORWARD, PRODUCER_INPUT, Costs, Trace
+from ..trace import BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, Costs, Trace
 
 __all__ = ["Unit", "Tie", "SplitUnits", "split_units", "units_from_memory", "with_work", "with_latencies",
            "roofline_times"]
@@ -61,6 +61,20 @@ class Unit:
                                    # inputs), which a stage starting here holds as receive buffers
     output_saved_bytes: int = 0    # of saved_bytes: its own outputs, which a stage ending here holds
                                    # as its output anyway
+    weight_flops: int = 0          # of backward.flops, an estimate of the weights' gradients: the
+                                   # forward FLOPs of its ops that read a parameter or buffer (a
+                                   # matmul's or convolution's weight gradient costs what its forward
+                                   # did); zero bubble runs them apart from the input gradient
+    deferred_bytes: int = 0        # zero bubble: the gradients of those ops' outputs, which the
+                                   # backward for the input (I) computes and keeps for the weights'
+                                   # (W), per micro-batch (the bytes the ops wrote)
+
+    @property
+    def weight_share(self) -> float:
+        """The share of the backward that computes the weights' gradients (zero bubble's W)."""
+        if self.backward.flops <= 0:
+            return 0.0
+        return min(1.0, self.weight_flops / self.backward.flops)
 
     @property
     def flops(self) -> int:
@@ -278,11 +292,23 @@ def split_units(trace: Trace, *, memory_layers=None, model=None, optimizer_ratio
     member = flow.member(groups)
     # glue: ops of records inside no unit
     glue_fwd = [Costs() for _ in groups]
+    weight_flops = [0] * len(groups)
+    deferred = [0] * len(groups)
+    of_state: set[int] = set()              # free ops (views) of parameters and buffers
     share: dict[int, dict[int, int]] = {}   # glue record -> unit -> forward flops it got
     for n, op in enumerate(fops):
+        g = member[op.layer]
+        if g < 0:
+            g = min(bisect.bisect_left(g_first, n), len(groups) - 1)
+        # reads a parameter directly or through free ops (nn.Linear's transpose, a tied weight's view)
+        if any(q == PRODUCER_STATE or q in of_state for q in op.producers):
+            if op.status == "free":
+                of_state.add(op.index)
+            else:
+                weight_flops[g] += op.costs.flops
+                deferred[g] += op.costs.bytes_written
         if member[op.layer] >= 0:
             continue
-        g = min(bisect.bisect_left(g_first, n), len(groups) - 1)
         glue_fwd[g] = glue_fwd[g] + op.costs
         d = share.setdefault(op.layer, {})
         d[g] = d.get(g, 0) + op.costs.flops + 1
@@ -374,7 +400,8 @@ def split_units(trace: Trace, *, memory_layers=None, model=None, optimizer_ratio
             output_bytes=sum(s.nbytes for s in out_rec.outputs if s.dtype in _FLOAT),
             forward=f, backward=b, latency=(latencies or {}).get(name),
             needs_inputs=need[g] and g > 0, work_bytes=int(work), received_saved_bytes=int(received[g]),
-            output_saved_bytes=int(out_saved[g])))
+            output_saved_bytes=int(out_saved[g]), weight_flops=int(weight_flops[g]),
+            deferred_bytes=int(deferred[g])))
     return SplitUnits(model_name=trace.model_name, units=tuple(units), ties=tuple(ties),
                       micro_batch=micro_batch, loss_bytes=int(loss_bytes),
                       loss_saved_bytes=int(loss_saved_bytes))

@@ -16,7 +16,7 @@ def _stage_row(s: "Stage") -> dict[str, Any]:
             "units": len(s.units), "params": s.params, "flops": s.flops, "macs": s.macs,
             "cost": s.cost, **{f"memory_{k}": v for k, v in s.memory.items()}, "limit_bytes": s.limit,
             "forward_time": s.forward_time, "backward_time": s.backward_time, "send_time": s.send_time,
-            "optimizer_time": s.optimizer_time}
+            "optimizer_time": s.optimizer_time, **({"weight_time": s.weight_time} if s.weight_time is not None else {})}
 
 
 def plan_dict(plan: "StagePlan") -> dict[str, Any]:

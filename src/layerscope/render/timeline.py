@@ -1,8 +1,9 @@
 """A simulated pipeline step drawn as text: one row per rank, time across.
 
 Each character is a slice of the step: the micro-batch number (mod 10) of the forward running on
-that rank, a letter (a = micro-batch 0, mod 10) for a backward, ``·`` where the rank idles. With
-rich, forwards are blue and backwards green. Interleaved stages are told apart by their rows'
+that rank, a letter (a = micro-batch 0, mod 10) for a backward (zero bubble: its input gradient,
+I), a capital letter for zero bubble's weight gradients (W), ``·`` where the rank idles. With
+rich, forwards are blue, backwards green and weight gradients yellow. Interleaved stages are told apart by their rows'
 labels (the stages on each rank).
 """
 
@@ -21,7 +22,7 @@ _IDLE = "·"
 
 
 def _cells(tl: "Timeline", rank: int, width: int) -> list[tuple[str, str]]:
-    """(character, kind) per column: kind "F", "B" or "" (idle)."""
+    """(character, kind) per column: kind "F", "B", "W" or "" (idle)."""
     blocks = [b for b in tl.blocks if b.rank == rank]
     span = tl.pipeline_time or 1.0
     out, j = [], 0
@@ -34,6 +35,8 @@ def _cells(tl: "Timeline", rank: int, width: int) -> list[tuple[str, str]]:
             out.append((_IDLE, ""))
         elif b.kind == "F":
             out.append((str(b.microbatch % 10), "F"))
+        elif b.kind == "W":
+            out.append((chr(ord("A") + b.microbatch % 10), "W"))
         else:
             out.append((chr(ord("a") + b.microbatch % 10), "B"))
     return out
@@ -54,8 +57,11 @@ def timeline_lines(tl: "Timeline", width: int | None = None) -> list[tuple[str, 
 
 
 def _legend(tl: "Timeline") -> str:
+    zb = any(b.kind == "W" for b in tl.blocks)
+    back = ("small letters: its input gradient (a = 0), capitals: its weight gradients" if zb
+            else "letters: its backward (a = 0)")
     return (f"Timeline of one step ({seconds(tl.pipeline_time)} across; digits: forward of micro-batch n, "
-            f"letters: its backward (a = 0); {_IDLE} idle)")
+            f"{back}; {_IDLE} idle)")
 
 
 def timeline_text(tl: "Timeline", width: int | None = None) -> str:
@@ -65,7 +71,7 @@ def timeline_text(tl: "Timeline", width: int | None = None) -> str:
 
 def timeline_rich(tl: "Timeline", width: int | None = None):
     from rich.text import Text
-    style = {"F": "blue", "B": "green", "": "dim"}
+    style = {"F": "blue", "B": "green", "W": "yellow", "": "dim"}
     out = Text(_legend(tl) + "\n")
     for label, cells in timeline_lines(tl, width):
         out.append(label)

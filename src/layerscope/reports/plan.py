@@ -37,6 +37,7 @@ class Stage:
     backward_time: float | None = None
     send_time: float | None = None        # seconds to send one micro-batch's output to the next stage
     optimizer_time: float | None = None   # seconds of this stage's optimizer step
+    weight_time: float | None = None      # zero bubble: of backward_time, the weights' gradients (W)
 
     @property
     def memory_bytes(self) -> int:
@@ -51,7 +52,8 @@ class Stage:
     @property
     def activation_bytes(self) -> int:
         m = self.memory
-        return int(m["activations"] + m["outputs"] + m["grad_overlap"] + m["sends"] + m.get("kept_outputs", 0))
+        return int(m["activations"] + m["outputs"] + m["grad_overlap"] + m["sends"] + m.get("kept_outputs", 0)
+                   + m.get("deferred", 0))
 
 
 _COST_UNIT = {"memory": "bytes", "latency": "seconds", "roofline": "seconds"}
@@ -152,7 +154,7 @@ class StagePlan(Rendered):
         self.objective = objective
         self.rank_bytes = rank_bytes        # interleaved: each rank's peak over its stages
         self.timeline = timeline            # the simulated step, when the units have times
-        self.stages_per_rank = stages_per_rank if schedule == "interleaved" else 1
+        self.stages_per_rank = stages_per_rank if schedule in ("interleaved", "zb", "zbv") else 1
         self.units = units
         self.stages = stages
         self.by = by
