@@ -536,9 +536,11 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
         model = check_model(model_or_report)
         args = example_inputs(args, kwargs, input_size, dtypes, None, model_device(model), "partition")
         mb_args, mb_kwargs, mb = micro_batch(args, kwargs, microbatches, batch_dim)
+        # one simulated step: the units take the last pass's trace, per-layer memory and the
+        # optimizer's state, which its first step() creates; a second step only adds that state as a
+        # constant under every live-bytes difference the units keep (checked equal, tests/pipeline)
         rep = memory(model, *mb_args, optimizer=optimizer, autocast_dtype=autocast_dtype, device=device,
-                     steps=2 if optimizer is not None else 1, batch_dim=batch_dim, loss_fn=loss_fn,
-                     forward_kwargs=mb_kwargs)
+                     steps=1, batch_dim=batch_dim, loss_fn=loss_fn, forward_kwargs=mb_kwargs)
         no_data = model_device(model).type == "meta" or is_fake_model(model)
         if by == "latency" and no_data:
             raise InputError("by='latency' times the units on the real model; this one has no data "

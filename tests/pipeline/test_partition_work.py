@@ -1,0 +1,54 @@
+"""partition()'s repeated work (issue 24, item 3): one simulated step, and on CPU one real step for
+the measured working memory, with the same units as before (two of each)."""
+
+from __future__ import annotations
+
+import torch
+
+import layerscope as ls
+import layerscope.api as api
+from layerscope.examples import small_cnn, tiny_gpt
+from layerscope.pipeline import units as units_mod
+from layerscope.pipeline.units import units_from_memory
+
+
+def test_one_simulated_step_gives_the_units_of_two():
+    # partition() simulates one step: the units keep only live-bytes differences of the last pass
+    # and the optimizer's state, which the first step() creates; a second step adds that state
+    # under every difference and changes none of them
+    cases = [(tiny_gpt(), torch.randint(0, 1000, (2, 32)), "adamw"),
+             (small_cnn(), torch.randn(2, 3, 32, 32), lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9))]
+    for m, x, opt in cases:
+        one = units_from_memory(ls.memory(m, x, optimizer=opt, steps=1), m, micro=2)
+        two = units_from_memory(ls.memory(m, x, optimizer=opt, steps=2), m, micro=2)
+        assert one == two
+        assert sum(u.optimizer_bytes for u in one.units) > 0
+
+
+def test_partition_simulates_one_step(monkeypatch):
+    seen = []
+    real = api.memory
+
+    def spy(*a, **k):
+        seen.append(k["steps"])
+        return real(*a, **k)
+    monkeypatch.setattr(api, "memory", spy)
+    ls.partition(small_cnn(), torch.randn(4, 3, 32, 32), stages=2, microbatches=2, optimizer="adamw",
+                 measure_working=False)
+    assert seen == [1]
+
+
+def test_working_memory_on_cpu_needs_no_warm_up_step():
+    # an input size no other test uses, so the first step meets oneDNN's convolutions for these
+    # shapes cold: the first measurement equals the next one (warmed up by the first)
+    m, x = small_cnn(), torch.randn(3, 3, 29, 31)
+    units = units_from_memory(ls.memory(m, x, optimizer="adamw", steps=1), m, micro=3)
+    calls = []
+    h = m.register_forward_pre_hook(lambda mod, a: calls.append(1))
+    try:
+        cold = units_mod.unit_work_bytes(m, units, (x,), {})
+        assert len(calls) == 1                  # one real step: no warm-up on CPU
+        warm = units_mod.unit_work_bytes(m, units, (x,), {})
+    finally:
+        h.remove()
+    assert cold == warm and any(cold.values())
