@@ -68,12 +68,14 @@ class StateGuard:
     """Snapshot of what a run may change in a model; ``restore()`` puts every piece back."""
 
     def __init__(self, model: nn.Module, modules: list[nn.Module] | None = None,
-                 inputs: Any = None) -> None:
+                 inputs: Any = None, params: list[torch.Tensor] | None = None) -> None:
+        """``params``: ``held_tensors(modules, "_parameters")`` where the caller has it already."""
         modules = list(model.modules()) if modules is None else modules
         self.modes = [(m, m.training) for m in modules]
         # parameters, and input tensors a backward would accumulate a .grad into
-        leaves = held_tensors(modules, "_parameters") + [t for t in _unique(iter_tensors(inputs))
-                                                  if t.is_leaf and t.requires_grad]
+        if params is None:
+            params = held_tensors(modules, "_parameters")
+        leaves = params + [t for t in _unique(iter_tensors(inputs)) if t.is_leaf and t.requires_grad]
         self.params = [(p, p.requires_grad, p.grad) for p in _unique(leaves)]
         self.buffers = []
         for m in modules:
@@ -90,7 +92,7 @@ class StateGuard:
         the draws other threads made meanwhile."""
         for m, training in self.modes:
             if m.training is not training:   # nn.Module.__setattr__ is slow, and most flags never moved
-                m.training = training
+                _set_training(m, training)
         for p, requires_grad, grad in self.params:
             if p.requires_grad != requires_grad:
                 p.requires_grad_(requires_grad)
@@ -545,11 +547,13 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     options = options or CostOptions()
     named = list(model.named_modules())
     modules = [m for _, m in named]
-    guard = StateGuard(model, modules, (args, kwargs))
+    # the distinct parameters and buffers before the run, found once for the guard and the dataflow seeds
+    held = (held_tensors(modules, "_parameters"), held_tensors(modules, "_buffers"))
+    guard = StateGuard(model, modules, (args, kwargs), params=held[0])
     if backward:
         args, kwargs = grad_inputs(args, kwargs)
     cap = Session(model, options, track_seq=backward)
-    cap.seed_producers((args, kwargs), held_tensors(modules, "_parameters") + held_tensors(modules, "_buffers"))
+    cap.seed_producers((args, kwargs), held[0] + held[1])
     output = None
     try:
         if mode != "same":
@@ -576,25 +580,48 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
 _TRAIN, _EVAL = nn.Module.train, nn.Module.eval
 
 
+_SETATTR = nn.Module.__setattr__
+
+
+def _set_training(m: nn.Module, training: bool) -> None:
+    """``m.training = training``. nn.Module.__setattr__ checks the name against the module's
+    parameters, submodules and buffers (``training`` can be none of them: register_* refuse a name
+    that is already an attribute) and then sets it as object.__setattr__ does: that, in one C call,
+    for a class that keeps nn.Module's __setattr__."""
+    if type(m).__setattr__ is _SETATTR:
+        object.__setattr__(m, "training", training)
+    else:
+        m.training = training
+
+
 def set_mode(model: nn.Module, modules: list[nn.Module], training: bool) -> None:
-    """``model.train(training)``, which is nothing to do where every module is in that mode already
-    and none overrides train()/eval() (nn.Module.train only sets the flags, one slow __setattr__ each)."""
+    """``model.train(training)``. Where no module overrides train(), eval() or __setattr__,
+    nn.Module.train only sets every module's flag (``modules`` is ``model.modules()``, the modules its
+    recursion reaches): the flags are set directly, and only those that change (most are in that
+    mode already)."""
+    plain = True
     for m in modules:
         cls = type(m)
-        if m.training is not training or cls.train is not _TRAIN or cls.eval is not _EVAL:
+        if cls.train is not _TRAIN or cls.eval is not _EVAL or cls.__setattr__ is not _SETATTR:
+            plain = False
             break
-    else:
+    if not plain:
+        if training:
+            model.train()
+        else:
+            model.eval()
         return
-    if training:
-        model.train()
-    else:
-        model.eval()
+    for m in modules:
+        if m.training is not training:
+            object.__setattr__(m, "training", training)
 
 
-def dtype_text(model: nn.Module) -> str | None:
-    """The model's parameter dtypes by share of elements: ``bfloat16`` or ``bfloat16 (98.1%), float32``."""
+def dtype_text(model: nn.Module, params: list[torch.Tensor] | None = None) -> str | None:
+    """The model's parameter dtypes by share of elements: ``bfloat16`` or ``bfloat16 (98.1%), float32``.
+    ``params``: ``held_tensors(list(model.modules()), "_parameters")`` where the caller has it (the
+    tensors model.parameters() gives, in its order)."""
     by_dtype: dict[torch.dtype, int] = {}
-    for p in model.parameters():          # each tensor once (parameters() drops repeats)
+    for p in model.parameters() if params is None else params:   # each tensor once (parameters() drops repeats)
         by_dtype[p.dtype] = by_dtype.get(p.dtype, 0) + p.numel()
     counts = {str(d).removeprefix("torch."): n for d, n in by_dtype.items()}
     if not counts:
@@ -608,12 +635,16 @@ def dtype_text(model: nn.Module) -> str | None:
 
 def build_trace(cap: Session, model: nn.Module, named: list[tuple[str, nn.Module]], inputs: Any,
                 output: Any, *, backward: bool, options: dict) -> Trace:
-    """Freeze what one capture saw into a Trace (its options say the model's dtypes too)."""
-    options = {**options, "model_dtype": options["model_dtype"] if "model_dtype" in options else dtype_text(model)}
+    """Freeze what one capture saw into a Trace (its options say the model's dtypes too). ``named``
+    is ``list(model.named_modules())``. Parameters and buffers are read now, after the run: a forward
+    may register a buffer (a cache made on first use)."""
     modules = [m for _, m in named]
-    holders, first_owner = _param_table(modules)
     params = held_tensors(modules, "_parameters")
     buffers = held_tensors(modules, "_buffers")
+    # an eager module's parameters() are these, in this order; a script module lists its own
+    options = {**options, "model_dtype": options["model_dtype"] if "model_dtype" in options
+               else dtype_text(model, None if isinstance(model, torch.jit.ScriptModule) else params)}
+    holders, first_owner = _param_table(modules)
     layers = _freeze_layers(cap, model, holders, first_owner)
     if not layers:
         raise InputError("the model's forward never ran as a module call; nothing to analyse")
