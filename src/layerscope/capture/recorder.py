@@ -73,9 +73,9 @@ class OpRecorder:
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        kind = _KIND.get(func)
-        if kind is None:
-            kind = _kind(func)
+        # by id (see _KIND_BY_ID), as Session.on_op's cost cache
+        e = _KIND_BY_ID.get(id(func))
+        kind = e[1] if e is not None and e[0] is func else _kind(func)
         if kind == _PLAIN:
             # the common op: no special case below applies (one dict lookup instead of a dozen tests)
             cap = self.cap
@@ -83,7 +83,7 @@ class OpRecorder:
             a0 = args[0] if args else None
             if self._meta_outs is not None and type(a0) in _PLAIN_TENSORS and a0.is_meta:
                 out = self._meta_call(func, args, kwargs)
-            elif func in self._watch:
+            elif self._watch and func in self._watch:
                 out = self.kernels.call(func, args, kwargs)
             elif type(func) is _OpOverload:
                 out = func._op(*args, **kwargs)   # what OpOverload.__call__ runs, one Python frame less
@@ -250,7 +250,9 @@ _COMPOSITE: dict = {}
 
 # per op, what __torch_dispatch__ must look at (bits); _PLAIN: none of it, the fast path
 _PLAIN, _COMPOSITE_KIND, _SPECIAL_KIND, _PRIM_KIND = 0, 1, 2, 4
-_KIND: dict = {}
+# id(func) -> (func, its bits), keyed by id: an OpOverload's __hash__ is a Python method, one more
+# frame per lookup. The entry holds the op, so the id stays that op's.
+_KIND_BY_ID: dict = {}
 
 
 def _kind(func) -> int:
@@ -261,7 +263,7 @@ def _kind(func) -> int:
         kind |= _SPECIAL_KIND
     if func.namespace == "prim":
         kind |= _PRIM_KIND
-    _KIND[func] = kind
+    _KIND_BY_ID[id(func)] = (func, kind)
     return kind
 
 

@@ -283,11 +283,14 @@ class Session(ModuleTracker):
         return layer
 
     def on_op(self, func, args, kwargs, out, seq) -> None:
-        entry = self.cost_cache.get(func)
-        if entry is None:
+        # keyed by id: an OpOverload's __hash__ is a Python method (one more frame per lookup); the
+        # entry holds the op itself, so the id stays that op's while the run lasts
+        entry = self.cost_cache.get(id(func))
+        if entry is None or entry[0] is not func:
             # the analysis's own registry (CostOptions.registry), else the default one
-            entry = self.cost_cache[func] = (self.options.lookup(func), f"{func.namespace}.{func._opname}")
-        fn, name = entry
+            entry = self.cost_cache[id(func)] = (func, self.options.lookup(func),
+                                                 f"{func.namespace}.{func._opname}")
+        _, fn, name = entry
         phase = self.phase
         if phase is FORWARD:
             stack = self.stack
@@ -299,14 +302,25 @@ class Session(ModuleTracker):
             layer = self._backward_layer()
         else:  # loss and optimizer ops run outside any module call: the root's
             layer = 0
-        # the tensor inputs: positional ones, then those inside list/tuple arguments, then keyword ones
-        ins = [a for a in args if isinstance(a, _Tensor)]
-        if len(ins) != len(args):
+        # the tensor inputs: positional ones, then those inside list/tuple arguments, then keyword
+        # ones (plain loops: a comprehension is one more frame in Python 3.11)
+        ins = []
+        nested = False
+        for a in args:
+            if isinstance(a, _Tensor):
+                ins.append(a)
+            elif isinstance(a, (list, tuple)):
+                nested = True
+        if nested:
             for a in args:
                 if isinstance(a, (list, tuple)):
-                    ins.extend([x for x in a if isinstance(x, _Tensor)])
+                    for x in a:
+                        if isinstance(x, _Tensor):
+                            ins.append(x)
         if kwargs:
-            ins.extend(v for v in kwargs.values() if isinstance(v, _Tensor))
+            for v in kwargs.values():
+                if isinstance(v, _Tensor):
+                    ins.append(v)
         if isinstance(out, _Tensor):
             outs = [out]
         else:
@@ -331,10 +345,16 @@ class Session(ModuleTracker):
                     raise RegistryError(f"the cost formula of {func._schema.name} returned "
                                         f"{type(c).__name__}, not an OpCost")
                 status, window = "counted", c.window
-                br = c.bytes_read if c.bytes_read is not None else \
-                    sum(t.numel() * t.element_size() for t in ins)
-                bw = c.bytes_written if c.bytes_written is not None else \
-                    sum(t.numel() * t.element_size() for t in outs)
+                br = c.bytes_read
+                if br is None:
+                    br = 0
+                    for t in ins:
+                        br += t.numel() * t.element_size()
+                bw = c.bytes_written
+                if bw is None:
+                    bw = 0
+                    for t in outs:
+                        bw += t.numel() * t.element_size()
                 costs = Costs(int(c.macs), int(c.flops), int(br), int(bw))
         ops = self.ops
         index = len(ops)
