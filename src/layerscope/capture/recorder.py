@@ -36,6 +36,9 @@ class OpRecorder:
         # the plain ops the kernels act on; every other op they act on is special here (below)
         self._watch = kernels.watch if kernels is not None else frozenset()
         self._nested = 0    # inside a composite op's decomposition (a mode above would not see it)
+        # the plain op class, whose __call__ only calls ._op (resolved here, not at import: None
+        # where absent, and every op takes the public call)
+        self._overload = _compat.get("OpOverload")
         # Outputs of meta ops by what fixes them (see _meta_call): a run that tracks nothing about
         # storages (no memory tracking, no simulation kernels, no fake tensors) and so needs of an
         # output only its shape, strides and dtype. One per recorder, dropped with it.
@@ -85,7 +88,7 @@ class OpRecorder:
                 out = self._meta_call(func, args, kwargs)
             elif self._watch and func in self._watch:
                 out = self.kernels.call(func, args, kwargs)
-            elif type(func) is _OpOverload:
+            elif type(func) is self._overload:
                 out = func._op(*args, **kwargs)   # what OpOverload.__call__ runs, one Python frame less
             else:
                 out = func(*args, **kwargs)
@@ -156,7 +159,6 @@ class OpRecorder:
         return out
 
 
-_OpOverload = _compat.get("OpOverload")   # None where absent: every op then takes the public call
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _MISSING = object()
 _META = torch.device("meta")
@@ -175,7 +177,7 @@ def _meta_ok(func) -> bool:
     ok = _META_OK.get(func)
     if ok is None:
         s = func._schema
-        ok = _META_OK[func] = type(func) is _OpOverload and not s.is_mutable and \
+        ok = _META_OK[func] = type(func) is _compat.get("OpOverload") and not s.is_mutable and \
             bool(s.returns) and all(str(r.type) == "Tensor" and r.alias_info is None for r in s.returns) and \
             all(a.alias_info is None for a in s.arguments)
     return ok
