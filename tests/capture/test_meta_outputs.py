@@ -24,6 +24,7 @@ class _Block(nn.Module):
     def forward(self, x):
         h = self.up(self.norm(x))
         h = torch.nn.functional.silu(h) * h.sigmoid()       # elementwise ops with Python meta kernels
+        h = torch.cat([h[..., 1:], h[..., :1]], -1)          # a list of tensors first (cat's key)
         x = x + self.down(h) * 0.5                           # a python float scalar
         return x.transpose(0, 1).contiguous().transpose(0, 1)  # views and a copy to new strides
 
@@ -65,6 +66,7 @@ def test_repeated_blocks_skip_the_kernel(monkeypatch):
     monkeypatch.setattr(body, "_meta_call", counting)
     rep = ls.analyze(_model(blocks=4), torch.randn(3, 5, 16), device="meta")
     assert runs, "no op took the cache path"
+    assert any(k[0] is aten.cat.default for k in runs)
     assert max(runs.values()) >= 3     # the same call again and again
     keys_of_four = set(runs)
     runs.clear()
@@ -145,3 +147,14 @@ def test_mode_flags_set_directly_and_restored():
     ls.analyze(spied, torch.randn(2, 4))
     assert ("forward", False) in seen and False in seen and seen[-1] is True   # its own __setattr__, both ways
     assert spied.training and spied[0].training
+
+
+def test_layer_record_field_order():
+    """capture/session.py's _freeze_layers builds LayerRecords positionally, in this order."""
+    from dataclasses import fields
+
+    from layerscope.trace import LayerRecord
+
+    assert [f.name for f in fields(LayerRecord)][:15] == [
+        "index", "path", "type", "depth", "call_index", "parent", "children", "inputs", "outputs", "params",
+        "buffers", "num_params", "trainable_params", "subtree_params", "kernel_size"]

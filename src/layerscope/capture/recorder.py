@@ -84,6 +84,8 @@ class OpRecorder:
             cap = self.cap
             seq = cap.next_seq() if cap.track_seq and cap.phase is FORWARD else 0
             a0 = args[0] if args else None
+            if type(a0) is list and a0:      # cat, stack, ...: their first tensor
+                a0 = a0[0]
             if self._meta_outs is not None and type(a0) in _PLAIN_TENSORS and a0.is_meta:
                 out = self._meta_call(func, args, kwargs)
             elif self._watch and func in self._watch:
@@ -164,7 +166,7 @@ _MISSING = object()
 _META = torch.device("meta")
 _empty_strided = torch.empty_strided
 _STRIDED = torch.strided
-_META_OK: dict = {}
+_META_OK: dict = {}    # id(func) -> (func, whether its outputs are new tensors)
 # argument types that fix themselves by value (their type goes into the key too: 1, 1.0 and True are
 # equal as dict keys, but type promotion tells them apart)
 _VALUE_TYPES = frozenset((int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format,
@@ -174,12 +176,14 @@ _VALUE_TYPES = frozenset((int, float, bool, str, type(None), torch.dtype, torch.
 def _meta_ok(func) -> bool:
     """Whether ``func``'s outputs are new tensors: a plain OpOverload whose schema neither mutates
     nor aliases anything and returns one or more plain Tensors. Cached per op: schemas never change."""
-    ok = _META_OK.get(func)
-    if ok is None:
-        s = func._schema
-        ok = _META_OK[func] = type(func) is _compat.get("OpOverload") and not s.is_mutable and \
-            bool(s.returns) and all(str(r.type) == "Tensor" and r.alias_info is None for r in s.returns) and \
-            all(a.alias_info is None for a in s.arguments)
+    e = _META_OK.get(id(func))        # by id, holding the op (see _KIND_BY_ID)
+    if e is not None and e[0] is func:
+        return e[1]
+    s = func._schema
+    ok = type(func) is _compat.get("OpOverload") and not s.is_mutable and bool(s.returns) and \
+        all(str(r.type) == "Tensor" and r.alias_info is None for r in s.returns) and \
+        all(a.alias_info is None for a in s.arguments)
+    _META_OK[id(func)] = (func, ok)
     return ok
 
 

@@ -263,8 +263,13 @@ class Session(ModuleTracker):
             return
         ts = [output] if isinstance(output, _Tensor) else list(iter_tensors(output))
         call.outputs = self.specs.of(ts)
-        producer = self.producer
-        call.output_producers = tuple([producer(t) for t in ts])
+        # self.producer(t) for each, inline (a method call per output tensor)
+        known = self.producers
+        producers = []
+        for t in ts:
+            e = known.get(id(t))
+            producers.append(e[1] if e is not None and e[0]() is t else PRODUCER_UNKNOWN)
+        call.output_producers = tuple(producers)
 
     # ---- op recorder ----------------------------------------------------------------------------
     def _backward_layer(self) -> int:
@@ -485,11 +490,12 @@ def _freeze_layers(cap: Session, model: nn.Module, holders, first_owner):
             for p in own:
                 counted += int(p.numel())
                 trainable += int(p.numel()) if p.requires_grad else 0
+        # positional, in LayerRecord's field order (index, path, type, depth, call_index, parent,
+        # children, inputs, outputs, params, buffers, num_params, trainable_params, subtree_params,
+        # kernel_size): keywords cost a dict per record
         layers.append(LayerRecord(
-            index=i, path=c.path, type=c.type, depth=c.depth, call_index=c.call_index, parent=c.parent,
-            children=tuple(c.children), inputs=c.inputs, outputs=c.outputs, params=params,
-            buffers=buffers, num_params=counted, trainable_params=trainable,
-            subtree_params=subtree.get(id(m), 0), kernel_size=_kernel(m)))
+            i, c.path, c.type, c.depth, c.call_index, c.parent, tuple(c.children), c.inputs, c.outputs,
+            params, buffers, counted, trainable, subtree.get(id(m), 0), _kernel(m)))
     return layers
 
 

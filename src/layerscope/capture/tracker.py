@@ -90,15 +90,21 @@ class ModuleTracker:
     def install(self, named: list[tuple[str, nn.Module]]) -> None:
         direct = _compat.get("module_hook_dicts")
         key, pre, post = self.hook_key, self._pre, self._post
+        paths, types, hooked = self.paths, self.types, self.hooked
+        if direct is not None:
+            n_pre, n_pre_kw, n_hooks, n_hooks_kw, n_always = direct
+        script = torch.jit.ScriptModule
         for path, m in tracked_modules(named):
-            self.paths.setdefault(id(m), path)
-            self.types[id(m)] = module_type(m)
+            paths.setdefault(id(m), path)
+            # module_type, without its call for a plain module
+            types[id(m)] = module_type(m) if isinstance(m, script) else type(m).__name__
             if direct is not None:
                 # what the two register_* calls below write, without their handles: a forward
                 # pre-hook with kwargs, then a forward hook with kwargs that is always called
                 d = m.__dict__
                 try:
-                    pre_hooks, pre_kw, hooks, hooks_kw, always = (d[n] for n in direct)
+                    pre_hooks, pre_kw, hooks = d[n_pre], d[n_pre_kw], d[n_hooks]
+                    hooks_kw, always = d[n_hooks_kw], d[n_always]
                 except KeyError:   # a module that never ran nn.Module.__init__'s dicts: the public way
                     pass
                 else:
@@ -107,7 +113,7 @@ class ModuleTracker:
                     hooks[key] = post
                     hooks_kw[key] = True
                     always[key] = True
-                    self.hooked.append(m)
+                    hooked.append(m)
                     continue
             # ScriptModule refuses its own register_* methods (hooks do not run when TorchScript code
             # calls it), but a scripted child called from eager Python runs nn.Module's call path,
@@ -127,7 +133,7 @@ class ModuleTracker:
                 d = m.__dict__
                 for n in direct:
                     hooks = d.get(n)
-                    if hooks is not None:
+                    if hooks:      # most hold only this tracker's hook; a dict already emptied: none
                         hooks.pop(key, None)
         self.hooked.clear()
 
