@@ -677,6 +677,21 @@ def build_trace(cap: Session, model: nn.Module, named: list[tuple[str, nn.Module
     # containers without a forward of their own (ModuleList, ModuleDict) are never called by design
     uncalled = tuple(p or "(root)" for p, m in tracked_modules(named)
                      if cap.ncalls.get(id(m), 0) == 0 and own_forward(m))
+    # the parameters' and buffers' sums in one pass each (each tensor's numel read once)
+    p_numel = p_trainable = p_shared = p_bytes = 0
+    for p in params:
+        n = int(p.numel())
+        p_numel += n
+        if p.requires_grad:
+            p_trainable += n
+        if holders[id(p)] > 1:
+            p_shared += n
+        p_bytes += n * p.element_size()
+    b_numel = b_bytes = 0
+    for b in buffers:
+        n = int(b.numel())
+        b_numel += n
+        b_bytes += n * b.element_size()
     in_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors(inputs)))
     out_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors(output)))
     return Trace(
@@ -684,12 +699,8 @@ def build_trace(cap: Session, model: nn.Module, named: list[tuple[str, nn.Module
         layers=tuple(layers),
         ops=tuple(cap.ops),
         layer_outputs=tuple(c.output_producers for c in cap.calls),
-        param_numel=sum(int(p.numel()) for p in params),
-        trainable_numel=sum(int(p.numel()) for p in params if p.requires_grad),
-        shared_numel=sum(int(p.numel()) for p in params if holders[id(p)] > 1),
-        param_bytes=sum(int(p.numel()) * p.element_size() for p in params),
-        buffer_numel=sum(int(b.numel()) for b in buffers),
-        buffer_bytes=sum(int(b.numel()) * b.element_size() for b in buffers),
+        param_numel=p_numel, trainable_numel=p_trainable, shared_numel=p_shared, param_bytes=p_bytes,
+        buffer_numel=b_numel, buffer_bytes=b_bytes,
         input_bytes=in_bytes, output_bytes=out_bytes, uncalled_modules=uncalled, backward=backward,
         options=options,
     )
@@ -704,7 +715,13 @@ def own_forward(m: nn.Module) -> bool:
 
 def held_tensors(modules: list[nn.Module], slot: str) -> list[torch.Tensor]:
     """The distinct tensors the modules hold directly in ``slot`` ("_parameters" or "_buffers")."""
-    return list(_unique(t for m in modules for t in getattr(m, slot).values() if t is not None))
+    out, seen = [], set()
+    for m in modules:                      # _unique over the slots, as plain loops (no generators)
+        for t in getattr(m, slot).values():
+            if t is not None and id(t) not in seen:
+                seen.add(id(t))
+                out.append(t)
+    return out
 
 
 def _unique(tensors):

@@ -83,7 +83,8 @@ class ModuleTracker:
         self.paths: dict[int, str] = {}
         self.types: dict[int, str] = {}     # module_type of each installed module, worked out once
         self.handles: list = []
-        self.hooked: list[nn.Module] = []   # modules whose hook dicts hold this tracker's hooks
+        # the hook dicts that hold this tracker's hooks, five per module (install wrote them)
+        self.hooked: list[tuple[dict, ...]] = []
         self.hook_key = -next(_HOOK_KEYS)
 
     # ---- hooks ---------------------------------------------------------------------------------
@@ -113,7 +114,7 @@ class ModuleTracker:
                     hooks[key] = post
                     hooks_kw[key] = True
                     always[key] = True
-                    hooked.append(m)
+                    hooked.append((pre_hooks, pre_kw, hooks, hooks_kw, always))
                     continue
             # ScriptModule refuses its own register_* methods (hooks do not run when TorchScript code
             # calls it), but a scripted child called from eager Python runs nn.Module's call path,
@@ -126,15 +127,10 @@ class ModuleTracker:
         for h in self.handles:
             h.remove()
         self.handles.clear()
-        direct = _compat.get("module_hook_dicts")
-        if self.hooked and direct is not None:
-            key = self.hook_key
-            for m in self.hooked:
-                d = m.__dict__
-                for n in direct:
-                    hooks = d.get(n)
-                    if hooks:      # most hold only this tracker's hook; a dict already emptied: none
-                        hooks.pop(key, None)
+        key = self.hook_key
+        for dicts in self.hooked:
+            for hooks in dicts:
+                hooks.pop(key, None)
         self.hooked.clear()
 
     def _pre(self, module, args, kwargs):
