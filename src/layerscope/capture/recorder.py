@@ -36,6 +36,39 @@ class OpRecorder:
         # the plain ops the kernels act on; every other op they act on is special here (below)
         self._watch = kernels.watch if kernels is not None else frozenset()
         self._nested = 0    # inside a composite op's decomposition (a mode above would not see it)
+        # the plain op class, whose __call__ only calls ._op (resolved here, not at import: None
+        # where absent, and every op takes the public call)
+        self._overload = _compat.get("OpOverload")
+        # Outputs of meta ops by what fixes them (see _meta_call): a run that tracks nothing about
+        # storages (no memory tracking, no simulation kernels, no fake tensors) and so needs of an
+        # output only its shape, strides and dtype. One per recorder, dropped with it.
+        self._meta_outs: dict | None = {} if kernels is None and cap.storage is None and \
+            not cap.simulated else None
+
+    def _meta_call(self, func, args, kwargs):
+        """``func(*args, **kwargs)`` for an op whose first argument is a meta tensor. On meta nothing is
+        computed, yet many ops' meta kernels are Python (torch._refs / _prims: type promotion,
+        broadcasting, strides), hundreds of microseconds each: most of a meta run's time, and a deep
+        model repeats the same few calls in every block (Llama-2-70B: 80 blocks of the same ops). A
+        meta kernel's output is a function of the inputs' metadata and the other arguments alone (there
+        are no values to read; the ops whose outputs depend on values are special above), so an op that
+        creates new tensors (no alias or mutation in its schema) and ran once with these shapes,
+        strides, dtypes and arguments is answered with new empty tensors of the outputs' shapes,
+        strides and dtypes, as its kernel made them. Anything else runs its kernel as always."""
+        outs = self._meta_outs
+        key = _meta_key(func, args, kwargs)
+        if key is None:
+            return func(*args, **kwargs)
+        spec = outs.get(key, _MISSING)
+        if spec is _MISSING:
+            out = func(*args, **kwargs)
+            outs[key] = _meta_spec(out, args)
+            return out
+        if spec is None:             # seen, and its outputs cannot be remade (see _meta_spec)
+            return func(*args, **kwargs)
+        many, specs = spec
+        made = [_empty_strided(shape, stride, dtype=dtype, device=_META) for shape, stride, dtype in specs]
+        return tuple(made) if many else made[0]
 
     def _call(self, func, args, kwargs):
         kernels = self.kernels
@@ -43,14 +76,24 @@ class OpRecorder:
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        kind = _KIND.get(func)
-        if kind is None:
-            kind = _kind(func)
+        # by id (see _KIND_BY_ID), as Session.on_op's cost cache
+        e = _KIND_BY_ID.get(id(func))
+        kind = e[1] if e is not None and e[0] is func else _kind(func)
         if kind == _PLAIN:
             # the common op: no special case below applies (one dict lookup instead of a dozen tests)
             cap = self.cap
             seq = cap.next_seq() if cap.track_seq and cap.phase is FORWARD else 0
-            out = func(*args, **kwargs) if func not in self._watch else self.kernels.call(func, args, kwargs)
+            a0 = args[0] if args else None
+            if type(a0) is list and a0:      # cat, stack, ...: their first tensor
+                a0 = a0[0]
+            if self._meta_outs is not None and type(a0) in _PLAIN_TENSORS and a0.is_meta:
+                out = self._meta_call(func, args, kwargs)
+            elif self._watch and func in self._watch:
+                out = self.kernels.call(func, args, kwargs)
+            elif type(func) is self._overload:
+                out = func._op(*args, **kwargs)   # what OpOverload.__call__ runs, one Python frame less
+            else:
+                out = func(*args, **kwargs)
             if not cap.paused:
                 cap.on_op(func, args, kwargs, out, seq)
             return out
@@ -118,12 +161,104 @@ class OpRecorder:
         return out
 
 
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_MISSING = object()
+_META = torch.device("meta")
+_empty_strided = torch.empty_strided
+_STRIDED = torch.strided
+_META_OK: dict = {}    # id(func) -> (func, whether its outputs are new tensors)
+# argument types that fix themselves by value (their type goes into the key too: 1, 1.0 and True are
+# equal as dict keys, but type promotion tells them apart)
+_VALUE_TYPES = frozenset((int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format,
+                          torch.layout))
+
+
+def _meta_ok(func) -> bool:
+    """Whether ``func``'s outputs are new tensors: a plain OpOverload whose schema neither mutates
+    nor aliases anything and returns one or more plain Tensors. Cached per op: schemas never change."""
+    e = _META_OK.get(id(func))        # by id, holding the op (see _KIND_BY_ID)
+    if e is not None and e[0] is func:
+        return e[1]
+    s = func._schema
+    ok = type(func) is _compat.get("OpOverload") and not s.is_mutable and bool(s.returns) and \
+        all(str(r.type) == "Tensor" and r.alias_info is None for r in s.returns) and \
+        all(a.alias_info is None for a in s.arguments)
+    _META_OK[id(func)] = (func, ok)
+    return ok
+
+
+def _tensor_key(t):
+    if type(t) not in _PLAIN_TENSORS or not t.is_meta or t.layout is not _STRIDED or t.is_complex():
+        return None
+    return (t.shape, t.stride(), t.storage_offset(), t.dtype)
+
+
+def _arg_key(a):
+    """What fixes an argument's effect on a meta kernel: a tensor's shape, strides, offset and
+    dtype; a plain value's type and value; a list or tuple of those. None where it is anything else
+    (a symbolic size, a tensor of another kind or device, an object)."""
+    if isinstance(a, torch.Tensor):
+        return _tensor_key(a)
+    cls = type(a)
+    if cls in _VALUE_TYPES:
+        return (cls, a)
+    if cls is list or cls is tuple:
+        parts = []
+        for x in a:
+            k = _arg_key(x)
+            if k is None:
+                return None
+            parts.append(k)
+        return (cls, tuple(parts))
+    return None
+
+
+def _meta_key(func, args, kwargs):
+    """The cache key of a meta op call, or None where it cannot have one. The default dtype is in it:
+    a float scalar promotes an integer tensor to it."""
+    if not _meta_ok(func):
+        return None
+    parts = [func, torch.get_default_dtype()]
+    for a in args:
+        k = _arg_key(a)
+        if k is None:
+            return None
+        parts.append(k)
+    if kwargs:
+        for name, v in kwargs.items():
+            k = _arg_key(v)
+            if k is None:
+                return None
+            parts.append((name, k))
+    return tuple(parts)
+
+
+def _meta_spec(out, args):
+    """(whether the op returned a tuple, per output (shape, strides, dtype)), or None where an output
+    is not a new plain strided meta tensor at offset 0 (one empty_strided could not make again)."""
+    many = type(out) is tuple
+    outs = out if many else (out,)
+    specs = []
+    for o in outs:
+        if type(o) is not torch.Tensor or not o.is_meta or o.layout is not _STRIDED or o.is_complex() or \
+                o.storage_offset() != 0 or o.requires_grad:
+            return None
+        if any(o is a for a in args):
+            return None
+        specs.append((tuple(o.shape), o.stride(), o.dtype))
+    if many and len({id(o) for o in outs}) != len(outs):   # one tensor returned twice
+        return None
+    return many, tuple(specs)
+
+
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _COMPOSITE: dict = {}
 
 # per op, what __torch_dispatch__ must look at (bits); _PLAIN: none of it, the fast path
 _PLAIN, _COMPOSITE_KIND, _SPECIAL_KIND, _PRIM_KIND = 0, 1, 2, 4
-_KIND: dict = {}
+# id(func) -> (func, its bits), keyed by id: an OpOverload's __hash__ is a Python method, one more
+# frame per lookup. The entry holds the op, so the id stays that op's.
+_KIND_BY_ID: dict = {}
 
 
 def _kind(func) -> int:
@@ -134,7 +269,7 @@ def _kind(func) -> int:
         kind |= _SPECIAL_KIND
     if func.namespace == "prim":
         kind |= _PRIM_KIND
-    _KIND[func] = kind
+    _KIND_BY_ID[id(func)] = (func, kind)
     return kind
 
 

@@ -68,12 +68,14 @@ class StateGuard:
     """Snapshot of what a run may change in a model; ``restore()`` puts every piece back."""
 
     def __init__(self, model: nn.Module, modules: list[nn.Module] | None = None,
-                 inputs: Any = None) -> None:
+                 inputs: Any = None, params: list[torch.Tensor] | None = None) -> None:
+        """``params``: ``held_tensors(modules, "_parameters")`` where the caller has it already."""
         modules = list(model.modules()) if modules is None else modules
         self.modes = [(m, m.training) for m in modules]
         # parameters, and input tensors a backward would accumulate a .grad into
-        leaves = held_tensors(modules, "_parameters") + [t for t in _unique(iter_tensors(inputs))
-                                                  if t.is_leaf and t.requires_grad]
+        if params is None:
+            params = held_tensors(modules, "_parameters")
+        leaves = params + [t for t in _unique(iter_tensors(inputs)) if t.is_leaf and t.requires_grad]
         self.params = [(p, p.requires_grad, p.grad) for p in _unique(leaves)]
         self.buffers = []
         for m in modules:
@@ -90,7 +92,7 @@ class StateGuard:
         the draws other threads made meanwhile."""
         for m, training in self.modes:
             if m.training is not training:   # nn.Module.__setattr__ is slow, and most flags never moved
-                m.training = training
+                _set_training(m, training)
         for p, requires_grad, grad in self.params:
             if p.requires_grad != requires_grad:
                 p.requires_grad_(requires_grad)
@@ -261,8 +263,13 @@ class Session(ModuleTracker):
             return
         ts = [output] if isinstance(output, _Tensor) else list(iter_tensors(output))
         call.outputs = self.specs.of(ts)
-        producer = self.producer
-        call.output_producers = tuple([producer(t) for t in ts])
+        # self.producer(t) for each, inline (a method call per output tensor)
+        known = self.producers
+        producers = []
+        for t in ts:
+            e = known.get(id(t))
+            producers.append(e[1] if e is not None and e[0]() is t else PRODUCER_UNKNOWN)
+        call.output_producers = tuple(producers)
 
     # ---- op recorder ----------------------------------------------------------------------------
     def _backward_layer(self) -> int:
@@ -281,11 +288,14 @@ class Session(ModuleTracker):
         return layer
 
     def on_op(self, func, args, kwargs, out, seq) -> None:
-        entry = self.cost_cache.get(func)
-        if entry is None:
+        # keyed by id: an OpOverload's __hash__ is a Python method (one more frame per lookup); the
+        # entry holds the op itself, so the id stays that op's while the run lasts
+        entry = self.cost_cache.get(id(func))
+        if entry is None or entry[0] is not func:
             # the analysis's own registry (CostOptions.registry), else the default one
-            entry = self.cost_cache[func] = (self.options.lookup(func), f"{func.namespace}.{func._opname}")
-        fn, name = entry
+            entry = self.cost_cache[id(func)] = (func, self.options.lookup(func),
+                                                 f"{func.namespace}.{func._opname}")
+        _, fn, name = entry
         phase = self.phase
         if phase is FORWARD:
             stack = self.stack
@@ -297,14 +307,25 @@ class Session(ModuleTracker):
             layer = self._backward_layer()
         else:  # loss and optimizer ops run outside any module call: the root's
             layer = 0
-        # the tensor inputs: positional ones, then those inside list/tuple arguments, then keyword ones
-        ins = [a for a in args if isinstance(a, _Tensor)]
-        if len(ins) != len(args):
+        # the tensor inputs: positional ones, then those inside list/tuple arguments, then keyword
+        # ones (plain loops: a comprehension is one more frame in Python 3.11)
+        ins = []
+        nested = False
+        for a in args:
+            if isinstance(a, _Tensor):
+                ins.append(a)
+            elif isinstance(a, (list, tuple)):
+                nested = True
+        if nested:
             for a in args:
                 if isinstance(a, (list, tuple)):
-                    ins.extend([x for x in a if isinstance(x, _Tensor)])
+                    for x in a:
+                        if isinstance(x, _Tensor):
+                            ins.append(x)
         if kwargs:
-            ins.extend(v for v in kwargs.values() if isinstance(v, _Tensor))
+            for v in kwargs.values():
+                if isinstance(v, _Tensor):
+                    ins.append(v)
         if isinstance(out, _Tensor):
             outs = [out]
         else:
@@ -329,10 +350,16 @@ class Session(ModuleTracker):
                     raise RegistryError(f"the cost formula of {func._schema.name} returned "
                                         f"{type(c).__name__}, not an OpCost")
                 status, window = "counted", c.window
-                br = c.bytes_read if c.bytes_read is not None else \
-                    sum(t.numel() * t.element_size() for t in ins)
-                bw = c.bytes_written if c.bytes_written is not None else \
-                    sum(t.numel() * t.element_size() for t in outs)
+                br = c.bytes_read
+                if br is None:
+                    br = 0
+                    for t in ins:
+                        br += t.numel() * t.element_size()
+                bw = c.bytes_written
+                if bw is None:
+                    bw = 0
+                    for t in outs:
+                        bw += t.numel() * t.element_size()
                 costs = Costs(int(c.macs), int(c.flops), int(br), int(bw))
         ops = self.ops
         index = len(ops)
@@ -463,11 +490,12 @@ def _freeze_layers(cap: Session, model: nn.Module, holders, first_owner):
             for p in own:
                 counted += int(p.numel())
                 trainable += int(p.numel()) if p.requires_grad else 0
+        # positional, in LayerRecord's field order (index, path, type, depth, call_index, parent,
+        # children, inputs, outputs, params, buffers, num_params, trainable_params, subtree_params,
+        # kernel_size): keywords cost a dict per record
         layers.append(LayerRecord(
-            index=i, path=c.path, type=c.type, depth=c.depth, call_index=c.call_index, parent=c.parent,
-            children=tuple(c.children), inputs=c.inputs, outputs=c.outputs, params=params,
-            buffers=buffers, num_params=counted, trainable_params=trainable,
-            subtree_params=subtree.get(id(m), 0), kernel_size=_kernel(m)))
+            i, c.path, c.type, c.depth, c.call_index, c.parent, tuple(c.children), c.inputs, c.outputs,
+            params, buffers, counted, trainable, subtree.get(id(m), 0), _kernel(m)))
     return layers
 
 
@@ -545,11 +573,13 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     options = options or CostOptions()
     named = list(model.named_modules())
     modules = [m for _, m in named]
-    guard = StateGuard(model, modules, (args, kwargs))
+    # the distinct parameters and buffers before the run, found once for the guard and the dataflow seeds
+    held = (held_tensors(modules, "_parameters"), held_tensors(modules, "_buffers"))
+    guard = StateGuard(model, modules, (args, kwargs), params=held[0])
     if backward:
         args, kwargs = grad_inputs(args, kwargs)
     cap = Session(model, options, track_seq=backward)
-    cap.seed_producers((args, kwargs), held_tensors(modules, "_parameters") + held_tensors(modules, "_buffers"))
+    cap.seed_producers((args, kwargs), held[0] + held[1])
     output = None
     try:
         if mode != "same":
@@ -576,25 +606,48 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
 _TRAIN, _EVAL = nn.Module.train, nn.Module.eval
 
 
+_SETATTR = nn.Module.__setattr__
+
+
+def _set_training(m: nn.Module, training: bool) -> None:
+    """``m.training = training``. nn.Module.__setattr__ checks the name against the module's
+    parameters, submodules and buffers (``training`` can be none of them: register_* refuse a name
+    that is already an attribute) and then sets it as object.__setattr__ does: that, in one C call,
+    for a class that keeps nn.Module's __setattr__."""
+    if type(m).__setattr__ is _SETATTR:
+        object.__setattr__(m, "training", training)
+    else:
+        m.training = training
+
+
 def set_mode(model: nn.Module, modules: list[nn.Module], training: bool) -> None:
-    """``model.train(training)``, which is nothing to do where every module is in that mode already
-    and none overrides train()/eval() (nn.Module.train only sets the flags, one slow __setattr__ each)."""
+    """``model.train(training)``. Where no module overrides train(), eval() or __setattr__,
+    nn.Module.train only sets every module's flag (``modules`` is ``model.modules()``, the modules its
+    recursion reaches): the flags are set directly, and only those that change (most are in that
+    mode already)."""
+    plain = True
     for m in modules:
         cls = type(m)
-        if m.training is not training or cls.train is not _TRAIN or cls.eval is not _EVAL:
+        if cls.train is not _TRAIN or cls.eval is not _EVAL or cls.__setattr__ is not _SETATTR:
+            plain = False
             break
-    else:
+    if not plain:
+        if training:
+            model.train()
+        else:
+            model.eval()
         return
-    if training:
-        model.train()
-    else:
-        model.eval()
+    for m in modules:
+        if m.training is not training:
+            object.__setattr__(m, "training", training)
 
 
-def dtype_text(model: nn.Module) -> str | None:
-    """The model's parameter dtypes by share of elements: ``bfloat16`` or ``bfloat16 (98.1%), float32``."""
+def dtype_text(model: nn.Module, params: list[torch.Tensor] | None = None) -> str | None:
+    """The model's parameter dtypes by share of elements: ``bfloat16`` or ``bfloat16 (98.1%), float32``.
+    ``params``: ``held_tensors(list(model.modules()), "_parameters")`` where the caller has it (the
+    tensors model.parameters() gives, in its order)."""
     by_dtype: dict[torch.dtype, int] = {}
-    for p in model.parameters():          # each tensor once (parameters() drops repeats)
+    for p in model.parameters() if params is None else params:   # each tensor once (parameters() drops repeats)
         by_dtype[p.dtype] = by_dtype.get(p.dtype, 0) + p.numel()
     counts = {str(d).removeprefix("torch."): n for d, n in by_dtype.items()}
     if not counts:
@@ -608,18 +661,37 @@ def dtype_text(model: nn.Module) -> str | None:
 
 def build_trace(cap: Session, model: nn.Module, named: list[tuple[str, nn.Module]], inputs: Any,
                 output: Any, *, backward: bool, options: dict) -> Trace:
-    """Freeze what one capture saw into a Trace (its options say the model's dtypes too)."""
-    options = {**options, "model_dtype": options["model_dtype"] if "model_dtype" in options else dtype_text(model)}
+    """Freeze what one capture saw into a Trace (its options say the model's dtypes too). ``named``
+    is ``list(model.named_modules())``. Parameters and buffers are read now, after the run: a forward
+    may register a buffer (a cache made on first use)."""
     modules = [m for _, m in named]
-    holders, first_owner = _param_table(modules)
     params = held_tensors(modules, "_parameters")
     buffers = held_tensors(modules, "_buffers")
+    # an eager module's parameters() are these, in this order; a script module lists its own
+    options = {**options, "model_dtype": options["model_dtype"] if "model_dtype" in options
+               else dtype_text(model, None if isinstance(model, torch.jit.ScriptModule) else params)}
+    holders, first_owner = _param_table(modules)
     layers = _freeze_layers(cap, model, holders, first_owner)
     if not layers:
         raise InputError("the model's forward never ran as a module call; nothing to analyse")
     # containers without a forward of their own (ModuleList, ModuleDict) are never called by design
     uncalled = tuple(p or "(root)" for p, m in tracked_modules(named)
                      if cap.ncalls.get(id(m), 0) == 0 and own_forward(m))
+    # the parameters' and buffers' sums in one pass each (each tensor's numel read once)
+    p_numel = p_trainable = p_shared = p_bytes = 0
+    for p in params:
+        n = int(p.numel())
+        p_numel += n
+        if p.requires_grad:
+            p_trainable += n
+        if holders[id(p)] > 1:
+            p_shared += n
+        p_bytes += n * p.element_size()
+    b_numel = b_bytes = 0
+    for b in buffers:
+        n = int(b.numel())
+        b_numel += n
+        b_bytes += n * b.element_size()
     in_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors(inputs)))
     out_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors(output)))
     return Trace(
@@ -627,12 +699,8 @@ def build_trace(cap: Session, model: nn.Module, named: list[tuple[str, nn.Module
         layers=tuple(layers),
         ops=tuple(cap.ops),
         layer_outputs=tuple(c.output_producers for c in cap.calls),
-        param_numel=sum(int(p.numel()) for p in params),
-        trainable_numel=sum(int(p.numel()) for p in params if p.requires_grad),
-        shared_numel=sum(int(p.numel()) for p in params if holders[id(p)] > 1),
-        param_bytes=sum(int(p.numel()) * p.element_size() for p in params),
-        buffer_numel=sum(int(b.numel()) for b in buffers),
-        buffer_bytes=sum(int(b.numel()) * b.element_size() for b in buffers),
+        param_numel=p_numel, trainable_numel=p_trainable, shared_numel=p_shared, param_bytes=p_bytes,
+        buffer_numel=b_numel, buffer_bytes=b_bytes,
         input_bytes=in_bytes, output_bytes=out_bytes, uncalled_modules=uncalled, backward=backward,
         options=options,
     )
@@ -647,7 +715,13 @@ def own_forward(m: nn.Module) -> bool:
 
 def held_tensors(modules: list[nn.Module], slot: str) -> list[torch.Tensor]:
     """The distinct tensors the modules hold directly in ``slot`` ("_parameters" or "_buffers")."""
-    return list(_unique(t for m in modules for t in getattr(m, slot).values() if t is not None))
+    out, seen = [], set()
+    for m in modules:                      # _unique over the slots, as plain loops (no generators)
+        for t in getattr(m, slot).values():
+            if t is not None and id(t) not in seen:
+                seen.add(id(t))
+                out.append(t)
+    return out
 
 
 def _unique(tensors):

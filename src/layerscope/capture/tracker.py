@@ -83,22 +83,29 @@ class ModuleTracker:
         self.paths: dict[int, str] = {}
         self.types: dict[int, str] = {}     # module_type of each installed module, worked out once
         self.handles: list = []
-        self.hooked: list[nn.Module] = []   # modules whose hook dicts hold this tracker's hooks
+        # the hook dicts that hold this tracker's hooks, five per module (install wrote them)
+        self.hooked: list[tuple[dict, ...]] = []
         self.hook_key = -next(_HOOK_KEYS)
 
     # ---- hooks ---------------------------------------------------------------------------------
     def install(self, named: list[tuple[str, nn.Module]]) -> None:
         direct = _compat.get("module_hook_dicts")
         key, pre, post = self.hook_key, self._pre, self._post
+        paths, types, hooked = self.paths, self.types, self.hooked
+        if direct is not None:
+            n_pre, n_pre_kw, n_hooks, n_hooks_kw, n_always = direct
+        script = torch.jit.ScriptModule
         for path, m in tracked_modules(named):
-            self.paths.setdefault(id(m), path)
-            self.types[id(m)] = module_type(m)
+            paths.setdefault(id(m), path)
+            # module_type, without its call for a plain module
+            types[id(m)] = module_type(m) if isinstance(m, script) else type(m).__name__
             if direct is not None:
                 # what the two register_* calls below write, without their handles: a forward
                 # pre-hook with kwargs, then a forward hook with kwargs that is always called
                 d = m.__dict__
                 try:
-                    pre_hooks, pre_kw, hooks, hooks_kw, always = (d[n] for n in direct)
+                    pre_hooks, pre_kw, hooks = d[n_pre], d[n_pre_kw], d[n_hooks]
+                    hooks_kw, always = d[n_hooks_kw], d[n_always]
                 except KeyError:   # a module that never ran nn.Module.__init__'s dicts: the public way
                     pass
                 else:
@@ -107,7 +114,7 @@ class ModuleTracker:
                     hooks[key] = post
                     hooks_kw[key] = True
                     always[key] = True
-                    self.hooked.append(m)
+                    hooked.append((pre_hooks, pre_kw, hooks, hooks_kw, always))
                     continue
             # ScriptModule refuses its own register_* methods (hooks do not run when TorchScript code
             # calls it), but a scripted child called from eager Python runs nn.Module's call path,
@@ -120,15 +127,10 @@ class ModuleTracker:
         for h in self.handles:
             h.remove()
         self.handles.clear()
-        direct = _compat.get("module_hook_dicts")
-        if self.hooked and direct is not None:
-            key = self.hook_key
-            for m in self.hooked:
-                d = m.__dict__
-                for n in direct:
-                    hooks = d.get(n)
-                    if hooks is not None:
-                        hooks.pop(key, None)
+        key = self.hook_key
+        for dicts in self.hooked:
+            for hooks in dicts:
+                hooks.pop(key, None)
         self.hooked.clear()
 
     def _pre(self, module, args, kwargs):
