@@ -49,6 +49,12 @@ def random_units(n: int, seed: int = 1) -> SplitUnits:
     return SplitUnits("random", us)
 
 
+def _both(what: str, a_name: str, b_name: str, wall, cpu) -> None:
+    """One line per clock: the paired ratio and both sides' medians."""
+    for name, x in (("wall", wall), ("CPU", cpu)):
+        print(f"{what}, {name}: {x.describe()}; {a_name} {x.a_median:.2f} s, {b_name} {x.b_median:.2f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=5)
@@ -82,9 +88,8 @@ def main() -> None:
         ls.partition(m, ids, stages=2, microbatches=4, optimizer="adamw")
     with parts_timed() as parts:
         r, c = both_clocks(fwd, part, a.pairs)
-    for name, x in (("wall", r), ("CPU", c)):
-        print(f"partition() of GPT-2 small (8 x 128, 4 micro-batches, 2 stages, AdamW) / a plain forward, "
-              f"{name}: {x.describe()}; forward {x.a_median:.2f} s, partition {x.b_median:.2f} s")
+    _both("partition() of GPT-2 small (8 x 128, 4 micro-batches, 2 stages, AdamW) / a plain forward",
+          "forward", "partition", r, c)
     n, total = len(c.b), sum(c.b) / len(c.b)
     print(f"partition() parts, CPU s per run: memory simulation {parts['memory'] / n:.2f}, measured working "
           f"memory {parts['unit_work_bytes'] / n:.2f}, the rest (units, the programme) "
@@ -160,9 +165,8 @@ def report_line(pairs: int) -> None:
         step()
         with parts_timed() as parts:
             r, c = both_clocks(step, report, pairs)
-    for name, x in (("wall", r), ("CPU", c)):
-        print(f"report hf:gpt2 (4 layers, 1 x 128) --profile --stages 2 / one plain training pass, {name}: "
-              f"{x.describe()}; pass {x.a_median:.2f} s, report {x.b_median:.2f} s")
+    _both("report hf:gpt2 (4 layers, 1 x 128) --profile --stages 2 / one plain training pass", "pass",
+          "report", r, c)
     n, total = len(c.b), sum(c.b) / len(c.b)
     print(f"report parts, CPU s per run: profile() {parts['profile'] / n:.2f}, partition() "
           f"{parts['partition'] / n:.2f} (its measured working memory {parts['unit_work_bytes'] / n:.2f}), the rest "
