@@ -391,7 +391,8 @@ def _split(ns: argparse.Namespace) -> int:
         from .torchrun import launch
         # every rank rebuilds the model and its inputs from these options (specs.command_inputs)
         _check_device(ns.device)
-        procs = ns.stages // ns.stages_per_rank if ns.schedule in ("interleaved", "zb", "zbv") else ns.stages
+        from .pipeline.schedule import MULTI
+        procs = ns.stages // ns.stages_per_rank if ns.schedule in MULTI else ns.stages
         with _status(f"training {ns.stages} stages on {procs} ranks under torchrun", ns):
             res = launch(ns.spec, overrides=parse_overrides(ns.set), stages=ns.stages, by=ns.by,
                          schedule=ns.schedule, microbatches=ns.microbatches, batch_size=ns.batch_size,

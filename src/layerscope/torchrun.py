@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import InputError
+from .pipeline.schedule import ZERO_BUBBLE
 from .pipeline.stages import flat_inputs, main_tensor, pipeline_stage
 
 __all__ = ["launch", "RunResult", "reference_losses"]
@@ -213,7 +214,7 @@ def _corun(model, mb_args, mb_kwargs, rank: int, world: int, repeats: int = 5) -
 
 def _weights(plan) -> list[float] | None:
     """Zero bubble: each stage's W seconds, from the plan."""
-    if plan.schedule not in ("zb", "zbv"):
+    if plan.schedule not in ZERO_BUBBLE:
         return None
     return [s.weight_time or 0.0 for s in plan.stages]
 
@@ -532,7 +533,7 @@ def launch(spec: str, *, overrides: dict | None = None, stages: int, by: str = "
             # torch's ScheduleInterleaved1F1B runs the micro-batches in rounds of pp_size
             raise InputError(f"torch's interleaved 1F1B needs the micro-batches ({microbatches}) to be a "
                              f"multiple of its rounds ({rounds} = max(1, micro-batches // {procs} ranks))")
-    elif schedule in ("zb", "zbv"):
+    elif schedule in ZERO_BUBBLE:
         # the plan checks the stage counts and torch's rules (partition() runs first, below)
         procs = stages // (2 if schedule == "zbv" else max(1, stages_per_rank))
         if schedule == "zbv":

@@ -49,6 +49,7 @@ from typing import Callable
 import torch
 
 from ..errors import InputError, PlanError
+from .schedule import MULTI, ZERO_BUBBLE, rank_orders, simulate, stage_ranks
 from .units import SplitUnits, Unit
 
 __all__ = ["solve", "held_microbatches", "stage_memory", "rank_memory", "SCHEDULES", "COSTS", "OBJECTIVES",
@@ -67,7 +68,7 @@ def held_microbatches(schedule: str, stages: int, microbatches: int, stage: int,
         return m
     if schedule == "1f1b":
         return min(stages - stage, m)
-    if schedule in ("zb", "zbv"):
+    if schedule in ZERO_BUBBLE:
         return _zb_held(schedule, stages, m, stages_per_rank)[stage]
     v = stages_per_rank
     p = stages // v
@@ -85,7 +86,6 @@ def _zb_held(schedule: str, stages: int, microbatches: int, stages_per_rank: int
 def _zb_counts(schedule: str, stages: int, microbatches: int, stages_per_rank: int):
     """Per stage, the most micro-batches at once between their forward and their W, and between
     their I and their W (the output gradients kept for the W: ``Unit.deferred_bytes``)."""
-    from .schedule import rank_orders
     held, pending = [0] * stages, [0] * stages
     for order in rank_orders(schedule, stages, microbatches, stages_per_rank):
         live, wait = [0] * stages, [0] * stages
@@ -100,14 +100,13 @@ def _zb_counts(schedule: str, stages: int, microbatches: int, stages_per_rank: i
 def zb_pending(schedule: str, stages: int, microbatches: int, stage: int, stages_per_rank: int = 2) -> int:
     """Zero bubble: the most micro-batches of ``stage`` between their I and their W at once (0 on
     the first stage, whose I torch skips: its W runs the whole backward; 0 for other schedules)."""
-    if schedule not in ("zb", "zbv") or stage == 0:
+    if schedule not in ZERO_BUBBLE or stage == 0:
         return 0
     return _zb_counts(schedule, stages, microbatches, stages_per_rank)[1][stage]
 
 
 def multi_stage(schedule: str) -> bool:
     """Whether the schedule puts several stages on each rank (torch's runtime schedules)."""
-    from .schedule import MULTI
     return schedule in MULTI
 
 
@@ -322,7 +321,7 @@ def stage_memory(units: SplitUnits, x: int, y: int, stage: int, stages: int, sch
     step = {"inputs": inputs, "targets": targets} if units.input_batch_bytes or units.target_bytes else {}
     # zero bubble: the output gradients each I keeps for its W, for the micro-batches between them
     deferred = pending * sum(u.deferred_bytes for u in us)
-    zb = {"deferred": deferred, "pending_microbatches": pending} if schedule in ("zb", "zbv") else {}
+    zb = {"deferred": deferred, "pending_microbatches": pending} if schedule in ZERO_BUBBLE else {}
     return {"params": params, "grads": grads, "optimizer": opt, "tied_dedup": dup, "state": state,
             "held_microbatches": held, **parts, **zb, "boundary": boundary, "working": work, **step,
             "total": state + flight + deferred + boundary + work + inputs + targets}
@@ -507,7 +506,6 @@ def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: st
     predicted step time, and the plan says so."""
     from ..render.units import iec, parse_bytes
     from .plan import Stage, StagePlan
-    from .schedule import simulate
 
     if schedule not in SCHEDULES:
         raise InputError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
@@ -612,10 +610,11 @@ def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: st
         best = best_step_split(times, stages, schedule, microbatches, stages_per_rank, fits, seeds)
         bounds, exact = best[0], best[2]
     cost_of = None if by == "memory" else _unit_cost(by)
-    from .schedule import stage_ranks
     where = stage_ranks(schedule, stages, stages_per_rank)
     p = max(where) + 1
-    zero_bubble = schedule in ("zb", "zbv")
+    zero_bubble = schedule in ZERO_BUBBLE
+    if zero_bubble and times is not None:
+        weights = times.stage_times(torch.tensor([bounds]))[4][0].tolist()   # the first stage's: all of it
     out = []
     for s in range(stages):
         x, y = bounds[s], bounds[s + 1]
@@ -627,7 +626,7 @@ def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: st
                       "send_time": float(times.send_after[y - 1]) if s < stages - 1 else None,
                       "optimizer_time": float(times.o[y] - times.o[x])}
             if zero_bubble:
-                timing["weight_time"] = float(times.stage_times(torch.tensor([bounds]))[4][0, s])
+                timing["weight_time"] = float(weights[s])
         out.append(Stage(index=s, first=x, last=y - 1, units=tuple(u.name for u in us),
                          cost=float(mem["total"]) if cost_of is None else sum(cost_of(u) for u in us),
                          flops=sum(u.flops for u in us), macs=sum(u.macs for u in us),
@@ -645,7 +644,6 @@ def build_plan(units: SplitUnits, *, stages: int, by, memory_limit, schedule: st
                          "the weight); the first stage's whole backward is W, as torch runs it")
     rank_bytes = None
     if multi_stage(schedule):
-        from .schedule import rank_orders
         orders = rank_orders(schedule, stages, microbatches, stages_per_rank)
         rank_bytes = tuple(
             rank_memory(units, [st for st in out if st.rank == r], stages,

@@ -32,10 +32,12 @@ import torch
 
 from ..errors import InputError
 
-__all__ = ["Action", "Block", "Graph", "Timeline", "graph", "rank_orders", "simulate", "stage_ranks"]
+__all__ = ["Action", "Block", "Graph", "Timeline", "graph", "rank_orders", "simulate", "stage_ranks", "MULTI",
+           "ZERO_BUBBLE"]
 
 FORWARD, BACKWARD, INPUT, WEIGHT = "F", "B", "I", "W"
-MULTI = ("interleaved", "zb", "zbv")      # schedules that put several stages on each rank
+ZERO_BUBBLE = ("zb", "zbv")               # schedules that split each backward into I and W
+MULTI = ("interleaved", *ZERO_BUBBLE)     # schedules that put several stages on each rank
 
 
 @dataclass(frozen=True, slots=True)

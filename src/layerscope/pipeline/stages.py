@@ -27,6 +27,7 @@ from .. import _compat
 from ..capture.session import StateGuard
 from ..errors import InputError
 from .plan import StagePlan
+from .schedule import ZERO_BUBBLE
 
 __all__ = ["pipeline_stage", "StageModule", "build_stage_module", "main_tensor", "verify_chain", "TieSync", "ExportedStages",
            "export_stages", "flat_inputs"]
@@ -152,7 +153,7 @@ class StageModule(nn.Module):
             units[plan.stages[t].first].needs_inputs for t in range(stage + 1, plan.num_stages))
         # zero bubble's backward for the input detaches the stage's outputs in place (torch's
         # stage_backward_input), which a view refuses: such outputs are sent as copies
-        self.own_outputs = plan.schedule in ("zb", "zbv")
+        self.own_outputs = plan.schedule in ZERO_BUBBLE
         for u in units:
             if st.first <= u.index <= st.last:
                 continue

@@ -154,6 +154,7 @@ class StagePlan(Rendered):
         self.objective = objective
         self.rank_bytes = rank_bytes        # interleaved: each rank's peak over its stages
         self.timeline = timeline            # the simulated step, when the units have times
+        # the schedules with several stages per rank (pipeline.schedule.MULTI; reports import no pipeline)
         self.stages_per_rank = stages_per_rank if schedule in ("interleaved", "zb", "zbv") else 1
         self.units = units
         self.stages = stages
