@@ -2,13 +2,14 @@
 
 GPT-2 (transformers' GPT2Config shrunk: 4 layers, width 64, vocabulary 1000; no download) and the
 bundled small CNN on 2 processes (dropout off, so the losses are comparable): GPipe and 1F1B with 2
-stages, interleaved 1F1B with 4 stages (2 per rank), each with torch's default
+stages, interleaved 1F1B and zero bubble (zb, zbv) with 4 stages (2 per rank), each with torch's default
 ``schedule.step(..., return_outputs=True)`` (the last stage keeps every micro-batch's output) and
 with ``return_outputs=False``; AdamW, 4 micro-batches of 2, 3 steps. The measured peak is the
 rank's live tensor bytes in the last step (CPU allocator events) plus what exists before it and the
 plan counts (parameters, buffers, the batch on rank 0, the targets on the last rank).
 
-Run: python bench/bench_pipeline.py [--quick]   (--quick: 1F1B and interleaved only)
+Run: python bench/bench_pipeline.py [--quick | --zero-bubble] [--gpt2]
+  (--quick: 1F1B and interleaved only; --zero-bubble: zb and zbv only; --gpt2: GPT-2 only)
 """
 import sys
 import time
@@ -23,7 +24,8 @@ if "--quick" in sys.argv:
     SCHEDULES = SCHEDULES[1:3]
 if "--zero-bubble" in sys.argv:
     SCHEDULES = SCHEDULES[3:]
-CASES = [(m, sched, k, keep) for m in (GPT2, CNN) for sched, k in SCHEDULES for keep in (True, False)]
+MODELS = (GPT2,) if "--gpt2" in sys.argv else (GPT2, CNN)
+CASES = [(m, sched, k, keep) for m in MODELS for sched, k in SCHEDULES for keep in (True, False)]
 
 print("| model | schedule | stages | return_outputs | path | loss rel diff | grad rel diff "
       "| per rank: measured / predicted (error) | s |")
