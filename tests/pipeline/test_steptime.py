@@ -308,3 +308,37 @@ def test_timing_units_leaves_the_model_alone():
     plan = ls.partition(m, ids, stages=2, microbatches=4, by="latency", latency_repeats=2)
     assert plan.objective == "step_time" and plan.step_time > 0
     assert_unchanged(before, m)
+
+
+def test_zero_bubble_weight_and_deferred_estimates():
+    # Linear(64, 64), ReLU, Linear(64, 64), LayerNorm(64); 2 micro-batches of 4 rows (fp32):
+    # - each Linear's addmm: 2 x 4 x 64 x 64 + 4 x 64 (bias) = 33,024 forward FLOPs, and its weight
+    #   gradients cost the same (dW 32,768 + db 256); it writes 4 x 64 x 4 B = 1,024 B, the output
+    #   whose gradient the I keeps for the W
+    # - the first Linear's input needs no gradient: its whole backward (33,024) is the weights', share 1
+    # - the second's backward adds dX (32,768): share 33,024 / 65,792
+    # - ReLU reads no parameter: share 0, nothing kept
+    # - LayerNorm: 1,024 B of output plus its mean and rstd (4 rows x 4 B each) = 1,056 B kept
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.LayerNorm(64))
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    plan = ls.partition(m, torch.randn(8, 64), stages=2, microbatches=2, by="roofline", roofline=(1e11, 1e10),
+                        schedule="zb", stages_per_rank=1)
+    us = plan.units.units
+    assert [u.weight_flops for u in us[:3]] == [33024, 0, 33024]
+    assert [u.backward.flops for u in us[:3]] == [33024, 512, 65792]
+    assert us[0].weight_share == 1.0 and us[1].weight_share == 0.0
+    assert us[2].weight_share == pytest.approx(33024 / 65792)
+    assert [u.deferred_bytes for u in us] == [1024, 0, 1024, 1056]
+    # the plan's W per stage: the first stage's whole backward (torch skips its I); the others the
+    # sum of their units' backward times their shares
+    first, second = plan.stages
+    assert first.weight_time == pytest.approx(first.backward_time)
+    want = sum(u.backward_time * u.weight_share for u in us[second.first:second.last + 1])
+    assert second.weight_time == pytest.approx(want)
+    # the second stage keeps what its I's hand to the W for the micro-batches between them:
+    # torch's zb order on rank 1 (2 ranks, 2 micro-batches): F0 I0 F1 I1 W0 W1, so 2 pending
+    mem = second.memory
+    assert mem["pending_microbatches"] == 2
+    assert mem["deferred"] == 2 * sum(u.deferred_bytes for u in us[second.first:second.last + 1])
+    assert all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
