@@ -204,6 +204,15 @@ def test_hand_derived_zero_bubble_last_stage_after_its_i():
         assert [s.rank for s in plan.stages] == [0, 0]
         assert rank_memory(units, plan.stages, 2, order, 2) == want
         assert [s.memory["boundary"] for s in plan.stages] == [0, 0]
+    # The end of the step holds no action's working memory. The last unit's output 10 B, its working
+    # memory 6 B, outputs kept: F1.0 -> 5 + 18 = 23; I1.0 -> 5 + (3 + 10 + 4) = 22; W1.0 -> 5 + (2 + 10)
+    # = 17; F0.1 -> 10 + 12 = 22; W0.0 -> 7 + 12 = 19; F1.1 -> 7 + (8 + 10 + 2 + 10) = 37; I1.1 -> 7 +
+    # (13 + 4 + 2 + 10) = 36; W1.1 -> 7 + 24 = 31; W0.1 -> 4 + 24 = 28 at the end, when the 2 kept
+    # outputs are concatenated (20 more): max(37 + 6, 28 + 20) = 48 (not 6 + 48 = 54).
+    us = (us[0], dataclasses.replace(us[1], output_bytes=10, work_bytes=6))
+    units = SplitUnits("m", us, loss_saved_bytes=5, kept_outputs=True)
+    plan = build_plan(units, stages=2, by="flops", memory_limit=None, schedule="zb", microbatches=2)
+    assert rank_memory(units, plan.stages, 2, order, 2) == 48
 
 
 def test_partition_1000_units_64_stages():

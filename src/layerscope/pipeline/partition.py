@@ -366,12 +366,14 @@ def rank_memory(units: SplitUnits, plan_stages, num_stages: int, order, microbat
     counted after every forward, during every backward and at the end of the step, with each
     stage's counts so far (the runtime schedule keeps every send's work to the end: all outputs
     and input gradients sent so far; with kept outputs the last stage holds those of its finished
-    backwards, and at the end their concatenation too); a stage's gradients exist from its first
-    backward on. Summing each stage's own peak instead over-counts: they peak at different times."""
+    backwards, and at the end their concatenation too, when no action's working memory is held); a
+    stage's gradients exist from its first backward on. Summing each stage's own peak instead
+    over-counts: they peak at different times."""
     m, last_index = microbatches, num_stages - 1
     info = {st.index: _stage_sizes(units, st.first, st.last + 1, st.index, num_stages) for st in plan_stages}
     const = sum(st.memory["state"] + st.memory["boundary"] + st.memory.get("inputs", 0)
-                + st.memory.get("targets", 0) for st in plan_stages) + max(st.memory["working"] for st in plan_stages)
+                + st.memory.get("targets", 0) for st in plan_stages)
+    work = max(st.memory["working"] for st in plan_stages)
     f = {t: 0 for t in info}
     b = dict(f)
     i = dict(f)         # zero bubble: I done (its W frees the micro-batch and what the I kept)
@@ -411,8 +413,9 @@ def rank_memory(units: SplitUnits, plan_stages, num_stages: int, order, microbat
         else:
             best = max(best, flight(t))
             b[t] += 1
+    # the end of the step: every action done (no working memory), the kept outputs concatenated
     merged = m * info[last_index][1] if last_index in info and units.kept_outputs else 0
-    return int(const + max(best, flight(None) + merged))
+    return int(const + max(best + work, flight(None) + merged))
 
 
 def flight_counts(schedule: str, held: int, m: int, first: bool, last: bool) -> list[tuple[int, int, int]]:
