@@ -8,8 +8,9 @@ with ``return_outputs=False``; AdamW, 4 micro-batches of 2, 3 steps. The measure
 rank's live tensor bytes in the last step (CPU allocator events) plus what exists before it and the
 plan counts (parameters, buffers, the batch on rank 0, the targets on the last rank).
 
-Run: python bench/bench_pipeline.py [--quick | --zero-bubble] [--gpt2]
-  (--quick: 1F1B and interleaved only; --zero-bubble: zb and zbv only; --gpt2: GPT-2 only)
+Run: python bench/bench_pipeline.py [--quick | --zero-bubble] [--gpt2 | --large]
+  (--quick: 1F1B and interleaved only; --zero-bubble: zb and zbv only; --gpt2: GPT-2 only; --large:
+  bench_split.py's GPT-2 instead, 6 layers, width 128, vocabulary 8,000 with its LM head, a batch of 16)
 """
 import sys
 import time
@@ -24,7 +25,10 @@ if "--quick" in sys.argv:
     SCHEDULES = SCHEDULES[1:3]
 if "--zero-bubble" in sys.argv:
     SCHEDULES = SCHEDULES[3:]
-MODELS = (GPT2,) if "--gpt2" in sys.argv else (GPT2, CNN)
+LARGE = ("hf:GPT2Config", {"n_layer": 6, "n_embd": 128, "n_head": 4, "vocab_size": 8000, "n_positions": 128,
+                           "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "bos_token_id": 0,
+                           "eos_token_id": 0})
+MODELS = (LARGE,) if "--large" in sys.argv else (GPT2,) if "--gpt2" in sys.argv else (GPT2, CNN)
 CASES = [(m, sched, k, keep) for m in MODELS for sched, k in SCHEDULES for keep in (True, False)]
 
 print("| model | schedule | stages | return_outputs | path | loss rel diff | grad rel diff "
@@ -34,7 +38,9 @@ for (spec, overrides), sched, k, keep in CASES:
     name = spec.split(":")[1]
     t = time.perf_counter()
     try:
-        r = launch(spec, overrides=overrides, stages=k, schedule=sched, microbatches=4, batch_size=8,
+        large = overrides is LARGE[1]
+        r = launch(spec, overrides=overrides, stages=k, schedule=sched, microbatches=4, batch_size=16 if large else 8,
+                   head="causal-lm" if large else None,
                    steps=3, optimizer="adamw", return_outputs=keep, compare_grads=True)
     except Exception as e:  # noqa: BLE001 - report and go on
         print(f"| {name} | {sched} | {k} | {keep} | error: {str(e).splitlines()[-1][:100]} | | | | |")

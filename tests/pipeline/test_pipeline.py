@@ -178,6 +178,43 @@ def test_hand_derived_rank_memory_of_two_interleaved_stages():
     assert (plan.stages[0].memory_bytes, plan.stages[2].memory_bytes) == (29, 35)
 
 
+def test_hand_derived_zero_bubble_last_stage_after_its_i():
+    import dataclasses
+
+    from layerscope.pipeline.partition import rank_memory
+    # 2 parameter-free units saving 3 B, receiving and sending 2 B; the loss saves 5 B; the last
+    # stage's I keeps 4 B for its W (deferred). zb, 2 stages on one rank, M = 2, torch's order:
+    # F0.0 F1.0 I1.0 W1.0 F0.1 I0.0 W0.0 F1.1 I1.1 W1.1 I0.1 W0.1. Per micro-batch: stage 0 a = 3,
+    # o = 2; stage 1 a = 3 + 5 (the loss) = 8, o = 2. The last stage's I detaches the loss and the
+    # output: after it a micro-batch holds 8 - 5 = 3 (the weight ops' saved inputs) + 4 deferred,
+    # not 8 + 2 + 4. Constant: nothing (no state, no working memory, and no receive buffers: the
+    # two stages share the rank, so torch hands the output and the input gradient over directly;
+    # with one buffer per micro-batch each way it would be 2 x 2 + 2 x 2 = 8 more).
+    # In flight: F1.0 -> 5 + 10 = 15; I1.0 -> 5 + 7 = 12; F0.1 -> 10 + 2 (a sent gradient) = 12;
+    # W0.0 -> 7 + 2 = 9; F1.1 -> 7 + (10 + 2) = 19; I1.1 -> 7 + (3 + 4 + 2) = 16; then less.
+    # Peak 19 (counting the loss and the output to the W: I1.1 -> 7 + 16 = 23).
+    # With the outputs kept (return_outputs=True) the output stays: F1.1 -> 7 + (10 + 2 + 2 kept)
+    # = 21, I1.1 -> 7 + (5 + 4 + 2 + 2) = 20, the end 4 + 8 + 4 merged = 16: 21.
+    us = tuple(dataclasses.replace(_unit(i, 1, saved=3, inb=2, outb=2), deferred_bytes=4) for i in range(2))
+    order = [(0, "F"), (1, "F"), (1, "I"), (1, "W"), (0, "F"), (0, "I"), (0, "W"), (1, "F"), (1, "I"),
+             (1, "W"), (0, "I"), (0, "W")]
+    for kept, want in ((False, 19), (True, 21)):
+        units = SplitUnits("m", us, loss_saved_bytes=5, kept_outputs=kept)
+        plan = build_plan(units, stages=2, by="flops", memory_limit=None, schedule="zb", microbatches=2)
+        assert [s.rank for s in plan.stages] == [0, 0]
+        assert rank_memory(units, plan.stages, 2, order, 2) == want
+        assert [s.memory["boundary"] for s in plan.stages] == [0, 0]
+    # The end of the step holds no action's working memory. The last unit's output 10 B, its working
+    # memory 6 B, outputs kept: F1.0 -> 5 + 18 = 23; I1.0 -> 5 + (3 + 10 + 4) = 22; W1.0 -> 5 + (2 + 10)
+    # = 17; F0.1 -> 10 + 12 = 22; W0.0 -> 7 + 12 = 19; F1.1 -> 7 + (8 + 10 + 2 + 10) = 37; I1.1 -> 7 +
+    # (13 + 4 + 2 + 10) = 36; W1.1 -> 7 + 24 = 31; W0.1 -> 4 + 24 = 28 at the end, when the 2 kept
+    # outputs are concatenated (20 more): max(37 + 6, 28 + 20) = 48 (not 6 + 48 = 54).
+    us = (us[0], dataclasses.replace(us[1], output_bytes=10, work_bytes=6))
+    units = SplitUnits("m", us, loss_saved_bytes=5, kept_outputs=True)
+    plan = build_plan(units, stages=2, by="flops", memory_limit=None, schedule="zb", microbatches=2)
+    assert rank_memory(units, plan.stages, 2, order, 2) == 48
+
+
 def test_partition_1000_units_64_stages():
     rng = random.Random(1)
     units = SplitUnits("m", tuple(_unit(i, rng.randint(1, 1000)) for i in range(1000)))
@@ -491,3 +528,56 @@ def test_partition_measures_working_memory_and_leaves_the_model_alone():
     with pytest.raises(ls.InputError, match="no data"):
         ls.partition(small_cnn().to("meta"), torch.randn(4, 3, 32, 32, device="meta"), stages=2,
                      optimizer="adamw", measure_working=True)
+
+
+def test_zero_bubble_last_stage_output_view_does_not_pin_its_graph():
+    """Torch's zero bubble runs the I with retain_graph=True; the W frees only the saved tensors of the
+    ops it runs (those leading to a weight). The last stage's output, which step(return_outputs=True)
+    keeps to the end of the step, is detached after the I, but torch skips a view: its grad_fn then
+    keeps the rest of the micro-batch's graph alive (here GELU's saved input, an op that leads to no
+    weight). Checked with torch's own stage_backward_input / stage_backward_weight: the stage module
+    returns a copy of a view, and after its W nothing the forward saved is alive."""
+    import gc
+    import weakref
+
+    from torch import nn
+    bw = pytest.importorskip("torch.distributed.pipelining._backward")
+    from layerscope.pipeline.stages import build_stage_module
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 32),
+                          nn.Unflatten(1, (4, 8)))      # the output: a view
+    x = torch.randn(4, 8)
+    plan = ls.partition(model, x, stages=2, microbatches=2, schedule="zb", cuts=["2"])
+    first = build_stage_module(model, plan, 0, (x[:2],), {})
+    with torch.no_grad():
+        sent = first(x[:2])
+    sent = sent if isinstance(sent, tuple) else (sent,)
+
+    def alive_after_w(own_outputs: bool) -> int:
+        last = build_stage_module(model, plan, 1, (x[:2],), {})
+        last.own_outputs = own_outputs
+        inputs = [t.detach().requires_grad_() for t in sent]
+        held = []
+
+        def pack(t):
+            h = t.detach()          # the graph node holds this object until it frees it
+            held.append(weakref.ref(h))
+            return h
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda h: h):
+            out = last(*inputs)
+        assert out._is_view() is not own_outputs
+        loss = out.pow(2).sum()
+        _, groups = bw.stage_backward_input([loss], None, inputs, last.parameters())
+        if not out._is_view():      # torch's backward_one_chunk on the last stage
+            out.detach_()
+        bw.stage_backward_weight(last.parameters(), groups)
+        del loss, groups
+        gc.collect()
+        n = sum(r() is not None for r in held)
+        del out                     # the end of the step: the kept output goes
+        return n
+
+    assert alive_after_w(own_outputs=False) > 0     # torch's default with a view: GELU's inputs pinned
+    assert alive_after_w(own_outputs=True) == 0

@@ -24,7 +24,8 @@ equal bottlenecks go to the earliest cut). Memory of stage s over units [x, y), 
       (a + o), one g (j >= 1), and with W >= 2 one more o while the warm-up's send work holds it.
       At j = 0 the gradients appear as that micro-batch is freed: min(freed, gradients) less.
     + boundary buffers: M received inputs (s > 0) and M received output gradients (s < K - 1),
-      which is how torch.distributed.pipelining allocates its receive buffers (one per micro-batch)
+      which is how torch.distributed.pipelining allocates its receive buffers (one per micro-batch);
+      none across a boundary between two stages on one rank (zbv's V; ``local_neighbours``)
     + working memory: the largest transient of one unit's forward or backward (a range maximum),
       and on the last stage at least the loss's forward and backward working memory
     + what the caller of ``schedule.step()`` keeps (``SplitUnits.kept_outputs``, ``input_batch_bytes``,
@@ -105,6 +106,18 @@ def zb_pending(schedule: str, stages: int, microbatches: int, stage: int, stages
     return _zb_counts(schedule, stages, microbatches, stages_per_rank)[1][stage]
 
 
+def local_neighbours(schedule: str, stages: int, stage: int, stages_per_rank: int = 2) -> tuple[bool, bool]:
+    """Whether the stage before and the one after ``stage`` run on its own rank (zbv's V, or a
+    runtime schedule on one rank). torch passes tensors between such stages directly: the receiving
+    stage's buffer becomes the sender's output (or input gradient), already counted on the sender,
+    so neither side holds receive buffers for that boundary."""
+    if not multi_stage(schedule):
+        return False, False
+    ranks = stage_ranks(schedule, stages, stages_per_rank)
+    return (stage > 0 and ranks[stage - 1] == ranks[stage],
+            stage < stages - 1 and ranks[stage + 1] == ranks[stage])
+
+
 def multi_stage(schedule: str) -> bool:
     """Whether the schedule puts several stages on each rank (torch's runtime schedules)."""
     return schedule in MULTI
@@ -172,9 +185,11 @@ class _Tables:
     def _grid(self, p, x, y):
         return p[y][None, :] - p[x][:, None]
 
-    def memory(self, x, y, held: int, first: bool, last: bool, pending: int = 0):
+    def memory(self, x, y, held: int, first: bool, last: bool, pending: int = 0,
+               local: tuple[bool, bool] = (False, False)):
         """Memory of a stage over units [x, y) for every pair in the index vectors x (rows), y (cols).
-        ``pending``: zero bubble's micro-batches between their I and W (``zb_pending``)."""
+        ``pending``: zero bubble's micro-batches between their I and W (``zb_pending``); ``local``:
+        whether its neighbours before and after run on its own rank (``local_neighbours``)."""
         mem = self._grid(self.state, x, y)
         if pending:
             mem = mem + pending * self._grid(self.deferred, x, y)
@@ -190,9 +205,9 @@ class _Tables:
                               self.inb[x][:, None], held, self.m, self.schedule, first, last,
                               kept=self.kept)
         mem = mem + (self.inputs if first else 0.0) + (self.targets if last else 0.0)
-        if not first:
+        if not first and not local[0]:
             mem = mem + (self.m * self.inb[x])[:, None]
-        if not last:
+        if not last and not local[1]:
             mem = mem + (self.m * self.outb[y])[None, :]
         work = self.work[x][:, y]
         return mem + (torch.clamp(work, min=self.loss) if last else work)
@@ -243,6 +258,7 @@ def _solve(t: "_Tables", k: int, limits, schedule: str, microbatches: int, stage
         ytop = n - (k - s - 1)
         held = held_microbatches(schedule, k, microbatches, s, stages_per_rank)
         pending = zb_pending(schedule, k, microbatches, s, stages_per_rank)
+        local = local_neighbours(schedule, k, s, stages_per_rank)
         nb = torch.full((n + 1,), inf, dtype=torch.float64)
         full = torch.zeros(n + 1, dtype=torch.long)
         if cap is None:
@@ -260,7 +276,7 @@ def _solve(t: "_Tables", k: int, limits, schedule: str, microbatches: int, stage
         for a, b, y0, y1 in spans:
             x = torch.arange(a, b + 1)
             y = torch.arange(y0, y1 + 1)
-            mem = t.memory(x, y, held, s == 0, s == k - 1, pending)
+            mem = t.memory(x, y, held, s == 0, s == k - 1, pending, local)
             val = torch.maximum(t.cost_grid(x, y, mem), best[y][None, :])
             bad = y[None, :] <= x[:, None]
             if limits is not None:
@@ -304,8 +320,9 @@ def stage_memory(units: SplitUnits, x: int, y: int, stage: int, stages: int, sch
     o = us[-1].output_bytes
     parts = _in_flight_parts(a, o, grads, us[0].input_bytes, held, microbatches, schedule, stage == 0,
                              last, kept=units.kept_outputs)
-    boundary = (microbatches * us[0].input_bytes if stage > 0 else 0) + \
-        (microbatches * us[-1].output_bytes if not last else 0)
+    local = local_neighbours(schedule, stages, stage, stages_per_rank)
+    boundary = (microbatches * us[0].input_bytes if stage > 0 and not local[0] else 0) + \
+        (microbatches * us[-1].output_bytes if not last and not local[1] else 0)
     work = max(u.work_bytes for u in us)
     if last:
         work = max(work, units.loss_bytes)
@@ -349,12 +366,14 @@ def rank_memory(units: SplitUnits, plan_stages, num_stages: int, order, microbat
     counted after every forward, during every backward and at the end of the step, with each
     stage's counts so far (the runtime schedule keeps every send's work to the end: all outputs
     and input gradients sent so far; with kept outputs the last stage holds those of its finished
-    backwards, and at the end their concatenation too); a stage's gradients exist from its first
-    backward on. Summing each stage's own peak instead over-counts: they peak at different times."""
+    backwards, and at the end their concatenation too, when no action's working memory is held); a
+    stage's gradients exist from its first backward on. Summing each stage's own peak instead
+    over-counts: they peak at different times."""
     m, last_index = microbatches, num_stages - 1
     info = {st.index: _stage_sizes(units, st.first, st.last + 1, st.index, num_stages) for st in plan_stages}
     const = sum(st.memory["state"] + st.memory["boundary"] + st.memory.get("inputs", 0)
-                + st.memory.get("targets", 0) for st in plan_stages) + max(st.memory["working"] for st in plan_stages)
+                + st.memory.get("targets", 0) for st in plan_stages)
+    work = max(st.memory["working"] for st in plan_stages)
     f = {t: 0 for t in info}
     b = dict(f)
     i = dict(f)         # zero bubble: I done (its W frees the micro-batch and what the I kept)
@@ -364,8 +383,15 @@ def rank_memory(units: SplitUnits, plan_stages, num_stages: int, order, microbat
         for t, (a, o, grads, inb, kept_for_w) in info.items():
             first, last = t == 0, t == last_index
             acts = f[t] - b[t]
+            waiting = max(i[t] - b[t], 0) if not first else 0
+            if last and waiting:
+                # zero bubble's I on the last stage detaches the loss (and the output, when the step
+                # does not keep it): what only they held goes, the loss's saved tensors with it; the
+                # weight ops' saved inputs stay for the W (their nodes are held until it)
+                acts -= waiting
+                v += waiting * (max(a - units.loss_saved_bytes, 0) + (o if units.kept_outputs else 0))
             v += acts * a + (acts if last else f[t]) * o + (0 if first else b[t]) * inb
-            v += max(i[t] - b[t], 0) * kept_for_w
+            v += waiting * kept_for_w
             if last and units.kept_outputs:
                 v += b[t] * o
             if b[t] == 0:
@@ -387,8 +413,9 @@ def rank_memory(units: SplitUnits, plan_stages, num_stages: int, order, microbat
         else:
             best = max(best, flight(t))
             b[t] += 1
+    # the end of the step: every action done (no working memory), the kept outputs concatenated
     merged = m * info[last_index][1] if last_index in info and units.kept_outputs else 0
-    return int(const + max(best, flight(None) + merged))
+    return int(const + max(best + work, flight(None) + merged))
 
 
 def flight_counts(schedule: str, held: int, m: int, first: bool, last: bool) -> list[tuple[int, int, int]]:

@@ -152,7 +152,8 @@ class StageModule(nn.Module):
         self.pass_inputs = stage < plan.num_stages - 1 and any(
             units[plan.stages[t].first].needs_inputs for t in range(stage + 1, plan.num_stages))
         # zero bubble's backward for the input detaches the stage's outputs in place (torch's
-        # stage_backward_input), which a view refuses: such outputs are sent as copies
+        # stage_backward_input), which a view refuses: such outputs are sent as copies (and the
+        # last stage returns a copy of a view: see forward)
         self.own_outputs = plan.schedule in ZERO_BUBBLE
         for u in units:
             if st.first <= u.index <= st.last:
@@ -201,7 +202,13 @@ class StageModule(nn.Module):
             return sent + (tuple(inputs) if self.pass_inputs else ())
         finally:
             self._received = ()
-        return main_tensor(out)
+        out = main_tensor(out)
+        if self.own_outputs and out._is_view():
+            # the last stage's output, kept by step(return_outputs=True): torch detaches it after the
+            # I to free the graph, but not a view; its graph, with whatever the W did not free (the
+            # saved tensors of the ops that lead to no weight), would then live to the end of the step
+            out = out.clone()
+        return out
 
 
 def build_stage_module(model: nn.Module, plan: StagePlan, stage: int, args: tuple, kwargs: dict,
