@@ -518,6 +518,13 @@ class RunResult:
                               f"against {check[1] * 1e3:.1f} ms to the end of the last action "
                               f"({check[0] / check[1]:.2f}): what the prediction misses beyond this is in the "
                               "predicted action times, not the schedule"))
+        speed = self.speed(self.plan) if tl is not None else None
+        if speed is not None:
+            at = self.predict(self.plan, at_run_speed=True).step_time
+            footer.insert(3, ("Machine speed", f"x{speed:.2f}: the whole model's micro-batch took that much longer "
+                              "alone, before the steps, than the plan's unit times add up to (a shared or virtual "
+                              f"machine's speed moves); predicted at that speed {at * 1e3:.1f} ms "
+                              f"({at / self.step_time:.2f} of measured)"))
         if self.corun != 1.0:
             footer.insert(3, ("Co-run slowdown", f"x{self.corun:.2f}: a rank computed that much slower while every "
                               "rank computed at once than alone (measured before the steps: the ranks share "

@@ -425,14 +425,17 @@ def test_run_speed_scales_the_prediction():
     us = tuple(dataclasses.replace(_unit(i, 1), latency=3.0, forward_time=1.0, backward_time=2.0) for i in range(2))
     plan = build_plan(SplitUnits("m", us), stages=2, by="latency", memory_limit=None, schedule="1f1b",
                       microbatches=2)
-    res = RunResult(plan=plan, ranks=({"alone_s": 9.0, "corun": 1.0}, {"alone_s": 12.0, "corun": 1.0}),
-                    reference=(), losses=(), path="ownership")
+    ranks = tuple({"rank": i, "stages": [i], "alone_s": a, "corun": 1.0, "times": [20.0], "busy": [12.0],
+                   "steady": True, "peak_bytes": 1, "predicted_bytes": 1} for i, a in enumerate((9.0, 12.0)))
+    res = RunResult(plan=plan, ranks=ranks, reference=(1.0,), losses=(1.0,), path="ownership")
     assert res.speed(plan) == 2.0
     assert res.predict(plan, at_run_speed=True).pipeline_time == 2 * res.predict(plan).pipeline_time
+    assert "Machine speed" in res.table() and "x2.00" in res.table()
     # not measured (GPU runs): no speed, the plain prediction
-    gpu = dataclasses.replace(res, ranks=({"corun": 1.0}, {"corun": 1.0}))
+    gpu = dataclasses.replace(res, ranks=tuple({k: v for k, v in r.items() if k != "alone_s"} for r in ranks))
     assert gpu.speed(plan) is None
     assert gpu.predict(plan, at_run_speed=True).pipeline_time == res.predict(plan).pipeline_time
+    assert "Machine speed" not in gpu.table()
 
 
 def test_torchrun_honours_head_input_ids_and_memory_limit():
