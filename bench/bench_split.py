@@ -12,7 +12,9 @@ A step's time is the slowest rank's; the table gives the median, min and max ove
 of all the runs of a split. Each run measures, before its steps, how much slower its ranks compute
 when they compute at once than alone (they share the 2 cores: ``RunResult.corun``); the predicted
 step is the plan's simulation with that slowdown, the one "ranks alone" without it (on CPU the run times its steps after the memory-measured ones, without
-the profiler: steady state). Sends across cuts are priced at the
+the profiler: steady state). The same runs also time the whole model alone before their steps: its
+time over the units' sum (``RunResult.speed``) is how fast the machine is at the run against when
+the units were timed, and the last columns predict with that too. Sends across cuts are priced at the
 bandwidth of one gloo send measured here first (bench/_gloo_bandwidth.py). Prints a markdown table
 and writes it to bench/results/split_MODELS.md (docs/benchmarks.md quotes it).
 """
@@ -105,8 +107,9 @@ def main() -> None:
     lines = [f"Sends priced at {link / 1e9:.2f} GB/s (one gloo send of 4 MiB between the two processes).", "","| model | schedule | split | cuts | predicted, ranks alone | co-run slowdown (measured) "
              "| predicted step | measured step: median [min-max] | predicted / measured median (ranks alone) "
              "| schedule replayed with the run's action times / the run's last action end "
+             "| machine at the run / when the units were timed | predicted at the run's speed / measured "
              "| throughput vs uniform (medians) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in a.only.split(","):
         spec, overrides = MODELS[name]
         for schedule, stages in SCHEDULES:
@@ -117,6 +120,8 @@ def main() -> None:
             pred = {k: [] for k in ps}    # the prediction with each run's measured co-run slowdown
             coruns = {k: [] for k in ps}
             replays = {k: [] for k in ps}   # the schedule simulated with the run's own action times
+            speeds = {k: [] for k in ps}    # the machine's speed at the run against when the units were timed
+            at_speed = {k: [] for k in ps}  # the prediction with it
             for _ in range(a.repeats):
                 for k, p in ps.items():
                     t0 = time.perf_counter()
@@ -126,10 +131,13 @@ def main() -> None:
                     runs[k] += measured_steps(res)
                     pred[k].append(res.predict(p).step_time)
                     coruns[k].append(res.corun)
+                    speeds[k].append(res.speed(p) or 1.0)
+                    at_speed[k].append(res.predict(p, at_run_speed=True).step_time)
                     sim, end = res.replay()
                     replays[k].append(sim / end)
                     print(f"{name} {schedule} {k}: {[round(x * 1e3) for x in measured_steps(res)]} ms, co-run "
-                          f"x{res.corun:.2f}, predicted {res.predict(p).step_time * 1e3:.0f} ms "
+                          f"x{res.corun:.2f}, predicted {res.predict(p).step_time * 1e3:.0f} ms, machine "
+                          f"x{speeds[k][-1]:.2f} ({at_speed[k][-1] * 1e3:.0f} ms) "
                           f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
             base = statistics.median(runs["uniform"])
             for k, p in ps.items():
@@ -139,7 +147,8 @@ def main() -> None:
                              f"{p.step_time * 1e3:.0f} ms | x{statistics.median(coruns[k]):.2f} | {pc * 1e3:.0f} ms | "
                              f"{m * 1e3:.0f} ms [{lo * 1e3:.0f}-{max(runs[k]) * 1e3:.0f}, "
                              f"{len(runs[k])} steps] | {pc / m:.2f} ({p.step_time / m:.2f}) | "
-                             f"{statistics.median(replays[k]):.2f} | {base / m:.2f}x |")
+                             f"{statistics.median(replays[k]):.2f} | x{statistics.median(speeds[k]):.2f} | "
+                             f"{statistics.median(at_speed[k]) / m:.2f} | {base / m:.2f}x |")
             print("\n".join(lines[-3:]), flush=True)
     text = "\n".join(lines) + "\n"
     print(text)

@@ -180,12 +180,13 @@ class _Busy:
         return self._clocked(fn, done)
 
 
-def _corun(model, mb_args, mb_kwargs, rank: int, world: int, repeats: int = 5) -> float:
+def _corun(model, mb_args, mb_kwargs, rank: int, world: int, repeats: int = 5) -> tuple[float, float]:
     """How much slower this rank computes while every rank computes at once than alone: ranks that
     share one machine (CPU processes) share its cores, caches and memory bandwidth. Measured on the
     work of the run, one micro-batch's forward and backward of the whole model, ``repeats`` times
     alone (the ranks take turns, the others wait at a barrier) and ``repeats`` times all at once;
-    the ratio of the medians. The model's gradients are cleared after and the RNG restored, so the
+    the ratio of the medians, and the median alone (seconds: the machine's speed at the run, for
+    ``RunResult.speed``). The model's gradients are cleared after and the RNG restored, so the
     training steps that follow are those of a run without it."""
     import torch.distributed as dist
 
@@ -209,7 +210,8 @@ def _corun(model, mb_args, mb_kwargs, rank: int, world: int, repeats: int = 5) -
         torch.set_rng_state(rng)
         for p in model.parameters():
             p.grad = None
-    return sorted(together)[repeats // 2] / sorted(alone)[repeats // 2]
+    alone_s = sorted(alone)[repeats // 2]
+    return sorted(together)[repeats // 2] / alone_s, alone_s
 
 
 def _weights(plan) -> list[float] | None:
@@ -246,7 +248,8 @@ def worker(cfg_path: str) -> None:
         # ranks on one machine's CPU slow each other down when they compute at once: measured here,
         # before the stages exist (they hook the model) and the steps, for the prediction (GPUs:
         # one per rank, nothing shared)
-        corun = _corun(model, mb_args, mb_kwargs, rank, world) if device.type == "cpu" and world > 1 else 1.0
+        corun, alone_s = _corun(model, mb_args, mb_kwargs, rank, world) if device.type == "cpu" and world > 1 \
+            else (1.0, None)
         stages, sync, path = pipeline_stage(plan, model, rank, mb_args, mb_kwargs, device=device,
                                             path=cfg.get("path", "auto"), all_local=True)
         busy = _Busy(stages)
@@ -349,7 +352,7 @@ def worker(cfg_path: str) -> None:
         out = {"rank": rank, "stages": mine, "path": path, "times": times, "busy": busy_s,
                "steady": device.type == "cpu",      # the times are of steps after the measured ones
                "busy_per_stage": {str(k): v for k, v in busy_stage.items()}, "losses": losses,
-               "blocks": blocks, "corun": corun,
+               "blocks": blocks, "corun": corun, "alone_s": alone_s,
                "peak_bytes": peak, "step_peaks": step_peaks, "before_bytes": before,
                "predicted_bytes": int(predicted), "predicted_parts": own,
                "inputs": [list(t.shape) for t in tensors] if first else [],
@@ -404,17 +407,35 @@ class RunResult:
         has no unit times)."""
         return self.predict(self.plan)
 
-    def predict(self, plan):
+    def speed(self, plan) -> float | None:
+        """How much slower this machine computed the whole model's micro-batch (forward and backward,
+        alone, measured by each rank before its steps: the median over the ranks) than ``plan``'s
+        unit times add up to: the machine's drift between timing the units and the run (a shared or
+        virtual machine's speed moves by tens of percent over minutes). None: not measured (GPUs),
+        or the plan has no unit times."""
+        xs = sorted(float(r["alone_s"]) for r in self.ranks if r.get("alone_s"))
+        units = plan.units.units if getattr(plan, "units", None) is not None else ()
+        if not xs or not units or any(u.forward_time is None for u in units):
+            return None
+        total = sum(u.forward_time + u.backward_time for u in units)
+        return xs[len(xs) // 2] / total if total > 0 else None
+
+    def predict(self, plan, at_run_speed: bool = False):
         """``plan``'s simulated step (a plan of these cuts with unit times, e.g. made before the
-        run) with the co-run slowdown measured in this run; None where the plan has no times."""
+        run) with the co-run slowdown measured in this run; None where the plan has no times.
+        ``at_run_speed``: its compute times also scaled by ``speed(plan)`` (the machine's speed
+        when the run began, against when the units were timed)."""
         if getattr(plan, "timeline", None) is None:
             return None
         from .pipeline.schedule import simulate
         st = plan.stages
-        return simulate(plan.schedule, [s.forward_time for s in st], [s.backward_time for s in st],
+        k = (self.speed(plan) or 1.0) if at_run_speed else 1.0
+        w = _weights(plan)
+        return simulate(plan.schedule, [k * s.forward_time for s in st], [k * s.backward_time for s in st],
                         plan.microbatches, send=[s.send_time for s in st[:-1]],
-                        optimizer=[s.optimizer_time for s in st], stages_per_rank=plan.stages_per_rank,
-                        corun=self.corun, weight=_weights(plan))
+                        optimizer=[k * s.optimizer_time if s.optimizer_time else s.optimizer_time for s in st],
+                        stages_per_rank=plan.stages_per_rank, corun=self.corun,
+                        weight=[k * x for x in w] if w else w)
 
     def replay(self) -> tuple[float, float] | None:
         """A check of the schedule model alone: the plan's schedule simulated with the durations the
@@ -497,6 +518,13 @@ class RunResult:
                               f"against {check[1] * 1e3:.1f} ms to the end of the last action "
                               f"({check[0] / check[1]:.2f}): what the prediction misses beyond this is in the "
                               "predicted action times, not the schedule"))
+        speed = self.speed(self.plan) if tl is not None else None
+        if speed is not None:
+            at = self.predict(self.plan, at_run_speed=True).step_time
+            footer.insert(3, ("Machine speed", f"x{speed:.2f}: the whole model's micro-batch took that much longer "
+                              "alone, before the steps, than the plan's unit times add up to (a shared or virtual "
+                              f"machine's speed moves); predicted at that speed {at * 1e3:.1f} ms "
+                              f"({at / self.step_time:.2f} of measured)"))
         if self.corun != 1.0:
             footer.insert(3, ("Co-run slowdown", f"x{self.corun:.2f}: a rank computed that much slower while every "
                               "rank computed at once than alone (measured before the steps: the ranks share "

@@ -405,12 +405,37 @@ def test_torchrun_training_matches_one_process(spec, overrides, schedule, path, 
                 [(a.stage, a.kind, a.microbatch) for a in orders[r["rank"]]]
             assert all(0 <= a <= b <= step for _, _, _, a, b in blocks)
             assert busy - 1e-6 <= sum(b - a for *_, a, b in blocks) <= step
-    # the co-run slowdown was measured (before the steps: the losses and gradients above match)
-    assert all(r["corun"] > 0 for r in res.ranks) and res.corun > 0
+    # the co-run slowdown was measured (before the steps: the losses and gradients above match),
+    # and the whole model's time alone with it
+    assert all(r["corun"] > 0 and r["alone_s"] > 0 for r in res.ranks) and res.corun > 0
     # the schedule replayed with the run's own action times (means per stage and kind): a plumbing
     # check only; on a model this small the run's sends and waits take longer than its actions
     sim, last_end = res.replay()
     assert 0 < sim < 1.25 * last_end
+
+
+def test_run_speed_scales_the_prediction():
+    import dataclasses
+
+    from layerscope.torchrun import RunResult
+    # two units of 1 s forward and 2 s backward per micro-batch: the whole model takes 6 s in the
+    # plan's times; the ranks timed it alone at 9 s and 12 s before their steps (the median of two:
+    # the upper, 12 s), so the machine ran 2.0x slower than when the units were timed, and the
+    # prediction at the run's speed is the same schedule with every compute time doubled
+    us = tuple(dataclasses.replace(_unit(i, 1), latency=3.0, forward_time=1.0, backward_time=2.0) for i in range(2))
+    plan = build_plan(SplitUnits("m", us), stages=2, by="latency", memory_limit=None, schedule="1f1b",
+                      microbatches=2)
+    ranks = tuple({"rank": i, "stages": [i], "alone_s": a, "corun": 1.0, "times": [20.0], "busy": [12.0],
+                   "steady": True, "peak_bytes": 1, "predicted_bytes": 1} for i, a in enumerate((9.0, 12.0)))
+    res = RunResult(plan=plan, ranks=ranks, reference=(1.0,), losses=(1.0,), path="ownership")
+    assert res.speed(plan) == 2.0
+    assert res.predict(plan, at_run_speed=True).pipeline_time == 2 * res.predict(plan).pipeline_time
+    assert "Machine speed" in res.table() and "x2.00" in res.table()
+    # not measured (GPU runs): no speed, the plain prediction
+    gpu = dataclasses.replace(res, ranks=tuple({k: v for k, v in r.items() if k != "alone_s"} for r in ranks))
+    assert gpu.speed(plan) is None
+    assert gpu.predict(plan, at_run_speed=True).pipeline_time == res.predict(plan).pipeline_time
+    assert "Machine speed" not in gpu.table()
 
 
 def test_torchrun_honours_head_input_ids_and_memory_limit():
