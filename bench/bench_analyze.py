@@ -13,7 +13,8 @@ alongside, in pairs of its own with the plain forward (--no-flop leaves it out).
 2. A deep MLP of 64-wide blocks (Linear + ReLU in a Sequential: 3 module calls and 3 ops each) at
    250, 1,000, 4,000 and 16,000 blocks: analyze()'s extra time per module call, (analyze - forward)
    / calls from the medians, and the paired ratio. Target: <= 20 us extra per call, flat within
-   1.2x from 250 to 16,000 blocks.
+   1.2x from 250 to 16,000 blocks. Beside it, torch's own floor for a tool built on module hooks
+   and a dispatch mode: empty hooks on every module and an empty TorchDispatchMode, nothing else.
 3. Llama-2-70B shape on meta (hidden 8192, 80 layers, 64 heads, 8 KV heads, intermediate 28672,
    vocab 32000, seq 2048): wall time and peak RSS of a fresh process. Target <= 10 s, <= 1.5 GiB.
 """
@@ -69,6 +70,9 @@ def _ratio(name: str, model: nn.Module, args: tuple, kwargs: dict, pairs: int) -
            "gmacs": rep.totals.macs / 1e9, "ops": len(rep.trace.ops), "calls": len(rep.layers)}
     flop, flop_text = _flop_row(fwd, pairs)
     row.update(flop)
+    f = paired_ratios(fwd, _torch_floor(model, fwd), pairs=pairs, warmup=1)
+    row.update(f.as_row("floor_ratio"))
+    flop_text += f"   torch's empty hooks + dispatch mode {f.describe()}"
     print(f"{name:<14} forward {r.a_median * 1e3:8.1f} ms   analyze {r.b_median * 1e3:8.1f} ms   "
           f"ratio {r.describe()}{flop_text}   {row['gmacs']:.2f} GMACs, {row['ops']} ops, "
           f"{row['calls']} module calls", flush=True)
@@ -91,6 +95,36 @@ def real_models(pairs: int, only=None) -> list[dict]:
     return rows
 
 
+def _torch_floor(model: nn.Module, fn):
+    """``fn`` with what any hook-and-dispatch tool pays before doing anything: an empty forward pre-hook
+    and forward hook on every module (installed and removed per run, as analyze() does) and an empty
+    TorchDispatchMode that passes every op through."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Empty(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def pre(mod, args):
+        return None
+
+    def post(mod, args, out):
+        return None
+
+    def run():
+        handles = []
+        for m in model.modules():
+            handles.append(m.register_forward_pre_hook(pre))
+            handles.append(m.register_forward_hook(post))
+        try:
+            with Empty():
+                fn()
+        finally:
+            for h in handles:
+                h.remove()
+    return run
+
+
 def deep_mlp(blocks_list: list[int], pairs: int) -> list[dict]:
     rows = []
     for blocks in blocks_list:
@@ -103,8 +137,13 @@ def deep_mlp(blocks_list: list[int], pairs: int) -> list[dict]:
         calls = 1 + 3 * blocks
         extra = (ana - fwd) / calls * 1e6
         flop, flop_text = _flop_row(plain, pairs, calls)
+        # torch's own floor for any tool built on module hooks and a dispatch mode
+        f = paired_ratios(plain, _torch_floor(model, plain), pairs=pairs, warmup=1)
+        floor = (f.b_median - f.a_median) / calls * 1e6
+        flop_text += f"   torch's empty hooks + dispatch mode {f.describe()} ({floor:.1f} us extra per call)"
         rows.append({"blocks": blocks, "forward_s": fwd, "analyze_s": ana, "per_call_us": ana / calls * 1e6,
-                     "extra_per_call_us": extra, **r.as_row(), **flop})
+                     "extra_per_call_us": extra, **r.as_row(), **flop, "floor_extra_us": floor,
+                     **f.as_row("floor_ratio")})
         print(f"mlp {blocks:>5} blocks  forward {fwd * 1e3:8.1f} ms   analyze {ana * 1e3:8.1f} ms   "
               f"{extra:6.1f} us extra per module call (target <= 20)   ratio {r.describe()}{flop_text}", flush=True)
         del model
