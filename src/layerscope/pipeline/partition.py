@@ -396,7 +396,9 @@ def rank_memory(units: SplitUnits, plan_stages, num_stages: int, order, microbat
                 v += b[t] * o
             if b[t] == 0:
                 if t == doing:     # its gradients appear as this backward frees its micro-batch
-                    v -= min(a if (not last or units.kept_outputs) else a + o, grads)
+                    freed = max(a - units.loss_saved_bytes, 0) + kept_for_w if last and waiting else \
+                        a if (not last or units.kept_outputs) else a + o
+                    v -= min(freed, grads)
                 else:
                     v -= grads     # no backward yet: no gradients
         return v
