@@ -384,19 +384,20 @@ def rank_memory(units: SplitUnits, plan_stages, num_stages: int, order, microbat
             first, last = t == 0, t == last_index
             acts = f[t] - b[t]
             waiting = max(i[t] - b[t], 0) if not first else 0
+            after_i = max(a - units.loss_saved_bytes, 0)     # the last stage's micro-batch after its I
             if last and waiting:
                 # zero bubble's I on the last stage detaches the loss (and the output, when the step
                 # does not keep it): what only they held goes, the loss's saved tensors with it; the
                 # weight ops' saved inputs stay for the W (their nodes are held until it)
                 acts -= waiting
-                v += waiting * (max(a - units.loss_saved_bytes, 0) + (o if units.kept_outputs else 0))
+                v += waiting * (after_i + (o if units.kept_outputs else 0))
             v += acts * a + (acts if last else f[t]) * o + (0 if first else b[t]) * inb
             v += waiting * kept_for_w
             if last and units.kept_outputs:
                 v += b[t] * o
             if b[t] == 0:
                 if t == doing:     # its gradients appear as this backward frees its micro-batch
-                    freed = max(a - units.loss_saved_bytes, 0) + kept_for_w if last and waiting else \
+                    freed = after_i + kept_for_w if last and waiting else \
                         a if (not last or units.kept_outputs) else a + o
                     v -= min(freed, grads)
                 else:
