@@ -203,6 +203,26 @@ def test_html_data_from_saved_json(reports, update_goldens, tmp_path, capsys):
     assert text == html_data(reports["summary_cnn"].to_html(memory=reports["memory"]))
 
 
+def test_html_memory_timeline_is_cut_keeping_the_peaks(reports, update_goldens, tmp_path):
+    """A saved memory report whose timeline has more points than the page keeps (5,000 ops, made up
+    from the real one's categories): the page's timeline is cut to its buckets' highest points."""
+    from layerscope.cli import main
+    d = reports["memory"].to_dict(timeline=True)
+    tl = d["timeline"]
+    n = 5000
+    tl["bytes"] = {c: [(i * (7 + k) * 7919) % 100_003 if k % 2 == 0 else 0 for i in range(n)]
+                   for k, c in enumerate(tl["categories"])}
+    tl["step"] = [1 + 2 * i // n for i in range(n)]
+    tl["phase"] = [("forward", "backward", "optimizer")[(3 * i // n)] for i in range(n)]
+    src = tmp_path / "memory.json"
+    src.write_text(json.dumps(d), encoding="utf-8")
+    out = tmp_path / "page.html"
+    assert main(["report", str(src), "-o", str(out)]) == 0
+    page = json.loads(html_data(out.read_text(encoding="utf-8")))
+    check_golden("memory/html_timeline_cut.json", json.dumps(page["memory"]["timeline"], sort_keys=True) + "\n",
+                 update_goldens)
+
+
 def test_memory_timeline(reports, update_goldens):
     """The memory timeline of the training step (every op's live bytes per category, the phases and
     step markers) as the JSON carries it."""
