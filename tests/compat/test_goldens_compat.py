@@ -26,10 +26,6 @@ def _seeded(factory, *args):
     return factory(*args)
 
 
-def _ids() -> torch.Tensor:
-    return torch.randint(0, 20, (2, 6), generator=torch.Generator().manual_seed(0))
-
-
 # ---- torchinfo -------------------------------------------------------------------------------------
 
 TORCHINFO = {
