@@ -1,11 +1,17 @@
 # One-command workflows. `make demo` and `make test` each set everything up from scratch:
 # a virtualenv in .venv, the local CPU build of torch 2.13.0, and this package.
+# `make test-torch214` runs the same suite in a second virtualenv, .venv-214, kept apart from .venv:
+# torch 2.14.1 + torchvision 0.29.1, the newest pair this machine's package setup installs from disk
+# (a CUDA build, about 5.5 GB, run on the CPU), so the suite also runs on the torch users have.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip install -q --disable-pip-version-check
+PIP_IN = $(1)/bin/python -m pip install -q --disable-pip-version-check
+PIP := $(call PIP_IN,$(VENV))
+VENV214 ?= .venv-214
+TORCH214 := torch==2.14.1 torchvision==0.29.1
 APT := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-torch214 bench clean
 
 $(VENV)/.base: pyproject.toml
 	python3 -m venv $(VENV)
@@ -21,6 +27,15 @@ $(VENV)/.test: $(VENV)/.base
 	  echo "warning: chromium could not be installed (apt-get as root): the browser test will be skipped"
 	touch $@
 
+# the pair is pinned in the same resolve as the package so that its dependencies cannot move torch;
+# the check after it fails the build if anything did
+$(VENV214)/.test: pyproject.toml
+	python3 -m venv $(VENV214)
+	$(call PIP_IN,$(VENV214)) -e ".[test]" $(TORCH214)
+	$(VENV214)/bin/python -c "import torch, torchvision; v = torch.__version__, torchvision.__version__; \
+	  assert v[0].startswith('2.14.1') and v[1].startswith('0.29.1'), v"
+	touch $@
+
 demo: $(VENV)/.base
 	$(VENV)/bin/layerscope summary layerscope.examples:small_cnn \
 		--columns input_shape,output_shape,params,kernel,macs,flops,receptive_field
@@ -30,6 +45,10 @@ demo: $(VENV)/.base
 test: $(VENV)/.test
 	$(PY) -m pytest -q
 
+# the browser test uses the chromium `make test` installs; run alone, without it, that test is skipped
+test-torch214: $(VENV214)/.test
+	$(VENV214)/bin/python -m pytest -q
+
 bench: $(VENV)/.test
 	$(PY) bench/bench_analyze.py
 	$(PY) bench/bench_memory.py
@@ -37,4 +56,4 @@ bench: $(VENV)/.test
 	$(PY) bench/bench_exported.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(VENV214) build src/*.egg-info .pytest_cache

@@ -13,10 +13,11 @@ from layerscope.examples import small_cnn
 
 from ..helpers import assert_unchanged, snapshot
 
-# torch 2.13 deprecates torch.jit.trace/script/load with a DeprecationWarning per call: the tests make
-# TorchScript models on purpose, so exactly those messages are ignored here, nothing else
-# (and the tracer's own TracerWarnings about the models traced here)
+# torch 2.13 deprecates torch.jit.trace/script/load with a DeprecationWarning per call, torch 2.14 with a
+# FutureWarning: the tests make TorchScript models on purpose, so exactly those messages are ignored here,
+# nothing else (and the tracer's own TracerWarnings about the models traced here)
 pytestmark = [pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:DeprecationWarning"),
+              pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is deprecated:FutureWarning"),
               pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),
               # transformers' own, raised while the tracer walks a GPT-2's attributes
               pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")]
@@ -181,8 +182,9 @@ def test_hf_gpt2_n_embd_64_traced_matches_eager():
 
 
 def test_loading_a_file_prints_no_jit_deprecation(tmp_path):
-    """layerscope calls torch.jit.load on the user's behalf: torch 2.13's deprecation warning for it
-    must not reach the user (silenced only around that call, only that message)."""
+    """layerscope calls torch.jit.load on the user's behalf: the deprecation warning for it (torch 2.13:
+    a DeprecationWarning, 2.14: a FutureWarning) must not reach the user (silenced only around that
+    call, only that message)."""
     import warnings
     path = _traced(nn.Linear(4, 2), torch.randn(1, 4), tmp_path=tmp_path)
     with warnings.catch_warnings(record=True) as seen:

@@ -29,8 +29,9 @@ __all__ = ["load_torchscript", "torchscript_trace"]
 _FRAME = re.compile(r"([^.()]+)\(([^()]*)\)")
 
 
-# torch 2.13 deprecates torch.jit.load with a DeprecationWarning on every call. Loading a file the
-# user named is layerscope's doing, not the user's: only that one message is silenced, only here.
+# torch 2.13 deprecates torch.jit.load with a DeprecationWarning on every call, torch 2.14 with a
+# FutureWarning (same words). Loading a file the user named is layerscope's doing, not the user's:
+# only that one message, in either category, is silenced, only here.
 _JIT_LOAD_DEPRECATED = r"`torch\.jit\.load` is deprecated"
 
 
@@ -42,7 +43,8 @@ def load_torchscript(src) -> torch.jit.ScriptModule:
         raise InputError(f"no TorchScript file at {path!r}")
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_JIT_LOAD_DEPRECATED, category=DeprecationWarning)
+            for category in (DeprecationWarning, FutureWarning):
+                warnings.filterwarnings("ignore", message=_JIT_LOAD_DEPRECATED, category=category)
             return torch.jit.load(path, map_location="cpu")
     except Exception as e:   # a zip that is not TorchScript, a truncated file, ...
         raise InputError(f"{path!r} is not a TorchScript archive torch.jit.load can read: "
