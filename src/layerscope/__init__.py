@@ -17,21 +17,19 @@ from .costs import CostOptions
 from .options import AnalyzeOptions, MemoryOptions, ProfileOptions
 from .errors import ForwardError, InputError, LayerscopeError, PlanError, RegistryError, SpecError
 from .pipeline import SplitUnits, Stage, StagePlan, Unit
-from .memory_report import CallMemory, MemoryLayer, MemoryReport, StepMemory
-from .latency_report import LatencyLayer, LatencyReport
-from .reports.latency import LatencyTotals
-from .reports.memory import MemoryTotals
+from .reports.memory import CallMemory, MemoryLayer, MemoryReport, MemoryTotals, StepMemory
+from .reports.latency import LatencyLayer, LatencyReport, LatencyTotals
 from .profiler import Profiler
 from .analyses.roofline import Roofline, measure_roofline
-from .report import Report
-from .compare import Comparison, compare
+from .reports.summary import Report
+from .reports.compare import Comparison, compare
 from .specs import presets
 from . import compat   # front ends with other tools' names (torchinfo, torchscan, deepspeed, modelsummary)
 from .compat.torchinfo import layerscope_summary as summary
 from .trace import (Costs, Coverage, LayerRecord, OpEvent, ParamSpec, ReceptiveField, TensorSpec, Totals,
                     Trace)
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "analyze", "summary", "activations", "memory", "max_batch_size", "BatchFit", "MemoryReport",

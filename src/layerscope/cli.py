@@ -211,7 +211,7 @@ def _parser() -> argparse.ArgumentParser:
     from .reports.memory import COLUMNS as memory_columns
     from .reports.summary import COLUMNS as summary_columns
 
-    from . import __version__
+    from ._version import __version__
     p = _Parser(
         prog="layerscope", description="What is inside a PyTorch model, layer by layer.",
         epilog="run `layerscope COMMAND --help` for each command's options and examples")
@@ -799,7 +799,7 @@ def _sides(ns: argparse.Namespace, spec: str) -> list[dict]:
 def _compare(ns: argparse.Namespace) -> int:
     import json
 
-    from .compare import compare
+    from .reports.compare import compare
     from .errors import InputError
     a, b = _sides(ns, ns.a), _sides(ns, ns.b)
     if len(a) != len(b):
