@@ -14,7 +14,7 @@ from . import render as _render  # noqa: F401  (plugs the renderers into the rep
 from .api import (BatchFit, activations, analyze, analyze_exported, analyze_onnx, analyze_torchscript,
                   max_batch_size, memory, onnx_tile, partition, profile)
 from .costs import CostOptions
-from .options import AnalyzeOptions, MemoryOptions, ProfileOptions
+from .options import AnalyzeOptions, MemoryOptions, OnnxOptions, ProfileOptions, TileOptions
 from .errors import ForwardError, InputError, LayerscopeError, PlanError, RegistryError, SpecError
 from .pipeline import SplitUnits, Stage, StagePlan, Unit
 from .reports.memory import CallMemory, MemoryLayer, MemoryReport, MemoryTotals, StepMemory
@@ -31,13 +31,13 @@ from .trace import (Costs, Coverage, LayerRecord, OpEvent, ParamSpec, ReceptiveF
 
 from ._version import __version__
 
-__all__ = [
-    "analyze", "summary", "activations", "memory", "max_batch_size", "BatchFit", "MemoryReport",
-    "MemoryLayer", "StepMemory", "CallMemory", "Report", "Trace", "LayerRecord", "OpEvent", "Costs",
-    "Totals", "Coverage", "TensorSpec", "ParamSpec", "ReceptiveField", "CostOptions",
-    "LayerscopeError", "InputError", "ForwardError", "SpecError", "RegistryError", "__version__",
-    "partition", "StagePlan", "Stage", "Unit", "SplitUnits", "PlanError",
-    "analyze_exported", "analyze_onnx", "analyze_torchscript", "onnx_tile", "profile", "LatencyReport", "LatencyLayer", "Profiler", "Roofline", "measure_roofline",
-    "compare", "Comparison", "presets", "compat", "MemoryTotals", "LatencyTotals",
-    "AnalyzeOptions", "MemoryOptions", "ProfileOptions",
+__all__ = [   # sorted (tests/test_public_api.py)
+    "AnalyzeOptions", "BatchFit", "CallMemory", "Comparison", "CostOptions", "Costs", "Coverage",
+    "ForwardError", "InputError", "LatencyLayer", "LatencyReport", "LatencyTotals", "LayerRecord",
+    "LayerscopeError", "MemoryLayer", "MemoryOptions", "MemoryReport", "MemoryTotals", "OnnxOptions",
+    "OpEvent", "ParamSpec", "PlanError", "ProfileOptions", "Profiler", "ReceptiveField", "RegistryError",
+    "Report", "Roofline", "SpecError", "SplitUnits", "Stage", "StagePlan", "StepMemory", "TensorSpec",
+    "TileOptions", "Totals", "Trace", "Unit", "__version__", "activations", "analyze", "analyze_exported",
+    "analyze_onnx", "analyze_torchscript", "compare", "compat", "max_batch_size", "measure_roofline", "memory",
+    "onnx_tile", "partition", "presets", "profile", "summary",
 ]
