@@ -15,7 +15,7 @@ def update_goldens(request):
 def _every_report_adds_up(monkeypatch):
     """Invariant on every model in the tests: per-layer sums equal the totals (see helpers.assert_sums
     and helpers.assert_memory_sums)."""
-    from layerscope.report import Report
+    from layerscope.reports.summary import Report
 
     from tests.helpers import assert_sums
 
@@ -27,7 +27,7 @@ def _every_report_adds_up(monkeypatch):
 
     monkeypatch.setattr(Report, "__init__", checked)
 
-    from layerscope.memory_report import MemoryReport
+    from layerscope.reports.memory import MemoryReport
 
     from tests.helpers import assert_memory_sums
 

@@ -14,32 +14,30 @@ from . import render as _render  # noqa: F401  (plugs the renderers into the rep
 from .api import (BatchFit, activations, analyze, analyze_exported, analyze_onnx, analyze_torchscript,
                   max_batch_size, memory, onnx_tile, partition, profile)
 from .costs import CostOptions
-from .options import AnalyzeOptions, MemoryOptions, ProfileOptions
+from .options import AnalyzeOptions, MemoryOptions, OnnxOptions, ProfileOptions, TileOptions
 from .errors import ForwardError, InputError, LayerscopeError, PlanError, RegistryError, SpecError
 from .pipeline import SplitUnits, Stage, StagePlan, Unit
-from .memory_report import CallMemory, MemoryLayer, MemoryReport, StepMemory
-from .latency_report import LatencyLayer, LatencyReport
-from .reports.latency import LatencyTotals
-from .reports.memory import MemoryTotals
+from .reports.memory import CallMemory, MemoryLayer, MemoryReport, MemoryTotals, StepMemory
+from .reports.latency import LatencyLayer, LatencyReport, LatencyTotals
 from .profiler import Profiler
 from .analyses.roofline import Roofline, measure_roofline
-from .report import Report
-from .compare import Comparison, compare
+from .reports.summary import Report
+from .reports.compare import Comparison, compare
 from .specs import presets
 from . import compat   # front ends with other tools' names (torchinfo, torchscan, deepspeed, modelsummary)
 from .compat.torchinfo import layerscope_summary as summary
 from .trace import (Costs, Coverage, LayerRecord, OpEvent, ParamSpec, ReceptiveField, TensorSpec, Totals,
                     Trace)
 
-__version__ = "0.1.0"
+from ._version import __version__
 
-__all__ = [
-    "analyze", "summary", "activations", "memory", "max_batch_size", "BatchFit", "MemoryReport",
-    "MemoryLayer", "StepMemory", "CallMemory", "Report", "Trace", "LayerRecord", "OpEvent", "Costs",
-    "Totals", "Coverage", "TensorSpec", "ParamSpec", "ReceptiveField", "CostOptions",
-    "LayerscopeError", "InputError", "ForwardError", "SpecError", "RegistryError", "__version__",
-    "partition", "StagePlan", "Stage", "Unit", "SplitUnits", "PlanError",
-    "analyze_exported", "analyze_onnx", "analyze_torchscript", "onnx_tile", "profile", "LatencyReport", "LatencyLayer", "Profiler", "Roofline", "measure_roofline",
-    "compare", "Comparison", "presets", "compat", "MemoryTotals", "LatencyTotals",
-    "AnalyzeOptions", "MemoryOptions", "ProfileOptions",
+__all__ = [   # sorted (tests/test_public_api.py)
+    "AnalyzeOptions", "BatchFit", "CallMemory", "Comparison", "CostOptions", "Costs", "Coverage",
+    "ForwardError", "InputError", "LatencyLayer", "LatencyReport", "LatencyTotals", "LayerRecord",
+    "LayerscopeError", "MemoryLayer", "MemoryOptions", "MemoryReport", "MemoryTotals", "OnnxOptions",
+    "OpEvent", "ParamSpec", "PlanError", "ProfileOptions", "Profiler", "ReceptiveField", "RegistryError",
+    "Report", "Roofline", "SpecError", "SplitUnits", "Stage", "StagePlan", "StepMemory", "TensorSpec",
+    "TileOptions", "Totals", "Trace", "Unit", "__version__", "activations", "analyze", "analyze_exported",
+    "analyze_onnx", "analyze_torchscript", "compare", "compat", "max_batch_size", "measure_roofline", "memory",
+    "onnx_tile", "partition", "presets", "profile", "summary",
 ]

@@ -211,7 +211,7 @@ def _parser() -> argparse.ArgumentParser:
     from .reports.memory import COLUMNS as memory_columns
     from .reports.summary import COLUMNS as summary_columns
 
-    from . import __version__
+    from ._version import __version__
     p = _Parser(
         prog="layerscope", description="What is inside a PyTorch model, layer by layer.",
         epilog="run `layerscope COMMAND --help` for each command's options and examples")
@@ -575,6 +575,7 @@ def _emit(ns: argparse.Namespace, rep) -> int:
 
 def _summary(ns: argparse.Namespace) -> int:
     from .api import analyze
+    from .options import AnalyzeOptions
 
     if ns.spec.endswith(".onnx"):
         from .api import analyze_onnx
@@ -604,16 +605,18 @@ def _summary(ns: argparse.Namespace) -> int:
             rep = analyze_torchscript(model, *args)
         return _emit(ns, rep)
     with _status("analysing", ns):
-        rep = analyze(model, *args, device=ns.device, mode=ns.mode, backward=ns.backward,
-                      causal=ns.causal, **kwargs)
+        rep = analyze(model, *args, options=AnalyzeOptions(device=ns.device, mode=ns.mode, backward=ns.backward,
+                                                           causal=ns.causal), forward_kwargs=kwargs)
     return _emit(ns, rep)
 
 
 def _memory(ns: argparse.Namespace) -> int:
     import functools
 
+    import dataclasses
+
     from .api import max_batch_size, memory
-    from .options import optimizer_factory
+    from .options import MemoryOptions, optimizer_factory
     from .errors import InputError
     from .render.units import iec
 
@@ -625,16 +628,16 @@ def _memory(ns: argparse.Namespace) -> int:
         if optimizer is not torch.optim.SGD:
             raise InputError("--momentum applies to --optimizer sgd")
         optimizer = functools.partial(torch.optim.SGD, momentum=ns.momentum)
-    kw = dict(optimizer=optimizer, training=ns.training, autocast_dtype=ns.autocast, device=ns.device,
-              steps=ns.steps, accumulation=ns.accumulation)
+    step = MemoryOptions(optimizer=optimizer, training=ns.training, autocast_dtype=ns.autocast, device=ns.device,
+                         steps=ns.steps, accumulation=ns.accumulation)
     with _status("simulating the step", ns):
-        rep = memory(model, *args, batch_size=ns.batch_size, limit=ns.limit,
-                     measure=ns.measure or None, **kw, **kwargs)
+        rep = memory(model, *args, options=dataclasses.replace(step, batch_size=ns.batch_size, limit=ns.limit,
+                                                               measure=ns.measure or None), forward_kwargs=kwargs)
     code = _emit(ns, rep)
     if ns.limit and ns.format == "table":
         try:
             with _status("finding the largest batch that fits", ns):
-                fit = max_batch_size(model, *args, limit=ns.limit, **kw, **kwargs)
+                fit = max_batch_size(model, *args, limit=ns.limit, options=step, forward_kwargs=kwargs)
         except LayerscopeError as e:
             sys.stdout.write(f"largest batch that fits: not found ({e})\n")
             return code
@@ -651,7 +654,7 @@ def _profile(ns: argparse.Namespace) -> int:
     model, args, kwargs = _build(ns, ns.device or "cpu")   # real weights: hf: specs build on meta otherwise
     model.eval()
     rep = profile(model, *args, warmup=ns.warmup, repeats=ns.repeats, backward=ns.backward,
-                  roofline=ns.roofline, progress=_live(ns), **kwargs)
+                  roofline=ns.roofline, progress=_live(ns), forward_kwargs=kwargs)
     if ns.trace:
         rep.to_chrome_trace(ns.trace)
     return _emit(ns, rep)
@@ -759,17 +762,18 @@ def _report(ns: argparse.Namespace) -> int:
     device = "cpu" if ns.profile and not ns.device else ns.device   # timing needs real weights
     model, args, kwargs = _build(ns, device)
     with _status("analysing", ns):
-        summary = analyze(model, *args, device=device, backward=ns.training, **kwargs)
+        summary = analyze(model, *args, device=device, backward=ns.training, forward_kwargs=kwargs)
     mem = lat = plan = None
     if ns.memory:
         model.train(ns.training)           # a training step with dropout on; inference without
         with _status("simulating the step", ns):
             mem = memory(model, *args, optimizer=optimizer_factory(ns.optimizer) if ns.training else None,
                          training=ns.training, autocast_dtype=ns.autocast, batch_size=ns.batch_size,
-                         steps=ns.steps, accumulation=ns.accumulation, device=device, **kwargs)
+                         steps=ns.steps, accumulation=ns.accumulation, device=device, forward_kwargs=kwargs)
     model.eval()                           # timed and split as `profile` and `split` run it
     if ns.profile:
-        lat = profile(model, *args, repeats=ns.repeats, backward=ns.training, progress=_live(ns), **kwargs)
+        lat = profile(model, *args, repeats=ns.repeats, backward=ns.training, progress=_live(ns),
+                      forward_kwargs=kwargs)
     if ns.stages:
         with _status("planning", ns):
             plan = partition(model, *args, stages=ns.stages, by=ns.by, optimizer=ns.optimizer, device=device,
@@ -787,19 +791,20 @@ def _sides(ns: argparse.Namespace, spec: str) -> list[dict]:
     device = "cpu" if ns.profile and not ns.device else ns.device       # timing needs real weights
     model, args, kwargs = _build(ns, device)
     with _status(f"analysing {spec}", ns):
-        out = [analyze(model, *args, device=device, **kwargs).to_dict()]
+        out = [analyze(model, *args, device=device, forward_kwargs=kwargs).to_dict()]
         if ns.memory:
-            out.append(memory(model, *args, optimizer="adamw", device=device, **kwargs).to_dict(timeline=False))
+            out.append(memory(model, *args, optimizer="adamw", device=device,
+                              forward_kwargs=kwargs).to_dict(timeline=False))
     if ns.profile:
         model.eval()
-        out.append(profile(model, *args, progress=_live(ns), **kwargs).to_dict())
+        out.append(profile(model, *args, progress=_live(ns), forward_kwargs=kwargs).to_dict())
     return out
 
 
 def _compare(ns: argparse.Namespace) -> int:
     import json
 
-    from .compare import compare
+    from .reports.compare import compare
     from .errors import InputError
     a, b = _sides(ns, ns.a), _sides(ns, ns.b)
     if len(a) != len(b):

@@ -1,6 +1,12 @@
-"""LatencyReport and its records (defined in layerscope.reports.latency and layerscope.analyses.latency;
-kept here for imports)."""
+"""Deprecated alias, kept for one release: LatencyReport and its records live in
+layerscope.reports.latency (the report is exported from ``layerscope``). Nothing inside the package
+imports this module."""
 
-from .reports.latency import LatencyLayer, LatencyReport, latency_layers, latency_totals
+import warnings
+
+warnings.warn("layerscope.latency_report is deprecated; import from layerscope or layerscope.reports.latency",
+              DeprecationWarning, stacklevel=2)
+
+from .reports.latency import LatencyLayer, LatencyReport, latency_layers, latency_totals  # noqa: E402
 
 __all__ = ["LatencyLayer", "LatencyReport", "latency_layers", "latency_totals"]

@@ -1,8 +1,14 @@
-"""MemoryReport and its records (defined in layerscope.reports.memory and layerscope.analyses.memory;
-kept here for imports)."""
+"""Deprecated alias, kept for one release: MemoryReport and its records live in
+layerscope.reports.memory (the report is exported from ``layerscope``). Nothing inside the package
+imports this module."""
 
-from .reports.memory import (CATEGORIES, CallMemory, Marker, Measured, MemoryLayer, MemoryReport, PhaseSpan,
-                             StepMemory, Timeline)
+import warnings
+
+warnings.warn("layerscope.memory_report is deprecated; import from layerscope or layerscope.reports.memory",
+              DeprecationWarning, stacklevel=2)
+
+from .reports.memory import (CATEGORIES, CallMemory, Marker, Measured, MemoryLayer, MemoryReport,  # noqa: E402
+                             PhaseSpan, StepMemory, Timeline)
 
 __all__ = ["MemoryReport", "MemoryLayer", "CallMemory", "StepMemory", "PhaseSpan", "Timeline", "Marker",
            "Measured", "CATEGORIES"]

@@ -3,15 +3,15 @@ autocast dtypes, and the forward's own keywords kept apart from the options."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 
 import torch
 
 from .errors import InputError
 
-__all__ = ["Mode", "Causal", "Schedule", "AnalyzeOptions", "MemoryOptions", "ProfileOptions", "forward_inputs",
-           "optimizers", "optimizer_factory", "parse_autocast", "optimizer_name"]
+__all__ = ["Mode", "Causal", "Schedule", "AnalyzeOptions", "MemoryOptions", "ProfileOptions", "OnnxOptions",
+           "TileOptions", "entry_options", "forward_inputs", "optimizers", "optimizer_factory", "parse_autocast", "optimizer_name"]
 
 Mode = Literal["eval", "train", "same"]          # the model's flags for the run ("same": as they are)
 Causal = Literal["dense", "unmasked"]            # causal attention as the kernel computes it, or its half
@@ -27,11 +27,17 @@ def _choice(name: str, value: Any, allowed) -> None:
 
 @dataclass(frozen=True, slots=True)
 class AnalyzeOptions:
-    """What ``analyze()`` (and ``activations()``) run: checked when made."""
+    """Every option of ``analyze()`` (``activations()`` takes its ``mode``; ``analyze_exported()`` and
+    ``analyze_torchscript()`` those that apply to a graph): checked when made."""
 
+    input_size: Any = None           # builds example inputs, as torchinfo's input_size does
+    dtypes: Any = None
+    batch_dim: int | None = None
+    device: Any = None               # where the analysis runs ("meta": nothing computed)
     mode: Mode = "eval"
     backward: bool = False
     causal: Causal = "dense"
+    costs: Any = None                # a layerscope.costs.CostRegistry (checked by the API, a layer up)
 
     def __post_init__(self) -> None:
         _choice("mode", self.mode, Mode)
@@ -40,14 +46,24 @@ class AnalyzeOptions:
 
 @dataclass(frozen=True, slots=True)
 class MemoryOptions:
-    """The step ``memory()`` simulates: checked, the optimizer and autocast dtype resolved."""
+    """Every option of ``memory()`` (and of the steps ``max_batch_size()`` simulates): checked, the
+    optimizer and autocast dtype resolved."""
 
-    training: bool = True
     optimizer: Any = None            # a callable params -> Optimizer (from a class, name or instance)
-    autocast: torch.dtype | None = None
+    training: bool = True
+    autocast_dtype: torch.dtype | None = None
+    device: Any = None               # where the memory is predicted for (default: where the model is)
+    batch_dim: int | None = None
+    input_size: Any = None
+    dtypes: Any = None
+    batch_size: int | None = None
+    loss_fn: Any = None
     steps: int = 2
     accumulation: int = 1
-    batch_size: int | None = None
+    simulate: bool = True
+    measure: bool | None = None
+    limit: Any = None                # bytes or "80GiB", shown against the peak
+    progress: bool = False
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.accumulation < 1:
@@ -57,16 +73,22 @@ class MemoryOptions:
         if self.batch_size is not None and self.batch_size < 1:
             raise InputError(f"batch_size must be at least 1, got {self.batch_size}")
         object.__setattr__(self, "optimizer", optimizer_factory(self.optimizer))
-        object.__setattr__(self, "autocast", parse_autocast(self.autocast))
+        object.__setattr__(self, "autocast_dtype", parse_autocast(self.autocast_dtype))
 
 
 @dataclass(frozen=True, slots=True)
 class ProfileOptions:
-    """The timed runs of ``profile()``."""
+    """Every option of ``profile()``: the timed runs and what they run on."""
 
     warmup: int | str = "auto"
     repeats: int | str = "auto"
     backward: bool = False
+    device: Any = None               # where example inputs built from input_size go
+    input_size: Any = None
+    dtypes: Any = None
+    loss_fn: Any = None
+    roofline: Any = None
+    progress: bool = False
 
     def __post_init__(self) -> None:
         def ok(v, least: int) -> bool:
@@ -74,6 +96,51 @@ class ProfileOptions:
         if not ok(self.warmup, 0) or not ok(self.repeats, 1):
             raise InputError(f"warmup must be >= 0 and repeats >= 1 (or \"auto\"), got {self.warmup!r} and "
                              f"{self.repeats!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class OnnxOptions:
+    """Every option of ``analyze_onnx()``."""
+
+    input_shapes: dict | None = None  # {input name: shape} and/or {symbolic dim: value}
+    costs: Any = None                 # a layerscope.costs.CostRegistry (checked by the API, a layer up)
+
+
+@dataclass(frozen=True, slots=True)
+class TileOptions:
+    """Every option of ``onnx_tile()``."""
+
+    block: tuple = (64, 64, 64)       # (M, K, N) of each block
+    ops: tuple = ("Gemm", "MatMul")
+    nodes: Any = None
+    input_shapes: dict | None = None
+    verify: bool = False
+
+
+def _at_default(value: Any, default: Any) -> bool:
+    return value is default or (type(value) is type(default) and value == default)
+
+
+def entry_options(cls, options, kwargs: dict, forward_kwargs: dict | None = None, *, take: bool = True,
+                  **named: Any):
+    """``(options object, the forward's keyword inputs)`` of one call of an entry point, built once.
+
+    ``named``: the options the signature names. With ``take``, every other option of ``cls`` is still
+    accepted as a keyword (taken out of ``kwargs``, as the entry point took it before options were
+    objects); the rest of ``kwargs``, with ``forward_kwargs``, goes to the forward. With ``options=``
+    given (an instance of ``cls``), an option also given as a keyword (a named one away from its
+    default, or one taken out of ``kwargs``) is an InputError: each option has one source."""
+    known = {f.name: f.default for f in fields(cls)}
+    taken = {k: v for k, v in kwargs.items() if take and k in known}
+    forward = forward_inputs({k: v for k, v in kwargs.items() if k not in taken}, forward_kwargs)
+    if options is None:
+        return cls(**named, **taken), forward
+    if not isinstance(options, cls):
+        raise InputError(f"options must be a layerscope.{cls.__name__}, got {type(options).__name__}")
+    both = sorted([k for k, v in named.items() if not _at_default(v, known[k])] + list(taken))
+    if both:
+        raise InputError(f"{', '.join(both)} given both as a keyword and in options=")
+    return options, forward
 
 
 def forward_inputs(kwargs: dict, forward_kwargs: dict | None) -> dict:

@@ -1,5 +1,10 @@
-"""The Report of ``layerscope.analyze`` (defined in layerscope.reports.summary; kept here for imports)."""
+"""Deprecated alias, kept for one release: ``Report`` lives in layerscope.reports.summary (and is
+exported from ``layerscope``). Nothing inside the package imports this module."""
 
-from .reports.summary import Report
+import warnings
+
+warnings.warn("layerscope.report is deprecated; import Report from layerscope", DeprecationWarning, stacklevel=2)
+
+from .reports.summary import Report  # noqa: E402
 
 __all__ = ["Report"]

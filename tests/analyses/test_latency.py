@@ -84,7 +84,7 @@ def test_calls_self_times_and_costs():
 
 def test_totals_pair_each_repeat():
     from layerscope.analyses.latency import CallTimes
-    from layerscope.latency_report import latency_totals
+    from layerscope.reports.latency import latency_totals
     root = CallTimes("", "M", 0, 0, None, [1], forward=[1.0, 2.0, 3.0])
     kid = CallTimes("a", "L", 1, 0, 0, [], forward=[0.5, 0.5, 0.5])
     t = latency_totals([root, kid], {"forward": [1.1, 2.2, 3.0]}, {"forward": [1.0, 2.0, 3.0]}, False)

@@ -3,10 +3,15 @@ the measured working memory, with the same units as before (two of each)."""
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 import layerscope as ls
-import layerscope.api as api
+
+# partition() looks memory() up in its own module (layerscope.api.partition; the package's attribute
+# of that name is the function)
+api = importlib.import_module("layerscope.api.partition")
 from layerscope.examples import small_cnn, tiny_gpt
 from layerscope.pipeline import units as units_mod
 from layerscope.pipeline.units import units_from_memory

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ..errors import InputError, LayerscopeError
-from ..report import Report
+from ..reports.summary import Report
 from ..trace import Coverage
 
 __all__ = ["summary", "layerscope_summary", "ModelStatistics", "LayerInfo", "FormattingOptions", "COLUMN_NAMES",

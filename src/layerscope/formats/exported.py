@@ -429,75 +429,10 @@ def graph_module_trace(gm: torch.fx.GraphModule, args: tuple, kwargs: dict, opti
                 user_inputs=((tuple(args), dict(kwargs)), set(names)), pick_output=pick, options=options)
 
 
-def _noted(report, note: str):
-    """The same report with ``note`` added to its trace's notes (shown as ``report.notes`` and in JSON)."""
-    from ..report import Report
-    opts = dict(report.trace.options)
-    opts["notes"] = tuple(opts.get("notes", ())) + (note,)
-    model = report._model() if report._model is not None else None
-    return Report(dataclasses.replace(report.trace, options=opts), model, graph=report.graph)
-
-
 def compiled_original(model: Any):
     """A torch.compile'd module's original module, else None (torch's dynamo is not imported here:
     a compiled module exists only once it has been)."""
     return _compat.compiled_original(model)
-
-
-def route_analyze(model, args: tuple, kwargs: dict, *, input_size, dtypes, batch_dim, device, mode: str,
-                  backward: bool, causal: str, analyze, analyze_exported):
-    """``analyze()``'s front door for exported and compiled models; None for any other model.
-
-    * ExportedProgram: analyze_exported (forward only; the graph's train/eval behaviour was fixed at
-      export, so ``mode`` does not apply).
-    * torch.compile'd module (OptimizedModule): ``analyze`` of its ``_orig_mod``, which the compiled
-      module runs; a note says so. The compiled kernels themselves are not what is counted.
-    * ``ep.module()`` (its train()/eval() raise): its graph runs as exported (mode "same"), with the
-      module calls of each node's nn_module_stack; ``backward=True`` runs it as a module with
-      mode="same" instead (every op in the root layer, since the graph calls no submodule).
-    """
-    if isinstance(model, torch.export.ExportedProgram):
-        if backward:
-            raise InputError("an exported program is analysed forward only: analyse the eager model "
-                             "for backward=True")
-        if batch_dim is not None:
-            raise InputError("batch_dim does not apply to an exported program")
-        return analyze_exported(model, *args, input_size=input_size, dtypes=dtypes, device=device,
-                                causal=causal, **kwargs)
-    orig = compiled_original(model)
-    if orig is not None:
-        rep = analyze(orig, *args, input_size=input_size, dtypes=dtypes, batch_dim=batch_dim, device=device,
-                      mode=mode, backward=backward, causal=causal, **kwargs)
-        return _noted(rep, f"torch.compile'd model: analysed its original module ({type(orig).__name__}, "
-                           "_orig_mod), whose eager ops are what is counted")
-    if not is_exported_module(model) or mode == "same" and backward:
-        return None
-    if mode == "train":
-        raise InputError("the module of an exported program (ep.module()) cannot be switched to train "
-                         "mode: it runs as it was exported; pass mode='same'")
-    if backward:
-        rep = analyze(model, *args, input_size=input_size, dtypes=dtypes, batch_dim=batch_dim,
-                      device=device, mode="same", backward=True, causal=causal, **kwargs)
-        return _noted(rep, "an exported program's module (ep.module()) runs as exported (mode='same'); "
-                           "with backward=True its ops are all in the root layer (the graph calls no "
-                           "submodule)")
-    from ..capture.inputs import make_inputs
-    from ..costs import CostOptions
-    from ..report import Report
-    if device not in (None, "cpu"):
-        raise InputError("the module of an exported program is analysed on CPU; for device='meta' pass "
-                         "the ExportedProgram itself")
-    if input_size is not None:
-        if args:
-            raise InputError("give either input_size or example inputs, not both")
-        args = tuple(make_inputs(input_size, dtypes, batch_dim, torch.device("cpu")))
-    if not args and not kwargs:
-        raise InputError("no example inputs: pass them as arguments (analyze(model, x)) or give input_size")
-    rep = Report(graph_module_trace(model, tuple(args), dict(kwargs), options=CostOptions(causal=causal)), model)
-    if mode == "eval":
-        rep = _noted(rep, "an exported program's module (ep.module()) runs as exported: mode='same' "
-                          "(its train/eval behaviour was fixed at export)")
-    return rep
 
 
 def refuse_exported(model: Any, entry: str) -> None:

@@ -84,7 +84,7 @@ def onnx_tile(model, block: tuple[int, int, int] = (64, 64, 64), ops=("Gemm", "M
     import onnx
     from onnx import helper
 
-    from .onnx import infer_shapes, type_shape, with_input_shapes, load_onnx
+    from .onnx_load import infer_shapes, type_shape, with_input_shapes, load_onnx
 
     if len(block) != 3 or any(int(b) < 1 for b in block):
         raise InputError(f"block must be three positive sizes (M, K, N), got {block!r}")
@@ -179,7 +179,7 @@ def onnx_tile(model, block: tuple[int, int, int] = (64, 64, 64), ops=("Gemm", "M
 
 def _random_feeds(model, input_shapes: dict | None, rng) -> dict[str, np.ndarray]:
     import onnx
-    from .onnx import type_shape
+    from .onnx_load import type_shape
     init = {t.name for t in model.graph.initializer}
     feeds = {}
     for i in model.graph.input:
@@ -201,7 +201,7 @@ def verify_tiling(original, tiled, input_shapes: dict | None = None, runs: int =
     """Run both models in onnxruntime (CPU) on the same random inputs: {"max_abs_error", "mse",
     "runs"} over every output of every run."""
     import onnxruntime as ort
-    from .onnx import load_onnx
+    from .onnx_load import load_onnx
     a = load_onnx(original)
     b = load_onnx(tiled.model if isinstance(tiled, TileResult) else tiled)
     opts = ort.SessionOptions()

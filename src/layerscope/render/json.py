@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .units import fmt
 
 if TYPE_CHECKING:
-    from ..report import Report
+    from ..reports.summary import Report
 
 SCHEMA_VERSION = "1.4"   # 1.1: every report names its kind; 1.2: context and columns; 1.3: plan step times;
 #                          1.4: zero bubble's weight_time (stages), weight_flops and deferred_bytes (units)

@@ -218,7 +218,7 @@ def html_page(title: str | None = None, **reports) -> str:
     template = Template(resources.files(__name__).joinpath("report.html").read_text(encoding="utf-8"))
     # inside <script>, "</" could close the tag early: JSON allows "<\/" for it
     blob = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
-    from ... import __version__
+    from ..._version import __version__
     return template.substitute(title=html.escape(title or f"layerscope: {name}"), data=blob,
                                version=html.escape(__version__))
 

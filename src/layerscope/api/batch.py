@@ -1,0 +1,162 @@
+"""``max_batch_size()``: the largest batch whose simulated training step fits a memory limit."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..capture.guard import exclusive
+from ..capture.prepare import is_fake_model
+from ..capture import model_device
+from ..errors import InputError
+from ..options import MemoryOptions, entry_options
+from ..render.units import iec, parse_bytes
+from .memory import memory_with
+
+__all__ = ["BatchFit", "max_batch_size"]
+
+
+class BatchFit:
+    """Result of max_batch_size: the largest batch whose predicted peak fits the limit."""
+
+    def __init__(self, batch_size: int, peak_bytes: int | None, limit_bytes: int, samples, report):
+        self.batch_size = batch_size
+        self.peak_bytes = peak_bytes
+        self.limit_bytes = limit_bytes
+        self.samples = tuple(samples)   # (batch size, predicted peak) for every simulated batch
+        self.report = report            # the MemoryReport at batch_size (None when nothing fits)
+        # (batch size, measured peak) of the real steps that checked the answer (none: not checked)
+        self.measured: tuple[tuple[int, int], ...] = ()
+
+    def __repr__(self) -> str:
+        peak = iec(self.peak_bytes) if self.peak_bytes is not None else "--"
+        return (f"<BatchFit batch_size={self.batch_size} peak={peak} limit={iec(self.limit_bytes)} "
+                f"simulations={len(self.samples)}>")
+
+
+@exclusive
+def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_batch: int = 1 << 20,
+                   options: MemoryOptions | None = None, forward_kwargs: dict | None = None,
+                   **kwargs: Any) -> BatchFit:
+    """The largest batch size whose predicted peak (``memory(...)`` with the same arguments) fits
+    ``limit`` (bytes, or a string such as "80GiB"). Peaks at batch 1 and 2 give a line; the batch it
+    predicts and the one above are simulated, which proves the answer where the peak is affine in the
+    batch size (4 simulations); elsewhere a line through neighbouring batches predicts again, then
+    bisection brackets it. The result is always verified by a simulation at that batch and one above
+    it (``BatchFit.samples``: every batch simulated). With real weights on the device planned for, one real
+    step at the answer is then measured with the allocator (``BatchFit.measured``) and the batch is
+    lowered until the measured peak fits, so scratch the simulation cannot see (oneDNN convolution
+    workspace) never makes the answer too large.
+
+    The steps are ``memory()``'s: its options as keywords (``optimizer=``, ``training=``, ...) or in
+    ``options=MemoryOptions(...)``, not both ways; ``batch_dim`` is the dimension the batch is resized
+    along (a ``batch_dim`` in ``options`` must agree with it), and ``batch_size`` is what this searches."""
+    opts, kwargs = entry_options(MemoryOptions, options, kwargs, forward_kwargs)
+    if opts.batch_dim not in (None, batch_dim) and batch_dim != 0:
+        raise InputError(f"batch_dim={batch_dim} disagrees with options.batch_dim={opts.batch_dim}")
+    if opts.batch_size is not None:
+        raise InputError("max_batch_size() searches the batch size: leave batch_size unset")
+    opts = dataclasses.replace(opts, batch_dim=batch_dim if opts.batch_dim is None else opts.batch_dim)
+    limit_bytes = parse_bytes(limit)
+    reports: dict[int, Any] = {}
+
+    def peak(b: int) -> int:
+        if b not in reports:
+            reports[b] = memory_with(model, args, kwargs, dataclasses.replace(opts, batch_size=b))
+        return reports[b].peak_bytes
+
+    def result(b: int) -> BatchFit:
+        samples = sorted((k, r.peak_bytes) for k, r in reports.items())
+        return BatchFit(b, reports[b].peak_bytes if b else None, limit_bytes, samples,
+                        reports.get(b))
+
+    def done(b: int) -> BatchFit:
+        return _checked(result(b), model, args, kwargs, opts, limit_bytes, reports)
+
+    if peak(1) > limit_bytes:
+        return done(0)
+    slope = peak(2) - peak(1)
+    if peak(2) > limit_bytes:
+        return done(1)
+    if slope <= 0:
+        raise InputError("the predicted peak does not grow with the batch size; check batch_dim")
+    if max_batch <= 2:
+        return done(max_batch)
+    # The answer is the largest batch that fits, once one that fits (lo) and the next that does not
+    # (hi = lo + 1) are both simulated, or lo reaches max_batch. Where the peak is affine in the
+    # batch size, the line through batches 1 and 2 predicts the answer exactly: it and one above are
+    # simulated to prove it (4 simulations in all). Where it is not (the peak moves from one phase
+    # to another as activations grow, or allocation blocks round), the line through the last two
+    # batches simulated, next to each other, predicts again; then doubling and bisection, as before.
+    lo, hi = 2, None
+
+    def settled() -> bool:
+        return lo >= max_batch or hi == lo + 1
+
+    def fits(b: int) -> bool:
+        nonlocal lo, hi
+        ok = peak(b) <= limit_bytes
+        if ok:
+            lo = max(lo, b)
+        else:
+            hi = b if hi is None else min(hi, b)
+        return ok
+
+    b = min(max_batch, max(3, 1 + (limit_bytes - peak(1)) // slope))
+    for _ in range(3):
+        # the prediction, and its neighbour on the side that would prove it
+        near = b + 1 if fits(b) else b - 1
+        if settled():
+            break
+        if lo < near < (hi if hi is not None else max_batch + 1):
+            fits(near)
+            if settled():
+                break
+        a, z = min(b, near), max(b, near)
+        local = peak(z) - peak(a) if (a in reports and z in reports and z == a + 1) else 0
+        if local <= 0:
+            break
+        b = a + (limit_bytes - peak(a)) // local      # the last batch on the local line that fits
+        b = min(max_batch, max(lo + 1, b if hi is None else min(b, hi - 1)))
+        if b in reports:
+            break
+    if settled():
+        return done(lo)
+    b = lo
+    while hi is None:  # doubling until one fails
+        b = min(max_batch, b * 2)
+        if fits(b) and b >= max_batch:
+            return done(b)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        fits(mid)
+    return done(lo)
+
+
+def _checked(fit: BatchFit, model, args, kwargs, opts: MemoryOptions, limit_bytes, reports) -> BatchFit:
+    """Where the model has real weights on the device planned for, measure one real step at the
+    answer (as partition() measures working memory) and step down while the measured peak exceeds
+    the limit: scratch that kernels allocate inside themselves (oneDNN convolutions) is invisible to
+    the simulation, so a predicted fit is not proof. The answer is never a batch that did not fit."""
+    b = fit.batch_size
+    if b < 1 or opts.simulate is False or opts.measure is False or is_fake_model(model):
+        return fit
+    here = model_device(model)
+    device = opts.device
+    if here.type not in ("cpu", "cuda") or (device is not None and torch.device(device) != here):
+        return fit
+    measured = {}
+    while b >= 1:
+        rep = memory_with(model, args, kwargs, dataclasses.replace(opts, batch_size=b, measure=True))
+        measured[b] = rep.measured.peak_bytes
+        if rep.measured.peak_bytes <= limit_bytes:
+            reports[b] = rep
+            break
+        b -= 1
+    samples = sorted((k, r.peak_bytes) for k, r in reports.items())
+    out = BatchFit(b, reports[b].peak_bytes if b else None, limit_bytes, samples, reports.get(b))
+    out.measured = tuple(sorted(measured.items()))
+    return out

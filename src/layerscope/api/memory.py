@@ -1,0 +1,155 @@
+"""``memory()``: one training step (or no-grad forward) simulated on fake tensors, or tracked on the
+real ones, per category, over time and per layer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..analyses.memory import memory_results
+from ..capture import iter_tensors, model_device
+from ..capture.guard import exclusive, gc_paused
+from ..capture.measure import measure_cpu, measure_cuda, state_bytes
+from ..capture.prepare import as_device, check_model, example_inputs, is_fake_model, rebatch
+from ..capture.step import run_steps
+from ..capture.storage import StorageTracker, cuda_block_size
+from ..errors import ForwardError, InputError
+from ..formats.exported import refuse_exported
+from ..options import MemoryOptions, entry_options, optimizer_name
+from ..progress import ProgressBar
+from ..render.units import parse_bytes
+from ..reports.memory import MemoryReport
+
+__all__ = ["memory", "memory_with"]
+
+
+@exclusive
+def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, device=None, input_size=None,
+           batch_size: int | None = None, limit=None, options: MemoryOptions | None = None,
+           forward_kwargs: dict | None = None, **kwargs: Any) -> MemoryReport:
+    """Memory of a training step (or, with ``training=False``, a no-grad forward), per category, over
+    time and per layer. Returns a MemoryReport.
+
+    The step is simulated on fake tensors: the model's own forward, autograd's backward and the
+    optimizer's real ``step()`` run without computing or allocating, and every storage they create or
+    free is recorded, so a model that fits nowhere can be planned anywhere. ``device`` is where the
+    memory is predicted for (default: where the model is; "cuda" rounds every storage to the CUDA
+    allocator's 512-byte blocks). ``optimizer`` is a torch.optim class, a factory taking the
+    parameters, an instance (its class and defaults are used) or a name like "adamw". ``progress=True``
+    shows a bar on stderr, one tick per step. ``steps``
+    training steps are run (optimizer state exists from the first step on); ``accumulation`` runs that
+    many forward/backward passes per step. ``loss_fn(output) -> scalar`` defaults to the output's
+    ``loss`` or the sum of the output. ``autocast_dtype`` (torch.bfloat16/float16 or "bf16"/"fp16")
+    runs forward and loss under torch.autocast. ``batch_size`` re-sizes the inputs along
+    ``batch_dim`` (default 0). ``simulate=False`` tracks the real step on the model's own tensors
+    instead (everything is restored afterwards). ``measure=True`` also runs the real step and measures
+    it with the allocator (default on for CUDA models). ``limit`` (bytes or "80GiB") is shown
+    against the peak. What the simulation had to make up (random draws taken at their median, values
+    read back from tensors that have none, kernels it could not size) is listed in ``notes``.
+
+    Options: the named keywords above, or any other field of ``layerscope.MemoryOptions``
+    (``autocast_dtype``, ``batch_dim``, ``dtypes``, ``loss_fn``, ``steps``, ``accumulation``,
+    ``simulate``, ``measure``, ``progress``) as a keyword, or all of them in
+    ``options=MemoryOptions(...)``; an option given both in ``options=`` and as a keyword (a named one
+    away from its default) is an InputError. A forward argument named like an option goes in
+    ``forward_kwargs``.
+    """
+    opts, kwargs = entry_options(MemoryOptions, options, kwargs, forward_kwargs, optimizer=optimizer,
+                                 training=training, device=device, input_size=input_size, batch_size=batch_size,
+                                 limit=limit)
+    return memory_with(model, args, kwargs, opts)
+
+
+def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions) -> MemoryReport:
+    """``memory()`` once its options are an object (``max_batch_size()`` runs it per batch size)."""
+    refuse_exported(model, "memory")   # issue 22: exported programs cannot run a training step
+    check_model(model)
+    factory, amp, training, steps, measure = (opts.optimizer, opts.autocast_dtype, opts.training, opts.steps,
+                                              opts.measure)
+    here = model_device(model)
+    target = as_device(opts.device) if opts.device is not None else here
+    if target.type == "cuda" and target.index is None and torch.cuda.is_available():
+        target = torch.device("cuda", torch.cuda.current_device())
+    notes = []
+    real_ok = here.type not in ("meta",) and not is_fake_model(model)
+    if not opts.simulate and (not real_ok or target != here):
+        raise InputError(f"simulate=False tracks the real step where the model is ({here}); it needs "
+                         f"real tensors there" + (f", not device={str(target)!r}" if target != here else ""))
+    if measure is None:
+        measure = opts.simulate and real_ok and here.type == "cuda" and target == here
+    if measure and (not real_ok or target != here or here.type not in ("cpu", "cuda")):
+        raise InputError(f"measure=True runs the real step on the model's device ({here}); it needs a "
+                         f"CPU or CUDA model with real tensors and device left at that")
+    # example inputs
+    in_device = here if (not opts.simulate or measure) else torch.device("meta")
+    args = example_inputs(args, kwargs, opts.input_size, opts.dtypes, opts.batch_dim, in_device, "memory")
+    if opts.batch_size is not None:
+        args, kwargs = rebatch(args, kwargs, opts.batch_dim or 0, opts.batch_size)
+    # where the simulation runs: fake tensors that claim the target device
+    sim_device = target
+    if target.type == "meta":
+        sim_device = torch.device("cpu")
+        notes.append("simulated as a CPU step (autocast follows CPU rules)")
+    elif target.type == "cuda" and not torch.cuda.is_available():
+        sim_device = torch.device("cpu")
+        notes.append("no CUDA here: simulated with fake CPU tensors and CUDA's 512-byte allocation "
+                     "blocks; autocast follows CPU rules, and the optimizer's foreach default is CUDA's; "
+                     "scratch that CUDA kernels (cuBLAS, cuDNN RNN reserve, attention) allocate inside "
+                     "themselves is not counted")
+    elif target.type == "cuda" and opts.simulate:
+        notes.append("scratch that CUDA kernels (cuBLAS, cuDNN, attention) allocate inside themselves is "
+                     "not counted; measure=True shows the allocator's peak beside the prediction")
+    block_size = cuda_block_size if target.type == "cuda" else None
+    options = {"device": str(target), "training": training, "optimizer": optimizer_name(factory),
+               "autocast": str(amp).replace("torch.", "") if amp else None, "steps": steps if training else 1,
+               "accumulation": opts.accumulation if training else 1, "simulated": opts.simulate,
+               "allocation_block": 512 if block_size else 1,
+               "limit": parse_bytes(opts.limit) if opts.limit is not None else None}
+    step_kw = dict(optimizer=factory if training else None, training=training, autocast_dtype=amp,
+                   loss_fn=opts.loss_fn, steps=steps, accumulation=opts.accumulation)
+    tracker = StorageTracker(block_size)
+    bar = ProgressBar(steps if training else 1, "simulating the step" if opts.simulate else "running the step") \
+        if opts.progress else None
+    with gc_paused():
+        try:
+            run = run_steps(model, args, kwargs, simulate=opts.simulate,
+                            device=sim_device if opts.simulate else here,
+                            tracker=tracker, foreach_default=target.type == "cuda",
+                            probe_kernels=sim_device == target or target.type == "meta",
+                            on_step=(lambda step, when: bar.advance() if when == "end" else None) if bar else None,
+                            **step_kw)
+        except ForwardError as e:
+            if not opts.simulate:
+                raise
+            raise _simulation_hint(e) from e.__cause__
+        finally:
+            if bar is not None:
+                bar.close()
+        measured = None
+        if measure:
+            before = state_bytes([*model.parameters(), *model.buffers(), *iter_tensors((args, kwargs))])
+
+            def real(on_step):
+                run_steps(model, args, kwargs, simulate=False, device=here, tracker=None,
+                          on_step=on_step, **step_kw)
+
+            measured = measure_cuda(real, here, options["steps"]) if here.type == "cuda" else \
+                measure_cpu(real, before, options["steps"])
+        if run.log is not None:
+            notes += run.log.notes()
+        if tracker.untracked:
+            notes.append(f"{tracker.untracked} tensors without a plain storage (sparse, nested) were "
+                         "not tracked")
+        return MemoryReport(**memory_results(run, model, options=options, measured=measured, notes=notes))
+
+
+def _simulation_hint(err: ForwardError) -> ForwardError:
+    cause = type(err.__cause__).__name__ if err.__cause__ is not None else ""
+    if cause in ("DataDependentOutputException", "DynamicOutputShapeException",
+                 "UnsupportedOperatorException", "GuardOnDataDependentSymNode"):
+        return ForwardError(f"{err} -- the simulation runs on fake tensors without values, and this op "
+                            "needs them; track the real step instead with simulate=False",
+                            path=err.path, module_type=err.module_type, input_shapes=err.input_shapes)
+    return err

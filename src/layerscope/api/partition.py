@@ -1,0 +1,162 @@
+"""``partition()``: a model split into pipeline stages (moved here verbatim from the old api.py; the
+planning slice rewrites its signature)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..capture import iter_tensors, model_device
+from ..capture.guard import exclusive, gc_paused
+from ..capture.prepare import check_model, example_inputs, is_fake_model, micro_batch
+from ..errors import InputError
+from ..options import forward_inputs
+from ..pipeline.units import units_from_memory, with_latencies, with_work
+from ..reports.summary import Report
+from .memory import memory
+
+__all__ = ["partition"]
+
+
+@exclusive
+def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit=None,
+              schedule: str = "1f1b", microbatches: int = 1, optimizer=None, stages_per_rank: int = 2,
+              batch_dim: int = 0, input_size=None, dtypes=None, autocast_dtype=None, device=None,
+              latency_repeats: int = 5, loss_fn=None, measure_working: bool | None = None,
+              forward_kwargs: dict | None = None, objective: str | None = None, roofline=None,
+              link_bandwidth: float | None = None, optimizer_bandwidth: float | None = None, cuts=None,
+              return_outputs: bool = True, count_inputs: bool | None = None, target_bytes: int = 0,
+              **kwargs: Any):
+    """Split a model into ``stages`` pipeline stages, each fitting ``memory_limit`` (bytes or "16GiB";
+    a list gives one limit per stage). Returns a StagePlan.
+
+    ``objective``: "step_time" — the smallest predicted time of one training step under
+    ``schedule``, simulated from each stage's forward and backward time per micro-batch, the sends
+    across cuts (``link_bandwidth``, bytes/s) and each rank's optimizer step
+    (``optimizer_bandwidth``, bytes/s); the default when the costs are times (``by="latency"`` or
+    ``"roofline"``). "bottleneck" — the smallest largest stage cost; the default otherwise.
+    "uniform" — equal numbers of the repeated blocks per stage (torchtitan's default split), for
+    comparison. ``cuts``: take this split instead (where stages 1 .. K-1 begin: unit indices or
+    split point names, as ``plan.split_points`` gives them). With times, the plan states the
+    predicted step time, bubble and per-rank busy time and draws the step (``plan.timeline``).
+
+    ``model_or_report``: a model with its example inputs (the whole batch; it is cut into
+    ``microbatches`` chunks along ``batch_dim`` as the schedule will), a MemoryReport (of one
+    micro-batch) or a Report (costs and parameters only: no activation memory). ``by``: "flops"
+    (forward + backward), "macs", "params", "memory", "latency" (forward and backward times measured
+    here on the real model), "roofline" (times predicted from each unit's FLOPs and bytes moved under
+    ``roofline``: a device name from the built-in table such as "H100", ``(peak_flops,
+    peak_bytes_per_s)``, or "measure"/"auto": measured on this machine) or a callable Unit -> cost. ``schedule``: "gpipe", "1f1b", "interleaved" (``stages_per_rank`` stages
+    on each rank), "zb" (torch's ScheduleInterleavedZeroBubble, placed as interleaved) or "zbv"
+    (ScheduleZBVZeroBubble: two stages per rank in a V). ``optimizer`` (class, factory, instance or name) sets the optimizer state counted
+    in each stage's memory; the training step is simulated on fake tensors, so a model on the meta
+    device plans without memory. ``loss_fn(output) -> scalar`` (as in ``memory()``; default: the
+    output's ``loss`` or its sum) sets the loss's working memory, which the last stage holds.
+    ``measure_working`` (default: when the model has real weights and is planned for its own device
+    without autocast) runs one real training step of a micro-batch to measure each unit's working
+    memory there (kernel scratch buffers that simulation cannot see); a unit's working memory is the
+    larger of simulated and measured.
+
+    What the caller of ``schedule.step()`` keeps alive, by default as torch's defaults keep it:
+    ``return_outputs=True`` (``step()``'s own default) plans for the last stage keeping every
+    micro-batch's output and their concatenation (False: the setting that saves that memory, when
+    the loop calls ``step(..., return_outputs=False)``); ``count_inputs`` (default: when a model and
+    its inputs are given) counts the whole batch's inputs on the first stage; ``target_bytes`` the
+    whole batch's targets on the last.
+    """
+    kwargs = forward_inputs(kwargs, forward_kwargs)
+    from ..reports.memory import MemoryReport
+    from ..pipeline.partition import build_plan
+    from ..pipeline.units import split_units, unit_latencies, unit_work_bytes
+
+    notes: list[str] = []
+    options = {"optimizer": None, "autocast": None}
+    if not isinstance(microbatches, int) or microbatches < 1:      # before micro_batch() divides by it
+        raise InputError(f"microbatches must be a positive integer, got {microbatches!r}")
+    if isinstance(model_or_report, Report):
+        units = split_units(model_or_report.trace, model=model_or_report._model() if model_or_report._model
+                            else None)
+        notes.append("planned from a Report: activations and optimizer state are not counted "
+                     "(pass the model, or a MemoryReport, for memory-aware plans)")
+    elif isinstance(model_or_report, MemoryReport):
+        rep = model_or_report
+        units = units_from_memory(rep, rep._model() if rep._model else None)
+        options.update(optimizer=rep.options.get("optimizer"), autocast=rep.options.get("autocast"))
+    else:
+        from ..formats.exported import refuse_exported
+        refuse_exported(model_or_report, "partition")   # issue 22
+        model = check_model(model_or_report)
+        args = example_inputs(args, kwargs, input_size, dtypes, None, model_device(model), "partition")
+        mb_args, mb_kwargs, mb = micro_batch(args, kwargs, microbatches, batch_dim)
+        # one simulated step: the units take the last pass's trace, per-layer memory and the
+        # optimizer's state, which its first step() creates; a second step only adds that state as a
+        # constant under every live-bytes difference the units keep (checked equal, tests/pipeline)
+        rep = memory(model, *mb_args, optimizer=optimizer, autocast_dtype=autocast_dtype, device=device,
+                     steps=1, batch_dim=batch_dim, loss_fn=loss_fn, forward_kwargs=mb_kwargs)
+        no_data = model_device(model).type == "meta" or is_fake_model(model)
+        if by == "latency" and no_data:
+            raise InputError("by='latency' times the units on the real model; this one has no data "
+                             "(meta or fake tensors)")
+        units = units_from_memory(rep, model, micro=mb)
+        if measure_working and no_data:
+            raise InputError("measure_working=True runs a real step; this model has no data (meta or "
+                             "fake tensors)")
+        # the real step runs as the model is: not for another device or under autocast
+        here = (device is None or torch.device(device).type == model_device(model).type) and \
+            autocast_dtype is None
+        if measure_working and not here:
+            raise InputError("measure_working=True measures on the model's own device without "
+                             "autocast; leave device= and autocast_dtype= unset for it")
+        if measure_working or (measure_working is None and not no_data and here
+                               and rep.totals.get("gradient_bytes")):
+            with gc_paused():
+                work = unit_work_bytes(model, units, mb_args, mb_kwargs, loss_fn=loss_fn)
+            units = with_work(units, work)
+            notes.append(f"working memory: the larger of simulated and measured on {model_device(model)}")
+        if by == "latency":
+            with gc_paused():
+                lat = unit_latencies(model, units, mb_args, mb_kwargs, repeats=latency_repeats,
+                                     loss_fn=loss_fn)
+            units = with_latencies(units, lat)
+        options.update(optimizer=rep.options.get("optimizer"), autocast=rep.options.get("autocast"),
+                       device=rep.options.get("device"))
+    if count_inputs and isinstance(model_or_report, (Report, MemoryReport)):
+        raise InputError("count_inputs=True counts the whole batch's inputs: pass the model and its inputs")
+    if count_inputs is None:
+        count_inputs = not isinstance(model_or_report, (Report, MemoryReport))
+    if return_outputs or count_inputs or target_bytes:
+        import dataclasses
+        seen: dict[int, int] = {}
+        if count_inputs:
+            for t in iter_tensors((args, kwargs)):
+                seen[id(t)] = t.numel() * t.element_size()
+        units = dataclasses.replace(units, kept_outputs=bool(return_outputs),
+                                    input_batch_bytes=sum(seen.values()), target_bytes=int(target_bytes))
+        options.update(return_outputs=bool(return_outputs))
+    if by == "roofline":
+        from ..analyses.roofline import roofline_for
+        from ..pipeline.units import roofline_times
+        where = torch.device(options.get("device") or "cpu")
+        if roofline is None and where.type == "cuda" and not torch.cuda.is_available():
+            raise InputError("by='roofline' for a GPU that is not here needs its peaks: roofline='H100' (or "
+                             "another name of the built-in table) or (peak_flops, peak_bytes_per_s)")
+        roof = roofline_for(roofline or "auto", where, _plan_dtype(units))
+        units = with_latencies(units, roofline_times(units, roof))
+        notes.append(f"times predicted by a roofline ({roof.name}): {roof.peak_flops / 1e12:.3g} TFLOP/s, "
+                     f"{roof.peak_bandwidth / 1e9:.3g} GB/s ({roof.source})")
+        options["roofline"] = roof.to_dict()
+    return build_plan(units, stages=stages, by=by, memory_limit=memory_limit, schedule=schedule,
+                      microbatches=microbatches, stages_per_rank=stages_per_rank, options=options,
+                      notes=notes, objective=objective, link_bandwidth=link_bandwidth,
+                      optimizer_bandwidth=optimizer_bandwidth, cuts=cuts)
+
+
+def _plan_dtype(units) -> torch.dtype:
+    """The floating dtype most of the units' parameters are in (for a roofline's peak)."""
+    by = {}
+    for u in units.units:
+        if u.params:
+            by[u.param_bytes // u.params] = by.get(u.param_bytes // u.params, 0) + u.params
+    size = max(by, key=by.get) if by else 4
+    return {2: torch.bfloat16, 8: torch.float64}.get(size, torch.float32)

@@ -1,0 +1,117 @@
+"""``profile()``: every module call of a model timed on its own device, with costs per call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..analyses.latency import AUTO_MAX, WARMUP_MAX, time_calls
+from ..analyses.roofline import roofline_for
+from ..capture import StateGuard, model_device
+from ..capture.guard import exclusive, gc_paused
+from ..capture.prepare import check_model, example_inputs, float_dtype, is_fake_model
+from ..capture.step import default_loss
+from ..errors import InputError, LayerscopeError
+from ..options import AnalyzeOptions, ProfileOptions, entry_options
+from ..progress import ProgressBar
+from ..reports.latency import LatencyReport, latency_layers, latency_totals
+from .analyze import analyze
+
+__all__ = ["profile"]
+
+
+@exclusive
+def profile(model: nn.Module, *args: Any, warmup: int | str = "auto", repeats: int | str = "auto",
+            backward: bool = False, device=None, input_size=None, roofline=None,
+            options: ProfileOptions | None = None, forward_kwargs: dict | None = None,
+            **kwargs: Any) -> LatencyReport:
+    """Time every module call of ``model`` on its own device: forward (and with ``backward=True``
+    backward) time per call, inclusive and self, median and quartiles over ``repeats`` after
+    ``warmup`` runs. Returns a LatencyReport whose totals put the uninstrumented forward (and
+    backward) beside the instrumented one and the sum of self times, so the hooks' overhead shows.
+
+    ``repeats="auto"`` (the default; an int is a fixed count): 6 to 20 repeats, stopping at the first
+    at which the distribution-free 95% confidence interval of every median that matters lies within
+    +-2% of it for the whole forward (and backward), with hooks and without, and within +-5% for each
+    call that takes at least 5% of the whole: about what 20 fixed repeats give on a typical spread
+    (analyses/latency.py says why). ``warmup="auto"`` (the default): 1 to 3 runs, more while a run was
+    over 2% slower than the next. The report's ``options`` and footer say how many ran and why they
+    stopped ("precise", "maximum" or "fixed").
+
+    Forward-only runs are under ``torch.no_grad()`` (as inference runs); with ``backward=True`` each
+    repeat runs forward, ``loss_fn(output)`` (default: the output's ``loss`` or its sum) and backward,
+    with gradients cleared first. Costs (FLOPs, bytes) come from an analysis on meta copies of the
+    weights, so achieved FLOP/s and arithmetic intensity are per call. ``roofline``: a device name
+    from the built-in table ("A100", "H100", "H200", ...), "measure" (a short microbenchmark here),
+    "auto" (the table for a known GPU, else measured), ``(peak_flops, peak_bytes_per_s)`` or a
+    Roofline: each call is then classed compute- or memory-bound with its distance from the roof.
+    ``device`` only says where example inputs built from ``input_size`` go; layerscope never moves a
+    model. ``progress=True``
+    shows a progress bar on stderr. The model is left as it was (weights, buffers, flags, grads, RNG).
+
+    Options: the named keywords above, or any other field of ``layerscope.ProfileOptions``
+    (``dtypes``, ``loss_fn``, ``progress``) as a keyword, or all of them in
+    ``options=ProfileOptions(...)``; an option given both in ``options=`` and as a keyword (a named one
+    away from its default) is an InputError. A forward argument named like an option goes in
+    ``forward_kwargs``.
+    """
+    opts, kwargs = entry_options(ProfileOptions, options, kwargs, forward_kwargs, warmup=warmup, repeats=repeats,
+                                 backward=backward, device=device, input_size=input_size, roofline=roofline)
+    warmup, repeats, backward, loss_fn = opts.warmup, opts.repeats, opts.backward, opts.loss_fn
+    check_model(model)
+    here = model_device(model)
+    if here.type == "meta" or is_fake_model(model):
+        raise InputError("profile() times real computation; this model has no data (meta or fake "
+                         "tensors)")
+    if opts.device is not None and torch.device(opts.device).type != here.type:
+        raise InputError(f"the model is on {here} but device={str(opts.device)!r} was asked; layerscope never "
+                         "moves a model: move it first")
+    args = example_inputs(args, kwargs, opts.input_size, opts.dtypes, None, here, "profile")
+    try:
+        costs = analyze(model, *args, options=AnalyzeOptions(device="meta", mode="same", backward=backward),
+                        forward_kwargs=kwargs)
+    except LayerscopeError:   # a model that reads values: count on the real tensors
+        costs = analyze(model, *args, options=AnalyzeOptions(mode="same", backward=backward), forward_kwargs=kwargs)
+    roof = roofline_for(opts.roofline, here, float_dtype(model))
+
+    def run():
+        if backward:
+            return model(*args, **kwargs)
+        with torch.no_grad():
+            return model(*args, **kwargs)
+
+    def loss_of(out):
+        for p in model.parameters():
+            p.grad = None
+        return (loss_fn or default_loss)(out)
+
+    guard = StateGuard(model, inputs=(args, kwargs))
+    bar = ProgressBar((WARMUP_MAX if warmup == "auto" else warmup) + (AUTO_MAX if repeats == "auto" else repeats),
+                      "profiling") if opts.progress else None
+    ran: dict = {}
+    try:
+        with gc_paused():
+            calls, plain, hooked = time_calls(model, run, loss_of if backward else None, device=here,
+                                              warmup=warmup, repeats=repeats,
+                                              progress=bar.advance if bar else None, info=ran)
+    finally:
+        guard.restore()
+        if bar:
+            bar.close()
+    totals = latency_totals(calls, hooked, plain, backward)
+    totals["flops"] = costs.totals.flops
+    options = {"warmup": ran["warmup"], "repeats": ran["repeats"], "backward": backward, "unit": "repeat"}
+    if repeats == "auto" or warmup == "auto":     # how the counts were chosen (a fixed pair: as before)
+        options["stopped"] = ran["stopped"]
+        options["repeats_rule"] = "auto" if repeats == "auto" else "fixed"
+        options["warmup_rule"] = "auto" if warmup == "auto" else "fixed"
+        if "worst" in ran:
+            options["least_precise"] = {"name": ran["worst"][1], "tolerance_ratio": ran["worst"][0]}
+    return LatencyReport(model_name=type(model).__name__, device=str(here),
+                         options=options,
+                         layers=tuple(latency_layers(calls, costs, backward)), totals=totals,
+                         roofline=roof)
+
+
