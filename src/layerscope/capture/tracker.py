@@ -225,15 +225,21 @@ class ModuleTracker:
         return None   # a forward pre-hook that returns something replaces the module's arguments
 
     def exit(self, module: nn.Module, args: tuple = (), kwargs: dict | None = None, output: Any = None) -> None:
-        """The open call of ``module`` ends (calls opened inside it that never closed, after an
-        exception, close with it)."""
+        """The open call of ``module`` ends."""
         if self.thread is not None and _get_ident() != self.thread:
             return None
         calls, stack = self.calls, self.stack
-        while stack and calls[stack[-1]].module is not module:
-            stack.pop()
         if not stack:
             return None
+        if calls[stack[-1]].module is not module:
+            # after an exception, calls opened inside this one that never closed close with it; a
+            # call the factory declined (not on the stack) closes nothing
+            k = len(stack) - 2
+            while k >= 0 and calls[stack[k]].module is not module:
+                k -= 1
+            if k < 0:
+                return None
+            del stack[k + 1:]
         call = calls[stack.pop()]
         for fn in self.post_fw:
             fn(call, output)
