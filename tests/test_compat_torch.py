@@ -134,7 +134,7 @@ def test_latency_skips_backward_timing_without_sequence_numbers(older_torch):
 
 
 def test_dispatch_modes_are_made_on_first_use():
-    from layerscope.capture.session import _PrivateRngMode
+    from layerscope.capture.state import _PrivateRngMode
     from layerscope.capture.rng import PrivateRNG
     from torch.utils._python_dispatch import TorchDispatchMode
     mode = _PrivateRngMode(PrivateRNG())

@@ -29,7 +29,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .analyses.latency import CallTimes, Recorder, merge_steps, timing
+from .analyses.latency import merge_steps, timing
+from .capture import hooks
+from .capture.timing import CallTimes, Recorder
 from .errors import InputError
 
 __all__ = ["Profiler"]
@@ -73,8 +75,8 @@ class Profiler:
         self.running = True
 
     def _hook(self) -> None:
-        self._handles.append(self.model.register_forward_pre_hook(self._root_pre, prepend=True,
-                                                                  with_kwargs=True))
+        # first of the model's pre-hooks: a new step begins before the tracker numbers the call
+        self._handles.append(hooks.forward_pre_hook(self.model, self._root_pre, prepend=True, with_kwargs=True))
         if self.optimizer is not None:
             self._handles += [self.optimizer.register_step_pre_hook(self._opt_pre),
                               self.optimizer.register_step_post_hook(self._opt_post)]
@@ -88,9 +90,7 @@ class Profiler:
             yield
             return
         self._rec.detach()
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        hooks.remove_all(self._handles)
         try:
             yield
         finally:
@@ -104,9 +104,7 @@ class Profiler:
             self._close_step()
         finally:
             self._rec.detach()
-            for h in self._handles:
-                h.remove()
-            self._handles = []
+            hooks.remove_all(self._handles)
             self.running = False
 
     def step(self) -> None:

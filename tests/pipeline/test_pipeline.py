@@ -530,7 +530,7 @@ def test_saved_inputs_and_outputs_are_not_counted_twice():
 
 
 def test_working_memory_spans_from_timed_events():
-    from layerscope.pipeline.units import _work_from_events
+    from layerscope.pipeline.unit_timing import _work_from_events
     ev = [(0, 0, "0.f"), (1, 1, 100), (2, 1, 50), (3, 1, -50), (4, 0, "1.f"), (5, 1, 30), (6, 1, -30),
           (7, 0, "end.f"), (8, 1, 10), (9, 0, "1.b"), (10, 1, 40), (11, 1, -40), (12, 1, 20),
           (13, 0, "0.b"), (14, 1, 60), (15, 1, -20)]

@@ -11,7 +11,7 @@ from torch import nn
 
 from ..errors import ForwardError, InputError
 from .inputs import map_tensors
-from .session import StateGuard, private_rng
+from .state import StateGuard, private_rng
 from .tracker import ModuleTracker
 
 __all__ = ["collect_activations", "selector"]
@@ -29,20 +29,17 @@ def selector(select) -> Callable[[str, nn.Module], bool]:
     return lambda path, m: bool(types and isinstance(m, types)) or any(fnmatch.fnmatchcase(path, p) for p in patterns)
 
 
-class _Keep(ModuleTracker):
-    def __init__(self, pick: Callable[[str, nn.Module], bool]) -> None:
-        super().__init__()
-        self.pick = pick
-        self.out: dict[str, Any] = {}
-
-    def exited(self, call, output) -> None:
-        if self.pick(call.path, call.module):
-            key = call.path if call.call_index == 0 else f"{call.path}[{call.call_index}]"
-            self.out[key] = map_tensors(output, lambda t: t.detach())
-
-
 def collect_activations(model: nn.Module, args: tuple, kwargs: dict, select, mode: str) -> dict[str, Any]:
-    keep = _Keep(selector(select))
+    pick = selector(select)
+    out: dict[str, Any] = {}
+
+    def kept(call, output) -> None:
+        if pick(call.path, call.module):
+            key = call.path if call.call_index == 0 else f"{call.path}[{call.call_index}]"
+            out[key] = map_tensors(output, lambda t: t.detach())
+
+    keep = ModuleTracker()
+    keep.register_user_hooks(post_fw=kept)
     guard = StateGuard(model)
     rng = None
     try:
@@ -57,4 +54,4 @@ def collect_activations(model: nn.Module, args: tuple, kwargs: dict, select, mod
     finally:
         keep.remove()
         guard.restore(rng=rng is None or rng.touched_global)
-    return keep.out
+    return out

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..errors import InputError
 from .inputs import iter_tensors, make_inputs, map_tensors
-from .session import model_device
+from .state import model_device
 
 __all__ = ["check_model", "as_device", "prepare_inputs", "example_inputs", "rebatch", "micro_batch",
            "is_fake_model", "float_dtype"]

@@ -5,15 +5,10 @@ it gives ops whose result depends on values the rule that values read as 1."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from .. import _compat
 from ..trace import FORWARD
-
-if TYPE_CHECKING:
-    from .session import Session
 
 __all__ = ["OpRecorder", "unknown_value", "FAKE_SIZE_FIXES"]
 
@@ -23,7 +18,8 @@ class OpRecorder:
     """THE op recorder: a dispatch mode that sees every aten op of a run, gives values to what
     meta and fake tensors cannot compute (values read as 1), and hands each op to its Session."""
 
-    def __init__(self, cap: "Session", kernels=None, reads=None) -> None:
+    def __init__(self, cap, kernels=None, reads=None) -> None:
+        """``cap``: the run's Session (capture/session.py; not imported here, which imports this)."""
         super().__init__()
         self.cap = cap
         # A simulation's own steps (capture/simulation.py), taken inside this one mode rather than

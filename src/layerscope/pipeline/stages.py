@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from .. import _compat
-from ..capture.session import StateGuard
+from ..capture import hooks
+from ..capture.state import StateGuard
 from ..errors import InputError
 from .plan import StagePlan
 from .schedule import ZERO_BUBBLE
@@ -116,16 +117,15 @@ def _record(model: nn.Module, plan: StagePlan, tensors: tuple, rebuild):
     try:
         for u in units:
             for p in _stubbed(model, u):
-                handles.append(model.get_submodule(p).register_forward_hook(post(p)))
+                handles.append(hooks.forward_hook(model.get_submodule(p), post(p)))
         for u in firsts:
-            handles.append(model.get_submodule(units[u].paths[0]).register_forward_pre_hook(
-                pre(u), with_kwargs=True))
+            handles.append(hooks.forward_pre_hook(model.get_submodule(units[u].paths[0]), pre(u),
+                                                  with_kwargs=True))
         with torch.enable_grad():
             a, k = rebuild(tensors)
             model(*a, **k)
     finally:
-        for h in handles:
-            h.remove()
+        hooks.remove_all(handles)
         guard.restore()
     return templates, boundary
 
@@ -166,11 +166,9 @@ class StageModule(nn.Module):
         self._received: tuple = ()
         self._sent: list = []
         if stage > 0:
-            model.get_submodule(units[st.first].paths[0]).register_forward_pre_hook(
-                self._inject, with_kwargs=True)
+            hooks.forward_pre_hook(model.get_submodule(units[st.first].paths[0]), self._inject, with_kwargs=True)
         if stage < plan.num_stages - 1:
-            model.get_submodule(units[st.last + 1].paths[0]).register_forward_pre_hook(
-                self._stop, with_kwargs=True)
+            hooks.forward_pre_hook(model.get_submodule(units[st.last + 1].paths[0]), self._stop, with_kwargs=True)
 
     def _inject(self, mod, args, kwargs):
         leaves, spec = _compat.tree_flatten((args, kwargs))

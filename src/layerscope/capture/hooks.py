@@ -1,0 +1,29 @@
+"""Module hooks that change what a module receives or returns, for the parts above capture/ that
+need one (pipeline stages inject received activations and stop at a stage's end): every module
+hook of the package is registered in capture/. Observing calls is the ModuleTracker's job; these
+are for the few places that must rewrite arguments or outputs."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import nn
+
+__all__ = ["forward_pre_hook", "forward_hook", "remove_all"]
+
+
+def forward_pre_hook(module: nn.Module, fn: Callable, *, with_kwargs: bool = False, prepend: bool = False):
+    """``module.register_forward_pre_hook(fn, ...)``: its handle."""
+    return module.register_forward_pre_hook(fn, with_kwargs=with_kwargs, prepend=prepend)
+
+
+def forward_hook(module: nn.Module, fn: Callable):
+    """``module.register_forward_hook(fn)``: its handle."""
+    return module.register_forward_hook(fn)
+
+
+def remove_all(handles: list) -> None:
+    """Remove the hooks and empty the list."""
+    for h in handles:
+        h.remove()
+    handles.clear()

@@ -1,0 +1,177 @@
+"""Measured on the real device, per split unit: forward and backward seconds (the per-call times of
+capture/timing.py) and working memory (allocation events between marks the module tracker puts
+where each unit's forward and backward begin)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from torch.autograd.profiler import record_function
+from torch.nn.parameter import is_lazy
+
+from ..capture.inputs import map_tensors
+from ..capture.measure import profile_events
+from ..capture.state import StateGuard, model_device
+from ..capture.step import default_loss
+from ..capture.tracker import ModuleTracker
+
+__all__ = ["unit_latencies", "unit_work_bytes"]
+
+
+def _hooked_steps(model: torch.nn.Module, units, args: tuple, kwargs: dict, fire,
+                  steps: int, loss_fn=None, after_step=None) -> None:
+    """Run ``steps`` forward + loss + backward passes with hooks on every unit's modules calling
+    ``fire(unit_index, path, phase, when)`` (phase "f" or "b", when "begin" or "end"); gradients
+    start empty and the model is left as it was found (StateGuard), hooks removed even on error."""
+    unit_of = {path: g for g, u in enumerate(units.units) for path in u.paths}
+    # the units' modules' calls and the autograd nodes each one's forward made (capture/backward.py):
+    # a unit's backward begins when the first of its nodes runs, so a first unit's weight gradient
+    # (whose input needs none) counts for it
+    tracker = ModuleTracker()
+    tracker.track_backward()
+
+    def node(i: int) -> None:
+        path = tracker.calls[i].path
+        fire(unit_of[path], path, "b", "begin")
+
+    tracker.register_user_hooks(pre_fw=lambda c: fire(unit_of[c.path], c.path, "f", "begin"),
+                                post_fw=lambda c, out: fire(unit_of[c.path], c.path, "f", "end"),
+                                pre_bw=node)
+    guard = StateGuard(model, inputs=(args, kwargs))
+    try:
+        tracker.install([(path, model.get_submodule(path)) for path in unit_of])
+        for r in range(steps):
+            tracker.reset()
+            for p in model.parameters():
+                p.grad = None
+            loss = (loss_fn or default_loss)(model(*args, **kwargs))
+            if loss.requires_grad:
+                loss.backward()
+            del loss
+            if after_step is not None:
+                after_step(r)
+    finally:
+        tracker.remove()
+        guard.restore()
+
+
+def unit_latencies(model: torch.nn.Module, units, args: tuple, kwargs: dict,
+                   repeats: int = 5, loss_fn=None) -> dict[str, tuple[float, float]]:
+    """Median (forward, backward) seconds per unit over ``repeats`` training passes (after one
+    warm-up), from the profiler's per-call times (``analyses.latency.time_calls``): a unit's time is
+    the inclusive time of every call of its modules. Backward time is that of the autograd nodes
+    each module's forward made, so a first unit's weight gradients count for it. The loss's own
+    forward and backward (timed alone on the model's output) go to the last unit: they run on the
+    last stage."""
+    from ..analyses.latency import time_calls
+
+    def loss_of(out):
+        for p in model.parameters():
+            p.grad = None
+        return (loss_fn or default_loss)(out)
+
+    dev = model_device(model)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    guard = StateGuard(model, inputs=(args, kwargs))
+    loss_f, loss_b = [], []
+    try:
+        calls, _, _ = time_calls(model, lambda: model(*args, **kwargs), loss_of, device=dev,
+                                 warmup=1, repeats=repeats)
+        with torch.no_grad():
+            result = model(*args, **kwargs)
+        for _ in range(repeats + 1):              # the first is a warm-up
+            leaf = map_tensors(result, lambda t: t.detach().requires_grad_(t.is_floating_point()))
+            sync()
+            t0 = time.perf_counter()
+            loss = (loss_fn or default_loss)(leaf)
+            sync()
+            t1 = time.perf_counter()
+            if loss.requires_grad:
+                loss.backward()
+            sync()
+            loss_f.append(t1 - t0)
+            loss_b.append(time.perf_counter() - t1)
+            del loss, leaf
+        del result
+    finally:
+        guard.restore()
+    out = {}
+    for u in units.units:
+        mine = [c for c in calls if c.path in u.paths]
+        out[u.name] = (statistics.median(sum(c.forward[r] for c in mine) for r in range(repeats)),
+                       statistics.median(sum(c.backward[r] for c in mine) for r in range(repeats)))
+    if units.units:
+        last = units.units[-1].name
+        f, b = out[last]
+        out[last] = (f + statistics.median(loss_f[1:]), b + statistics.median(loss_b[1:]))
+    return out
+
+
+def unit_work_bytes(model: torch.nn.Module, units, args: tuple, kwargs: dict,
+                    loss_fn=None) -> dict[str, int]:
+    """Each unit's working memory measured on the real device: one training step (after a warm-up
+    step, except on CPU: see below) runs under the profiler's allocation events, with a marker where each unit's forward and
+    backward begin. A unit's forward spans from its first module's entry to the next unit's entry
+    (the last unit: to its own exit); its backward from the first autograd node its forward made
+    to the previous unit's (the first unit: to the end of the step), so the weight gradient of a
+    first layer whose input needs none counts for it. Working memory
+    is as in the simulation: forward, the peak minus the live bytes at the span's end; backward, the
+    peak minus the live bytes at its start. This sees what simulation on fake tensors cannot: the
+    scratch buffers of the device's kernels (oneDNN reorders a convolution's gradient into an
+    activation-sized buffer)."""
+    device = model_device(model)
+    marks: dict[tuple, bool] = {}
+
+    def fire(g, path, phase, when):
+        if when == "begin" and (g, phase) not in marks:   # the unit's first module to run
+            marks[g, phase] = True
+            with record_function(f"layerscope.unit.{g}.{phase}"):
+                pass
+        elif when == "end" and phase == "f" and path == units.units[-1].paths[-1]:
+            with record_function("layerscope.unit.end.f"):
+                pass
+
+    def after_step(r):
+        marks.clear()
+
+    # A warm-up step where a first call allocates what later ones reuse: CUDA's cuBLAS / cuDNN
+    # workspaces, and lazy modules' parameters. On CPU no first-call buffer shows among the
+    # allocator's events: the first step's working memory equals a warmed-up one's, measured on
+    # GPT-2 small, CNNs (oneDNN convolutions) and the tests' models (tests/pipeline pins it), and
+    # the warm-up would cost a whole real training step.
+    if device.type != "cpu" or any(is_lazy(p) for p in model.parameters()):
+        _hooked_steps(model, units, args, kwargs, fire, 1, loss_fn=loss_fn, after_step=after_step)
+    allocations, ranges = profile_events(
+        lambda: _hooked_steps(model, units, args, kwargs, fire, 1, loss_fn=loss_fn, after_step=after_step),
+        cuda=device.type == "cuda", prefix="layerscope.unit.")
+    # (time, 0 mark / 1 allocation, name / bytes): this device's allocations and the units' marks
+    events = [(t, 1, size) for t, size, dev, _ in allocations
+              if dev == device or (dev.type == device.type and device.index is None)]
+    events += [(t, 0, name[len("layerscope.unit."):]) for t, name in ranges]
+    return _work_from_events(events, [u.name for u in units.units])
+
+
+def _work_from_events(events, names: list[str]) -> dict[str, int]:
+    """Working memory per unit from a step's timed events: (time, 0, "<unit>.f" / "<unit>.b" /
+    "end.f") marks and (time, 1, +/- bytes) allocations (see ``unit_work_bytes``)."""
+    events = sorted(events, key=lambda e: (e[0], e[1]))
+    # the live-bytes series, and the marks in the order they fell with their place in it
+    live, marks_at, running = [0], [], 0
+    for _, kind, v in events:
+        if kind:
+            running += v
+            live.append(running)
+        else:
+            marks_at.append((v, len(live) - 1))
+    work = {name: 0 for name in names}
+    for j, (mark, s) in enumerate(marks_at):
+        g, _, phase = mark.partition(".")
+        if g == "end":
+            continue
+        e = next((x for m, x in marks_at[j + 1:] if m.endswith("." + phase)), len(live) - 1)
+        span = live[s:e + 1]
+        w = max(span) - (span[-1] if phase == "f" else span[0])
+        work[names[int(g)]] = max(work[names[int(g)]], int(w))
+    return work
