@@ -321,6 +321,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _split_args(sp: argparse.ArgumentParser) -> None:
+    from .options import SCHEDULES
     sp.add_argument("--stages", type=_count(1), required=True, help="number of pipeline stages")
     sp.add_argument("--by", choices=("flops", "macs", "params", "memory", "latency", "roofline"), default="flops",
                     help="the stage cost (default flops, forward + backward); latency: forward and backward\n"
@@ -337,7 +338,7 @@ def _split_args(sp: argparse.ArgumentParser) -> None:
                     help="price each send across a cut at this bandwidth (e.g. 50e9 or 50GB/s)")
     sp.add_argument("--optimizer-bandwidth", type=_bandwidth, metavar="BYTES_PER_S",
                     help="price each rank's optimizer step at this memory bandwidth (e.g. 2e12)")
-    sp.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb", "zbv"), default="1f1b",
+    sp.add_argument("--schedule", choices=tuple(SCHEDULES), default="1f1b",
                     help="pipeline schedule (default 1f1b): torch's ScheduleGPipe, Schedule1F1B,\n"
                          "ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble (zb) or\n"
                          "ScheduleZBVZeroBubble (zbv: 2 stages per rank in a V)")
@@ -359,20 +360,12 @@ def _split_args(sp: argparse.ArgumentParser) -> None:
 
 
 def _bandwidth(text: str) -> float:
-    """'50e9', '50GB/s', '2.5TB/s' -> bytes per second."""
-    t = text.strip()
-    scale = 1.0
-    for suffix, mult in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("B/s", 1.0)):
-        if t.upper().endswith(suffix.upper()):
-            t, scale = t[:-len(suffix)].strip(), mult
-            break
+    """'50e9', '50GB/s', '2.5TB/s' -> bytes per second (parsed in options, as a usage error here)."""
+    from .options import parse_bandwidth
     try:
-        v = float(t) * scale
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a bandwidth (e.g. 50e9 or 50GB/s)") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a bandwidth must be positive")
-    return v
+        return parse_bandwidth(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _plan_options(ns: argparse.Namespace) -> dict:
