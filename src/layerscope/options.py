@@ -214,6 +214,7 @@ class PipelineSchedule:
     zero_bubble: bool = False     # each backward split into I (the input's gradient) and W (weights')
     v_shape: bool = False         # stages placed in a V (rank r owns r and 2P - 1 - r), else in a loop
     fixed_per_rank: int | None = None   # stages per rank the schedule fixes (zbv: 2)
+    min_per_rank: int = 1         # the fewest stages per rank it takes (interleaved: 2)
     rounds: bool = False          # torch runs the micro-batches in rounds of the ranks' count
     export_stages: bool = True    # torch.export stages connect under it (zbv's V: not, torch 2.13)
     label: str = ""               # how error messages name it
@@ -230,6 +231,21 @@ class PipelineSchedule:
     def ranks(self, stages: int, stages_per_rank: int) -> int:
         return stages // max(1, self.per_rank(stages_per_rank))
 
+    def check_stages(self, stages: int, stages_per_rank: int, flag: str = "stages", of: str = "stages_per_rank") -> None:
+        """That ``stages`` stages can be placed: a multiple of the stages on each rank (``flag`` and
+        ``of``: how the message names the two, as the caller took them)."""
+        if not self.multi:
+            return
+        f = self.fixed_per_rank
+        if f is not None and (stages_per_rank != f or stages % f):
+            raise InputError(f"the {self.name} schedule puts exactly {f} stages on each rank (stages_per_rank={f}, "
+                             f"got {stages_per_rank}): {flag} ({stages}) must be "
+                             + ("even" if f == 2 else f"a multiple of {f}"))
+        if f is None and (stages_per_rank < self.min_per_rank or stages % stages_per_rank):
+            raise InputError(f"the {self.name} schedule puts {stages_per_rank} stages on each rank: {flag} "
+                             f"({stages}) must be a multiple of {of}"
+                             + (f" (at least {self.min_per_rank})" if self.min_per_rank > 1 else ""))
+
     def torch_schedule(self):
         import torch.distributed.pipelining as pp
         return getattr(pp, self.torch_class)
@@ -238,7 +254,8 @@ class PipelineSchedule:
 SCHEDULES: dict[str, PipelineSchedule] = {s.name: s for s in (
     PipelineSchedule("gpipe", "ScheduleGPipe", "gpipe"),
     PipelineSchedule("1f1b", "Schedule1F1B", "1f1b"),
-    PipelineSchedule("interleaved", "ScheduleInterleaved1F1B", "runtime", rounds=True, label="interleaved 1F1B"),
+    PipelineSchedule("interleaved", "ScheduleInterleaved1F1B", "runtime", min_per_rank=2, rounds=True,
+                     label="interleaved 1F1B"),
     PipelineSchedule("zb", "ScheduleInterleavedZeroBubble", "runtime", zero_bubble=True, rounds=True,
                      label="interleaved zero bubble"),
     PipelineSchedule("zbv", "ScheduleZBVZeroBubble", "runtime", zero_bubble=True, v_shape=True,
@@ -308,12 +325,15 @@ class PartitionOptions:
     def schedule_kind(self) -> PipelineSchedule:
         return SCHEDULES[self.schedule]
 
-    def with_keywords(self, keywords: dict, given: bool) -> tuple[PartitionOptions, dict]:
+    def with_keywords(self, keywords: dict, given: bool, launcher: bool = False) -> tuple[PartitionOptions, dict]:
         """These options with the known option names of ``keywords`` (those not None) taken in;
         the rest of ``keywords`` (the forward's inputs) returned. ``given``: whether the caller
         passed this object as ``options=``, when a keyword naming one of its fields is an error
-        (it would be set two ways)."""
+        (it would be set two ways). ``launcher``: the launcher's own fields are names too (for
+        ``partition()`` they stay the forward's: ``input_ids`` is one)."""
         names = set(self.__dataclass_fields__)
+        if not launcher:
+            names -= set(_LAUNCHER_FIELDS)
         taken = {k: v for k, v in keywords.items() if k in names and v is not None}
         if given and taken:
             raise InputError(f"{', '.join(sorted(taken))} given both as a keyword and in options=; give each "
@@ -321,6 +341,10 @@ class PartitionOptions:
         rest = {k: v for k, v in keywords.items() if k not in names}
         return (dataclasses.replace(self, **taken) if taken else self), rest
 
+
+# the fields only the torchrun launcher reads
+_LAUNCHER_FIELDS = ("overrides", "head", "input_ids", "model_dtype", "allow_pickle", "batch_size", "steps", "seed",
+                    "path", "timeout", "compare_grads")
 
 __all__ += ["iec", "parse_bytes", "parse_bandwidth", "PipelineSchedule", "SCHEDULES", "schedule_of",
             "PartitionOptions"]

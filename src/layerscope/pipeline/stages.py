@@ -26,7 +26,7 @@ from torch import nn
 from .. import _compat
 from ..capture.session import StateGuard
 from ..errors import InputError
-from .plan import StagePlan
+from .results import PlanResult as StagePlan   # what a stage needs of a plan (a StagePlan has it)
 from .schedule import ZERO_BUBBLE
 
 __all__ = ["pipeline_stage", "StageModule", "build_stage_module", "main_tensor", "verify_chain", "TieSync", "ExportedStages",
