@@ -231,7 +231,8 @@ class PipelineSchedule:
     def ranks(self, stages: int, stages_per_rank: int) -> int:
         return stages // max(1, self.per_rank(stages_per_rank))
 
-    def check_stages(self, stages: int, stages_per_rank: int, flag: str = "stages", of: str = "stages_per_rank") -> None:
+    def check_stages(self, stages: int, stages_per_rank: int, flag: str = "stages",
+                     of: str = "stages_per_rank") -> None:
         """That ``stages`` stages can be placed: a multiple of the stages on each rank (``flag`` and
         ``of``: how the message names the two, as the caller took them)."""
         if not self.multi:
