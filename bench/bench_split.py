@@ -76,7 +76,7 @@ def plans(spec, overrides, schedule, stages, link=None):
     timed = ls.partition(built.model, *args, by="latency", objective="bottleneck", latency_repeats=7,
                          link_bandwidth=link, **common)
     # the other two from the same unit times (no second measurement to differ by noise)
-    from layerscope.pipeline import build_plan
+    from layerscope.reports.plan_build import build_plan
     out = {"uniform": build_plan(timed.units, stages=stages, by="latency", memory_limit=None, schedule=schedule,
                                  microbatches=MICRO, objective="uniform", link_bandwidth=link),
            "min-max": timed,

@@ -14,9 +14,10 @@ from . import render as _render  # noqa: F401  (plugs the renderers into the rep
 from .api import (BatchFit, activations, analyze, analyze_exported, analyze_onnx, analyze_torchscript,
                   max_batch_size, memory, onnx_tile, partition, profile)
 from .costs import CostOptions
-from .options import AnalyzeOptions, MemoryOptions, OnnxOptions, ProfileOptions, TileOptions
+from .options import AnalyzeOptions, MemoryOptions, OnnxOptions, PartitionOptions, ProfileOptions, TileOptions
 from .errors import ForwardError, InputError, LayerscopeError, PlanError, RegistryError, SpecError
-from .pipeline import SplitUnits, Stage, StagePlan, Unit
+from .pipeline import SplitUnits, Unit
+from .reports.plan import Stage, StagePlan
 from .reports.memory import CallMemory, MemoryLayer, MemoryReport, MemoryTotals, StepMemory
 from .reports.latency import LatencyLayer, LatencyReport, LatencyTotals
 from .profiler import Profiler
@@ -35,8 +36,8 @@ __all__ = [   # sorted (tests/test_public_api.py)
     "AnalyzeOptions", "BatchFit", "CallMemory", "Comparison", "CostOptions", "Costs", "Coverage",
     "ForwardError", "InputError", "LatencyLayer", "LatencyReport", "LatencyTotals", "LayerRecord",
     "LayerscopeError", "MemoryLayer", "MemoryOptions", "MemoryReport", "MemoryTotals", "OnnxOptions",
-    "OpEvent", "ParamSpec", "PlanError", "ProfileOptions", "Profiler", "ReceptiveField", "RegistryError",
-    "Report", "Roofline", "SpecError", "SplitUnits", "Stage", "StagePlan", "StepMemory", "TensorSpec",
+    "OpEvent", "ParamSpec", "PartitionOptions", "PlanError", "ProfileOptions", "Profiler", "ReceptiveField",
+    "RegistryError", "Report", "Roofline", "SpecError", "SplitUnits", "Stage", "StagePlan", "StepMemory", "TensorSpec",
     "TileOptions", "Totals", "Trace", "Unit", "__version__", "activations", "analyze", "analyze_exported",
     "analyze_onnx", "analyze_torchscript", "compare", "compat", "max_batch_size", "measure_roofline", "memory",
     "onnx_tile", "partition", "presets", "profile", "summary",

@@ -326,22 +326,16 @@ def schedule_order(schedule: str, rank: int, stages_per_rank: int, ranks: int,
     import types
 
     from .errors import InputError
+    from .options import schedule_of
+    kind = schedule_of(schedule)
     m, p, v = microbatches, ranks, stages_per_rank
     rounds = max(1, m // p)
-    if schedule != "zbv" and m % rounds:
-        what = "interleaved 1F1B" if schedule == "interleaved" else "interleaved zero bubble"
-        raise InputError(f"{what} needs the micro-batches ({m}) to be a multiple of the rounds ({rounds} = "
+    if kind.rounds and m % rounds:
+        raise InputError(f"{kind.label} needs the micro-batches ({m}) to be a multiple of the rounds ({rounds} = "
                          "micro-batches // ranks), as torch requires")
     me = types.SimpleNamespace(n_local_stages=v, pp_group_size=p, _n_microbatches=m,
                                microbatches_per_round=m // rounds, num_stages=v * p)
-    if schedule == "interleaved":
-        ops = need("interleaved_rank_ops", "the interleaved 1F1B step-time prediction")(me, rank)
-    elif schedule == "zb":
-        cls = need("zb_rank_ops", "the zero-bubble step-time prediction")
-        me.pipeline_order = {r: cls._calculate_single_rank_operations(me, r) for r in range(p)}
-        ops = cls._add_bubbles_to_actions(me, v * p)[rank]
-    else:
-        ops = need("zbv_rank_ops", "the ZBV zero-bubble step-time prediction")(me, rank)
+    ops = _RANK_ORDERS[schedule](me, rank)
     kinds = {"F": "F", "B": "B", "I": "I", "W": "W"}
     out = []
     for a in ops:
@@ -352,3 +346,21 @@ def schedule_order(schedule: str, rank: int, stages_per_rank: int, ranks: int,
             continue              # communication or reduce actions: not compute
         out.append((int(a.stage_index), kinds[kind], int(a.microbatch_index)))
     return out
+
+
+def _interleaved_ops(me, rank: int):
+    return need("interleaved_rank_ops", "the interleaved 1F1B step-time prediction")(me, rank)
+
+
+def _zb_ops(me, rank: int):
+    cls = need("zb_rank_ops", "the zero-bubble step-time prediction")
+    me.pipeline_order = {r: cls._calculate_single_rank_operations(me, r) for r in range(me.pp_group_size)}
+    return cls._add_bubbles_to_actions(me, me.num_stages)[rank]
+
+
+def _zbv_ops(me, rank: int):
+    return need("zbv_rank_ops", "the ZBV zero-bubble step-time prediction")(me, rank)
+
+
+# torch's per-rank order builder of each runtime schedule (options.SCHEDULES, order "runtime")
+_RANK_ORDERS = {"interleaved": _interleaved_ops, "zb": _zb_ops, "zbv": _zbv_ops}

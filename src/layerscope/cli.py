@@ -321,6 +321,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _split_args(sp: argparse.ArgumentParser) -> None:
+    from .options import SCHEDULES
     sp.add_argument("--stages", type=_count(1), required=True, help="number of pipeline stages")
     sp.add_argument("--by", choices=("flops", "macs", "params", "memory", "latency", "roofline"), default="flops",
                     help="the stage cost (default flops, forward + backward); latency: forward and backward\n"
@@ -337,7 +338,7 @@ def _split_args(sp: argparse.ArgumentParser) -> None:
                     help="price each send across a cut at this bandwidth (e.g. 50e9 or 50GB/s)")
     sp.add_argument("--optimizer-bandwidth", type=_bandwidth, metavar="BYTES_PER_S",
                     help="price each rank's optimizer step at this memory bandwidth (e.g. 2e12)")
-    sp.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb", "zbv"), default="1f1b",
+    sp.add_argument("--schedule", choices=tuple(SCHEDULES), default="1f1b",
                     help="pipeline schedule (default 1f1b): torch's ScheduleGPipe, Schedule1F1B,\n"
                          "ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble (zb) or\n"
                          "ScheduleZBVZeroBubble (zbv: 2 stages per rank in a V)")
@@ -359,25 +360,21 @@ def _split_args(sp: argparse.ArgumentParser) -> None:
 
 
 def _bandwidth(text: str) -> float:
-    """'50e9', '50GB/s', '2.5TB/s' -> bytes per second."""
-    t = text.strip()
-    scale = 1.0
-    for suffix, mult in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("B/s", 1.0)):
-        if t.upper().endswith(suffix.upper()):
-            t, scale = t[:-len(suffix)].strip(), mult
-            break
+    """'50e9', '50GB/s', '2.5TB/s' -> bytes per second (parsed in options, as a usage error here)."""
+    from .options import parse_bandwidth
     try:
-        v = float(t) * scale
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a bandwidth (e.g. 50e9 or 50GB/s)") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a bandwidth must be positive")
-    return v
+        return parse_bandwidth(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _plan_options(ns: argparse.Namespace) -> dict:
-    """The step-time options of split, for partition() (and for every rank of a --run)."""
-    out = {"objective": ns.objective, "roofline": ns.roofline, "link_bandwidth": ns.link_bandwidth,
+def _split_options(ns: argparse.Namespace) -> dict:
+    """split's options by their PartitionOptions names (those given), for partition() and for
+    every rank of a --run."""
+    out = {"stages": ns.stages, "by": ns.by, "memory_limit": ns.memory_limit, "schedule": ns.schedule,
+           "microbatches": ns.microbatches, "optimizer": ns.optimizer, "device": ns.device,
+           "stages_per_rank": ns.stages_per_rank, "return_outputs": ns.return_outputs is not False,
+           "objective": ns.objective, "roofline": ns.roofline, "link_bandwidth": ns.link_bandwidth,
            "optimizer_bandwidth": ns.optimizer_bandwidth}
     return {k: v for k, v in out.items() if v is not None}
 
@@ -385,31 +382,25 @@ def _plan_options(ns: argparse.Namespace) -> dict:
 def _split(ns: argparse.Namespace) -> int:
     from .api import partition
     from .capture.prepare import rebatch
+    from .options import SCHEDULES, PartitionOptions
     from .specs import parse_overrides
 
     if ns.run:
         from .torchrun import launch
         # every rank rebuilds the model and its inputs from these options (specs.command_inputs)
         _check_device(ns.device)
-        from .pipeline.schedule import MULTI
-        procs = ns.stages // ns.stages_per_rank if ns.schedule in MULTI else ns.stages
+        procs = SCHEDULES[ns.schedule].ranks(ns.stages, ns.stages_per_rank)
         with _status(f"training {ns.stages} stages on {procs} ranks under torchrun", ns):
-            res = launch(ns.spec, overrides=parse_overrides(ns.set), stages=ns.stages, by=ns.by,
-                         schedule=ns.schedule, microbatches=ns.microbatches, batch_size=ns.batch_size,
-                         steps=ns.steps, optimizer=ns.optimizer, device=ns.device or "cpu", head=ns.head,
-                         input_size=ns.input_size, dtypes=ns.dtype, input_ids=ns.input_ids,
-                         model_dtype=ns.model_dtype, memory_limit=ns.memory_limit,
-                         stages_per_rank=ns.stages_per_rank, allow_pickle=ns.allow_pickle,
-                         return_outputs=ns.return_outputs is not False, partition_options=_plan_options(ns))
+            res = launch(ns.spec, overrides=parse_overrides(ns.set), batch_size=ns.batch_size, steps=ns.steps,
+                         head=ns.head, input_size=ns.input_size, dtypes=ns.dtype, input_ids=ns.input_ids,
+                         model_dtype=ns.model_dtype, allow_pickle=ns.allow_pickle,
+                         **{**_split_options(ns), "device": ns.device or "cpu"})
         text = res.plan.table() + "\n" + res.table()
         return _write(ns, text)
     model, args, kwargs = _build(ns, None if ns.device == "cuda" else ns.device)
     args, kwargs = rebatch(args, kwargs, 0, ns.batch_size)
     with _status("planning", ns):
-        plan = partition(model, *args, stages=ns.stages, by=ns.by, memory_limit=ns.memory_limit,
-                         schedule=ns.schedule, microbatches=ns.microbatches, optimizer=ns.optimizer,
-                         device=ns.device, stages_per_rank=ns.stages_per_rank,
-                         return_outputs=ns.return_outputs is not False, **_plan_options(ns), **kwargs)
+        plan = partition(model, *args, options=PartitionOptions(**_split_options(ns)), **kwargs)
     return _emit(ns, plan)
 
 

@@ -3,6 +3,7 @@ autocast dtypes, and the forward's own keywords kept apart from the options."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 
@@ -203,3 +204,215 @@ def optimizer_name(factory) -> str | None:
         kw = ", ".join(f"{k}={v!r}" for k, v in factory.keywords.items())
         return f"{func.__name__}({kw})"
     return getattr(factory, "__name__", type(factory).__name__)
+
+
+# --- byte sizes and bandwidths: parsed here, at the boundary, for every layer above -------------
+
+_IEC = (("EiB", 2 ** 60), ("PiB", 2 ** 50), ("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10))
+_BYTE_UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9,
+               "gb": 10 ** 9, "t": 10 ** 12, "tb": 10 ** 12, "kib": 2 ** 10, "mib": 2 ** 20,
+               "gib": 2 ** 30, "tib": 2 ** 40}
+
+
+def iec(n: float | int | None, digits: int = 2) -> str:
+    """Bytes in IEC units (``1.50 GiB``). It lives beside ``parse_bytes`` so that an error message
+    below render/ (a memory limit no split fits) states sizes as render/ does: render/units.py
+    re-exports it, so bytes are formatted in one place."""
+    if n is None:
+        return "--"
+    n = float(n)
+    for unit, scale in _IEC:
+        if abs(n) >= scale:
+            return f"{n / scale:.{digits}f} {unit}"
+    return f"{int(n)} B"
+
+
+def parse_bytes(value) -> int:
+    """Bytes from an int or a string such as "80GiB", "80 GB", "512MiB" (GB = 10^9, GiB = 2^30)."""
+    if isinstance(value, bool):
+        raise InputError(f"expected a memory size such as 80GiB, got {value!r}")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise InputError(f"a memory size must be positive, got {value!r}")
+        return int(value)
+    text = str(value).strip().lower().replace(" ", "")
+    num = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(num):]
+    try:
+        n = float(num)
+    except ValueError:
+        n = -1.0
+    if unit not in _BYTE_UNITS or n <= 0:
+        raise InputError(f"expected a memory size such as 80GiB, 40GB or 512MiB, got {value!r}")
+    return int(n * _BYTE_UNITS[unit])
+
+
+def parse_bandwidth(text: str) -> float:
+    """'50e9', '50GB/s', '2.5TB/s' -> bytes per second (ValueError with the reason otherwise: the
+    CLI turns it into its own usage error)."""
+    t = text.strip()
+    scale = 1.0
+    for suffix, mult in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("B/s", 1.0)):
+        if t.upper().endswith(suffix.upper()):
+            t, scale = t[:-len(suffix)].strip(), mult
+            break
+    try:
+        v = float(t) * scale
+    except ValueError:
+        raise ValueError(f"{text!r} is not a bandwidth (e.g. 50e9 or 50GB/s)") from None
+    if v <= 0:
+        raise ValueError(f"{text!r}: a bandwidth must be positive")
+    return v
+
+
+# --- pipeline schedules: one table; code branches on these fields, never on a schedule's name ----
+
+@dataclass(frozen=True, slots=True)
+class PipelineSchedule:
+    """One of torch.distributed.pipelining's schedules as the planner, the simulation and the runs
+    see it. Adding a schedule is one entry of ``SCHEDULES`` (and, for a runtime schedule, its order
+    builder in ``_compat.schedule_order``)."""
+
+    name: str
+    torch_class: str              # in torch.distributed.pipelining
+    order: Literal["gpipe", "1f1b", "runtime"]   # how a rank orders its actions: all forwards then
+    #                               all backwards, warm-up then one backward one forward, or torch's
+    #                               own per-rank order (a runtime schedule, several stages per rank)
+    zero_bubble: bool = False     # each backward split into I (the input's gradient) and W (weights')
+    v_shape: bool = False         # stages placed in a V (rank r owns r and 2P - 1 - r), else in a loop
+    fixed_per_rank: int | None = None   # stages per rank the schedule fixes (zbv: 2)
+    min_per_rank: int = 1         # the fewest stages per rank it takes (interleaved: 2)
+    rounds: bool = False          # torch runs the micro-batches in rounds of the ranks' count
+    export_stages: bool = True    # torch.export stages connect under it (zbv's V: not, torch 2.13)
+    label: str = ""               # how error messages name it
+
+    @property
+    def multi(self) -> bool:
+        """Several stages on each rank (torch's runtime schedules)."""
+        return self.order == "runtime"
+
+    def per_rank(self, stages_per_rank: int) -> int:
+        """Stages on each rank."""
+        return (self.fixed_per_rank or stages_per_rank) if self.multi else 1
+
+    def ranks(self, stages: int, stages_per_rank: int) -> int:
+        return stages // max(1, self.per_rank(stages_per_rank))
+
+    def check_stages(self, stages: int, stages_per_rank: int, flag: str = "stages",
+                     of: str = "stages_per_rank") -> None:
+        """That ``stages`` stages can be placed: a multiple of the stages on each rank (``flag`` and
+        ``of``: how the message names the two, as the caller took them)."""
+        if not self.multi:
+            return
+        f = self.fixed_per_rank
+        if f is not None and (stages_per_rank != f or stages % f):
+            raise InputError(f"the {self.name} schedule puts exactly {f} stages on each rank (stages_per_rank={f}, "
+                             f"got {stages_per_rank}): {flag} ({stages}) must be "
+                             + ("even" if f == 2 else f"a multiple of {f}"))
+        if f is None and (stages_per_rank < self.min_per_rank or stages % stages_per_rank):
+            raise InputError(f"the {self.name} schedule puts {stages_per_rank} stages on each rank: {flag} "
+                             f"({stages}) must be a multiple of {of}"
+                             + (f" (at least {self.min_per_rank})" if self.min_per_rank > 1 else ""))
+
+    def torch_schedule(self):
+        import torch.distributed.pipelining as pp
+        return getattr(pp, self.torch_class)
+
+
+SCHEDULES: dict[str, PipelineSchedule] = {s.name: s for s in (
+    PipelineSchedule("gpipe", "ScheduleGPipe", "gpipe"),
+    PipelineSchedule("1f1b", "Schedule1F1B", "1f1b"),
+    PipelineSchedule("interleaved", "ScheduleInterleaved1F1B", "runtime", min_per_rank=2, rounds=True,
+                     label="interleaved 1F1B"),
+    PipelineSchedule("zb", "ScheduleInterleavedZeroBubble", "runtime", zero_bubble=True, rounds=True,
+                     label="interleaved zero bubble"),
+    PipelineSchedule("zbv", "ScheduleZBVZeroBubble", "runtime", zero_bubble=True, v_shape=True,
+                     fixed_per_rank=2, export_stages=False, label="ZBV zero bubble"),
+)}
+
+
+def schedule_of(name) -> PipelineSchedule:
+    """The schedule named ``name`` (or ``name`` itself, a PipelineSchedule); one clear error otherwise."""
+    if isinstance(name, PipelineSchedule):
+        return name
+    found = SCHEDULES.get(name) if isinstance(name, str) else None
+    if found is None:
+        raise InputError(f"schedule must be one of {', '.join(SCHEDULES)}, got {name!r}")
+    return found
+
+
+# --- partition, split --run and the torchrun launcher: one options object -----------------------
+
+@dataclass(frozen=True, slots=True)
+class PartitionOptions:
+    """Every option of ``partition()``, ``layerscope split`` and ``torchrun.launch()``: the entry
+    points take the few most calls use as keywords and the rest here (or as keywords, pulled in by
+    ``with_keywords``); everything below them takes this object. The launcher's own fields (from
+    ``overrides`` on) say how every rank builds the model from its spec and trains it."""
+
+    stages: int | None = None
+    by: Any = "flops"                    # a cost name or a callable Unit -> cost
+    memory_limit: Any = None             # bytes, "16GiB", or one per stage
+    schedule: str = "1f1b"
+    microbatches: int = 1
+    optimizer: Any = None
+    stages_per_rank: int = 2
+    batch_dim: int = 0
+    input_size: Any = None
+    dtypes: Any = None
+    autocast_dtype: Any = None
+    device: Any = None
+    latency_repeats: int = 5
+    loss_fn: Any = None
+    measure_working: bool | None = None
+    objective: str | None = None
+    roofline: Any = None
+    link_bandwidth: float | None = None
+    optimizer_bandwidth: float | None = None
+    cuts: Any = None
+    return_outputs: bool = True
+    count_inputs: bool | None = None
+    target_bytes: int = 0
+    # the launcher (torchrun): the model from its spec, the run
+    overrides: dict | None = None
+    head: str | None = None
+    input_ids: Any = None
+    model_dtype: str | None = None
+    allow_pickle: bool = False
+    batch_size: int = 8
+    steps: int = 3
+    seed: int = 0
+    path: str = "auto"
+    timeout: float = 600.0
+    compare_grads: bool = False
+
+    def __post_init__(self) -> None:
+        schedule_of(self.schedule)
+
+    @property
+    def schedule_kind(self) -> PipelineSchedule:
+        return SCHEDULES[self.schedule]
+
+    def with_keywords(self, keywords: dict, given: bool, launcher: bool = False) -> tuple[PartitionOptions, dict]:
+        """These options with the known option names of ``keywords`` (those not None) taken in;
+        the rest of ``keywords`` (the forward's inputs) returned. ``given``: whether the caller
+        passed this object as ``options=``, when a keyword naming one of its fields is an error
+        (it would be set two ways). ``launcher``: the launcher's own fields are names too (for
+        ``partition()`` they stay the forward's: ``input_ids`` is one)."""
+        names = set(self.__dataclass_fields__)
+        if not launcher:
+            names -= set(_LAUNCHER_FIELDS)
+        taken = {k: v for k, v in keywords.items() if k in names and v is not None}
+        if given and taken:
+            raise InputError(f"{', '.join(sorted(taken))} given both as a keyword and in options=; give each "
+                             "option one way")
+        rest = {k: v for k, v in keywords.items() if k not in names}
+        return (dataclasses.replace(self, **taken) if taken else self), rest
+
+
+# the fields only the torchrun launcher reads
+_LAUNCHER_FIELDS = ("overrides", "head", "input_ids", "model_dtype", "allow_pickle", "batch_size", "steps", "seed",
+                    "path", "timeout", "compare_grads")
+
+__all__ += ["iec", "parse_bytes", "parse_bandwidth", "PipelineSchedule", "SCHEDULES", "schedule_of",
+            "PartitionOptions"]

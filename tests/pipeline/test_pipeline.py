@@ -12,9 +12,10 @@ import torch
 
 import layerscope as ls
 from layerscope.examples import small_cnn, tiny_gpt
-from layerscope.pipeline import SplitUnits, Tie, Unit, build_plan, held_microbatches, stage_memory
+from layerscope.pipeline import SplitUnits, Tie, Unit, held_microbatches, stage_memory
 from layerscope.pipeline.partition import solve
 from layerscope.pipeline.stages import verify_chain
+from layerscope.reports.plan_build import build_plan
 from layerscope.trace import Costs
 
 from ..helpers import assert_unchanged, snapshot
@@ -72,7 +73,7 @@ def test_partition_equals_brute_force_on_1000_random_instances():
 
 def test_in_flight_peak_is_the_largest_backward():
     # the solver only evaluates the backwards that can be the peak; every backward j gives the same
-    from layerscope.pipeline.partition import _in_flight_parts, flight_counts
+    from layerscope.pipeline.memory import _in_flight_parts, flight_counts
     rng = random.Random(2)
     for _ in range(2000):
         a, o, grads, inb = (rng.randint(0, 50) for _ in range(4))
@@ -115,7 +116,7 @@ def test_in_flight_peak_with_kept_outputs_is_the_largest_backward_or_the_end():
     # interleaved: torch's runtime schedule keeps every send's work to the end of the step. With
     # return_outputs=True the last stage also holds, at backward j, the j outputs whose backward
     # is done, and at the end of the step all M and their concatenation (M more)
-    from layerscope.pipeline.partition import _in_flight_parts, flight_counts
+    from layerscope.pipeline.memory import _in_flight_parts, flight_counts
     rng = random.Random(4)
     for _ in range(2000):
         a, o, grads, inb = (rng.randint(0, 50) for _ in range(4))
@@ -160,7 +161,7 @@ def test_hand_derived_kept_outputs_inputs_and_targets():
 
 
 def test_hand_derived_rank_memory_of_two_interleaved_stages():
-    from layerscope.pipeline.partition import rank_memory
+    from layerscope.pipeline.memory import rank_memory
     # 4 units of 10 B parameters and 8 B gradients, saving 3 B, receiving and sending 2 B per
     # micro-batch; 4 stages on 2 ranks, M = 2. Rank 0 holds stages 0 and 2 and runs (torch's order:
     # 4 warm-up forwards) F0 F0 F2 F2 B2 B2 B0 B0. Constant: state 2 x 18 + boundary (stage 0: 2 x 2
@@ -181,7 +182,7 @@ def test_hand_derived_rank_memory_of_two_interleaved_stages():
 def test_hand_derived_zero_bubble_last_stage_after_its_i():
     import dataclasses
 
-    from layerscope.pipeline.partition import rank_memory
+    from layerscope.pipeline.memory import rank_memory
     # 2 parameter-free units saving 3 B, receiving and sending 2 B; the loss saves 5 B; the last
     # stage's I keeps 4 B for its W (deferred). zb, 2 stages on one rank, M = 2, torch's order:
     # F0.0 F1.0 I1.0 W1.0 F0.1 I0.0 W0.0 F1.1 I1.1 W1.1 I0.1 W0.1. Per micro-batch: stage 0 a = 3,

@@ -12,10 +12,11 @@ import torch
 import layerscope as ls
 from layerscope.errors import InputError
 from layerscope.examples import tiny_gpt
-from layerscope.pipeline import SplitUnits, build_plan
+from layerscope.pipeline import SplitUnits
 from layerscope.pipeline.partition import uniform_bounds
 from layerscope.pipeline.schedule import rank_orders, simulate, stage_ranks
 from layerscope.pipeline.steptime import StepTimes, best_step_split
+from layerscope.reports.plan_build import build_plan
 from layerscope.trace import Costs
 
 from .test_pipeline import _random_units
@@ -165,7 +166,7 @@ def _timed(units, rng):
 
 
 def _brute_step(units, k, schedule, m, limits, spr=2, link=None):
-    from layerscope.pipeline.partition import stage_memory
+    from layerscope.pipeline.memory import stage_memory
     n, best = len(units.units), None
     share = spr if schedule in ("interleaved", "zb", "zbv") else 1   # a device's limit over its stages
     for cuts in itertools.combinations(range(1, n), k - 1):

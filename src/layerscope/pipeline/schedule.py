@@ -30,14 +30,16 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import InputError
+from ..options import SCHEDULES, schedule_of
 
 __all__ = ["Action", "Block", "Graph", "Timeline", "graph", "rank_orders", "simulate", "stage_ranks", "MULTI",
            "ZERO_BUBBLE"]
 
 FORWARD, BACKWARD, INPUT, WEIGHT = "F", "B", "I", "W"
-ZERO_BUBBLE = ("zb", "zbv")               # schedules that split each backward into I and W
-MULTI = ("interleaved", *ZERO_BUBBLE)     # schedules that put several stages on each rank
+# names of the schedules that split each backward into I and W, and of those that put several
+# stages on each rank (for callers that test a name; the table in options is the one source)
+ZERO_BUBBLE = tuple(name for name, s in SCHEDULES.items() if s.zero_bubble)
+MULTI = tuple(name for name, s in SCHEDULES.items() if s.multi)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +86,10 @@ class Timeline:
 def stage_ranks(schedule: str, stages: int, stages_per_rank: int = 2) -> list[int]:
     """The rank each stage runs on: one stage per rank, loop-style for interleaved and zb (s % P),
     a V for zbv (stage s on rank s for s < P, else 2P - 1 - s)."""
-    if schedule == "zbv":
-        p = stages // 2
+    kind = schedule_of(schedule)
+    p = kind.ranks(stages, stages_per_rank)
+    if kind.v_shape:
         return [s if s < p else 2 * p - 1 - s for s in range(stages)]
-    p = stages // stages_per_rank if schedule in MULTI else stages
     return [s % p for s in range(stages)]
 
 
@@ -95,10 +97,11 @@ def rank_orders(schedule: str, stages: int, microbatches: int,
                 stages_per_rank: int = 2) -> list[list[Action]]:
     """Per rank, its actions in the order torch's schedule runs them."""
     k, m = stages, microbatches
-    if schedule == "gpipe":
+    kind = schedule_of(schedule)
+    if kind.order == "gpipe":
         return [[Action(s, FORWARD, i) for i in range(m)] + [Action(s, BACKWARD, i) for i in range(m)]
                 for s in range(k)]
-    if schedule == "1f1b":
+    if kind.order == "1f1b":
         out = []
         for s in range(k):
             w = min(m, k - s)
@@ -109,13 +112,11 @@ def rank_orders(schedule: str, stages: int, microbatches: int,
                     acts.append(Action(s, FORWARD, w + j))
             out.append(acts)
         return out
-    if schedule in MULTI:
-        from .._compat import schedule_order
-        v = 2 if schedule == "zbv" else stages_per_rank
-        p = k // v
-        return [[Action(st, kind, mb) for st, kind, mb in schedule_order(schedule, r, v, p, m)]
-                for r in range(p)]
-    raise InputError(f"unknown schedule {schedule!r}")
+    from .._compat import schedule_order
+    v = kind.per_rank(stages_per_rank)
+    p = k // v
+    return [[Action(st, what, mb) for st, what, mb in schedule_order(schedule, r, v, p, m)]
+            for r in range(p)]
 
 
 class Graph:

@@ -27,7 +27,7 @@ from .. import _compat
 from ..capture import hooks
 from ..capture.state import StateGuard
 from ..errors import InputError
-from .plan import StagePlan
+from .results import PlanResult as StagePlan   # what a stage needs of a plan (a StagePlan has it)
 from .schedule import ZERO_BUBBLE
 
 __all__ = ["pipeline_stage", "StageModule", "build_stage_module", "main_tensor", "verify_chain", "TieSync", "ExportedStages",

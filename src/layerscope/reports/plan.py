@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ..errors import InputError
+from ..options import SCHEDULES
 from .base import Rendered
 from .table import Column, Fact, Table, flat_table, select_columns
 
@@ -154,8 +155,8 @@ class StagePlan(Rendered):
         self.objective = objective
         self.rank_bytes = rank_bytes        # interleaved: each rank's peak over its stages
         self.timeline = timeline            # the simulated step, when the units have times
-        # the schedules with several stages per rank (pipeline.schedule.MULTI; reports import no pipeline)
-        self.stages_per_rank = stages_per_rank if schedule in ("interleaved", "zb", "zbv") else 1
+        # the schedules with several stages per rank (options.SCHEDULES)
+        self.stages_per_rank = stages_per_rank if getattr(SCHEDULES.get(schedule), "multi", False) else 1
         self.units = units
         self.stages = stages
         self.by = by

@@ -1,0 +1,201 @@
+"""Run a StagePlan as a real pipeline: torchrun, one process per rank, gloo on CPU (NCCL on GPU).
+
+``launch()`` (the CLI's ``split --run``) writes the run's options to a JSON file and starts
+``torchrun --nproc_per_node P -m layerscope.torchrun FILE``. Every rank builds the model from
+the same spec and seed and computes the same plan (``setup.py``: this package sits above the api and
+specs, beside the CLI; ``worker.py`` is a rank's entry point) and hands them to ``pipeline.run.run_rank``, which builds its own stage
+(export path when torch.export traces the model, module ownership otherwise), trains ``steps`` steps
+with the schedule and writes its measured step time, peak memory (the stage's parameters and
+buffers plus the CPU allocator's events from the first step on, peak taken in the last step; CUDA:
+max_memory_allocated in the last step) and, on the last rank, the losses.
+The launcher trains the same model in one process with the same micro-batches (gradient
+accumulation, ``pipeline.run.reference_run``) and compares the losses.
+
+``layerscope.pipeline.stages.pipeline_stage(plan, model, rank, args, kwargs)`` gives a user the
+PipelineStage for their rank, for their own training loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+from ..errors import InputError
+from ..options import PartitionOptions, schedule_of
+from ..pipeline.partition import TIME_COSTS
+from ..pipeline.run import reference_run
+from .result import RunResult
+from .setup import build_setup
+from .worker import worker
+
+__all__ = ["launch", "RunResult", "reference_losses", "worker"]
+
+# what a run takes unless told: four micro-batches of a batch of eight, SGD, on the CPU
+_LAUNCH = PartitionOptions(microbatches=4, optimizer="sgd", device="cpu")
+
+
+def reference_losses(spec: str, options: PartitionOptions):
+    """Single-process training with the same micro-batches, loss and optimizer: (losses, plan)."""
+    losses, _, plan = reference_run(build_setup(spec, options), options)
+    return losses, plan
+
+
+def _write_cfg(path: str, spec: str, out: str, opts: PartitionOptions) -> None:
+    """The run's settings for every rank: the spec, where to write, the options that differ from
+    their defaults (dtypes by name)."""
+    given = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)
+             if getattr(opts, f.name) != f.default}
+    if given.get("dtypes"):
+        given["dtypes"] = [str(d) for d in given["dtypes"]]
+    with open(path, "w") as f:
+        json.dump({"spec": spec, "out": out, "options": given}, f)
+
+
+def _launch_options(options: PartitionOptions | None, keywords: dict) -> PartitionOptions:
+    """The run's options from ``options=`` or the launcher's defaults, with the keywords taken in
+    (``partition_options``: more of them, as a dict); an unknown keyword is an error."""
+    more = keywords.pop("partition_options", None) or {}
+    both = sorted(set(more) & {k for k, v in keywords.items() if v is not None})
+    if both:
+        raise InputError(f"{', '.join(both)} given both as a keyword and in partition_options")
+    opts, unknown = (options or _LAUNCH).with_keywords({**more, **keywords}, options is not None, launcher=True)
+    if unknown:
+        raise InputError(f"launch() got unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}")
+    if opts.optimizer is None:                    # a run trains: SGD unless told
+        opts = dataclasses.replace(opts, optimizer="sgd")
+    return opts
+
+
+def launch(spec: str, *, stages: int | None = None, by=None, schedule: str | None = None,
+           microbatches: int | None = None, steps: int | None = None, options: PartitionOptions | None = None,
+           **kwargs) -> RunResult:
+    """Train ``steps`` steps of the split model under torchrun and compare with one process.
+
+    Every rank builds the model from ``spec`` (``overrides``, ``head``, ``model_dtype``) and the
+    inputs the command line would (``input_size`` with ``dtypes``, ``input_ids``, else the spec's
+    defaults) at ``batch_size``, and plans it with ``partition()`` (``by``, ``schedule``,
+    ``microbatches``, ``optimizer``, ``memory_limit``, ``stages_per_rank``, and any other
+    PartitionOptions field; ``partition_options``: more of them as a dict, JSON values). Every
+    option is a field of ``options`` (a PartitionOptions) or a keyword of the same name, not both;
+    without ``options`` a run takes 4 micro-batches, a batch of 8, 3 steps and SGD on the CPU. The
+    interleaved and zb schedules put ``stages_per_rank`` stages on each of stages / stages_per_rank
+    ranks, zbv two. ``return_outputs`` is passed to ``schedule.step()`` (True is torch's default)
+    and to the plan. ``compare_grads``: also compare every parameter's gradient of the first step
+    with one process (``RunResult.grad_rel_diff``)."""
+    opts = _launch_options(options, {"stages": stages, "by": by, "schedule": schedule,
+                                     "microbatches": microbatches, "steps": steps, **kwargs})
+    kind, stages, microbatches = schedule_of(opts.schedule), opts.stages, opts.microbatches
+    if not isinstance(stages, int) or stages < 1:
+        raise InputError(f"stages must be a positive integer, got {stages!r}")
+    procs = stages
+    if kind.multi:
+        if kind.fixed_per_rank is None:
+            kind.check_stages(stages, opts.stages_per_rank, flag="--stages", of="it")
+        # the plan checks a fixed placement and torch's rules (partition() runs first, below)
+        procs = kind.ranks(stages, opts.stages_per_rank)
+    if kind.rounds:
+        rounds = max(1, microbatches // procs)
+        if microbatches % rounds:
+            # torch's runtime schedules (ScheduleInterleaved1F1B, ...) run the micro-batches in rounds of pp_size
+            raise InputError(f"torch's {kind.label} needs the micro-batches ({microbatches}) to be a "
+                             f"multiple of its rounds ({rounds} = max(1, micro-batches // {procs} ranks))")
+    if not kind.export_stages:
+        # torch's traced stages (pipeline(), build_stage) under ScheduleZBVZeroBubble's V placement
+        # failed to connect here (gloo: "Pair is not connected", torch 2.13); ownership stages run
+        if opts.path == "export":
+            raise InputError(f"--schedule {kind.name} runs with module-ownership stages: torch.export stages "
+                             "fail to connect under its V placement (torch 2.13, gloo)")
+        opts = dataclasses.replace(opts, path="ownership")
+    if microbatches > opts.batch_size:
+        raise InputError(f"{microbatches} micro-batches need a batch of at least {microbatches} "
+                         f"(--batch-size {opts.batch_size})")
+    with tempfile.TemporaryDirectory(prefix="layerscope-run-") as tmp:
+        cfg_path = os.path.join(tmp, "run.json")
+        _write_cfg(cfg_path, spec, tmp, opts)     # refuses what JSON cannot carry (the options must be JSON)
+        # the single process first: it plans exactly as every rank will, so a plan that cannot be
+        # made (a memory limit no split fits, inputs the model refuses) fails here, in one line. It
+        # runs with the threads each rank will have, so that times measured for the plan
+        # (by="latency") are those of the run; the ranks then take this plan's cuts, not their own
+        # measurements (which differ from rank to rank)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // procs))
+        try:
+            ref, ref_grads, plan = reference_run(build_setup(spec, opts), opts)
+        finally:
+            torch.set_num_threads(threads)
+        if plan.num_stages > 1 and opts.cuts is None:
+            by = "flops" if opts.by in TIME_COSTS else opts.by     # nothing to time
+            _write_cfg(cfg_path, spec, tmp, dataclasses.replace(opts, cuts=list(plan.split_points), by=by))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
+               "--master_port", str(_free_port()), "-m", "layerscope.torchrun", cfg_path]
+        env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // procs)))
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout, env=env)
+        if proc.returncode != 0:
+            raise InputError(f"the pipeline run failed (torchrun exit {proc.returncode}):\n"
+                             + _worker_error(proc.stderr or proc.stdout or ""))
+        ranks = []
+        for r in range(procs):
+            with open(os.path.join(tmp, f"rank{r}.json")) as f:
+                ranks.append(json.load(f))
+        diff = None
+        if opts.compare_grads:
+            diff = 0.0
+            seen = set()
+            for r in range(procs):
+                for name, g in torch.load(os.path.join(tmp, f"grads{r}.pt")).items():
+                    if name not in ref_grads:
+                        raise InputError(f"rank {r} has a gradient for {name}, which the model lacks")
+                    want = ref_grads[name].double()
+                    scale = float(want.norm()) or 1.0
+                    diff = max(diff, float((g.double() - want).norm()) / scale)
+                    seen.add(name)
+            missing = {n for n in ref_grads} - seen
+            # a tied parameter has several names in the model; one stage's name covers it
+            if any(not any(ref_grads[n] is ref_grads[s] or torch.equal(ref_grads[n], ref_grads[s])
+                           for s in seen) for n in missing):
+                raise InputError(f"no rank returned the gradients of {sorted(missing)[:5]}")
+    holder = next(r for r in ranks if plan.num_stages - 1 in r["stages"])    # zbv: rank 0
+    return RunResult(plan=plan, ranks=tuple(ranks), reference=tuple(ref), losses=tuple(holder["losses"]),
+                     path=ranks[0]["path"], grad_rel_diff=diff, return_outputs=bool(opts.return_outputs))
+
+
+def _worker_error(text: str) -> str:
+    """The workers' own exceptions (torchrun's summary at the end of stderr says only 'exit 1')."""
+    import re
+    errs = []
+    for line in text.splitlines():
+        m = re.match(r"\[rank(\d+)\]: ([\w.]*(?:Error|Exception)\b.*)", line)
+        if m and "Connection closed by peer" not in m.group(2):
+            errs.append(f"rank {m.group(1)}: {m.group(2)}")
+    return "\n".join(dict.fromkeys(errs)) if errs else "\n".join(text.strip().splitlines()[-15:])
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker_error(text: str) -> str:
+    """The workers' own exceptions (torchrun's summary at the end of stderr says only 'exit 1')."""
+    import re
+    errs = []
+    for line in text.splitlines():
+        m = re.match(r"\[rank(\d+)\]: ([\w.]*(?:Error|Exception)\b.*)", line)
+        if m and "Connection closed by peer" not in m.group(2):
+            errs.append(f"rank {m.group(1)}: {m.group(2)}")
+    return "\n".join(dict.fromkeys(errs)) if errs else "\n".join(text.strip().splitlines()[-15:])
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
