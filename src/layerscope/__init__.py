@@ -10,13 +10,13 @@ with _warnings.catch_warnings():
     _warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     import torch as _torch  # noqa: F401
 
-from . import render as _render  # noqa: F401  (plugs the renderers into the reports)
 from .api import (BatchFit, activations, analyze, analyze_exported, analyze_onnx, analyze_torchscript,
                   max_batch_size, memory, onnx_tile, partition, profile)
 from .costs import CostOptions
 from .options import AnalyzeOptions, MemoryOptions, ProfileOptions
 from .errors import ForwardError, InputError, LayerscopeError, PlanError, RegistryError, SpecError
-from .pipeline import SplitUnits, Stage, StagePlan, Unit
+from .pipeline import SplitUnits, Stage, Unit
+from .render.views import StagePlan
 from .memory_report import CallMemory, MemoryLayer, MemoryReport, StepMemory
 from .latency_report import LatencyLayer, LatencyReport
 from .reports.latency import LatencyTotals

@@ -225,7 +225,7 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     """
     kwargs = forward_inputs(kwargs, forward_kwargs)
     from .analyses.memory import memory_results
-    from .reports.memory import MemoryReport
+    from .render.views import MemoryReport
     from .capture.measure import measure_cpu, measure_cuda, state_bytes
     from .capture.step import run_steps
     from .capture.storage import StorageTracker, cuda_block_size
@@ -515,6 +515,7 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
     kwargs = forward_inputs(kwargs, forward_kwargs)
     from .memory_report import MemoryReport
     from .pipeline.partition import build_plan
+    from .render.views import view
     from .pipeline.units import split_units, unit_latencies, unit_work_bytes
 
     notes: list[str] = []
@@ -593,10 +594,10 @@ def partition(model_or_report, *args: Any, stages: int, by="flops", memory_limit
         notes.append(f"times predicted by a roofline ({roof.name}): {roof.peak_flops / 1e12:.3g} TFLOP/s, "
                      f"{roof.peak_bandwidth / 1e9:.3g} GB/s ({roof.source})")
         options["roofline"] = roof.to_dict()
-    return build_plan(units, stages=stages, by=by, memory_limit=memory_limit, schedule=schedule,
+    return view(build_plan(units, stages=stages, by=by, memory_limit=memory_limit, schedule=schedule,
                       microbatches=microbatches, stages_per_rank=stages_per_rank, options=options,
                       notes=notes, objective=objective, link_bandwidth=link_bandwidth,
-                      optimizer_bandwidth=optimizer_bandwidth, cuts=cuts)
+                      optimizer_bandwidth=optimizer_bandwidth, cuts=cuts))
 
 
 def _plan_dtype(units) -> torch.dtype:
@@ -642,7 +643,8 @@ def profile(model: nn.Module, *args: Any, warmup: int | str = "auto", repeats: i
     from .analyses.latency import time_calls
     from .analyses.roofline import roofline_for
     from .capture.step import default_loss
-    from .reports.latency import LatencyReport, latency_layers, latency_totals
+    from .render.views import LatencyReport
+    from .reports.latency import latency_layers, latency_totals
 
     check_model(model)
     ProfileOptions(warmup=warmup, repeats=repeats, backward=backward)

@@ -1,5 +1,5 @@
 """The Report of ``layerscope.analyze`` (defined in layerscope.reports.summary; kept here for imports)."""
 
-from .reports.summary import Report
+from .render.views import Report
 
 __all__ = ["Report"]

@@ -75,18 +75,17 @@ class OnnxGraph:
     def table(self, sort: str = "order", top: int | None = None) -> str:
         """The per-node table (bytes read, written and moved, MACs, FLOPs, params) with the model
         total; ``sort``: order, read, write, bytes, macs, flops or params; ``top``: first rows only."""
-        from ..reports.base import renderer
+        from ..render.text import render_text
         from ..reports.onnx import nodes_table
-        return renderer().text(nodes_table(self, sort, top), False, None)
+        return render_text(nodes_table(self, sort, top), False, None)
 
     def to_csv(self, sort: str = "order", top: int | None = None) -> str:
-        from ..reports.base import renderer
+        from ..render.csv import render_csv
         from ..reports.onnx import nodes_table
-        return renderer().table_csv(nodes_table(self, sort, top))
+        return render_csv(nodes_table(self, sort, top))
 
     def to_dict(self) -> dict:
-        from ..reports.base import renderer
-        node_dict = renderer().onnx_node
+        from ..render.onnx import node_dict
         return {"opset": self.opset, "histogram": dict(self.histogram),
                 "peak_activation_bytes": self.peak_activation_bytes, "unknown_shapes": list(self.unknown_shapes),
                 "symbolic_dims": list(self.symbolic_dims), "nodes": [node_dict(n) for n in self.nodes]}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import InputError
-from .base import Rendered
+from .base import ReportRecord
 from .table import Column, Fact, Table, tree_table
 
 __all__ = ["compare", "Comparison", "ComparedLayer"]
@@ -100,7 +100,7 @@ def _delta_fact(m: str, unit: str, a, b) -> tuple:
     return ((b - a, "+" + unit), f" ({100 * (b - a) / a:+.1f}%)" if a else "")
 
 
-class Comparison(Rendered):
+class Comparison(ReportRecord):
     """Result of ``layerscope.compare``: per-layer values of both sides and their totals."""
 
     kind = "comparison"
@@ -145,16 +145,6 @@ class Comparison(Rendered):
         return tree_table("comparison", f"layerscope compare ({self.compared}): {self.names[0]} vs {self.names[1]}",
                           self, rows, self.columns(), depth, context=(Fact("Compared", f"{self.compared} reports"),),
                           footer=self._footer(), first_header="Layer")
-
-    def table(self, depth: int | None = 2, changed: bool = False, fold: bool = True, width: int | None = None) -> str:
-        """A row per layer: each metric for A, for B and B - A. ``changed``: only rows that differ."""
-        return self._text(depth, None, fold, width, changed=changed)
-
-    def rich_table(self, depth: int | None = 2, changed: bool = False, fold: bool = True, width: int | None = None):
-        return self._rich(depth, None, fold, width, changed=changed)
-
-    def print(self, depth: int | None = 2, changed: bool = False, file=None, fold: bool = True) -> None:
-        self._print(file, depth, None, fold, changed=changed)
 
     def rows(self) -> list[dict[str, Any]]:
         out = []

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any
 
 from ..analyses.memory import CallMemory, Marker, MemoryLayer, PhaseSpan, StepMemory, Timeline
 from ..capture.measure import Measured
 from ..capture.storage import CATEGORIES
 from ..errors import InputError
 from ..trace import Trace
-from .base import Rendered, Totals
+from .base import ReportRecord, Totals
 from .summary import input_facts
 from .table import Column, Fact, Table, select_columns, tree_table
 
@@ -123,7 +123,7 @@ class MemoryTotals(Totals):
     loss_saved_bytes: int              # what the loss saved for its backward (in no layer's activations)
 
 
-class MemoryReport(Rendered):
+class MemoryReport(ReportRecord):
     """Results of ``layerscope.memory``. Frozen; renderers only read it."""
 
     kind = "memory"
@@ -170,27 +170,6 @@ class MemoryReport(Rendered):
         cols = COLUMNS if columns == "all" else select_columns(COLUMNS, columns, InputError)
         return tree_table("memory", f"layerscope memory: {self.model_name}", self, self.layers, cols, depth,
                           context=memory_context(self), footer=memory_footer(self))
-
-    def table(self, depth: int | None = None, fold: bool = True, columns=None, width: int | None = None) -> str:
-        """The per-layer table as plain text (``fold``: runs of identical blocks as one row)."""
-        return self._text(depth, columns, fold, width)
-
-    def rich_table(self, depth: int | None = None, fold: bool = True, columns=None, width: int | None = None):
-        return self._rich(depth, columns, fold, width)
-
-    def print(self, depth: int | None = None, file: TextIO | None = None, fold: bool = True, columns=None) -> None:
-        """Print the table: a rich table fitted to the terminal, plain text otherwise."""
-        self._print(file, depth, columns, fold)
-
-    def to_dict(self, timeline: bool = True) -> dict[str, Any]:
-        from .base import renderer
-        return renderer().json(self, timeline=timeline)
-
-    def to_json(self, path: str | None = None, indent: int | None = 2, timeline: bool = True) -> str:
-        import json
-
-        from .base import renderer
-        return renderer().write(json.dumps(self.to_dict(timeline), indent=indent), path)
 
     def __repr__(self) -> str:
         return (f"<MemoryReport {self.model_name}: peak {self.peak_bytes:,} B "

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
-from .base import Rendered
+from .base import ReportRecord
 from .table import Column, Fact, Table, flat_table, select_columns
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ def plan_footer(plan: "StagePlan") -> tuple[Fact, ...]:
     return tuple(lines)
 
 
-class StagePlan(Rendered):
+class StagePlan(ReportRecord):
     """Result of ``layerscope.partition``. Frozen; renderers only read it."""
 
     kind = "stage_plan"
@@ -214,15 +214,6 @@ class StagePlan(Rendered):
                           name=lambda s: s.label, first_header="Stage: units",
                           meta={"index_key": "stage", "timeline": self.timeline},
                           context=plan_context(self), footer=plan_footer(self))
-
-    def table(self, depth: int | None = None, columns=None, width: int | None = None, **_: Any) -> str:
-        return self._text(None, columns, True, width)
-
-    def rich_table(self, columns=None, width: int | None = None, **_: Any):
-        return self._rich(None, columns, True, width)
-
-    def print(self, file: TextIO | None = None, columns=None, **_: Any) -> None:
-        self._print(file, None, columns, True)
 
     def __repr__(self) -> str:
         step = f", step {self.step_time:.4g} s" if self.timeline is not None else ""

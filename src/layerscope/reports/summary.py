@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import weakref
-from typing import Any, TextIO
+from typing import Any
 
 from torch import nn
 
@@ -17,7 +17,7 @@ from ..analyses.flops import coverage, layer_costs
 from ..analyses.receptive_field import receptive_fields
 from ..errors import InputError
 from ..trace import Costs, Coverage, LayerRecord, Totals, Trace
-from .base import Rendered
+from .base import ReportRecord
 from .table import Column, Fact, Table, select_columns, tree_table
 
 __all__ = ["Report", "COLUMNS", "DEFAULT_COLUMNS", "summary_table", "summary_context", "summary_footer",
@@ -162,7 +162,7 @@ def _sum(costs: list[Costs]) -> Costs:
                  sum(c.bytes_written for c in costs))
 
 
-class Report(Rendered):
+class Report(ReportRecord):
     """Results of ``layerscope.analyze``. Everything in it is frozen; renderers only read it."""
 
     kind = "summary"
@@ -214,19 +214,6 @@ class Report(Rendered):
     # ---- views ----------------------------------------------------------------------------------
     def table_model(self, depth: int | None = None, columns=None, **_: Any) -> Table:
         return summary_table(self, depth, columns)
-
-    def table(self, depth: int | None = None, columns=None, fold: bool = True, width: int | None = None) -> str:
-        """The layer table as plain text. ``fold``: runs of 3 or more identical blocks show as one
-        row, ``layers.0-79: LlamaDecoderLayer x80 (each)`` (``fold=False`` shows every block);
-        ``width``: fit to that many characters (names shrink, then low-priority columns drop)."""
-        return self._text(depth, columns, fold, width)
-
-    def rich_table(self, depth: int | None = None, columns=None, fold: bool = True, width: int | None = None):
-        return self._rich(depth, columns, fold, width)
-
-    def print(self, depth: int | None = None, columns=None, file: TextIO | None = None, fold: bool = True) -> None:
-        """Print the table: a rich table fitted to the terminal, plain text otherwise."""
-        self._print(file, depth, columns, fold)
 
     def __repr__(self) -> str:
         t = self.totals

@@ -19,6 +19,7 @@ from typing import Any
 
 from ...reports.table import Column, Row, Table
 from ..fold import roles
+from ..json import report_json
 from ..layout import grid
 from ..units import fmt
 
@@ -135,9 +136,9 @@ def _context(parts: list[dict]) -> list[list[str]]:
 def _as_dict(x) -> dict | None:
     if x is None:
         return None
-    if hasattr(x, "to_dict"):
-        return x.to_dict(timeline=True) if getattr(x, "kind", "") == "memory" else x.to_dict()
-    return x
+    if hasattr(x, "to_dict"):       # a report object (a memory report's JSON has its timeline by default)
+        return x.to_dict()
+    return report_json(x) if hasattr(x, "table_model") else x   # a record
 
 
 def page_data(summary=None, memory=None, latency=None, plan=None) -> dict[str, Any]:
