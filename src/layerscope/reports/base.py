@@ -1,7 +1,7 @@
 """What every report kind has in common, below any renderer.
 
 A report is a frozen record that says what it is: ``table_model()`` reads its rows through its
-columns, with its header and footer.
+columns, with its header and footer; ``json_fields()`` names what its JSON holds besides.
 How that looks (text, rich, CSV, JSON, pandas, HTML) is ``layerscope.render``'s job: render imports
 the reports, never the reverse, and the report objects users receive (``layerscope.Report`` and the
 other kinds) are render's thin view classes over these records (``layerscope.render.views``).
@@ -22,6 +22,11 @@ class ReportRecord:
 
     _html_part = "summary"
     kind = "summary"
+    json_rows = "layers"       # the key of its JSON whose items are its table's rows
+
+    def json_fields(self, **options: Any) -> tuple:  # pragma: no cover - every kind declares its own
+        """What its JSON holds besides the table (reports.table.JsonField)."""
+        raise NotImplementedError
 
     def _csv_view(self) -> dict[str, Any]:
         """View options of the table that CSV and pandas take (every column, every row)."""

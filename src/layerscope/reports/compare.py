@@ -146,6 +146,10 @@ class Comparison(ReportRecord):
                           self, rows, self.columns(), depth, context=(Fact("Compared", f"{self.compared} reports"),),
                           footer=self._footer(), first_header="Layer")
 
+    def json_fields(self, **_: Any) -> tuple:
+        return (("compared", "compared"), ("a", lambda c, _: c.names[0]), ("b", lambda c, _: c.names[1]),
+                ("totals", lambda c, _: {"a": c.totals[0], "b": c.totals[1]}), ("layers", lambda c, _: c.rows()))
+
     def rows(self) -> list[dict[str, Any]]:
         out = []
         for r in self.layers:

@@ -143,6 +143,21 @@ def latency_footer(rep: "LatencyReport", top: int = 3) -> tuple[Fact, ...]:
     return tuple(lines)
 
 
+_LAYER_JSON = (
+    ("bound", lambda r, rep: r.bound(rep.roofline)), ("roof_fraction", lambda r, rep: r.roof_fraction(rep.roofline)),
+    "index", "path", "type", "depth", "call_index", "parent", "children", "params", "input_shapes", "output_shapes",
+    ("forward_s", "forward"), ("forward_self_s", "forward_self"), ("backward_s", "backward"),
+    ("backward_self_s", "backward_self"), "flops", "bytes_moved", "backward_flops", "backward_bytes",
+    "flops_per_second", "bytes_per_second", "intensity", ("forward_span_s", "forward_span"),
+    ("backward_span_s", "backward_span"),
+)
+LATENCY_JSON = (
+    ("model", lambda rep, _: {"name": rep.model_name, "device": rep.device, "options": dict(rep.options)}),
+    "totals", ("roofline", lambda rep, _: rep.roofline.to_dict() if rep.roofline else None),
+    ("layers", "layers", _LAYER_JSON), "notes",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class LatencyTotals(Totals):
     """Medians over the timed runs, in seconds. ``profile()``: the forward (and backward) with the
@@ -198,6 +213,9 @@ class LatencyReport(ReportRecord):
         """The k slowest calls at each depth below the root (DeepSpeed's "top modules at each
         depth"), by median ``by`` time."""
         return {d: self.top(k, depth=d, by=by) for d in sorted({r.depth for r in self.layers}) if d > 0}
+
+    def json_fields(self, **_: Any) -> tuple:
+        return LATENCY_JSON
 
     def table_model(self, depth: int | None = None, columns=None, top: int = 3, **_: Any) -> Table:
         cols = latency_columns(self)

@@ -107,6 +107,20 @@ def memory_footer(rep: "MemoryReport") -> tuple[Fact, ...]:
     return tuple(lines)
 
 
+_LAYER_JSON = ("index", "path", "type", "depth", "call_index", "parent", "children", "input_bytes", "saved_bytes",
+               "param_bytes", "grad_bytes", "optimizer_bytes", "saved_total", "param_total", "grad_total",
+               "optimizer_total", "total", "forward", "backward")
+_STEP_JSON = ("step", "peak_bytes", "peak_op", "peak_phase", "peak_layer", "breakdown", "start_bytes", "end_bytes",
+              ("phases", "phases", ("phase", "first_op", "last_op", "peak_bytes")))
+_TIMELINE_JSON = ("categories", ("bytes", lambda tl, rep: dict(zip(tl.categories, tl.bytes))), "step", "phase",
+                  "markers")
+MEMORY_JSON = (
+    ("model", lambda rep, _: {"name": rep.model_name, "options": dict(rep.options)}),
+    "peak_bytes", "breakdown", "static", "totals", ("steps", "steps", _STEP_JSON), ("layers", "layers", _LAYER_JSON),
+    "measured", "notes",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryTotals(Totals):
     """Bytes of one report's step: the peak, and what the model's state and activations take."""
@@ -170,6 +184,10 @@ class MemoryReport(ReportRecord):
         cols = COLUMNS if columns == "all" else select_columns(COLUMNS, columns, InputError)
         return tree_table("memory", f"layerscope memory: {self.model_name}", self, self.layers, cols, depth,
                           context=memory_context(self), footer=memory_footer(self))
+
+    def json_fields(self, timeline: bool = True, **_: Any) -> tuple:
+        """``timeline``: with the live bytes per category after every op (long for a big model)."""
+        return MEMORY_JSON + ((("timeline", "timeline", _TIMELINE_JSON),) if timeline else ())
 
     def __repr__(self) -> str:
         return (f"<MemoryReport {self.model_name}: peak {self.peak_bytes:,} B "

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from .base import ReportRecord
-from .table import Column, Fact, Table, flat_table, select_columns
+from .table import OMIT, Column, Fact, Table, flat_table, select_columns
 
 if TYPE_CHECKING:
     from ..pipeline.schedule import Timeline
@@ -141,11 +141,28 @@ def plan_footer(plan: "StagePlan") -> tuple[Fact, ...]:
     return tuple(lines)
 
 
+_STAGE_JSON = (
+    ("stage", "index"), "rank", ("first_unit", lambda s, p: s.units[0]), ("last_unit", lambda s, p: s.units[-1]),
+    ("units", lambda s, p: len(s.units)), "params", "flops", "macs", "cost",
+    (None, lambda s, p: {f"memory_{k}": v for k, v in s.memory.items()}), ("limit_bytes", "limit"),
+    "forward_time", "backward_time", "send_time", "optimizer_time",
+    ("weight_time", lambda s, p: OMIT if s.weight_time is None else s.weight_time), ("unit_names", "units"),
+)
+PLAN_JSON = (
+    ("model", "model_name"), ("by", "by_name"), "objective", "schedule", "microbatches", "stages_per_rank",
+    ("micro_batch_size", lambda p, _: p.units.micro_batch), "step_time", "bubble",
+    ("timeline", lambda p, _: p.timeline.to_dict() if p.timeline is not None else None), "bottleneck",
+    "lower_bound", "imbalance", "split_points", "options", "notes", ("stages", "stages", _STAGE_JSON),
+    ("units", lambda p, _: p.units.units), ("ties", lambda p, _: p.units.ties, ("names", "units", "state_bytes")),
+)
+
+
 class StagePlan(ReportRecord):
     """Result of ``layerscope.partition``. Frozen; renderers only read it."""
 
     kind = "stage_plan"
     _html_part = "plan"
+    json_rows = "stages"
 
     def __init__(self, *, units: "SplitUnits", stages: tuple[Stage, ...], by: str, schedule: str,
                  microbatches: int, bottleneck: float, options: dict, notes: tuple[str, ...] = (),
@@ -207,6 +224,9 @@ class StagePlan(ReportRecord):
         raise IndexError(unit)
 
     # ---- views ----------------------------------------------------------------------------------
+    def json_fields(self, **_: Any) -> tuple:
+        return PLAN_JSON
+
     def table_model(self, depth: int | None = None, columns=None, **_: Any) -> Table:
         cols = plan_columns(self)
         cols = cols if columns == "all" else select_columns(cols, columns, InputError)
