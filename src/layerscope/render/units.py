@@ -82,6 +82,10 @@ def fmt(unit: str, value: Any, chart: bool = False) -> str:
         return _ratio(value)
     if unit == "shape":
         return shapes(value)
+    if unit == "milliseconds":                # a run's measured times, to a tenth of a millisecond
+        return f"{value * 1e3:.1f} ms"
+    if unit == "change":                      # a relative error, its sign always shown
+        return f"{100 * value:+.1f}%"
     return str(value)
 
 

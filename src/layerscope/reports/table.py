@@ -17,8 +17,10 @@ __all__ = ["Unit", "Column", "Row", "Table", "Fact", "select_columns", "tree_tab
 
 # count: SI (K M G T P E); params: thousands separators in tables, SI in charts; bytes: IEC;
 # seconds: s / ms / us; rate: SI per second; percent: a fraction shown as %; ratio: a plain number;
-# shape: a tuple of shapes; text: shown as it is
-Unit = Literal["count", "params", "bytes", "seconds", "rate", "percent", "ratio", "shape", "text", "index"]
+# shape: a tuple of shapes; text: shown as it is; milliseconds: a measured time to 0.1 ms; change: a
+# relative difference as a signed %
+Unit = Literal["count", "params", "bytes", "seconds", "rate", "percent", "ratio", "shape", "text", "index",
+               "milliseconds", "change"]
 
 
 # What a report kind's JSON holds besides its table, read from its record (render.json builds every
