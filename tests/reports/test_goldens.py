@@ -1,6 +1,9 @@
 """Every report kind in every text format against its golden: the terminal at 80 and 120 columns,
-plain text, CSV and JSON (tests/goldens/<kind>/<case>.<format>). A missing golden fails; write it
-with ``pytest --update-goldens`` and read the diff before committing it.
+plain text, CSV, JSON, the DataFrame (columns, dtypes and values), the data the HTML page embeds
+(not the page, whose template may change) and the memory timeline
+(tests/goldens/<kind>/<case>.<format>). A missing golden fails; write it with
+``pytest --update-goldens`` and read the diff before committing it. A golden may change only with a
+schema-version bump, noted.
 
 The terminal goldens are the proof that numbers are never cut: every line fits the width, and every
 number of the plain text (which is never narrowed) appears whole in the terminal views.
@@ -144,6 +147,88 @@ def test_onnx_nodes(update_goldens, tmp_path):
     graph = ls.analyze_onnx(str(path)).graph
     check_golden("onnx_nodes/table.txt", graph.table(), update_goldens)
     check_golden("onnx_nodes/table.csv", graph.to_csv(), update_goldens)
+
+
+def dataframe_text(df) -> str:
+    """A DataFrame as its golden sees it: every column's dtype, then every value (CSV)."""
+    return "dtypes:\n" + df.dtypes.to_string() + "\n\n" + df.to_csv()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dataframe(reports, kind, update_goldens):
+    pytest.importorskip("pandas")
+    check_golden(f"{kind}/dataframe.txt", dataframe_text(reports[kind].to_dataframe()), update_goldens)
+
+
+_DATA = re.compile(r'<script type="application/json" id="layerscope-data">(.*?)</script>', re.S)
+
+
+def html_data(page: str) -> str:
+    """The JSON the page embeds (what its script draws from), indented, keys sorted."""
+    found = _DATA.findall(page)
+    assert len(found) == 1, "the page embeds its data once"
+    return json.dumps(json.loads(found[0]), indent=1, sort_keys=True) + "\n"
+
+
+# the kinds that have an HTML page (a comparison has none)
+HTML_KINDS = ["summary", "summary_cnn", "memory", "latency", "stage_plan"]
+
+
+@pytest.mark.parametrize("kind", HTML_KINDS)
+def test_html_data(reports, kind, update_goldens):
+    check_golden(f"{kind}/html_data.json", html_data(reports[kind].to_html()), update_goldens)
+
+
+def test_html_data_of_one_page_with_every_part(reports, update_goldens):
+    """Summary, memory, latency and stage plan on one page (the context card, the shared tree with
+    one column per part, every chart), as ``layerscope report`` builds it; the latency's layers do
+    not match the summary's, so its column shows ``--``."""
+    page = reports["summary"].to_html(memory=reports["memory"], latency=reports["latency"],
+                                      plan=reports["stage_plan"], title="every part")
+    check_golden("page/html_data.json", html_data(page), update_goldens)
+
+
+def test_html_data_from_saved_json(reports, update_goldens, tmp_path, capsys):
+    """``layerscope report a.json b.json -o page.html``: the page built from saved JSON reports embeds
+    the same data as one built from the report objects."""
+    from layerscope.cli import main
+    paths = []
+    for kind in ("summary_cnn", "memory"):
+        paths.append(str(tmp_path / f"{kind}.json"))
+        reports[kind].to_json(paths[-1])
+    out = tmp_path / "page.html"
+    assert main(["report", *paths, "-o", str(out)]) == 0
+    text = html_data(out.read_text(encoding="utf-8"))
+    check_golden("page/html_data_saved.json", text, update_goldens)
+    assert text == html_data(reports["summary_cnn"].to_html(memory=reports["memory"]))
+
+
+def test_html_memory_timeline_is_cut_keeping_the_peaks(reports, update_goldens, tmp_path):
+    """A saved memory report whose timeline has more points than the page keeps (5,000 ops, made up
+    from the real one's categories): the page's timeline is cut to its buckets' highest points."""
+    from layerscope.cli import main
+    d = reports["memory"].to_dict(timeline=True)
+    tl = d["timeline"]
+    n = 5000
+    tl["bytes"] = {c: [(i * (7 + k) * 7919) % 100_003 if k % 2 == 0 else 0 for i in range(n)]
+                   for k, c in enumerate(tl["categories"])}
+    tl["step"] = [1 + 2 * i // n for i in range(n)]
+    tl["phase"] = [("forward", "backward", "optimizer")[(3 * i // n)] for i in range(n)]
+    src = tmp_path / "memory.json"
+    src.write_text(json.dumps(d), encoding="utf-8")
+    out = tmp_path / "page.html"
+    assert main(["report", str(src), "-o", str(out)]) == 0
+    page = json.loads(html_data(out.read_text(encoding="utf-8")))
+    check_golden("memory/html_timeline_cut.json", json.dumps(page["memory"]["timeline"], sort_keys=True) + "\n",
+                 update_goldens)
+
+
+def test_memory_timeline(reports, update_goldens):
+    """The memory timeline of the training step (every op's live bytes per category, the phases and
+    step markers) as the JSON carries it."""
+    d = reports["memory"].to_dict(timeline=True)
+    check_golden("memory/timeline.json", json.dumps(d["timeline"], indent=1, sort_keys=True) + "\n",
+                 update_goldens)
 
 
 def number_cells(text: str):
