@@ -10,20 +10,18 @@ with _warnings.catch_warnings():
     _warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     import torch as _torch  # noqa: F401
 
-from . import render as _render  # noqa: F401  (plugs the renderers into the reports)
 from .api import (BatchFit, activations, analyze, analyze_exported, analyze_onnx, analyze_torchscript,
                   max_batch_size, memory, onnx_tile, partition, profile)
 from .costs import CostOptions
 from .options import AnalyzeOptions, MemoryOptions, OnnxOptions, PartitionOptions, ProfileOptions, TileOptions
 from .errors import ForwardError, InputError, LayerscopeError, PlanError, RegistryError, SpecError
 from .pipeline import SplitUnits, Unit
-from .reports.plan import Stage, StagePlan
-from .reports.memory import CallMemory, MemoryLayer, MemoryReport, MemoryTotals, StepMemory
-from .reports.latency import LatencyLayer, LatencyReport, LatencyTotals
+from .reports.plan import Stage
+from .reports.memory import CallMemory, MemoryLayer, MemoryTotals, StepMemory
+from .reports.latency import LatencyLayer, LatencyTotals
+from .render.views import Comparison, LatencyReport, MemoryReport, Report, StagePlan, compare
 from .profiler import Profiler
 from .analyses.roofline import Roofline, measure_roofline
-from .reports.summary import Report
-from .reports.compare import Comparison, compare
 from .specs import presets
 from . import compat   # front ends with other tools' names (torchinfo, torchscan, deepspeed, modelsummary)
 from .compat.torchinfo import layerscope_summary as summary

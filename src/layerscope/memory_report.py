@@ -7,8 +7,9 @@ import warnings
 warnings.warn("layerscope.memory_report is deprecated; import from layerscope or layerscope.reports.memory",
               DeprecationWarning, stacklevel=2)
 
-from .reports.memory import (CATEGORIES, CallMemory, Marker, Measured, MemoryLayer, MemoryReport,  # noqa: E402
-                             PhaseSpan, StepMemory, Timeline)
+from .render.views import MemoryReport  # noqa: E402
+from .reports.memory import (CATEGORIES, CallMemory, Marker, Measured, MemoryLayer, PhaseSpan,  # noqa: E402
+                             StepMemory, Timeline)
 
 __all__ = ["MemoryReport", "MemoryLayer", "CallMemory", "StepMemory", "PhaseSpan", "Timeline", "Marker",
            "Measured", "CATEGORIES"]

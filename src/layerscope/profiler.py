@@ -223,7 +223,8 @@ class Profiler:
 
     # the report ------------------------------------------------------------------------------
     def report(self, warmup_steps: int | None = None):
-        from .reports.latency import LatencyReport, latency_layers
+        from .render.views import LatencyReport
+        from .reports.latency import latency_layers
         skip = self.warmup_steps if warmup_steps is None else warmup_steps
         steps = self._steps[skip:] if len(self._steps) > skip else self._steps
         if not steps:

@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 import layerscope as ls
-from layerscope.compat import torchinfo as ti
 from layerscope.compat.torchinfo import summary
+from layerscope.render.units import torchinfo_number
 
 from .models import LSTMNet, TinyResNet, same_state, state
 
@@ -228,9 +228,9 @@ def test_bad_arguments_are_one_line_errors(kwargs, match):
 
 
 def test_number_format_matches_torchinfo():
-    assert ti._num(3_784_580, auto=False) == ": 3,784,580"
-    assert ti._num(376_832_000, auto=True) == " (M): 376.83"
-    assert ti._num(2_000_000_000, auto=True) == " (G): 2"
+    assert torchinfo_number(3_784_580, auto=False) == ": 3,784,580"
+    assert torchinfo_number(376_832_000, auto=True) == " (M): 376.83"
+    assert torchinfo_number(2_000_000_000, auto=True) == " (G): 2"
 
 
 class ArgMax(nn.Module):

@@ -20,7 +20,7 @@ from ..formats.exported import refuse_exported
 from ..options import MemoryOptions, entry_options, optimizer_name
 from ..progress import ProgressBar
 from ..render.units import parse_bytes
-from ..reports.memory import MemoryReport
+from ..render.views import MemoryReport
 
 __all__ = ["memory", "memory_with"]
 

@@ -13,7 +13,7 @@ from ..capture.prepare import check_model, example_inputs, is_fake_model, micro_
 from ..errors import InputError
 from ..options import PartitionOptions, forward_inputs
 from ..pipeline.units import units_from_memory, with_latencies, with_work
-from ..reports.summary import Report
+from ..render.views import Report, view
 from .memory import memory
 
 __all__ = ["partition"]
@@ -72,7 +72,7 @@ def partition(model_or_report, *args: Any, stages: int | None = None, by=None, s
         {"stages": stages, "by": by, "schedule": schedule, "microbatches": microbatches,
          "memory_limit": memory_limit, "optimizer": optimizer, **kwargs}, options is not None)
     kwargs = forward_inputs(kwargs, forward_kwargs)
-    from ..reports.memory import MemoryReport
+    from ..render.views import MemoryReport
     from ..pipeline.units import split_units, unit_latencies, unit_work_bytes
     from ..reports.plan_build import build_plan
 
@@ -154,7 +154,7 @@ def partition(model_or_report, *args: Any, stages: int | None = None, by=None, s
         notes.append(f"times predicted by a roofline ({roof.name}): {roof.peak_flops / 1e12:.3g} TFLOP/s, "
                      f"{roof.peak_bandwidth / 1e9:.3g} GB/s ({roof.source})")
         recorded["roofline"] = roof.to_dict()
-    return build_plan(units, opts, notes=notes, recorded=recorded)
+    return view(build_plan(units, opts, notes=notes, recorded=recorded))
 
 
 def _plan_dtype(units) -> torch.dtype:

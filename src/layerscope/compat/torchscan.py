@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..errors import InputError
+from ..render.units import torchscan_scale
 
 __all__ = ["crawl_module", "summary", "aggregate_info", "format_info"]
 
@@ -102,13 +103,6 @@ def aggregate_info(info: dict[str, Any], max_depth: int) -> dict[str, Any]:
     return info
 
 
-def _unit_scale(val: float) -> tuple[float, str]:
-    for f, u in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if val // f > 0:
-            return val / f, u
-    return val, ""
-
-
 def _format_name(name: str, depth: int) -> str:
     if depth == 0:
         return name
@@ -172,7 +166,7 @@ def format_info(module_info: dict[str, Any], wrap_mode: str = "mid", receptive_f
     for key, label, unit in (("flops", "Floating Point Operations on forward", "FLOPs"),
                              ("macs", "Multiply-Accumulations on forward", "MACs"),
                              ("dmas", "Direct memory accesses on forward", "DMAs")):
-        v, u = _unit_scale(sum(layer[key] for layer in module_info["layers"]))
+        v, u = torchscan_scale(sum(layer[key] for layer in module_info["layers"]))
         lines.append(f"{label}: {v:.2f} {u}{unit}")
     lines.append(thin)
     return "\n".join(lines)

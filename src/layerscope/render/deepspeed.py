@@ -12,6 +12,8 @@ import sys
 from torch import nn
 from torch.nn.modules.module import _addindent
 
+from .units import deepspeed_number
+
 __all__ = ["number_to_string", "macs_to_string", "flops_to_string", "params_to_string", "duration_to_string",
            "bytes_to_string", "ModuleProfile", "model_profile_text", "DEFAULT_PRECISION", "aggregated_profile",
            "module_params", "to_output_file"]
@@ -21,24 +23,7 @@ DEFAULT_PRECISION = 2
 
 # ---- DeepSpeed's number formats (same output, e.g. "1.23 G", "1.23 GMACs", "1.23 M") --------------
 
-def number_to_string(num, units=None, precision=DEFAULT_PRECISION) -> str:
-    scales = {"T": 1e12, "G": 1e9, "M": 1e6, "K": 1e3, "": 1, "m": 1e-3, "u": 1e-6}
-    if units is None:
-        if num >= 1e12:
-            units = "T"
-        elif num >= 1e9:
-            units = "G"
-        elif num >= 1e6:
-            units = "M"
-        elif num >= 1e3:
-            units = "K"
-        elif num >= 1 or num == 0:
-            units = ""
-        elif num >= 1e-3:
-            units = "m"
-        else:
-            units = "u"
-    return f"{round(num / scales.get(units, 1), precision):g} {units}"
+number_to_string = deepspeed_number     # DeepSpeed's name for it (render.units holds every number style)
 
 
 def macs_to_string(macs, units=None, precision=DEFAULT_PRECISION) -> str:

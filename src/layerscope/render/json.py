@@ -1,68 +1,64 @@
-"""JSON export with a versioned schema, described in docs/json.md.
+"""JSON export with a versioned schema, described in docs/json.md, built the same way for every kind.
 
 Every report: schema_version, kind (summary, memory, latency, stage_plan, comparison), the kind's own
-keys (a summary: model, totals, layers, coverage), then context (what the numbers are for) and
-columns (the kind's table columns: key, header, unit). Bump SCHEMA_VERSION's major number when a key
-changes meaning or disappears; adding keys is a minor bump.
+keys read from its record through the fields it declares (``json_fields()``: a summary's model,
+totals, layers, coverage), then context (what the numbers are for) and columns (the kind's table
+columns: key, header, unit); each row of its table (``layers``, a plan's ``stages``) adds its
+columns' plain ``values`` and, where a table shows more than the unit says, the ``shown`` text.
+Bump SCHEMA_VERSION's major number when a key changes meaning or disappears; adding keys is a minor
+bump.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import fields, is_dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..reports.base import Totals
+from ..reports.table import OMIT
 from .units import fmt
 
 if TYPE_CHECKING:
     from ..reports.summary import Report
+
+__all__ = ["SCHEMA_VERSION", "report_json", "record_json", "plain", "table_meta"]
 
 SCHEMA_VERSION = "1.4"   # 1.1: every report names its kind; 1.2: context and columns; 1.3: plan step times;
 #                          1.4: zero bubble's weight_time (stages), weight_flops and deferred_bytes (units)
 #                          (docs/json.md)
 
 
-def _costs(c) -> dict[str, int]:
-    return {"macs": c.macs, "flops": c.flops, "bytes_read": c.bytes_read, "bytes_written": c.bytes_written}
+def plain(v: Any) -> Any:
+    """A value as JSON holds it: dataclasses as dicts of their fields, a report's totals as the
+    fields that have a value, tuples as lists."""
+    if isinstance(v, Totals):
+        return {k: plain(x) for k, x in v.items()}
+    if is_dataclass(v) and not isinstance(v, type):
+        return {f.name: plain(getattr(v, f.name)) for f in fields(v)}
+    if isinstance(v, dict):
+        return {k: plain(x) for k, x in v.items()}
+    if isinstance(v, (tuple, list)):
+        return [plain(x) for x in v]
+    return v
 
 
-def layer_dict(r) -> dict[str, Any]:
-    return {
-        "index": r.index, "path": r.path, "type": r.type, "depth": r.depth, "call_index": r.call_index,
-        "parent": r.parent, "children": list(r.children),
-        "inputs": [asdict(s) for s in r.inputs], "outputs": [asdict(s) for s in r.outputs],
-        "params": [asdict(p) for p in r.params], "buffers": [asdict(b) for b in r.buffers],
-        "num_params": r.num_params, "trainable_params": r.trainable_params,
-        "subtree_params": r.subtree_params,
-        "kernel_size": list(r.kernel_size) if r.kernel_size else None,
-        "forward": _costs(r.forward), "backward": _costs(r.backward),
-        "forward_total": _costs(r.forward_total), "backward_total": _costs(r.backward_total),
-        "uncounted_ops": r.uncounted_ops,
-        "receptive_field": asdict(r.receptive_field) if r.receptive_field else None,
-    }
-
-
-def report_dict(rep: "Report") -> dict[str, Any]:
-    t = rep.totals
-    return {
-        "model": {"name": rep.model_name, "options": dict(rep.trace.options)},
-        "totals": {
-            "params": t.params, "trainable_params": t.trainable_params, "frozen_params": t.frozen_params,
-            "shared_params": t.shared_params, "param_bytes": t.param_bytes, "buffers": t.buffers,
-            "buffer_bytes": t.buffer_bytes, "input_bytes": t.input_bytes, "output_bytes": t.output_bytes,
-            "macs": t.forward.macs, "flops": t.forward.flops, "bytes_read": t.forward.bytes_read,
-            "bytes_written": t.forward.bytes_written,
-            "backward": _costs(t.backward) if rep.trace.backward else None,
-            "complete": t.complete,
-        },
-        "layers": [layer_dict(r) for r in rep.layers],
-        "coverage": {
-            "complete": rep.coverage.complete,
-            "uncounted": [{"op": u.op, "count": u.count, "layers": list(u.layers)}
-                          for u in rep.coverage.uncounted],
-            "uncalled_modules": list(rep.coverage.uncalled_modules),
-        },
-        **({"graph": rep.graph.to_dict()} if getattr(rep, "graph", None) is not None else {}),
-    }
+def record_json(obj: Any, spec, report: Any) -> dict[str, Any]:
+    """``obj`` read through ``spec`` (reports.table.JsonField: the fields a kind declares)."""
+    out: dict[str, Any] = {}
+    for field in spec:
+        key, get, sub = (field, field, None) if isinstance(field, str) else (*field, None)[:3]
+        v = getattr(obj, get) if isinstance(get, str) else get(obj, report)
+        if v is OMIT:
+            continue
+        if sub is None:
+            v = plain(v)
+        elif v is not None:
+            v = [record_json(x, sub, report) for x in v] if isinstance(v, (tuple, list)) else record_json(v, sub, report)
+        if key is None:
+            out.update(v)
+        else:
+            out[key] = v
+    return out
 
 
 def _fact(f) -> dict[str, Any]:
@@ -82,34 +78,17 @@ def table_meta(table) -> dict[str, Any]:
                         for c in table.columns]}
 
 
-def report_json(report, **options) -> dict[str, Any]:
+def report_json(report: "Report", **options) -> dict[str, Any]:
     """The versioned JSON of any report kind (docs/json.md): schema_version, kind, the kind's own
-    keys, then context and columns."""
-    from .latency import latency_dict
-    from .memory import memory_dict
-    from .plan import plan_dict
-    kinds = {"summary": report_dict, "memory": memory_dict, "latency": latency_dict, "stage_plan": plan_dict,
-             "comparison": compare_dict}
-    d = kinds[report.kind](report, **options)
+    keys, then context and columns. ``options``: the kind's own (a memory report's ``timeline``)."""
+    d = record_json(report, report.json_fields(**options), report)
     table = report.table_model(None, "all", **report._csv_view())
-    rows = d.get("stages") if report.kind == "stage_plan" else d.get("layers")
+    rows = d.get(report.json_rows)
     if rows is not None and len(rows) == len(table.rows):
         for row, r in zip(rows, table.rows):
-            row["values"] = {c.key: _plain(v) for c, v in zip(table.columns, r.values)}
+            row["values"] = {c.key: plain(v) for c, v in zip(table.columns, r.values)}
             shown = {c.key: (t if t is not None else fmt(c.unit, v)) + x
                      for c, v, t, x in zip(table.columns, r.values, r.texts, r.suffixes) if t is not None or x}
             if shown:
                 row["shown"] = shown
     return {"schema_version": SCHEMA_VERSION, "kind": report.kind, **d, **table_meta(table)}
-
-
-def _plain(v: Any) -> Any:
-    """A column value as JSON holds it: tuples (shapes) as lists."""
-    if isinstance(v, tuple):
-        return [_plain(x) for x in v]
-    return v
-
-
-def compare_dict(cmp) -> dict[str, Any]:
-    return {"compared": cmp.compared, "a": cmp.names[0], "b": cmp.names[1],
-            "totals": {"a": cmp.totals[0], "b": cmp.totals[1]}, "layers": cmp.rows()}

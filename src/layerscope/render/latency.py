@@ -1,39 +1,13 @@
-"""The JSON and Chrome trace of a LatencyReport (its tables come from layerscope.reports.latency's
-columns)."""
+"""The Chrome trace of a LatencyReport (its JSON comes from render.json, like every kind's)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..analyses.latency import LatencyLayer, Timing
     from ..reports.latency import LatencyReport
 
-__all__ = ["latency_dict", "chrome_trace"]
-
-
-def _timing(t: "Timing | None") -> dict[str, float] | None:
-    return None if t is None else {"median": t.median, "p25": t.p25, "p75": t.p75, "min": t.min, "max": t.max}
-
-
-def _layer_dict(r: "LatencyLayer", roof) -> dict[str, Any]:
-    return {"bound": r.bound(roof), "roof_fraction": r.roof_fraction(roof), **{
-        "index": r.index, "path": r.path, "type": r.type, "depth": r.depth, "call_index": r.call_index,
-        "parent": r.parent, "children": list(r.children), "params": r.params,
-        "input_shapes": [list(s) for s in r.input_shapes], "output_shapes": [list(s) for s in r.output_shapes],
-        "forward_s": _timing(r.forward), "forward_self_s": _timing(r.forward_self),
-        "backward_s": _timing(r.backward), "backward_self_s": _timing(r.backward_self),
-        "flops": r.flops, "bytes_moved": r.bytes_moved, "backward_flops": r.backward_flops,
-        "backward_bytes": r.backward_bytes, "flops_per_second": r.flops_per_second,
-        "bytes_per_second": r.bytes_per_second, "intensity": r.intensity,
-        "forward_span_s": r.forward_span, "backward_span_s": r.backward_span,
-    }}
-
-
-def latency_dict(rep: "LatencyReport") -> dict[str, Any]:
-    return {"model": {"name": rep.model_name, "device": rep.device, "options": dict(rep.options)},
-            "totals": dict(rep.totals.items()), "roofline": rep.roofline.to_dict() if rep.roofline else None,
-            "layers": [_layer_dict(r, rep.roofline) for r in rep.layers], "notes": list(rep.notes)}
+__all__ = ["chrome_trace"]
 
 
 def _lanes(spans: list[tuple[float, float, Any]]) -> list[tuple[int, float, float, Any]]:

@@ -9,7 +9,8 @@ from typing import Any
 # bytes are parsed and written in options (the base layer: a planner's error message states sizes too)
 from ..options import iec, parse_bytes
 
-__all__ = ["si", "iec", "seconds", "params", "shapes", "fmt", "parse_bytes"]
+__all__ = ["si", "iec", "seconds", "params", "shapes", "fmt", "parse_bytes", "megabytes", "torchinfo_number",
+           "deepspeed_number", "torchscan_scale"]
 
 _SI = (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3))
 
@@ -73,4 +74,54 @@ def fmt(unit: str, value: Any, chart: bool = False) -> str:
         return _ratio(value)
     if unit == "shape":
         return shapes(value)
+    if unit == "milliseconds":                # a run's measured times, to a tenth of a millisecond
+        return f"{value * 1e3:.1f} ms"
+    if unit == "change":                      # a relative error, its sign always shown
+        return f"{100 * value:+.1f}%"
     return str(value)
+
+
+# ---- other tools' number styles: their front ends (layerscope.compat) print what those tools print --
+
+def megabytes(n: int | float | None, base: float = 1e6) -> str:
+    """torchinfo's and torchscan's "(MB)" figures: ``n / base`` with two decimals; None is ``n/a``."""
+    return "n/a" if n is None else f"{n / base:0.2f}"
+
+
+def torchinfo_number(n: int, auto: bool) -> str:
+    """torchinfo 1.8's format_output_num: ': 1,234', or with auto units ' (M): 376.85' (T, G, else M)."""
+    unit, value = "", float(n)
+    if auto:
+        unit, value = next(((u, n / f) for u, f in (("T", 1e12), ("G", 1e9)) if n >= f), ("M", n / 1e6))
+    shown = f"{int(value):,d}" if value.is_integer() else f"{value:,.2f}"
+    return f"{f' ({unit})' if unit else ''}: {shown}"
+
+
+def deepspeed_number(num, units=None, precision: int = 2) -> str:
+    """DeepSpeed's number_to_string: "1.23 G", "512 ", "1.5 m" (``units`` forces a prefix)."""
+    scales = {"T": 1e12, "G": 1e9, "M": 1e6, "K": 1e3, "": 1, "m": 1e-3, "u": 1e-6}
+    if units is None:
+        if num >= 1e12:
+            units = "T"
+        elif num >= 1e9:
+            units = "G"
+        elif num >= 1e6:
+            units = "M"
+        elif num >= 1e3:
+            units = "K"
+        elif num >= 1 or num == 0:
+            units = ""
+        elif num >= 1e-3:
+            units = "m"
+        else:
+            units = "u"
+    return f"{round(num / scales.get(units, 1), precision):g} {units}"
+
+
+def torchscan_scale(val: float) -> tuple[float, str]:
+    """torchscan's unit_scale: the value in T, G, M or k (lower case), or as it is."""
+    for f, u in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if val // f > 0:
+            return val / f, u
+    return val, ""
+

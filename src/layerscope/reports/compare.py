@@ -1,7 +1,8 @@
 """Two reports side by side, layer by layer: what changed between two models, or two runs of one.
 
-Works on the reports' dicts (``to_dict()`` or their saved JSON), so a report saved last month
-compares with one made now. Layers are matched by module path and call index; a layer only one side
+Works on the reports' tables as their JSON holds them (``to_dict()`` or a saved file: each layer's
+column ``values`` and the columns' units), so a report saved last month compares with one made now;
+each metric is one column of the compared kind's table. Layers are matched by module path and call index; a layer only one side
 has is shown with "--" on the other. Both sides must be the same kind of report.
 """
 
@@ -11,32 +12,35 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import InputError
-from .base import Rendered
+from .base import ReportRecord
 from .table import Column, Fact, Table, tree_table
 
 __all__ = ["compare", "Comparison", "ComparedLayer"]
 
 
-def _median(t: dict | None) -> float | None:
-    return None if not t else t.get("median")
-
-
-# kind -> metric -> (how to read it from a layer dict, its unit)
-_METRICS: dict[str, dict[str, tuple[Callable[[dict], Any], str]]] = {
-    "summary": {
-        "params": (lambda r: r["subtree_params"] if r["call_index"] == 0 else 0, "params"),
-        "macs": (lambda r: r["forward_total"]["macs"], "count"),
-        "flops": (lambda r: r["forward_total"]["flops"], "count"),
-    },
-    "memory": {
-        "memory": (lambda r: r["total"], "bytes"),
-        "saved": (lambda r: r["saved_total"], "bytes"),
-    },
-    "latency": {
-        "forward": (lambda r: _median(r.get("forward_s")), "seconds"),
-        "backward": (lambda r: _median(r.get("backward_s")), "seconds"),
-    },
+# kind -> metric -> the column of that kind's table it reads (each layer's ``values``), whose unit it takes
+_METRICS: dict[str, dict[str, str]] = {
+    "summary": {"params": "params", "macs": "macs", "flops": "flops"},
+    "memory": {"memory": "total", "saved": "saved_total"},
+    "latency": {"forward": "forward", "backward": "backward"},
 }
+
+
+def _reader(column: str) -> Callable[[dict], Any]:
+    def read(r: dict) -> Any:
+        if "values" not in r:
+            raise InputError("this report's JSON has no column values (saved before schema 1.2): save it again")
+        # a module's later calls use the parameters its first call counted
+        return 0 if column == "params" and r["call_index"] else r["values"].get(column)
+    return read
+
+
+def _units(kind: str, *sides: dict) -> dict[str, str]:
+    """Each metric's unit: its column's, as either side's table declares it."""
+    declared = {c["key"]: c["unit"] for d in sides for c in d.get("columns", ())}
+    # a column neither side has (a profile without backward) is all "--": the kind's unit will do
+    fallback = next((declared[c] for c in _METRICS[kind].values() if c in declared), "count")
+    return {m: declared.get(col, fallback) for m, col in _METRICS[kind].items()}
 
 
 def _totals(kind: str, d: dict) -> dict[str, Any]:
@@ -100,16 +104,17 @@ def _delta_fact(m: str, unit: str, a, b) -> tuple:
     return ((b - a, "+" + unit), f" ({100 * (b - a) / a:+.1f}%)" if a else "")
 
 
-class Comparison(Rendered):
+class Comparison(ReportRecord):
     """Result of ``layerscope.compare``: per-layer values of both sides and their totals."""
 
     kind = "comparison"
     _html_part = "comparison"
 
     def __init__(self, kind: str, names: tuple[str, str], layers: tuple[ComparedLayer, ...],
-                 totals: tuple[dict, dict]) -> None:
+                 totals: tuple[dict, dict], units: dict[str, str]) -> None:
         self.compared, self.names, self.layers, self.totals = kind, names, layers, totals
         self.metrics = tuple(_METRICS[kind])
+        self.units = dict(units)       # metric -> unit
 
     @property
     def model_name(self) -> str:
@@ -119,7 +124,7 @@ class Comparison(Rendered):
         cols = []
         # a narrow terminal drops the third metric first, then the differences
         for k, m in enumerate(self.metrics):
-            unit = _METRICS[self.compared][m][1]
+            unit = self.units[m]
             late = 3 if k >= 2 else 0
             cols += [Column(f"{m}_a", f"{m} A", unit, lambda r, c, m=m: r.a.get(m), drop=late),
                      Column(f"{m}_b", f"{m} B", unit, lambda r, c, m=m: r.b.get(m), drop=late),
@@ -131,7 +136,7 @@ class Comparison(Rendered):
         ta, tb = self.totals
         lines = [Fact("A", self.names[0]), Fact("B", self.names[1])]
         for m in self.metrics:
-            unit = _METRICS[self.compared][m][1]
+            unit = self.units[m]
             a, b = ta.get(m), tb.get(m)
             lines.append(Fact(f"Total {m}", ((a, unit), " -> ", (b, unit), ": ") + _delta_fact(m, unit, a, b)))
         only_a = sum(r.type_b is None for r in self.layers)
@@ -146,15 +151,9 @@ class Comparison(Rendered):
                           self, rows, self.columns(), depth, context=(Fact("Compared", f"{self.compared} reports"),),
                           footer=self._footer(), first_header="Layer")
 
-    def table(self, depth: int | None = 2, changed: bool = False, fold: bool = True, width: int | None = None) -> str:
-        """A row per layer: each metric for A, for B and B - A. ``changed``: only rows that differ."""
-        return self._text(depth, None, fold, width, changed=changed)
-
-    def rich_table(self, depth: int | None = 2, changed: bool = False, fold: bool = True, width: int | None = None):
-        return self._rich(depth, None, fold, width, changed=changed)
-
-    def print(self, depth: int | None = 2, changed: bool = False, file=None, fold: bool = True) -> None:
-        self._print(file, depth, None, fold, changed=changed)
+    def json_fields(self, **_: Any) -> tuple:
+        return (("compared", "compared"), ("a", lambda c, _: c.names[0]), ("b", lambda c, _: c.names[1]),
+                ("totals", lambda c, _: {"a": c.totals[0], "b": c.totals[1]}), ("layers", lambda c, _: c.rows()))
 
     def rows(self) -> list[dict[str, Any]]:
         out = []
@@ -185,7 +184,7 @@ def compare(a, b, names: tuple[str, str] = ("A", "B")) -> Comparison:
     kind = da["kind"]
     if kind not in _METRICS:
         raise InputError(f"{kind} reports cannot be compared layer by layer (summary, memory, latency can)")
-    metrics = _METRICS[kind]
+    metrics = {m: _reader(col) for m, col in _METRICS[kind].items()}
 
     def index(d: dict) -> dict[tuple[str, int], dict]:
         return {(r["path"], r["call_index"]): r for r in d["layers"]}
@@ -215,6 +214,6 @@ def compare(a, b, names: tuple[str, str] = ("A", "B")) -> Comparison:
         row_of[k] = len(layers)
         layers.append(ComparedLayer(
             path=k[0], call_index=k[1], depth=(ra or rb)["depth"], type_a=ra and ra["type"],
-            type_b=rb and rb["type"], a={m: get(ra) for m, (get, _) in metrics.items()} if ra else {},
-            b={m: get(rb) for m, (get, _) in metrics.items()} if rb else {}, index=len(layers), parent=parent))
-    return Comparison(kind, names, tuple(layers), (_totals(kind, da), _totals(kind, db)))
+            type_b=rb and rb["type"], a={m: get(ra) for m, get in metrics.items()} if ra else {},
+            b={m: get(rb) for m, get in metrics.items()} if rb else {}, index=len(layers), parent=parent))
+    return Comparison(kind, names, tuple(layers), (_totals(kind, da), _totals(kind, db)), _units(kind, da, db))

@@ -3,14 +3,13 @@ its columns, header and footer."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any
 
 from ..analyses.latency import LatencyLayer, latency_layers, latency_totals
 from ..analyses.roofline import Roofline
 from ..errors import InputError
-from .base import Rendered, Totals, renderer
+from .base import ReportRecord, Totals
 from .table import Column, Fact, Table, select_columns, tree_table
 
 __all__ = ["LatencyLayer", "LatencyReport", "LatencyTotals", "latency_layers", "latency_totals", "latency_columns"]
@@ -144,6 +143,21 @@ def latency_footer(rep: "LatencyReport", top: int = 3) -> tuple[Fact, ...]:
     return tuple(lines)
 
 
+_LAYER_JSON = (
+    ("bound", lambda r, rep: r.bound(rep.roofline)), ("roof_fraction", lambda r, rep: r.roof_fraction(rep.roofline)),
+    "index", "path", "type", "depth", "call_index", "parent", "children", "params", "input_shapes", "output_shapes",
+    ("forward_s", "forward"), ("forward_self_s", "forward_self"), ("backward_s", "backward"),
+    ("backward_self_s", "backward_self"), "flops", "bytes_moved", "backward_flops", "backward_bytes",
+    "flops_per_second", "bytes_per_second", "intensity", ("forward_span_s", "forward_span"),
+    ("backward_span_s", "backward_span"),
+)
+LATENCY_JSON = (
+    ("model", lambda rep, _: {"name": rep.model_name, "device": rep.device, "options": dict(rep.options)}),
+    "totals", ("roofline", lambda rep, _: rep.roofline.to_dict() if rep.roofline else None),
+    ("layers", "layers", _LAYER_JSON), "notes",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class LatencyTotals(Totals):
     """Medians over the timed runs, in seconds. ``profile()``: the forward (and backward) with the
@@ -173,7 +187,7 @@ class LatencyTotals(Totals):
 
 
 @dataclass(frozen=True)
-class LatencyReport(Rendered):
+class LatencyReport(ReportRecord):
     model_name: str
     device: str
     options: dict
@@ -200,30 +214,14 @@ class LatencyReport(Rendered):
         depth"), by median ``by`` time."""
         return {d: self.top(k, depth=d, by=by) for d in sorted({r.depth for r in self.layers}) if d > 0}
 
-    def to_chrome_trace(self, path: str | None = None) -> str:
-        """Chrome trace / Perfetto JSON of the module spans of one repeat (the one whose forward is
-        the median), forward and backward on separate tracks; open in ui.perfetto.dev or
-        chrome://tracing."""
-        return renderer().write(json.dumps(renderer().chrome_trace(self)), path)
+    def json_fields(self, **_: Any) -> tuple:
+        return LATENCY_JSON
 
     def table_model(self, depth: int | None = None, columns=None, top: int = 3, **_: Any) -> Table:
         cols = latency_columns(self)
         cols = cols if columns == "all" else select_columns(cols, columns, InputError)
         return tree_table("latency", f"layerscope profile: {self.model_name}", self, self.layers, cols, depth,
                           context=latency_context(self), footer=latency_footer(self, top))
-
-    def table(self, depth: int | None = None, top: int = 3, fold: bool = True, columns=None,
-              width: int | None = None) -> str:
-        """The tree table; the footer names the ``top`` slowest calls at each depth (0: none)."""
-        return self._text(depth, columns, fold, width, top=top)
-
-    def rich_table(self, depth: int | None = None, top: int = 3, fold: bool = True, columns=None,
-                   width: int | None = None):
-        return self._rich(depth, columns, fold, width, top=top)
-
-    def print(self, depth: int | None = None, top: int = 3, file: TextIO | None = None, fold: bool = True,
-              columns=None) -> None:
-        self._print(file, depth, columns, fold, top=top)
 
     def __repr__(self) -> str:
         t = self.totals

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any
 
 from ..analyses.memory import CallMemory, Marker, MemoryLayer, PhaseSpan, StepMemory, Timeline
 from ..capture.measure import Measured
 from ..capture.storage import CATEGORIES
 from ..errors import InputError
 from ..trace import Trace
-from .base import Rendered, Totals
+from .base import ReportRecord, Totals
 from .summary import input_facts
 from .table import Column, Fact, Table, select_columns, tree_table
 
@@ -107,6 +107,20 @@ def memory_footer(rep: "MemoryReport") -> tuple[Fact, ...]:
     return tuple(lines)
 
 
+_LAYER_JSON = ("index", "path", "type", "depth", "call_index", "parent", "children", "input_bytes", "saved_bytes",
+               "param_bytes", "grad_bytes", "optimizer_bytes", "saved_total", "param_total", "grad_total",
+               "optimizer_total", "total", "forward", "backward")
+_STEP_JSON = ("step", "peak_bytes", "peak_op", "peak_phase", "peak_layer", "breakdown", "start_bytes", "end_bytes",
+              ("phases", "phases", ("phase", "first_op", "last_op", "peak_bytes")))
+_TIMELINE_JSON = ("categories", ("bytes", lambda tl, rep: dict(zip(tl.categories, tl.bytes))), "step", "phase",
+                  "markers")
+MEMORY_JSON = (
+    ("model", lambda rep, _: {"name": rep.model_name, "options": dict(rep.options)}),
+    "peak_bytes", "breakdown", "static", "totals", ("steps", "steps", _STEP_JSON), ("layers", "layers", _LAYER_JSON),
+    "measured", "notes",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryTotals(Totals):
     """Bytes of one report's step: the peak, and what the model's state and activations take."""
@@ -123,7 +137,7 @@ class MemoryTotals(Totals):
     loss_saved_bytes: int              # what the loss saved for its backward (in no layer's activations)
 
 
-class MemoryReport(Rendered):
+class MemoryReport(ReportRecord):
     """Results of ``layerscope.memory``. Frozen; renderers only read it."""
 
     kind = "memory"
@@ -171,26 +185,9 @@ class MemoryReport(Rendered):
         return tree_table("memory", f"layerscope memory: {self.model_name}", self, self.layers, cols, depth,
                           context=memory_context(self), footer=memory_footer(self))
 
-    def table(self, depth: int | None = None, fold: bool = True, columns=None, width: int | None = None) -> str:
-        """The per-layer table as plain text (``fold``: runs of identical blocks as one row)."""
-        return self._text(depth, columns, fold, width)
-
-    def rich_table(self, depth: int | None = None, fold: bool = True, columns=None, width: int | None = None):
-        return self._rich(depth, columns, fold, width)
-
-    def print(self, depth: int | None = None, file: TextIO | None = None, fold: bool = True, columns=None) -> None:
-        """Print the table: a rich table fitted to the terminal, plain text otherwise."""
-        self._print(file, depth, columns, fold)
-
-    def to_dict(self, timeline: bool = True) -> dict[str, Any]:
-        from .base import renderer
-        return renderer().json(self, timeline=timeline)
-
-    def to_json(self, path: str | None = None, indent: int | None = 2, timeline: bool = True) -> str:
-        import json
-
-        from .base import renderer
-        return renderer().write(json.dumps(self.to_dict(timeline), indent=indent), path)
+    def json_fields(self, timeline: bool = True, **_: Any) -> tuple:
+        """``timeline``: with the live bytes per category after every op (long for a big model)."""
+        return MEMORY_JSON + ((("timeline", "timeline", _TIMELINE_JSON),) if timeline else ())
 
     def __repr__(self) -> str:
         return (f"<MemoryReport {self.model_name}: peak {self.peak_bytes:,} B "

@@ -1,5 +1,5 @@
 """The per-node table of an ONNX model: its columns and footer (the seed's bandwidth table, sortable,
-with the model total), and ``OnnxNodes``, the graph a Report holds, with its table, CSV and JSON views."""
+with the model total); ``layerscope.render.onnx.OnnxNodes`` is the graph a Report holds, with its views."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 from ..formats.onnx import NodeRecord, OnnxGraph
-from .base import renderer
 from .table import Column, Fact, Table, flat_table
 
-__all__ = ["SORT_KEYS", "NODE_COLUMNS", "OnnxNodes", "sorted_nodes", "nodes_table"]
+__all__ = ["SORT_KEYS", "NODE_COLUMNS", "sorted_nodes", "nodes_table"]
 
 SORT_KEYS = {
     "order": None,
@@ -70,28 +69,3 @@ def nodes_footer(graph: OnnxGraph) -> tuple[Fact, ...]:
 def nodes_table(graph: OnnxGraph, sort: str = "order", top: int | None = None) -> Table:
     return flat_table("onnx_nodes", "ONNX nodes", graph, sorted_nodes(graph, sort, top), NODE_COLUMNS,
                       name=lambda n: n.name, first_header="Node", footer=nodes_footer(graph))
-
-
-@dataclass(frozen=True)
-class OnnxNodes(OnnxGraph):
-    """An ONNX graph as ``Report.graph`` holds it: the records formats/onnx.py made, with their views
-    (formats/ turns graphs into records and renders nothing, so the views live here)."""
-
-    @classmethod
-    def of(cls, graph: OnnxGraph) -> "OnnxNodes":
-        return graph if isinstance(graph, cls) else cls(**{f.name: getattr(graph, f.name)
-                                                           for f in dataclasses.fields(graph)})
-
-    def table(self, sort: str = "order", top: int | None = None) -> str:
-        """The per-node table (bytes read, written and moved, MACs, FLOPs, params) with the model
-        total; ``sort``: order, read, write, bytes, macs, flops or params; ``top``: first rows only."""
-        return renderer().text(nodes_table(self, sort, top), False, None)
-
-    def to_csv(self, sort: str = "order", top: int | None = None) -> str:
-        return renderer().table_csv(nodes_table(self, sort, top))
-
-    def to_dict(self) -> dict:
-        node_dict = renderer().onnx_node
-        return {"opset": self.opset, "histogram": dict(self.histogram),
-                "peak_activation_bytes": self.peak_activation_bytes, "unknown_shapes": list(self.unknown_shapes),
-                "symbolic_dims": list(self.symbolic_dims), "nodes": [node_dict(n) for n in self.nodes]}

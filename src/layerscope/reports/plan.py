@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from ..options import SCHEDULES
-from .base import Rendered
-from .table import Column, Fact, Table, flat_table, select_columns
+from .base import ReportRecord
+from .table import OMIT, Column, Fact, Table, flat_table, select_columns
 
 if TYPE_CHECKING:
     from ..pipeline.schedule import Timeline
@@ -142,11 +142,28 @@ def plan_footer(plan: "StagePlan") -> tuple[Fact, ...]:
     return tuple(lines)
 
 
-class StagePlan(Rendered):
+_STAGE_JSON = (
+    ("stage", "index"), "rank", ("first_unit", lambda s, p: s.units[0]), ("last_unit", lambda s, p: s.units[-1]),
+    ("units", lambda s, p: len(s.units)), "params", "flops", "macs", "cost",
+    (None, lambda s, p: {f"memory_{k}": v for k, v in s.memory.items()}), ("limit_bytes", "limit"),
+    "forward_time", "backward_time", "send_time", "optimizer_time",
+    ("weight_time", lambda s, p: OMIT if s.weight_time is None else s.weight_time), ("unit_names", "units"),
+)
+PLAN_JSON = (
+    ("model", "model_name"), ("by", "by_name"), "objective", "schedule", "microbatches", "stages_per_rank",
+    ("micro_batch_size", lambda p, _: p.units.micro_batch), "step_time", "bubble",
+    ("timeline", lambda p, _: p.timeline.to_dict() if p.timeline is not None else None), "bottleneck",
+    "lower_bound", "imbalance", "split_points", "options", "notes", ("stages", "stages", _STAGE_JSON),
+    ("units", lambda p, _: p.units.units), ("ties", lambda p, _: p.units.ties, ("names", "units", "state_bytes")),
+)
+
+
+class StagePlan(ReportRecord):
     """Result of ``layerscope.partition``. Frozen; renderers only read it."""
 
     kind = "stage_plan"
     _html_part = "plan"
+    json_rows = "stages"
 
     def __init__(self, *, units: "SplitUnits", stages: tuple[Stage, ...], by: str, schedule: str,
                  microbatches: int, bottleneck: float, options: dict, notes: tuple[str, ...] = (),
@@ -208,6 +225,9 @@ class StagePlan(Rendered):
         raise IndexError(unit)
 
     # ---- views ----------------------------------------------------------------------------------
+    def json_fields(self, **_: Any) -> tuple:
+        return PLAN_JSON
+
     def table_model(self, depth: int | None = None, columns=None, **_: Any) -> Table:
         cols = plan_columns(self)
         cols = cols if columns == "all" else select_columns(cols, columns, InputError)
@@ -215,15 +235,6 @@ class StagePlan(Rendered):
                           name=lambda s: s.label, first_header="Stage: units",
                           meta={"index_key": "stage", "timeline": self.timeline},
                           context=plan_context(self), footer=plan_footer(self))
-
-    def table(self, depth: int | None = None, columns=None, width: int | None = None, **_: Any) -> str:
-        return self._text(None, columns, True, width)
-
-    def rich_table(self, columns=None, width: int | None = None, **_: Any):
-        return self._rich(None, columns, True, width)
-
-    def print(self, file: TextIO | None = None, columns=None, **_: Any) -> None:
-        self._print(file, None, columns, True)
 
     def __repr__(self) -> str:
         step = f", step {self.step_time:.4g} s" if self.timeline is not None else ""

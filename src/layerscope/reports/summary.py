@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import weakref
-from typing import Any, TextIO
+from typing import Any
 
 from torch import nn
 
@@ -17,8 +17,8 @@ from ..analyses.flops import coverage, layer_costs
 from ..analyses.receptive_field import receptive_fields
 from ..errors import InputError
 from ..trace import Costs, Coverage, LayerRecord, Totals, Trace
-from .base import Rendered
-from .table import Column, Fact, Table, select_columns, tree_table
+from .base import ReportRecord
+from .table import OMIT, Column, Fact, Table, select_columns, tree_table
 
 __all__ = ["Report", "COLUMNS", "DEFAULT_COLUMNS", "summary_table", "summary_context", "summary_footer",
            "input_facts"]
@@ -139,6 +139,25 @@ def summary_table(rep: "Report", depth: int | None = None, columns=None) -> Tabl
                       context=summary_context(rep), footer=summary_footer(rep))
 
 
+# the JSON (docs/json.md): the model, its totals, each layer record and the coverage
+_LAYER_JSON = ("index", "path", "type", "depth", "call_index", "parent", "children", "inputs", "outputs", "params",
+               "buffers", "num_params", "trainable_params", "subtree_params",
+               ("kernel_size", lambda r, rep: r.kernel_size or None), "forward", "backward", "forward_total",
+               "backward_total", "uncounted_ops", "receptive_field")
+_TOTALS_JSON = ("params", "trainable_params", "frozen_params", "shared_params", "param_bytes", "buffers",
+                "buffer_bytes", "input_bytes", "output_bytes", ("macs", lambda t, rep: t.forward.macs),
+                ("flops", lambda t, rep: t.forward.flops), ("bytes_read", lambda t, rep: t.forward.bytes_read),
+                ("bytes_written", lambda t, rep: t.forward.bytes_written),
+                ("backward", lambda t, rep: t.backward if rep.trace.backward else None), "complete")
+SUMMARY_JSON = (
+    ("model", lambda rep, _: {"name": rep.model_name, "options": dict(rep.trace.options)}),
+    ("totals", "totals", _TOTALS_JSON),
+    ("layers", "layers", _LAYER_JSON),
+    ("coverage", "coverage", ("complete", "uncounted", "uncalled_modules")),
+    ("graph", lambda rep, _: OMIT if getattr(rep, "graph", None) is None else rep.graph.to_dict()),
+)
+
+
 _COST_FIELDS = ("forward", "backward", "forward_total", "backward_total", "uncounted_ops", "receptive_field")
 _LAYER_FIELDS = tuple(f.name for f in dataclasses.fields(LayerRecord))
 # the fields a layer record keeps from the capture, read in one C call: dataclasses.replace was half
@@ -162,7 +181,7 @@ def _sum(costs: list[Costs]) -> Costs:
                  sum(c.bytes_written for c in costs))
 
 
-class Report(Rendered):
+class Report(ReportRecord):
     """Results of ``layerscope.analyze``. Everything in it is frozen; renderers only read it."""
 
     kind = "summary"
@@ -215,18 +234,8 @@ class Report(Rendered):
     def table_model(self, depth: int | None = None, columns=None, **_: Any) -> Table:
         return summary_table(self, depth, columns)
 
-    def table(self, depth: int | None = None, columns=None, fold: bool = True, width: int | None = None) -> str:
-        """The layer table as plain text. ``fold``: runs of 3 or more identical blocks show as one
-        row, ``layers.0-79: LlamaDecoderLayer x80 (each)`` (``fold=False`` shows every block);
-        ``width``: fit to that many characters (names shrink, then low-priority columns drop)."""
-        return self._text(depth, columns, fold, width)
-
-    def rich_table(self, depth: int | None = None, columns=None, fold: bool = True, width: int | None = None):
-        return self._rich(depth, columns, fold, width)
-
-    def print(self, depth: int | None = None, columns=None, file: TextIO | None = None, fold: bool = True) -> None:
-        """Print the table: a rich table fitted to the terminal, plain text otherwise."""
-        self._print(file, depth, columns, fold)
+    def json_fields(self, **_: Any) -> tuple:
+        return SUMMARY_JSON
 
     def __repr__(self) -> str:
         t = self.totals

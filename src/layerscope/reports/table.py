@@ -12,12 +12,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Sequence
 
-__all__ = ["Unit", "Column", "Row", "Table", "Fact", "select_columns", "tree_table", "flat_table"]
+__all__ = ["Unit", "Column", "Row", "Table", "Fact", "select_columns", "tree_table", "flat_table", "JsonField",
+           "OMIT"]
 
 # count: SI (K M G T P E); params: thousands separators in tables, SI in charts; bytes: IEC;
 # seconds: s / ms / us; rate: SI per second; percent: a fraction shown as %; ratio: a plain number;
-# shape: a tuple of shapes; text: shown as it is
-Unit = Literal["count", "params", "bytes", "seconds", "rate", "percent", "ratio", "shape", "text", "index"]
+# shape: a tuple of shapes; text: shown as it is; milliseconds: a measured time to 0.1 ms; change: a
+# relative difference as a signed %
+Unit = Literal["count", "params", "bytes", "seconds", "rate", "percent", "ratio", "shape", "text", "index",
+               "milliseconds", "change"]
+
+
+# What a report kind's JSON holds besides its table, read from its record (render.json builds every
+# kind's JSON from these and the columns; docs/json.md). A field is the name of an attribute, or
+# (key, attribute name or getter(record, report)[, fields]): with fields, the value (or each item of
+# it) is read through them in turn; without, it is taken whole (dataclasses as dicts, tuples as
+# lists). A key of None spreads a getter's dict into the enclosing one; a getter returning OMIT
+# leaves its key out.
+JsonField = Any
+OMIT: Any = type("Omit", (), {"__slots__": (), "__repr__": lambda self: "OMIT"})()
 
 
 @dataclass(frozen=True)

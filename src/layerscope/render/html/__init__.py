@@ -15,10 +15,12 @@ import html
 import json
 from importlib import resources
 from string import Template
+from types import SimpleNamespace
 from typing import Any
 
-from ...reports.table import Column, Row, Table
+from ...reports.table import Column, tree_table
 from ..fold import roles
+from ..json import report_json
 from ..layout import grid
 from ..units import fmt
 
@@ -54,33 +56,37 @@ def _values(r: dict) -> dict:
     return r.get("values") or {}
 
 
+def _column(meta: dict, by_key: dict[tuple[str, int], dict]) -> Column:
+    """A column of a report on the page, as its JSON declares it (the kind's own definition: key,
+    header, unit, how it folds), reading its values and shown texts from that report's rows."""
+    k = meta["key"]
+
+    def row(r) -> dict | None:
+        return by_key.get((r.path, r.call_index))
+
+    def value(r, rep) -> Any:
+        other = row(r)
+        return _freeze(_values(other).get(k)) if other else None
+
+    def text(r, rep) -> str | None:
+        other = row(r)
+        return (other.get("shown") or {}).get(k) if other else "--"
+    return Column(k, meta["header"], meta["unit"], value, text=text, fold=meta.get("fold", True),
+                  fold_with=meta.get("fold_with", "max"))
+
+
 def _tree(parts: list[tuple[str, dict, list[str]]]) -> dict:
     """The layer tree of the page: the first part's layers, with the chosen columns of every part
     (matched by path and call), drawn and folded exactly as the terminal draws them (the same
     ``grid``); ``full`` has every block for the page's unfold switch."""
-    base = parts[0][1]["layers"]
-    cols: list[tuple[dict, dict[tuple[str, int], dict]]] = []
     columns: list[Column] = []
     for _, d, keys in parts:
         meta = {c["key"]: c for c in d.get("columns", [])}
         by_key = {_key(r): r for r in d["layers"]}
-        for k in keys:
-            if k in meta:
-                c = meta[k]
-                columns.append(Column(k, c["header"], c["unit"], lambda r, rep: None, fold=c.get("fold", True),
-                                      fold_with=c.get("fold_with", "max")))
-                cols.append((c, by_key))
-    rows = []
-    for r in base:
-        vals, texts = [], []
-        for c, by_key in cols:
-            other = by_key.get(_key(r))
-            vals.append(_freeze(_values(other).get(c["key"])) if other else None)
-            texts.append((other.get("shown") or {}).get(c["key"]) if other else "--")
-        rows.append(Row(index=r["index"], path=r["path"], type=r["type"], depth=r["depth"],
-                        call_index=r["call_index"], parent=r["parent"], values=tuple(vals), texts=tuple(texts),
-                        suffixes=("",) * len(vals)))
-    table = Table(kind="page", title="", columns=tuple(columns), rows=tuple(rows))
+        columns += [_column(meta[k], by_key) for k in keys if k in meta]
+    # the first part's layers, as the records a table reads (index, path, type, depth, call, parent)
+    layers = [SimpleNamespace(**r) for r in parts[0][1]["layers"]]
+    table = tree_table("page", "", None, layers, columns)
 
     def drawn(g) -> list[list]:
         # depth from the tree drawing: "" root, "├─" 1, "│   ├─" 2, ...
@@ -135,9 +141,9 @@ def _context(parts: list[dict]) -> list[list[str]]:
 def _as_dict(x) -> dict | None:
     if x is None:
         return None
-    if hasattr(x, "to_dict"):
-        return x.to_dict(timeline=True) if getattr(x, "kind", "") == "memory" else x.to_dict()
-    return x
+    if hasattr(x, "to_dict"):       # a report object (a memory report's JSON has its timeline by default)
+        return x.to_dict()
+    return report_json(x) if hasattr(x, "table_model") else x   # a record
 
 
 def page_data(summary=None, memory=None, latency=None, plan=None) -> dict[str, Any]:
