@@ -32,10 +32,10 @@ def test_old_module_paths_warn_and_still_work(monkeypatch):
     assert out.strip() == "[]"
     # the imports below bind module attributes on the root; monkeypatch puts everything back
     monkeypatch.setattr(layerscope, "compare", layerscope.compare)
-    for name, attr, home in (("layerscope.report", "Report", "layerscope.reports.summary"),
-                             ("layerscope.memory_report", "MemoryReport", "layerscope.reports.memory"),
-                             ("layerscope.latency_report", "LatencyReport", "layerscope.reports.latency"),
-                             ("layerscope.compare", "Comparison", "layerscope.reports.compare")):
+    for name, attr, home in (("layerscope.report", "Report", "layerscope.render.views"),
+                             ("layerscope.memory_report", "MemoryReport", "layerscope.render.views"),
+                             ("layerscope.latency_report", "LatencyReport", "layerscope.render.views"),
+                             ("layerscope.compare", "Comparison", "layerscope.render.views")):
         monkeypatch.delitem(sys.modules, name, raising=False)
         with pytest.warns(DeprecationWarning, match=name.replace(".", r"\.")):
             mod = importlib.import_module(name)
@@ -44,4 +44,4 @@ def test_old_module_paths_warn_and_still_work(monkeypatch):
     from layerscope import compare
     a = layerscope.analyze(torch.nn.Linear(3, 2), torch.randn(1, 3))
     assert callable(compare)
-    assert compare(a, a).to_dict() == importlib.import_module("layerscope.reports.compare").compare(a, a).to_dict()
+    assert compare(a, a).to_dict() == importlib.import_module("layerscope.render.views").compare(a, a).to_dict()
