@@ -1,21 +1,22 @@
 """Measured on the real device, per split unit: forward and backward seconds (the per-call times of
-capture/timing.py) and working memory (allocation events between marks the module tracker puts
-where each unit's forward and backward begin)."""
+capture/timing.py) and working memory (allocation events between marks where each unit's forward
+and backward begin: capture/hooks.phase_hooks)."""
 
 from __future__ import annotations
 
 import statistics
 import time
+import warnings
 
 import torch
 from torch.autograd.profiler import record_function
 from torch.nn.parameter import is_lazy
 
+from ..capture import hooks
 from ..capture.inputs import map_tensors
 from ..capture.measure import profile_events
 from ..capture.state import StateGuard, model_device
 from ..capture.step import default_loss
-from ..capture.tracker import ModuleTracker
 
 __all__ = ["unit_latencies", "unit_work_bytes"]
 
@@ -25,35 +26,25 @@ def _hooked_steps(model: torch.nn.Module, units, args: tuple, kwargs: dict, fire
     """Run ``steps`` forward + loss + backward passes with hooks on every unit's modules calling
     ``fire(unit_index, path, phase, when)`` (phase "f" or "b", when "begin" or "end"); gradients
     start empty and the model is left as it was found (StateGuard), hooks removed even on error."""
-    unit_of = {path: g for g, u in enumerate(units.units) for path in u.paths}
-    # the units' modules' calls and the autograd nodes each one's forward made (capture/backward.py):
-    # a unit's backward begins when the first of its nodes runs, so a first unit's weight gradient
-    # (whose input needs none) counts for it
-    tracker = ModuleTracker()
-    tracker.track_backward()
-
-    def node(i: int) -> None:
-        path = tracker.calls[i].path
-        fire(unit_of[path], path, "b", "begin")
-
-    tracker.register_user_hooks(pre_fw=lambda c: fire(unit_of[c.path], c.path, "f", "begin"),
-                                post_fw=lambda c, out: fire(unit_of[c.path], c.path, "f", "end"),
-                                pre_bw=node)
+    handles = hooks.phase_hooks([((g, path), model.get_submodule(path)) for g, u in enumerate(units.units)
+                                 for path in u.paths], lambda key, phase, when: fire(*key, phase, when))
     guard = StateGuard(model, inputs=(args, kwargs))
     try:
-        tracker.install([(path, model.get_submodule(path)) for path in unit_of])
-        for r in range(steps):
-            tracker.reset()
-            for p in model.parameters():
-                p.grad = None
-            loss = (loss_fn or default_loss)(model(*args, **kwargs))
-            if loss.requires_grad:
-                loss.backward()
-            del loss
-            if after_step is not None:
-                after_step(r)
+        with warnings.catch_warnings():
+            # a first unit whose input needs no gradient: its full backward hook fires before its
+            # weight gradient is computed, which the callers allow for
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            for r in range(steps):
+                for p in model.parameters():
+                    p.grad = None
+                loss = (loss_fn or default_loss)(model(*args, **kwargs))
+                if loss.requires_grad:
+                    loss.backward()
+                del loss
+                if after_step is not None:
+                    after_step(r)
     finally:
-        tracker.remove()
+        hooks.remove_all(handles)
         guard.restore()
 
 
@@ -114,9 +105,9 @@ def unit_work_bytes(model: torch.nn.Module, units, args: tuple, kwargs: dict,
     """Each unit's working memory measured on the real device: one training step (after a warm-up
     step, except on CPU: see below) runs under the profiler's allocation events, with a marker where each unit's forward and
     backward begin. A unit's forward spans from its first module's entry to the next unit's entry
-    (the last unit: to its own exit); its backward from the first autograd node its forward made
-    to the previous unit's (the first unit: to the end of the step), so the weight gradient of a
-    first layer whose input needs none counts for it. Working memory
+    (the last unit: to its own exit); its backward from its first backward hook to the previous
+    unit's (the first unit: to the end of the step), so kernels that run after a module's backward
+    hook (the weight gradient of a first layer whose input needs none) count for it. Working memory
     is as in the simulation: forward, the peak minus the live bytes at the span's end; backward, the
     peak minus the live bytes at its start. This sees what simulation on fake tensors cannot: the
     scratch buffers of the device's kernels (oneDNN reorders a convolution's gradient into an
