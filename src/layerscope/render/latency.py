@@ -43,8 +43,12 @@ def chrome_trace(rep: "LatencyReport") -> dict[str, Any]:
             events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": tid + k,
                            "args": {"name": phase if n == 1 else f"{phase} {k + 1}"}})
         for k, start, end, r in placed:
+            # on a grid of 2**-20 µs, where the float sum ts + dur is the end exactly (for runs up to an
+            # hour): a span that ends where the next begins must not overlap it by an ulp, as
+            # (end - start) * 1e6 can
+            ts, te = (round(t * 1e6 * 2**20) / 2**20 for t in (start, end))
             events.append({"ph": "X", "name": r.name, "cat": phase, "pid": 1, "tid": tid + k,
-                           "ts": start * 1e6, "dur": (end - start) * 1e6,
+                           "ts": ts, "dur": te - ts,
                            "args": {"type": r.type, "call_index": r.call_index, "depth": r.depth,
                                     "flops": r.flops if phase == "forward" else r.backward_flops}})
         tid += n
