@@ -309,3 +309,15 @@ def test_partition_by_latency_times_every_unit():
     assert_unchanged(before, m)
     assert len(plan.units.units) >= 2
     assert all(u.latency is not None and u.latency > 0 for u in plan.units.units)
+
+
+def test_chrome_trace_slice_ends_where_the_call_ended():
+    # Regression (test_chrome_trace_nests_each_track failed 3 of 6 runs on main): ts + dur computed as
+    # start * 1e6 + (end - start) * 1e6 lands past end * 1e6 for these two floats (found by a random
+    # search), so a child ending with its parent stuck out of it by 1e-10 us.
+    from layerscope.render.latency import _ts_dur
+    start, end = 0.49543508709194095, 0.9449261518806791
+    assert start * 1e6 + (end - start) * 1e6 > end * 1e6          # the float trap itself
+    child, parent = _ts_dur(start, end), _ts_dur(0.1, end)
+    assert child["ts"] + child["dur"] == parent["ts"] + parent["dur"]
+    assert abs(child["ts"] + child["dur"] - end * 1e6) <= 2 ** -21  # on the grid: at most half a step off

@@ -29,6 +29,14 @@ def _lanes(spans: list[tuple[float, float, Any]]) -> list[tuple[int, float, floa
     return out
 
 
+def _ts_dur(start: float, end: float) -> dict[str, float]:
+    """A slice's start and length in microseconds on a grid of 2**-20 us, where the float sum ts + dur
+    is the end exactly (for runs up to an hour): a span that ends where its parent or the next one
+    ends or begins must not overlap it by an ulp, as ``start * 1e6 + (end - start) * 1e6`` can."""
+    ts, te = (round(t * 1e6 * 2**20) / 2**20 for t in (start, end))
+    return {"ts": ts, "dur": te - ts}
+
+
 def chrome_trace(rep: "LatencyReport") -> dict[str, Any]:
     """Trace Event Format (Chrome's, which Perfetto reads): one complete event per module call and
     phase of the representative run, in microseconds from its start; forward on the first tracks,
@@ -43,12 +51,8 @@ def chrome_trace(rep: "LatencyReport") -> dict[str, Any]:
             events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": tid + k,
                            "args": {"name": phase if n == 1 else f"{phase} {k + 1}"}})
         for k, start, end, r in placed:
-            # on a grid of 2**-20 µs, where the float sum ts + dur is the end exactly (for runs up to an
-            # hour): a span that ends where the next begins must not overlap it by an ulp, as
-            # (end - start) * 1e6 can
-            ts, te = (round(t * 1e6 * 2**20) / 2**20 for t in (start, end))
             events.append({"ph": "X", "name": r.name, "cat": phase, "pid": 1, "tid": tid + k,
-                           "ts": ts, "dur": te - ts,
+                           **_ts_dur(start, end),
                            "args": {"type": r.type, "call_index": r.call_index, "depth": r.depth,
                                     "flops": r.flops if phase == "forward" else r.backward_flops}})
         tid += n
