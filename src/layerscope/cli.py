@@ -795,7 +795,7 @@ def _sides(ns: argparse.Namespace, spec: str) -> list[dict]:
 def _compare(ns: argparse.Namespace) -> int:
     import json
 
-    from .reports.compare import compare
+    from .render.views import compare
     from .errors import InputError
     a, b = _sides(ns, ns.a), _sides(ns, ns.b)
     if len(a) != len(b):
