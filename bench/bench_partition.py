@@ -118,14 +118,19 @@ def both_clocks(a, b, pairs: int):
 def parts_timed():
     """CPU seconds spent in api.memory, api.profile, api.analyze, api.partition and
     units.unit_work_bytes while the block runs (wrapped where their callers look them up)."""
+    import importlib
+
     import layerscope.api as api
     from layerscope.pipeline import units as units_mod
+    # the api's private modules call each other (partition -> memory, profile -> analyze): wrap each
+    # function in every module that holds it, so that those inner calls are counted too
+    holders = [api] + [importlib.import_module(f"layerscope.api.{m}") for m in
+                       ("_analyze", "_batch", "_exported", "_memory", "_onnx", "_partition", "_profile")]
     spent: dict[str, float] = {}
     saved = []
-    for mod, name in ((api, "memory"), (api, "profile"), (api, "analyze"), (api, "partition"),
-                      (units_mod, "unit_work_bytes")):
-        f = getattr(mod, name)
-        saved.append((mod, name, f))
+    for home, name in ((api, "memory"), (api, "profile"), (api, "analyze"), (api, "partition"),
+                       (units_mod, "unit_work_bytes")):
+        f = getattr(home, name)
         spent[name] = 0.0
 
         def timed(*args, _f=f, _name=name, **kw):
@@ -134,7 +139,10 @@ def parts_timed():
                 return _f(*args, **kw)
             finally:
                 spent[_name] += time.process_time() - t
-        setattr(mod, name, timed)
+        for mod in ([home] if home is units_mod else holders):
+            if getattr(mod, name, None) is f:
+                saved.append((mod, name, f))
+                setattr(mod, name, timed)
     try:
         yield spent
     finally:

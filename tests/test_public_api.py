@@ -45,3 +45,18 @@ def test_old_module_paths_warn_and_still_work(monkeypatch):
     a = layerscope.analyze(torch.nn.Linear(3, 2), torch.randn(1, 3))
     assert callable(compare)
     assert compare(a, a).to_dict() == importlib.import_module("layerscope.render.views").compare(a, a).to_dict()
+
+
+def test_no_entry_point_takes_more_than_12_parameters():
+    # issue 32: f(model, *args, <the few options most calls use>, options=None, **kwargs), *args and
+    # **kwargs counted. summary() is torchinfo.summary's drop-in: it keeps torchinfo's own parameters
+    # (a user swaps one import), so it is the one function held to its peer's signature instead.
+    import inspect
+
+    from layerscope.torchrun import launch
+    funcs = {n: getattr(layerscope, n) for n in layerscope.__all__ if inspect.isfunction(getattr(layerscope, n))}
+    funcs["launch"] = launch
+    over = {n: len(inspect.signature(f).parameters) for n, f in funcs.items()
+            if n != "summary" and len(inspect.signature(f).parameters) > 12}
+    assert over == {}
+    assert "options" in inspect.signature(launch).parameters

@@ -9,9 +9,8 @@ import torch
 
 import layerscope as ls
 
-# partition() looks memory() up in its own module (layerscope.api.partition; the package's attribute
-# of that name is the function)
-api = importlib.import_module("layerscope.api.partition")
+# partition() looks memory() up in its own module, layerscope.api._partition
+api = importlib.import_module("layerscope.api._partition")
 from layerscope.examples import small_cnn, tiny_gpt
 from layerscope.pipeline import units as units_mod
 from layerscope.pipeline.units import units_from_memory

@@ -18,7 +18,7 @@ from ..options import AnalyzeOptions, ProfileOptions, entry_options
 from ..progress import ProgressBar
 from ..render.views import LatencyReport
 from ..reports.latency import latency_layers, latency_totals
-from .analyze import analyze
+from ._analyze import analyze
 
 __all__ = ["profile"]
 

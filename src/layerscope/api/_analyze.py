@@ -18,7 +18,7 @@ from ..errors import ForwardError, InputError
 from ..formats.exported import compiled_original, graph_module_trace, is_exported_module
 from ..options import AnalyzeOptions, entry_options
 from ..render.views import Report
-from .exported import analyze_exported_with, analyze_torchscript
+from ._exported import analyze_exported_with, analyze_torchscript
 
 __all__ = ["analyze", "activations"]
 

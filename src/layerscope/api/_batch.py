@@ -14,7 +14,7 @@ from ..capture import model_device
 from ..errors import InputError
 from ..options import MemoryOptions, entry_options
 from ..render.units import iec, parse_bytes
-from .memory import memory_with
+from ._memory import memory_with
 
 __all__ = ["BatchFit", "max_batch_size"]
 

@@ -14,7 +14,7 @@ from ..errors import InputError
 from ..options import PartitionOptions, forward_inputs
 from ..pipeline.units import units_from_memory, with_latencies, with_work
 from ..render.views import Report, view
-from .memory import memory
+from ._memory import memory
 
 __all__ = ["partition"]
 
