@@ -67,3 +67,17 @@ def test_a_record_becomes_the_report_users_receive(kinds):
     shown = views.view(record)
     assert type(shown) is ls.Report and shown.to_dict() == rep.to_dict() and shown.table() == rep.table()
     assert views.view(rep) is rep and views.view(3) == 3
+
+
+def test_a_comparison_has_no_html_page_and_says_so():
+    # it raised "TypeError: page_data() got an unexpected keyword argument 'comparison'" (found while
+    # capturing the goldens of issue 32); save_html goes through to_html
+    import pytest
+    import torch
+
+    import layerscope as ls
+    a = ls.analyze(torch.nn.Linear(3, 2), torch.randn(1, 3))
+    c = ls.compare(a, a)
+    for call in (c.to_html, lambda: c.save_html("unused.html")):
+        with pytest.raises(ls.InputError, match="a comparison has no HTML page"):
+            call()

@@ -18,6 +18,7 @@ import json as _json
 import sys
 from typing import Any, TextIO
 
+from ..errors import InputError
 from ..reports import compare as _compare
 from ..reports import latency as _latency
 from ..reports import memory as _memory
@@ -211,6 +212,12 @@ class Comparison(Views, _compare.Comparison):
 
     def print(self, depth: int | None = 2, changed: bool = False, file=None, fold: bool = True) -> None:
         self._print(file, depth, None, fold, changed=changed)
+
+    def to_html(self, **others) -> str:
+        # the page shows one model's reports; a comparison has none yet (it raised a TypeError from
+        # page_data before): one clear line instead
+        raise InputError("a comparison has no HTML page: use its table, to_json(), to_csv() or "
+                         "to_dataframe(), or put each side on its own page (report.save_html)")
 
 
 _VIEW_OF: dict[type, type] = {_summary.Report: Report, _memory.MemoryReport: MemoryReport,
