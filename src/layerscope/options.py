@@ -12,11 +12,13 @@ import torch
 from .errors import InputError
 
 __all__ = ["Mode", "Causal", "Schedule", "AnalyzeOptions", "MemoryOptions", "ProfileOptions", "OnnxOptions",
-           "TileOptions", "entry_options", "forward_inputs", "optimizers", "optimizer_factory", "parse_autocast", "optimizer_name"]
+           "TileOptions", "PartitionOptions", "PipelineSchedule", "SCHEDULES", "schedule_of", "entry_options",
+           "forward_inputs", "optimizers", "optimizer_factory", "parse_autocast", "optimizer_name", "iec",
+           "parse_bytes", "parse_bandwidth"]
 
 Mode = Literal["eval", "train", "same"]          # the model's flags for the run ("same": as they are)
 Causal = Literal["dense", "unmasked"]            # causal attention as the kernel computes it, or its half
-Schedule = Literal["gpipe", "1f1b", "interleaved", "zb", "zbv"]
+Schedule = str                                   # a name in SCHEDULES (the one table of schedules, below)
 
 
 def _choice(name: str, value: Any, allowed) -> None:
