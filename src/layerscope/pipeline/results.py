@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from .schedule import Timeline
 from .units import SplitUnits
 
-__all__ = ["StageFigures", "PlanResult"]
+__all__ = ["StageFigures", "StageIndex", "PlanResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,8 +34,26 @@ class StageFigures:
     weight_time: float | None = None
 
 
+class StageIndex:
+    """Where the stages of a split begin and which stage holds a unit: the planner's result and the
+    StagePlan users see (layerscope.reports.plan) both answer with these."""
+
+    __slots__ = ()
+
+    @property
+    def split_points(self) -> tuple[str, ...]:
+        """Module path where each stage after the first begins (for SplitPoint.BEGINNING)."""
+        return tuple(self.units.units[s.first].paths[0] for s in self.stages[1:])
+
+    def stage_of(self, unit: int) -> int:
+        for s in self.stages:
+            if s.first <= unit <= s.last:
+                return s.index
+        raise IndexError(unit)
+
+
 @dataclass(frozen=True)
-class PlanResult:
+class PlanResult(StageIndex):
     """The split the planner chose and how it chose it."""
 
     units: SplitUnits
@@ -54,13 +72,3 @@ class PlanResult:
     def num_stages(self) -> int:
         return len(self.stages)
 
-    @property
-    def split_points(self) -> tuple[str, ...]:
-        """Module path where each stage after the first begins."""
-        return tuple(self.units.units[s.first].paths[0] for s in self.stages[1:])
-
-    def stage_of(self, unit: int) -> int:
-        for s in self.stages:
-            if s.first <= unit <= s.last:
-                return s.index
-        raise IndexError(unit)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from ..options import SCHEDULES
+from ..pipeline.results import StageIndex
 from .base import ReportRecord
 from .table import OMIT, Column, Fact, Table, flat_table, select_columns
 
@@ -158,7 +159,7 @@ PLAN_JSON = (
 )
 
 
-class StagePlan(ReportRecord):
+class StagePlan(ReportRecord, StageIndex):
     """Result of ``layerscope.partition``. Frozen; renderers only read it."""
 
     kind = "stage_plan"
@@ -212,17 +213,6 @@ class StagePlan(ReportRecord):
         if not self.lower_bound:
             return None
         return self.bottleneck / self.lower_bound
-
-    @property
-    def split_points(self) -> tuple[str, ...]:
-        """Module path where each stage after the first begins (for SplitPoint.BEGINNING)."""
-        return tuple(self.units.units[s.first].paths[0] for s in self.stages[1:])
-
-    def stage_of(self, unit: int) -> int:
-        for s in self.stages:
-            if s.first <= unit <= s.last:
-                return s.index
-        raise IndexError(unit)
 
     # ---- views ----------------------------------------------------------------------------------
     def json_fields(self, **_: Any) -> tuple:

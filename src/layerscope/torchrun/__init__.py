@@ -182,20 +182,3 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
-
-def _worker_error(text: str) -> str:
-    """The workers' own exceptions (torchrun's summary at the end of stderr says only 'exit 1')."""
-    import re
-    errs = []
-    for line in text.splitlines():
-        m = re.match(r"\[rank(\d+)\]: ([\w.]*(?:Error|Exception)\b.*)", line)
-        if m and "Connection closed by peer" not in m.group(2):
-            errs.append(f"rank {m.group(1)}: {m.group(2)}")
-    return "\n".join(dict.fromkeys(errs)) if errs else "\n".join(text.strip().splitlines()[-15:])
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
