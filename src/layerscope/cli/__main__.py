@@ -4,4 +4,5 @@ import sys
 
 from . import main
 
-sys.exit(main())
+if __name__ == "__main__":      # a tool that imports every module must not exit here
+    sys.exit(main())
