@@ -1,0 +1,243 @@
+"""The argparse tree of every subcommand, and the arguments several of them share."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from .argtypes import _bandwidth, _count, _count_or_auto, _device, _dtype, _ints
+from .helptext import _EXAMPLES, _SPEC_HELP
+
+
+# every bad input exits 1 (a malformed command line too: one line, as for any other bad input); an
+# internal error 3
+EXIT_USAGE, EXIT_ERROR, EXIT_INTERNAL = 1, 1, 3
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: `layerscope: error: ...` and where the usage is, not the usage
+    block (the README promises one line on stderr)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"layerscope: error: {message} (see `{self.prog} --help`)\n")
+
+
+FORMATS = ("table", "json", "csv", "html")
+
+
+def _output_args(s: argparse.ArgumentParser, formats=FORMATS) -> None:
+    s.add_argument("--format", choices=formats, default="table",
+                   help="table (terminal), json, csv" + (", html (the self-contained page)" if "html" in formats
+                                                          else ""))
+    s.add_argument("--output", "-o", help="write to this file instead of standard output")
+    s.add_argument("--quiet", "-q", action="store_true", help="no spinner or progress bar on stderr")
+
+
+def _input_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--input-size", type=_ints, action="append", metavar="1,3,224,224",
+                   help="shape of an example input (repeat for several inputs)")
+    s.add_argument("--input-ids", type=_ints, metavar="B,S", help="token ids of shape B,S (int64)")
+    s.add_argument("--dtype", type=_dtype, action="append", help="dtype per --input-size (default float32)")
+    s.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="config/factory override (repeatable; a key the config or factory lacks is refused)")
+    s.add_argument("--model-dtype", choices=("bf16", "fp16", "fp32"),
+                   help="dtype of the model's floating-point weights and buffers (default: as built, fp32\n"
+                        "for hf: specs); parameter, gradient and optimizer-state bytes follow it")
+    s.add_argument("--head", help="hf: model head: causal-lm, masked-lm, seq2seq-lm, seq-cls, token-cls, image-cls")
+    s.add_argument("--allow-pickle", action="store_true",
+                   help="load a .pt/.pth that is a pickled nn.Module (unpickling RUNS code from the file:\n"
+                        "only for files you trust); without it only TorchScript and weights_only loads")
+
+
+def _model_args(s: argparse.ArgumentParser, formats=FORMATS) -> None:
+    """Arguments every subcommand that builds a model shares."""
+    s.add_argument("spec", help=_SPEC_HELP)
+    _input_args(s)
+    s.add_argument("--depth", type=_count(0), default=3, help="deepest layer level shown (default 3)")
+    s.add_argument("--expand", action="store_true",
+                   help="show every block of a run of identical blocks (folded by default: 'layers.0-79 x80')")
+    _output_args(s, formats)
+
+
+def _sub(sub, name: str, help_text: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=help_text, description=help_text, epilog=_EXAMPLES[name],
+                          formatter_class=argparse.RawTextHelpFormatter)
+
+
+def _memory_args(m: argparse.ArgumentParser, optimizer_default: str | None = None) -> None:
+    m.add_argument("--optimizer", default=optimizer_default,
+                   help="a torch.optim class name: adamw, adam, sgd, adagrad, rmsprop, ..."
+                        + (f" (default {optimizer_default})" if optimizer_default else ""))
+    m.add_argument("--momentum", type=float, help="momentum for --optimizer sgd")
+    m.add_argument("--batch-size", type=_count(1), help="re-size the inputs' batch dimension to N")
+    m.add_argument("--autocast", choices=("bf16", "fp16"), help="run forward and loss under torch.autocast")
+    mode = m.add_mutually_exclusive_group()
+    mode.add_argument("--train", dest="training", action="store_true", default=True,
+                      help="a training step: forward, loss, backward, optimizer step (default)")
+    mode.add_argument("--infer", dest="training", action="store_false", help="a no-grad forward")
+    m.add_argument("--steps", type=_count(1), default=2, help="training steps to run (default 2)")
+    m.add_argument("--accumulation", type=_count(1), default=1, help="micro-batches per step (default 1)")
+
+
+def _columns_help(columns) -> str:
+    """--columns' help from the report kind's own column list (the one place columns are defined)."""
+    import textwrap
+    keys = ", ".join(c.key for c in columns)
+    default = ",".join(c.key for c in columns if c.default)
+    if len(default) > 60:
+        default = f"the first {sum(c.default for c in columns)}"
+    return "comma-separated, of:\n" + "\n".join(textwrap.wrap(keys, 72, break_on_hyphens=False)) + \
+        f"\n(default {default})"
+
+
+def _parser() -> argparse.ArgumentParser:
+    from ..reports.memory import COLUMNS as memory_columns
+    from ..reports.summary import COLUMNS as summary_columns
+
+    from .._version import __version__
+    p = _Parser(
+        prog="layerscope", description="What is inside a PyTorch model, layer by layer.",
+        epilog="run `layerscope COMMAND --help` for each command's options and examples")
+    p.add_argument("--version", action="version", version=f"layerscope {__version__} (torch {torch.__version__})")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = _sub(sub, "summary", "per-layer shapes, params, MACs, FLOPs, bytes")
+    _model_args(s)
+    s.add_argument("--device", type=_device, help="cpu, cuda, or meta (count without computing)")
+    s.add_argument("--columns", help=_columns_help(summary_columns))
+    s.add_argument("--mode", choices=("eval", "train", "same"), default="eval")
+    s.add_argument("--backward", action="store_true", help="also run and count a backward pass")
+    s.add_argument("--causal", choices=("dense", "unmasked"), default="dense",
+                   help="count causal attention densely (default) or only its unmasked part")
+    o = _sub(sub, "onnx", "an ONNX model: the module tree and the per-node table (shapes, params, MACs, FLOPs, "
+                          "bytes read/written)")
+    o.add_argument("file", help="the .onnx file (external data is never read)")
+    o.add_argument("--input", action="append", metavar="NAME=DIMS",
+                   help="an input's shape (input_ids=1,128) or a symbolic dim's value (batch=8); repeatable")
+    o.add_argument("--sort", choices=("order", "read", "write", "bytes", "macs", "flops", "params"),
+                   default="order", help="order of the node table (default: graph order)")
+    o.add_argument("--top", type=_count(1), help="only the first N rows of the node table")
+    o.add_argument("--depth", type=_count(0), default=3, help="deepest module level shown (default 3)")
+    o.add_argument("--expand", action="store_true", help="do not fold runs of identical blocks")
+    _output_args(o)
+    t = _sub(sub, "onnx-tile", "rewrite Gemm/MatMul nodes into M x K x N blocks (Split + blocks + Sum + Concat)")
+    t.add_argument("file", help="the .onnx file to rewrite")
+    t.add_argument("out", help="where to write the tiled model")
+    t.add_argument("--block", type=_ints, default=(64, 64, 64), metavar="M,K,N", help="block sizes (default 64,64,64)")
+    t.add_argument("--ops", default="Gemm,MatMul", help="node types to tile (default Gemm,MatMul)")
+    t.add_argument("--nodes", help="only these nodes (comma-separated names)")
+    t.add_argument("--input", action="append", metavar="NAME=DIMS", help="as for `layerscope onnx`")
+    t.add_argument("--verify", action="store_true",
+                   help="run both models in onnxruntime on random inputs and report the max abs error and MSE")
+    t.add_argument("--quiet", "-q", action="store_true", help="no spinner on stderr")
+    m = _sub(sub, "memory", "memory of a training step or inference: per category, peak, per layer")
+    _model_args(m)
+    m.add_argument("--device", type=_device, help="the device to predict for: cpu or cuda (512-byte allocator blocks); "
+                                    "default where the model is (hf: specs are built on meta)")
+    _memory_args(m)
+    m.add_argument("--limit", help="memory limit such as 80GiB: says whether the peak fits, and the "
+                                   "largest batch that does")
+    m.add_argument("--measure", action="store_true", help="also run the real step and measure it")
+    m.add_argument("--columns", help=_columns_help(memory_columns))
+    pf = _sub(sub, "profile", "per-module forward (and backward) time, self and inclusive, achieved FLOP/s")
+    _model_args(pf)
+    pf.add_argument("--device", type=_device, help="where to build the model and run it: cpu (default) or cuda")
+    pf.add_argument("--backward", action="store_true", help="also time the backward pass")
+    pf.add_argument("--repeats", type=_count_or_auto(1), default="auto",
+                    help="timed repeats, or auto (the default): 6 to 20, stopping when every median that\n"
+                         "matters is known within +-2%% (whole run) / +-5%% (calls over 5%% of it), 95%% confidence")
+    pf.add_argument("--warmup", type=_count_or_auto(0), default="auto",
+                    help="untimed warm-up runs, or auto (the default): 1 to 3, more while runs get faster")
+    pf.add_argument("--roofline", metavar="PEAKS",
+                    help="class each layer compute- or memory-bound and show its distance from the roof:\n"
+                         "a GPU from the built-in table (V100, A100, A100-40GB, L4, H100, H100-PCIE, H200),\n"
+                         "'measure' (a short matmul and copy microbenchmark here), 'auto' (the table\n"
+                         "for a known GPU, else measured) or 'FLOPS,BYTES_PER_S' such as 989e12,3.35e12")
+    pf.add_argument("--top", type=_count(0), default=3, metavar="K",
+                    help="name the K slowest calls at each depth under the table (default 3; 0: none)")
+    pf.add_argument("--columns", help="comma-separated, of: output_shape,input_shape,params,forward,forward_self,\n"
+                                      "self_percent,forward_p25,forward_p75,backward,backward_self (with\n"
+                                      "--backward),flops,bytes_moved,flops_per_second,intensity,bound,\n"
+                                      "roof_fraction (with --roofline)")
+    pf.add_argument("--trace", metavar="FILE.json",
+                    help="also write a Chrome trace / Perfetto JSON of the module spans of one repeat")
+    sp = _sub(sub, "split", "optimal pipeline stages; --run trains them under torchrun")
+    _model_args(sp)
+    _split_args(sp)
+    sp.add_argument("--run", action="store_true",
+                    help="train the stages under torchrun (gloo on CPU) and compare with one process")
+    sp.add_argument("--steps", type=_count(1), default=3, help="training steps for --run (default 3)")
+    r = _sub(sub, "report", "one self-contained HTML page: layer tree, charts of MACs, params, memory and "
+                            "latency, the memory timeline, the stage split, coverage")
+    r.add_argument("spec", nargs="+", help=_SPEC_HELP + "\n  or one or more saved JSON reports (--format json)")
+    _input_args(r)
+    r.add_argument("--output", "-o", required=True, help="the .html file to write")
+    r.add_argument("--title", help="page title (default: layerscope: MODEL)")
+    r.add_argument("--device", type=_device, help="where to build and run the model (hf: specs are built on meta)")
+    r.add_argument("--no-memory", dest="memory", action="store_false", help="leave out the memory section")
+    _memory_args(r, optimizer_default="adamw")
+    r.add_argument("--profile", action="store_true", help="also time every layer (needs real weights: "
+                                                          "the model is built on cpu)")
+    # 10 fixed, as before: on a 2-core shared machine auto runs to its maximum of 20 (twice the time)
+    r.add_argument("--repeats", type=_count_or_auto(1), default=10,
+                   help="timed repeats for --profile (default 10), or auto (as for `profile`: 6-20)")
+    r.add_argument("--stages", type=_count(1), help="also plan this many pipeline stages")
+    r.add_argument("--by", choices=("flops", "macs", "params", "memory", "latency"), default="flops",
+                   help="the stage cost to balance (default flops)")
+    r.add_argument("--quiet", "-q", action="store_true", help="no spinner or progress bar on stderr")
+    c = _sub(sub, "compare", "two models, or two saved JSON reports, layer by layer: params, MACs, FLOPs, "
+                             "memory, latency, and the difference")
+    c.add_argument("a", help="a model spec (as for summary) or a saved JSON report")
+    c.add_argument("b", help="the other one")
+    _input_args(c)
+    c.add_argument("--device", type=_device, help="where to build the models (hf: specs are built on meta)")
+    c.add_argument("--depth", type=_count(0), default=2, help="deepest layer level shown (default 2)")
+    c.add_argument("--changed", action="store_true", help="only the layers that differ")
+    c.add_argument("--expand", action="store_true",
+                   help="show every block of a run of identical blocks (folded by default: 'h.0-23 x24')")
+    c.add_argument("--memory", action="store_true", help="specs: also compare a training step's memory per layer "
+                                                         "(AdamW)")
+    c.add_argument("--profile", action="store_true", help="specs: also compare per-layer times (built on cpu)")
+    _output_args(c, ("table", "json", "csv"))
+    lp = _sub(sub, "list-presets", "the architectures shipped as configs, for hf:NAME")
+    _output_args(lp, ("table", "json", "csv"))
+    return p
+
+
+def _split_args(sp: argparse.ArgumentParser) -> None:
+    from ..options import SCHEDULES
+    sp.add_argument("--stages", type=_count(1), required=True, help="number of pipeline stages")
+    sp.add_argument("--by", choices=("flops", "macs", "params", "memory", "latency", "roofline"), default="flops",
+                    help="the stage cost (default flops, forward + backward); latency: forward and backward\n"
+                         "times measured here (real weights), roofline: predicted from FLOPs and bytes\n"
+                         "(--roofline): with either the plan predicts the step time and draws the step")
+    sp.add_argument("--objective", choices=("step_time", "bottleneck", "uniform"),
+                    help="what the split minimises: step_time (the schedule's simulated step; the default\n"
+                         "with --by latency or roofline), bottleneck (the largest stage cost; the default\n"
+                         "otherwise) or uniform (equal repeated blocks per stage: torchtitan's default)")
+    sp.add_argument("--roofline", metavar="PEAKS",
+                    help="peaks for --by roofline: a GPU of the built-in table (H100, A100, ...),\n"
+                         "'FLOPS,BYTES_PER_S', or 'measure' (default: measured on this machine on cpu)")
+    sp.add_argument("--link-bandwidth", type=_bandwidth, metavar="BYTES_PER_S",
+                    help="price each send across a cut at this bandwidth (e.g. 50e9 or 50GB/s)")
+    sp.add_argument("--optimizer-bandwidth", type=_bandwidth, metavar="BYTES_PER_S",
+                    help="price each rank's optimizer step at this memory bandwidth (e.g. 2e12)")
+    sp.add_argument("--schedule", choices=tuple(SCHEDULES), default="1f1b",
+                    help="pipeline schedule (default 1f1b): torch's ScheduleGPipe, Schedule1F1B,\n"
+                         "ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble (zb) or\n"
+                         "ScheduleZBVZeroBubble (zbv: 2 stages per rank in a V)")
+    sp.add_argument("--microbatches", type=_count(1), default=4,
+                    help="micro-batches the batch is split into (default 4)")
+    sp.add_argument("--batch-size", type=_count(1), default=8,
+                    help="the whole batch, split into micro-batches (default 8: the inputs' batch\n"
+                         "dimension is re-sized to it, also that of --input-ids/--input-size)")
+    sp.add_argument("--optimizer", default="adamw", help="optimizer whose state each stage holds (default adamw)")
+    sp.add_argument("--memory-limit", help="per-stage memory limit such as 16GiB")
+    sp.add_argument("--device", type=_device, help="the device to plan for (cpu or cuda)")
+    sp.add_argument("--stages-per-rank", type=_count(2), default=2,
+                    help="stages on each rank under --schedule interleaved or zb (default 2; --run starts\n"
+                         "stages / stages-per-rank processes)")
+    sp.add_argument("--return-outputs", action=argparse.BooleanOptionalAction, default=None,
+                    help="plan for schedule.step(..., return_outputs=True): the last stage keeps every\n"
+                         "micro-batch's output (torch's default, and the default; --no-return-outputs\n"
+                         "plans for step(..., return_outputs=False))")
