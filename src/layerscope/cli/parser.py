@@ -223,9 +223,10 @@ def _split_args(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--optimizer-bandwidth", type=_bandwidth, metavar="BYTES_PER_S",
                     help="price each rank's optimizer step at this memory bandwidth (e.g. 2e12)")
     sp.add_argument("--schedule", choices=tuple(SCHEDULES), default="1f1b",
-                    help="pipeline schedule (default 1f1b): torch's ScheduleGPipe, Schedule1F1B,\n"
-                         "ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble (zb) or\n"
-                         "ScheduleZBVZeroBubble (zbv: 2 stages per rank in a V)")
+                    help="pipeline schedule (default 1f1b), as torch's classes:\n" +
+                         "\n".join(f"  {k}: {v.torch_class}" + (f" ({v.fixed_per_rank} stages per rank in a V)"
+                                                                  if v.v_shape else "")
+                                   for k, v in SCHEDULES.items()))
     sp.add_argument("--microbatches", type=_count(1), default=4,
                     help="micro-batches the batch is split into (default 4)")
     sp.add_argument("--batch-size", type=_count(1), default=8,
