@@ -119,18 +119,16 @@ def _list_presets(ns: argparse.Namespace) -> int:
     import json
 
     from ..render.csv import csv_text
-    from ..render.text import text_table
-    from ..render.units import si
+    from ..render.listings import PresetList
     from ..specs import presets
 
-    rows = [{"name": f"hf:{k}", "model": v["model"], "params": v["params"], "default_inputs":
-             ", ".join(f"{n}={'x'.join(map(str, s))}" for n, s in v["inputs"].items()),
-             "description": v["description"]} for k, v in presets().items()]
+    listing = PresetList(presets())
+    # the JSON and CSV keep their plain shape (a list of presets, tests/goldens/cli), not the
+    # versioned report schema; the table is the kind's
+    rows = [{"name": p.name, "model": p.model, "params": p.params, "default_inputs": p.default_inputs,
+             "description": p.description} for p in listing.presets]
     if ns.format == "json":
         return _write(ns, json.dumps(rows, indent=2))
     if ns.format == "csv":
         return _write(ns, csv_text(list(rows[0]), rows))
-    body = [[r["name"], r["model"], si(r["params"]), r["default_inputs"], r["description"]] for r in rows]
-    footer = [("Presets", f"{len(rows)}, built on meta by default (nothing allocated); --set changes any "
-                          "config field, --input-ids the sequence")]
-    return _write(ns, text_table(["Spec", "Model", "Params", "Default inputs", "Description"], body, footer))
+    return _write(ns, listing.table())

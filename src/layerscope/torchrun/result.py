@@ -117,21 +117,20 @@ class RunResult:
         return xs[len(xs) // 2]
 
     def table(self) -> str:
-        from ..render.text import text_table
-        from ..render.units import iec
+        """The run table as ``split --run`` prints it."""
+        return self.run_table().table()
+
+    def run_table(self):
+        """The run as a report kind (layerscope.render.listings.RunTable: text, rich, JSON, CSV)."""
+        from ..render.listings import RunTable
+        from ..reports.listings import RankRun
         one = all(len(r["times"]) == 1 for r in self.ranks) and not self.warm
         when = "first step" if one else "median"
         tl = self.timeline
-        header = ["Rank", "Stages", f"Step time ({when})", f"Busy ({when})"] + \
-            (["Busy predicted"] if tl is not None else []) + ["Peak measured", "Peak predicted", "Error"]
-        body = []
-        for r in self.ranks:
-            err = (r["predicted_bytes"] - r["peak_bytes"]) / r["peak_bytes"] if r["peak_bytes"] else 0.0
-            body.append([str(r["rank"]), ", ".join(str(s) for s in r.get("stages", [r["rank"]])),
-                         f"{self.steady(r['times']) * 1e3:.1f} ms",
-                         f"{self.steady(r['busy']) * 1e3:.1f} ms" if r.get("busy") else "--"] +
-                        ([f"{tl.busy[r['rank']] * 1e3:.1f} ms"] if tl is not None else []) +
-                        [iec(r["peak_bytes"]), iec(r["predicted_bytes"]), f"{100 * err:+.1f}%"])
+        rows = tuple(RankRun(i, r["rank"], tuple(r.get("stages", [r["rank"]])), self.steady(r["times"]),
+                             self.steady(r["busy"]) if r.get("busy") else None,
+                             tl.busy[r["rank"]] if tl is not None else None, r["peak_bytes"], r["predicted_bytes"])
+                     for i, r in enumerate(self.ranks))
         footer = [("Stages built by", "torch.export + pipeline()" if self.path == "export"
                    else f"module ownership ({self.plan.schedule} runs no other way here)"
                    if not schedule_of(self.plan.schedule).export_stages
@@ -172,4 +171,4 @@ class RunResult:
                               "this machine's cores); the prediction slows ranks that compute together by it"))
         if self.grad_rel_diff is not None:
             footer.append(("Gradients", f"max relative diff {self.grad_rel_diff:.2e} against one process"))
-        return text_table(header, body, footer)
+        return RunTable(rows, when, tl is not None, tuple(footer))
