@@ -415,6 +415,3 @@ class PartitionOptions:
 # the fields only the torchrun launcher reads
 _LAUNCHER_FIELDS = ("overrides", "head", "input_ids", "model_dtype", "allow_pickle", "batch_size", "steps", "seed",
                     "path", "timeout", "compare_grads")
-
-__all__ += ["iec", "parse_bytes", "parse_bandwidth", "PipelineSchedule", "SCHEDULES", "schedule_of",
-            "PartitionOptions"]
