@@ -1,50 +1,81 @@
 """Measured on the real device, per split unit: forward and backward seconds (the per-call times of
 capture/timing.py) and working memory (allocation events between marks where each unit's forward
-and backward begin: capture/hooks.phase_hooks)."""
+and backward begin, as the module tracker sees each unit's calls)."""
 
 from __future__ import annotations
 
 import statistics
 import time
-import warnings
 
 import torch
 from torch.autograd.profiler import record_function
 from torch.nn.parameter import is_lazy
 
-from ..capture import hooks
 from ..capture.inputs import map_tensors
 from ..capture.measure import profile_events
 from ..capture.state import StateGuard, model_device
 from ..capture.step import default_loss
+from ..capture.tracker import ModuleTracker, tracked_modules
 
 __all__ = ["unit_latencies", "unit_work_bytes"]
 
 
 def _hooked_steps(model: torch.nn.Module, units, args: tuple, kwargs: dict, fire,
                   steps: int, loss_fn=None, after_step=None) -> None:
-    """Run ``steps`` forward + loss + backward passes with hooks on every unit's modules calling
-    ``fire(unit_index, path, phase, when)`` (phase "f" or "b", when "begin" or "end"); gradients
-    start empty and the model is left as it was found (StateGuard), hooks removed even on error."""
-    handles = hooks.phase_hooks([((g, path), model.get_submodule(path)) for g, u in enumerate(units.units)
-                                 for path in u.paths], lambda key, phase, when: fire(*key, phase, when))
+    """Run ``steps`` forward + loss + backward passes calling ``fire(unit_index, path, phase, when)``
+    (phase "f" or "b", when "begin" or "end") as the module tracker sees each unit's calls: a forward
+    begins and ends at the call's hooks, a backward begins before the first autograd node the
+    tracker attributes to a call inside the unit (capture/backward.py: node pre-hooks, which leave the
+    step's allocations as they are; full backward hooks would add their own nodes and buffers).
+    Gradients start empty and the model is left as it was found (StateGuard), hooks removed even on
+    error."""
+    unit_of_path = {path: g for g, u in enumerate(units.units) for path in u.paths}
+    tracker = ModuleTracker()
+    tracker.track_backward()
+    owner: dict[int, int | None] = {}      # call index -> its unit (the innermost unit module around it)
+
+    def unit(c) -> int | None:
+        g = owner.get(c.index, -1)
+        if g == -1:
+            g = unit_of_path.get(c.path)
+            if g is None and c.parent is not None:
+                g = unit(tracker.calls[c.parent])
+            owner[c.index] = g
+        return g
+
+    def pre_fw(c) -> None:
+        g = unit(c)
+        if g is not None:
+            fire(g, c.path, "f", "begin")
+
+    def post_fw(c, output) -> None:
+        g = unit(c)
+        if g is not None:
+            fire(g, c.path, "f", "end")
+
+    def pre_bw(i: int) -> None:
+        c = tracker.calls[i]
+        g = unit(c)
+        if g is not None:
+            fire(g, c.path, "b", "begin")
+
+    tracker.register_user_hooks(pre_fw=pre_fw, post_fw=post_fw, pre_bw=pre_bw)
+    tracker.install(tracked_modules(list(model.named_modules())))
     guard = StateGuard(model, inputs=(args, kwargs))
     try:
-        with warnings.catch_warnings():
-            # a first unit whose input needs no gradient: its full backward hook fires before its
-            # weight gradient is computed, which the callers allow for
-            warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            for r in range(steps):
-                for p in model.parameters():
-                    p.grad = None
-                loss = (loss_fn or default_loss)(model(*args, **kwargs))
-                if loss.requires_grad:
-                    loss.backward()
-                del loss
-                if after_step is not None:
-                    after_step(r)
+        for r in range(steps):
+            tracker.reset()
+            owner.clear()
+            for p in model.parameters():
+                p.grad = None
+            loss = (loss_fn or default_loss)(model(*args, **kwargs))
+            if loss.requires_grad:
+                loss.backward()
+            del loss
+            if after_step is not None:
+                after_step(r)
     finally:
-        hooks.remove_all(handles)
+        tracker.remove()
         guard.restore()
 
 
@@ -105,9 +136,9 @@ def unit_work_bytes(model: torch.nn.Module, units, args: tuple, kwargs: dict,
     """Each unit's working memory measured on the real device: one training step (after a warm-up
     step, except on CPU: see below) runs under the profiler's allocation events, with a marker where each unit's forward and
     backward begin. A unit's forward spans from its first module's entry to the next unit's entry
-    (the last unit: to its own exit); its backward from its first backward hook to the previous
-    unit's (the first unit: to the end of the step), so kernels that run after a module's backward
-    hook (the weight gradient of a first layer whose input needs none) count for it. Working memory
+    (the last unit: to its own exit); its backward from the first autograd node attributed to it to
+    the previous unit's first (the first unit: to the end of the step), so a first layer's weight
+    gradient counts for it. Working memory
     is as in the simulation: forward, the peak minus the live bytes at the span's end; backward, the
     peak minus the live bytes at its start. This sees what simulation on fake tensors cannot: the
     scratch buffers of the device's kernels (oneDNN reorders a convolution's gradient into an
