@@ -129,7 +129,7 @@ def test_fallbacks_on_an_older_torch(older_torch):
 
 def test_latency_skips_backward_timing_without_sequence_numbers(older_torch):
     older_torch("sequence_nr")
-    from layerscope.analyses.latency import Recorder
+    from layerscope.capture.timing import Recorder
     assert Recorder(torch.nn.Linear(2, 2), torch.device("cpu"), backward=True).backward is False
 
 

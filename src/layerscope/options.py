@@ -12,7 +12,7 @@ import torch
 from .errors import InputError
 
 __all__ = ["Mode", "Causal", "Schedule", "AnalyzeOptions", "MemoryOptions", "ProfileOptions", "OnnxOptions",
-           "TileOptions", "PartitionOptions", "PipelineSchedule", "SCHEDULES", "schedule_of", "entry_options",
+           "TileOptions", "PartitionOptions", "PipelineSchedule", "SCHEDULES", "schedule_of", "entry_options", "LAUNCHER_FIELDS",
            "forward_inputs", "optimizers", "optimizer_factory", "parse_autocast", "optimizer_name", "iec",
            "parse_bytes", "parse_bandwidth"]
 
@@ -125,24 +125,29 @@ def _at_default(value: Any, default: Any) -> bool:
 
 
 def entry_options(cls, options, kwargs: dict, forward_kwargs: dict | None = None, *, take: bool = True,
-                  **named: Any):
+                  base=None, keep: tuple[str, ...] = (), **named: Any):
     """``(options object, the forward's keyword inputs)`` of one call of an entry point, built once.
+    Every entry point (analyze, memory, profile, partition, the launcher, ...) builds its options here.
 
-    ``named``: the options the signature names. With ``take``, every other option of ``cls`` is still
-    accepted as a keyword (taken out of ``kwargs``, as the entry point took it before options were
-    objects); the rest of ``kwargs``, with ``forward_kwargs``, goes to the forward. With ``options=``
-    given (an instance of ``cls``), an option also given as a keyword (a named one away from its
-    default, or one taken out of ``kwargs``) is an InputError: each option has one source."""
-    known = {f.name: f.default for f in fields(cls)}
-    taken = {k: v for k, v in kwargs.items() if take and k in known}
+    ``named``: the options the signature names. With ``take``, every other option of ``cls`` (but
+    those in ``keep``, which stay the forward's: the launcher's ``input_ids`` for ``partition()``) is
+    still accepted as a keyword, taken out of ``kwargs``; the rest of ``kwargs``, with
+    ``forward_kwargs``, goes to the forward. ``base``: the object the keywords change when there is
+    no ``options=`` (default ``cls()``). An option counts as given when it is not None and, for a
+    named one, not at the base's value. With ``options=`` given (an instance of ``cls``), an option
+    also given as a keyword is an InputError: each option has one source."""
+    start = cls() if base is None else base
+    names = {f.name for f in fields(cls)} - set(keep)
+    taken = {k: v for k, v in kwargs.items() if take and k in names}
     forward = forward_inputs({k: v for k, v in kwargs.items() if k not in taken}, forward_kwargs)
+    given = {k: v for k, v in named.items() if v is not None and not _at_default(v, getattr(start, k))}
+    given.update((k, v) for k, v in taken.items() if v is not None)
     if options is None:
-        return cls(**named, **taken), forward
+        return (dataclasses.replace(start, **given) if given else start), forward
     if not isinstance(options, cls):
         raise InputError(f"options must be a layerscope.{cls.__name__}, got {type(options).__name__}")
-    both = sorted([k for k, v in named.items() if not _at_default(v, known[k])] + list(taken))
-    if both:
-        raise InputError(f"{', '.join(both)} given both as a keyword and in options=")
+    if given:
+        raise InputError(f"{', '.join(sorted(given))} given both as a keyword and in options=")
     return options, forward
 
 
@@ -349,7 +354,7 @@ def schedule_of(name) -> PipelineSchedule:
 class PartitionOptions:
     """Every option of ``partition()``, ``layerscope split`` and ``torchrun.launch()``: the entry
     points take the few most calls use as keywords and the rest here (or as keywords, pulled in by
-    ``with_keywords``); everything below them takes this object. The launcher's own fields (from
+    ``entry_options``); everything below them takes this object. The launcher's own fields (from
     ``overrides`` on) say how every rank builds the model from its spec and trains it."""
 
     stages: int | None = None
@@ -395,23 +400,7 @@ class PartitionOptions:
     def schedule_kind(self) -> PipelineSchedule:
         return SCHEDULES[self.schedule]
 
-    def with_keywords(self, keywords: dict, given: bool, launcher: bool = False) -> tuple[PartitionOptions, dict]:
-        """These options with the known option names of ``keywords`` (those not None) taken in;
-        the rest of ``keywords`` (the forward's inputs) returned. ``given``: whether the caller
-        passed this object as ``options=``, when a keyword naming one of its fields is an error
-        (it would be set two ways). ``launcher``: the launcher's own fields are names too (for
-        ``partition()`` they stay the forward's: ``input_ids`` is one)."""
-        names = set(self.__dataclass_fields__)
-        if not launcher:
-            names -= set(_LAUNCHER_FIELDS)
-        taken = {k: v for k, v in keywords.items() if k in names and v is not None}
-        if given and taken:
-            raise InputError(f"{', '.join(sorted(taken))} given both as a keyword and in options=; give each "
-                             "option one way")
-        rest = {k: v for k, v in keywords.items() if k not in names}
-        return (dataclasses.replace(self, **taken) if taken else self), rest
-
 
 # the fields only the torchrun launcher reads
-_LAUNCHER_FIELDS = ("overrides", "head", "input_ids", "model_dtype", "allow_pickle", "batch_size", "steps", "seed",
+LAUNCHER_FIELDS = ("overrides", "head", "input_ids", "model_dtype", "allow_pickle", "batch_size", "steps", "seed",
                     "path", "timeout", "compare_grads")

@@ -29,9 +29,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .analyses.latency import merge_steps, timing
+from .analyses.latency import timing
 from .capture import hooks
-from .capture.timing import CallTimes, Recorder
+from .capture.timing import CallTimes, Recorder, merge_steps
 from .errors import InputError
 
 __all__ = ["Profiler"]

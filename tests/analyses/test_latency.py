@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import layerscope as ls
-from layerscope.analyses.latency import time_calls
+from layerscope.capture.repeats import time_calls
 from layerscope.analyses.roofline import Roofline, roofline_for
 from layerscope.cli import main
 from layerscope.examples import small_cnn
@@ -83,7 +83,7 @@ def test_calls_self_times_and_costs():
 
 
 def test_totals_pair_each_repeat():
-    from layerscope.analyses.latency import CallTimes
+    from layerscope.capture.timing import CallTimes
     from layerscope.reports.latency import latency_totals
     root = CallTimes("", "M", 0, 0, None, [1], forward=[1.0, 2.0, 3.0])
     kid = CallTimes("a", "L", 1, 0, 0, [], forward=[0.5, 0.5, 0.5])

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import layerscope as ls
-import layerscope.analyses.latency as L
+import layerscope.capture.repeats as L
 from layerscope.cli import main
 
 CPU = torch.device("cpu")
@@ -46,7 +46,7 @@ class Ticks(nn.Module):
 def fake(monkeypatch):
     def make(durations, cycle=False):
         clock = FakeClock(durations, cycle)
-        monkeypatch.setattr(L._Clock, "stamp", lambda self: clock.now)
+        monkeypatch.setattr(L.Clock, "stamp", lambda self: clock.now)
         return clock
     return make
 

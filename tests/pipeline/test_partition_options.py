@@ -10,7 +10,8 @@ import torch
 
 import layerscope as ls
 from layerscope.examples import small_cnn
-from layerscope.options import SCHEDULES, PartitionOptions, parse_bandwidth, parse_bytes, schedule_of
+from layerscope.options import (LAUNCHER_FIELDS, SCHEDULES, PartitionOptions, entry_options, parse_bandwidth,
+                                parse_bytes, schedule_of)
 from layerscope.pipeline.schedule import MULTI, ZERO_BUBBLE, rank_orders, stage_ranks
 
 
@@ -42,10 +43,22 @@ def test_options_object_and_keywords_give_the_same_plan():
 def test_partition_leaves_launcher_names_to_the_forward():
     # input_ids is a launcher option and a forward argument of most language models: partition()
     # passes it to the forward
-    opts, rest = PartitionOptions().with_keywords({"input_ids": 1, "cuts": [2]}, False)
+    opts, rest = entry_options(PartitionOptions, None, {"input_ids": 1, "cuts": [2]}, keep=LAUNCHER_FIELDS)
     assert rest == {"input_ids": 1} and opts.cuts == [2]
-    opts, rest = PartitionOptions().with_keywords({"input_ids": (4, 12)}, False, launcher=True)
+    opts, rest = entry_options(PartitionOptions, None, {"input_ids": (4, 12)})
     assert rest == {} and opts.input_ids == (4, 12)
+
+
+def test_one_rule_builds_every_entry_points_options():
+    # partition() names its options with None meaning "not given" (its options' defaults are
+    # "flops", "1f1b", 1); the launcher starts from its own defaults (4 micro-batches, SGD)
+    from layerscope.torchrun import _launch_options
+    opts, _ = entry_options(PartitionOptions, None, {}, stages=2, by=None, schedule=None, microbatches=None)
+    assert (opts.stages, opts.by, opts.schedule, opts.microbatches) == (2, "flops", "1f1b", 1)
+    launch = _launch_options(None, {"stages": 2, "microbatches": None, "partition_options": {"microbatches": 8}})
+    assert (launch.stages, launch.microbatches, launch.optimizer) == (2, 8, "sgd")
+    with pytest.raises(ls.InputError, match=r"^stages given both as a keyword and in options=$"):
+        _launch_options(PartitionOptions(), {"stages": 2})
 
 
 def test_unknown_schedule_is_one_line():

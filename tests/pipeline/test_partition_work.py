@@ -12,7 +12,7 @@ import layerscope as ls
 # partition() looks memory() up in its own module, layerscope.api._partition
 api = importlib.import_module("layerscope.api._partition")
 from layerscope.examples import small_cnn, tiny_gpt
-from layerscope.pipeline import units as units_mod
+from layerscope.pipeline import unit_timing as units_mod
 from layerscope.pipeline.units import units_from_memory
 
 

@@ -1,6 +1,6 @@
 """Per-module latency, as pure functions of what the timed runs recorded (capture/timing.py runs
-and times the model; capture/repeats.py decides how often): statistics over repeats, one list of
-calls from several steps, and the report's rows and totals.
+and times the model; capture/repeats.py decides how often): statistics over repeats and the
+report's rows and totals.
 
 Forward: a module call's self time is its inclusive time minus its direct children's, per repeat,
 so self times add up to the root's inclusive time exactly in every repeat; backward likewise, from
@@ -11,21 +11,12 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any, Callable
 
-import torch
-from torch import nn
 
-# the timing loop and its records, where they have always been importable from
-from ..capture.repeats import (AUTO_MAX, AUTO_MIN, CALL_SHARE, TOL_CALL, TOL_TOTAL, WARMUP_MAX, WARMUP_MIN,
-                               half_width, median_interval, precision, time_steps, warm_count)
-from ..capture.timing import CallTimes, Recorder
-from ..capture.timing import Clock as _Clock  # noqa: F401  (its old name here: tests patch its stamp)
+from ..capture.timing import CallTimes
 from .roofline import Roofline
 
-__all__ = ["Timing", "timing", "CallTimes", "Recorder", "merge_steps", "time_calls", "median_interval", "half_width",
-           "precision", "warm_count", "LatencyLayer", "latency_layers", "latency_totals", "AUTO_MIN", "AUTO_MAX",
-           "TOL_TOTAL", "TOL_CALL", "CALL_SHARE", "WARMUP_MIN", "WARMUP_MAX"]
+__all__ = ["Timing", "timing", "LatencyLayer", "latency_layers", "latency_totals"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,63 +44,6 @@ def timing(values: list[float]) -> Timing:
         p25 = p75 = vals[0]
     return Timing(median=statistics.median(vals), p25=p25, p75=p75, min=vals[0], max=vals[-1])
 
-
-
-def merge_steps(steps: list[list[CallTimes]]) -> list[CallTimes]:
-    """One list of calls from several steps' (each with one entry per list): a call is known by its
-    path and call index; one missing from a step gets zero time there (its parent's self time
-    holds it). The result is in pre-order."""
-    merged: dict[tuple[str, int], CallTimes] = {}
-    order: list[tuple[str, int]] = []
-    for r, step in enumerate(steps):
-        for c in step:
-            m = merged.get(c.key)
-            if m is None:
-                m = merged[c.key] = CallTimes(c.path, c.type, c.depth, c.call_index, None, [],
-                                              [0.0] * r, [0.0] * r, [None] * r, [None] * r)
-                m.parent = step[c.parent].key if c.parent is not None else None   # a key until the end
-                order.append(c.key)
-            m.forward += c.forward
-            m.backward += c.backward
-            m.forward_span += c.forward_span
-            m.backward_span += c.backward_span
-        for m in merged.values():                 # absent from this step
-            if len(m.forward) == r:
-                m.forward.append(0.0)
-                m.backward.append(0.0)
-                m.forward_span.append(None)
-                m.backward_span.append(None)
-    kids: dict[Any, list[tuple[str, int]]] = {}
-    for k in order:
-        kids.setdefault(merged[k].parent, []).append(k)
-    out: list[CallTimes] = []
-
-    def visit(k, parent: int | None) -> None:
-        c = merged[k]
-        c.parent = parent
-        i = len(out)
-        out.append(c)
-        c.children = []
-        if parent is not None:
-            out[parent].children.append(i)
-        for kk in kids.get(k, []):
-            visit(kk, i)
-
-    for k in kids.get(None, []):
-        visit(k, None)
-    return out
-
-
-
-
-def time_calls(model: nn.Module, run: Callable[[], Any], loss_of: Callable[[Any], torch.Tensor] | None, *,
-               device: torch.device, warmup: int | str, repeats: int | str,
-               progress: Callable[[], None] | None = None, info: dict | None = None):
-    """capture.repeats.time_steps (see there), its steps merged into one list of calls (pre-order,
-    one entry per timed repeat): (calls, plain, hooked)."""
-    steps, plain, hooked = time_steps(model, run, loss_of, device=device, warmup=warmup, repeats=repeats,
-                                      progress=progress, info=info)
-    return merge_steps(steps), plain, hooked
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from ..capture import iter_tensors, model_device
 from ..capture.guard import exclusive, gc_paused
 from ..capture.prepare import check_model, example_inputs, is_fake_model, micro_batch
 from ..errors import InputError
-from ..options import PartitionOptions, forward_inputs
+from ..options import LAUNCHER_FIELDS, PartitionOptions, entry_options
 from ..pipeline.units import units_from_memory, with_latencies, with_work
 from ..render.views import Report, view
 from ._memory import memory
@@ -68,12 +68,12 @@ def partition(model_or_report, *args: Any, stages: int | None = None, by=None, s
     its inputs are given) counts the whole batch's inputs on the first stage; ``target_bytes`` the
     whole batch's targets on the last.
     """
-    opts, kwargs = (options or PartitionOptions()).with_keywords(
-        {"stages": stages, "by": by, "schedule": schedule, "microbatches": microbatches,
-         "memory_limit": memory_limit, "optimizer": optimizer, **kwargs}, options is not None)
-    kwargs = forward_inputs(kwargs, forward_kwargs)
+    opts, kwargs = entry_options(PartitionOptions, options, kwargs, forward_kwargs, keep=LAUNCHER_FIELDS,
+                                 stages=stages, by=by, schedule=schedule, microbatches=microbatches,
+                                 memory_limit=memory_limit, optimizer=optimizer)
     from ..render.views import MemoryReport
-    from ..pipeline.units import split_units, unit_latencies, unit_work_bytes
+    from ..pipeline.unit_timing import unit_latencies, unit_work_bytes
+    from ..pipeline.units import split_units
     from ..reports.plan_build import build_plan
 
     o = opts

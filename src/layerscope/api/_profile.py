@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..analyses.latency import AUTO_MAX, WARMUP_MAX, time_calls
+from ..capture.repeats import AUTO_MAX, WARMUP_MAX, time_calls
 from ..analyses.roofline import roofline_for
 from ..capture import StateGuard, model_device
 from ..capture.guard import exclusive, gc_paused

@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from ..errors import InputError
-from .timing import CallTimes, Clock, Recorder
+from .timing import CallTimes, Clock, Recorder, merge_steps
 
-__all__ = ["time_steps", "median_interval", "half_width", "precision", "warm_count", "AUTO_MIN", "AUTO_MAX",
+__all__ = ["time_steps", "time_calls", "median_interval", "half_width", "precision", "warm_count", "AUTO_MIN", "AUTO_MAX",
            "TOL_TOTAL", "TOL_CALL", "CALL_SHARE", "WARMUP_MIN", "WARMUP_MAX"]
 
 
@@ -211,3 +211,13 @@ def time_steps(model: nn.Module, run: Callable[[], Any], loss_of: Callable[[Any]
         if stopped != "fixed":
             info["worst"] = worst
     return steps, plain, hooked
+
+
+def time_calls(model: nn.Module, run: Callable[[], Any], loss_of: Callable[[Any], torch.Tensor] | None, *,
+               device: torch.device, warmup: int | str, repeats: int | str,
+               progress: Callable[[], None] | None = None, info: dict | None = None):
+    """``time_steps`` (see there), its steps merged into one list of calls (pre-order,
+    one entry per timed repeat): (calls, plain, hooked)."""
+    steps, plain, hooked = time_steps(model, run, loss_of, device=device, warmup=warmup, repeats=repeats,
+                                      progress=progress, info=info)
+    return merge_steps(steps), plain, hooked

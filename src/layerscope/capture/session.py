@@ -32,17 +32,14 @@ from ..errors import ForwardError, InputError, LayerscopeError, RegistryError
 from ..trace import BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER_UNKNOWN, Costs, OpEvent, Trace
 from .backward import SeqOwners
 from .inputs import SpecCache, iter_tensors
-from .records import build_trace, own_forward
+from .records import build_trace
 from .recorder import FAKE_SIZE_FIXES, OpRecorder
 from .rng import PrivateRNG
-from .state import (StateGuard, describe_inputs, empty_like_on, empty_state, grad_inputs, held_tensors,
-                    model_device, private_rng, set_mode, swapped_state)
-from .tracker import ModuleTracker, TrackedCall, module_type, tracked_modules
+from .state import (StateGuard, describe_inputs, empty_state, grad_inputs, held_tensors, model_device, set_mode,
+                    swapped_state)
+from .tracker import ModuleTracker, TrackedCall, module_type
 
-# what capture.session has always offered (formats/, step.py and users import these names from here)
-__all__ = ["Session", "OpRecorder", "StateGuard", "capture", "module_type", "tracked_modules", "build_trace", "swapped_state",
-           "empty_state", "empty_like_on", "run_forward", "run_backward", "model_device", "describe_inputs",
-           "private_rng", "grad_inputs", "held_tensors", "own_forward"]
+__all__ = ["Session", "capture", "run_forward", "run_backward"]
 
 _NO_COSTS = Costs()   # uncounted and free ops (a frozen record: one object serves them all)
 _Tensor = torch.Tensor

@@ -36,9 +36,11 @@ from ..errors import ForwardError, InputError, LayerscopeError
 from ..trace import BACKWARD, FORWARD, LOSS, OPTIMIZER, Trace
 from .inputs import iter_tensors, map_tensors
 from .rng import PrivateRNG
-from .session import (StateGuard, Session, OpRecorder, build_trace, empty_like_on, empty_state, run_backward,
-                      run_forward, swapped_state)
+from .recorder import OpRecorder
+from .records import build_trace
+from .session import Session, run_backward, run_forward
 from .simulation import SimulationKernels, SimulationLog, ValueReads, eager_paths
+from .state import StateGuard, empty_like_on, empty_state, swapped_state
 from .storage import BUFFER, GRAD, INPUT, OPT, OUTPUT, PARAM, StorageTracker
 
 __all__ = ["StepRun", "PassRecord", "run_steps", "default_loss", "fake_mode_for"]

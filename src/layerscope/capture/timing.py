@@ -22,7 +22,7 @@ from torch import nn
 
 from .tracker import ModuleTracker, TrackedCall, tracked_modules
 
-__all__ = ["CallTimes", "Clock", "Recorder"]
+__all__ = ["CallTimes", "Clock", "Recorder", "merge_steps"]
 
 
 @dataclass
@@ -181,3 +181,48 @@ class Recorder:
             o.backward.append(incl[i])
             o.backward_span.append(tuple(span[i]) if span[i] is not None else None)
         return out, sec(t0, t_end), marks, self.tracker.hook_seconds
+
+
+def merge_steps(steps: list[list[CallTimes]]) -> list[CallTimes]:
+    """One list of calls from several steps' (each with one entry per list): a call is known by its
+    path and call index; one missing from a step gets zero time there (its parent's self time
+    holds it). The result is in pre-order."""
+    merged: dict[tuple[str, int], CallTimes] = {}
+    order: list[tuple[str, int]] = []
+    for r, step in enumerate(steps):
+        for c in step:
+            m = merged.get(c.key)
+            if m is None:
+                m = merged[c.key] = CallTimes(c.path, c.type, c.depth, c.call_index, None, [],
+                                              [0.0] * r, [0.0] * r, [None] * r, [None] * r)
+                m.parent = step[c.parent].key if c.parent is not None else None   # a key until the end
+                order.append(c.key)
+            m.forward += c.forward
+            m.backward += c.backward
+            m.forward_span += c.forward_span
+            m.backward_span += c.backward_span
+        for m in merged.values():                 # absent from this step
+            if len(m.forward) == r:
+                m.forward.append(0.0)
+                m.backward.append(0.0)
+                m.forward_span.append(None)
+                m.backward_span.append(None)
+    kids: dict[Any, list[tuple[str, int]]] = {}
+    for k in order:
+        kids.setdefault(merged[k].parent, []).append(k)
+    out: list[CallTimes] = []
+
+    def visit(k, parent: int | None) -> None:
+        c = merged[k]
+        c.parent = parent
+        i = len(out)
+        out.append(c)
+        c.children = []
+        if parent is not None:
+            out[parent].children.append(i)
+        for kk in kids.get(k, []):
+            visit(kk, i)
+
+    for k in kids.get(None, []):
+        visit(k, None)
+    return out

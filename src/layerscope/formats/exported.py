@@ -165,7 +165,10 @@ def _kernel_of(node) -> tuple[int, ...] | None:
 
 def _run(graph, *, get_attr, placeholders: dict, state: list, root_name: str | None, fmt: str,
          device: str, user_inputs: Any, pick_output, options=None):
-    from ..capture.session import StateGuard, Session, OpRecorder, build_trace
+    from ..capture.recorder import OpRecorder
+    from ..capture.records import build_trace
+    from ..capture.session import Session
+    from ..capture.state import StateGuard
     from ..costs import CostOptions
 
     state_nodes = {n for n in graph.nodes if n.op == "placeholder" and n.name in placeholders
@@ -367,7 +370,7 @@ def exported_trace(src, args: tuple = (), kwargs: dict | None = None, *, device:
         placeholders[s.arg.name] = t
         state.append((s.target, t, kind))
     if on_meta:
-        from ..capture.session import empty_like_on
+        from ..capture.state import empty_like_on
         meta = {}
         for i, (fqn, t, kind) in enumerate(state):
             if isinstance(t, torch.Tensor):

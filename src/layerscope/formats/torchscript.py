@@ -75,7 +75,7 @@ def _module_path(hierarchy: str, children: dict[str, list[tuple[str, str, str]]]
 def _children(named: list[tuple[str, Any]]) -> dict[str, list[tuple[str, str, str]]]:
     """Per module path: (attribute name, type, path) of the modules a hierarchy frame can name next:
     its children, and the children of its children that are containers without a forward."""
-    from ..capture.session import own_forward
+    from ..capture.records import own_forward
     kids: dict[str, list[tuple[str, str, str]]] = {}
     types = {p: getattr(m, "original_name", type(m).__name__) for p, m in named}
     calls = {p: own_forward(m) for p, m in named}
@@ -247,7 +247,10 @@ class _Interpreter:
 
 def torchscript_trace(src, example_inputs: tuple, options=None):
     """Run a TorchScript module on ``example_inputs`` under the capture; returns the Trace."""
-    from ..capture.session import (Session, held_tensors, OpRecorder, build_trace, StateGuard)
+    from ..capture.recorder import OpRecorder
+    from ..capture.records import build_trace
+    from ..capture.session import Session
+    from ..capture.state import StateGuard, held_tensors
     from ..costs import CostOptions
 
     module = load_torchscript(src)

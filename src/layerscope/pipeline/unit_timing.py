@@ -13,6 +13,7 @@ from torch.nn.parameter import is_lazy
 
 from ..capture.inputs import map_tensors
 from ..capture.measure import profile_events
+from ..capture.repeats import time_calls
 from ..capture.state import StateGuard, model_device
 from ..capture.step import default_loss
 from ..capture.tracker import ModuleTracker, tracked_modules
@@ -82,12 +83,11 @@ def _hooked_steps(model: torch.nn.Module, units, args: tuple, kwargs: dict, fire
 def unit_latencies(model: torch.nn.Module, units, args: tuple, kwargs: dict,
                    repeats: int = 5, loss_fn=None) -> dict[str, tuple[float, float]]:
     """Median (forward, backward) seconds per unit over ``repeats`` training passes (after one
-    warm-up), from the profiler's per-call times (``analyses.latency.time_calls``): a unit's time is
+    warm-up), from the profiler's per-call times (``capture.repeats.time_calls``): a unit's time is
     the inclusive time of every call of its modules. Backward time is that of the autograd nodes
     each module's forward made, so a first unit's weight gradients count for it. The loss's own
     forward and backward (timed alone on the model's output) go to the last unit: they run on the
     last stage."""
-    from ..analyses.latency import time_calls
 
     def loss_of(out):
         for p in model.parameters():

@@ -24,10 +24,9 @@ from dataclasses import dataclass, field
 
 from ..trace import BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, Costs, Trace
 # measured on the device (api.py imports them from here)
-from .unit_timing import unit_latencies, unit_work_bytes
 
 __all__ = ["Unit", "Tie", "SplitUnits", "split_units", "units_from_memory", "with_work", "with_latencies",
-           "roofline_times", "unit_latencies", "unit_work_bytes"]
+           "roofline_times"]
 
 _FLOAT = ("float16", "bfloat16", "float32", "float64")
 

@@ -75,7 +75,7 @@ def _phase_line(t: dict, phase: str) -> tuple:
 
 def repeats_line(o: dict) -> str:
     """How many repeats and warm-up runs ran and why they stopped (``profile(repeats="auto")``)."""
-    from ..analyses.latency import AUTO_MAX, AUTO_MIN, CALL_SHARE, TOL_CALL, TOL_TOTAL
+    from ..capture.repeats import AUTO_MAX, AUTO_MIN, CALL_SHARE, TOL_CALL, TOL_TOTAL
 
     n = o["repeats"]
     if o.get("repeats_rule") == "auto":

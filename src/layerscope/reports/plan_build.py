@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import InputError
-from ..options import PartitionOptions
+from ..options import LAUNCHER_FIELDS, PartitionOptions, entry_options
 from ..pipeline.planner import plan_split
 from ..pipeline.results import PlanResult
 from ..pipeline.units import SplitUnits
@@ -26,7 +26,7 @@ def build_plan(units: SplitUnits, options: PartitionOptions | None = None, *, no
                **keywords) -> StagePlan:
     """Plan ``units`` (``options``, or its fields as keywords: ``stages``, ``by``, ``memory_limit``,
     ``schedule``, ``microbatches``, ...) and return the StagePlan."""
-    opts, unknown = (options or PartitionOptions()).with_keywords(keywords, options is not None)
+    opts, unknown = entry_options(PartitionOptions, options, keywords, keep=LAUNCHER_FIELDS)
     if unknown:
         raise InputError(f"build_plan() got unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}")
     return stage_plan(plan_split(units, opts, notes), recorded)

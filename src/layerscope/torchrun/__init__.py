@@ -27,7 +27,7 @@ import tempfile
 import torch
 
 from ..errors import InputError
-from ..options import PartitionOptions, schedule_of
+from ..options import PartitionOptions, entry_options, schedule_of
 from ..pipeline.partition import TIME_COSTS
 from ..pipeline.run import reference_run
 from .result import RunResult
@@ -64,7 +64,8 @@ def _launch_options(options: PartitionOptions | None, keywords: dict) -> Partiti
     both = sorted(set(more) & {k for k, v in keywords.items() if v is not None})
     if both:
         raise InputError(f"{', '.join(both)} given both as a keyword and in partition_options")
-    opts, unknown = (options or _LAUNCH).with_keywords({**more, **keywords}, options is not None, launcher=True)
+    opts, unknown = entry_options(PartitionOptions, options, {**more, **{k: v for k, v in keywords.items() if v is not None}},
+                                  base=_LAUNCH)
     if unknown:
         raise InputError(f"launch() got unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}")
     if opts.optimizer is None:                    # a run trains: SGD unless told
