@@ -155,6 +155,13 @@ CASES = [("GPT-2 shrunk + AdamW", gpt2), ("CNN + BatchNorm + SGD momentum", bn_c
                                                          conv_kernel=(10, 3), num_conv_pos_embeddings=16,
                                                          num_conv_pos_embedding_groups=4, vocab_size=32,
                                                          layerdrop=0.1)),
+         ("Wav2Vec2-CTC shrunk with labels (CTC loss) + AdamW",
+          _hf("Wav2Vec2ForCTC", "Wav2Vec2Config",
+              lambda: {"input_values": torch.randn(2, 4000),
+                       "labels": torch.tensor([[5, 9, 2, 7, 3, 11, 4, 8], [6, 1, 9, 3, -100, -100, -100, -100]])},
+              hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+              conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+              num_conv_pos_embedding_groups=4, vocab_size=32, layerdrop=0.0, mask_time_prob=0.0)),
          ("Mistral shrunk (GQA) + AdamW", _hf("MistralForCausalLM", "MistralConfig", _TXT, **_DEC)),
          ("Qwen2 shrunk (GQA) + AdamW", _hf("Qwen2ForCausalLM", "Qwen2Config", _TXT, **_DEC)),
          ("DistilBERT shrunk + SGD", _hf("DistilBertForMaskedLM", "DistilBertConfig", _TXT, torch.optim.SGD,
@@ -174,7 +181,8 @@ def _to_meta(model, args, kwargs):
         for name in names[1:]:
             owner, _, attr = name.rpartition(".")
             setattr(meta.get_submodule(owner), attr, meta.get_parameter(names[0]))
-    move = lambda t: t.to("meta")  # noqa: E731
+    # integer inputs (ids, labels) stay real: their values go along the simulation (capture/known.py)
+    move = lambda t: t.to("meta") if t.is_floating_point() else t  # noqa: E731
     return meta, ls.capture.map_tensors(args, move), ls.capture.map_tensors(kwargs, move)
 
 

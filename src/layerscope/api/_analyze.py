@@ -11,7 +11,8 @@ from torch import nn
 
 from ..capture import capture, model_device
 from ..capture.guard import exclusive, gc_paused
-from ..capture.inputs import make_inputs
+from ..capture.inputs import iter_tensors, make_inputs
+from ..capture.known import KnownIndexError, KnownValues
 from ..capture.prepare import check_model, prepare_inputs
 from ..costs import CostOptions, CostRegistry
 from ..errors import ForwardError, InputError
@@ -56,17 +57,26 @@ def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, device=N
     check_model(model)
     if isinstance(model, torch.jit.ScriptModule):
         return _analyze_script(model, args, kwargs, opts)
+    given = (args, kwargs)
     args, kwargs, on_meta = prepare_inputs(model, args, kwargs, opts.input_size, opts.dtypes, opts.batch_dim,
                                            opts.device)
+    known = None
+    if on_meta or model_device(model).type == "meta":
+        # the values of small integer inputs (ids, lengths, masks) go along (capture/known.py)
+        known = KnownValues()
+        known.seed_pairs(iter_tensors((args, kwargs)), iter_tensors(given))
     with gc_paused():
         try:
             trace, _ = capture(model, args, kwargs, mode=opts.mode, backward=opts.backward, on_meta=on_meta,
-                               options=CostOptions(causal=opts.causal, registry=opts.costs))
+                               options=CostOptions(causal=opts.causal, registry=opts.costs), known=known)
         except ForwardError as e:
-            if not (on_meta or model_device(model).type == "meta"):
+            if not (on_meta or model_device(model).type == "meta") or isinstance(e.__cause__, KnownIndexError):
                 raise
             raise _meta_hint(e) from e.__cause__
-        return Report(trace, model)
+        rep = Report(trace, model)
+        for note in known.notes() if known is not None else ():
+            rep = _noted(rep, note)
+        return rep
 
 
 def _check_costs(model, costs) -> None:

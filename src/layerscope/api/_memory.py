@@ -139,6 +139,8 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
                 measure_cpu(real, before, options["steps"])
         if run.log is not None:
             notes += run.log.notes()
+        if run.known is not None:
+            notes += run.known.notes()
         if tracker.untracked:
             notes.append(f"{tracker.untracked} tensors without a plain storage (sparse, nested) were "
                          "not tracked")

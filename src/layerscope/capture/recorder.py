@@ -9,6 +9,7 @@ import torch
 
 from .. import _compat
 from ..trace import FORWARD
+from .known import SHAPED_OPS
 
 __all__ = ["OpRecorder", "unknown_value", "FAKE_SIZE_FIXES"]
 
@@ -92,13 +93,18 @@ class OpRecorder:
                 out = func(*args, **kwargs)
             if not cap.paused:
                 cap.on_op(func, args, kwargs, out, seq)
+            known = cap.known
+            if known is not None:
+                known.after(func, args, kwargs, out)
             return out
         if kind == _PRIM_KIND:
             # prim.device / prim.layout: metadata queries that only tensor subclasses (fake tensors)
             # route through dispatch, thousands per step (autograd asks every gradient's device).
             # Not recorded (a fake run would differ from a real one), nothing to decide
             return func(*args, **kwargs)
-        if self.reads is not None and not self._nested:
+        known = self.cap.known
+        if self.reads is not None and not self._nested and not (
+                known is not None and func in (_LOCAL_SCALAR, _UNIQUE2) and known.has(args[0])):
             self.reads.note(func, args)
         if kind & _COMPOSITE_KIND and (torch.is_inference_mode_enabled() or
                                        any(isinstance(a, torch.Tensor) and a.is_inference() for a in args)):
@@ -118,7 +124,13 @@ class OpRecorder:
                 self._nested -= 1
         cap = self.cap
         seq = cap.next_seq() if cap.track_seq and cap.phase is FORWARD else 0
-        if func is _LOCAL_SCALAR and (cap.simulated and unknown_value(args[0]) or args[0].is_meta):
+        shaped = known.shaped(func, args, kwargs) if known is not None and func in _KNOWN_SHAPED else None
+        if shaped is not None:
+            # the values read are known (capture/known.py): the output at its real shape
+            out = shaped
+        elif func is _LOCAL_SCALAR and known is not None and known.has(args[0]):
+            out = known.item(args[0])
+        elif func is _LOCAL_SCALAR and (cap.simulated and unknown_value(args[0]) or args[0].is_meta):
             # A simulation or a meta run has no values: a value read back (.item(), bool(t)) reads
             # as 1, so data-dependent branches take their "nonzero" side.
             out = _one_of(args[0].dtype)
@@ -154,6 +166,8 @@ class OpRecorder:
         # a prim op that is also composite or special (none in torch today) is not recorded either
         if not cap.paused and not kind & _PRIM_KIND:
             cap.on_op(func, args, kwargs, out, seq)
+        if known is not None and shaped is None and func is not _LOCAL_SCALAR:
+            known.after(func, args, kwargs, out)
         return out
 
 
@@ -287,7 +301,9 @@ _UNIQUE2 = torch.ops.aten._unique2.default
 _NONZERO = torch.ops.aten.nonzero.default
 _BOOL_INDEXED = (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
                  torch.ops.aten._index_put_impl_.default)
-_SPECIAL_OPS = frozenset((_LOCAL_SCALAR, _REPEAT_INTERLEAVE, _UNIQUE2, _NONZERO) + _BOOL_INDEXED)
+# ops whose output shape depends on values: with the values known (capture/known.py), the real shape
+_KNOWN_SHAPED = SHAPED_OPS
+_SPECIAL_OPS = frozenset((_LOCAL_SCALAR, _REPEAT_INTERLEAVE, _UNIQUE2, _NONZERO) + _BOOL_INDEXED) | _KNOWN_SHAPED
 
 
 def _has_mask(indices) -> bool:

@@ -32,6 +32,7 @@ from ..errors import ForwardError, InputError, LayerscopeError, RegistryError
 from ..trace import BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER_UNKNOWN, Costs, OpEvent, Trace
 from .backward import SeqOwners
 from .inputs import SpecCache, iter_tensors
+from .known import KnownIndexError
 from .records import build_trace
 from .recorder import FAKE_SIZE_FIXES, OpRecorder
 from .rng import PrivateRNG
@@ -73,7 +74,7 @@ class Session:
     recorder's state (ops, dataflow, backward attribution, cost cache)."""
 
     def __init__(self, model: nn.Module, options: CostOptions, track_seq: bool, storage=None,
-                 simulated: bool = False, rng: PrivateRNG | None = None) -> None:
+                 simulated: bool = False, rng: PrivateRNG | None = None, known=None) -> None:
         tracker = self.tracker = ModuleTracker(new_call=self._new_call)
         tracker.register_user_hooks(post_fw=self._exited)
         # the tracker's own containers, not copies: the op recorder reads the open calls on every op
@@ -84,6 +85,7 @@ class Session:
         self.rng = rng if rng is not None else PrivateRNG()
         self.storage = storage      # a StorageTracker when memory is tracked
         self.simulated = simulated  # running on fake tensors
+        self.known = known          # a KnownValues where tensors have no values (capture/known.py)
         self.options = options
         self.track_seq = track_seq
         # the autograd sequence number of each forward op maps backward nodes to layers
@@ -211,7 +213,8 @@ class Session:
             status, costs = "free", _NO_COSTS
         else:
             try:
-                c = fn(OpCall(func, args, kwargs, out, self.options))
+                c = fn(OpCall(func, args, kwargs, out, self.options,
+                              self.known.values_list if self.known is not None else None))
             except Exception:  # a formula that cannot read these arguments: report, never crash
                 status, costs = "uncounted", _NO_COSTS
             else:
@@ -248,6 +251,8 @@ def _forward_error(cap: Session, err: BaseException, phase: str) -> ForwardError
     failed = [c for c in cap.calls if c.error is err]
     where = max(failed, key=lambda c: c.depth) if failed else None
     what = f"{type(err).__name__}: {err}"
+    if isinstance(err, KnownIndexError):     # seen in values carried beside meta/fake tensors
+        what = f"IndexError: {err} (the index values are known here: the real run fails too)"
     if where is None:
         return ForwardError(f"the model's {phase} failed outside any submodule: {what}")
     name = f"layer '{where.path}'" if where.path else "the model"
@@ -258,7 +263,7 @@ def _forward_error(cap: Session, err: BaseException, phase: str) -> ForwardError
 
 
 def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", backward: bool = False,
-            on_meta: bool = False, options: CostOptions | None = None) -> tuple[Trace, Any]:
+            on_meta: bool = False, options: CostOptions | None = None, known=None) -> tuple[Trace, Any]:
     """Run ``model(*args, **kwargs)`` once under the tracker and recorder; return (Trace, output).
 
     ``on_meta`` runs a real model with meta copies of its parameters and buffers swapped in, so nothing
@@ -274,7 +279,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     guard = StateGuard(model, modules, (args, kwargs), params=held[0])
     if backward:
         args, kwargs = grad_inputs(args, kwargs)
-    cap = Session(model, options, track_seq=backward)
+    cap = Session(model, options, track_seq=backward, known=known)
     cap.seed_producers((args, kwargs), held[0] + held[1])
     output = None
     try:

@@ -35,6 +35,7 @@ from ..costs import CostOptions
 from ..errors import ForwardError, InputError, LayerscopeError
 from ..trace import BACKWARD, FORWARD, LOSS, OPTIMIZER, Trace
 from .inputs import iter_tensors, map_tensors
+from .known import KnownIndexError, KnownValues
 from .rng import PrivateRNG
 from .recorder import OpRecorder
 from .records import build_trace
@@ -70,6 +71,8 @@ class StepRun:
     param_names: dict[int, str] = field(default_factory=dict)
     # what a simulation had to make up (random draws, values read back, kernel sizes): None when real
     log: SimulationLog | None = None
+    # a simulation's values known beside its fake tensors (capture/known.py): None when real
+    known: KnownValues | None = None
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -125,8 +128,12 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
         with fake_ctx, eager_paths(fake_mode) if simulate and own else contextlib.nullcontext():
             if simulate:
                 params, buffers = empty_state(model, device)
+                given = (args, kwargs)
                 args, kwargs = map_tensors((tuple(args), dict(kwargs)), lambda t: empty_like_on(t, device))
                 swap = {**params, **buffers}
+                # the values of small integer inputs (ids, labels, lengths, masks) go along
+                run.known = KnownValues()
+                run.known.seed_pairs(iter_tensors((args, kwargs)), iter_tensors(given))
             else:
                 params = dict(model.named_parameters())
                 buffers = dict(model.named_buffers())
@@ -157,7 +164,8 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
                   on_step=on_step)
     except ForwardError as e:
         # a failure after the simulation made values up (a label check read as True) names them
-        if run.log is None or run.log.real or not any(k != "random" for k, _, _ in run.log.events):
+        if run.log is None or run.log.real or not any(k != "random" for k, _, _ in run.log.events) or \
+                isinstance(e.__cause__, KnownIndexError):
             raise
         made_up = "; ".join(run.log.notes(skip=("random",))[:2])
         raise ForwardError(f"{e} -- this may come from a value the simulation had to invent: {made_up}",
@@ -202,7 +210,8 @@ def _loop(run: StepRun, model, named, call, swap, inputs, params, buffers, opt, 
             on_step(step, "begin")
         first_op = tracker.clock + 1 if tracker else 0
         for micro in range(accumulation):
-            cap = Session(model, options, track_seq=training, storage=tracker, simulated=simulate, rng=rng)
+            cap = Session(model, options, track_seq=training, storage=tracker, simulated=simulate, rng=rng,
+                          known=run.known)
             cap.seed_producers(inputs, state)
             offset = tracker.clock + 1 if tracker else 0
             if tracker:

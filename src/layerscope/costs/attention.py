@@ -30,9 +30,6 @@ the FP8 descales of the quantized variants are not counted (like matmul's alpha)
 
 from __future__ import annotations
 
-import torch
-
-from .. import _compat
 from ._util import prod, shape
 from .elementwise import SOFTMAX as SOFTMAX_FWD
 from .elementwise import SOFTMAX_BACKWARD as SOFTMAX_BWD
@@ -130,18 +127,20 @@ def _window_scores(sq: int, sk: int, *, offset: int, left: int, right: int) -> i
     return _clamped_sum(sq, sk, offset + right + 1) - _clamped_sum(sq, sk, offset - left)
 
 
-def _readable(t) -> bool:
-    return isinstance(t, torch.Tensor) and t.device.type != "meta" and not _compat.is_fake_tensor(t)
-
-
 class LengthsUnknown(ValueError):
     """Packed sequences whose lengths a meta or fake run cannot read: the op is reported uncounted."""
 
 
-def _lengths(cu, name: str) -> list[int]:
-    if not _readable(cu):
+def _values(c: OpCall, t, name: str) -> list[int]:
+    """``t``'s values: its own, or those known beside a meta/fake run (capture/known.py)."""
+    v = c.value_list(t)
+    if v is None:
         raise LengthsUnknown(f"{name} has no values in this run (meta/fake): sequence lengths unknown")
-    vals = [int(v) for v in cu.tolist()]
+    return [int(x) for x in v]
+
+
+def _lengths(c: OpCall, cu, name: str) -> list[int]:
+    vals = _values(c, cu, name)
     return [b - a for a, b in zip(vals, vals[1:])]
 
 
@@ -149,19 +148,13 @@ def _pairs(c: OpCall, q, k, cu_q, cu_k, used_k) -> list[tuple[int, int]]:
     """(Sq_b, Sk_b) of every sequence of the batch."""
     packed = cu_q is not None and cu_q.numel() > 0
     if packed:
-        lq, lk = _lengths(cu_q, "cu_seqlens_q"), _lengths(cu_k, "cu_seqlens_k")
+        lq, lk = _lengths(c, cu_q, "cu_seqlens_q"), _lengths(c, cu_k, "cu_seqlens_k")
     else:
         b = shape(q)[0]
         lq, lk = [shape(q)[1]] * b, [shape(k)[1]] * b
     if used_k is not None:                 # keys actually used per sequence (a KV cache's fill)
-        lk = _lengths_direct(used_k, "seqused_k")
+        lk = _values(c, used_k, "seqused_k")
     return list(zip(lq, lk))
-
-
-def _lengths_direct(t, name: str) -> list[int]:
-    if not _readable(t):
-        raise LengthsUnknown(f"{name} has no values in this run (meta/fake)")
-    return [int(v) for v in t.tolist()]
 
 
 def _window(x) -> int:

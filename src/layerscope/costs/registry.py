@@ -66,14 +66,27 @@ _ARG_POSITIONS: dict[Any, dict[str, int]] = {}   # per op: each argument name's 
 class OpCall:
     """What a cost function sees of one op call."""
 
-    __slots__ = ("func", "args", "kwargs", "out", "options")
+    __slots__ = ("func", "args", "kwargs", "out", "options", "values")
 
-    def __init__(self, func: Any, args: tuple, kwargs: dict, out: Any, options: CostOptions) -> None:
+    def __init__(self, func: Any, args: tuple, kwargs: dict, out: Any, options: CostOptions,
+                 values: Any = None) -> None:
         self.func = func
         self.args = args
         self.kwargs = kwargs
         self.out = out
         self.options = options
+        # where tensors have no values (meta, fake): tensor -> its values known beside the run as a
+        # list (capture/known.py), or None
+        self.values = values
+
+    def value_list(self, t: Any) -> list | None:
+        """``t``'s values as a (nested) list: its own where it holds values, else those known beside
+        a meta or fake run, else None."""
+        if not isinstance(t, torch.Tensor):
+            return None
+        if t.device.type != "meta" and getattr(t, "fake_mode", None) is None:
+            return t.tolist()
+        return self.values(t) if self.values is not None else None
 
     def arg(self, name: str, default: Any = None) -> Any:
         """An argument by its schema name, positional or keyword."""

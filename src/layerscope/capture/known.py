@@ -1,0 +1,458 @@
+"""Real values beside a run that has none: small tensors whose values are known.
+
+On meta and fake tensors nothing is computed, and a value read back used to be invented (read as
+1). Yet many small integer and boolean tensors of a forward come from what the run was given or
+from nothing at all: token ids, labels, lengths and masks passed in, ``arange`` positions, a
+``cu_seqlens`` built by ``cumsum``, the comparisons and reductions made of them. Their values are
+carried here, computed on the CPU beside the meta/fake tensors, so that
+
+* a value read back (``.item()``, ``bool(t)``, ``int(t)``) is the real one, and a data-dependent
+  branch takes the side the real run takes (transformers' all-ones attention-mask checks, CTC's
+  "label values must be <= vocab_size");
+* an op whose output shape depends on values (``nonzero``, boolean-mask indexing, ``masked_select``,
+  ``unique``, ``repeat_interleave``) gets the real shape;
+* the ops that check index bounds in real kernels (embedding, index_select, gather, scatter,
+  indexing) check them, so a forward that cannot run (position 1024 of a 1024-row table) fails as
+  the real one does instead of being priced.
+
+A value is known when every tensor the op reads is known (a real tensor is its own value), or the
+op makes it from sizes alone (``arange``, ``zeros``, ``ones``, ``full``, ``*_like`` of those), and
+the output has at most ``LIMIT`` elements. An op that writes into a known tensor from something
+unknown makes it (and every known view of the same values) unknown again. Values live only as long
+as their tensors (weak references), in one object per run: nothing process-wide.
+"""
+
+from __future__ import annotations
+
+import weakref
+import torch
+
+from .._compat import no_dispatch
+
+__all__ = ["KnownValues", "KnownIndexError", "LIMIT", "SHAPED_OPS"]
+
+LIMIT = 1 << 22            # elements of a value carried (a [1, 1, 2048, 2048] mask: 4,194,304)
+
+aten = torch.ops.aten
+_CPU = torch.device("cpu")
+_Tensor = torch.Tensor
+_ref = weakref.ref
+
+# made from sizes and constants alone
+_FACTORIES = frozenset(getattr(aten, n).default for n in ("zeros", "ones", "scalar_tensor")) | frozenset(
+    (aten.arange.default, aten.arange.start, aten.arange.start_step, aten.full.default, aten.eye.default,
+     aten.eye.m))
+# made from another tensor's size alone: the value they fill with
+_LIKE = {aten.zeros_like.default: lambda a: 0, aten.ones_like.default: lambda a: 1,
+         aten.full_like.default: lambda a: a[1], aten.new_zeros.default: lambda a: 0,
+         aten.new_ones.default: lambda a: 1, aten.new_full.default: lambda a: a[2]}
+_CHECKED = frozenset((aten.embedding.default, aten.index_select.default, aten.gather.default, aten.scatter.src,
+                      aten.scatter.value, aten.scatter_.src, aten.scatter_.value, aten.scatter_add.default,
+                      aten.scatter_add_.default, aten.index.Tensor))
+_FILL = frozenset((aten.fill_.Scalar, aten.zero_.default))
+_COPY = aten.copy_.default
+_LOCAL_SCALAR = aten._local_scalar_dense.default
+# outputs whose shape depends on the values read
+_SHAPED = frozenset((aten.nonzero.default, aten.masked_select.default, aten._unique2.default,
+                     aten.repeat_interleave.Tensor, aten.unique_consecutive.default, aten.unique_dim.default,
+                     aten.bincount.default, aten.argwhere.default))
+_INDEX = aten.index.Tensor
+_CTC = frozenset((aten._ctc_loss.default, aten._ctc_loss.Tensor))
+_TO_COPY = aten._to_copy.default
+# every op ``shaped`` may answer (the recorder routes them to it)
+SHAPED_OPS = _SHAPED | _CTC | frozenset((_INDEX, aten.index_put.default, aten.index_put_.default, _TO_COPY))
+_SEEDED = torch.Tag.nondeterministic_seeded
+_NEVER = frozenset((aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
+                    aten.new_empty.default, aten.new_empty_strided.default))
+
+
+class _Unknown(Exception):
+    """A tensor without known values (internal to KnownValues._reals)."""
+
+
+class KnownIndexError(IndexError):
+    """An index out of bounds, seen in values known beside a run without them: the real run fails
+    here too (with this message; CPU's gather and scatter raise it as a RuntimeError)."""
+
+
+# what ``after`` does for an op, decided once per op (keyed by id, holding the op: an OpOverload's
+# __hash__ is a Python method)
+_COMPUTE, _CHECK, _SKIP, _FILLING, _COPYING, _LIKE_KIND, _FACTORY, _ROUTE = range(8)
+# choices made from float values (an MoE router's top-k or argmax over its experts' scores): where
+# those values are unknown, the stated assumption is that the choices spread evenly
+_ROUTING = frozenset((aten.topk.default, aten.argmax.default, aten.max.dim))
+_INFO: dict = {}
+
+
+def _info(func) -> tuple[int, tuple[int, ...]]:
+    writes = tuple(i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
+    if func in _NEVER or _SEEDED in func.tags:        # a draw (its value is not known), an empty tensor
+        kind = _SKIP
+    elif func in _FILL:
+        kind = _FILLING
+    elif func is _COPY:
+        kind = _COPYING
+    elif func in _LIKE:
+        kind = _LIKE_KIND
+    elif func in _FACTORIES:
+        kind = _FACTORY
+    elif func in _CHECKED:
+        kind = _CHECK
+    elif func in _ROUTING:
+        kind = _ROUTE
+    else:
+        kind = _COMPUTE
+    _INFO[id(func)] = (func, (kind, writes))
+    return kind, writes
+
+
+def _small(t) -> bool:
+    return isinstance(t, _Tensor) and t.numel() <= LIMIT and t.layout is torch.strided
+
+
+def _cpu_kwargs(kwargs: dict) -> dict:
+    if "device" in kwargs:
+        kwargs = {**kwargs, "device": _CPU}
+    kwargs.pop("pin_memory", None)
+    return kwargs
+
+
+def _index_error(v: torch.Tensor, size: int, dim: int) -> "KnownIndexError | None":
+    if v.numel() == 0:
+        return None
+    lo, hi = int(v.min()), int(v.max())
+    bad = hi if hi >= size else lo if lo < -size else None
+    if bad is None:
+        return None
+    return KnownIndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
+
+
+class KnownValues:
+    """The known values of one run (see the module). ``value(t)``: the CPU tensor holding ``t``'s
+    values, or None."""
+
+    __slots__ = ("values", "reads", "assumed", "__weakref__")
+
+    def __init__(self) -> None:
+        self.values: dict[int, tuple] = {}      # id(tensor) -> (weak reference, CPU value)
+        self.reads = 0                           # values read back from here (.item() and the like)
+        self.assumed = 0                         # choices over unknown scores spread evenly (_spread)
+
+    # ---- the table -----------------------------------------------------------------------------
+    def put(self, t: torch.Tensor, value: torch.Tensor) -> None:
+        if _small(value) and tuple(value.shape) == tuple(t.shape):
+            self.values[id(t)] = (_ref(t), value)
+
+    def seed(self, t: torch.Tensor, real: torch.Tensor) -> None:
+        """``t`` (a meta or fake tensor) stands for ``real``: carry its values if it is a small
+        integer or boolean tensor on the CPU."""
+        if isinstance(real, _Tensor) and real.device.type == "cpu" and not real.is_floating_point() and \
+                not real.is_complex() and _small(real) and getattr(real, "fake_mode", None) is None:
+            with no_dispatch():     # a real copy, also inside a FakeTensorMode
+                self.put(t, real.detach().clone())
+
+    def seed_pairs(self, fakes, reals) -> None:
+        fakes, reals = list(fakes), list(reals)
+        if len(fakes) == len(reals):
+            for f, r in zip(fakes, reals):
+                if f is not r:
+                    self.seed(f, r)
+
+    def value(self, t) -> torch.Tensor | None:
+        e = self.values.get(id(t))
+        if e is not None:
+            if e[0]() is t:
+                return e[1]
+            del self.values[id(t)]
+        if type(t) is _Tensor and not t.is_meta and t.device.type == "cpu" and _small(t) and \
+                getattr(t, "fake_mode", None) is None:
+            with no_dispatch():        # a real tensor is its own value: a private copy (ops computed
+                return t.detach().clone()   # on values may write into it)
+        return None
+
+    def values_list(self, t) -> list | None:
+        """``t``'s values as a list (read outside any dispatch mode), or None."""
+        v = self.value(t)
+        if v is None:
+            return None
+        with no_dispatch():
+            return v.tolist()
+
+    def forget(self, t) -> None:
+        """``t`` was written from something unknown: it, and every known tensor sharing its values
+        (views of one CPU storage), are unknown now."""
+        e = self.values.pop(id(t), None)
+        if e is None:
+            return
+        st = e[1].untyped_storage()._cdata
+        for k in [k for k, (_, v) in self.values.items() if v.untyped_storage()._cdata == st]:
+            del self.values[k]
+
+    # ---- the recorder's calls --------------------------------------------------------------------
+    def item(self, t):
+        """The real value behind ``.item()`` of ``t``, or None."""
+        v = self.value(t)
+        if v is None or v.numel() != 1:
+            return None
+        self.reads += 1
+        with no_dispatch():      # a real read, also inside a FakeTensorMode
+            return v.item()
+
+    def check(self, func, args) -> None:
+        """Raise the real kernel's error where a known index is out of bounds."""
+        with no_dispatch():      # real reads, also inside a FakeTensorMode
+            self._check(func, args)
+
+    def _check(self, func, args) -> None:
+        if func is aten.embedding.default:
+            v = self.value(args[1])
+            if v is not None and v.numel() and (int(v.max()) >= args[0].shape[0] or int(v.min()) < 0):
+                raise KnownIndexError("index out of range in self")
+        elif func is aten.index_select.default:
+            v = self.value(args[2])
+            if v is not None:
+                dim = args[1] % max(args[0].dim(), 1)
+                err = _index_error(v, args[0].shape[dim] if args[0].dim() else 1, dim)
+                if err is not None or (v.numel() and int(v.min()) < 0):
+                    raise KnownIndexError(f"index out of range in self (index_select, dimension {dim} of size "
+                                     f"{args[0].shape[dim] if args[0].dim() else 1})")
+        elif func in (aten.gather.default, aten.scatter.src, aten.scatter.value, aten.scatter_.src,
+                      aten.scatter_.value, aten.scatter_add.default, aten.scatter_add_.default):
+            v = self.value(args[2])
+            if v is not None and args[0].dim():
+                dim = args[1] % args[0].dim()
+                size = args[0].shape[dim]
+                if v.numel() and (int(v.max()) >= size or int(v.min()) < 0):
+                    bad = int(v.max()) if int(v.max()) >= size else int(v.min())
+                    raise KnownIndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
+        elif func is _INDEX:
+            x, dim = args[0], 0
+            for i in args[1]:
+                if i is None:
+                    dim += 1
+                    continue
+                v = self.value(i)
+                if v is not None and not i.is_floating_point() and i.dtype not in (torch.bool, torch.uint8):
+                    err = _index_error(v, x.shape[dim], dim)
+                    if err is not None:
+                        raise err
+                dim += i.dim() if i.dtype in (torch.bool, torch.uint8) else 1
+
+    def shaped(self, func, args, kwargs):
+        """For an op whose output shape depends on values, the outputs at the real shape (meta or
+        fake tensors, their values known) when every tensor it reads is known; else None."""
+        if func not in _SHAPED and func not in _CTC and func is not _INDEX and func is not _TO_COPY and \
+                func not in (aten.index_put.default, aten.index_put_.default):
+            return None
+        if func in (_INDEX, aten.index_put.default, aten.index_put_.default):
+            return self._masked_index(func, args, kwargs)
+        if func in _CTC:
+            return self._ctc(args)
+        if func is _TO_COPY:
+            # a meta tensor with known values copied to the CPU (``.tolist()``, ``.cpu()``): the values
+            dev = kwargs.get("device")
+            v = self.value(args[0]) if args[0].is_meta and dev is not None and torch.device(dev).type == "cpu" \
+                else None
+            if v is None:
+                return None
+            with no_dispatch():
+                return v.to(dtype=kwargs.get("dtype") or v.dtype, copy=True)
+        reals = self._reals(args, kwargs)
+        if reals is None:
+            return None
+        with no_dispatch():
+            real = func(*reals[0], **_cpu_kwargs(dict(reals[1])))
+        like = args[0]
+        many = isinstance(real, (tuple, list))
+        outs = []
+        for r in (real if many else (real,)):
+            o = torch.empty_strided(tuple(r.shape), tuple(r.stride()), dtype=r.dtype, device=like.device)
+            self.put(o, r)
+            outs.append(o)
+        return tuple(outs) if many else outs[0]
+
+    def _ctc(self, args):
+        """CTC's forward on CPU: the loss per sequence [B] and log_alpha [B, T, 2 * max target length + 1]
+        (its fake kernel cannot size it without the target lengths' values)."""
+        log_probs, target_lengths = args[0], args[3]
+        lengths = self.values_list(target_lengths) if isinstance(target_lengths, _Tensor) else list(target_lengths)
+        if lengths is None:
+            return None
+        t, b = (log_probs.shape[0], log_probs.shape[1]) if log_probs.dim() == 3 else (log_probs.shape[0], 1)
+        longest = max(lengths, default=0)
+        like = dict(dtype=log_probs.dtype, device=log_probs.device)
+        return (torch.empty((b,) if log_probs.dim() == 3 else (), **like),
+                torch.empty((b, t, 2 * longest + 1) if log_probs.dim() == 3 else (t, 2 * longest + 1), **like))
+
+    def _masked_index(self, func, args, kwargs):
+        """Boolean masks among the indices, known: replaced by the positions they select (known too),
+        so the op runs with the real number of elements."""
+        indices = args[1]
+        if not any(isinstance(i, _Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices):
+            return None
+        new = []
+        for i in indices:
+            if isinstance(i, _Tensor) and i.dtype in (torch.bool, torch.uint8):
+                v = self.value(i)
+                if v is None:
+                    return None
+                with no_dispatch():
+                    where = v.nonzero(as_tuple=True)
+                for w in where:
+                    o = torch.empty(tuple(w.shape), dtype=torch.long, device=i.device)
+                    self.put(o, w)
+                    new.append(o)
+            else:
+                new.append(i)
+        return func(args[0], new, *args[2:], **kwargs)
+
+    def _reals(self, args, kwargs):
+        """``(args, kwargs)`` with every tensor replaced by its value; None if one is unknown. (No
+        closure here: a recursive one is a reference cycle, and a cycle holding a fake tensor keeps
+        its storage alive until the garbage collector runs, which a simulation pauses.)"""
+        try:
+            return (tuple(self._real(a) for a in args), {k: self._real(v) for k, v in kwargs.items()})
+        except _Unknown:
+            return None
+
+    def _real(self, a):
+        if isinstance(a, _Tensor):
+            v = self.value(a)
+            if v is None:
+                raise _Unknown
+            return v
+        if type(a) in (list, tuple):
+            return type(a)(self._real(x) for x in a)
+        return a
+
+    def after(self, func, args, kwargs, out) -> None:
+        """Carry the values of ``func``'s outputs (it ran on meta/fake tensors and gave ``out``), and
+        raise the real kernel's error where a known index is out of bounds (``check``)."""
+        e = _INFO.get(id(func))
+        info = e[1] if e is not None and e[0] is func else _info(func)
+        kind, writes = info
+        if kind == _CHECK:
+            self.check(func, args)
+            kind = _COMPUTE
+        if kind == _COMPUTE:
+            # the common op: an output too large to carry, or an input without values, ends it
+            if type(out) is _Tensor or type(out) is not tuple and isinstance(out, _Tensor):
+                if out.numel() > LIMIT:
+                    if writes:
+                        self._forget_written(args, writes)
+                    return
+            for a in args:
+                if isinstance(a, _Tensor) and self.value(a) is None:
+                    if writes:
+                        self._forget_written(args, writes)
+                    return
+            self._compute(func, args, kwargs, out, writes)
+        elif kind == _SKIP:
+            if writes:
+                self._forget_written(args, writes)
+        elif kind == _ROUTE:
+            if self.value(args[0]) is not None:
+                self._compute(func, args, kwargs, out, writes)
+            else:
+                self._spread(func, args, kwargs, out)
+        elif kind == _FILLING:
+            if _small(args[0]) and not isinstance(args[1] if len(args) > 1 else None, _Tensor):
+                with no_dispatch():
+                    fill = 0 if func is aten.zero_.default else args[1]
+                    self.put(args[0], torch.full(tuple(args[0].shape), fill, dtype=args[0].dtype))
+            else:
+                self.forget(args[0])
+        elif kind == _COPYING:
+            src = self.value(args[1])
+            if src is None or not _small(args[0]):
+                self.forget(args[0])
+            else:
+                with no_dispatch():
+                    self.put(args[0], src.to(args[0].dtype).expand(tuple(args[0].shape)).clone())
+        elif kind == _LIKE_KIND:
+            o = out
+            fill = _LIKE[func](args)
+            if isinstance(o, _Tensor) and _small(o) and not isinstance(fill, _Tensor):
+                with no_dispatch():
+                    self.put(o, torch.full(tuple(o.shape), fill, dtype=o.dtype))
+        elif kind == _FACTORY:
+            if isinstance(out, _Tensor) and _small(out):
+                with no_dispatch():
+                    real = func(*args, **_cpu_kwargs(dict(kwargs)))
+                self.put(out, real)
+
+    def _spread(self, func, args, kwargs, out) -> None:
+        """The indices of a choice over unknown scores (an MoE router), as the stated assumption: the
+        choices spread evenly. Element i of the batch (in row-major order over the other dims) picks
+        (i * k + j) mod n for its j-th of k choices among n, so every option is chosen equally often
+        (within one of each other) and no row picks one twice."""
+        x = args[0]
+        if x.dim() == 0:
+            return
+        if func is aten.topk.default:
+            k = args[1]
+            dim = (args[2] if len(args) > 2 else kwargs.get("dim", -1)) % x.dim()
+            idx = out[1]
+        else:
+            dim = args[1] if len(args) > 1 else kwargs.get("dim")
+            if dim is None:
+                return
+            dim, k = dim % x.dim(), 1
+            idx = out[1] if func is aten.max.dim else out
+        n = x.shape[dim]
+        if not _small(idx) or n == 0:
+            return
+        if idx.dim() != x.dim():           # argmax / max without keepdim: one choice per row
+            with no_dispatch():
+                self.put(idx, (torch.arange(idx.numel()) % n).reshape(tuple(idx.shape)).to(idx.dtype))
+            self.assumed += 1
+            return
+        with no_dispatch():
+            shape = list(idx.shape)
+            moved = shape[:dim] + shape[dim + 1:] + [shape[dim]]    # the choices last
+            rows = 1
+            for d in moved[:-1]:
+                rows *= d
+            picks = (torch.arange(rows).unsqueeze(1) * k + torch.arange(moved[-1]).unsqueeze(0)) % n
+            value = picks.reshape(moved).movedim(-1, dim).to(idx.dtype).contiguous()
+        self.put(idx, value)
+        self.assumed += 1
+
+    def _forget_written(self, args, writes) -> None:
+        for i in writes:
+            if i < len(args):
+                self.forget(args[i])
+
+    def _compute(self, func, args, kwargs, out, writes) -> None:
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        o0 = outs[0] if outs else None
+        if isinstance(o0, _Tensor) and not o0.is_meta and getattr(o0, "fake_mode", None) is None:
+            return                   # a real op on real tensors: its outputs are their own values
+        if not all(_small(o) or not isinstance(o, _Tensor) for o in outs):
+            self._forget_written(args, writes)
+            return
+        reals = self._reals(args, kwargs)
+        if reals is None:
+            self._forget_written(args, writes)
+            return
+        try:
+            with no_dispatch():
+                real = func(*reals[0], **_cpu_kwargs(dict(reals[1])))
+        except Exception:        # the real op refuses what the fake one took: leave it unknown
+            self._forget_written(args, writes)
+            return
+        reals_out = real if isinstance(real, (tuple, list)) else (real,)
+        for o, r in zip(outs, reals_out):
+            if isinstance(o, _Tensor) and isinstance(r, _Tensor):
+                self.put(o, r)
+
+    def notes(self) -> list[str]:
+        """What a report says of the values this run had to assume."""
+        if not self.assumed:
+            return []
+        return [f"{self.assumed} choice(s) made from scores without values (an MoE router's top-k or "
+                "argmax, on meta/fake tensors) were assumed to spread evenly over the options: every "
+                "expert gets the same number of tokens (within one), so none is over its capacity"]
+
+    def has(self, t) -> bool:
+        return self.value(t) is not None

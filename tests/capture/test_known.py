@@ -1,0 +1,175 @@
+"""Values known beside a run without them (issue 34, item 1; capture/known.py): small integer and
+boolean tensors that come from the inputs, or from sizes alone, keep their real values on meta and
+fake tensors. Each expected value is the CPU run's (the same model on real tensors) or derived by
+hand beside the assertion."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import layerscope as ls
+from layerscope.errors import ForwardError
+
+from ..helpers import assert_unchanged, snapshot
+
+A = torch.ops.aten
+
+
+class Positions(nn.Module):
+    """Token embeddings plus learned positions from ``arange``: 16 positions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(100, 8)
+        self.pos = nn.Embedding(16, 8)
+
+    def forward(self, ids):
+        return self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
+
+
+def test_positions_past_the_table_fail_on_meta_as_on_cpu():
+    m = Positions()
+    ok = torch.randint(0, 100, (1, 16))
+    # 16 positions fit: params 100*8 + 16*8 = 928
+    assert ls.analyze(m, ok, device="meta").totals.params == 928
+    long = torch.randint(0, 100, (1, 32))
+    with pytest.raises(IndexError, match="index out of range in self"):
+        m(long)                                              # the real run
+    before = snapshot(m)
+    with pytest.raises(ForwardError, match=r"layer 'pos' .*IndexError: index out of range in self"):
+        ls.analyze(m, long, device="meta")                   # positions 16..31 are past the table
+    with pytest.raises(ForwardError, match=r"IndexError: index out of range in self"):
+        ls.memory(m, long)                                   # the simulated step fails there too
+    assert_unchanged(before, m)
+
+
+def test_gpt2_on_meta_past_its_position_table_fails_like_cpu():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32)
+    m = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(0, 50, (1, 64))
+    with pytest.raises(IndexError):
+        m(ids)
+    with pytest.raises(ForwardError, match=r"transformer.wpe.*IndexError"):
+        ls.analyze(m, ids, device="meta")
+    fits = torch.randint(0, 50, (1, 32))
+    assert ls.analyze(m, fits, device="meta").totals.forward.macs == ls.analyze(m, fits).totals.forward.macs
+
+
+class Varlen(nn.Module):
+    """Flash attention over packed sequences whose boundaries come from the lengths given."""
+
+    def forward(self, q, lengths):
+        cu = nn.functional.pad(lengths.cumsum(0).to(torch.int32), (1, 0))
+        longest = int(lengths.max())
+        return A._flash_attention_forward(q, q, q, cu, cu, longest, longest, 0.0, False, False)[0]
+
+
+def test_varlen_attention_on_meta_counts_the_real_sequences():
+    q = torch.randn(20, 4, 8)                 # 5 + 15 tokens packed, H=4, D=8
+    rep = ls.analyze(Varlen(), q, torch.tensor([5, 15]), device="meta")
+    # Q.K^T: 4 heads * (5*5 + 15*15) * 8 = 8,000 MACs; P.V the same: 16,000
+    assert rep.totals.forward.macs == 16_000 and rep.coverage.complete
+    # lengths without values (meta tensors given): the lengths are unknown, the op is uncounted
+    rep = ls.analyze(Varlen(), q.to("meta"), torch.tensor([5, 15]).to("meta"))
+    assert not rep.coverage.complete
+
+
+class Branch(nn.Module):
+    """A data-dependent branch on the mask, as transformers' all-ones checks are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 32)
+
+    def forward(self, x, mask):
+        if bool((mask == 1).all()):
+            return self.a(x)
+        return self.b(x)
+
+
+def test_a_branch_on_a_known_mask_takes_the_real_side():
+    x = torch.randn(2, 8)
+    for mask, macs in ((torch.ones(2, 8, dtype=torch.long), 2 * 8 * 8),      # all ones: a, 128
+                       (torch.tensor([[1] * 8, [1] * 4 + [0] * 4]), 2 * 8 * 32)):  # padded: b, 512
+        assert ls.analyze(Branch(), x, mask).totals.forward.macs == macs
+        assert ls.analyze(Branch(), x, mask, device="meta").totals.forward.macs == macs
+    # a mask given on meta has no values: read as 1 (all ones), as before
+    assert ls.analyze(Branch().to("meta"), x.to("meta"), torch.zeros(2, 8, dtype=torch.long, device="meta")
+                      ).totals.forward.macs == 128
+
+
+class Overwritten(nn.Module):
+    """ids written from something unknown (a float comparison) are unknown again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+        self.score = nn.Linear(4, 1)
+
+    def forward(self, ids):
+        drop = self.score(self.emb(ids)).squeeze(-1) > 1e9      # from float weights: never true
+        ids = ids.clone()
+        ids.masked_fill_(drop, 99)                              # 99 would be out of range
+        ids.add_(0)
+        return self.emb(ids)
+
+
+def test_a_value_written_from_the_unknown_is_forgotten_not_guessed():
+    ids = torch.randint(0, 10, (2, 3))
+    real = ls.analyze(Overwritten(), ids)
+    meta = ls.analyze(Overwritten(), ids, device="meta")      # no false "out of range"
+    assert meta.totals.forward.macs == real.totals.forward.macs
+
+
+def test_unique_and_boolean_indexing_take_the_real_sizes_on_meta():
+    class Select(nn.Module):
+        def forward(self, x, ids):
+            keep = ids > 2
+            return x[keep], torch.unique(ids)
+    x, ids = torch.randn(2, 4), torch.tensor([[1, 3, 5, 3], [0, 4, 2, 9]])
+    rep = ls.analyze(Select(), x, ids, device="meta")
+    # ids > 2: 3, 5, 3, 4, 9 -> 5 elements selected; unique of {0, 1, 2, 3, 4, 5, 9}: 7 values
+    assert [tuple(s.shape) for s in rep.layers[0].outputs] == [(5,), (7,)]
+
+
+def test_draws_are_not_computed_and_the_rng_is_left_alone():
+    class Draw(nn.Module):
+        def forward(self, ids):
+            return (torch.rand(ids.shape, device=ids.device) < 0.5) & (ids > 0)
+    torch.manual_seed(0)
+    emb = nn.Sequential(nn.Embedding(4, 2))
+    state = torch.get_rng_state()
+    ls.analyze(Draw(), torch.ones(2, 3, dtype=torch.long), device="meta")
+    ls.memory(emb, torch.ones(2, 3, dtype=torch.long))
+    assert torch.equal(state, torch.get_rng_state())
+
+
+class Router(nn.Module):
+    """A top-2 router over 4 experts, each expert run on the tokens routed to it (JetMoe, Mixtral)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(8, 4)
+        self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x):
+        _, choice = self.gate(x).topk(2, dim=-1)              # [T, 2]: from float weights
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            rows = (choice == e).any(-1).nonzero().squeeze(-1)
+            out = out.index_add(0, rows, expert(x[rows]))
+        return out
+
+
+def test_a_router_over_unknown_scores_spreads_tokens_evenly_and_says_so():
+    x = torch.randn(6, 8)
+    rep = ls.analyze(Router(), x, device="meta")
+    # the assumption: token i picks experts (2i, 2i + 1) mod 4, so each expert gets 6 * 2 / 4 = 3
+    # tokens: experts 4 * 3 * 8 * 8 = 768 MACs, the gate 6 * 8 * 4 = 192: 960
+    assert rep.totals.forward.macs == 960
+    assert any("spread evenly" in n for n in rep.notes)
+    # on CPU the real choices: the experts together still see 6 * 2 = 12 token rows: 960 as well
+    assert ls.analyze(Router(), x).totals.forward.macs == 960
