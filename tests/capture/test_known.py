@@ -173,3 +173,31 @@ def test_a_router_over_unknown_scores_spreads_tokens_evenly_and_says_so():
     assert any("spread evenly" in n for n in rep.notes)
     # on CPU the real choices: the experts together still see 6 * 2 = 12 token rows: 960 as well
     assert ls.analyze(Router(), x).totals.forward.macs == 960
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_transformers_mask_checks_take_the_real_side_on_meta(padded):
+    # transformers skips the mask when it is all ones (SDPA's is_causal) and builds one when a row is
+    # padded: on meta the mask's values go along, so the ops and their counts are the CPU run's
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                   num_key_value_heads=2, vocab_size=64, use_cache=False)
+    torch.manual_seed(0)
+    m = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    if padded:
+        mask[1, :3] = 0
+    cpu = ls.analyze(m, input_ids=ids, attention_mask=mask)
+    meta = ls.analyze(m, input_ids=ids, attention_mask=mask, device="meta")
+    # the mask's own ops (its checks, and the mask built where a row is padded) are the CPU run's;
+    # attention itself is SDPA's CPU flash kernel on CPU and its math decomposition on meta
+    mask_ops = {"aten.eq", "aten.ne", "aten.lt", "aten.le", "aten.gt", "aten.ge", "aten.all", "aten.any",
+                "aten.bitwise_and", "aten.bitwise_or", "aten.logical_and", "aten.logical_or", "aten.where",
+                "aten.masked_fill", "aten.index"}
+    # the checks and the mask transformers builds run in the decoder ('model'), outside attention
+    # (whose math decomposition on meta builds its own causal mask)
+    seq = lambda rep: [o.op for o in rep.trace.ops if o.op in mask_ops and o.layer is not None  # noqa: E731
+                       and rep.layers[o.layer].path == "model"]
+    assert seq(meta) == seq(cpu) and (len(seq(cpu)) > 1) == padded     # all ones: the check alone
+    assert meta.totals.forward.macs == cpu.totals.forward.macs
