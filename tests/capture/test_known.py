@@ -201,3 +201,35 @@ def test_transformers_mask_checks_take_the_real_side_on_meta(padded):
                        and rep.layers[o.layer].path == "model"]
     assert seq(meta) == seq(cpu) and (len(seq(cpu)) > 1) == padded     # all ones: the check alone
     assert meta.totals.forward.macs == cpu.totals.forward.macs
+
+
+class Durations(nn.Module):
+    """FastSpeech2's length regulator: each token repeated by a duration the model predicts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.predict = nn.Linear(8, 1)
+
+    def forward(self, x):                                      # x [T, 8]
+        d = self.predict(x).squeeze(-1).exp().round().long()    # from float weights: unknown on meta
+        out = torch.zeros(int(d.sum()), 8, device=x.device)
+        rep = torch.repeat_interleave(x, d, dim=0)
+        out[: rep.shape[0]] = rep
+        return out
+
+
+def test_durations_from_unknown_floats_read_as_ones_consistently():
+    # every duration 1 (the rule for values without one): the sum is 4, repeat_interleave keeps 4
+    # rows, so the sizes agree (before: the sum read as 1 against 4 repeated rows, a shape error)
+    rep = ls.analyze(Durations(), torch.randn(4, 8), device="meta")
+    assert tuple(rep.layers[0].outputs[0].shape) == (4, 8)
+    assert any("read as all ones" in n for n in rep.notes)
+
+
+def test_a_cpu_scalar_tensor_beside_meta_ones_is_a_scalar():
+    class Fill(nn.Module):           # SEW-D's XSoftmax: masked_fill with torch.tensor(min) on any device
+        def forward(self, x):
+            return x.masked_fill(x > 0, torch.tensor(torch.finfo(x.dtype).min))
+    x = torch.randn(2, 3)
+    # masked_fill: 6 elements, one FLOP each by its formula; the same on meta as on CPU
+    assert ls.analyze(Fill(), x, device="meta").totals.forward == ls.analyze(Fill(), x).totals.forward

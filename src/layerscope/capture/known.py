@@ -131,12 +131,13 @@ class KnownValues:
     """The known values of one run (see the module). ``value(t)``: the CPU tensor holding ``t``'s
     values, or None."""
 
-    __slots__ = ("values", "reads", "assumed", "__weakref__")
+    __slots__ = ("values", "reads", "assumed", "cast_ones", "__weakref__")
 
     def __init__(self) -> None:
         self.values: dict[int, tuple] = {}      # id(tensor) -> (weak reference, CPU value)
         self.reads = 0                           # values read back from here (.item() and the like)
         self.assumed = 0                         # choices over unknown scores spread evenly (_spread)
+        self.cast_ones = 0                       # integer tensors cast from unknown floats: all ones
 
     # ---- the table -----------------------------------------------------------------------------
     def put(self, t: torch.Tensor, value: torch.Tensor) -> None:
@@ -345,6 +346,13 @@ class KnownValues:
                 if isinstance(a, _Tensor) and self.value(a) is None:
                     if writes:
                         self._forget_written(args, writes)
+                    elif func is _TO_COPY and a.is_floating_point() and isinstance(out, _Tensor) and \
+                            _small(out) and not out.is_floating_point() and out.dtype is not torch.bool:
+                        # integers made from floats without values (durations, counts a model
+                        # predicts): all ones, as every other value without one reads
+                        with no_dispatch():
+                            self.put(out, torch.ones(tuple(out.shape), dtype=out.dtype))
+                        self.cast_ones += 1
                     return
             self._compute(func, args, kwargs, out, writes)
         elif kind == _SKIP:
@@ -448,11 +456,15 @@ class KnownValues:
 
     def notes(self) -> list[str]:
         """What a report says of the values this run had to assume."""
-        if not self.assumed:
-            return []
-        return [f"{self.assumed} choice(s) made from scores without values (an MoE router's top-k or "
-                "argmax, on meta/fake tensors) were assumed to spread evenly over the options: every "
-                "expert gets the same number of tokens (within one), so none is over its capacity"]
+        out = []
+        if self.assumed:
+            out.append(f"{self.assumed} choice(s) made from scores without values (an MoE router's top-k or "
+                       "argmax, on meta/fake tensors) were assumed to spread evenly over the options: every "
+                       "expert gets the same number of tokens (within one), so none is over its capacity")
+        if self.cast_ones:
+            out.append(f"{self.cast_ones} integer tensor(s) cast from floats without values (durations or "
+                       "counts the model predicts, on meta/fake tensors) were read as all ones")
+        return out
 
     def has(self, t) -> bool:
         return self.value(t) is not None

@@ -55,7 +55,7 @@ class OpRecorder:
         outs = self._meta_outs
         key = _meta_key(func, args, kwargs)
         if key is None:
-            return func(*args, **kwargs)
+            return _meta_run(func, args, kwargs)
         spec = outs.get(key, _MISSING)
         if spec is _MISSING:
             out = func(*args, **kwargs)
@@ -181,6 +181,22 @@ _META_OK: dict = {}    # id(func) -> (func, whether its outputs are new tensors)
 # equal as dict keys, but type promotion tells them apart)
 _VALUE_TYPES = frozenset((int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format,
                           torch.layout))
+
+
+def _meta_run(func, args, kwargs):
+    """``func(*args, **kwargs)`` on meta tensors. A 0-dim CPU tensor beside them is a scalar to real
+    kernels (``x.masked_fill(mask, torch.tensor(-inf))`` runs on CUDA), which some meta kernels refuse
+    ("Expected `value` to be on same device"): there it is given as a meta 0-dim tensor."""
+    try:
+        return func(*args, **kwargs)
+    except RuntimeError as e:
+        if "device" not in str(e):
+            raise
+        moved = tuple(torch.empty((), dtype=a.dtype, device=_META) if type(a) in _PLAIN_TENSORS and a.dim() == 0
+                      and a.device.type == "cpu" else a for a in args)
+        if all(m is a for m, a in zip(moved, args)):
+            raise
+        return func(*moved, **kwargs)
 
 
 def _meta_ok(func) -> bool:
