@@ -51,6 +51,17 @@ def test_hf_config_on_meta(capsys):
     assert "GPT2LMHeadModel" in out
 
 
+def test_hf_model_past_its_positions_on_meta_fails_like_cpu(capsys):
+    # GPT2Config's n_positions is 1,024: position ids 1,024 .. 2,047 (from arange, known on meta)
+    # are past the table, as the CPU run finds (issue 34)
+    pytest.importorskip("transformers")
+    assert run("summary", "hf:GPT2Config", "--set", "n_layer=1", "--set", "n_embd=32", "--set", "n_head=2",
+               "--input-ids", "1,2048",
+               "--device", "meta") == 1
+    err = capsys.readouterr().err
+    assert "layer 'wpe'" in err and "IndexError: index out of range" in err and len(err.splitlines()) == 1
+
+
 @pytest.mark.parametrize("argv, message", [
     (("summary", "no_such_module:thing"), "cannot import"),
     (("summary", "hf:NoSuchConfig"), "neither a preset"),
