@@ -78,6 +78,10 @@ def fmt(unit: str, value: Any, chart: bool = False) -> str:
         return f"{value * 1e3:.1f} ms"
     if unit == "change":                      # a relative error, its sign always shown
         return f"{100 * value:+.1f}%"
+    if unit == "ratio3":                      # a ratio that is close to 1 (a plan's imbalance)
+        return f"{value:.3f}"
+    if unit == "percent1":                    # a share to a tenth of a percent (a pipeline's bubble)
+        return f"{100 * value:.1f}%"
     return str(value)
 
 

@@ -123,12 +123,12 @@ def plan_footer(plan: "StagePlan") -> tuple[Fact, ...]:
     lines = [Fact("Split", f"{len(plan.units)} units into {plan.num_stages} stages by {plan.by_name}: "
                            f"{_AIM[plan.objective]}"),
              Fact("Bottleneck", ((plan.bottleneck, unit),) + (
-                 (" (lower bound total/K ", (plan.lower_bound, unit), f", ratio {plan.imbalance:.3f})")
+                 (" (lower bound total/K ", (plan.lower_bound, unit), ", ratio ", (plan.imbalance, "ratio3"), ")")
                  if plan.imbalance else ()))]
     t = plan.timeline
     if t is not None:
         lines.append(Fact("Step time", ((t.step_time, "seconds"), " predicted (pipeline ",
-                                        (t.pipeline_time, "seconds"), f", bubble {100 * t.bubble:.1f}%)")))
+                                        (t.pipeline_time, "seconds"), ", bubble ", (t.bubble, "percent1"), ")")))
     if plan.split_points:
         lines.append(Fact("Split points", ", ".join(plan.split_points)))
     if plan.rank_bytes:

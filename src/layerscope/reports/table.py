@@ -18,9 +18,9 @@ __all__ = ["Unit", "Column", "Row", "Table", "Fact", "select_columns", "tree_tab
 # count: SI (K M G T P E); params: thousands separators in tables, SI in charts; bytes: IEC;
 # seconds: s / ms / us; rate: SI per second; percent: a fraction shown as %; ratio: a plain number;
 # shape: a tuple of shapes; text: shown as it is; milliseconds: a measured time to 0.1 ms; change: a
-# relative difference as a signed %
+# relative difference as a signed %; ratio3: a ratio to three decimals; percent1: a share to 0.1%
 Unit = Literal["count", "params", "bytes", "seconds", "rate", "percent", "ratio", "shape", "text", "index",
-               "milliseconds", "change"]
+               "milliseconds", "change", "ratio3", "percent1"]
 
 
 # What a report kind's JSON holds besides its table, read from its record (render.json builds every
