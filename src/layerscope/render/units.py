@@ -9,7 +9,7 @@ from typing import Any
 # bytes are parsed and written in options (the base layer: a planner's error message states sizes too)
 from ..options import iec, parse_bytes
 
-__all__ = ["si", "iec", "seconds", "params", "shapes", "fmt", "parse_bytes", "megabytes", "torchinfo_number",
+__all__ = ["si", "iec", "seconds", "params", "percent", "decimals", "shapes", "fmt", "parse_bytes", "megabytes", "torchinfo_number",
            "deepspeed_number", "torchscan_scale"]
 
 _SI = (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3))
@@ -38,6 +38,16 @@ def seconds(s: float | None) -> str:
 def params(n: int | None) -> str:
     """A parameter count in a table: every digit, with thousands separators (124,439,808)."""
     return "--" if n is None else f"{int(n):,}"
+
+
+def percent(v: float | None, digits: int = 2) -> str:
+    """A fraction as a percentage: ``0.175`` is ``17.50%`` (a pipeline's bubble: ``digits=1``)."""
+    return "--" if v is None else f"{100 * v:.{digits}f}%"
+
+
+def decimals(v: float | None, digits: int) -> str:
+    """A plain number to ``digits`` decimals (a plan's imbalance: ``1.163``)."""
+    return "--" if v is None else f"{v:.{digits}f}"
 
 
 def shapes(value) -> str:
@@ -69,7 +79,7 @@ def fmt(unit: str, value: Any, chart: bool = False) -> str:
     if unit == "seconds":
         return seconds(value)
     if unit == "percent":
-        return f"{100 * value:.2f}%"
+        return percent(value)
     if unit == "ratio":
         return _ratio(value)
     if unit == "shape":

@@ -6,7 +6,9 @@ the layer tree shows the same cells as the terminal, formatted by ``render.units
 ``render.fold`` (``layers.0-79: LlamaDecoderLayer x80 (each)``), and the charts group the copies of
 one role (``model.layers.*.mlp.down_proj x80``) instead of ranking hundreds of identical leaves. The
 memory timeline is cut to at most ``MAX_POINTS`` points, keeping each bucket's highest point so the
-peak survives. Inline JavaScript draws the charts into SVG.
+peak survives. Inline JavaScript draws the charts into SVG; every text it shows with a number in it
+(the cards, axis labels, sentences) is written here, by ``render.units`` (``texts``), never by the
+script. ``PAGE_SCHEMA`` versions the embedded data (docs/html.md).
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ from ..fold import roles
 from ..json import report_json
 from ..layout import grid
 from ..units import fmt
+from .texts import cards, coverage_texts, memory_axis, memory_sentence, plan_texts, rest_note
 
-__all__ = ["html_page", "page_data", "MAX_POINTS", "TOP"]
+__all__ = ["html_page", "page_data", "MAX_POINTS", "TOP", "PAGE_SCHEMA"]
+
+PAGE_SCHEMA = 2          # 2: the shown texts come built (cards, axis, sentences); the script formats no number
 
 MAX_POINTS = 1500        # memory timeline points kept
 TOP = 20                 # bars per chart
@@ -117,11 +122,15 @@ def _roles(layers: list[dict], value, unit: str, top: int = TOP) -> dict:
         g[1] += 1
     items = sorted(((k or "(root)", v, n) for k, (v, n) in groups.items()), key=lambda x: -x[1])
     shown, rest = items[:top], items[top:]
+    left = None
+    if rest:
+        left = {"roles": len(rest), "layers": sum(n for _, _, n in rest),
+                "text": fmt(unit, sum(v for _, v, _ in rest), chart=True)}
+        left["note"] = rest_note(left["roles"], left["layers"], left["text"])
     return {"unit": unit,
             "bars": [{"label": k + (f" x{n}" if n > 1 else ""), "value": v, "text": fmt(unit, v, chart=True)}
                      for k, v, n in shown],
-            "rest": None if not rest else {"roles": len(rest), "layers": sum(n for _, _, n in rest),
-                                           "text": fmt(unit, sum(v for _, v, _ in rest), chart=True)}}
+            "rest": left}
 
 
 def _context(parts: list[dict]) -> list[list[str]]:
@@ -149,9 +158,10 @@ def _as_dict(x) -> dict | None:
 def page_data(summary=None, memory=None, latency=None, plan=None) -> dict[str, Any]:
     """What the page embeds, from the reports (objects, their ``to_dict()`` or their saved JSON)."""
     summary, memory, latency, plan = (_as_dict(x) for x in (summary, memory, latency, plan))
-    data: dict[str, Any] = {}
+    data: dict[str, Any] = {"page_schema": PAGE_SCHEMA}
     present = [d for d in (summary, memory, latency, plan) if d is not None]
     data["context"] = _context(present)
+    data["cards"] = cards(summary, memory, latency, plan)
     tree_parts = []
     if summary is not None:
         tree_parts.append(("summary", summary, [c["key"] for c in summary.get("columns", []) if c.get("default")]))
@@ -166,14 +176,18 @@ def page_data(summary=None, memory=None, latency=None, plan=None) -> dict[str, A
     charts = []
     if summary is not None:
         t = summary["totals"]
-        data["summary"] = {"model": summary["model"], "totals": t, "coverage": summary["coverage"]}
+        data["summary"] = {"model": summary["model"], "totals": t, "coverage": summary["coverage"],
+                           "coverage_text": coverage_texts(summary["coverage"])}
         charts.append(["Forward MACs per layer role (leaf modules, summed over repeated blocks)",
                        _roles(summary["layers"], lambda r: _values(r).get("self_macs"), "count")])
         charts.append(["Parameters per layer role (each counted once)",
                        _roles(summary["layers"], lambda r: _values(r).get("own_params"), "params")])
     if memory is not None:
         data["memory"] = {k: memory[k] for k in ("model", "peak_bytes", "breakdown", "totals", "steps", "notes")}
-        data["memory"]["timeline"] = _slim_timeline(memory.get("timeline"))
+        tl = data["memory"]["timeline"] = _slim_timeline(memory.get("timeline"))
+        if tl:
+            data["memory"]["axis"] = memory_axis(tl)
+            data["memory"]["sentence"] = memory_sentence(memory, tl)
         own = ("saved_bytes", "param_bytes", "grad_bytes", "optimizer_bytes")
         charts.append(["Memory per layer role: saved activations, params, grads, optimizer state",
                        _roles(memory["layers"], lambda r: sum(r.get(k) or 0 for k in own), "bytes")])
@@ -191,11 +205,7 @@ def page_data(summary=None, memory=None, latency=None, plan=None) -> dict[str, A
         data["plan"] = {k: plan.get(k) for k in ("model", "by", "objective", "schedule", "microbatches", "bottleneck",
                                                  "lower_bound", "imbalance", "split_points", "notes", "step_time",
                                                  "bubble", "timeline")}
-        if plan.get("timeline"):
-            t = plan["timeline"]
-            data["plan"]["timeline_text"] = {"step": fmt("seconds", t["step_time"]),
-                                             "pipeline": fmt("seconds", t["pipeline_time"]),
-                                             "busy": [fmt("seconds", b) for b in t["busy"]]}
+        data["plan"].update(plan_texts(plan))
         data["plan"]["stages"] = [{k: v for k, v in st.items() if k not in ("values", "shown")} for st in plan["stages"]]
         unit = {"memory": "bytes", "latency": "seconds", "roofline": "seconds"}.get(plan["by"], "count")
         data["plan"]["bars"] = [
@@ -203,7 +213,7 @@ def page_data(summary=None, memory=None, latency=None, plan=None) -> dict[str, A
                 f" .. {st['last_unit']}" if st["last_unit"] != st["first_unit"] else ""),
              "value": st["cost"], "text": fmt(unit, st["cost"], chart=True),
              "memory_bytes": st["memory_total"], "memory_text": fmt("bytes", st["memory_total"]),
-             "params_text": fmt("params", st["params"]), "units": st["units"],
+             "params_text": fmt("params", st["params"]), "units": st["units"], "units_text": str(st["units"]),
              "limit_text": fmt("bytes", st["limit_bytes"]) if st.get("limit_bytes") else "--"}
             for st in plan["stages"]]
     if not present:
