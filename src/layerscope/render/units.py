@@ -89,9 +89,9 @@ def fmt(unit: str, value: Any, chart: bool = False) -> str:
     if unit == "change":                      # a relative error, its sign always shown
         return f"{100 * value:+.1f}%"
     if unit == "ratio3":                      # a ratio that is close to 1 (a plan's imbalance)
-        return f"{value:.3f}"
+        return decimals(value, 3)
     if unit == "percent1":                    # a share to a tenth of a percent (a pipeline's bubble)
-        return f"{100 * value:.1f}%"
+        return percent(value, 1)
     return str(value)
 
 
