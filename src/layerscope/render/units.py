@@ -10,7 +10,7 @@ from typing import Any
 from ..options import iec, parse_bytes
 
 __all__ = ["si", "iec", "seconds", "params", "shapes", "fmt", "parse_bytes", "megabytes", "torchinfo_number",
-           "deepspeed_number", "torchscan_scale"]
+           "deepspeed_number", "torchscan_scale", "fixed", "digits", "torchscan_amount", "modelsummary_mult_adds"]
 
 _SI = (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3))
 
@@ -88,6 +88,17 @@ def megabytes(n: int | float | None, base: float = 1e6) -> str:
     return "n/a" if n is None else f"{n / base:0.2f}"
 
 
+def fixed(value: float, digits: int = 2) -> str:
+    """A plain decimal with ``digits`` after the point ("0.02", "3"): torchscan's Mb and receptive
+    fields, torchModelSummary's MB columns."""
+    return f"{value:.{digits}f}"
+
+
+def digits(n: int) -> str:
+    """A count with every digit and no separators (torchModelSummary's "Total # of Params: 1022")."""
+    return f"{int(n)}"
+
+
 def torchinfo_number(n: int, auto: bool) -> str:
     """torchinfo 1.8's format_output_num: ': 1,234', or with auto units ' (M): 376.85' (T, G, else M)."""
     unit, value = "", float(n)
@@ -125,3 +136,15 @@ def torchscan_scale(val: float) -> tuple[float, str]:
             return val / f, u
     return val, ""
 
+
+
+def torchscan_amount(val: float, unit: str) -> str:
+    """torchscan's footer amount: "16.75 kFLOPs", "7.00 MACs" (its unit_scale, two decimals)."""
+    v, prefix = torchscan_scale(val)
+    return f"{fixed(v)} {prefix}{unit}"
+
+
+def modelsummary_mult_adds(n: float) -> str:
+    """torchModelSummary's mult-adds line: "(G): 1.07" from 1e9 on, else "(M): 0.06"."""
+    big = n >= 1e9
+    return f"({'G' if big else 'M'}): {fixed(n / (1e9 if big else 1e6))}"
