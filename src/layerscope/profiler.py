@@ -31,6 +31,7 @@ from torch import nn
 
 from .analyses.latency import timing
 from .capture import hooks
+from .capture.records import param_totals
 from .capture.timing import CallTimes, Recorder, merge_steps
 from .errors import InputError
 
@@ -162,7 +163,7 @@ class Profiler:
     def get_total_params(self, as_string: bool = False):
         """The model's parameters, each tensor once."""
         from .render.deepspeed import params_to_string
-        n = sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())
+        n = param_totals(self.model)[0]
         return params_to_string(n) if as_string else n
 
     def get_total_duration(self, as_string: bool = False):

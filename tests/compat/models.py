@@ -1,6 +1,8 @@
 """Small versions of the models the peers' READMEs use (torchinfo's LSTMNet and ResNet, torchscan's
 VGG, DeepSpeed's CNN), with their costs derived by hand in the tests."""
 
+from collections import OrderedDict
+
 import torch
 from torch import nn
 
@@ -81,3 +83,20 @@ def state(model: nn.Module):
 def same_state(a, b) -> bool:
     return (a[0].keys() == b[0].keys() and all(torch.equal(a[0][k], b[0][k]) for k in a[0])
             and a[1:] == b[1:])
+
+
+class FrozenTied(nn.Module):
+    """Long attribute names (torchscan wraps them), a frozen head, a module called twice (shared) and
+    BatchNorm buffers: the front ends' printed variants for trainable/frozen/shared/buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.feature_extractor_backbone = nn.Sequential(OrderedDict(
+            first_convolution_layer_3x3=nn.Conv2d(3, 4, 3, padding=1), batch_normalisation=nn.BatchNorm2d(4),
+            activation=nn.ReLU()))
+        self.frozen_projection_head = nn.Linear(4, 4).requires_grad_(False)
+        self.shared_output_projection = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.frozen_projection_head(self.feature_extractor_backbone(x).mean((2, 3)))
+        return self.shared_output_projection(self.shared_output_projection(h))

@@ -18,7 +18,7 @@ from layerscope.compat import deepspeed, modelsummary, torchinfo, torchscan
 from layerscope.examples import SmallCNN, TinyGPT
 
 from ..reports.test_goldens import check_golden, dataframe_text, hand_made_latency
-from .models import CNN, LSTMNet, TinyResNet, vgg_like
+from .models import CNN, FrozenTied, LSTMNet, TinyResNet, vgg_like
 
 
 def _seeded(factory, *args):
@@ -80,6 +80,13 @@ TORCHSCAN = {
     "small_cnn_depth_1": dict(model=SmallCNN, shape=(3, 32, 32), max_depth=1),
     "vgg_effective_rf": dict(model=vgg_like, shape=(3, 16, 16), receptive_field=True, effective_rf_stats=True,
                              wrap_mode="end"),
+    # added before the front ends moved their layouts to render/ (issue 32 step 4): names wrapped
+    # in each mode, frozen / shared / buffers in the footer, folding with receptive fields
+    "frozen_tied_wrap_mid": dict(model=FrozenTied, shape=(3, 8, 8), receptive_field=True, effective_rf_stats=True),
+    "frozen_tied_wrap_end": dict(model=FrozenTied, shape=(3, 8, 8), wrap_mode="end"),
+    "frozen_tied_wrap_none": dict(model=FrozenTied, shape=(3, 8, 8), wrap_mode=None, receptive_field=True),
+    "frozen_tied_depth_1_rf": dict(model=FrozenTied, shape=(3, 8, 8), max_depth=1, receptive_field=True,
+                                   effective_rf_stats=True),
 }
 
 
@@ -94,6 +101,9 @@ def test_torchscan_summary(case, capsys, update_goldens):
 def test_torchscan_crawl_module(update_goldens):
     info = torchscan.crawl_module(_seeded(TinyResNet), (3, 8, 8))
     check_golden("compat/torchscan/crawl_tiny_resnet.json", json.dumps(info, indent=1, sort_keys=True) + "\n",
+                 update_goldens)
+    info = torchscan.crawl_module(_seeded(FrozenTied), (3, 8, 8))
+    check_golden("compat/torchscan/crawl_frozen_tied.json", json.dumps(info, indent=1, sort_keys=True) + "\n",
                  update_goldens)
 
 
@@ -145,6 +155,10 @@ MODELSUMMARY = {
     "small_cnn": lambda: modelsummary.Statistics(_seeded(SmallCNN), (3, 32, 32)),
     "tiny_resnet_tensor": lambda: modelsummary.Statistics(_seeded(TinyResNet), torch.zeros(1, 3, 8, 8)),
     "cnn_no_input": lambda: modelsummary.Statistics(_seeded(CNN)),
+    "frozen_tied": lambda: modelsummary.Statistics(_seeded(FrozenTied), (3, 8, 8)),
+    "frozen_tied_no_input": lambda: modelsummary.Statistics(_seeded(FrozenTied)),
+    # 2 x 128 x 2048 x 2048 = 1,073,741,824 MACs >= 1e9: the footer's "(G)" branch
+    "linear_giga_macs": lambda: modelsummary.Statistics(_seeded(nn.Linear, 2048, 2048), (128, 2048)),
 }
 
 

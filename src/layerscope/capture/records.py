@@ -15,7 +15,7 @@ from .inputs import iter_tensors
 from .state import _unique, held_tensors
 from .tracker import tracked_modules
 
-__all__ = ["build_trace", "dtype_text", "own_forward"]
+__all__ = ["build_trace", "dtype_text", "own_forward", "param_totals"]
 
 
 def _param_table(modules: list[nn.Module]):
@@ -166,6 +166,20 @@ def dtype_text(model: nn.Module, params: list[torch.Tensor] | None = None) -> st
     if len(order) == 1:
         return order[0]
     return f"{order[0]} ({100 * counts[order[0]] / total:.1f}%), " + ", ".join(order[1:])
+
+
+def param_totals(module: nn.Module) -> tuple[int, int, int]:
+    """(parameters, trainable parameters, parameter bytes) of the distinct tensors ``module`` holds,
+    tied ones once: the sums ``build_trace`` makes (a Report's ``totals.params``, ``trainable_params``,
+    ``param_bytes``), for front ends where no forward ran and for a submodule's own count."""
+    numel = trainable = nbytes = 0
+    for p in held_tensors(list(module.modules()), "_parameters"):
+        n = int(p.numel())
+        numel += n
+        nbytes += n * p.element_size()
+        if p.requires_grad:
+            trainable += n
+    return numel, trainable, nbytes
 
 
 def build_trace(cap, model: nn.Module, named: list[tuple[str, nn.Module]], inputs: Any,

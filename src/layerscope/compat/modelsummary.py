@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import InputError
+from ..render.modelsummary import Totals, layer_line, statistics_text
 from . import torchinfo as _ti
 
 __all__ = ["Statistics", "LayerInfo"]
@@ -62,10 +63,8 @@ class LayerInfo:
         return f"{self.class_name}: {self.depth}-{self.depth_index}"
 
     def __str__(self) -> str:
-        name = f"{'  ' * (self.depth - 1)}{self.class_name}: {self.depth}-{self.depth_index}"
-        return (f"{name:<40}{str(self.input_size):>30}{str(self.output_size):>30}{self.num_params:>30,}"
-                f"{self.input_bytes:>30.2f}{self.output_bytes:>35.2f}{self.params_bytes:>30.2f}"
-                f"{self.size_bytes:>30.2f}")
+        return layer_line(self.class_name, self.depth, self.depth_index, self.input_size, self.output_size,
+                          self.num_params, self.input_bytes, self.output_bytes, self.params_bytes, self.size_bytes)
 
 
 def _depth(model: nn.Module, depth: int = 1, current: int = 1) -> int:
@@ -123,12 +122,12 @@ class Statistics:
             li = LayerInfo(i, parent)
             by_id[id(i)] = li
             self.summary_list.append(li)
-        uniq = {id(p): p for p in model.parameters()}.values()
-        self.total_params = sum(p.numel() for p in uniq)
-        self.trainable_params = sum(p.numel() for p in uniq if p.requires_grad)
+        # the Report's totals where a forward ran, else the same sums over the model (one definition)
+        self.total_params, self.trainable_params, param_bytes = (
+            _ti.parameter_totals(self._stats.report if self._stats is not None else None, model))
         self.total_mult_adds = self._stats.total_mult_adds if self._stats is not None else 0
         self.total_input_bytes = (self._stats.total_input / _MB) if self._stats is not None else 0.0
-        self.total_params_bytes = sum(p.numel() * p.element_size() for p in uniq) / _MB
+        self.total_params_bytes = param_bytes / _MB
         self.total_output_bytes = 0.0
         self.total_size_bytes = self.total_input_bytes + self.total_params_bytes
         if self._stats is not None:
@@ -144,22 +143,8 @@ class Statistics:
         return self._stats.report if self._stats is not None else None
 
     def __repr__(self) -> str:
-        width = max((len(str(i)) for i in self.summary_list), default=40)
-        bold, slim = "=" * width, "-" * width
-        text = (f"{bold}\nTotal # of Params: {self.total_params}\nTrainable Params #: {self.trainable_params}\n"
-                f"Non Trainable Params #: {self.total_params - self.trainable_params}\n")
-        if self.input_size:
-            big = self.total_mult_adds >= 1e9
-            text += (f"{slim}\nTotal mult-adds ({'G' if big else 'M'}): "
-                     f"{self.total_mult_adds / (1e9 if big else 1e6):0.2f}\n"
-                     f"Input size (MB): {self.total_input_bytes:0.2f}\n"
-                     f"Forward/backward pass size (MB): {self.total_output_bytes:0.2f}\n"
-                     f"Params size (MB): {self.total_params_bytes:0.2f}\n"
-                     f"Estimated Total Size (MB): {self.total_size_bytes:0.2f}\n")
-        if self.summary_list:
-            text += bold + "\n" + f"{'Layer Name (type)':<40}" + (
-                "{0:>30}{1:>30}{2:>30}{3:>30}{4:>35}{5:>30}{6:>30}\n".format(
-                    "Input Shape", "Output Shape", "Param #", "Input Size (MB)", "Forward & Backward Size (MB)",
-                    "Params Size (MB)", "Estimated Total Size (MB)"))
-            text += "".join(f"{i}\n" for i in self.summary_list)
-        return text + bold
+        totals = Totals(params=self.total_params, trainable=self.trainable_params, mult_adds=self.total_mult_adds,
+                        input_mb=self.total_input_bytes, output_mb=self.total_output_bytes,
+                        params_mb=self.total_params_bytes, size_mb=self.total_size_bytes,
+                        with_input=bool(self.input_size))
+        return statistics_text([str(i) for i in self.summary_list], totals)

@@ -34,6 +34,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
+from ..capture.records import param_totals
 from ..errors import InputError, LayerscopeError
 from ..render.torchinfo import HEADER_TITLES, FormattingOptions, statistics_text
 from ..render.views import Report
@@ -50,6 +51,16 @@ REQUIRES_INPUT = {"input_size", "output_size", "mult_adds"}
 
 
 # ---- ModelStatistics -----------------------------------------------------------------------------
+
+def parameter_totals(report: Report | None, model: nn.Module | None) -> tuple[int, int, int]:
+    """(params, trainable params, param bytes): the Report's totals where a forward ran, else the same
+    sums over the model's distinct tensors (``capture.records.param_totals``); zeros without either."""
+    if report is not None:
+        t = report.totals
+        return t.params, t.trainable_params, t.param_bytes
+    return param_totals(model) if model is not None else (0, 0, 0)
+
+
 
 class ModelStatistics(Report):
     """torchinfo's return value, and a layerscope Report (``layers``, ``totals``, ``coverage``,
@@ -69,14 +80,8 @@ class ModelStatistics(Report):
         self.input_size = input_size
         self.formatting = formatting
         self.total_input = total_input_size
-        if model is not None:
-            # parameters as torchinfo counts them: each tensor once (tied weights counted once)
-            uniq = {id(p): p for p in model.parameters()}.values()
-            self.total_params = sum(p.numel() for p in uniq)
-            self.trainable_params = sum(p.numel() for p in uniq if p.requires_grad)
-            self.total_param_bytes = sum(p.numel() * p.element_size() for p in uniq)
-        else:
-            self.total_params = self.trainable_params = self.total_param_bytes = 0
+        # parameters as torchinfo counts them: each tensor once (tied weights counted once)
+        self.total_params, self.trainable_params, self.total_param_bytes = parameter_totals(report, model)
         self.total_mult_adds = report.totals.macs if report is not None else 0
         self._memory_inputs = memory_inputs
         self._memory: tuple[int | None, str | None] | None = None

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..errors import InputError
-from ..render.units import torchscan_scale
+from ..render.torchscan import Row, Totals, summary_text
 
 __all__ = ["crawl_module", "summary", "aggregate_info", "format_info"]
 
@@ -103,73 +103,20 @@ def aggregate_info(info: dict[str, Any], max_depth: int) -> dict[str, Any]:
     return info
 
 
-def _format_name(name: str, depth: int) -> str:
-    if depth == 0:
-        return name
-    if depth == 1:
-        return f"├─{name}"
-    return f"{'|    ' * (depth - 1)}└─{name}"
-
-
-def _wrap(s: str, max_len: int, mode: str | None, wrap: str = "[...]") -> str:
-    if len(s) <= max_len or mode is None:
-        return s
-    if mode == "end":
-        return s[: max_len - len(wrap)] + wrap
-    if mode == "mid":
-        end = f"{wrap}.{s.rpartition('.')[-1]}"
-        return s[: max_len - len(end)] + end
-    raise InputError(f"wrap_mode must be 'mid', 'end' or None, got {mode!r}")
-
-
-def _fmt(s: str, w: int | None) -> str:
-    return s if w is None else f"{s:<{w}}"[:w]
-
-
-def _line(layer: dict, col_w: list | None, wrap_mode, receptive_field: bool, effective_rf_stats: bool) -> list[str]:
-    col_w = col_w or [None] * 7
-    max_len = col_w[0] + 3 if isinstance(col_w[0], int) else 100
-    out = [_fmt(_wrap(_format_name(layer["name"], layer["depth"]), max_len, wrap_mode), col_w[0]),
-           _fmt(layer["type"], col_w[1]), _fmt(str(layer["output_shape"]), col_w[2]),
-           _fmt(f"{layer['grad_params'] + layer['nograd_params'] + layer['num_buffers']:,}", col_w[3])]
-    if receptive_field:
-        out.append(_fmt(f"{layer['rf']:.0f}", col_w[4]))
-        if effective_rf_stats:
-            out += [_fmt(f"{layer['s']:.0f}", col_w[5]), _fmt(f"{layer['p']:.0f}", col_w[6])]
-    return out
-
-
 def format_info(module_info: dict[str, Any], wrap_mode: str = "mid", receptive_field: bool = False,
                 effective_rf_stats: bool = False) -> str:
-    """torchscan's printed summary of a ``crawl_module`` dict."""
-    margin = 4
-    headers = ["Layer", "Type", "Output Shape", "Param #", "Receptive field", "Effective stride", "Effective padding"]
-    max_w = [27, 20, 25, 15, 15, 16, 17]
-    col_w = [len(h) for h in headers]
-    for layer in module_info["layers"]:
-        col_w = [max(v, len(s)) for v, s in zip(col_w, _line(layer, None, wrap_mode, True, True))]
-    col_w = [min(v, m) for v, m in zip(col_w, max_w)]
-    n = 4 if not receptive_field else 5 if not effective_rf_stats else 7
-    col_w, headers = col_w[:n], headers[:n]
-    width = sum(col_w) + (len(col_w) - 1) * margin
-    thin, thick, dots, sep = "_" * width, "=" * width, "-" * width, " " * margin
-    lines = [thin, sep.join(f"{h:<{w}}" for h, w in zip(headers, col_w)), thick]
-    lines += [sep.join(_line(layer, col_w, wrap_mode, receptive_field, effective_rf_stats))
-              for layer in module_info["layers"]]
-    o = module_info["overall"]
-    lines += [thick, f"Trainable params: {o['grad_params']:,}", f"Non-trainable params: {o['nograd_params']:,}",
-              f"Total params: {o['grad_params'] + o['nograd_params']:,}", dots]
-    size = (o["param_size"] + o["buffer_size"]) / 1024**2
-    over = module_info["overheads"]["framework"]["fwd"] + module_info["overheads"]["cuda"]["fwd"]
-    lines += [f"Model size (params + buffers): {size:.2f} Mb", f"Framework & CUDA overhead: {over:.2f} Mb",
-              f"Total RAM usage: {size + over:.2f} Mb", dots]
-    for key, label, unit in (("flops", "Floating Point Operations on forward", "FLOPs"),
-                             ("macs", "Multiply-Accumulations on forward", "MACs"),
-                             ("dmas", "Direct memory accesses on forward", "DMAs")):
-        v, u = torchscan_scale(sum(layer[key] for layer in module_info["layers"]))
-        lines.append(f"{label}: {v:.2f} {u}{unit}")
-    lines.append(thin)
-    return "\n".join(lines)
+    """torchscan's printed summary of a ``crawl_module`` dict (drawn by ``render.torchscan``)."""
+    layers = module_info["layers"]
+    rows = [Row(name=layer["name"], depth=layer["depth"], type=layer["type"], output_shape=layer["output_shape"],
+                count=layer["grad_params"] + layer["nograd_params"] + layer["num_buffers"],
+                rf=layer["rf"], stride=layer["s"], padding=layer["p"]) for layer in layers]
+    o, over = module_info["overall"], module_info["overheads"]
+    totals = Totals(trainable=o["grad_params"], frozen=o["nograd_params"],
+                    model_mb=(o["param_size"] + o["buffer_size"]) / 1024**2,
+                    overhead_mb=over["framework"]["fwd"] + over["cuda"]["fwd"],
+                    flops=sum(layer["flops"] for layer in layers), macs=sum(layer["macs"] for layer in layers),
+                    dmas=sum(layer["dmas"] for layer in layers))
+    return summary_text(rows, totals, wrap_mode, receptive_field, effective_rf_stats)
 
 
 def summary(module: nn.Module, input_shape, wrap_mode: str = "mid", max_depth: int | None = None,

@@ -12,6 +12,7 @@ import sys
 from torch import nn
 from torch.nn.modules.module import _addindent
 
+from ..capture.records import param_totals
 from .units import deepspeed_number
 
 __all__ = ["number_to_string", "macs_to_string", "flops_to_string", "params_to_string", "duration_to_string",
@@ -76,7 +77,8 @@ class ModuleProfile:
         self.total_macs = costs.totals.macs if costs is not None else 0
         self.total_flops = costs.totals.flops if costs is not None else 0
         self.total_duration = self.duration.get("", 0.0)
-        self.total_params = module_params(model)
+        # the Report's total where there is one (the same sum: capture.records.param_totals)
+        self.total_params = costs.totals.params if costs is not None else module_params(model)
 
     def params(self, path: str) -> int:
         return module_params(self.model.get_submodule(path))
@@ -91,7 +93,8 @@ def _ancestors(path: str):
 
 
 def module_params(module: nn.Module) -> int:
-    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+    """A module's parameters, tied ones once (``capture.records.param_totals``, the Report's count)."""
+    return param_totals(module)[0]
 
 
 _NOTATIONS = ("Notations:\n"

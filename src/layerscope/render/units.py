@@ -9,8 +9,9 @@ from typing import Any
 # bytes are parsed and written in options (the base layer: a planner's error message states sizes too)
 from ..options import iec, parse_bytes
 
-__all__ = ["si", "iec", "seconds", "params", "percent", "decimals", "shapes", "fmt", "parse_bytes", "megabytes", "torchinfo_number",
-           "deepspeed_number", "torchscan_scale"]
+__all__ = ["si", "iec", "seconds", "params", "percent", "decimals", "digits", "shapes", "fmt", "parse_bytes",
+           "megabytes", "torchinfo_number", "deepspeed_number", "torchscan_scale", "torchscan_amount",
+           "modelsummary_mult_adds"]
 
 _SI = (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3))
 
@@ -45,8 +46,9 @@ def percent(v: float | None, digits: int = 2) -> str:
     return "--" if v is None else f"{100 * v:.{digits}f}%"
 
 
-def decimals(v: float | None, digits: int) -> str:
-    """A plain number to ``digits`` decimals (a plan's imbalance: ``1.163``)."""
+def decimals(v: float | None, digits: int = 2) -> str:
+    """A plain number to ``digits`` decimals (a plan's imbalance: ``1.163``; torchscan's Mb and
+    receptive fields, torchModelSummary's MB columns: "0.02", "3")."""
     return "--" if v is None else f"{v:.{digits}f}"
 
 
@@ -102,6 +104,11 @@ def megabytes(n: int | float | None, base: float = 1e6) -> str:
     return "n/a" if n is None else f"{n / base:0.2f}"
 
 
+def digits(n: int) -> str:
+    """A count with every digit and no separators (torchModelSummary's "Total # of Params: 1022")."""
+    return f"{int(n)}"
+
+
 def torchinfo_number(n: int, auto: bool) -> str:
     """torchinfo 1.8's format_output_num: ': 1,234', or with auto units ' (M): 376.85' (T, G, else M)."""
     unit, value = "", float(n)
@@ -139,3 +146,15 @@ def torchscan_scale(val: float) -> tuple[float, str]:
             return val / f, u
     return val, ""
 
+
+
+def torchscan_amount(val: float, unit: str) -> str:
+    """torchscan's footer amount: "16.75 kFLOPs", "7.00 MACs" (its unit_scale, two decimals)."""
+    v, prefix = torchscan_scale(val)
+    return f"{fixed(v)} {prefix}{unit}"
+
+
+def modelsummary_mult_adds(n: float) -> str:
+    """torchModelSummary's mult-adds line: "(G): 1.07" from 1e9 on, else "(M): 0.06"."""
+    big = n >= 1e9
+    return f"({'G' if big else 'M'}): {fixed(n / (1e9 if big else 1e6))}"
