@@ -151,10 +151,10 @@ def torchscan_scale(val: float) -> tuple[float, str]:
 def torchscan_amount(val: float, unit: str) -> str:
     """torchscan's footer amount: "16.75 kFLOPs", "7.00 MACs" (its unit_scale, two decimals)."""
     v, prefix = torchscan_scale(val)
-    return f"{fixed(v)} {prefix}{unit}"
+    return f"{decimals(v)} {prefix}{unit}"
 
 
 def modelsummary_mult_adds(n: float) -> str:
     """torchModelSummary's mult-adds line: "(G): 1.07" from 1e9 on, else "(M): 0.06"."""
     big = n >= 1e9
-    return f"({'G' if big else 'M'}): {fixed(n / (1e9 if big else 1e6))}"
+    return f"({'G' if big else 'M'}): {decimals(n / (1e9 if big else 1e6))}"
