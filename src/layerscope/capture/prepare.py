@@ -46,11 +46,16 @@ def prepare_inputs(model: nn.Module, args: tuple, kwargs: dict, input_size, dtyp
         raise InputError("dtypes and batch_dim only apply together with input_size")
     args = example_inputs(args, kwargs, input_size, dtypes, batch_dim, target, "analyze")
     materialize_lazy(model, args, kwargs)
-    if target.type == "meta":
-        # every input on meta, also where the model is on meta already: a real input beside meta
-        # weights gets a real gradient that autograd refuses for a meta tensor ("MmBackward0 returned
-        # an invalid gradient ... expected device meta but got cpu", issue 34)
+    if on_meta:
         args, kwargs = map_tensors(tuple(args), _to_meta), map_tensors(dict(kwargs), _to_meta)
+    elif target.type == "meta":
+        # a model on meta already: its floating-point inputs go to meta too. A real one beside meta
+        # weights makes ops whose output takes the real input's device, and a backward hands a real
+        # gradient to a meta tensor ("MmBackward0 returned an invalid gradient ... expected device
+        # meta but got cpu", issue 34). Integer and boolean inputs (token ids, masks: no gradient,
+        # and code may read their values) stay as given, as before.
+        move = lambda t: _to_meta(t) if t.is_floating_point() or t.is_complex() else t  # noqa: E731
+        args, kwargs = map_tensors(tuple(args), move), map_tensors(dict(kwargs), move)
     return tuple(args), dict(kwargs), on_meta
 
 
