@@ -117,3 +117,21 @@ def test_progress_bar_only_when_asked(monkeypatch, capsys):
     out = capsys.readouterr()
     assert out.out == "" and out.err == ""           # the library never prints unless asked
     assert fit.batch_size == 1_464
+
+
+def test_cli_states_the_real_steps(monkeypatch, capsys):
+    # `memory --limit`: the line under the table names the real steps (the scratch-per-sample curve:
+    # 2,000 fails, 1,400 fits, the secant's 1,538 fits, 1,539 fails -> 4 real steps)
+    from layerscope.cli import main
+    real = CURVES["scratch per sample"][0]
+
+    def fake(model, args, kwargs, opts):
+        k = opts.batch_size
+        return SimpleNamespace(peak_bytes=BASE + PER * k,
+                               measured=SimpleNamespace(peak_bytes=real(k)) if opts.measure else None)
+
+    monkeypatch.setattr(batch_mod, "memory_with", fake)
+    assert main(["memory", "layerscope.examples:small_cnn", "--infer", "--limit", str(LIMIT)]) == 0
+    last = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert last.startswith("largest batch that fits") and ": 1538 " in last
+    assert last.endswith("from 6 simulations and 4 real steps"), last
