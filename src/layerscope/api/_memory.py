@@ -12,7 +12,7 @@ from ..analyses.memory import memory_results
 from ..capture import iter_tensors, model_device
 from ..capture.guard import exclusive, gc_paused
 from ..capture.measure import measure_cpu, measure_cuda, state_bytes
-from ..capture.prepare import as_device, check_model, example_inputs, is_fake_model, rebatch
+from ..capture.prepare import as_device, check_model, example_inputs, is_fake_model, materialize_lazy, rebatch
 from ..capture.step import run_steps
 from ..capture.storage import StorageTracker, cuda_block_size
 from ..errors import ForwardError, InputError
@@ -85,6 +85,7 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
     # example inputs
     in_device = here if (not opts.simulate or measure) else torch.device("meta")
     args = example_inputs(args, kwargs, opts.input_size, opts.dtypes, opts.batch_dim, in_device, "memory")
+    materialize_lazy(model, args, kwargs)
     if opts.batch_size is not None:
         args, kwargs = rebatch(args, kwargs, opts.batch_dim or 0, opts.batch_size)
     # where the simulation runs: fake tensors that claim the target device

@@ -11,6 +11,7 @@ import weakref
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from .inputs import iter_tensors, map_tensors
 
@@ -63,10 +64,10 @@ def holds_inference_tensors(model: nn.Module) -> bool:
         seen.add(id(m))
         todo.extend(c for c in m._modules.values() if c is not None)
         for t in m._parameters.values():
-            if t is not None and t.is_inference():
+            if t is not None and not is_lazy(t) and t.is_inference():
                 return True
         for t in m._buffers.values():
-            if t is not None and t.is_inference():
+            if t is not None and not is_lazy(t) and t.is_inference():
                 return True
     return False
 

@@ -7,13 +7,14 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from ..errors import InputError
 from .inputs import iter_tensors, make_inputs, map_tensors
-from .state import model_device
+from .state import model_device, non_leaf
 
 __all__ = ["check_model", "as_device", "prepare_inputs", "example_inputs", "rebatch", "micro_batch",
-           "is_fake_model", "float_dtype"]
+           "is_fake_model", "float_dtype", "materialize_lazy"]
 
 
 def check_model(model: Any) -> nn.Module:
@@ -33,6 +34,9 @@ def prepare_inputs(model: nn.Module, args: tuple, kwargs: dict, input_size, dtyp
     """Resolve example inputs and where to run. Returns (args, kwargs, on_meta)."""
     here = model_device(model)
     target = as_device(device) if device is not None else here
+    if device is None and here.type != "meta" and \
+            any(t.device.type == "meta" for t in iter_tensors((args, kwargs))):
+        target = torch.device("meta")   # meta inputs: count on meta, as device="meta" does
     on_meta = target.type == "meta" and here.type != "meta"
     if not on_meta and target.type != here.type and any(True for _ in model.parameters()):
         raise InputError(f"the model is on {here} but device={str(target)!r} was asked; layerscope never "
@@ -41,12 +45,28 @@ def prepare_inputs(model: nn.Module, args: tuple, kwargs: dict, input_size, dtyp
     if input_size is None and batch_dim is not None:
         raise InputError("dtypes and batch_dim only apply together with input_size")
     args = example_inputs(args, kwargs, input_size, dtypes, batch_dim, target, "analyze")
+    materialize_lazy(model, args, kwargs)
     if on_meta:
-        # a meta copy keeps requires_grad: a backward then computes the input's gradient as on cpu
-        to_meta = lambda t: torch.empty_like(t, device="meta").requires_grad_(  # noqa: E731
-            t.requires_grad and (t.is_floating_point() or t.is_complex()))
-        args, kwargs = map_tensors(tuple(args), to_meta), map_tensors(dict(kwargs), to_meta)
+        args, kwargs = map_tensors(tuple(args), _to_meta), map_tensors(dict(kwargs), _to_meta)
+    elif target.type == "meta":
+        # a model on meta already: its floating-point inputs go to meta too. A real one beside meta
+        # weights makes ops whose output takes the real input's device, and a backward hands a real
+        # gradient to a meta tensor ("MmBackward0 returned an invalid gradient ... expected device
+        # meta but got cpu", issue 34). Integer and boolean inputs (token ids, masks: no gradient,
+        # and code may read their values) stay as given, as before.
+        move = lambda t: _to_meta(t) if t.is_floating_point() or t.is_complex() else t  # noqa: E731
+        args, kwargs = map_tensors(tuple(args), move), map_tensors(dict(kwargs), move)
     return tuple(args), dict(kwargs), on_meta
+
+
+def _to_meta(t: torch.Tensor) -> torch.Tensor:
+    """A meta copy of an input: it keeps requires_grad (a backward then computes the input's gradient
+    as on cpu), and a non-leaf stays a non-leaf (in-place ops on it work as on the caller's)."""
+    if t.device.type == "meta":
+        return t
+    grad = t.requires_grad and (t.is_floating_point() or t.is_complex())
+    meta = torch.empty_like(t, device="meta").requires_grad_(grad)
+    return non_leaf(meta) if grad and not t.is_leaf else meta
 
 
 def example_inputs(args: tuple, kwargs: dict, input_size, dtypes, batch_dim, device, entry: str) -> tuple:
@@ -106,3 +126,40 @@ def is_fake_model(model: nn.Module) -> bool:
 def float_dtype(model: nn.Module) -> torch.dtype:
     """The dtype of the model's first floating-point parameter (float32 when it has none)."""
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+def _lazy(model: nn.Module) -> bool:
+    return any(is_lazy(t) for m in model.modules() for t in (*m._parameters.values(), *m._buffers.values())
+               if t is not None)
+
+
+def materialize_lazy(model: nn.Module, args: tuple, kwargs: dict) -> None:
+    """A model with parameters or buffers still to be created (``nn.LazyLinear``'s
+    ``UninitializedParameter``) gets them from one first forward on the example inputs, as the model's
+    own first call -- and torchinfo's summary -- does; then they are counted like any other (issue 34).
+    That first call is the one change an analysis leaves in a model: it comes out materialised (its
+    weights drawn from the global RNG, as that call draws them). The call runs in eval mode under
+    no_grad (no BatchNorm statistics updated) on the model's device: meta inputs are given as zeros
+    there. Does nothing, and runs nothing, for a model without lazy tensors."""
+    if not _lazy(model):
+        return
+    device = model_device(model)
+
+    def here(t: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(tuple(t.shape), dtype=t.dtype, device=device) if t.device != device \
+            and t.device.type == "meta" else t
+
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(*map_tensors(tuple(args), here), **map_tensors(dict(kwargs), here))
+    except Exception as e:
+        raise InputError(f"the model's lazy parameters could not be created by a first forward on the "
+                         f"example inputs: {type(e).__name__}: {e}") from e
+    finally:
+        for m, training in modes:
+            m.training = training
+    if _lazy(model):
+        raise InputError("the model still has uninitialized (lazy) parameters or buffers after a first "
+                         "forward on the example inputs: a module the forward never called?")

@@ -16,7 +16,7 @@ from .inputs import iter_tensors, map_tensors
 from .rng import PrivateRNG
 
 __all__ = ["StateGuard", "model_device", "describe_inputs", "private_rng", "swapped_state", "empty_like_on",
-           "empty_state", "grad_inputs", "set_mode", "held_tensors"]
+           "empty_state", "grad_inputs", "non_leaf", "set_mode", "held_tensors"]
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -129,17 +129,39 @@ def empty_state(model: nn.Module, device) -> tuple[dict[str, torch.Tensor], dict
     return params, buffers
 
 
+class _Alias(torch.autograd.Function):
+    """The identity, as an autograd node: its output shares the input's storage but is neither a leaf
+    nor a view, and its backward hands the gradient through unchanged (no aten op runs)."""
+
+    @staticmethod
+    def forward(ctx, x):   # noqa: ARG004 (autograd's signature)
+        return x.detach()
+
+    @staticmethod
+    def backward(ctx, grad):   # noqa: ARG004
+        return grad
+
+
+def non_leaf(leaf: torch.Tensor) -> torch.Tensor:
+    """``leaf`` (which requires grad) seen through one identity node: the tensor a model receives where
+    the caller passed a non-leaf. It accepts in-place ops as the caller's non-leaf did (``relu_`` on a
+    leaf that requires grad raises; issue 34), and a backward still reaches ``leaf.grad``. Same storage:
+    an in-place op writes into the caller's tensor, as calling the model directly does."""
+    return _Alias.apply(leaf)
+
+
 def grad_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """The inputs a backward run is given, so that it differentiates the model and nothing else: an
     input that requires grad but is not a leaf (the output of the caller's own graph) becomes a
-    detached leaf that requires grad -- the model's input-gradient work is counted as for a leaf,
+    detached leaf that requires grad, passed through ``non_leaf`` so that in-place ops on it work as
+    on the caller's tensor -- the model's input-gradient work is counted as for a leaf,
     and the caller's graph is neither run backward (its ops recorded as the model's) nor freed, nor
     its leaves' .grad touched. Other inputs are passed as they are; aliases stay aliases."""
     seen: dict[int, torch.Tensor] = {}
 
     def fix(t: torch.Tensor) -> torch.Tensor:
         if id(t) not in seen:
-            seen[id(t)] = t.detach().requires_grad_() if t.requires_grad and not t.is_leaf else t
+            seen[id(t)] = non_leaf(t.detach().requires_grad_()) if t.requires_grad and not t.is_leaf else t
         return seen[id(t)]
 
     if not any(t.requires_grad and not t.is_leaf for t in iter_tensors((args, kwargs))):

@@ -74,15 +74,18 @@ def _memory(ns: argparse.Namespace) -> int:
     code = _emit(ns, rep)
     if ns.limit and ns.format == "table":
         try:
-            with _status("finding the largest batch that fits", ns):
-                fit = max_batch_size(model, *args, limit=ns.limit, options=step, forward_kwargs=kwargs)
+            # no spinner here: the real steps that check the answer show a progress bar (on a
+            # terminal, not with --quiet), and rich draws one live display at a time
+            fit = max_batch_size(model, *args, limit=ns.limit, forward_kwargs=kwargs,
+                                 options=dataclasses.replace(step, progress=_live(ns)))
         except LayerscopeError as e:
             sys.stdout.write(f"largest batch that fits: not found ({e})\n")
             return code
         where = f"largest batch that fits {iec(fit.limit_bytes)}: {fit.batch_size}"
         peak = f" (predicted peak {iec(fit.peak_bytes)})" if fit.peak_bytes is not None else \
             " (even batch 1 does not fit)"
-        sys.stdout.write(where + peak + f", from {len(fit.samples)} simulations\n")
+        real = f" and {fit.real_steps} real step{'s' if fit.real_steps != 1 else ''}" if fit.real_steps else ""
+        sys.stdout.write(where + peak + f", from {len(fit.samples)} simulations{real}\n")
     return code
 
 
