@@ -233,3 +233,40 @@ def test_a_cpu_scalar_tensor_beside_meta_ones_is_a_scalar():
     x = torch.randn(2, 3)
     # masked_fill: 6 elements, one FLOP each by its formula; the same on meta as on CPU
     assert ls.analyze(Fill(), x, device="meta").totals.forward == ls.analyze(Fill(), x).totals.forward
+
+
+class NamedExperts(nn.Module):
+    """SwitchTransformers: the experts hit are found with nonzero and called by a formatted name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(8, 4)
+        self.experts = nn.ModuleDict({f"expert_{i}": nn.Linear(8, 8) for i in range(4)})
+
+    def forward(self, x):
+        choice = self.router(x).argmax(-1)                                  # [T]
+        hit = torch.bincount(choice, minlength=4).gt(0).nonzero()
+        out = torch.zeros_like(x)
+        for idx in hit:
+            rows = (choice == idx[0]).nonzero().squeeze(-1)
+            out = out.index_add(0, rows, self.experts[f"expert_{idx[0]}"](x[rows]))
+        return out
+
+
+def test_experts_called_by_a_formatted_index_on_meta():
+    # argmax spread evenly over 4 experts: 8 tokens, 2 each; experts 8 * 8 * 8 = 512 MACs, the
+    # router 8 * 8 * 4 = 256: 768 (the CPU run's choices differ, its total is the same: 8 token rows)
+    x = torch.randn(8, 8)
+    assert ls.analyze(NamedExperts(), x, device="meta").totals.forward.macs == 768
+    assert ls.analyze(NamedExperts(), x).totals.forward.macs == 768
+
+
+def test_positions_of_a_real_mask_beside_meta_tensors_are_its_real_positions():
+    class Pick(nn.Module):
+        def forward(self, x, keep):
+            rows = keep.nonzero().squeeze(-1)
+            return x[keep], rows.sum()
+    x, keep = torch.randn(5, 2), torch.tensor([True, False, True, True, False])
+    rep = ls.analyze(Pick().to("meta"), x.to("meta"), keep)       # the mask given real, the rest meta
+    # 3 rows kept: x[keep] is [3, 2]; positions 0, 2, 3
+    assert tuple(rep.layers[0].outputs[0].shape) == (3, 2)

@@ -8,11 +8,11 @@ import pytest
 from layerscope.errors import InputError
 from layerscope.render import modelsummary as ms
 from layerscope.render import torchscan as ts
-from layerscope.render.units import digits, fixed, modelsummary_mult_adds, torchscan_amount
+from layerscope.render.units import decimals, digits, modelsummary_mult_adds, torchscan_amount
 
 
 def test_units_of_the_peers():
-    assert fixed(0.25) == "0.25" and fixed(3.0, 0) == "3" and fixed(2.5e-3) == "0.00"
+    assert decimals(0.25) == "0.25" and decimals(3.0, 0) == "3" and decimals(2.5e-3) == "0.00"
     assert digits(1_022) == "1022"
     # torchscan's unit_scale: 16,750 // 1e3 > 0 -> 16.75 k; 999 stays as it is; 2e9 -> 2.00 G
     assert torchscan_amount(16_750, "FLOPs") == "16.75 kFLOPs"

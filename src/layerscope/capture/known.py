@@ -265,6 +265,12 @@ class KnownValues:
             real = func(*reals[0], **_cpu_kwargs(dict(reals[1])))
         like = args[0]
         many = isinstance(real, (tuple, list))
+        if not like.is_meta and getattr(like, "fake_mode", None) is None or \
+                like.is_meta and not like.is_floating_point():
+            # real inputs give real outputs; on meta, integer positions, counts and unique values
+            # come back as the real CPU tensors they are (as a CPU index beside a meta tensor is, the
+            # way it is on CUDA): code that formats or iterates them (``f"expert_{idx}"``) sees values
+            return real
         outs = []
         for r in (real if many else (real,)):
             o = torch.empty_strided(tuple(r.shape), tuple(r.stride()), dtype=r.dtype, device=like.device)
@@ -300,6 +306,9 @@ class KnownValues:
                 with no_dispatch():
                     where = v.nonzero(as_tuple=True)
                 for w in where:
+                    if getattr(i, "fake_mode", None) is None:
+                        new.append(w)        # a real or meta mask: its positions as a CPU index
+                        continue
                     o = torch.empty(tuple(w.shape), dtype=torch.long, device=i.device)
                     self.put(o, w)
                     new.append(o)

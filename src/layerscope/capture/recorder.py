@@ -185,15 +185,17 @@ _VALUE_TYPES = frozenset((int, float, bool, str, type(None), torch.dtype, torch.
 
 def _meta_run(func, args, kwargs):
     """``func(*args, **kwargs)`` on meta tensors. A 0-dim CPU tensor beside them is a scalar to real
-    kernels (``x.masked_fill(mask, torch.tensor(-inf))`` runs on CUDA), which some meta kernels refuse
-    ("Expected `value` to be on same device"): there it is given as a meta 0-dim tensor."""
+    kernels (``x.masked_fill(mask, torch.tensor(-inf))`` runs on CUDA), and integer inputs and the
+    positions found from their known values stay CPU tensors on meta (capture/known.py); a meta kernel
+    that refuses a CPU tensor ("Expected `value` to be on same device", index_add's index) gets it as
+    a meta tensor of the same shape (a meta kernel reads no values)."""
     try:
         return func(*args, **kwargs)
     except RuntimeError as e:
         if "device" not in str(e):
             raise
-        moved = tuple(torch.empty((), dtype=a.dtype, device=_META) if type(a) in _PLAIN_TENSORS and a.dim() == 0
-                      and a.device.type == "cpu" else a for a in args)
+        moved = tuple(torch.empty_like(a, device=_META) if type(a) in _PLAIN_TENSORS and a.device.type == "cpu"
+                      else a for a in args)
         if all(m is a for m, a in zip(moved, args)):
             raise
         return func(*moved, **kwargs)
