@@ -14,7 +14,7 @@ from ..reports.table import Fact, Row, Table
 from .fold import find_folds
 from .units import fmt
 
-__all__ = ["Grid", "grid", "fit", "fact_text", "shorten", "tree_names", "NAME_WIDTH"]
+__all__ = ["Grid", "grid", "fit", "fact_text", "shorten", "tree_names", "wrap_text", "NAME_WIDTH"]
 
 NAME_WIDTH = 40          # a layer's local name longer than this loses its middle
 _MIN_NAME = 16           # names (after their tree drawing) shrink to this before any column is dropped
@@ -203,3 +203,57 @@ def fit(g: Grid, width: int | None, sep: int = 2, edge: int = 0) -> Grid:
         if not droppable:
             return _with_names(natural, max(room, 8))
         natural = _without(natural, max(droppable, key=lambda i: (natural.drop[i], i)))
+
+
+
+_HANG = re.compile(r"^(\s*\S+(?: \S+)*?\s{2,})\S")     # "  hf:PRESET      a shipped ...": the second column
+
+
+def _column(line: str) -> int | None:
+    m = _HANG.match(line)
+    return len(m.group(1)) if m and line[:1] == " " else None
+
+
+def _logical(text: str) -> list[str]:
+    """The lines of ``text`` with their hand-made wrapping undone: a prose line (no indentation)
+    joins the prose line before it, a line indented to the second column of a listing line joins
+    that line. Blank lines and listing lines stay apart."""
+    out: list[str] = []
+    for line in text.splitlines():
+        lead = len(line) - len(line.lstrip())
+        prev = out[-1] if out else ""
+        if line.strip() and prev.strip():
+            if (lead == 0 and prev[:1] != " ") or (lead and lead == _column(prev)):
+                out[-1] = prev.rstrip() + " " + line.strip()
+                continue
+        out.append(line)
+    return out or [""]
+
+
+def wrap_text(text: str, width: int) -> list[str]:
+    """Prose and indented listings in ``width`` columns: a line that does not fit wraps at spaces
+    (never inside a word), its continuation under its own text (a listing's second column when it
+    leaves room, else the indentation plus two); a command line (``layerscope ...``) continues with
+    `` \\`` so it still pastes. A word longer than ``width`` stays whole."""
+    import textwrap
+    out: list[str] = []
+    for line in _logical(text):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        lead = len(line) - len(line.lstrip())
+        col = _column(line)
+        hang = col if col is not None and col <= width // 2 else (lead + 2 if lead else 0)
+        wrap = dict(break_long_words=False, break_on_hyphens=False)
+        if line.lstrip().startswith("layerscope "):
+            # a command: its comment goes on a line of its own above it (a `\\` inside a comment
+            # would not continue the command), the command continues with `\\`
+            command, _, comment = line.partition("  # ")
+            if comment:
+                out += textwrap.wrap("# " + comment.strip(), width, initial_indent=" " * lead,
+                                     subsequent_indent=" " * lead + "# ", **wrap)
+            parts = textwrap.wrap(command.rstrip(), width - 2, subsequent_indent=" " * (lead + 4), **wrap)
+            out += [p + " \\" for p in parts[:-1]] + parts[-1:]
+            continue
+        out += textwrap.wrap(line, width, subsequent_indent=" " * hang, **wrap) or [line]
+    return out
