@@ -63,4 +63,9 @@ def _onnx(ns: argparse.Namespace) -> int:
         return _write(ns, rep.graph.to_csv(ns.sort, ns.top))
     if ns.format == "html":
         return _write(ns, rep.to_html())
+    if ns.output is None and sys.stdout.isatty():       # both tables fitted to the terminal
+        rep.print(depth=ns.depth, fold=not ns.expand)
+        print()
+        rep.graph.print(ns.sort, ns.top)
+        return 0
     return _write(ns, rep.table(depth=ns.depth, fold=not ns.expand) + "\n" + rep.graph.table(ns.sort, ns.top))
