@@ -55,6 +55,30 @@ def shorten(name: str, width: int = NAME_WIDTH) -> str:
     return head + "…" + name[-(width - len(head) - 1):]
 
 
+_STAGE = re.compile(r"^(\d+: )(.*)$")
+
+
+def shorten_start(name: str, width: int) -> str:
+    """A flat table's name (a stage's ``3: model.layers.4 .. model.layers.7``, an ONNX node's
+    ``node_Conv_54``) in ``width`` characters, keeping its end, the part that tells rows apart: the
+    stage number stays, the last unit stays whole while it can, the first unit and then the whole
+    range lose their start (a ``…`` says where)."""
+    if len(name) <= width:
+        return name
+    m = _STAGE.match(name)
+    prefix, rest = (m.group(1), m.group(2)) if m else ("", name)
+    room = width - len(prefix)
+    if room < 2:
+        return shorten(name, width)
+    first, sep, last = rest.rpartition(" .. ")
+
+    def end(part: str, n: int) -> str:
+        return part if len(part) <= n else "…" + part[len(part) - n + 1:]
+    if sep and room - len(last) - len(sep) >= 6:
+        return prefix + end(first, room - len(last) - len(sep)) + sep + last
+    return prefix + end(rest, room)
+
+
 _SUFFIX = re.compile(r"( x\d+ \(each\)| #\d+)$")
 
 
@@ -167,7 +191,7 @@ def _with_names(g: Grid, width: int) -> Grid:
     body = []
     for p, row in zip(g.prefixes, g.body):
         name = row[0][len(p):]
-        short = shorten_name if g.tree else shorten
+        short = shorten_name if g.tree else shorten_start
         body.append((p + short(name, max(width - len(p), 6)),) + row[1:])
     header = (shorten(g.header[0], width),) + g.header[1:]
     return replace(g, body=tuple(body), header=header)
