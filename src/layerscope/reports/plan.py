@@ -96,7 +96,8 @@ def plan_columns(plan: "StagePlan") -> tuple[Column, ...]:
                suffix=lambda s, p: f" ({s.memory['held_microbatches']} mb)", drop=3),
         Column("boundary", "Boundary", "bytes", m("boundary"), drop=4),
         Column("working", "Working", "bytes", m("working"), drop=4),
-        Column("limit", "Limit", "bytes", lambda s, p: s.limit, drop=1),
+        Column("limit", "Limit", "bytes", lambda s, p: s.limit,      # without a limit: "--", first to go
+               drop=1 if any(s.limit is not None for s in plan.stages) else 6),
     ]
     keys = {c.key for c in cols}
     extra = sorted({k for s in plan.stages for k in s.memory} - keys - {"total", "held_microbatches", "peak_backward"})
