@@ -8,7 +8,7 @@ import sys
 import torch
 
 from ..errors import LayerscopeError
-from .common import _build, _emit, _live, _status
+from .common import _build, _emit, _live, _say, _status
 
 
 def _summary(ns: argparse.Namespace) -> int:
@@ -77,12 +77,12 @@ def _memory(ns: argparse.Namespace) -> int:
             with _status("finding the largest batch that fits", ns):
                 fit = max_batch_size(model, *args, limit=ns.limit, options=step, forward_kwargs=kwargs)
         except LayerscopeError as e:
-            sys.stdout.write(f"largest batch that fits: not found ({e})\n")
+            _say(f"largest batch that fits: not found ({e})")
             return code
         where = f"largest batch that fits {iec(fit.limit_bytes)}: {fit.batch_size}"
         peak = f" (predicted peak {iec(fit.peak_bytes)})" if fit.peak_bytes is not None else \
             " (even batch 1 does not fit)"
-        sys.stdout.write(where + peak + f", from {len(fit.samples)} simulations\n")
+        _say(where + peak + f", from {len(fit.samples)} simulations")
     return code
 
 
