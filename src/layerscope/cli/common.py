@@ -23,6 +23,17 @@ def _write(ns: argparse.Namespace, text: str) -> int:
     return 0
 
 
+def _say(text: str) -> None:
+    """A line of text after a table: on a terminal wrapped to its width (render.layout.wrap_text),
+    as it is to a file or a pipe."""
+    if sys.stdout.isatty():
+        import shutil
+
+        from ..render.layout import wrap_text
+        text = "\n".join(wrap_text(text, shutil.get_terminal_size().columns))
+    sys.stdout.write(text + "\n")
+
+
 def _live(ns: argparse.Namespace) -> bool:
     """Spinners and progress bars: only on a terminal, and not with --quiet."""
     return sys.stderr.isatty() and not getattr(ns, "quiet", False)

@@ -2,6 +2,28 @@
 
 from __future__ import annotations
 
+import argparse
+import shutil
+
+
+class HelpFormatter(argparse.RawTextHelpFormatter):
+    """The help laid out as written (listings, examples), in the terminal's width: a line that does
+    not fit wraps (render.layout.wrap_text), so no line of any ``--help`` is wider than the terminal
+    (shutil.get_terminal_size: COLUMNS when set, else the terminal, else 80)."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        width = width if width is not None else max(shutil.get_terminal_size().columns - 2, 40)
+        super().__init__(prog, indent_increment, min(max_help_position, width // 3), width)
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        from ..render.layout import wrap_text
+        return wrap_text(text, max(width, 12))
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        from ..render.layout import wrap_text
+        return "\n".join(indent + line for line in wrap_text(text, max(width - len(indent), 12)))
+
 
 _SPEC_HELP = """model spec, one of:
   path/to/file.py:factory   imports and RUNS that file (it is your code: only use files you trust),

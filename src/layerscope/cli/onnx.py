@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import _status, _write
+from .common import _say, _status, _write
 
 
 def _onnx_tile(ns: argparse.Namespace) -> int:
@@ -26,7 +26,8 @@ def _onnx_tile(ns: argparse.Namespace) -> int:
         v = res.verified
         lines.append(f"onnxruntime, {v['runs']} random inputs: max abs error {v['max_abs_error']:.3g}, "
                      f"MSE {v['mse']:.3g}")
-    sys.stdout.write("\n".join(lines) + "\n")
+    for line in lines:
+        _say(line)
     return 0
 
 
@@ -63,4 +64,9 @@ def _onnx(ns: argparse.Namespace) -> int:
         return _write(ns, rep.graph.to_csv(ns.sort, ns.top))
     if ns.format == "html":
         return _write(ns, rep.to_html())
+    if ns.output is None and sys.stdout.isatty():       # both tables fitted to the terminal
+        rep.print(depth=ns.depth, fold=not ns.expand)
+        print()
+        rep.graph.print(ns.sort, ns.top)
+        return 0
     return _write(ns, rep.table(depth=ns.depth, fold=not ns.expand) + "\n" + rep.graph.table(ns.sort, ns.top))

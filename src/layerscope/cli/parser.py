@@ -7,7 +7,7 @@ import argparse
 import torch
 
 from .argtypes import _bandwidth, _count, _count_or_auto, _device, _dtype, _ints
-from .helptext import _EXAMPLES, _SPEC_HELP
+from .helptext import _EXAMPLES, _SPEC_HELP, HelpFormatter
 
 
 # every bad input exits 1 (a malformed command line too: one line, as for any other bad input); an
@@ -62,7 +62,7 @@ def _model_args(s: argparse.ArgumentParser, formats=FORMATS) -> None:
 
 def _sub(sub, name: str, help_text: str) -> argparse.ArgumentParser:
     return sub.add_parser(name, help=help_text, description=help_text, epilog=_EXAMPLES[name],
-                          formatter_class=argparse.RawTextHelpFormatter)
+                          formatter_class=HelpFormatter)
 
 
 def _memory_args(m: argparse.ArgumentParser, optimizer_default: str | None = None) -> None:
@@ -98,9 +98,10 @@ def _parser() -> argparse.ArgumentParser:
     from .._version import __version__
     p = _Parser(
         prog="layerscope", description="What is inside a PyTorch model, layer by layer.",
-        epilog="run `layerscope COMMAND --help` for each command's options and examples")
+        epilog="run `layerscope COMMAND --help` for each command's options and examples",
+        formatter_class=HelpFormatter)
     p.add_argument("--version", action="version", version=f"layerscope {__version__} (torch {torch.__version__})")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     s = _sub(sub, "summary", "per-layer shapes, params, MACs, FLOPs, bytes")
     _model_args(s)
     s.add_argument("--device", type=_device, help="cpu, cuda, or meta (count without computing)")
@@ -155,9 +156,9 @@ def _parser() -> argparse.ArgumentParser:
                          "for a known GPU, else measured) or 'FLOPS,BYTES_PER_S' such as 989e12,3.35e12")
     pf.add_argument("--top", type=_count(0), default=3, metavar="K",
                     help="name the K slowest calls at each depth under the table (default 3; 0: none)")
-    pf.add_argument("--columns", help="comma-separated, of: output_shape,input_shape,params,forward,forward_self,\n"
-                                      "self_percent,forward_p25,forward_p75,backward,backward_self (with\n"
-                                      "--backward),flops,bytes_moved,flops_per_second,intensity,bound,\n"
+    pf.add_argument("--columns", help="comma-separated, of: output_shape, input_shape, params, forward, forward_self,\n"
+                                      "self_percent, forward_p25, forward_p75, backward, backward_self (with\n"
+                                      "--backward), flops, bytes_moved, flops_per_second, intensity, bound,\n"
                                       "roof_fraction (with --roofline)")
     pf.add_argument("--trace", metavar="FILE.json",
                     help="also write a Chrome trace / Perfetto JSON of the module spans of one repeat")

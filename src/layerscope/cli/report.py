@@ -131,4 +131,7 @@ def _list_presets(ns: argparse.Namespace) -> int:
         return _write(ns, json.dumps(rows, indent=2))
     if ns.format == "csv":
         return _write(ns, csv_text(list(rows[0]), rows))
+    if ns.output is None and sys.stdout.isatty():       # fitted to the terminal
+        listing.print()
+        return 0
     return _write(ns, listing.table())

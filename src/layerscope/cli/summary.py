@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 import torch
 
 from ..errors import LayerscopeError
-from .common import _build, _emit, _live, _status
+from .common import _build, _emit, _live, _say, _status
 
 
 def _summary(ns: argparse.Namespace) -> int:
@@ -79,13 +78,13 @@ def _memory(ns: argparse.Namespace) -> int:
             fit = max_batch_size(model, *args, limit=ns.limit, forward_kwargs=kwargs,
                                  options=dataclasses.replace(step, progress=_live(ns)))
         except LayerscopeError as e:
-            sys.stdout.write(f"largest batch that fits: not found ({e})\n")
+            _say(f"largest batch that fits: not found ({e})")
             return code
         where = f"largest batch that fits {iec(fit.limit_bytes)}: {fit.batch_size}"
         peak = f" (predicted peak {iec(fit.peak_bytes)})" if fit.peak_bytes is not None else \
             " (even batch 1 does not fit)"
         real = f" and {fit.real_steps} real step{'s' if fit.real_steps != 1 else ''}" if fit.real_steps else ""
-        sys.stdout.write(where + peak + f", from {len(fit.samples)} simulations{real}\n")
+        _say(where + peak + f", from {len(fit.samples)} simulations{real}")
     return code
 
 

@@ -14,7 +14,7 @@ from ..reports.table import Fact, Row, Table
 from .fold import find_folds
 from .units import fmt
 
-__all__ = ["Grid", "grid", "fit", "fact_text", "shorten", "tree_names", "NAME_WIDTH"]
+__all__ = ["Grid", "grid", "fit", "fact_text", "shorten", "tree_names", "wrap_text", "NAME_WIDTH"]
 
 NAME_WIDTH = 40          # a layer's local name longer than this loses its middle
 _MIN_NAME = 16           # names (after their tree drawing) shrink to this before any column is dropped
@@ -53,6 +53,30 @@ def shorten(name: str, width: int = NAME_WIDTH) -> str:
         return name[:width]
     head = name.split(".", 1)[0][: max(1, width // 3)]
     return head + "…" + name[-(width - len(head) - 1):]
+
+
+_STAGE = re.compile(r"^(\d+: )(.*)$")
+
+
+def shorten_start(name: str, width: int) -> str:
+    """A flat table's name (a stage's ``3: model.layers.4 .. model.layers.7``, an ONNX node's
+    ``node_Conv_54``) in ``width`` characters, keeping its end, the part that tells rows apart: the
+    stage number stays, the last unit stays whole while it can, the first unit and then the whole
+    range lose their start (a ``…`` says where)."""
+    if len(name) <= width:
+        return name
+    m = _STAGE.match(name)
+    prefix, rest = (m.group(1), m.group(2)) if m else ("", name)
+    room = width - len(prefix)
+    if room < 2:
+        return shorten(name, width)
+    first, sep, last = rest.rpartition(" .. ")
+
+    def end(part: str, n: int) -> str:
+        return part if len(part) <= n else "…" + part[len(part) - n + 1:]
+    if sep and room - len(last) - len(sep) >= 6:
+        return prefix + end(first, room - len(last) - len(sep)) + sep + last
+    return prefix + end(rest, room)
 
 
 _SUFFIX = re.compile(r"( x\d+ \(each\)| #\d+)$")
@@ -167,7 +191,7 @@ def _with_names(g: Grid, width: int) -> Grid:
     body = []
     for p, row in zip(g.prefixes, g.body):
         name = row[0][len(p):]
-        short = shorten_name if g.tree else shorten
+        short = shorten_name if g.tree else shorten_start
         body.append((p + short(name, max(width - len(p), 6)),) + row[1:])
     header = (shorten(g.header[0], width),) + g.header[1:]
     return replace(g, body=tuple(body), header=header)
@@ -203,3 +227,57 @@ def fit(g: Grid, width: int | None, sep: int = 2, edge: int = 0) -> Grid:
         if not droppable:
             return _with_names(natural, max(room, 8))
         natural = _without(natural, max(droppable, key=lambda i: (natural.drop[i], i)))
+
+
+
+_HANG = re.compile(r"^(\s*\S+(?: \S+)*?\s{2,})\S")     # "  hf:PRESET      a shipped ...": the second column
+
+
+def _column(line: str) -> int | None:
+    m = _HANG.match(line)
+    return len(m.group(1)) if m and line[:1] == " " else None
+
+
+def _logical(text: str) -> list[str]:
+    """The lines of ``text`` with their hand-made wrapping undone: a prose line (no indentation)
+    joins the prose line before it, a line indented to the second column of a listing line joins
+    that line. Blank lines and listing lines stay apart."""
+    out: list[str] = []
+    for line in text.splitlines():
+        lead = len(line) - len(line.lstrip())
+        prev = out[-1] if out else ""
+        if line.strip() and prev.strip():
+            if (lead == 0 and prev[:1] != " ") or (lead and lead == _column(prev)):
+                out[-1] = prev.rstrip() + " " + line.strip()
+                continue
+        out.append(line)
+    return out or [""]
+
+
+def wrap_text(text: str, width: int) -> list[str]:
+    """Prose and indented listings in ``width`` columns: a line that does not fit wraps at spaces
+    (never inside a word), its continuation under its own text (a listing's second column when it
+    leaves room, else the indentation plus two); a command line (``layerscope ...``) continues with
+    `` \\`` so it still pastes. A word longer than ``width`` stays whole."""
+    import textwrap
+    out: list[str] = []
+    for line in _logical(text):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        lead = len(line) - len(line.lstrip())
+        col = _column(line)
+        hang = col if col is not None and col <= width // 2 else (lead + 2 if lead else 0)
+        wrap = dict(break_long_words=False, break_on_hyphens=False)
+        if line.lstrip().startswith("layerscope "):
+            # a command: its comment goes on a line of its own above it (a `\\` inside a comment
+            # would not continue the command), the command continues with `\\`
+            command, _, comment = line.partition("  # ")
+            if comment:
+                out += textwrap.wrap("# " + comment.strip(), width, initial_indent=" " * lead,
+                                     subsequent_indent=" " * lead + "# ", **wrap)
+            parts = textwrap.wrap(command.rstrip(), width - 2, subsequent_indent=" " * (lead + 4), **wrap)
+            out += [p + " \\" for p in parts[:-1]] + parts[-1:]
+            continue
+        out += textwrap.wrap(line, width, subsequent_indent=" " * hang, **wrap) or [line]
+    return out

@@ -30,6 +30,12 @@ class OnnxNodes(OnnxGraph):
         total; ``sort``: order, read, write, bytes, macs, flops or params; ``top``: first rows only."""
         return render_text(nodes_table(self, sort, top), False, None)
 
+    def print(self, sort: str = "order", top: int | None = None, file=None) -> None:
+        """The per-node table on a terminal, fitted to its width (low-priority columns drop and node
+        names lose their middle before any number is cut); plain text to a file or a pipe."""
+        from .views import print_table
+        print_table(nodes_table(self, sort, top), file, False)
+
     def to_csv(self, sort: str = "order", top: int | None = None) -> str:
         return render_csv(nodes_table(self, sort, top))
 

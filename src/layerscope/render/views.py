@@ -32,7 +32,7 @@ from .table import render_rich
 from .text import render_text
 
 __all__ = ["Views", "Report", "MemoryReport", "LatencyReport", "StagePlan", "Comparison", "view", "compare",
-           "table_text", "table_rich"]
+           "table_text", "table_rich", "print_table"]
 
 
 def table_text(table: Table, fold: bool = True, width: int | None = None) -> str:
@@ -55,6 +55,18 @@ def table_rich(table: Table, fold: bool = True, width: int | None = None):
     return out
 
 
+def print_table(table: Table, file: TextIO | None = None, fold: bool = True) -> None:
+    """A table as rich draws it on a terminal, fitted to the terminal's width; plain text (no
+    width) to a file or a pipe."""
+    file = file or sys.stdout
+    if getattr(file, "isatty", lambda: False)():
+        from rich.console import Console
+        console = Console(file=file)
+        console.print(table_rich(table, fold, console.width))
+    else:
+        file.write(table_text(table, fold, None))
+
+
 class Views:
     """What every report kind shows, the same way: ``table()`` (plain text), ``rich_table()``,
     ``print()`` (rich on a terminal, fitted to it; plain text otherwise), ``to_dict()`` /
@@ -73,13 +85,7 @@ class Views:
 
     def _print(self, file: TextIO | None = None, depth=None, columns=None, fold: bool = True, **view) -> None:
         """A rich table on a terminal, fitted to its width; plain text otherwise."""
-        file = file or sys.stdout
-        if getattr(file, "isatty", lambda: False)():
-            from rich.console import Console
-            console = Console(file=file)
-            console.print(self._rich(depth, columns, fold, console.width, **view))
-        else:
-            file.write(self._text(depth, columns, fold, None, **view))
+        print_table(self.table_model(depth, columns, **view), file, fold)
 
     def _full_table(self) -> Table:
         """Every column and row: what CSV and pandas hold."""

@@ -25,6 +25,11 @@ _METRICS: dict[str, dict[str, str]] = {
     "latency": {"forward": "forward", "backward": "backward"},
 }
 
+# each metric's header, cased as the main tables case it (summary's Params, MACs, FLOPs; latency's
+# Fwd, Bwd)
+_HEADERS = {"params": "Params", "macs": "MACs", "flops": "FLOPs", "memory": "Memory", "saved": "Saved",
+            "forward": "Fwd", "backward": "Bwd"}
+
 
 def _reader(column: str) -> Callable[[dict], Any]:
     def read(r: dict) -> Any:
@@ -122,14 +127,15 @@ class Comparison(ReportRecord):
 
     def columns(self) -> tuple[Column, ...]:
         cols = []
-        # a narrow terminal drops the third metric first, then the differences
+        # a narrow terminal keeps the differences (what a comparison is for) longest: the absolute
+        # columns go first, the last metric's before the first's and A before B, then the
+        # differences, the last metric's first; the first metric's difference never goes
         for k, m in enumerate(self.metrics):
-            unit = self.units[m]
-            late = 3 if k >= 2 else 0
-            cols += [Column(f"{m}_a", f"{m} A", unit, lambda r, c, m=m: r.a.get(m), drop=late),
-                     Column(f"{m}_b", f"{m} B", unit, lambda r, c, m=m: r.b.get(m), drop=late),
-                     Column(f"{m}_delta", f"{m} B-A", "+" + unit, _delta(m), text=_delta_text(m),
-                            suffix=_relative(m), drop=late or 1)]
+            unit, head = self.units[m], _HEADERS.get(m, m.capitalize())
+            cols += [Column(f"{m}_a", f"{head} A", unit, lambda r, c, m=m: r.a.get(m), drop=4 + 2 * k + 1),
+                     Column(f"{m}_b", f"{head} B", unit, lambda r, c, m=m: r.b.get(m), drop=4 + 2 * k),
+                     Column(f"{m}_delta", f"{head} B-A", "+" + unit, _delta(m), text=_delta_text(m),
+                            suffix=_relative(m), drop=k)]
         return tuple(cols)
 
     def _footer(self) -> tuple[Fact, ...]:

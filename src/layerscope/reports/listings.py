@@ -29,8 +29,9 @@ class Preset:
 PRESET_COLUMNS: tuple[Column, ...] = (
     Column("model", "Model", "text", lambda p, rep: p.model),
     Column("params", "Params", "count", lambda p, rep: p.params),
-    Column("default_inputs", "Default inputs", "text", lambda p, rep: p.default_inputs),
-    Column("description", "Description", "text", lambda p, rep: p.description),
+    # a narrow terminal leaves out the default inputs first, then the description
+    Column("default_inputs", "Default inputs", "text", lambda p, rep: p.default_inputs, drop=2),
+    Column("description", "Description", "text", lambda p, rep: p.description, drop=1),
 )
 
 

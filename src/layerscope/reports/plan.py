@@ -65,12 +65,14 @@ _TIME_COSTS = ("latency", "roofline")    # shown as the forward and backward tim
 def plan_columns(plan: "StagePlan") -> tuple[Column, ...]:
     """Every column of a plan. The cost column is left out when it is the FLOPs column again."""
     m = lambda key: (lambda s, p: s.memory[key])  # noqa: E731
+    # a narrow terminal keeps what the plan is about longest: each stage's cost, its share, its
+    # memory against the limit, then its params; the memory's parts and the unit count go first
     cols = [
         Column("rank", "Rank", "index", lambda s, p: s.rank, drop=5, default=False),
         Column("first_unit", "First unit", "text", lambda s, p: s.units[0], drop=6, default=False),
         Column("last_unit", "Last unit", "text", lambda s, p: s.units[-1], drop=6, default=False),
-        Column("num_units", "#", "index", lambda s, p: len(s.units), drop=4),
-        Column("params", "Params", "params", lambda s, p: s.params, drop=3),
+        Column("num_units", "#", "index", lambda s, p: len(s.units), drop=5),
+        Column("params", "Params", "params", lambda s, p: s.params, drop=2),
         Column("flops", "FLOPs fwd+bwd", "count", lambda s, p: s.flops),
         Column("macs", "MACs fwd+bwd", "count", lambda s, p: s.macs, drop=5, default=False),
     ]
@@ -87,14 +89,15 @@ def plan_columns(plan: "StagePlan") -> tuple[Column, ...]:
                  Column("busy", "Rank busy", "seconds", lambda s, p: busy[s.rank], drop=3)]
     total = sum(s.cost for s in plan.stages) or 1.0
     cols += [
-        Column("share", "Share", "percent", lambda s, p: s.cost / total, drop=2),
+        Column("share", "Share", "percent", lambda s, p: s.cost / total, drop=1),
         Column("memory", "Memory", "bytes", lambda s, p: s.memory_bytes),
-        Column("state", "State", "bytes", m("state"), drop=1),
+        Column("state", "State", "bytes", m("state"), drop=3),
         Column("activations", "Activations", "bytes", lambda s, p: s.activation_bytes,
-               suffix=lambda s, p: f" ({s.memory['held_microbatches']} mb)", drop=1),
-        Column("boundary", "Boundary", "bytes", m("boundary"), drop=2),
-        Column("working", "Working", "bytes", m("working"), drop=2),
-        Column("limit", "Limit", "bytes", lambda s, p: s.limit, drop=3),
+               suffix=lambda s, p: f" ({s.memory['held_microbatches']} mb)", drop=3),
+        Column("boundary", "Boundary", "bytes", m("boundary"), drop=4),
+        Column("working", "Working", "bytes", m("working"), drop=4),
+        Column("limit", "Limit", "bytes", lambda s, p: s.limit,      # without a limit: "--", first to go
+               drop=1 if any(s.limit is not None for s in plan.stages) else 6),
     ]
     keys = {c.key for c in cols}
     extra = sorted({k for s in plan.stages for k in s.memory} - keys - {"total", "held_microbatches", "peak_backward"})
