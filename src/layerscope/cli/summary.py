@@ -7,10 +7,10 @@ import argparse
 import torch
 
 from ..errors import LayerscopeError
-from .common import _build, _emit, _live, _say, _status
+from .common import build_spec, emit, live, say, status
 
 
-def _summary(ns: argparse.Namespace) -> int:
+def run_summary(ns: argparse.Namespace) -> int:
     from ..api import analyze
     from ..options import AnalyzeOptions
 
@@ -20,34 +20,34 @@ def _summary(ns: argparse.Namespace) -> int:
         if ns.input_size or ns.input_ids or ns.set or ns.backward or ns.model_dtype:
             raise InputError("an ONNX file's input shapes come from the file: use `layerscope onnx FILE "
                              "--input NAME=DIMS` to set them")
-        with _status(f"analysing {ns.spec}", ns):
-            return _emit(ns, analyze_onnx(ns.spec))
+        with status(f"analysing {ns.spec}", ns):
+            return emit(ns, analyze_onnx(ns.spec))
     if ns.spec.endswith(".pt2"):   # issue 22: a torch.export program (torch.export.load, no pickle)
         from ..api import analyze_exported
         from ..errors import InputError
         if ns.input_ids or ns.set or ns.backward:
             raise InputError("a .pt2 program runs forward only on its own inputs: give --input-size (or none "
                              "to use the example inputs stored in it)")
-        with _status(f"analysing {ns.spec}", ns):
-            return _emit(ns, analyze_exported(ns.spec, input_size=ns.input_size or None,
+        with status(f"analysing {ns.spec}", ns):
+            return emit(ns, analyze_exported(ns.spec, input_size=ns.input_size or None,
                                               dtypes=ns.dtype or None, device=ns.device, causal=ns.causal))
-    model, args, kwargs = _build(ns, ns.device)
+    model, args, kwargs = build_spec(ns, ns.device)
     if isinstance(model, torch.jit.ScriptModule):
         from ..api import analyze_torchscript
         from ..errors import InputError
         if kwargs or ns.backward or ns.device not in (None, "cpu"):
             raise InputError("a TorchScript file is analysed on CPU, forward only, with positional inputs "
                              "(--input-size)")
-        with _status("analysing", ns):
+        with status("analysing", ns):
             rep = analyze_torchscript(model, *args)
-        return _emit(ns, rep)
-    with _status("analysing", ns):
+        return emit(ns, rep)
+    with status("analysing", ns):
         rep = analyze(model, *args, options=AnalyzeOptions(device=ns.device, mode=ns.mode, backward=ns.backward,
                                                            causal=ns.causal), forward_kwargs=kwargs)
-    return _emit(ns, rep)
+    return emit(ns, rep)
 
 
-def _memory(ns: argparse.Namespace) -> int:
+def run_memory(ns: argparse.Namespace) -> int:
     import functools
 
     import dataclasses
@@ -59,7 +59,7 @@ def _memory(ns: argparse.Namespace) -> int:
 
     # hf: specs and factories are built where the model will live; a cuda prediction is simulated
     build_on = ns.device if ns.measure else (None if ns.device in (None, "cuda") else ns.device)
-    model, args, kwargs = _build(ns, build_on)
+    model, args, kwargs = build_spec(ns, build_on)
     optimizer = optimizer_factory(ns.optimizer) if ns.optimizer else None
     if ns.momentum is not None:
         if optimizer is not torch.optim.SGD:
@@ -67,34 +67,34 @@ def _memory(ns: argparse.Namespace) -> int:
         optimizer = functools.partial(torch.optim.SGD, momentum=ns.momentum)
     step = MemoryOptions(optimizer=optimizer, training=ns.training, autocast_dtype=ns.autocast, device=ns.device,
                          steps=ns.steps, accumulation=ns.accumulation)
-    with _status("simulating the step", ns):
+    with status("simulating the step", ns):
         rep = memory(model, *args, options=dataclasses.replace(step, batch_size=ns.batch_size, limit=ns.limit,
                                                                measure=ns.measure or None), forward_kwargs=kwargs)
-    code = _emit(ns, rep)
+    code = emit(ns, rep)
     if ns.limit and ns.format == "table":
         try:
             # no spinner here: the real steps that check the answer show a progress bar (on a
             # terminal, not with --quiet), and rich draws one live display at a time
             fit = max_batch_size(model, *args, limit=ns.limit, forward_kwargs=kwargs,
-                                 options=dataclasses.replace(step, progress=_live(ns)))
+                                 options=dataclasses.replace(step, progress=live(ns)))
         except LayerscopeError as e:
-            _say(f"largest batch that fits: not found ({e})")
+            say(f"largest batch that fits: not found ({e})")
             return code
         where = f"largest batch that fits {iec(fit.limit_bytes)}: {fit.batch_size}"
         peak = f" (predicted peak {iec(fit.peak_bytes)})" if fit.peak_bytes is not None else \
             " (even batch 1 does not fit)"
         real = f" and {fit.real_steps} real step{'s' if fit.real_steps != 1 else ''}" if fit.real_steps else ""
-        _say(where + peak + f", from {len(fit.samples)} simulations{real}")
+        say(where + peak + f", from {len(fit.samples)} simulations{real}")
     return code
 
 
-def _profile(ns: argparse.Namespace) -> int:
+def run_profile(ns: argparse.Namespace) -> int:
     from ..api import profile
 
-    model, args, kwargs = _build(ns, ns.device or "cpu")   # real weights: hf: specs build on meta otherwise
+    model, args, kwargs = build_spec(ns, ns.device or "cpu")   # real weights: hf: specs build on meta otherwise
     model.eval()
     rep = profile(model, *args, warmup=ns.warmup, repeats=ns.repeats, backward=ns.backward,
-                  roofline=ns.roofline, progress=_live(ns), forward_kwargs=kwargs)
+                  roofline=ns.roofline, progress=live(ns), forward_kwargs=kwargs)
     if ns.trace:
         rep.to_chrome_trace(ns.trace)
-    return _emit(ns, rep)
+    return emit(ns, rep)
