@@ -12,7 +12,7 @@ from torch import nn
 from ..errors import InputError
 from ..trace import LayerRecord, ParamSpec, Trace
 from .inputs import iter_tensors
-from .state import _unique, held_tensors
+from .state import held_tensors, unique_tensors
 from .tracker import tracked_modules
 
 __all__ = ["build_trace", "dtype_text", "own_forward", "param_totals"]
@@ -147,7 +147,7 @@ def _script_subtree_params(m: nn.Module, first_owner, called: set[int]) -> list[
     that are no layer of their own (a scripted child's, run inside TorchScript; the TorchScript
     path records its submodules' calls, and those own their parameters)."""
     inside = {id(sub) for sub in m.modules() if sub is m or id(sub) not in called}
-    return [p for p in _unique(m.parameters()) if first_owner.get(id(p)) in inside]
+    return [p for p in unique_tensors(m.parameters()) if first_owner.get(id(p)) in inside]
 
 
 
@@ -215,8 +215,8 @@ def build_trace(cap, model: nn.Module, named: list[tuple[str, nn.Module]], input
         n = int(b.numel())
         b_numel += n
         b_bytes += n * b.element_size()
-    in_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors(inputs)))
-    out_bytes = sum(t.numel() * t.element_size() for t in _unique(iter_tensors(output)))
+    in_bytes = sum(t.numel() * t.element_size() for t in unique_tensors(iter_tensors(inputs)))
+    out_bytes = sum(t.numel() * t.element_size() for t in unique_tensors(iter_tensors(output)))
     return Trace(
         model_name=type(model).__name__,
         layers=tuple(layers),

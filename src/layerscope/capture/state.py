@@ -16,7 +16,7 @@ from .inputs import iter_tensors, map_tensors
 from .rng import PrivateRNG
 
 __all__ = ["StateGuard", "model_device", "describe_inputs", "private_rng", "swapped_state", "empty_like_on",
-           "empty_state", "grad_inputs", "non_leaf", "set_mode", "held_tensors"]
+           "empty_state", "grad_inputs", "non_leaf", "set_mode", "held_tensors", "unique_tensors"]
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -44,8 +44,8 @@ class StateGuard:
         # parameters, and input tensors a backward would accumulate a .grad into
         if params is None:
             params = held_tensors(modules, "_parameters")
-        leaves = params + [t for t in _unique(iter_tensors(inputs)) if t.is_leaf and t.requires_grad]
-        self.params = [(p, p.requires_grad, p.grad) for p in _unique(leaves)]
+        leaves = params + [t for t in unique_tensors(iter_tensors(inputs)) if t.is_leaf and t.requires_grad]
+        self.params = [(p, p.requires_grad, p.grad) for p in unique_tensors(leaves)]
         self.buffers = []
         for m in modules:
             for name, b in m._buffers.items():
@@ -212,7 +212,7 @@ def set_mode(model: nn.Module, modules: list[nn.Module], training: bool) -> None
 def held_tensors(modules: list[nn.Module], slot: str) -> list[torch.Tensor]:
     """The distinct tensors the modules hold directly in ``slot`` ("_parameters" or "_buffers")."""
     out, seen = [], set()
-    for m in modules:                      # _unique over the slots, as plain loops (no generators)
+    for m in modules:                      # unique_tensors over the slots, as plain loops (no generators)
         for t in getattr(m, slot).values():
             if t is not None and id(t) not in seen:
                 seen.add(id(t))
@@ -220,7 +220,8 @@ def held_tensors(modules: list[nn.Module], slot: str) -> list[torch.Tensor]:
     return out
 
 
-def _unique(tensors):
+def unique_tensors(tensors):
+    """Each tensor once, by identity, in order."""
     seen = set()
     for t in tensors:
         if id(t) not in seen:
