@@ -82,7 +82,7 @@ def _memory(ns: argparse.Namespace) -> int:
         where = f"largest batch that fits {iec(fit.limit_bytes)}: {fit.batch_size}"
         peak = f" (predicted peak {iec(fit.peak_bytes)})" if fit.peak_bytes is not None else \
             " (even batch 1 does not fit)"
-        sys.stdout.write(where + peak + f", from {len(fit.samples)} simulations\n")
+        sys.stdout.write(where + peak + f", from {len(fit.samples)} simulation{'' if len(fit.samples) == 1 else 's'}\n")
     return code
 
 

@@ -78,7 +78,8 @@ def memory_footer(rep: "MemoryReport") -> tuple[Fact, ...]:
     for s in rep.steps:
         where = s.peak_layer if s.peak_layer else ("(root)" if s.peak_layer == "" else "outside the model")
         label = f"Peak, step {s.step + 1}" if len(rep.steps) > 1 else "Peak"
-        lines.append(Fact(label, ((s.peak_bytes, "bytes"), f" in {s.peak_phase} at {where}")))
+        at = ", outside the model" if s.peak_layer is None else f" at {where}"
+        lines.append(Fact(label, ((s.peak_bytes, "bytes"), f" in {s.peak_phase}{at}")))
     parts: list = []
     for k, v in rep.breakdown.items():
         if v:
