@@ -82,3 +82,11 @@ def test_non_positive_limit_cli(limit, capsys):
     # before: -5GiB was an argparse usage error ("expected one argument"), 0GiB "expected a memory size"
     assert main(["memory", "layerscope.examples:small_cnn", "--limit", limit, "-q"]) == 1
     _one_line(capsys, f"a memory size must be positive, got '{limit}'")
+
+
+def test_report_says_where_it_wrote(tmp_path, capsys):
+    # issue 34 item 7: `report` printed nothing on success
+    out = tmp_path / "r.html"
+    assert main(["report", "layerscope.examples:small_cnn", "-o", str(out), "-q"]) == 0
+    line = capsys.readouterr().out
+    assert line.startswith(f"wrote {out} (") and line.count("\n") == 1 and out.stat().st_size > 0
