@@ -90,3 +90,23 @@ def test_report_says_where_it_wrote(tmp_path, capsys):
     assert main(["report", "layerscope.examples:small_cnn", "-o", str(out), "-q"]) == 0
     line = capsys.readouterr().out
     assert line.startswith(f"wrote {out} (") and line.count("\n") == 1 and out.stat().st_size > 0
+
+
+def test_memory_footer_says_what_total_sums_when_it_exceeds_the_peak():
+    # issue 34 item 7: a root Total larger than the peak read as a contradiction. The footer line appears
+    # only then: here the real report (peak above Total) has none, and the same report with its peak put
+    # below the root's Total has it.
+    from layerscope.reports.memory import memory_footer
+    m = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    rep = layerscope.memory(m, torch.randn(8, 64), optimizer="adamw")
+    root = next(r for r in rep.layers if r.depth == 0)
+    assert root.total < rep.peak_bytes
+    assert "Total column" not in [f.label for f in memory_footer(rep)]
+
+    class Lower:                       # the report with a smaller peak, everything else as it is
+        peak_bytes = root.total - 1
+
+        def __getattr__(self, name):
+            return getattr(rep, name)
+    facts = {f.label: f for f in memory_footer(Lower())}
+    assert "not a peak" in str(facts["Total column"].value)
