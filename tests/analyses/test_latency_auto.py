@@ -136,8 +136,8 @@ def test_cli_repeats_auto_and_int(capsys):
 
 
 def test_report_repeats_flag_parses_auto_and_int():
-    from layerscope.cli import _parser
+    from layerscope.cli import build_parser
     base = ["report", "layerscope.examples:small_cnn", "-o", "r.html", "--profile"]
-    assert _parser().parse_args(base).repeats == 10          # report keeps its fixed 10 by default
-    assert _parser().parse_args(base + ["--repeats", "auto"]).repeats == "auto"
-    assert _parser().parse_args(base + ["--repeats", "7"]).repeats == 7
+    assert build_parser().parse_args(base).repeats == 10          # report keeps its fixed 10 by default
+    assert build_parser().parse_args(base + ["--repeats", "auto"]).repeats == "auto"
+    assert build_parser().parse_args(base + ["--repeats", "7"]).repeats == 7

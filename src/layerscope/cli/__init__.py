@@ -10,13 +10,13 @@ from typing import Sequence
 
 from ..errors import LayerscopeError
 from .helptext import _EXAMPLES
-from .onnx import _onnx, _onnx_tile
-from .parser import EXIT_ERROR, EXIT_INTERNAL, EXIT_USAGE, _parser
-from .report import _compare, _list_presets, _report
-from .split import _split
-from .summary import _memory, _profile, _summary
+from .onnx import run_onnx, run_onnx_tile
+from .parser import EXIT_ERROR, EXIT_INTERNAL, EXIT_USAGE, build_parser
+from .report import run_compare, run_list_presets, run_report
+from .split import run_split
+from .summary import run_memory, run_profile, run_summary
 
-__all__ = ["EXIT_ERROR", "EXIT_INTERNAL", "EXIT_USAGE", "LayerscopeError", "_EXAMPLES", "_parser", "main"]
+__all__ = ["EXIT_ERROR", "EXIT_INTERNAL", "EXIT_USAGE", "LayerscopeError", "_EXAMPLES", "build_parser", "main"]
 
 
 def _value_options(parser) -> set[str]:
@@ -50,7 +50,7 @@ def _join_negative_values(parser, argv: list[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    parser = build_parser()
     argv = _join_negative_values(parser, list(sys.argv[1:] if argv is None else argv))
     try:
         ns = parser.parse_args(argv)
@@ -58,8 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if e.code in (0, None):
             raise
         return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
-    commands = {"summary": _summary, "memory": _memory, "split": _split, "profile": _profile, "onnx": _onnx,
-                "onnx-tile": _onnx_tile, "report": _report, "compare": _compare, "list-presets": _list_presets}
+    commands = {"summary": run_summary, "memory": run_memory, "split": run_split, "profile": run_profile, "onnx": run_onnx,
+                "onnx-tile": run_onnx_tile, "report": run_report, "compare": run_compare, "list-presets": run_list_presets}
     try:
         if ns.command in commands:
             return commands[ns.command](ns)

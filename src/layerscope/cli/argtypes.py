@@ -7,7 +7,7 @@ import argparse
 import torch
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def arg_ints(text: str) -> tuple[int, ...]:
     # every item must be an integer: "1,3,x,32" was read as 1,3,32 when "x" doubled as a separator
     import re
     parts = re.split(r"[,x]", text.strip())
@@ -20,7 +20,7 @@ def _ints(text: str) -> tuple[int, ...]:
     return vals
 
 
-def _count(least: int):
+def arg_count(least: int):
     """An integer option that must be at least ``least`` (--stages 0, --microbatches -1 are refused
     here, before anything runs, instead of failing deep inside as a ZeroDivisionError)."""
     def parse(text: str) -> int:
@@ -35,10 +35,10 @@ def _count(least: int):
     return parse
 
 
-def _count_or_auto(least: int):
+def arg_count_or_auto(least: int):
     """--repeats/--warmup: ``auto`` (profile() chooses from the measured spread) or an integer of
     at least ``least``."""
-    count = _count(least)
+    count = arg_count(least)
 
     def parse(text: str):
         if text.strip().lower() == "auto":
@@ -52,7 +52,7 @@ def _count_or_auto(least: int):
     return parse
 
 
-def _device(text: str) -> str:
+def arg_device(text: str) -> str:
     try:
         torch.device(text)
     except (RuntimeError, ValueError):
@@ -60,14 +60,14 @@ def _device(text: str) -> str:
     return text
 
 
-def _dtype(text: str) -> torch.dtype:
+def arg_dtype(text: str) -> torch.dtype:
     dt = getattr(torch, text, None)
     if not isinstance(dt, torch.dtype):
         raise argparse.ArgumentTypeError(f"unknown dtype {text!r} (e.g. float32, bfloat16, int64)")
     return dt
 
 
-def _bandwidth(text: str) -> float:
+def arg_bandwidth(text: str) -> float:
     """'50e9', '50GB/s', '2.5TB/s' -> bytes per second (parsed in options, as a usage error here)."""
     from ..options import parse_bandwidth
     try:

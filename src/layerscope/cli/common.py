@@ -10,7 +10,7 @@ import sys
 import torch
 
 
-def _write(ns: argparse.Namespace, text: str) -> int:
+def write_output(ns: argparse.Namespace, text: str) -> int:
     if ns.output:
         from ..errors import InputError
         try:
@@ -23,12 +23,12 @@ def _write(ns: argparse.Namespace, text: str) -> int:
     return 0
 
 
-def _live(ns: argparse.Namespace) -> bool:
+def live(ns: argparse.Namespace) -> bool:
     """Spinners and progress bars: only on a terminal, and not with --quiet."""
     return sys.stderr.isatty() and not getattr(ns, "quiet", False)
 
 
-def _status(text: str, ns: argparse.Namespace | None = None):
+def status(text: str, ns: argparse.Namespace | None = None):
     """A spinner on stderr while work runs, only when stderr is a terminal (and not --quiet)."""
     if not sys.stderr.isatty() or getattr(ns, "quiet", False):
         return contextlib.nullcontext()
@@ -65,7 +65,7 @@ _FILE_SUPPORT = {
 }
 
 
-def _check_device(device: str | None) -> None:
+def check_device(device: str | None) -> None:
     """A device the command will allocate on must exist here: one line instead of torch's
     `AssertionError: Torch not compiled with CUDA enabled` from inside the model's factory."""
     from ..errors import InputError
@@ -129,7 +129,7 @@ def _check_memory(ns: argparse.Namespace, device: str | None) -> None:
     check_fits(need, dev, what, hint)
 
 
-def _build(ns: argparse.Namespace, device: str | None):
+def build_spec(ns: argparse.Namespace, device: str | None):
     """The model and example inputs a subcommand asked for: (model, args, kwargs)."""
     from ..capture import model_device
     from ..errors import InputError
@@ -138,9 +138,9 @@ def _build(ns: argparse.Namespace, device: str | None):
     for ext in ("onnx", "pt2"):
         if ns.spec.endswith("." + ext):
             raise InputError(f"{ns.command} {ns.spec}: {_FILE_SUPPORT[ext]}")
-    _check_device(device)
+    check_device(device)
     _check_memory(ns, device)
-    with _status(f"building {ns.spec}", ns):
+    with status(f"building {ns.spec}", ns):
         built = build_model(ns.spec, device, parse_overrides(ns.set), ns.head,
                             allow_pickle=getattr(ns, "allow_pickle", False), dtype=ns.model_dtype)
     model = built.model
@@ -152,7 +152,7 @@ def _build(ns: argparse.Namespace, device: str | None):
     return model, args, kwargs
 
 
-def _emit(ns: argparse.Namespace, rep) -> int:
+def emit(ns: argparse.Namespace, rep) -> int:
     if ns.format == "json":
         text = rep.to_json()
     elif ns.format == "csv":
@@ -167,4 +167,4 @@ def _emit(ns: argparse.Namespace, rep) -> int:
             rep.print(**view)
             return 0
         text = rep.table(**view)
-    return _write(ns, text)
+    return write_output(ns, text)

@@ -5,16 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import _status, _write
+from .common import status, write_output
 
 
-def _onnx_tile(ns: argparse.Namespace) -> int:
+def run_onnx_tile(ns: argparse.Namespace) -> int:
     from ..api import onnx_tile
     from ..errors import InputError
 
     if len(ns.block) != 3:
         raise InputError(f"--block needs three sizes M,K,N, got {ns.block}")
-    with _status(f"tiling {ns.file}", ns):
+    with status(f"tiling {ns.file}", ns):
         res = onnx_tile(ns.file, block=tuple(ns.block), ops=tuple(ns.ops.split(",")),
                         nodes=ns.nodes.split(",") if ns.nodes else None, input_shapes=_input_shapes(ns),
                         verify=ns.verify)
@@ -52,15 +52,15 @@ def _input_shapes(ns: argparse.Namespace) -> dict | None:
     return shapes or None
 
 
-def _onnx(ns: argparse.Namespace) -> int:
+def run_onnx(ns: argparse.Namespace) -> int:
     from ..api import analyze_onnx
 
-    with _status(f"analysing {ns.file}", ns):
+    with status(f"analysing {ns.file}", ns):
         rep = analyze_onnx(ns.file, _input_shapes(ns))
     if ns.format == "json":
-        return _write(ns, rep.to_json())
+        return write_output(ns, rep.to_json())
     if ns.format == "csv":
-        return _write(ns, rep.graph.to_csv(ns.sort, ns.top))
+        return write_output(ns, rep.graph.to_csv(ns.sort, ns.top))
     if ns.format == "html":
-        return _write(ns, rep.to_html())
-    return _write(ns, rep.table(depth=ns.depth, fold=not ns.expand) + "\n" + rep.graph.table(ns.sort, ns.top))
+        return write_output(ns, rep.to_html())
+    return write_output(ns, rep.table(depth=ns.depth, fold=not ns.expand) + "\n" + rep.graph.table(ns.sort, ns.top))

@@ -6,7 +6,7 @@ import argparse
 
 import torch
 
-from .argtypes import _bandwidth, _count, _count_or_auto, _device, _dtype, _ints
+from .argtypes import arg_bandwidth, arg_count, arg_count_or_auto, arg_device, arg_dtype, arg_ints
 from .helptext import _EXAMPLES, _SPEC_HELP
 
 
@@ -35,10 +35,10 @@ def _output_args(s: argparse.ArgumentParser, formats=FORMATS) -> None:
 
 
 def _input_args(s: argparse.ArgumentParser) -> None:
-    s.add_argument("--input-size", type=_ints, action="append", metavar="1,3,224,224",
+    s.add_argument("--input-size", type=arg_ints, action="append", metavar="1,3,224,224",
                    help="shape of an example input (repeat for several inputs)")
-    s.add_argument("--input-ids", type=_ints, metavar="B,S", help="token ids of shape B,S (int64)")
-    s.add_argument("--dtype", type=_dtype, action="append", help="dtype per --input-size (default float32)")
+    s.add_argument("--input-ids", type=arg_ints, metavar="B,S", help="token ids of shape B,S (int64)")
+    s.add_argument("--dtype", type=arg_dtype, action="append", help="dtype per --input-size (default float32)")
     s.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="config/factory override (repeatable; a key the config or factory lacks is refused)")
     s.add_argument("--model-dtype", choices=("bf16", "fp16", "fp32"),
@@ -54,7 +54,7 @@ def _model_args(s: argparse.ArgumentParser, formats=FORMATS) -> None:
     """Arguments every subcommand that builds a model shares."""
     s.add_argument("spec", help=_SPEC_HELP)
     _input_args(s)
-    s.add_argument("--depth", type=_count(0), default=3, help="deepest layer level shown (default 3)")
+    s.add_argument("--depth", type=arg_count(0), default=3, help="deepest layer level shown (default 3)")
     s.add_argument("--expand", action="store_true",
                    help="show every block of a run of identical blocks (folded by default: 'layers.0-79 x80')")
     _output_args(s, formats)
@@ -70,14 +70,14 @@ def _memory_args(m: argparse.ArgumentParser, optimizer_default: str | None = Non
                    help="a torch.optim class name: adamw, adam, sgd, adagrad, rmsprop, ..."
                         + (f" (default {optimizer_default})" if optimizer_default else ""))
     m.add_argument("--momentum", type=float, help="momentum for --optimizer sgd")
-    m.add_argument("--batch-size", type=_count(1), help="re-size the inputs' batch dimension to N")
+    m.add_argument("--batch-size", type=arg_count(1), help="re-size the inputs' batch dimension to N")
     m.add_argument("--autocast", choices=("bf16", "fp16"), help="run forward and loss under torch.autocast")
     mode = m.add_mutually_exclusive_group()
     mode.add_argument("--train", dest="training", action="store_true", default=True,
                       help="a training step: forward, loss, backward, optimizer step (default)")
     mode.add_argument("--infer", dest="training", action="store_false", help="a no-grad forward")
-    m.add_argument("--steps", type=_count(1), default=2, help="training steps to run (default 2)")
-    m.add_argument("--accumulation", type=_count(1), default=1, help="micro-batches per step (default 1)")
+    m.add_argument("--steps", type=arg_count(1), default=2, help="training steps to run (default 2)")
+    m.add_argument("--accumulation", type=arg_count(1), default=1, help="micro-batches per step (default 1)")
 
 
 def _columns_help(columns) -> str:
@@ -91,7 +91,7 @@ def _columns_help(columns) -> str:
         f"\n(default {default})"
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     from ..reports.memory import COLUMNS as memory_columns
     from ..reports.summary import COLUMNS as summary_columns
 
@@ -103,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = _sub(sub, "summary", "per-layer shapes, params, MACs, FLOPs, bytes")
     _model_args(s)
-    s.add_argument("--device", type=_device, help="cpu, cuda, or meta (count without computing)")
+    s.add_argument("--device", type=arg_device, help="cpu, cuda, or meta (count without computing)")
     s.add_argument("--columns", help=_columns_help(summary_columns))
     s.add_argument("--mode", choices=("eval", "train", "same"), default="eval")
     s.add_argument("--backward", action="store_true", help="also run and count a backward pass")
@@ -116,14 +116,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="an input's shape (input_ids=1,128) or a symbolic dim's value (batch=8); repeatable")
     o.add_argument("--sort", choices=("order", "read", "write", "bytes", "macs", "flops", "params"),
                    default="order", help="order of the node table (default: graph order)")
-    o.add_argument("--top", type=_count(1), help="only the first N rows of the node table")
-    o.add_argument("--depth", type=_count(0), default=3, help="deepest module level shown (default 3)")
+    o.add_argument("--top", type=arg_count(1), help="only the first N rows of the node table")
+    o.add_argument("--depth", type=arg_count(0), default=3, help="deepest module level shown (default 3)")
     o.add_argument("--expand", action="store_true", help="do not fold runs of identical blocks")
     _output_args(o)
     t = _sub(sub, "onnx-tile", "rewrite Gemm/MatMul nodes into M x K x N blocks (Split + blocks + Sum + Concat)")
     t.add_argument("file", help="the .onnx file to rewrite")
     t.add_argument("out", help="where to write the tiled model")
-    t.add_argument("--block", type=_ints, default=(64, 64, 64), metavar="M,K,N", help="block sizes (default 64,64,64)")
+    t.add_argument("--block", type=arg_ints, default=(64, 64, 64), metavar="M,K,N", help="block sizes (default 64,64,64)")
     t.add_argument("--ops", default="Gemm,MatMul", help="node types to tile (default Gemm,MatMul)")
     t.add_argument("--nodes", help="only these nodes (comma-separated names)")
     t.add_argument("--input", action="append", metavar="NAME=DIMS", help="as for `layerscope onnx`")
@@ -132,7 +132,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", "-q", action="store_true", help="no spinner on stderr")
     m = _sub(sub, "memory", "memory of a training step or inference: per category, peak, per layer")
     _model_args(m)
-    m.add_argument("--device", type=_device, help="the device to predict for: cpu or cuda (512-byte allocator blocks); "
+    m.add_argument("--device", type=arg_device, help="the device to predict for: cpu or cuda (512-byte allocator blocks); "
                                     "default where the model is (hf: specs are built on meta)")
     _memory_args(m)
     m.add_argument("--limit", help="memory limit such as 80GiB: says whether the peak fits, and the "
@@ -141,19 +141,19 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--columns", help=_columns_help(memory_columns))
     pf = _sub(sub, "profile", "per-module forward (and backward) time, self and inclusive, achieved FLOP/s")
     _model_args(pf)
-    pf.add_argument("--device", type=_device, help="where to build the model and run it: cpu (default) or cuda")
+    pf.add_argument("--device", type=arg_device, help="where to build the model and run it: cpu (default) or cuda")
     pf.add_argument("--backward", action="store_true", help="also time the backward pass")
-    pf.add_argument("--repeats", type=_count_or_auto(1), default="auto",
+    pf.add_argument("--repeats", type=arg_count_or_auto(1), default="auto",
                     help="timed repeats, or auto (the default): 6 to 20, stopping when every median that\n"
                          "matters is known within +-2%% (whole run) / +-5%% (calls over 5%% of it), 95%% confidence")
-    pf.add_argument("--warmup", type=_count_or_auto(0), default="auto",
+    pf.add_argument("--warmup", type=arg_count_or_auto(0), default="auto",
                     help="untimed warm-up runs, or auto (the default): 1 to 3, more while runs get faster")
     pf.add_argument("--roofline", metavar="PEAKS",
                     help="class each layer compute- or memory-bound and show its distance from the roof:\n"
                          "a GPU from the built-in table (V100, A100, A100-40GB, L4, H100, H100-PCIE, H200),\n"
                          "'measure' (a short matmul and copy microbenchmark here), 'auto' (the table\n"
                          "for a known GPU, else measured) or 'FLOPS,BYTES_PER_S' such as 989e12,3.35e12")
-    pf.add_argument("--top", type=_count(0), default=3, metavar="K",
+    pf.add_argument("--top", type=arg_count(0), default=3, metavar="K",
                     help="name the K slowest calls at each depth under the table (default 3; 0: none)")
     pf.add_argument("--columns", help="comma-separated, of: output_shape,input_shape,params,forward,forward_self,\n"
                                       "self_percent,forward_p25,forward_p75,backward,backward_self (with\n"
@@ -166,22 +166,22 @@ def _parser() -> argparse.ArgumentParser:
     _split_args(sp)
     sp.add_argument("--run", action="store_true",
                     help="train the stages under torchrun (gloo on CPU) and compare with one process")
-    sp.add_argument("--steps", type=_count(1), default=3, help="training steps for --run (default 3)")
+    sp.add_argument("--steps", type=arg_count(1), default=3, help="training steps for --run (default 3)")
     r = _sub(sub, "report", "one self-contained HTML page: layer tree, charts of MACs, params, memory and "
                             "latency, the memory timeline, the stage split, coverage")
     r.add_argument("spec", nargs="+", help=_SPEC_HELP + "\n  or one or more saved JSON reports (--format json)")
     _input_args(r)
     r.add_argument("--output", "-o", required=True, help="the .html file to write")
     r.add_argument("--title", help="page title (default: layerscope: MODEL)")
-    r.add_argument("--device", type=_device, help="where to build and run the model (hf: specs are built on meta)")
+    r.add_argument("--device", type=arg_device, help="where to build and run the model (hf: specs are built on meta)")
     r.add_argument("--no-memory", dest="memory", action="store_false", help="leave out the memory section")
     _memory_args(r, optimizer_default="adamw")
     r.add_argument("--profile", action="store_true", help="also time every layer (needs real weights: "
                                                           "the model is built on cpu)")
     # 10 fixed, as before: on a 2-core shared machine auto runs to its maximum of 20 (twice the time)
-    r.add_argument("--repeats", type=_count_or_auto(1), default=10,
+    r.add_argument("--repeats", type=arg_count_or_auto(1), default=10,
                    help="timed repeats for --profile (default 10), or auto (as for `profile`: 6-20)")
-    r.add_argument("--stages", type=_count(1), help="also plan this many pipeline stages")
+    r.add_argument("--stages", type=arg_count(1), help="also plan this many pipeline stages")
     r.add_argument("--by", choices=("flops", "macs", "params", "memory", "latency"), default="flops",
                    help="the stage cost to balance (default flops)")
     r.add_argument("--quiet", "-q", action="store_true", help="no spinner or progress bar on stderr")
@@ -190,8 +190,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("a", help="a model spec (as for summary) or a saved JSON report")
     c.add_argument("b", help="the other one")
     _input_args(c)
-    c.add_argument("--device", type=_device, help="where to build the models (hf: specs are built on meta)")
-    c.add_argument("--depth", type=_count(0), default=2, help="deepest layer level shown (default 2)")
+    c.add_argument("--device", type=arg_device, help="where to build the models (hf: specs are built on meta)")
+    c.add_argument("--depth", type=arg_count(0), default=2, help="deepest layer level shown (default 2)")
     c.add_argument("--changed", action="store_true", help="only the layers that differ")
     c.add_argument("--expand", action="store_true",
                    help="show every block of a run of identical blocks (folded by default: 'h.0-23 x24')")
@@ -206,7 +206,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _split_args(sp: argparse.ArgumentParser) -> None:
     from ..options import SCHEDULES
-    sp.add_argument("--stages", type=_count(1), required=True, help="number of pipeline stages")
+    sp.add_argument("--stages", type=arg_count(1), required=True, help="number of pipeline stages")
     sp.add_argument("--by", choices=("flops", "macs", "params", "memory", "latency", "roofline"), default="flops",
                     help="the stage cost (default flops, forward + backward); latency: forward and backward\n"
                          "times measured here (real weights), roofline: predicted from FLOPs and bytes\n"
@@ -218,24 +218,24 @@ def _split_args(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--roofline", metavar="PEAKS",
                     help="peaks for --by roofline: a GPU of the built-in table (H100, A100, ...),\n"
                          "'FLOPS,BYTES_PER_S', or 'measure' (default: measured on this machine on cpu)")
-    sp.add_argument("--link-bandwidth", type=_bandwidth, metavar="BYTES_PER_S",
+    sp.add_argument("--link-bandwidth", type=arg_bandwidth, metavar="BYTES_PER_S",
                     help="price each send across a cut at this bandwidth (e.g. 50e9 or 50GB/s)")
-    sp.add_argument("--optimizer-bandwidth", type=_bandwidth, metavar="BYTES_PER_S",
+    sp.add_argument("--optimizer-bandwidth", type=arg_bandwidth, metavar="BYTES_PER_S",
                     help="price each rank's optimizer step at this memory bandwidth (e.g. 2e12)")
     sp.add_argument("--schedule", choices=tuple(SCHEDULES), default="1f1b",
                     help="pipeline schedule (default 1f1b), as torch's classes:\n" +
                          "\n".join(f"  {k}: {v.torch_class}" + (f" ({v.fixed_per_rank} stages per rank in a V)"
                                                                   if v.v_shape else "")
                                    for k, v in SCHEDULES.items()))
-    sp.add_argument("--microbatches", type=_count(1), default=4,
+    sp.add_argument("--microbatches", type=arg_count(1), default=4,
                     help="micro-batches the batch is split into (default 4)")
-    sp.add_argument("--batch-size", type=_count(1), default=8,
+    sp.add_argument("--batch-size", type=arg_count(1), default=8,
                     help="the whole batch, split into micro-batches (default 8: the inputs' batch\n"
                          "dimension is re-sized to it, also that of --input-ids/--input-size)")
     sp.add_argument("--optimizer", default="adamw", help="optimizer whose state each stage holds (default adamw)")
     sp.add_argument("--memory-limit", help="per-stage memory limit such as 16GiB")
-    sp.add_argument("--device", type=_device, help="the device to plan for (cpu or cuda)")
-    sp.add_argument("--stages-per-rank", type=_count(2), default=2,
+    sp.add_argument("--device", type=arg_device, help="the device to plan for (cpu or cuda)")
+    sp.add_argument("--stages-per-rank", type=arg_count(2), default=2,
                     help="stages on each rank under --schedule interleaved or zb (default 2; --run starts\n"
                          "stages / stages-per-rank processes)")
     sp.add_argument("--return-outputs", action=argparse.BooleanOptionalAction, default=None,

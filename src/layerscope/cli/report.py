@@ -7,7 +7,7 @@ import os
 import sys
 
 from ..options import iec
-from .common import _build, _live, _status, _write
+from .common import build_spec, live, status, write_output
 
 
 def _load_json(path: str) -> dict:
@@ -39,7 +39,7 @@ def _wrote(ns: argparse.Namespace, code: int) -> int:
     return code
 
 
-def _report(ns: argparse.Namespace) -> int:
+def run_report(ns: argparse.Namespace) -> int:
     from ..errors import InputError
     from ..render.html import html_page
 
@@ -52,32 +52,32 @@ def _report(ns: argparse.Namespace) -> int:
                 raise InputError(f"{path}: a {data['kind']} report "
                                  + ("is already on the page" if part else "cannot go on the page"))
             parts[part] = data
-        return _wrote(ns, _write(ns, html_page(ns.title, **parts)))
+        return _wrote(ns, write_output(ns, html_page(ns.title, **parts)))
     if len(ns.spec) > 1:
         raise InputError("report takes one model spec, or saved JSON reports (*.json)")
     from ..api import analyze, memory, partition, profile
     from ..options import optimizer_factory
     ns.spec = ns.spec[0]
     device = "cpu" if ns.profile and not ns.device else ns.device   # timing needs real weights
-    model, args, kwargs = _build(ns, device)
-    with _status("analysing", ns):
+    model, args, kwargs = build_spec(ns, device)
+    with status("analysing", ns):
         summary = analyze(model, *args, device=device, backward=ns.training, forward_kwargs=kwargs)
     mem = lat = plan = None
     if ns.memory:
         model.train(ns.training)           # a training step with dropout on; inference without
-        with _status("simulating the step", ns):
+        with status("simulating the step", ns):
             mem = memory(model, *args, optimizer=optimizer_factory(ns.optimizer) if ns.training else None,
                          training=ns.training, autocast_dtype=ns.autocast, batch_size=ns.batch_size,
                          steps=ns.steps, accumulation=ns.accumulation, device=device, forward_kwargs=kwargs)
     model.eval()                           # timed and split as `profile` and `split` run it
     if ns.profile:
-        lat = profile(model, *args, repeats=ns.repeats, backward=ns.training, progress=_live(ns),
+        lat = profile(model, *args, repeats=ns.repeats, backward=ns.training, progress=live(ns),
                       forward_kwargs=kwargs)
     if ns.stages:
-        with _status("planning", ns):
+        with status("planning", ns):
             plan = partition(model, *args, stages=ns.stages, by=ns.by, optimizer=ns.optimizer, device=device,
                              **kwargs)
-    return _wrote(ns, _write(ns, summary.to_html(memory=mem, latency=lat, plan=plan, title=ns.title)))
+    return _wrote(ns, write_output(ns, summary.to_html(memory=mem, latency=lat, plan=plan, title=ns.title)))
 
 
 def _sides(ns: argparse.Namespace, spec: str) -> list[dict]:
@@ -88,19 +88,19 @@ def _sides(ns: argparse.Namespace, spec: str) -> list[dict]:
     from ..api import analyze, memory, profile
     ns.spec = spec
     device = "cpu" if ns.profile and not ns.device else ns.device       # timing needs real weights
-    model, args, kwargs = _build(ns, device)
-    with _status(f"analysing {spec}", ns):
+    model, args, kwargs = build_spec(ns, device)
+    with status(f"analysing {spec}", ns):
         out = [analyze(model, *args, device=device, forward_kwargs=kwargs).to_dict()]
         if ns.memory:
             out.append(memory(model, *args, optimizer="adamw", device=device,
                               forward_kwargs=kwargs).to_dict(timeline=False))
     if ns.profile:
         model.eval()
-        out.append(profile(model, *args, progress=_live(ns), forward_kwargs=kwargs).to_dict())
+        out.append(profile(model, *args, progress=live(ns), forward_kwargs=kwargs).to_dict())
     return out
 
 
-def _compare(ns: argparse.Namespace) -> int:
+def run_compare(ns: argparse.Namespace) -> int:
     import json
 
     from ..render.views import compare
@@ -110,21 +110,21 @@ def _compare(ns: argparse.Namespace) -> int:
         raise InputError("compare two saved reports, or two model specs (--memory and --profile apply to specs)")
     diffs = [compare(x, y, names=(ns.a, ns.b)) for x, y in zip(a, b)]
     if ns.format == "json":
-        return _write(ns, json.dumps([d.to_dict() for d in diffs] if len(diffs) > 1 else diffs[0].to_dict(),
+        return write_output(ns, json.dumps([d.to_dict() for d in diffs] if len(diffs) > 1 else diffs[0].to_dict(),
                                      indent=2))
     if ns.format == "csv":
         from ..render.csv import csv_text
         rows = [{"compared": d.compared, **r} for d in diffs for r in d.rows()]
-        return _write(ns, csv_text(list(dict.fromkeys(k for r in rows for k in r)), rows))
+        return write_output(ns, csv_text(list(dict.fromkeys(k for r in rows for k in r)), rows))
     view = {"depth": ns.depth, "changed": ns.changed, "fold": not ns.expand}
     if ns.output is None and sys.stdout.isatty():       # fitted to the terminal
         for d in diffs:
             d.print(**view)
         return 0
-    return _write(ns, "\n".join(d.table(**view) for d in diffs))
+    return write_output(ns, "\n".join(d.table(**view) for d in diffs))
 
 
-def _list_presets(ns: argparse.Namespace) -> int:
+def run_list_presets(ns: argparse.Namespace) -> int:
     import json
 
     from ..render.csv import csv_text
@@ -137,7 +137,7 @@ def _list_presets(ns: argparse.Namespace) -> int:
     rows = [{"name": p.name, "model": p.model, "params": p.params, "default_inputs": p.default_inputs,
              "description": p.description} for p in listing.presets]
     if ns.format == "json":
-        return _write(ns, json.dumps(rows, indent=2))
+        return write_output(ns, json.dumps(rows, indent=2))
     if ns.format == "csv":
-        return _write(ns, csv_text(list(rows[0]), rows))
-    return _write(ns, listing.table())
+        return write_output(ns, csv_text(list(rows[0]), rows))
+    return write_output(ns, listing.table())

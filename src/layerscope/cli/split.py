@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import _build, _check_device, _emit, _status, _write
+from .common import build_spec, check_device, emit, status, write_output
 
 
 def _split_options(ns: argparse.Namespace) -> dict:
@@ -18,7 +18,7 @@ def _split_options(ns: argparse.Namespace) -> dict:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def _split(ns: argparse.Namespace) -> int:
+def run_split(ns: argparse.Namespace) -> int:
     from ..api import partition
     from ..capture.prepare import rebatch
     from ..options import SCHEDULES, PartitionOptions
@@ -27,17 +27,17 @@ def _split(ns: argparse.Namespace) -> int:
     if ns.run:
         from ..torchrun import launch
         # every rank rebuilds the model and its inputs from these options (specs.command_inputs)
-        _check_device(ns.device)
+        check_device(ns.device)
         procs = SCHEDULES[ns.schedule].ranks(ns.stages, ns.stages_per_rank)
-        with _status(f"training {ns.stages} stages on {procs} ranks under torchrun", ns):
+        with status(f"training {ns.stages} stages on {procs} ranks under torchrun", ns):
             res = launch(ns.spec, overrides=parse_overrides(ns.set), batch_size=ns.batch_size, steps=ns.steps,
                          head=ns.head, input_size=ns.input_size, dtypes=ns.dtype, input_ids=ns.input_ids,
                          model_dtype=ns.model_dtype, allow_pickle=ns.allow_pickle,
                          **{**_split_options(ns), "device": ns.device or "cpu"})
         text = res.plan.table() + "\n" + res.table()
-        return _write(ns, text)
-    model, args, kwargs = _build(ns, None if ns.device == "cuda" else ns.device)
+        return write_output(ns, text)
+    model, args, kwargs = build_spec(ns, None if ns.device == "cuda" else ns.device)
     args, kwargs = rebatch(args, kwargs, 0, ns.batch_size)
-    with _status("planning", ns):
+    with status("planning", ns):
         plan = partition(model, *args, options=PartitionOptions(**_split_options(ns)), **kwargs)
-    return _emit(ns, plan)
+    return emit(ns, plan)

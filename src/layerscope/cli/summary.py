@@ -8,10 +8,10 @@ import sys
 import torch
 
 from ..errors import LayerscopeError
-from .common import _build, _emit, _live, _status
+from .common import build_spec, emit, live, status
 
 
-def _summary(ns: argparse.Namespace) -> int:
+def run_summary(ns: argparse.Namespace) -> int:
     from ..api import analyze
     from ..options import AnalyzeOptions
 
@@ -21,34 +21,34 @@ def _summary(ns: argparse.Namespace) -> int:
         if ns.input_size or ns.input_ids or ns.set or ns.backward or ns.model_dtype:
             raise InputError("an ONNX file's input shapes come from the file: use `layerscope onnx FILE "
                              "--input NAME=DIMS` to set them")
-        with _status(f"analysing {ns.spec}", ns):
-            return _emit(ns, analyze_onnx(ns.spec))
+        with status(f"analysing {ns.spec}", ns):
+            return emit(ns, analyze_onnx(ns.spec))
     if ns.spec.endswith(".pt2"):   # issue 22: a torch.export program (torch.export.load, no pickle)
         from ..api import analyze_exported
         from ..errors import InputError
         if ns.input_ids or ns.set or ns.backward:
             raise InputError("a .pt2 program runs forward only on its own inputs: give --input-size (or none "
                              "to use the example inputs stored in it)")
-        with _status(f"analysing {ns.spec}", ns):
-            return _emit(ns, analyze_exported(ns.spec, input_size=ns.input_size or None,
+        with status(f"analysing {ns.spec}", ns):
+            return emit(ns, analyze_exported(ns.spec, input_size=ns.input_size or None,
                                               dtypes=ns.dtype or None, device=ns.device, causal=ns.causal))
-    model, args, kwargs = _build(ns, ns.device)
+    model, args, kwargs = build_spec(ns, ns.device)
     if isinstance(model, torch.jit.ScriptModule):
         from ..api import analyze_torchscript
         from ..errors import InputError
         if kwargs or ns.backward or ns.device not in (None, "cpu"):
             raise InputError("a TorchScript file is analysed on CPU, forward only, with positional inputs "
                              "(--input-size)")
-        with _status("analysing", ns):
+        with status("analysing", ns):
             rep = analyze_torchscript(model, *args)
-        return _emit(ns, rep)
-    with _status("analysing", ns):
+        return emit(ns, rep)
+    with status("analysing", ns):
         rep = analyze(model, *args, options=AnalyzeOptions(device=ns.device, mode=ns.mode, backward=ns.backward,
                                                            causal=ns.causal), forward_kwargs=kwargs)
-    return _emit(ns, rep)
+    return emit(ns, rep)
 
 
-def _memory(ns: argparse.Namespace) -> int:
+def run_memory(ns: argparse.Namespace) -> int:
     import functools
 
     import dataclasses
@@ -60,7 +60,7 @@ def _memory(ns: argparse.Namespace) -> int:
 
     # hf: specs and factories are built where the model will live; a cuda prediction is simulated
     build_on = ns.device if ns.measure else (None if ns.device in (None, "cuda") else ns.device)
-    model, args, kwargs = _build(ns, build_on)
+    model, args, kwargs = build_spec(ns, build_on)
     optimizer = optimizer_factory(ns.optimizer) if ns.optimizer else None
     if ns.momentum is not None:
         if optimizer is not torch.optim.SGD:
@@ -68,13 +68,13 @@ def _memory(ns: argparse.Namespace) -> int:
         optimizer = functools.partial(torch.optim.SGD, momentum=ns.momentum)
     step = MemoryOptions(optimizer=optimizer, training=ns.training, autocast_dtype=ns.autocast, device=ns.device,
                          steps=ns.steps, accumulation=ns.accumulation)
-    with _status("simulating the step", ns):
+    with status("simulating the step", ns):
         rep = memory(model, *args, options=dataclasses.replace(step, batch_size=ns.batch_size, limit=ns.limit,
                                                                measure=ns.measure or None), forward_kwargs=kwargs)
-    code = _emit(ns, rep)
+    code = emit(ns, rep)
     if ns.limit and ns.format == "table":
         try:
-            with _status("finding the largest batch that fits", ns):
+            with status("finding the largest batch that fits", ns):
                 fit = max_batch_size(model, *args, limit=ns.limit, options=step, forward_kwargs=kwargs)
         except LayerscopeError as e:
             sys.stdout.write(f"largest batch that fits: not found ({e})\n")
@@ -86,13 +86,13 @@ def _memory(ns: argparse.Namespace) -> int:
     return code
 
 
-def _profile(ns: argparse.Namespace) -> int:
+def run_profile(ns: argparse.Namespace) -> int:
     from ..api import profile
 
-    model, args, kwargs = _build(ns, ns.device or "cpu")   # real weights: hf: specs build on meta otherwise
+    model, args, kwargs = build_spec(ns, ns.device or "cpu")   # real weights: hf: specs build on meta otherwise
     model.eval()
     rep = profile(model, *args, warmup=ns.warmup, repeats=ns.repeats, backward=ns.backward,
-                  roofline=ns.roofline, progress=_live(ns), forward_kwargs=kwargs)
+                  roofline=ns.roofline, progress=live(ns), forward_kwargs=kwargs)
     if ns.trace:
         rep.to_chrome_trace(ns.trace)
-    return _emit(ns, rep)
+    return emit(ns, rep)
