@@ -248,9 +248,12 @@ def parse_bytes(value) -> int:
     try:
         n = float(num)
     except ValueError:
-        n = -1.0
-    if unit not in _BYTE_UNITS or n <= 0:
+        n = None
+    if unit not in _BYTE_UNITS or n is None or n != n:
         raise InputError(f"expected a memory size such as 80GiB, 40GB or 512MiB, got {value!r}")
+    if n <= 0:
+        # "0GiB" and "-5GiB" are well-formed sizes: say what is wrong with them, not that they are not sizes
+        raise InputError(f"a memory size must be positive, got {value!r}")
     return int(n * _BYTE_UNITS[unit])
 
 

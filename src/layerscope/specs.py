@@ -17,6 +17,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -101,6 +102,18 @@ def _check_keys(spec: str, overrides: dict, known, what: str) -> None:
     for key in overrides:
         if key not in known:
             raise SpecError(f"{spec}: --set {key}: {what} has no such key{_closest(key, known)}")
+
+
+_COUNT_KEY = re.compile(r"^(n|num)_|_(layers?|heads?|size|embd|experts|positions|ctx)$|^(n_layer|n_head)$")
+
+
+def _check_counts(spec: str, overrides: dict) -> None:
+    """A negative count in a config (--set n_layer=-1) builds a model that fails later with a message about
+    something else (meta tensors): refuse it here, by name."""
+    for key, value in overrides.items():
+        if (isinstance(value, int) and not isinstance(value, bool) and value < 0
+                and _COUNT_KEY.search(key)):
+            raise SpecError(f"{spec}: --set {key}={value}: a count or size cannot be negative")
 
 
 def _call_factory(fn: Any, spec: str, device: str | None, overrides: dict) -> BuiltModel:
@@ -275,6 +288,7 @@ def _from_hf(spec: str, rest: str, device, overrides, head: str | None) -> Built
         raise SpecError(f"{spec}: {cfg_name!r} is neither a preset (layerscope list-presets) nor a "
                         "transformers config class (e.g. hf:gpt2, hf:GPT2Config)")
     _check_keys(spec, user_keys, _config_keys(cfg_cls), cfg_name)
+    _check_counts(spec, user_keys)
     try:
         config = cfg_cls(**overrides)
     except Exception as e:

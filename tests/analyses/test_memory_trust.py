@@ -58,7 +58,7 @@ def test_layerdrop_draw_keeps_every_layer_and_says_so():
     assert_unchanged(before, model)
     assert rep.totals["saved_activation_bytes"] == 3 * 2048
     # 4 layers x 2 steps
-    assert any("torch.rand as its median 8 time(s)" in n and "simulate=False" in n for n in rep.notes)
+    assert any("torch.rand as its median 8 times" in n and "simulate=False" in n for n in rep.notes)
     assert any("torch.rand" in str(f.value) for f in _footer(rep))
     # the real step with a seed that skips no layer: the allocator agrees within 2%
     seed = next(s for s in range(100) if torch.manual_seed(s) is not None
@@ -220,7 +220,7 @@ def test_draw_medians_by_hand():
     assert model.seen == [0.5, 0.0, 4, 4, 3.0]
     # one note per kind of draw: rand, randn, randint (2 draws), uniform
     assert sum("median" in n or "mean" in n or "middle" in n for n in rep.notes) == 4
-    assert any("torch.randint as the middle of its range 2 time(s)" in n for n in rep.notes)
+    assert any("torch.randint as the middle of its range 2 times" in n for n in rep.notes)
 
 
 def test_the_fake_tensor_check_is_ours_only():

@@ -157,6 +157,10 @@ def make_inputs(input_size: Any, dtypes: Any = None, batch_dim: int | None = Non
     for shape, dtype in zip(sizes, dtypes):
         if any(s < 0 for s in shape):
             raise InputError(f"input size {shape} has a negative dimension")
+        if any(s == 0 for s in shape):
+            # an empty tensor runs through most layers and every count comes out 0: a table of zeros
+            # that looks like an answer
+            raise InputError(f"input size {shape} has a zero dimension: every count would be 0")
         if batch_dim is not None:
             shape = shape[:batch_dim] + (1,) + shape[batch_dim:]
         if device.type == "meta":

@@ -67,6 +67,11 @@ _PROBED = {getattr(aten, name).default for name in ("mkldnn_rnn_layer", "mkldnn_
            if hasattr(aten, name)}
 
 
+def _times(n: int) -> str:
+    """'1 time', '1,350 times'."""
+    return f"{n:,} time{'' if n == 1 else 's'}"
+
+
 def _unknown(t) -> bool:
     return getattr(t, "fake_mode", None) is not None and getattr(t, "constant", None) is None
 
@@ -97,19 +102,19 @@ class SimulationLog:
             if len(where) > 4:
                 places += f" and {len(where) - 4} more layers"
             if kind == "random":
-                out.append(f"the simulation drew {what} {n} time(s), in {places}: a test against it takes "
+                out.append(f"the simulation drew {what} {_times(n)}, in {places}: a test against it takes "
                            f"its more likely side (e.g. LayerDrop keeps every layer); a real step may "
                            f"not. Use simulate=False to track a real step")
             elif kind == "read":
-                out.append(f"the simulation had to invent {what} {n} time(s), in {places}: it read it "
+                out.append(f"the simulation had to invent {what} {_times(n)}, in {places}: it read it "
                            f"as 1 (True), so a branch on it may not be the real step's. Use "
                            f"simulate=False to track the real step")
             elif kind == "nonzero":
-                out.append(f"the simulation had no values for nonzero {n} time(s), in {places}, and "
+                out.append(f"the simulation had no values for nonzero {_times(n)}, in {places}, and "
                            f"found every element nonzero (index tensors at their largest). Use "
                            f"simulate=False to track the real step")
             else:
-                out.append(f"{what} ({n} time(s), in {places})")
+                out.append(f"{what} ({_times(n)}, in {places})")
         return out
 
 

@@ -19,9 +19,41 @@ from .summary import run_memory, run_profile, run_summary
 __all__ = ["EXIT_ERROR", "EXIT_INTERNAL", "EXIT_USAGE", "LayerscopeError", "_EXAMPLES", "build_parser", "main"]
 
 
+def _value_options(parser) -> set[str]:
+    """Option strings, in every subcommand, that take a value."""
+    out: set[str] = set()
+    for action in parser._actions:
+        if action.option_strings and action.nargs != 0:
+            out.update(action.option_strings)
+        for sub in (getattr(action, "choices", None) or {}).values() if hasattr(action, "_name_parser_map") else ():
+            out |= _value_options(sub)
+    return out
+
+
+def _join_negative_values(parser, argv: list[str]) -> list[str]:
+    """`--limit -5GiB` -> `--limit=-5GiB`: argparse takes a value that starts with '-' and is not a plain
+    number for an option of its own and fails with a usage error; joined, the value reaches the check that
+    says what is wrong with it (a size must be positive)."""
+    takes_value = _value_options(parser)
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if (tok in takes_value and i + 1 < len(argv) and len(argv[i + 1]) > 1 and argv[i + 1][0] == "-"
+                and (argv[i + 1][1].isdigit() or argv[i + 1][1] == ".")):
+            out.append(f"{tok}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(tok)
+        i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    argv = _join_negative_values(parser, list(sys.argv[1:] if argv is None else argv))
     try:
-        ns = build_parser().parse_args(argv)
+        ns = parser.parse_args(argv)
     except SystemExit as e:          # --help and --version exit 0; a usage error prints one line
         if e.code in (0, None):
             raise

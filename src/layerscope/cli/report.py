@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+from ..options import iec
 from .common import build_spec, live, status, write_output
 
 
@@ -30,6 +32,13 @@ def _load_json(path: str) -> dict:
 _PART = {"summary": "summary", "memory": "memory", "latency": "latency", "stage_plan": "plan"}
 
 
+def _wrote(ns: argparse.Namespace, code: int) -> int:
+    """`report` writes only a file: say where (it printed nothing on success before, issue 34)."""
+    if code == 0:
+        sys.stdout.write(f"wrote {ns.output} ({iec(os.path.getsize(ns.output))})\n")
+    return code
+
+
 def run_report(ns: argparse.Namespace) -> int:
     from ..errors import InputError
     from ..render.html import html_page
@@ -43,7 +52,7 @@ def run_report(ns: argparse.Namespace) -> int:
                 raise InputError(f"{path}: a {data['kind']} report "
                                  + ("is already on the page" if part else "cannot go on the page"))
             parts[part] = data
-        return write_output(ns, html_page(ns.title, **parts))
+        return _wrote(ns, write_output(ns, html_page(ns.title, **parts)))
     if len(ns.spec) > 1:
         raise InputError("report takes one model spec, or saved JSON reports (*.json)")
     from ..api import analyze, memory, partition, profile
@@ -68,7 +77,7 @@ def run_report(ns: argparse.Namespace) -> int:
         with status("planning", ns):
             plan = partition(model, *args, stages=ns.stages, by=ns.by, optimizer=ns.optimizer, device=device,
                              **kwargs)
-    return write_output(ns, summary.to_html(memory=mem, latency=lat, plan=plan, title=ns.title))
+    return _wrote(ns, write_output(ns, summary.to_html(memory=mem, latency=lat, plan=plan, title=ns.title)))
 
 
 def _sides(ns: argparse.Namespace, spec: str) -> list[dict]:

@@ -84,7 +84,8 @@ def run_memory(ns: argparse.Namespace) -> int:
         peak = f" (predicted peak {iec(fit.peak_bytes)})" if fit.peak_bytes is not None else \
             " (even batch 1 does not fit)"
         real = f" and {fit.real_steps} real step{'s' if fit.real_steps != 1 else ''}" if fit.real_steps else ""
-        say(where + peak + f", from {len(fit.samples)} simulations{real}")
+        n = len(fit.samples)
+        say(where + peak + f", from {n} simulation{'' if n == 1 else 's'}{real}")
     return code
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import zipfile
 from typing import Any
 
 import torch
@@ -49,6 +50,10 @@ def load_exported(src) -> torch.export.ExportedProgram:
         raise InputError(f"expected an ExportedProgram or a .pt2 path, got {type(src).__name__}") from None
     if not os.path.isfile(path):
         raise InputError(f"no torch.export file at {path!r}")
+    if not zipfile.is_zipfile(path):
+        # checked before torch.export.load, which logs a dozen lines of warnings before it raises
+        raise InputError(f"{path!r} is not a torch.export program (a .pt2 file is a zip archive; "
+                         f"this one is not)")
     try:
         return torch.export.load(path)
     except Exception as e:   # a zip that is not a .pt2 program, a truncated file, a newer format ...

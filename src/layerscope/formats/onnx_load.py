@@ -25,10 +25,15 @@ def load_onnx(src):
     path = os.fspath(src)
     if not os.path.isfile(path):
         raise InputError(f"no ONNX file at {path!r}")
+    if os.path.getsize(path) == 0:
+        raise InputError(f"{path!r} is empty (0 bytes), not an ONNX model")
     try:
         model = onnx.load(path, load_external_data=False)
     except Exception as e:   # onnx raises DecodeError and others
         raise InputError(f"{path!r} is not a readable ONNX model: {e}") from None
+    if not model.graph.node and not model.graph.output:
+        # protobuf parses many non-ONNX files into an empty message: an empty graph is no model
+        raise InputError(f"{path!r} is not an ONNX model: it holds no graph (no nodes, no outputs)")
     folder = os.path.dirname(os.path.realpath(path))
     for t in _all_initializers(model.graph):
         if t.data_location == onnx.TensorProto.EXTERNAL:

@@ -78,7 +78,8 @@ def memory_footer(rep: "MemoryReport") -> tuple[Fact, ...]:
     for s in rep.steps:
         where = s.peak_layer if s.peak_layer else ("(root)" if s.peak_layer == "" else "outside the model")
         label = f"Peak, step {s.step + 1}" if len(rep.steps) > 1 else "Peak"
-        lines.append(Fact(label, ((s.peak_bytes, "bytes"), f" in {s.peak_phase} at {where}")))
+        at = ", outside the model" if s.peak_layer is None else f" at {where}"
+        lines.append(Fact(label, ((s.peak_bytes, "bytes"), f" in {s.peak_phase}{at}")))
     parts: list = []
     for k, v in rep.breakdown.items():
         if v:
@@ -87,6 +88,12 @@ def memory_footer(rep: "MemoryReport") -> tuple[Fact, ...]:
     lines += [Fact("Parameters", t["parameter_bytes"], "bytes"), Fact("Gradients", t["gradient_bytes"], "bytes"),
               Fact("Optimizer state", t["optimizer_bytes"], "bytes"),
               Fact("Saved for backward", t["saved_activation_bytes"], "bytes")]
+    root_total = max((r.total for r in rep.layers if r.depth == 0), default=0)
+    if root_total > rep.peak_bytes:
+        # issue 34: a root Total above the peak reads as a contradiction unless the footer says what it sums
+        lines.append(Fact("Total column", "saved for backward + params + grads + optimizer state of each "
+                          "layer: a sum over the step, not a peak (saved activations are freed in backward "
+                          "before the optimizer runs), so the root's can exceed the peak"))
     if o.get("allocation_block", 1) > 1:
         lines.append(Fact("Allocator", f"sizes rounded to {o['allocation_block']}-byte blocks"))
     m = rep.measured

@@ -166,8 +166,8 @@ class RunResult:
                               f"machine's speed moves); predicted at that speed {at * 1e3:.1f} ms "
                               f"({at / self.step_time:.2f} of measured)"))
         if self.corun != 1.0:
-            footer.insert(3, ("Co-run slowdown", f"x{self.corun:.2f}: a rank computed that much slower while every "
-                              "rank computed at once than alone (measured before the steps: the ranks share "
+            footer.insert(3, ("Co-run slowdown", f"x{self.corun:.2f}: a rank's compute took {self.corun:.2f} times as long "
+                              "while every rank computed at once as alone (measured before the steps: the ranks share "
                               "this machine's cores); the prediction slows ranks that compute together by it"))
         if self.grad_rel_diff is not None:
             footer.append(("Gradients", f"max relative diff {self.grad_rel_diff:.2e} against one process"))
