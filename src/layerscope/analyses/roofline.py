@@ -18,6 +18,8 @@ from functools import partial
 
 import torch
 
+from ..costs.gpus import peaks
+
 __all__ = ["Roofline", "PEAKS", "roofline_for", "measure_roofline"]
 
 
@@ -50,20 +52,8 @@ class Roofline:
                 "ridge": self.ridge, "source": self.source}
 
 
-# Dense peaks from NVIDIA's datasheets (FLOP/s per dtype; tf32 is float32 matmul with TF32 allowed),
-# memory bandwidth in bytes/s.
-PEAKS: dict[str, dict[str, float]] = {
-    "V100": {"bandwidth": 900e9, "float32": 15.7e12, "float16": 125e12},
-    "A100": {"bandwidth": 2.039e12, "float32": 19.5e12, "tf32": 156e12, "bfloat16": 312e12, "float16": 312e12},
-    "A100-40GB": {"bandwidth": 1.555e12, "float32": 19.5e12, "tf32": 156e12, "bfloat16": 312e12,
-                  "float16": 312e12},
-    "L4": {"bandwidth": 300e9, "float32": 30.3e12, "tf32": 60e12, "bfloat16": 121e12, "float16": 121e12},
-    "H100": {"bandwidth": 3.35e12, "float32": 67e12, "tf32": 494.7e12, "bfloat16": 989.4e12,
-             "float16": 989.4e12},
-    "H100-PCIE": {"bandwidth": 2.0e12, "float32": 51e12, "tf32": 378e12, "bfloat16": 756e12, "float16": 756e12},
-    "H200": {"bandwidth": 4.8e12, "float32": 67e12, "tf32": 494.7e12, "bfloat16": 989.4e12,
-             "float16": 989.4e12},
-}
+# Dense peaks from the built-in GPU table (costs/gpus.py), memory bandwidth in bytes/s.
+PEAKS: dict[str, dict[str, float]] = peaks()
 
 
 def _dtype_key(dtype: torch.dtype, device: torch.device) -> str:
