@@ -54,17 +54,23 @@ def test_sdpa_formula_agrees_with_torch_registered_flash_and_efficient():
     shape = (B, H, S, D)
     assert flop_counter.sdpa_flop_count(shape, shape, shape) == 2 * fwd.macs == 33_554_432
     assert flop_counter.sdpa_backward_flop_count(shape, shape, shape, shape) == 2 * bwd.macs == 83_886_080
-    # The fused kernels' own registered formulas. Their dense (not varlen) branch hands query.shape
-    # to sdpa_flop_count as [b, h, s, d], while the kernels take q heads-third, [B, S, H, D] (see
-    # costs/attention.py): given the real layout, [2, 128, 4, 64], torch counts b=2, h=128, s=4:
-    # 2 * 2*2*128*4*4*64 = 1,048,576 FLOPs, not 33,554,432. So their formulas are checked on the
-    # heads-second shape they read; layerscope prices the heads-third layout the kernels take.
-    q = torch.empty(B, H, S, D, device="meta", dtype=torch.bfloat16)
+    # The fused kernels' own registered formulas. The kernels take q heads-third, [B, S, H, D] (see
+    # costs/attention.py). torch 2.13's dense (not varlen) branches read query.shape as [b, h, s, d]:
+    # given the real layout [2, 128, 4, 64] they count b=2, h=128, s=4: 2 * 2*2*128*4*4*64 = 1,048,576
+    # FLOPs, not 33,554,432; torch 2.14's flash formulas read the real layout, its efficient ones still
+    # do not. So each formula is checked on the layout the running torch reads (exactly one of the two
+    # gives the hand-derived figure); layerscope prices the heads-third layout the kernels take.
     dense = (None, None, S, S)  # no cumulative lengths (not varlen), max lengths S
-    assert flop_counter._flash_attention_forward_flop(q, q, q, *dense) == 33_554_432
-    assert flop_counter._efficient_attention_forward_flop(q, q, q, None, *dense) == 33_554_432
-    assert flop_counter._flash_attention_backward_flop(q, q, q, q, q, None, *dense) == 83_886_080
-    assert flop_counter._efficient_attention_backward_flop(q, q, q, q, None, q, *dense) == 83_886_080
+    layouts = [torch.empty(B, S, H, D, device="meta", dtype=torch.bfloat16),
+               torch.empty(B, H, S, D, device="meta", dtype=torch.bfloat16)]
+    for formula, expected in ((lambda q: flop_counter._flash_attention_forward_flop(q, q, q, *dense), 33_554_432),
+                              (lambda q: flop_counter._efficient_attention_forward_flop(q, q, q, None, *dense),
+                               33_554_432),
+                              (lambda q: flop_counter._flash_attention_backward_flop(q, q, q, q, q, None, *dense),
+                               83_886_080),
+                              (lambda q: flop_counter._efficient_attention_backward_flop(q, q, q, q, None, q, *dense),
+                               83_886_080)):
+        assert [formula(q) for q in layouts].count(expected) == 1
 
 
 def test_sdpa_formula_with_distinct_value_dim_agrees_with_torch():
