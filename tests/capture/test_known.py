@@ -270,3 +270,13 @@ def test_positions_of_a_real_mask_beside_meta_tensors_are_its_real_positions():
     rep = ls.analyze(Pick().to("meta"), x.to("meta"), keep)       # the mask given real, the rest meta
     # 3 rows kept: x[keep] is [3, 2]; positions 0, 2, 3
     assert tuple(rep.layers[0].outputs[0].shape) == (3, 2)
+
+
+def test_a_list_written_in_place_from_the_unknown_is_forgotten():
+    from layerscope.capture.known import KnownValues
+    k = KnownValues()
+    a, b = torch.empty(2, device="meta"), torch.empty(2, device="meta")
+    k.put(a, torch.tensor([1.0, 2.0]))
+    k.put(b, torch.tensor([3.0, 4.0]))
+    k.forget([a, b])           # _foreach_add_([a, b], [unknown, unknown]) writes both
+    assert not k.has(a) and not k.has(b)

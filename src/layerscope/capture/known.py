@@ -181,7 +181,11 @@ class KnownValues:
 
     def forget(self, t) -> None:
         """``t`` was written from something unknown: it, and every known tensor sharing its values
-        (views of one CPU storage), are unknown now."""
+        (views of one CPU storage), are unknown now. A list of tensors (``_foreach_*_``): each."""
+        if type(t) in (list, tuple):
+            for x in t:
+                self.forget(x)
+            return
         e = self.values.pop(id(t), None)
         if e is None:
             return
