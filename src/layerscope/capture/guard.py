@@ -15,7 +15,7 @@ from torch.nn.parameter import is_lazy
 
 from .inputs import iter_tensors, map_tensors
 
-__all__ = ["exclusive", "gc_paused", "holds_inference_tensors", "normal_tensors"]
+__all__ = ["exclusive", "gc_paused", "holds_inference_tensors", "any_held", "normal_tensors"]
 
 
 # One lock per model object: an analysis sets a model's flags (eval/train) and swaps its tensors
@@ -52,9 +52,11 @@ def exclusive(fn):
     return wrapper
 
 
-def holds_inference_tensors(model: nn.Module) -> bool:
-    # every module's own slots, as model.parameters() and .buffers() would reach them, in one walk
-    # without their generators and named_modules' path strings (a tensor met twice asks twice)
+def any_held(model: nn.Module, test) -> bool:
+    """Whether ``test(t)`` holds for a parameter or buffer of ``model``: every module's own slots, as
+    model.parameters() and .buffers() would reach them, in one walk without their generators and
+    named_modules' path strings (16 ms against about 10 on a model of 12,001 modules; a tensor met
+    twice is tested twice)."""
     seen: set[int] = set()
     todo = [model]
     while todo:
@@ -64,12 +66,20 @@ def holds_inference_tensors(model: nn.Module) -> bool:
         seen.add(id(m))
         todo.extend(c for c in m._modules.values() if c is not None)
         for t in m._parameters.values():
-            if t is not None and not is_lazy(t) and t.is_inference():
+            if t is not None and test(t):
                 return True
         for t in m._buffers.values():
-            if t is not None and not is_lazy(t) and t.is_inference():
+            if t is not None and test(t):
                 return True
     return False
+
+
+def _inference(t) -> bool:
+    return not is_lazy(t) and t.is_inference()      # a lazy tensor has no is_inference yet
+
+
+def holds_inference_tensors(model: nn.Module) -> bool:
+    return any_held(model, _inference)
 
 
 def normal_tensors(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
