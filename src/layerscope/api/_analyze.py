@@ -61,7 +61,8 @@ def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, device=N
     args, kwargs, on_meta = prepare_inputs(model, args, kwargs, opts.input_size, opts.dtypes, opts.batch_dim,
                                            opts.device)
     known = None
-    if on_meta or model_device(model).type == "meta":
+    no_values = on_meta or model_device(model).type == "meta"
+    if no_values:
         # the values of small integer inputs (ids, lengths, masks) go along (capture/known.py)
         known = KnownValues()
         known.seed_pairs(iter_tensors((args, kwargs)), iter_tensors(given))
@@ -70,7 +71,7 @@ def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, device=N
             trace, _ = capture(model, args, kwargs, mode=opts.mode, backward=opts.backward, on_meta=on_meta,
                                options=CostOptions(causal=opts.causal, registry=opts.costs), known=known)
         except ForwardError as e:
-            if not (on_meta or model_device(model).type == "meta") or isinstance(e.__cause__, KnownIndexError):
+            if not no_values or isinstance(e.__cause__, KnownIndexError):
                 raise
             raise _meta_hint(e) from e.__cause__
         rep = Report(trace, model)

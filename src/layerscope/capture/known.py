@@ -131,11 +131,10 @@ class KnownValues:
     """The known values of one run (see the module). ``value(t)``: the CPU tensor holding ``t``'s
     values, or None."""
 
-    __slots__ = ("values", "reads", "assumed", "cast_ones", "__weakref__")
+    __slots__ = ("values", "assumed", "cast_ones", "__weakref__")
 
     def __init__(self) -> None:
         self.values: dict[int, tuple] = {}      # id(tensor) -> (weak reference, CPU value)
-        self.reads = 0                           # values read back from here (.item() and the like)
         self.assumed = 0                         # choices over unknown scores spread evenly (_spread)
         self.cast_ones = 0                       # integer tensors cast from unknown floats: all ones
 
@@ -199,7 +198,6 @@ class KnownValues:
         v = self.value(t)
         if v is None or v.numel() != 1:
             return None
-        self.reads += 1
         with no_dispatch():      # a real read, also inside a FakeTensorMode
             return v.item()
 
@@ -246,8 +244,7 @@ class KnownValues:
     def shaped(self, func, args, kwargs):
         """For an op whose output shape depends on values, the outputs at the real shape (meta or
         fake tensors, their values known) when every tensor it reads is known; else None."""
-        if func not in _SHAPED and func not in _CTC and func is not _INDEX and func is not _TO_COPY and \
-                func not in (aten.index_put.default, aten.index_put_.default):
+        if func not in SHAPED_OPS:
             return None
         if func in (_INDEX, aten.index_put.default, aten.index_put_.default):
             return self._masked_index(func, args, kwargs)

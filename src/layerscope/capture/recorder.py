@@ -124,7 +124,7 @@ class OpRecorder:
                 self._nested -= 1
         cap = self.cap
         seq = cap.next_seq() if cap.track_seq and cap.phase is FORWARD else 0
-        shaped = known.shaped(func, args, kwargs) if known is not None and func in _KNOWN_SHAPED else None
+        shaped = known.shaped(func, args, kwargs) if known is not None and func in SHAPED_OPS else None
         if shaped is not None:
             # the values read are known (capture/known.py): the output at its real shape
             out = shaped
@@ -319,9 +319,8 @@ _UNIQUE2 = torch.ops.aten._unique2.default
 _NONZERO = torch.ops.aten.nonzero.default
 _BOOL_INDEXED = (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
                  torch.ops.aten._index_put_impl_.default)
-# ops whose output shape depends on values: with the values known (capture/known.py), the real shape
-_KNOWN_SHAPED = SHAPED_OPS
-_SPECIAL_OPS = frozenset((_LOCAL_SCALAR, _REPEAT_INTERLEAVE, _UNIQUE2, _NONZERO) + _BOOL_INDEXED) | _KNOWN_SHAPED
+# ops whose output shape depends on values (with the values known, capture/known.py, the real shape)
+_SPECIAL_OPS = frozenset((_LOCAL_SCALAR, _REPEAT_INTERLEAVE, _UNIQUE2, _NONZERO) + _BOOL_INDEXED) | SHAPED_OPS
 
 
 def _has_mask(indices) -> bool:
