@@ -24,6 +24,7 @@ as their tensors (weak references), in one object per run: nothing process-wide.
 
 from __future__ import annotations
 
+import math
 import weakref
 import torch
 
@@ -420,19 +421,15 @@ class KnownValues:
         n = x.shape[dim]
         if not _small(idx) or n == 0:
             return
-        if idx.dim() != x.dim():           # argmax / max without keepdim: one choice per row
-            with no_dispatch():
-                self.put(idx, (torch.arange(idx.numel()) % n).reshape(tuple(idx.shape)).to(idx.dtype))
-            self.assumed += 1
-            return
+        shape = list(idx.shape)
+        dropped = idx.dim() != x.dim()     # argmax / max without keepdim: the one choice's dim is gone
+        if dropped:
+            shape.insert(dim, 1)
+        moved = shape[:dim] + shape[dim + 1:] + [shape[dim]]    # the choices last
         with no_dispatch():
-            shape = list(idx.shape)
-            moved = shape[:dim] + shape[dim + 1:] + [shape[dim]]    # the choices last
-            rows = 1
-            for d in moved[:-1]:
-                rows *= d
-            picks = (torch.arange(rows).unsqueeze(1) * k + torch.arange(moved[-1]).unsqueeze(0)) % n
-            value = picks.reshape(moved).movedim(-1, dim).to(idx.dtype).contiguous()
+            picks = (torch.arange(math.prod(moved[:-1])).unsqueeze(1) * k + torch.arange(moved[-1]).unsqueeze(0)) % n
+            value = picks.reshape(moved).movedim(-1, dim)
+            value = (value.squeeze(dim) if dropped else value).to(idx.dtype).contiguous()
         self.put(idx, value)
         self.assumed += 1
 
