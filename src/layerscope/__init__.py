@@ -13,6 +13,7 @@ with _warnings.catch_warnings():
 from .api import (BatchFit, activations, analyze, analyze_exported, analyze_onnx, analyze_torchscript,
                   max_batch_size, memory, onnx_tile, partition, profile)
 from .costs import CostOptions
+from .costs.gpus import GPU, GPUS, gpu
 from .options import AnalyzeOptions, MemoryOptions, OnnxOptions, PartitionOptions, ProfileOptions, TileOptions
 from .errors import ForwardError, InputError, LayerscopeError, PlanError, RegistryError, SpecError
 from .pipeline import SplitUnits, Unit
@@ -32,11 +33,11 @@ from ._version import __version__
 
 __all__ = [   # sorted (tests/test_public_api.py)
     "AnalyzeOptions", "BatchFit", "CallMemory", "Comparison", "CostOptions", "Costs", "Coverage",
-    "ForwardError", "InputError", "LatencyLayer", "LatencyReport", "LatencyTotals", "LayerRecord",
+    "ForwardError", "GPU", "GPUS", "InputError", "LatencyLayer", "LatencyReport", "LatencyTotals", "LayerRecord",
     "LayerscopeError", "MemoryLayer", "MemoryOptions", "MemoryReport", "MemoryTotals", "OnnxOptions",
     "OpEvent", "ParamSpec", "PartitionOptions", "PlanError", "ProfileOptions", "Profiler", "ReceptiveField",
     "RegistryError", "Report", "Roofline", "SpecError", "SplitUnits", "Stage", "StagePlan", "StepMemory", "TensorSpec",
     "TileOptions", "Totals", "Trace", "Unit", "__version__", "activations", "analyze", "analyze_exported",
-    "analyze_onnx", "analyze_torchscript", "compare", "compat", "max_batch_size", "measure_roofline", "memory",
+    "analyze_onnx", "analyze_torchscript", "compare", "compat", "gpu", "max_batch_size", "measure_roofline", "memory",
     "onnx_tile", "partition", "presets", "profile", "summary",
 ]

@@ -18,6 +18,8 @@ __all__ = ["Mode", "Causal", "Schedule", "AnalyzeOptions", "MemoryOptions", "Pro
 
 Mode = Literal["eval", "train", "same"]          # the model's flags for the run ("same": as they are)
 Causal = Literal["dense", "unmasked"]            # causal attention as the kernel computes it, or its half
+# the SDPA kernel priced for a GPU target: torch's CUDA rules ("auto") or one forced (capture/attention.py)
+Attention = Literal["auto", "math", "flash", "efficient", "cudnn"]
 Schedule = str                                   # a name in SCHEDULES (the one table of schedules, below)
 
 
@@ -41,10 +43,13 @@ class AnalyzeOptions:
     backward: bool = False
     causal: Causal = "dense"
     costs: Any = None                # a layerscope.costs.CostRegistry (checked by the API, a layer up)
+    gpu: Any = None                  # the GPU a meta run prices SDPA for: a name of the table or a GPU row
+    attention: Attention = "auto"    # the SDPA kernel priced: torch's CUDA rules for ``gpu``, or one forced
 
     def __post_init__(self) -> None:
         _choice("mode", self.mode, Mode)
         _choice("causal", self.causal, Causal)
+        _choice("attention", self.attention, Attention)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +72,11 @@ class MemoryOptions:
     measure: bool | None = None
     limit: Any = None                # bytes or "80GiB", shown against the peak
     progress: bool = False
+    gpu: Any = None                  # the GPU predicted for (implies device "cuda"): a table name or a GPU row
+    attention: Attention = "auto"    # the SDPA kernel simulated: torch's CUDA rules for ``gpu``, or one forced
 
     def __post_init__(self) -> None:
+        _choice("attention", self.attention, Attention)
         if self.steps < 1 or self.accumulation < 1:
             raise InputError("steps and accumulation must be at least 1")
         if self.optimizer is not None and not self.training:

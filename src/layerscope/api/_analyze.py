@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..capture import capture, model_device
+from ..capture.attention import router_for
 from ..capture.guard import exclusive, gc_paused
 from ..capture.inputs import iter_tensors, make_inputs
 from ..capture.known import KnownIndexError, KnownValues
@@ -19,6 +20,7 @@ from ..errors import ForwardError, InputError
 from ..formats.exported import compiled_original, graph_module_trace, is_exported_module
 from ..options import AnalyzeOptions, entry_options
 from ..render.views import Report
+from ..trace import FORWARD
 from ._exported import analyze_exported_with, analyze_torchscript
 
 __all__ = ["analyze", "activations"]
@@ -37,10 +39,15 @@ def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, device=N
     ``causal="unmasked"`` counts only the unmasked part of causal attention. ``costs`` is a
     ``layerscope.costs.CostRegistry`` to price ops with instead of the default one (eager modules only;
     ``default_registry().copy()`` then ``register``/``override``); an op it has no formula for is
-    uncounted in coverage.
+    uncounted in coverage. ``gpu`` (a name of the built-in table, ``layerscope.GPUS``, or
+    ``layerscope.gpu("H100", capability=(8, 0))``) prices ``scaled_dot_product_attention`` as the kernel
+    torch's CUDA rules pick on that GPU for each call's dtype, shapes and mask (flash, memory-efficient,
+    cuDNN or math; the run goes to meta); ``attention`` forces one ("math", "flash", "efficient",
+    "cudnn"). Without either, a meta run prices SDPA as the math kernel it runs; the report's notes
+    say which kernel was priced.
 
     Options: the named keywords above, or any other field of ``layerscope.AnalyzeOptions``
-    (``batch_dim``, ``causal``, ``costs``) as a keyword, or all of them in ``options=AnalyzeOptions(...)``;
+    (``batch_dim``, ``causal``, ``costs``, ``gpu``, ``attention``) as a keyword, or all of them in ``options=AnalyzeOptions(...)``;
     an option given both in ``options=`` and as a keyword (a named one away from its default) is an
     InputError. A forward argument named like an option (``mode``, ``device``, ``costs``, ...) goes in
     ``forward_kwargs={"mode": ...}``: keywords an option takes are options.
@@ -49,6 +56,10 @@ def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, device=N
                                  dtypes=dtypes, device=device, mode=mode, backward=backward)
     if opts.costs is not None:
         _check_costs(model, opts.costs)
+    if (opts.gpu is not None or opts.attention != "auto") and (
+            isinstance(model, (torch.export.ExportedProgram, torch.jit.ScriptModule)) or is_exported_module(model)):
+        raise InputError("gpu= and attention= apply to an eager nn.Module; an exported or TorchScript graph "
+                         "prices the attention ops it holds")
     # torch.export / torch.compile front doors (issue 22): an ExportedProgram or ep.module() runs its
     # graph (formats/exported.py); a compiled module is analysed as its original module, with a note
     routed = _route(model, args, kwargs, opts)
@@ -57,6 +68,8 @@ def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, device=N
     check_model(model)
     if isinstance(model, torch.jit.ScriptModule):
         return _analyze_script(model, args, kwargs, opts)
+    if (opts.gpu is not None or opts.attention != "auto") and opts.device is None:
+        opts = dataclasses.replace(opts, device="meta")   # priced for a GPU: a run without values
     given = (args, kwargs)
     args, kwargs, on_meta = prepare_inputs(model, args, kwargs, opts.input_size, opts.dtypes, opts.batch_dim,
                                            opts.device)
@@ -66,18 +79,33 @@ def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, device=N
         # the values of small integer inputs (ids, lengths, masks) go along (capture/known.py)
         known = KnownValues()
         known.seed_pairs(iter_tensors((args, kwargs)), iter_tensors(given))
+    router = router_for(opts.gpu, opts.attention, simulated=no_values, cuda_target=False)
     with gc_paused():
         try:
             trace, _ = capture(model, args, kwargs, mode=opts.mode, backward=opts.backward, on_meta=on_meta,
-                               options=CostOptions(causal=opts.causal, registry=opts.costs), known=known)
+                               options=CostOptions(causal=opts.causal, registry=opts.costs), known=known,
+                               attention=router)
         except ForwardError as e:
             if not no_values or isinstance(e.__cause__, KnownIndexError):
                 raise
             raise _meta_hint(e) from e.__cause__
         rep = Report(trace, model)
-        for note in known.notes() if known is not None else ():
+        notes = known.notes() if known is not None else []
+        notes += router.notes() if router is not None else _math_sdpa_note(trace) if no_values else []
+        for note in notes:
             rep = _noted(rep, note)
         return rep
+
+
+def _math_sdpa_note(trace) -> list[str]:
+    """A meta run without a GPU named runs SDPA as the math kernel (the only op that kernel's softmax
+    is, ``_safe_softmax``, marks each call): say so, and how to price a GPU's kernel instead."""
+    n = sum(1 for op in trace.ops if op.op == "aten._safe_softmax" and op.phase == FORWARD)
+    if not n:
+        return []
+    return [f"attention: {n:,} SDPA call{'s' if n != 1 else ''} priced as the math kernel, which a meta run "
+            f"runs; gpu='H100' (--gpu) prices the kernel torch would pick on that GPU (flash, "
+            f"memory-efficient, cuDNN), attention= forces one"]
 
 
 def _check_costs(model, costs) -> None:

@@ -10,6 +10,7 @@ from torch import nn
 
 from ..analyses.memory import memory_results
 from ..capture import iter_tensors, model_device
+from ..capture.attention import router_for
 from ..capture.guard import exclusive, gc_paused
 from ..capture.measure import measure_cpu, measure_cuda, state_bytes
 from ..capture.prepare import as_device, check_model, example_inputs, is_fake_model, materialize_lazy, rebatch
@@ -48,10 +49,14 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     it with the allocator (default on for CUDA models). ``limit`` (bytes or "80GiB") is shown
     against the peak. What the simulation had to make up (random draws taken at their median, values
     read back from tensors that have none, kernels it could not size) is listed in ``notes``.
+    ``gpu`` (a name of ``layerscope.GPUS`` or ``layerscope.gpu(...)``) predicts for that CUDA GPU: each
+    ``scaled_dot_product_attention`` call runs, and saves for backward, what the kernel torch's CUDA
+    rules pick there saves (flash: q, k, v, the output and a log-sum-exp; math: the probabilities);
+    a CUDA prediction without one uses the H200's rules, and ``attention`` forces a kernel.
 
     Options: the named keywords above, or any other field of ``layerscope.MemoryOptions``
     (``autocast_dtype``, ``batch_dim``, ``dtypes``, ``loss_fn``, ``steps``, ``accumulation``,
-    ``simulate``, ``measure``, ``progress``) as a keyword, or all of them in
+    ``simulate``, ``measure``, ``progress``, ``gpu``, ``attention``) as a keyword, or all of them in
     ``options=MemoryOptions(...)``; an option given both in ``options=`` and as a keyword (a named one
     away from its default) is an InputError. A forward argument named like an option goes in
     ``forward_kwargs``.
@@ -70,6 +75,13 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
                                               opts.measure)
     here = model_device(model)
     target = as_device(opts.device) if opts.device is not None else here
+    if opts.gpu is not None or opts.attention != "auto":
+        # a GPU or an attention kernel named: the prediction is for CUDA
+        if opts.device is not None and target.type == "cpu":
+            raise InputError(f"gpu= and attention= predict for a CUDA GPU; device={opts.device!r} predicts for "
+                             f"the CPU (leave device out, or device='cuda')")
+        if target.type != "cuda":
+            target = torch.device("cuda")
     if target.type == "cuda" and target.index is None and torch.cuda.is_available():
         target = torch.device("cuda", torch.cuda.current_device())
     notes = []
@@ -103,6 +115,8 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
         notes.append("scratch that CUDA kernels (cuBLAS, cuDNN, attention) allocate inside themselves is "
                      "not counted; measure=True shows the allocator's peak beside the prediction")
     block_size = cuda_block_size if target.type == "cuda" else None
+    router = router_for(opts.gpu, opts.attention, simulated=opts.simulate, cuda_target=target.type == "cuda",
+                        autocast_device=sim_device.type)
     options = {"device": str(target), "training": training, "optimizer": optimizer_name(factory),
                "autocast": str(amp).replace("torch.", "") if amp else None, "steps": steps if training else 1,
                "accumulation": opts.accumulation if training else 1, "simulated": opts.simulate,
@@ -120,7 +134,7 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
                             tracker=tracker, foreach_default=target.type == "cuda",
                             probe_kernels=sim_device == target or target.type == "meta",
                             on_step=(lambda step, when: bar.advance() if when == "end" else None) if bar else None,
-                            **step_kw)
+                            attention=router, **step_kw)
         except ForwardError as e:
             if not opts.simulate:
                 raise
@@ -142,6 +156,8 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
             notes += run.log.notes()
         if run.known is not None:
             notes += run.known.notes()
+        if router is not None:
+            notes += router.notes()
         if tracker.untracked:
             notes.append(f"{tracker.untracked} tensors without a plain storage (sparse, nested) were "
                          "not tracked")

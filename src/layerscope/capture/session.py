@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import weakref
 from typing import Any
@@ -263,11 +264,13 @@ def _forward_error(cap: Session, err: BaseException, phase: str) -> ForwardError
 
 
 def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", backward: bool = False,
-            on_meta: bool = False, options: CostOptions | None = None, known=None) -> tuple[Trace, Any]:
+            on_meta: bool = False, options: CostOptions | None = None, known=None,
+            attention=None) -> tuple[Trace, Any]:
     """Run ``model(*args, **kwargs)`` once under the tracker and recorder; return (Trace, output).
 
     ``on_meta`` runs a real model with meta copies of its parameters and buffers swapped in, so nothing
-    is computed or allocated and the model's own tensors are never touched.
+    is computed or allocated and the model's own tensors are never touched. ``attention`` (an
+    SdpaRouter, capture/attention.py) runs SDPA as a GPU target would, in the forward.
     """
     if mode not in ("eval", "train", "same"):
         raise InputError(f"mode must be 'eval', 'train' or 'same', got {mode!r}")
@@ -291,7 +294,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
             meta_params, meta_buffers = empty_state(model, "meta")
             swap = {**meta_params, **meta_buffers}
         with torch.set_grad_enabled(backward), OpRecorder(cap), swapped_state(model, swap):
-            output = run_forward(cap, lambda: model(*args, **kwargs))
+            with attention.mode() if attention is not None else contextlib.nullcontext():
+                output = run_forward(cap, lambda: model(*args, **kwargs))
             if backward:
                 _run_backward(cap, modules, guard, output)
     finally:

@@ -103,7 +103,8 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
               tracker: StorageTracker | None, optimizer: Callable | None, training: bool,
               autocast_dtype: torch.dtype | None, loss_fn: Callable | None, steps: int,
               accumulation: int, options: CostOptions | None = None, foreach_default: bool = False,
-              on_step: Callable[[int, str], None] | None = None, probe_kernels: bool = True) -> StepRun:
+              on_step: Callable[[int, str], None] | None = None, probe_kernels: bool = True,
+              attention=None) -> StepRun:
     """Run ``steps`` training steps (or one inference forward) and return what the trackers saw.
 
     ``probe_kernels``: in a simulation, kernels whose fake sizes are wrong or that hold scratch
@@ -111,7 +112,8 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
     prediction is for another device than the one simulated on.
     ``foreach_default`` makes optimizers that leave ``foreach`` unset use it, as they do on CUDA.
     With ``tracker=None`` nothing is recorded (the measured run); ``on_step(step, "begin"|"end")`` is
-    called around each step. The model's parameters, buffers, gradients, modes and RNG state are
+    called around each step. ``attention`` (an SdpaRouter, capture/attention.py) runs each forward's
+    SDPA as a GPU target would. The model's parameters, buffers, gradients, modes and RNG state are
     restored afterwards.
     """
     named = list(model.named_modules())
@@ -144,7 +146,8 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
                 swap = None
 
             def call():
-                return model(*args, **kwargs)
+                with attention.mode() if attention is not None else contextlib.nullcontext():
+                    return model(*args, **kwargs)
             run.param_names = {id(p): n for n, p in params.items()}
             if tracker is not None:
                 for n, p in params.items():

@@ -74,3 +74,38 @@ def arg_bandwidth(text: str) -> float:
         return parse_bandwidth(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def arg_gpu(text: str):
+    """--gpu NAME[,FIELD=VALUE...]: a row of the built-in GPU table with any figure replaced, e.g.
+    ``H100,capability=8.0,memory=40GiB,bandwidth=2TB/s,bfloat16=700e12``."""
+    from ..costs.gpus import gpu
+    from ..errors import InputError
+    from ..options import parse_bandwidth
+    from ..render.units import parse_bytes
+    name, *fields = [p.strip() for p in text.split(",")]
+    overrides = {}
+    for field in fields:
+        key, sep, value = field.partition("=")
+        try:
+            if not sep:
+                raise ValueError(f"expected FIELD=VALUE after the GPU's name, got {field!r}")
+            if key == "capability":
+                major, _, minor = value.partition(".")
+                if not (major.isdigit() and (minor or "0").isdigit()):
+                    raise ValueError(f"capability must be MAJOR.MINOR such as 8.0, got {value!r}")
+                overrides[key] = (int(major), int(minor or 0))
+            elif key == "memory":
+                overrides[key] = parse_bytes(value)
+            elif key == "bandwidth":
+                overrides[key] = parse_bandwidth(value)
+            else:
+                overrides[key] = float(value)
+        except (ValueError, InputError) as e:
+            msg = str(e) if not isinstance(e, ValueError) or "FIELD" in str(e) or key == "capability" else \
+                f"{key}: expected a number, got {value!r}"
+            raise argparse.ArgumentTypeError(msg) from None
+    try:
+        return gpu(name, **overrides)
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

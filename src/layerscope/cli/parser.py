@@ -6,7 +6,8 @@ import argparse
 
 import torch
 
-from .argtypes import arg_bandwidth, arg_count, arg_count_or_auto, arg_device, arg_dtype, arg_ints
+from ..costs.gpus import GPUS
+from .argtypes import arg_bandwidth, arg_count, arg_count_or_auto, arg_device, arg_dtype, arg_gpu, arg_ints
 from .helptext import _EXAMPLES, _SPEC_HELP, HelpFormatter
 
 
@@ -91,6 +92,16 @@ def _columns_help(columns) -> str:
         f"\n(default {default})"
 
 
+def _attention_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu", type=arg_gpu, metavar="NAME[,FIELD=V]",
+                   help="the GPU to price attention for (a meta run; memory: predicts for CUDA):\n"
+                        f"{', '.join(GPUS)}; any figure replaced, e.g.\n"
+                        "H100,capability=8.0 (also memory, bandwidth, a dtype's peak)")
+    p.add_argument("--attention", choices=("auto", "math", "flash", "efficient", "cudnn"), default="auto",
+                   help="the SDPA kernel priced: auto (default) picks as torch's CUDA rules do for\n"
+                        "--gpu (without one: H200 where a CUDA target is simulated), or force one")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ..reports.memory import COLUMNS as memory_columns
     from ..reports.summary import COLUMNS as summary_columns
@@ -110,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--backward", action="store_true", help="also run and count a backward pass")
     s.add_argument("--causal", choices=("dense", "unmasked"), default="dense",
                    help="count causal attention densely (default) or only its unmasked part")
+    _attention_args(s)
     o = _sub(sub, "onnx", "an ONNX model: the module tree and the per-node table (shapes, params, MACs, FLOPs, "
                           "bytes read/written)")
     o.add_argument("file", help="the .onnx file (external data is never read)")
@@ -139,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--limit", help="memory limit such as 80GiB: says whether the peak fits, and the "
                                    "largest batch that does")
     m.add_argument("--measure", action="store_true", help="also run the real step and measure it")
+    _attention_args(m)
     m.add_argument("--columns", help=_columns_help(memory_columns))
     pf = _sub(sub, "profile", "per-module forward (and backward) time, self and inclusive, achieved FLOP/s")
     _model_args(pf)

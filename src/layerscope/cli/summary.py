@@ -43,7 +43,8 @@ def run_summary(ns: argparse.Namespace) -> int:
         return emit(ns, rep)
     with status("analysing", ns):
         rep = analyze(model, *args, options=AnalyzeOptions(device=ns.device, mode=ns.mode, backward=ns.backward,
-                                                           causal=ns.causal), forward_kwargs=kwargs)
+                                                           causal=ns.causal, gpu=ns.gpu, attention=ns.attention),
+                      forward_kwargs=kwargs)
     return emit(ns, rep)
 
 
@@ -66,7 +67,7 @@ def run_memory(ns: argparse.Namespace) -> int:
             raise InputError("--momentum applies to --optimizer sgd")
         optimizer = functools.partial(torch.optim.SGD, momentum=ns.momentum)
     step = MemoryOptions(optimizer=optimizer, training=ns.training, autocast_dtype=ns.autocast, device=ns.device,
-                         steps=ns.steps, accumulation=ns.accumulation)
+                         steps=ns.steps, accumulation=ns.accumulation, gpu=ns.gpu, attention=ns.attention)
     with status("simulating the step", ns):
         rep = memory(model, *args, options=dataclasses.replace(step, batch_size=ns.batch_size, limit=ns.limit,
                                                                measure=ns.measure or None), forward_kwargs=kwargs)

@@ -13,7 +13,7 @@ from types import MappingProxyType
 
 from ..errors import InputError
 
-__all__ = ["GPU", "GPUS", "DEFAULT_GPU", "gpu", "peaks"]
+__all__ = ["DEFAULT_GPU", "DTYPES", "GPU", "GPUS", "gpu", "peaks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +44,9 @@ GPUS: MappingProxyType = MappingProxyType({g.name: g for g in (
     _row("H200", 141, (9, 0), 4.8e12, float32=67e12, tf32=494.7e12, bfloat16=989.4e12, float16=989.4e12),
 )})
 
+# the dtypes a row has a peak for (``tf32``: float32 matmuls with TF32 allowed)
+DTYPES = ("float32", "tf32", "bfloat16", "float16")
+
 # The newest datacenter GPU in the table: its rules apply when no GPU is named.
 DEFAULT_GPU = "H200"
 
@@ -56,6 +59,13 @@ def gpu(name: str | None = None, **overrides) -> GPU:
         raise InputError(f"unknown GPU {name!r}; known: {', '.join(GPUS)}")
     row = GPUS[key]
     fields = {k: overrides.pop(k) for k in ("memory", "capability", "bandwidth") if k in overrides}
+    unknown = [k for k in overrides if k not in DTYPES]
+    if unknown:
+        raise InputError(f"GPU {key}: unknown figure {unknown[0]!r} (memory, capability, bandwidth, "
+                         f"{', '.join(DTYPES)})")
+    cap = fields.get("capability", row.capability)
+    if not (isinstance(cap, tuple) and len(cap) == 2 and all(isinstance(c, int) and c >= 0 for c in cap)):
+        raise InputError(f"GPU {key}: capability must be (major, minor), got {cap!r}")
     for k, v in {**fields, **overrides}.items():
         if k != "capability" and (not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0):
             raise InputError(f"GPU {key}: {k} must be a positive number, got {v!r}")
