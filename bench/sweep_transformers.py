@@ -3,7 +3,7 @@ meta and a backward on CPU. Prints a table of architecture -> pass / fail / skip
 the pass rate; asserts nothing.
 
   python bench/sweep_transformers.py [--mapping base|all] [--only TYPE,...] [--limit N]
-                                      [--csv out.csv] [--seconds 60]
+                                      [--csv out.csv] [--seconds 60] [--gpu H100]
 
 A class is *skipped* when transformers cannot build it from its default config shrunk to tiny sizes,
 or when its own forward fails on the example inputs made for it (token ids, pixel values, audio
@@ -50,13 +50,13 @@ def _init_worker() -> None:
     transformers.logging.set_verbosity_error()
 
 
-def _one_row(pair: tuple[str, str], seconds: int) -> tuple[str, str, str, str]:
-    status, why = one(*pair, seconds)
+def _one_row(pair: tuple[str, str], seconds: int, gpu: str | None) -> tuple[str, str, str, str]:
+    status, why = one(*pair, seconds, gpu)
     gc.collect()
     return (*pair, status, why)
 
 
-def _run_all(todo: list[tuple[str, str]], seconds: int):
+def _run_all(todo: list[tuple[str, str]], seconds: int, gpu: str | None = None):
     """Each class in a worker process, a fresh worker every 20 classes: what a model leaves behind
     (caches, leaked references) cannot pile up, and a worker the kernel kills for memory costs only
     the class it was running, reported as a fail."""
@@ -68,7 +68,7 @@ def _run_all(todo: list[tuple[str, str]], seconds: int):
         with ProcessPoolExecutor(1, initializer=_init_worker, max_tasks_per_child=20) as pool:
             try:
                 for pair in todo[i:]:
-                    row = pool.submit(_one_row, pair, seconds).result()
+                    row = pool.submit(_one_row, pair, seconds, gpu).result()
                     i += 1
                     yield row
             except BrokenProcessPool:
@@ -95,6 +95,8 @@ def main() -> None:
     ap.add_argument("--shard", metavar="K/N", help="run only every N-th class from the K-th (0-based): N "
                                                    "processes share the work; merge their --csv files")
     ap.add_argument("--seconds", type=int, default=60, help="per class")
+    ap.add_argument("--gpu", help="also analyse on meta with SDPA priced for this GPU (H100, ...), "
+                                  "forward and backward")
     ns = ap.parse_args()
     warnings.filterwarnings("ignore")
     import transformers
@@ -120,7 +122,7 @@ def main() -> None:
         k, n = (int(v) for v in ns.shard.split("/"))
         left = left[k::n]
         torch.set_num_threads(1)           # the shards share the cores
-    for i, row in enumerate(_run_all(left, ns.seconds)):
+    for i, row in enumerate(_run_all(left, ns.seconds, ns.gpu)):
         rows.append(row)
         writer.writerow(row)
         out.flush()

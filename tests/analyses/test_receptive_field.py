@@ -65,3 +65,20 @@ def test_upsample_and_transposed_conv():
     assert _rf(rep, "1").stride[0] == 1.0
     rf = _rf(rep, "2")
     assert (rf.size[0], rf.stride[0]) == (4.0, 0.5)
+
+
+def test_table_shows_size_stride_and_padding():
+    # Issue 34 item 7: the README promises size, effective stride and effective padding.
+    # small_cnn by hand (r: size, j: stride, p: padding; conv k, s, pad: r += (k-1)*j, p += pad*j, j *= s):
+    #   stem.0 conv 3x3 s1 p1: r=3, j=1, p=1; block.0 conv 3x3: r=5, p=2; block.3 conv 3x3: r=7, p=3;
+    #   pool 2x2 s2 p0: r = 7 + 1*1 = 8, j = 2, p = 3.
+    from layerscope.examples import small_cnn
+    rep = ls.analyze(small_cnn(), input_size=(1, 3, 32, 32))
+    rows = {r.path: r for r in rep.layers}
+    want = {"stem.0": (3, 1, 1), "block.0": (5, 1, 2), "block.3": (7, 1, 3), "pool": (8, 2, 3)}
+    got = {p: (rows[p].receptive_field.size[0], rows[p].receptive_field.stride[0],
+               rows[p].receptive_field.padding[0]) for p in want}
+    assert got == want
+    text = rep.table(columns="receptive_field,rf_stride,rf_padding")
+    line = next(ln for ln in text.splitlines() if "pool: MaxPool2d" in ln)
+    assert line.split()[-3:] == ["8", "2", "3"], line

@@ -217,7 +217,9 @@ def _alarm(signum, frame):
     raise _Timeout()
 
 
-def one(model_type: str, cls_name: str, seconds: int) -> tuple[str, str]:
+def one(model_type: str, cls_name: str, seconds: int, gpu: str | None = None) -> tuple[str, str]:
+    """One class through analyze(): CPU, meta and a backward on CPU; with ``gpu``, also a meta forward
+    and backward with SDPA priced as that GPU runs it (bench/sweep_transformers.py --gpu)."""
     signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(seconds)
     try:
@@ -236,6 +238,9 @@ def one(model_type: str, cls_name: str, seconds: int) -> tuple[str, str]:
             # backward in eval mode, as the model's own forward ran: train-only behaviour (BatchNorm
             # over one value, SpecAugment masks longer than a tiny input) is the model's, not ours
             steps.append(("backward", {"backward": True, "mode": "eval"}))
+        if gpu:
+            steps.append(("gpu", {"device": "meta", "gpu": gpu, "mode": "eval",
+                                  "backward": any(p.requires_grad for p in model.parameters()) and has_output}))
         notes = [] if has_output else ["no tensor output: backward not run"]
         for label, kw in steps:
             try:

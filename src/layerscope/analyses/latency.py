@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass
 
 
+from ..capture.repeats import half_width
 from ..capture.timing import CallTimes
 from .roofline import Roofline
 
@@ -28,6 +29,9 @@ class Timing:
     p75: float
     min: float
     max: float
+    # half the width of the median's distribution-free 95% interval over the median (capture/repeats.py;
+    # None: too few repeats for one)
+    half_width: float | None = 0.0
 
     @property
     def spread(self) -> float:
@@ -42,8 +46,13 @@ def timing(values: list[float]) -> Timing:
         p25, p75 = q[0], q[2]
     else:
         p25 = p75 = vals[0]
-    return Timing(median=statistics.median(vals), p25=p25, p75=p75, min=vals[0], max=vals[-1])
+    return Timing(median=statistics.median(vals), p25=p25, p75=p75, min=vals[0], max=vals[-1],
+                  half_width=_finite(half_width(vals)))
 
+
+
+def _finite(x: float) -> float | None:
+    return None if x == float("inf") else x
 
 
 @dataclass(frozen=True, slots=True)

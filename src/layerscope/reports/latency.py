@@ -8,6 +8,7 @@ from typing import Any
 
 from ..analyses.latency import LatencyLayer, latency_layers, latency_totals
 from ..analyses.roofline import Roofline
+from ..capture.repeats import AUTO_MAX, AUTO_MIN, CALL_SHARE, TOL_CALL, TOL_TOTAL
 from ..errors import InputError
 from .base import ReportRecord, Totals
 from .table import Column, Fact, Table, select_columns, tree_table
@@ -26,6 +27,24 @@ def _q(phase: str, k: str):
 _T = {"fold": False, "fold_with": "median"}   # times differ from block to block
 
 
+def _imprecise(phase: str):
+    """The mark after a time whose median is less precise than profile()'s stopping rule asks: a call
+    over CALL_SHARE of the whole whose 95% interval is wider than +-TOL_CALL (issue 34)."""
+    def mark(r, rep) -> str:
+        return IMPRECISE if imprecise(r, rep, phase) else ""
+    return mark
+
+
+IMPRECISE = " ~"
+
+
+def imprecise(r, rep, phase: str) -> bool:
+    t = getattr(r, phase)
+    whole = rep.totals.get(f"{phase}_self_sum") or 0.0
+    return t is not None and whole > 0 and t.median >= CALL_SHARE * whole and \
+        (t.half_width is None or t.half_width > TOL_CALL)
+
+
 def latency_columns(rep: "LatencyReport") -> tuple[Column, ...]:
     """Every column of a latency report (backward and roofline ones when the run has them). Times
     differ from block to block, so a fold shows the median of the folded blocks' times."""
@@ -35,7 +54,8 @@ def latency_columns(rep: "LatencyReport") -> tuple[Column, ...]:
         Column("input_shape", "Input shape", "shape", lambda r, rep: r.input_shapes, drop=4, default=False),
         Column("output_shape", "Output shape", "shape", lambda r, rep: r.output_shapes, drop=3),
         Column("params", "Params", "params", lambda r, rep: r.params, drop=2),
-        Column("forward", "Fwd", "seconds", _med("forward"), **_T, description="median inclusive time"),
+        Column("forward", "Fwd", "seconds", _med("forward"), suffix=_imprecise("forward"), **_T,
+               description="median inclusive time (~: known less precisely than +-5%)"),
         Column("forward_self", "Fwd self", "seconds", _med("forward_self"), **_T,
                description="inclusive minus the direct children's"),
         Column("self_percent", "% self", "percent", lambda r, rep: r.forward_self.median / total, **_T,
@@ -44,7 +64,7 @@ def latency_columns(rep: "LatencyReport") -> tuple[Column, ...]:
         Column("forward_p75", "Fwd p75", "seconds", _q("forward", "p75"), **_T, drop=6, default=False),
     ]
     if rep.options.get("backward"):
-        cols += [Column("backward", "Bwd", "seconds", _med("backward"), **_T),
+        cols += [Column("backward", "Bwd", "seconds", _med("backward"), suffix=_imprecise("backward"), **_T),
                  Column("backward_self", "Bwd self", "seconds", _med("backward_self"), **_T, drop=1)]
     cols += [Column("flops", "FLOPs", "count", lambda r, rep: r.flops, drop=6, default=False),
              Column("bytes_moved", "Bytes", "bytes", lambda r, rep: r.bytes_moved, drop=6, default=False),
@@ -75,8 +95,6 @@ def _phase_line(t: dict, phase: str) -> tuple:
 
 def repeats_line(o: dict) -> str:
     """How many repeats and warm-up runs ran and why they stopped (``profile(repeats="auto")``)."""
-    from ..capture.repeats import AUTO_MAX, AUTO_MIN, CALL_SHARE, TOL_CALL, TOL_TOTAL
-
     n = o["repeats"]
     if o.get("repeats_rule") == "auto":
         rule = (f"auto ({AUTO_MIN}-{AUTO_MAX}): stop when the 95% interval of each median lies within "
@@ -126,6 +144,13 @@ def latency_footer(rep: "LatencyReport", top: int = 3) -> tuple[Fact, ...]:
             lines.append(Fact("Backward", _phase_line(t, "backward")))
     if rep.options.get("stopped"):
         lines.append(Fact("Repeats", repeats_line(rep.options)))
+    marked = [r.name for r in rep.layers for ph in ("forward", "backward") if imprecise(r, rep, ph)]
+    if marked:
+        n, runs = len(set(marked)), int(rep.totals.get("runs", 0))
+        calls = f"{n} call{'s' if n != 1 else ''} over {100 * CALL_SHARE:g}% of the run"
+        lines.append(Fact("~", f"{calls}: {runs} repeats give no 95% interval of a median ({AUTO_MIN} do)"
+                          if runs < AUTO_MIN else f"{calls} whose median's 95% interval is wider than "
+                          f"+-{100 * TOL_CALL:g}% (more repeats would narrow it)"))
     if rep.roofline is not None:
         r = rep.roofline
         lines.append(Fact("Roofline", (f"{r.name}: ", (r.peak_flops, "rate"), "FLOP/s, ", (r.peak_bandwidth, "rate"),

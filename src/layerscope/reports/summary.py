@@ -31,16 +31,22 @@ def _trainable(r: LayerRecord, rep) -> str | None:
     return "True" if flags == {True} else ("False" if flags == {False} else "Partial")
 
 
-def _rf(r: LayerRecord, rep) -> tuple | None:
-    return None if r.receptive_field is None else tuple(r.receptive_field.size)
+def _rf_part(part: str):
+    """The receptive field's ``size``, ``stride`` or ``padding`` per spatial dim: the value a tuple,
+    the text one number where every dim agrees, else "7x5"."""
+    def value(r: LayerRecord, rep) -> tuple | None:
+        return None if r.receptive_field is None else tuple(getattr(r.receptive_field, part))
+
+    def text(r: LayerRecord, rep) -> str | None:
+        vals = value(r, rep)
+        if vals is None:
+            return "--"
+        num = [str(int(s)) if float(s).is_integer() else f"{s:.2f}" for s in vals]
+        return num[0] if len(set(num)) == 1 else "x".join(num)
+    return value, text
 
 
-def _rf_text(r: LayerRecord, rep) -> str | None:
-    rf = r.receptive_field
-    if rf is None:
-        return "--"
-    num = [str(int(s)) if float(s).is_integer() else f"{s:.2f}" for s in rf.size]
-    return num[0] if len(set(num)) == 1 else "x".join(num)
+_RF, _RF_STRIDE, _RF_PADDING = _rf_part("size"), _rf_part("stride"), _rf_part("padding")
 
 
 def _reused(r: LayerRecord, rep) -> str | None:
@@ -81,7 +87,12 @@ COLUMNS: tuple[Column, ...] = (
     Column("self_flops", "Self FLOPs", "count", lambda r, rep: r.forward.flops, drop=6, default=False),
     Column("uncounted_ops", "Uncounted ops", "ratio", lambda r, rep: r.uncounted_ops, drop=6, default=False,
            description="ops in the subtree with no cost formula"),
-    Column("receptive_field", "RF", "ratio", _rf, text=_rf_text, drop=6, default=False),
+    Column("receptive_field", "RF", "ratio", *_RF, drop=6, default=False,
+           description="receptive field size in input pixels, per spatial dim"),
+    Column("rf_stride", "RF stride", "ratio", *_RF_STRIDE, drop=6, default=False,
+           description="effective stride of the receptive field (input pixels per output step)"),
+    Column("rf_padding", "RF pad", "ratio", *_RF_PADDING, drop=6, default=False,
+           description="effective padding of the receptive field in input pixels"),
 )
 DEFAULT_COLUMNS = tuple(c.key for c in COLUMNS if c.default)
 
