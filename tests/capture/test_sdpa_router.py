@@ -112,7 +112,7 @@ def test_memory_saves_what_the_kernel_saves():
         assert rep.totals.saved_activation_bytes == 4_228_096, kw
     rep = layerscope.memory(m, x, optimizer="adamw", gpu="V100")
     assert rep.totals.saved_activation_bytes == 24_117_248
-    assert any(n.startswith("attention: 2 SDPA calls priced as the math kernel, the kernel torch 2.14's CUDA "
+    assert any(n.startswith("attention: 1 SDPA call per forward priced as the math kernel, the kernel torch 2.14's CUDA "
                             "rules pick on the V100 (sm 7.0)") for n in rep.notes), rep.notes
     # the default CUDA target names its GPU
     rep = layerscope.memory(m, x, optimizer="adamw", device="cuda")

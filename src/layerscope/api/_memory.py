@@ -157,7 +157,7 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
         if run.known is not None:
             notes += run.known.notes()
         if router is not None:
-            notes += router.notes()
+            notes += router.notes(passes=len(run.passes) or 1)
         if tracker.untracked:
             notes.append(f"{tracker.untracked} tensors without a plain storage (sparse, nested) were "
                          "not tracked")

@@ -135,15 +135,18 @@ class SdpaRouter:
         self.example.setdefault(kernel, _describe(q, k))
         return _run(kernel, q, k, v, mask, dropout, causal, scale, gqa, grad)
 
-    def notes(self) -> list[str]:
-        """One line per kernel used: how many SDPA calls were priced as it, and why."""
+    def notes(self, passes: int = 1) -> list[str]:
+        """One line per kernel used: how many SDPA calls were priced as it (per forward, over ``passes``
+        forwards), and why."""
         g = self.gpu
         how = "as forced" if self.forced != "auto" else \
             f"the kernel torch 2.14's CUDA rules pick on the {g.name} (sm {g.capability[0]}.{g.capability[1]})"
         out = []
         for kernel, n in self.picked.most_common():
-            line = f"attention: {n:,} SDPA call{'s' if n != 1 else ''} priced as {KERNEL_NAMES[kernel]}, {how}, " \
-                   f"for {self.example[kernel]}"
+            each = passes > 1 and n % passes == 0
+            n = n // passes if each else n
+            line = f"attention: {n:,} SDPA call{'s' if n != 1 else ''}{' per forward' if each else ''} priced as " \
+                   f"{KERNEL_NAMES[kernel]}, {how}, for {self.example[kernel]}"
             if kernel in self.reasons:
                 line += f" (passed over {self.reasons[kernel]})"
             out.append(line)

@@ -190,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--device", type=arg_device, help="where to build and run the model (hf: specs are built on meta)")
     r.add_argument("--no-memory", dest="memory", action="store_false", help="leave out the memory section")
     _memory_args(r, optimizer_default="adamw")
+    _attention_args(r)
     r.add_argument("--profile", action="store_true", help="also time every layer (needs real weights: "
                                                           "the model is built on cpu)")
     # 10 fixed, as before: on a 2-core shared machine auto runs to its maximum of 20 (twice the time)

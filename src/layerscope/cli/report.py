@@ -61,14 +61,16 @@ def run_report(ns: argparse.Namespace) -> int:
     device = "cpu" if ns.profile and not ns.device else ns.device   # timing needs real weights
     model, args, kwargs = build_spec(ns, device)
     with status("analysing", ns):
-        summary = analyze(model, *args, device=device, backward=ns.training, forward_kwargs=kwargs)
+        summary = analyze(model, *args, device=device, backward=ns.training, gpu=ns.gpu, attention=ns.attention,
+                          forward_kwargs=kwargs)
     mem = lat = plan = None
     if ns.memory:
         model.train(ns.training)           # a training step with dropout on; inference without
         with status("simulating the step", ns):
             mem = memory(model, *args, optimizer=optimizer_factory(ns.optimizer) if ns.training else None,
                          training=ns.training, autocast_dtype=ns.autocast, batch_size=ns.batch_size,
-                         steps=ns.steps, accumulation=ns.accumulation, device=device, forward_kwargs=kwargs)
+                         steps=ns.steps, accumulation=ns.accumulation, device=device, gpu=ns.gpu,
+                         attention=ns.attention, forward_kwargs=kwargs)
     model.eval()                           # timed and split as `profile` and `split` run it
     if ns.profile:
         lat = profile(model, *args, repeats=ns.repeats, backward=ns.training, progress=live(ns),
