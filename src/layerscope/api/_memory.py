@@ -121,7 +121,8 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
                "autocast": str(amp).replace("torch.", "") if amp else None, "steps": steps if training else 1,
                "accumulation": opts.accumulation if training else 1, "simulated": opts.simulate,
                "allocation_block": 512 if block_size else 1,
-               "limit": parse_bytes(opts.limit) if opts.limit is not None else None}
+               "limit": parse_bytes(opts.limit) if opts.limit is not None else None,
+               **({"gpu": router.gpu.name, "attention": router.forced} if router is not None else {})}
     step_kw = dict(optimizer=factory if training else None, training=training, autocast_dtype=amp,
                    loss_fn=opts.loss_fn, steps=steps, accumulation=opts.accumulation)
     tracker = StorageTracker(block_size)

@@ -304,7 +304,9 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     trace = build_trace(cap, model, named, (args, kwargs), output, backward=backward,
                         options={"mode": mode, "causal": options.causal,
                                  "device": "meta" if on_meta else str(model_device(model)),
-                                 **({"costs": options.registry.name} if options.registry is not None else {})})
+                                 **({"costs": options.registry.name} if options.registry is not None else {}),
+                                 **({"gpu": attention.gpu.name, "attention": attention.forced}
+                                    if attention is not None else {})})
     return trace, output
 
 
