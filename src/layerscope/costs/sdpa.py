@@ -50,15 +50,16 @@ def _sm(cap: tuple[int, int], lo: tuple[int, int], hi: tuple[int, int]) -> bool:
     return lo <= tuple(cap) <= hi
 
 
-def _dense(q, k, v, mask, enable_gqa: bool, ignore_singleton: bool) -> str | None:
-    """The checks every fused kernel makes of dense inputs (sdp_utils_cpp.h)."""
+def _dense(q, k, v, mask, enable_gqa: bool, ignore_singleton: bool, same_kv_heads: bool = True) -> str | None:
+    """The checks every fused kernel makes of dense inputs (sdp_utils_cpp.h); cuDNN lets key and value
+    head counts differ under GQA when each divides the query's (requires_same_num_heads=false)."""
     if not (q.dim() == k.dim() == v.dim() == 4):
         return f"q, k and v must be 4-D (got {q.dim()}-D, {k.dim()}-D, {v.dim()}-D)"
     if not (q.shape[0] == k.shape[0] == v.shape[0]):
         return "q, k and v have different batch sizes"
     hq, hk, hv = q.shape[1], k.shape[1], v.shape[1]
     if enable_gqa:
-        if hk != hv or hq % hk:
+        if (same_kv_heads and hk != hv) or hq % hk or hq % hv:
             return f"grouped-query heads must divide: {hq} query heads, {hk} key, {hv} value"
     elif not (hq == hk == hv):
         return f"q, k and v have different head counts ({hq}, {hk}, {hv})"
@@ -144,7 +145,7 @@ def _cudnn(g: GPU, q, k, v, mask, dropout, causal, gqa, grad) -> str | None:
         return f"it needs sm 8.0-12.1 (the {g.name} is sm {cap[0]}.{cap[1]})"
     if dropout * 16 != int(dropout * 16):
         return f"its dropout must be a multiple of 1/16 (got {dropout})"
-    bad = _dense(q, k, v, mask, gqa, True)
+    bad = _dense(q, k, v, mask, gqa, True, same_kv_heads=False)
     if bad:
         return bad
     if q.shape[0] > 65535 or q.shape[1] > 65535:
