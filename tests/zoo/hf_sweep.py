@@ -239,10 +239,14 @@ def one(model_type: str, cls_name: str, seconds: int, gpu: str | None = None) ->
             # over one value, SpecAugment masks longer than a tiny input) is the model's, not ours
             steps.append(("backward", {"backward": True, "mode": "eval"}))
         if gpu:
+            # forward and backward on meta, SDPA priced for the GPU (the backward only where the CPU one
+            # ran: a model whose own backward fails in eval mode has none to count)
             steps.append(("gpu", {"device": "meta", "gpu": gpu, "mode": "eval",
-                                  "backward": any(p.requires_grad for p in model.parameters()) and has_output}))
+                                  "backward": any(label == "backward" for label, _ in steps)}))
         notes = [] if has_output else ["no tensor output: backward not run"]
         for label, kw in steps:
+            if label == "gpu" and any(n.startswith("backward not run") for n in notes):
+                kw = {**kw, "backward": False}
             try:
                 try:
                     rep = ls.analyze(model, **kw, **kwargs)
