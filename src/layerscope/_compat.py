@@ -30,7 +30,7 @@ import torch
 from .errors import LayerscopeError
 
 __all__ = ["TESTED_TORCH", "TorchFeatureError", "get", "need", "has", "forget",
-           "dispatch_mode", "sequence_nr", "current_autograd_node", "composite_implicit_key",
+           "dispatch_mode", "sequence_nr", "current_autograd_node", "engine_backward", "composite_implicit_key",
            "has_composite_kernel", "profiler_event_tree", "profiler_enabled",
            "reparametrize_module", "parse_schema", "jit_inline", "is_op_overload", "is_op_packet",
            "is_higher_order_op", "is_fake_tensor", "active_fake_mode", "new_fake_mode",
@@ -86,6 +86,8 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
                    lambda: _module("torch._subclasses.fake_tensor").FakeTensor),
     "FakeTensorMode": ("torch._subclasses.fake_tensor.FakeTensorMode", "2.4",
                        lambda: _module("torch._subclasses.fake_tensor").FakeTensorMode),
+    "engine_run_backward": ("torch.autograd.graph._engine_run_backward", "2.4",
+                            lambda: _module("torch.autograd.graph")._engine_run_backward),
     "queue_callback": ("torch.autograd.Variable._execution_engine.queue_callback", "2.4",
                        lambda: torch.autograd.Variable._execution_engine.queue_callback),
     "grouped_mm": ("torch.ops.aten._grouped_mm", "2.8", lambda: torch.ops.aten._grouped_mm.default),
@@ -237,6 +239,13 @@ def sequence_nr(feature: str) -> Callable[[], int]:
 def current_autograd_node(feature: str) -> Callable[[], Any]:
     """The function giving the autograd node being run (None outside backward)."""
     return need("current_autograd_node", feature)
+
+
+def engine_backward(feature: str) -> Callable[..., Any]:
+    """The autograd engine's own entry (what torch.autograd.backward calls after its argument checks):
+    called directly, a TorchFunctionMode that is active stays active in the backward, where
+    torch.autograd.backward, itself overridable, pops it while it runs."""
+    return need("engine_run_backward", feature)
 
 
 def composite_implicit_key():

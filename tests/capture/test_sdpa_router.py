@@ -6,6 +6,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import layerscope
+from layerscope.costs.sdpa import RULES
 from layerscope.errors import InputError
 
 from ..helpers import assert_unchanged, snapshot
@@ -112,11 +113,11 @@ def test_memory_saves_what_the_kernel_saves():
         assert rep.totals.saved_activation_bytes == 4_228_096, kw
     rep = layerscope.memory(m, x, optimizer="adamw", gpu="V100")
     assert rep.totals.saved_activation_bytes == 24_117_248
-    assert any(n.startswith("attention: 1 SDPA call per forward priced as the math kernel, the kernel torch 2.14's CUDA "
+    assert any(n.startswith(f"attention: 1 SDPA call per forward priced as the math kernel, the kernel {RULES} CUDA "
                             "rules pick on the V100 (sm 7.0)") for n in rep.notes), rep.notes
     # the default CUDA target names its GPU
     rep = layerscope.memory(m, x, optimizer="adamw", device="cuda")
-    assert any("cuDNN attention, the kernel torch 2.14's CUDA rules pick on the H200 (sm 9.0)" in n
+    assert any(f"cuDNN attention, the kernel {RULES} CUDA rules pick on the H200 (sm 9.0)" in n
                for n in rep.notes), rep.notes
     assert_unchanged(before, m)
 
@@ -135,7 +136,7 @@ def test_cli_gpu_and_attention(capsys):
     assert main(["summary", "layerscope.examples:tiny_gpt", "--model-dtype", "bf16", "--backward", "--gpu", "A100",
                  "-q"]) == 0
     out = capsys.readouterr().out
-    assert "2 SDPA calls priced as flash attention, the kernel torch 2.14's CUDA rules pick on the A100 (sm 8.0)" \
+    assert f"2 SDPA calls priced as flash attention, the kernel {RULES} CUDA rules pick on the A100 (sm 8.0)" \
         in " ".join(out.split())
     assert main(["memory", "layerscope.examples:tiny_gpt", "--model-dtype", "bf16", "--gpu", "A100,capability=7.0",
                  "-q"]) == 0
@@ -147,3 +148,61 @@ def test_cli_gpu_and_attention(capsys):
         assert main(["summary", "layerscope.examples:tiny_gpt", "-q", *bad]) == 1, bad
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and needle in err and "Traceback" not in err, err
+
+
+class Checkpointed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = Attn()
+
+    def forward(self, q, k, v):
+        from torch.utils.checkpoint import checkpoint
+        return checkpoint(self.inner, q, k, v, use_reentrant=False)
+
+
+def test_checkpointed_blocks_recompute_the_same_kernel():
+    # Review finding: the recompute in the backward ran outside the routing and saved other tensors
+    # (CheckpointError: "Number of tensors saved during forward: 10 / recomputation: 8").
+    # Backward MACs by hand (same shapes as above): the recomputed forward, 16,777,216, plus the fused
+    # kernel's backward, 41,943,040: 58,720,256. The note counts the forward's call only.
+    m = Checkpointed().to(torch.bfloat16)
+    rep = layerscope.analyze(m, *inputs(), backward=True, gpu="A100")
+    assert attention_macs(rep) == (16_777_216, 58_720_256)
+    assert rep.notes[0].startswith("attention: 1 SDPA call priced as flash attention"), rep.notes
+    for kw in ({"gpu": "H100"}, {"device": "cuda"}):
+        mem = layerscope.memory(m, *inputs(), optimizer="adamw", **kw)
+        assert any(n.startswith("attention: 1 SDPA call per forward priced as cuDNN") for n in mem.notes), mem.notes
+
+
+def test_switches_and_determinism_are_read():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    class Pinned(Attn):
+        def forward(self, q, k, v):
+            with sdpa_kernel(SDPBackend.MATH):
+                return super().forward(q, k, v)
+    rep = layerscope.analyze(Pinned().to(torch.bfloat16), *inputs(), gpu="H100")
+    assert "priced as the math kernel" in rep.notes[0] and "turned off" in rep.notes[0], rep.notes
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        rep = layerscope.analyze(Attn().to(torch.bfloat16), *inputs(), gpu="H100")
+    finally:
+        torch.use_deterministic_algorithms(before)
+    # check_cudnn_deterministic: cuDNN is passed over, flash is next on the H100
+    assert "priced as flash attention" in rep.notes[0] and "not deterministic" in rep.notes[0], rep.notes
+
+
+def test_efficient_mask_alignment_is_eight():
+    from layerscope.capture.attention import _efficient_mask
+    q = torch.empty(2, 4, 1000, 64, device="meta")
+    # a contiguous [2, 1, 1000, 1000] mask: strides (1000000, 1000000, 1000, 1) are multiples of 8, so it
+    # is only expanded (a view of the same storage), as attention.cpp's preprocess_mask does
+    m = torch.empty(2, 1, 1000, 1000, device="meta")
+    out = _efficient_mask(m, q, q)
+    assert out.shape == (2, 4, 1000, 1000) and out.untyped_storage().nbytes() == m.untyped_storage().nbytes()
+    # Sk = 1001: stride 1001 is not, so the last dim is padded to 1008 (a copy) and sliced back
+    q2 = torch.empty(2, 4, 1001, 64, device="meta")
+    m2 = torch.empty(2, 1, 1001, 1001, device="meta")
+    out2 = _efficient_mask(m2, q2, q2)
+    assert out2.shape == (2, 4, 1001, 1001) and out2.stride()[-2] == 1008

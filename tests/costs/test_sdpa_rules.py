@@ -110,3 +110,22 @@ def test_forced_kernel_reasons():
     # a GPU row with its capability overridden follows it
     assert pick(gpu("H100", capability=(8, 0)).name, *qkv()) == "cudnn"   # the name alone is still the H100
     assert choose(gpu("H100", capability=(8, 0)), *qkv(), None, 0.0, False, False, False)[0] == "flash"
+
+
+def test_multi_query_without_enable_gqa_follows_the_running_torch():
+    # pytorch#191085 (torch 2.14): a single key/value head broadcasts to every fused kernel without
+    # enable_gqa; torch 2.13 takes the math kernel (measured on the two CPU builds here: the CPU rules
+    # pick a fused kernel for q [1, 8, 16, 64], k = v [1, 1, 16, 64] on 2.14.1, math on 2.13.0)
+    from layerscope.costs.sdpa import TORCH
+    q, k, v = qkv(hk=1)
+    assert pick("A100", q, k, v, gqa=False) == ("flash" if TORCH >= (2, 14) else "math")
+
+
+def test_cudnn_decode_rule_on_sm10():
+    # check_cudnn_tensor_shapes (2.14.1: "cuDNN SDPA decode is disabled on SM 10.x and 11.x for cuDNN
+    # versions 9.19-9.25.0 (except 9.24.1)"): a one-token query goes to flash on an sm 10.0 row
+    from layerscope.costs.sdpa import choose
+    g = gpu("H100", capability=(10, 0))
+    assert choose(g, *qkv(sq=1, sk=128), None, 0.0, False, False, False)[0] == "flash"
+    assert choose(g, *qkv(sq=2, sk=128), None, 0.0, False, False, False)[0] == "cudnn"
+    assert choose(gpu("H100"), *qkv(sq=1, sk=128), None, 0.0, False, False, False)[0] == "cudnn"

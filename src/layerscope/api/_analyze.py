@@ -68,8 +68,10 @@ def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, device=N
     check_model(model)
     if isinstance(model, torch.jit.ScriptModule):
         return _analyze_script(model, args, kwargs, opts)
-    if (opts.gpu is not None or opts.attention != "auto") and opts.device is None:
-        opts = dataclasses.replace(opts, device="meta")   # priced for a GPU: a run without values
+    if (opts.gpu is not None or opts.attention != "auto") and \
+            (opts.device is None or torch.device(opts.device).type == "cuda"):
+        # priced for a GPU (the one named, not one that may be here): a run without values
+        opts = dataclasses.replace(opts, device="meta")
     given = (args, kwargs)
     args, kwargs, on_meta = prepare_inputs(model, args, kwargs, opts.input_size, opts.dtypes, opts.batch_dim,
                                            opts.device)

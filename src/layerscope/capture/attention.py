@@ -11,8 +11,9 @@ forced, and calls that kernel's own aten op with the inputs torch's dispatcher w
   the autocast dtype first (the op called here is below that list);
 * a boolean mask becomes an additive one (0 / -inf) in q's dtype;
 * flash: head dims padded to a multiple of 8 (and the output sliced back);
-* memory-efficient: the mask's last dim padded to a multiple of 16 when its strides are not aligned,
-  then expanded to [B, H, Sq, Sk]; the log-sum-exp kept when an input requires grad;
+* memory-efficient: the mask's last dim padded to a multiple of 8 when its strides are not aligned,
+  then expanded to [B, H, Sq, Sk]; a single key/value head (multi-query, torch 2.14) expanded to the
+  query's heads; the log-sum-exp kept when an input requires grad;
 * math: ``_scaled_dot_product_attention_math`` (its fp16/bf16 inputs computed in fp32).
 
 The kernel's op carries its registered formula (costs/attention.py: flash's backward recomputes the
@@ -32,7 +33,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..costs.gpus import GPU, gpu as gpu_row
-from ..costs.sdpa import KERNEL_NAMES, choose, unusable
+from .. import _compat
+from ..costs.sdpa import KERNEL_NAMES, RULES, choose, switched_off, unusable
 from ..errors import InputError
 
 __all__ = ["SdpaRouter", "router_for", "resolve_gpu"]
@@ -63,12 +65,16 @@ def _pad_last(t, multiple: int):
     return t if d % multiple == 0 else F.pad(t, (0, multiple - d % multiple))
 
 
+_MASK_ALIGN = 8   # attention.cpp preprocess_mask's mem_eff_alignment (torch 2.13 and 2.14: 8)
+
+
 def _efficient_mask(mask, q, k):
-    """preprocess_mask: pad the last dim to 16 when the strides are not aligned, expand to 4-D."""
-    aligned = all(mask.stride(i) % 16 == 0 for i in range(mask.dim() - 1)) and mask.stride(-1) == 1
+    """preprocess_mask: pad the last dim to 8 when the strides are not aligned, expand to 4-D."""
+    a = _MASK_ALIGN
+    aligned = all(mask.stride(i) % a == 0 for i in range(mask.dim() - 1)) and mask.stride(-1) == 1
     if not aligned:
         n = mask.shape[-1]
-        mask = F.pad(mask, (0, 16 - n % 16))[..., :n]
+        mask = F.pad(mask, (0, a - n % a))[..., :n]
     return mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
 
 
@@ -82,12 +88,18 @@ def _run(kernel: str, q, k, v, mask, dropout, causal, scale, gqa, grad):
     mask = _additive(mask, q.dtype)
     if kernel == "efficient":
         mask = _efficient_mask(mask, q, k) if mask is not None else None
+        if not gqa and q.dim() == 4 and k.shape[1] == v.shape[1] == 1 != q.shape[1]:
+            k, v = k.expand(-1, q.shape[1], -1, -1), v.expand(-1, q.shape[1], -1, -1)   # multi-query
         return aten._scaled_dot_product_efficient_attention(q, k, v, mask, grad, dropout, causal, scale=scale)[0]
     if kernel == "cudnn":
         return aten._scaled_dot_product_cudnn_attention(q, k, v, mask, grad, dropout, causal, False,
                                                         scale=scale)[0]
     return aten._scaled_dot_product_attention_math(q, k, v, mask, dropout, causal, None, scale=scale,
                                                    enable_gqa=gqa)[0]
+
+
+def _in_backward():
+    return _compat.current_autograd_node("counting SDPA calls outside recomputation")()
 
 
 def _describe(q, k) -> str:
@@ -110,6 +122,15 @@ class SdpaRouter:
     def mode(self) -> TorchFunctionMode:
         return _Mode(self)
 
+    def backward(self, outputs, seeds) -> None:
+        """``torch.autograd.backward(outputs, seeds)`` with the routing active in the backward too: a
+        checkpointed block recomputes its forward there, and must take the kernel its forward took.
+        torch.autograd.backward is itself overridable, so a mode pops itself while it runs and the
+        engine would start without it; the engine is called directly instead, under a mode."""
+        engine = _compat.engine_backward("routing SDPA in a checkpointed block's recompute")
+        with self.mode():
+            engine(tuple(outputs), tuple(seeds), False, False, (), allow_unreachable=True, accumulate_grad=True)
+
     def call(self, args: tuple, kwargs: dict):
         c = _bind(args, kwargs)
         q, k, v, mask = c["query"], c["key"], c["value"], c["attn_mask"]
@@ -122,17 +143,21 @@ class SdpaRouter:
         dropout, causal, scale, gqa = float(c["dropout_p"]), bool(c["is_causal"]), c["scale"], bool(c["enable_gqa"])
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if self.forced == "auto":
-            kernel, passed = choose(self.gpu, q, k, v, mask, dropout, causal, gqa, grad)
+            kernel, passed = choose(self.gpu, q, k, v, mask, dropout, causal, gqa, grad, switched_off())
+            why = "; ".join(f"{KERNEL_NAMES[k]}: {w}" for k, w in passed.items())
+            if kernel is None:   # as torch's "No available kernel. Aborting execution."
+                raise RuntimeError(f"no SDPA kernel can run {_describe(q, k)} on the {self.gpu.name}: {why}")
             if passed and kernel not in self.reasons:
-                self.reasons[kernel] = "; ".join(f"{KERNEL_NAMES[k]}: {w}" for k, w in passed.items())
+                self.reasons[kernel] = why
         else:
             kernel = self.forced
             why = unusable(kernel, self.gpu, q, k, v, mask, dropout, causal, gqa, grad)
             if why is not None:
                 raise InputError(f"attention={kernel!r}: {KERNEL_NAMES[kernel]} cannot run the SDPA call with "
                                  f"{_describe(q, k)} on the {self.gpu.name}: {why}")
-        self.picked[kernel] += 1
-        self.example.setdefault(kernel, _describe(q, k))
+        if _in_backward() is None:   # not a checkpointed block's recompute
+            self.picked[kernel] += 1
+            self.example.setdefault(kernel, _describe(q, k))
         return _run(kernel, q, k, v, mask, dropout, causal, scale, gqa, grad)
 
     def notes(self, passes: int = 1) -> list[str]:
@@ -140,7 +165,7 @@ class SdpaRouter:
         forwards), and why."""
         g = self.gpu
         how = "as forced" if self.forced != "auto" else \
-            f"the kernel torch 2.14's CUDA rules pick on the {g.name} (sm {g.capability[0]}.{g.capability[1]})"
+            f"the kernel {RULES} CUDA rules pick on the {g.name} (sm {g.capability[0]}.{g.capability[1]})"
         out = []
         for kernel, n in self.picked.most_common():
             each = passes > 1 and n % passes == 0

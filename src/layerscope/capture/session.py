@@ -297,7 +297,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
             with attention.mode() if attention is not None else contextlib.nullcontext():
                 output = run_forward(cap, lambda: model(*args, **kwargs))
             if backward:
-                _run_backward(cap, modules, guard, output)
+                _run_backward(cap, modules, guard, output, attention)
     finally:
         cap.remove()
         guard.restore(rng=cap.rng.touched_global)
@@ -342,7 +342,7 @@ def run_backward(cap: Session, modules: list[nn.Module], backward) -> None:
         cap.phase = FORWARD
 
 
-def _run_backward(cap: Session, modules: list[nn.Module], guard: StateGuard, output: Any) -> None:
+def _run_backward(cap: Session, modules: list[nn.Module], guard: StateGuard, output: Any, attention=None) -> None:
     outs = [t for t in iter_tensors(output) if t.requires_grad and (t.is_floating_point() or t.is_complex())]
     if not outs:
         if not any(True for _ in iter_tensors(output)):
@@ -355,4 +355,5 @@ def _run_backward(cap: Session, modules: list[nn.Module], guard: StateGuard, out
     cap.paused = True
     seeds = [torch.ones_like(t) for t in outs]
     cap.paused = False
-    run_backward(cap, modules, lambda: torch.autograd.backward(outs, seeds))
+    run_backward(cap, modules, lambda: torch.autograd.backward(outs, seeds) if attention is None else
+                 attention.backward(outs, seeds))

@@ -148,6 +148,12 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
             def call():
                 with attention.mode() if attention is not None else contextlib.nullcontext():
                     return model(*args, **kwargs)
+
+            def backward(loss):
+                if attention is None:
+                    return loss.backward()
+                # routed SDPA stays routed in the backward (a checkpointed block's recompute)
+                return attention.backward([loss], [torch.ones_like(loss, memory_format=torch.preserve_format)])
             run.param_names = {id(p): n for n, p in params.items()}
             if tracker is not None:
                 for n, p in params.items():
@@ -160,8 +166,8 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
             opt = _make_optimizer(optimizer, list(params.values()), foreach_default) \
                 if training and optimizer else None
             model.train(training)
-            _loop(run, model, named, call, swap, (args, kwargs), params, buffers, opt, rng=rng, simulate=simulate,
-                  training=training, autocast_dtype=autocast_dtype, device=device,
+            _loop(run, model, named, (call, backward), swap, (args, kwargs), params, buffers, opt, rng=rng,
+                  simulate=simulate, training=training, autocast_dtype=autocast_dtype, device=device,
                   loss_fn=loss_fn or default_loss, steps=steps if training else 1,
                   accumulation=accumulation if training else 1, options=options or CostOptions(),
                   on_step=on_step)
@@ -201,7 +207,7 @@ def _make_optimizer(optimizer, params: list[torch.Tensor], foreach_default: bool
     return opt
 
 
-def _loop(run: StepRun, model, named, call, swap, inputs, params, buffers, opt, *, rng, simulate, training,
+def _loop(run: StepRun, model, named, passes, swap, inputs, params, buffers, opt, *, rng, simulate, training,
           autocast_dtype, device, loss_fn, steps, accumulation, options, on_step) -> None:
     tracker = run.tracker
     state = list(params.values()) + list(buffers.values())
@@ -220,7 +226,7 @@ def _loop(run: StepRun, model, named, call, swap, inputs, params, buffers, opt, 
             if tracker:
                 tracker.pass_index = len(run.passes)
             with swapped_state(model, swap):
-                output = _one_pass(run, cap, named, call, autocast, loss_fn, training)
+                output = _one_pass(run, cap, named, passes, autocast, loss_fn, training)
             if tracker:
                 trace = build_trace(cap, model, named, inputs, output, backward=training,
                                     options={"mode": "train" if training else "eval",
@@ -262,7 +268,8 @@ def _loop(run: StepRun, model, named, call, swap, inputs, params, buffers, opt, 
             on_step(step, "end")
 
 
-def _one_pass(run: StepRun, cap: Session, named, call, autocast, loss_fn, training: bool):
+def _one_pass(run: StepRun, cap: Session, named, passes, autocast, loss_fn, training: bool):
+    call, backward = passes
     tracker = cap.storage
     tracked = tracker is not None
     step_phase = []
@@ -317,7 +324,7 @@ def _one_pass(run: StepRun, cap: Session, named, call, autocast, loss_fn, traini
                 if tracker is not None:
                     tracker.backward_starts()
                 mark_phase(BACKWARD)
-                run_backward(cap, [m for _, m in named], loss.backward)
+                run_backward(cap, [m for _, m in named], lambda: backward(loss))
                 del loss
     finally:
         cap.remove()

@@ -84,6 +84,8 @@ def arg_gpu(text: str):
     from ..options import parse_bandwidth
     from ..render.units import parse_bytes
     name, *fields = [p.strip() for p in text.split(",")]
+    if not name:
+        raise argparse.ArgumentTypeError("expected a GPU name such as H100 (then optional ,FIELD=VALUE)")
     overrides = {}
     for field in fields:
         key, sep, value = field.partition("=")
@@ -103,7 +105,7 @@ def arg_gpu(text: str):
                 overrides[key] = float(value)
         except (ValueError, InputError) as e:
             msg = str(e) if not isinstance(e, ValueError) or "FIELD" in str(e) or key == "capability" else \
-                f"{key}: expected a number, got {value!r}"
+                f"{key}: expected a positive number, got {value!r}"
             raise argparse.ArgumentTypeError(msg) from None
     try:
         return gpu(name, **overrides)

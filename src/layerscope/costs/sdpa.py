@@ -19,9 +19,15 @@ checked against that wheel's ``libtorch_cuda.so``. What they read:
 * cuDNN: fp16/bf16 (sm >= 8.0); sm 8.0-12.1; dropout a multiple of 1/16; a 2-D or 4-D broadcastable mask
   without grad; B, H <= 65,535; head dims multiples of 8 up to 256 on sm 9.0/10.x (128 elsewhere), and
   for training <= 128, 192/128 or 256/256 there; Sk != 1; no Sq == 1 with dropout;
-* math: always (the fallback).
+* math: always (the fallback);
+* a kernel switched off in this thread's settings (``sdpa_kernel(...)``, ``torch.backends.cuda.enable_*_sdp``)
+  is passed over, and cuDNN under ``torch.use_deterministic_algorithms(True)``;
+* cuDNN 9.19-9.25.0 (but 9.24.1) refuses one-token queries (decode) on sm 10.x/11.x.
 
-Nested (jagged) inputs are not routed: torch's own rules run on them.
+What changed in torch 2.14 (pytorch#191085) follows the torch that runs: from 2.14 memory-efficient
+attention takes grouped-query heads, and every fused kernel takes a single key/value head without
+``enable_gqa`` (multi-query broadcast); on 2.13 neither. Nested (jagged) inputs are not routed: torch's
+own rules run on them.
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ import torch
 
 from .gpus import GPU
 
-__all__ = ["CUDNN_VERSION", "KERNELS", "KERNEL_NAMES", "Kernel", "choose", "order", "unusable"]
+__all__ = ["CUDNN_VERSION", "KERNELS", "KERNEL_NAMES", "Kernel", "RULES", "TORCH", "choose", "order", "switched_off",
+           "unusable"]
 
 Kernel = Literal["math", "flash", "efficient", "cudnn"]
 KERNELS: tuple[str, ...] = ("math", "flash", "efficient", "cudnn")
@@ -41,9 +48,12 @@ KERNEL_NAMES = {"math": "the math kernel", "flash": "flash attention", "efficien
 CUDNN_VERSION = 92400      # torch 2.14.1's CUDA 13.0 wheel ships cuDNN 9.24 (nvidia-cudnn-cu13 9.24.0.43)
 
 _HALF = (torch.float16, torch.bfloat16)
-# memory-efficient attention takes grouped-query heads from torch 2.14 (its meta backward before that
-# returns the key's gradient with the query's heads)
-_EFFICIENT_GQA = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 14)
+TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+# From torch 2.14 (pytorch#191085) memory-efficient attention takes grouped-query heads (its meta backward
+# before that returns the key's gradient with the query's heads), and every fused kernel takes one key
+# and value head without enable_gqa (multi-query attention broadcast); the running torch's rule applies.
+_2_14 = TORCH >= (2, 14)
+RULES = "torch 2.14's" if _2_14 else f"torch 2.14's (with {TORCH[0]}.{TORCH[1]}'s GQA limits)"
 
 
 def _sm(cap: tuple[int, int], lo: tuple[int, int], hi: tuple[int, int]) -> bool:
@@ -58,7 +68,9 @@ def _dense(q, k, v, mask, enable_gqa: bool, ignore_singleton: bool, same_kv_head
     if not (q.shape[0] == k.shape[0] == v.shape[0]):
         return "q, k and v have different batch sizes"
     hq, hk, hv = q.shape[1], k.shape[1], v.shape[1]
-    if enable_gqa:
+    if _2_14 and hk == hv == 1 and hq != 1:
+        pass                                  # one key/value head broadcast (multi-query), any enable_gqa
+    elif enable_gqa:
         if (same_kv_heads and hk != hv) or hq % hk or hq % hv:
             return f"grouped-query heads must divide: {hq} query heads, {hk} key, {hv} value"
     elif not (hq == hk == hv):
@@ -123,7 +135,7 @@ def _efficient(g: GPU, q, k, v, mask, dropout, causal, gqa, grad) -> str | None:
         if any(t.numel() and (t.storage_offset() * t.element_size()) % size for t in (q, k, v)):
             return f"q, k and v must start at multiples of {size} bytes"
     allowed = (torch.float16, torch.float32, torch.bfloat16) if cap[0] >= 8 else (torch.float16, torch.float32)
-    if gqa and not _EFFICIENT_GQA and q.shape[1] != k.shape[1]:
+    if gqa and not _2_14 and q.shape[1] != k.shape[1]:
         return "grouped-query heads (it takes them from torch 2.14)"
     return _dense(q, k, v, mask, gqa, False) or _dtype(q, k, v, allowed)
 
@@ -158,6 +170,8 @@ def _cudnn(g: GPU, q, k, v, mask, dropout, causal, gqa, grad) -> str | None:
         return f"head dims over {limit}"
     if dqk % 8 or dv % 8:
         return "head dims must be multiples of 8"
+    if q.shape[2] == 1 and cap[0] in (10, 11) and 91900 <= CUDNN_VERSION <= 92500 and CUDNN_VERSION != 92401:
+        return "query length 1 (decode) is disabled on sm 10.x/11.x for cuDNN 9.19-9.25.0"
     if k.shape[2] == 1:
         return "key length 1"
     if dropout and q.shape[2] == 1:
@@ -170,9 +184,25 @@ def _cudnn(g: GPU, q, k, v, mask, dropout, causal, gqa, grad) -> str | None:
 _CHECKS = {"flash": _flash, "efficient": _efficient, "cudnn": _cudnn}
 
 
+def switched_off() -> dict[str, str]:
+    """The kernels the user turned off in this thread's torch settings: ``sdpa_kernel(...)`` contexts and
+    ``torch.backends.cuda.enable_*_sdp(False)`` (check_runtime_disabled_*), and cuDNN under
+    ``torch.use_deterministic_algorithms(True)`` without warn_only (check_cudnn_deterministic)."""
+    cuda = torch.backends.cuda
+    off = {name: "turned off (torch.backends.cuda / sdpa_kernel)" for name, on in (
+        ("flash", cuda.flash_sdp_enabled()), ("efficient", cuda.mem_efficient_sdp_enabled()),
+        ("cudnn", cuda.cudnn_sdp_enabled()), ("math", cuda.math_sdp_enabled())) if not on}
+    if torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled():
+        off.setdefault("cudnn", "not deterministic (torch.use_deterministic_algorithms)")
+    return off
+
+
 def unusable(kernel: str, g: GPU, q, k, v, mask, dropout: float, causal: bool, gqa: bool,
-             grad: bool) -> str | None:
-    """Why ``kernel`` cannot run this call on ``g`` (a short reason), or None when it can."""
+             grad: bool, off: dict | None = None) -> str | None:
+    """Why ``kernel`` cannot run this call on ``g`` (a short reason), or None when it can. ``off``: the
+    kernels switched off (``switched_off()``), kernel -> why."""
+    if off and kernel in off:
+        return off[kernel]
     if kernel == "math":
         return None
     return _CHECKS[kernel](g, q, k, v, mask, dropout, causal, gqa, grad)
@@ -185,12 +215,14 @@ def order(g: GPU) -> tuple[str, ...]:
     return ("flash", "efficient", "math", "cudnn")
 
 
-def choose(g: GPU, q, k, v, mask, dropout: float, causal: bool, gqa: bool, grad: bool) -> tuple[str, dict]:
-    """The kernel torch picks for this call on ``g``, and why each kernel before it was passed over."""
+def choose(g: GPU, q, k, v, mask, dropout: float, causal: bool, gqa: bool, grad: bool,
+           off: dict | None = None) -> tuple[str | None, dict]:
+    """The kernel torch picks for this call on ``g`` (None: none can run it, as when every usable kernel
+    is switched off), and why each kernel before it was passed over."""
     passed = {}
     for kernel in order(g):
-        why = unusable(kernel, g, q, k, v, mask, dropout, causal, gqa, grad)
+        why = unusable(kernel, g, q, k, v, mask, dropout, causal, gqa, grad, off)
         if why is None:
             return kernel, passed
         passed[kernel] = why
-    return "math", passed
+    return None, passed
