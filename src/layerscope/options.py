@@ -14,7 +14,7 @@ from .errors import InputError
 __all__ = ["Mode", "Causal", "Schedule", "AnalyzeOptions", "MemoryOptions", "ProfileOptions", "OnnxOptions",
            "TileOptions", "PartitionOptions", "PipelineSchedule", "SCHEDULES", "schedule_of", "entry_options", "LAUNCHER_FIELDS",
            "forward_inputs", "optimizers", "optimizer_factory", "parse_autocast", "optimizer_name", "iec",
-           "parse_bytes", "parse_bandwidth"]
+           "parse_bytes", "parse_bandwidth", "ParallelConfig", "AcMode", "Precision", "parse_dtype_name"]
 
 Mode = Literal["eval", "train", "same"]          # the model's flags for the run ("same": as they are)
 Causal = Literal["dense", "unmasked"]            # causal attention as the kernel computes it, or its half
@@ -415,3 +415,144 @@ class PartitionOptions:
 # the fields only the torchrun launcher reads
 LAUNCHER_FIELDS = ("overrides", "head", "input_ids", "model_dtype", "allow_pickle", "batch_size", "steps", "seed",
                     "path", "timeout", "compare_grads")
+
+
+# --- sharded training (parallel/): one configuration -------------------------------------------
+
+AcMode = Literal["none", "full", "selective-layer", "selective-op"]
+Precision = Literal["bf16", "off"]
+_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+           "fp16": torch.float16, "float16": torch.float16}
+
+
+def parse_dtype_name(value, what: str) -> torch.dtype:
+    """A dtype from ``fp32``/``bf16``/``fp16`` (or their long names, or a torch.dtype)."""
+    if isinstance(value, torch.dtype):
+        return value
+    found = _DTYPES.get(str(value).lower().replace("torch.", ""))
+    if found is None:
+        raise InputError(f"{what} must be fp32, bf16 or fp16, got {value!r}")
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelConfig:
+    """One sharded-training configuration: how ``gpus`` ranks split the model and its batch.
+
+    The ranks form a mesh ``[pp, replicate, fsdp, tp]`` (torchtitan's order: tensor parallel
+    innermost, within a node). ``fsdp`` shards parameters, gradients and optimizer state (FSDP2's
+    ``fully_shard``, ZeRO-3; ``reshard_after_forward=False`` keeps the gathered parameters from the
+    forward to the backward, ZeRO-2-like); ``replicate`` > 1 makes it HSDP (replicas of a sharded
+    group). ``tp`` splits each block's matmuls (Colwise/Rowwise, sequence parallel on the norms, the
+    loss on vocabulary-sharded logits); ``pp`` splits the layers into stages run by ``schedule``.
+    ``cp`` (context) and ``ep`` (expert) parallel are reserved for what comes next and must be 1.
+
+    Batches: ``local_batch`` is what one data-parallel rank processes per optimizer step;
+    ``microbatches`` splits it for the pipeline; ``accumulation`` runs that many forward/backward
+    passes per step. ``global_batch``, if given, must be local x data-parallel degree x accumulation.
+
+    ``ac``: ``none``; ``full`` (every block checkpointed); ``selective-layer`` (every ``ac_every``-th
+    block, 2 by default; ``selective-layer:K`` sets K); ``selective-op`` (torch's selective
+    checkpointing with torchtitan's op policy). ``mixed_precision="bf16"``: fp32 master weights and
+    optimizer state, bf16 parameters for compute, gradients reduced in ``reduce_dtype``;
+    ``"off"``: everything in ``model_dtype``.
+    """
+
+    gpus: int
+    gpus_per_node: int = 8
+    fsdp: int | None = None              # None: the ranks left over by the other degrees
+    replicate: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    schedule: str = "1f1b"
+    microbatches: int | None = None      # None: pp (one per stage), 1 without a pipeline
+    accumulation: int = 1
+    local_batch: int | None = None
+    global_batch: int | None = None
+    ac: str = "none"
+    ac_every: int = 2
+    mixed_precision: Precision = "bf16"
+    reduce_dtype: Any = "fp32"
+    model_dtype: Any = "fp32"
+    reshard_after_forward: bool = True
+    offload: bool = False
+    sequence_parallel: bool = True
+    loss_parallel: bool = True
+
+    def __post_init__(self) -> None:
+        ints = {"gpus": self.gpus, "gpus_per_node": self.gpus_per_node, "replicate": self.replicate, "tp": self.tp,
+                "pp": self.pp, "cp": self.cp, "ep": self.ep, "accumulation": self.accumulation,
+                "ac_every": self.ac_every}
+        for k in ("fsdp", "microbatches", "local_batch", "global_batch"):
+            if getattr(self, k) is not None:
+                ints[k] = getattr(self, k)
+        for k, v in ints.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise InputError(f"{k} must be a positive whole number, got {v!r}")
+        if self.cp != 1 or self.ep != 1:
+            raise InputError("context and expert parallel (cp, ep) are not simulated yet: leave them at 1")
+        ac = self.ac
+        if isinstance(ac, str) and ac.startswith("selective-layer:"):
+            every = ac.partition(":")[2]
+            if not every.isdigit() or int(every) < 1:
+                raise InputError(f"ac: selective-layer:K takes a positive K, got {ac!r}")
+            object.__setattr__(self, "ac", "selective-layer")
+            object.__setattr__(self, "ac_every", int(every))
+        _choice("ac", self.ac, AcMode)
+        _choice("mixed_precision", self.mixed_precision, Precision)
+        object.__setattr__(self, "reduce_dtype", parse_dtype_name(self.reduce_dtype, "reduce_dtype"))
+        object.__setattr__(self, "model_dtype", parse_dtype_name(self.model_dtype, "model_dtype"))
+        schedule_of(self.schedule)
+        rest, fixed = divmod(self.gpus, self.replicate * self.tp * self.pp * self.cp)
+        if self.fsdp is None:
+            if fixed or rest < 1:
+                raise InputError(f"gpus ({self.gpus}) must be a multiple of replicate x tp x pp "
+                                 f"({self.replicate} x {self.tp} x {self.pp})")
+            object.__setattr__(self, "fsdp", rest)
+        if self.world != self.gpus:
+            raise InputError(f"the degrees make {self.world} ranks (replicate {self.replicate} x fsdp {self.fsdp} x "
+                             f"tp {self.tp} x pp {self.pp}), not the {self.gpus} GPUs given")
+        if self.tp > self.gpus_per_node:
+            raise InputError(f"tp ({self.tp}) must fit in a node ({self.gpus_per_node} GPUs per node)")
+        if self.microbatches is None:
+            object.__setattr__(self, "microbatches", self.pp)
+        if self.local_batch is not None and self.local_batch % self.microbatches:
+            raise InputError(f"the local batch ({self.local_batch}) must split into {self.microbatches} "
+                             "micro-batches evenly")
+        if self.global_batch is not None and self.local_batch is not None and \
+                self.global_batch != self.local_batch * self.dp * self.accumulation:
+            raise InputError(f"global batch {self.global_batch} != local batch {self.local_batch} x data-parallel "
+                             f"degree {self.dp} x accumulation {self.accumulation} "
+                             f"(= {self.local_batch * self.dp * self.accumulation})")
+
+    @property
+    def dp(self) -> int:
+        """The data-parallel degree: ranks that see different samples."""
+        return self.replicate * self.fsdp
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.replicate * self.fsdp * self.tp * self.cp
+
+    @property
+    def trivial(self) -> bool:
+        """Every degree 1: one device, no wrapping (memory() answers it)."""
+        return self.world == 1
+
+    @property
+    def mesh_shape(self) -> tuple[tuple[str, int], ...]:
+        """The mesh's named dimensions of size > 1, outermost first (torchtitan's order)."""
+        dims = (("pp", self.pp), ("dp_replicate", self.replicate), ("dp_shard", self.fsdp), ("tp", self.tp))
+        return tuple((n, s) for n, s in dims if s > 1)
+
+    @property
+    def param_dtype(self) -> torch.dtype | None:
+        """The dtype parameters are computed in (FSDP2's MixedPrecisionPolicy.param_dtype)."""
+        return torch.bfloat16 if self.mixed_precision == "bf16" else None
+
+    def label(self) -> str:
+        parts = [f"fsdp {self.fsdp}" + (f" x replicate {self.replicate}" if self.replicate > 1 else ""),
+                 f"tp {self.tp}", f"pp {self.pp}"]
+        return ", ".join(parts) + f", ac {self.ac}" + (f":{self.ac_every}" if self.ac == "selective-layer" else "")
