@@ -11,16 +11,17 @@ with _warnings.catch_warnings():
     import torch as _torch  # noqa: F401
 
 from .api import (BatchFit, activations, analyze, analyze_exported, analyze_onnx, analyze_torchscript,
-                  max_batch_size, memory, onnx_tile, partition, profile)
+                  max_batch_size, memory, onnx_tile, parallel, partition, profile)
 from .costs import CostOptions
 from .costs.gpus import GPU, GPUS, gpu
-from .options import AnalyzeOptions, MemoryOptions, OnnxOptions, PartitionOptions, ProfileOptions, TileOptions
+from .options import (AnalyzeOptions, MemoryOptions, OnnxOptions, ParallelConfig, PartitionOptions, ProfileOptions,
+                      TileOptions)
 from .errors import ForwardError, InputError, LayerscopeError, PlanError, RegistryError, SpecError
 from .pipeline import SplitUnits, Unit
 from .reports.plan import Stage
 from .reports.memory import CallMemory, MemoryLayer, MemoryTotals, StepMemory
 from .reports.latency import LatencyLayer, LatencyTotals
-from .render.views import Comparison, LatencyReport, MemoryReport, Report, StagePlan, compare
+from .render.views import Comparison, LatencyReport, MemoryReport, ParallelReport, Report, StagePlan, compare
 from .profiler import Profiler
 from .analyses.roofline import Roofline, measure_roofline
 from .specs import presets
@@ -35,9 +36,9 @@ __all__ = [   # sorted (tests/test_public_api.py)
     "AnalyzeOptions", "BatchFit", "CallMemory", "Comparison", "CostOptions", "Costs", "Coverage",
     "ForwardError", "GPU", "GPUS", "InputError", "LatencyLayer", "LatencyReport", "LatencyTotals", "LayerRecord",
     "LayerscopeError", "MemoryLayer", "MemoryOptions", "MemoryReport", "MemoryTotals", "OnnxOptions",
-    "OpEvent", "ParamSpec", "PartitionOptions", "PlanError", "ProfileOptions", "Profiler", "ReceptiveField",
+    "OpEvent", "ParallelConfig", "ParallelReport", "ParamSpec", "PartitionOptions", "PlanError", "ProfileOptions", "Profiler", "ReceptiveField",
     "RegistryError", "Report", "Roofline", "SpecError", "SplitUnits", "Stage", "StagePlan", "StepMemory", "TensorSpec",
     "TileOptions", "Totals", "Trace", "Unit", "__version__", "activations", "analyze", "analyze_exported",
     "analyze_onnx", "analyze_torchscript", "compare", "compat", "gpu", "max_batch_size", "measure_roofline", "memory",
-    "onnx_tile", "partition", "presets", "profile", "summary",
+    "onnx_tile", "parallel", "partition", "presets", "profile", "summary",
 ]

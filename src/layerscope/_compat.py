@@ -30,7 +30,7 @@ import torch
 from .errors import LayerscopeError
 
 __all__ = ["TESTED_TORCH", "TorchFeatureError", "get", "need", "has", "forget",
-           "dispatch_mode", "sequence_nr", "current_autograd_node", "engine_backward", "composite_implicit_key",
+           "dispatch_mode", "sequence_nr", "current_autograd_node", "engine_backward", "fsdp_param_groups", "composite_implicit_key",
            "has_composite_kernel", "profiler_event_tree", "profiler_enabled",
            "reparametrize_module", "parse_schema", "jit_inline", "is_op_overload", "is_op_packet",
            "is_higher_order_op", "is_fake_tensor", "active_fake_mode", "new_fake_mode",
@@ -91,6 +91,11 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
     "queue_callback": ("torch.autograd.Variable._execution_engine.queue_callback", "2.4",
                        lambda: torch.autograd.Variable._execution_engine.queue_callback),
     "grouped_mm": ("torch.ops.aten._grouped_mm", "2.8", lambda: torch.ops.aten._grouped_mm.default),
+    # parallel (simulate): a process group without peers, and FSDP2's per-module state
+    "fake_store": ("torch.testing._internal.distributed.fake_pg.FakeStore (the `fake` backend's store)", "2.4",
+                   lambda: _module("torch.testing._internal.distributed.fake_pg").FakeStore),
+    "fsdp_state": ("torch.distributed.fsdp.FSDPModule._get_fsdp_state (its _fsdp_param_group)", "2.6",
+                   lambda: _module("torch.distributed.fsdp").FSDPModule._get_fsdp_state),
     "interleaved_rank_ops": ("torch.distributed.pipelining.schedules.ScheduleInterleaved1F1B."
                              "_calculate_single_rank_operations", "2.6",
                              lambda: _module("torch.distributed.pipelining.schedules")
@@ -246,6 +251,20 @@ def engine_backward(feature: str) -> Callable[..., Any]:
     called directly, a TorchFunctionMode that is active stays active in the backward, where
     torch.autograd.backward, itself overridable, pops it while it runs."""
     return need("engine_run_backward", feature)
+
+
+def fsdp_param_groups(model) -> list:
+    """FSDP2's parameter groups of ``model``'s modules (one per ``fully_shard`` call that owns
+    parameters): each holds ``fsdp_params``, whose gathered storages FSDP2 resizes in place."""
+    fsdp_module = _module("torch.distributed.fsdp").FSDPModule
+    state_of = need("fsdp_state", "simulating FSDP2's gathered parameters")
+    groups = []
+    for m in model.modules():
+        if isinstance(m, fsdp_module):
+            group = getattr(state_of(m), "_fsdp_param_group", None)
+            if group is not None:
+                groups.append(group)
+    return groups
 
 
 def composite_implicit_key():

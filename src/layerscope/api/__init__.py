@@ -10,8 +10,9 @@ from ._batch import BatchFit, max_batch_size
 from ._exported import analyze_exported, analyze_torchscript
 from ._memory import memory
 from ._onnx import analyze_onnx, onnx_tile
+from ._parallel import parallel
 from ._partition import partition
 from ._profile import profile
 
 __all__ = ["BatchFit", "activations", "analyze", "analyze_exported", "analyze_onnx", "analyze_torchscript",
-           "max_batch_size", "memory", "onnx_tile", "partition", "profile"]
+           "max_batch_size", "memory", "onnx_tile", "parallel", "partition", "profile"]

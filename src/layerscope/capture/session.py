@@ -241,7 +241,7 @@ class Session:
             known[id(o)] = (_ref(o), index)
         storage = self.storage
         if storage is not None:
-            storage.layer, storage.phase = layer, phase
+            storage.layer, storage.phase, storage.op_name = layer, phase, name
             # a lift's input is the same logical tensor as its output (a fake run makes a new one)
             fix = FAKE_SIZE_FIXES.get(func) if self.simulated else None
             storage.on_op(() if func._opname.startswith("lift") else ins, outs,

@@ -104,7 +104,7 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
               autocast_dtype: torch.dtype | None, loss_fn: Callable | None, steps: int,
               accumulation: int, options: CostOptions | None = None, foreach_default: bool = False,
               on_step: Callable[[int, str], None] | None = None, probe_kernels: bool = True,
-              attention=None) -> StepRun:
+              attention=None, prepared: bool = False) -> StepRun:
     """Run ``steps`` training steps (or one inference forward) and return what the trackers saw.
 
     ``probe_kernels``: in a simulation, kernels whose fake sizes are wrong or that hold scratch
@@ -114,7 +114,9 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
     With ``tracker=None`` nothing is recorded (the measured run); ``on_step(step, "begin"|"end")`` is
     called around each step. ``attention`` (an SdpaRouter, capture/attention.py) runs each forward's
     SDPA as a GPU target would. The model's parameters, buffers, gradients, modes and RNG state are
-    restored afterwards.
+    restored afterwards. ``prepared`` (a simulation only): the model is a private copy whose state is
+    already fake tensors of the active FakeTensorMode (parallel/: sharded with torch's own code), run as
+    it is, with no copies swapped in.
     """
     named = list(model.named_modules())
     modules = [m for _, m in named]
@@ -129,10 +131,13 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
     try:
         with fake_ctx, eager_paths(fake_mode) if simulate and own else contextlib.nullcontext():
             if simulate:
-                params, buffers = empty_state(model, device)
+                if prepared:
+                    params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
+                else:
+                    params, buffers = empty_state(model, device)
                 given = (args, kwargs)
                 args, kwargs = map_tensors((tuple(args), dict(kwargs)), lambda t: empty_like_on(t, device))
-                swap = {**params, **buffers}
+                swap = None if prepared else {**params, **buffers}
                 # the values of small integer inputs (ids, labels, lengths, masks) go along
                 run.known = KnownValues()
                 run.known.seed_pairs(iter_tensors((args, kwargs)), iter_tensors(given))
@@ -235,6 +240,12 @@ def _loop(run: StepRun, model, named, passes, swap, inputs, params, buffers, opt
                                              [(offset + c.span[0], offset + c.span[1]) for c in cap.calls]))
             del output
             last_micro = cap
+        if tracker:
+            # a parameter whose storage the forward replaced (FSDP2 re-pads an uneven shard when it
+            # first runs) is a parameter in its new storage too
+            for name, p in params.items():
+                b = tracker.mark(p, PARAM)
+                run.param_bytes[name] = b.nbytes if b is not None else 0
         if training:
             for name, p in params.items():
                 if p.grad is not None:

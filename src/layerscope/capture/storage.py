@@ -39,10 +39,10 @@ def cuda_block_size(nbytes: int) -> int:
 class Block:
     """One storage: its size, when it was allocated and freed (global op indices), and its roles."""
 
-    __slots__ = ("nbytes", "alloc", "free", "pass_index", "layer", "phase", "roles", "saved_by",
+    __slots__ = ("nbytes", "alloc", "free", "pass_index", "layer", "phase", "roles", "saved_by", "op", "tag",
                  "__weakref__")
 
-    def __init__(self, nbytes: int, alloc: int, pass_index: int, layer: int, phase: str) -> None:
+    def __init__(self, nbytes: int, alloc: int, pass_index: int, layer: int, phase: str, op: str = "") -> None:
         self.nbytes = nbytes
         self.alloc = alloc          # -1: existed before the run
         self.free: int | None = None  # last op during which it was alive; None: alive at the end
@@ -51,6 +51,8 @@ class Block:
         self.phase = phase
         self.roles = 0
         self.saved_by: tuple[int, int] | None = None  # (pass, layer) that saved it for backward
+        self.op = op                # the op that allocated it ("" before the run, or resized outside one)
+        self.tag: str | None = None  # a finer role a caller gives it (parallel/: gathered parameters, ...)
 
     @property
     def category(self) -> int:
@@ -73,9 +75,15 @@ class StorageTracker:
         self.layer = 0
         self.phase = "setup"
         self.untracked = 0          # tensors without a plain storage (sparse, nested, ...)
+        self.op_name = ""           # the op running now (set by the session before on_op)
 
     # ---- storages --------------------------------------------------------------------------------
     def _storage(self, t: torch.Tensor):
+        if hasattr(type(t), "__tensor_flatten__"):
+            # a wrapper subclass (DTensor) has no storage of its own: its one inner tensor's is the memory
+            inner = [x for x in (getattr(t, n) for n in t.__tensor_flatten__()[0]) if isinstance(x, torch.Tensor)]
+            if len(inner) == 1:
+                return self._storage(inner[0])
         try:
             return t.untyped_storage()
         except (RuntimeError, NotImplementedError, TypeError):
@@ -91,7 +99,7 @@ class StorageTracker:
         b = self.live.get(key)
         if b is None:
             size = int(st.nbytes()) if nbytes is None else nbytes
-            b = Block(self.block_size(size), self.clock, self.pass_index, self.layer, self.phase)
+            b = Block(self.block_size(size), self.clock, self.pass_index, self.layer, self.phase, self.op_name)
             self.live[key] = b
             self.blocks.append(b)
             self._refs[key] = weakref.ref(st, self._freed_cb(key, b))
@@ -99,11 +107,35 @@ class StorageTracker:
 
     def _freed_cb(self, key: int, block: Block):
         def freed(_ref) -> None:
-            block.free = self.clock
             if self.live.get(key) is block:
+                block.free = self.clock
                 del self.live[key]
                 del self._refs[key]
         return freed
+
+    def resized(self, t: torch.Tensor) -> Block | None:
+        """``t``'s storage was resized in place (``UntypedStorage.resize_``, which no dispatch mode sees:
+        FSDP2 frees and re-allocates its gathered parameters so): the old Block ends at the op running
+        now, and a storage that holds bytes again is a new Block from the next op on."""
+        st = self._storage(t)
+        if st is None:
+            return None
+        key = id(st)
+        size = int(st.nbytes())
+        b = self.live.get(key)
+        if b is not None and b.nbytes == self.block_size(size):
+            return b
+        if b is not None:
+            b.free = self.clock
+            del self.live[key]
+            del self._refs[key]
+        if size == 0:
+            return None
+        nb = Block(self.block_size(size), self.clock + 1, self.pass_index, self.layer, self.phase, "resize_")
+        self.live[key] = nb
+        self.blocks.append(nb)
+        self._refs[key] = weakref.ref(st, self._freed_cb(key, nb))
+        return nb
 
     def mark(self, t: torch.Tensor, role: int) -> Block | None:
         b = self.block_of(t)

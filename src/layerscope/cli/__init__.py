@@ -14,6 +14,7 @@ from .onnx import run_onnx, run_onnx_tile
 from .parser import EXIT_ERROR, EXIT_INTERNAL, EXIT_USAGE, build_parser
 from .report import run_compare, run_list_presets, run_report
 from .split import run_split
+from .parallel import run_parallel
 from .summary import run_memory, run_profile, run_summary
 
 __all__ = ["EXIT_ERROR", "EXIT_INTERNAL", "EXIT_USAGE", "LayerscopeError", "_EXAMPLES", "build_parser", "main"]
@@ -59,7 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
     commands = {"summary": run_summary, "memory": run_memory, "split": run_split, "profile": run_profile, "onnx": run_onnx,
-                "onnx-tile": run_onnx_tile, "report": run_report, "compare": run_compare, "list-presets": run_list_presets}
+                "onnx-tile": run_onnx_tile, "report": run_report, "compare": run_compare, "list-presets": run_list_presets,
+                "parallel": run_parallel}
     try:
         if ns.command in commands:
             return commands[ns.command](ns)

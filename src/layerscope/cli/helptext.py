@@ -51,6 +51,10 @@ _EXAMPLES = {
   layerscope memory hf:gpt2 --input-ids 8,1024 --optimizer adamw --autocast bf16
   layerscope memory hf:llama-2-70b --input-ids 1,4096 --optimizer adamw --device cuda --limit 80GiB
   layerscope memory layerscope.examples:small_cnn --infer --batch-size 64""",
+    "parallel": """examples:
+  layerscope parallel hf:LlamaConfig --head causal-lm --input-ids 2,4096 --gpus 64 --replicate 8 --gpu H100
+  layerscope parallel hf:llama-2-70b --input-ids 1,4096 --gpus 64 --fsdp 64 --format json
+  layerscope parallel hf:GPT2Config --head causal-lm --input-ids 8,1024 --gpus 8 --mixed-precision off""",
     "profile": """examples:
   layerscope profile layerscope.examples:tiny_gpt --backward --repeats 50
   layerscope profile hf:GPT2Config --set n_layer=2 --input-ids 1,128 --roofline measure --trace gpt2.json""",

@@ -153,6 +153,37 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--measure", action="store_true", help="also run the real step and measure it")
     _attention_args(m)
     m.add_argument("--columns", help=_columns_help(memory_columns))
+    pl = _sub(sub, "parallel", "per-rank memory of sharded training (FSDP2, HSDP, tensor parallel, checkpointing), "
+                               "simulated with torch's own distributed code on one CPU")
+    pl.add_argument("spec", help=_SPEC_HELP)
+    _input_args(pl)
+    pl.add_argument("--gpus", type=arg_count(1), required=True, help="ranks in the job")
+    pl.add_argument("--gpus-per-node", type=arg_count(1), default=8, help="ranks per node (default 8): tp stays within one")
+    pl.add_argument("--gpu", type=arg_gpu, metavar="NAME[,FIELD=V]",
+                    help=f"the ranks' GPU ({', '.join(GPUS)}): its memory is the limit")
+    pl.add_argument("--memory-limit", help="per-rank limit such as 80GiB (default: --gpu's memory)")
+    pl.add_argument("--fsdp", type=arg_count(1), help="FSDP2 shard degree (default: the ranks the others leave)")
+    pl.add_argument("--replicate", type=arg_count(1), default=1, help="HSDP: replicas of each shard group (default 1)")
+    pl.add_argument("--tp", type=arg_count(1), default=1, help="tensor-parallel degree (default 1)")
+    pl.add_argument("--pp", type=arg_count(1), default=1, help="pipeline stages (default 1)")
+    pl.add_argument("--schedule", default="1f1b", help="pipeline schedule (default 1f1b)")
+    pl.add_argument("--microbatches", type=arg_count(1), help="micro-batches per local batch (default: pp)")
+    pl.add_argument("--accumulation", type=arg_count(1), default=1, help="forward/backward passes per step (default 1)")
+    pl.add_argument("--global-batch", type=arg_count(1), help="must be local batch x data-parallel degree x accumulation")
+    pl.add_argument("--ac", default="none", metavar="MODE",
+                    help="activation checkpointing: none, full, selective-layer[:K], selective-op")
+    pl.add_argument("--mixed-precision", choices=("bf16", "off"), default="bf16",
+                    help="bf16 (default): fp32 master weights, bf16 compute; off: all in --model-dtype")
+    pl.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default="fp32", help="gradient reduction dtype")
+    pl.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false",
+                    help="keep gathered parameters from forward to backward (ZeRO-2-like)")
+    pl.add_argument("--offload", action="store_true", help="FSDP2's CPU offload of parameters and optimizer state")
+    pl.add_argument("--optimizer", default="adamw", help="a torch.optim class name (default adamw)")
+    pl.add_argument("--steps", type=arg_count(1), default=2, help="training steps simulated (default 2)")
+    pl.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="the ranks' device: cuda (default) or cpu (gloo ranks)")
+    _output_args(pl, formats=("table", "json", "csv"))
+    pl.set_defaults(depth=None)
     pf = _sub(sub, "profile", "per-module forward (and backward) time, self and inclusive, achieved FLOP/s")
     _model_args(pf)
     pf.add_argument("--device", type=arg_device, help="where to build the model and run it: cpu (default) or cuda")

@@ -11,7 +11,7 @@ the same formulas (costs/onnx.py) in the registry's ``onnx`` namespace (``reg.on
 fn)``; ``analyze_onnx(path, costs=reg)``).
 """
 
-from . import attention, conv, elementwise, matmul, movement, norm, onnx, pool, rnn, spectral  # noqa: F401 (registers)
+from . import attention, collectives, conv, elementwise, matmul, movement, norm, onnx, pool, rnn, spectral  # noqa: F401 (registers)
 from .registry import (FREE, CostOptions, CostRegistry, NodeCall, OnnxOps, OpCall, OpCost, ShapeUnknown,
                        default_registry, lookup, register, register_free, registered_names)
 

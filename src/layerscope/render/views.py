@@ -22,6 +22,7 @@ from ..errors import InputError
 from ..reports import compare as _compare
 from ..reports import latency as _latency
 from ..reports import memory as _memory
+from ..reports import parallel as _parallel
 from ..reports import plan as _plan
 from ..reports import summary as _summary
 from ..reports.table import Table
@@ -31,7 +32,7 @@ from .output import dataframe, notebook_html, write_text
 from .table import render_rich
 from .text import render_text
 
-__all__ = ["Views", "Report", "MemoryReport", "LatencyReport", "StagePlan", "Comparison", "view", "compare",
+__all__ = ["Views", "Report", "MemoryReport", "LatencyReport", "StagePlan", "Comparison", "ParallelReport", "view", "compare",
            "table_text", "table_rich", "print_table"]
 
 
@@ -226,9 +227,27 @@ class Comparison(Views, _compare.Comparison):
                          "to_dataframe(), or put each side on its own page (report.save_html)")
 
 
+class ParallelReport(Views, _parallel.ParallelReport):
+    """Result of ``layerscope.parallel`` (the record: ``layerscope.reports.parallel.ParallelReport``): a
+    row per role (ranks that hold the same bytes), the parts of each one's peak."""
+
+    def table(self, columns=None, width: int | None = None, **_: Any) -> str:
+        return self._text(None, columns, True, width)
+
+    def rich_table(self, columns=None, width: int | None = None, **_: Any):
+        return self._rich(None, columns, True, width)
+
+    def print(self, file: TextIO | None = None, columns=None, **_: Any) -> None:
+        self._print(file, None, columns, True)
+
+    def to_html(self, **others) -> str:
+        raise InputError("a parallel report has no HTML page yet: use its table, to_json() or to_csv()")
+
+
 _VIEW_OF: dict[type, type] = {_summary.Report: Report, _memory.MemoryReport: MemoryReport,
                                _latency.LatencyReport: LatencyReport, _plan.StagePlan: StagePlan,
-                               _compare.Comparison: Comparison}   # read only
+                               _compare.Comparison: Comparison,
+                               _parallel.ParallelReport: ParallelReport}   # read only
 
 
 def view(record):

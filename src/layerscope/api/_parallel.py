@@ -1,0 +1,194 @@
+"""parallel(): the per-rank memory of a sharded-training configuration (FSDP2, HSDP, tensor parallel,
+checkpointing, mixed precision), simulated with torch's own distributed code on a fake process group
+(parallel/simulate.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..capture.attention import router_for
+from ..capture.guard import gc_paused
+from ..capture.prepare import check_model, example_inputs, materialize_lazy
+from ..capture.storage import cuda_block_size
+from ..capture.inputs import iter_tensors
+from ..errors import ForwardError, InputError
+from ..formats.exported import refuse_exported
+from ..options import MemoryOptions, ParallelConfig, optimizer_factory, optimizer_name
+from ..parallel.results import ParallelPlan, RankMemory, mesh_coords, rank_memory, roles
+from ..parallel.simulate import meta_copy, simulate_rank
+from ..progress import ProgressBar
+from ..render.units import parse_bytes
+from ..render.views import ParallelReport
+from ._memory import memory_with
+
+__all__ = ["parallel"]
+
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _local_batch(args: tuple, kwargs: dict) -> int | None:
+    first = next(iter(iter_tensors((args, kwargs))), None)
+    return int(first.shape[0]) if first is not None and first.dim() else None
+
+
+_RUN_OPTIONS = {"steps": 2, "loss_fn": None, "input_size": None, "dtypes": None, "device": "cuda",
+                "progress": False, "forward_kwargs": None}
+
+
+def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = None, tp: int = 1, pp: int = 1,
+             ac: str = "none", optimizer="adamw", gpu=None, memory_limit=None, config: ParallelConfig | None = None,
+             **kwargs: Any) -> ParallelReport:
+    """What each of ``gpus`` ranks holds when they train ``model`` sharded: its peak, when, and by part
+    (parameter shards, gathered parameters, gradients, optimizer state, activations, recompute,
+    communication buffers, temporaries, and estimates of what a CPU cannot show), and the bytes of
+    each collective. ``args``/``kwargs``: one data-parallel rank's local batch (``input_ids`` of
+    [B, S] is B samples per rank and step).
+
+    The configuration: ``config=ParallelConfig(...)``, or its fields as keywords: ``fsdp`` (default:
+    the ranks the other degrees leave), ``replicate`` (HSDP), ``tp``, ``pp``, ``ac``,
+    ``mixed_precision`` ("bf16", the default: fp32 master weights and optimizer state, bf16 compute,
+    gradients reduced in ``reduce_dtype``; "off": all in ``model_dtype``), ``reshard_after_forward``,
+    ``accumulation``, ``global_batch``, ``gpus_per_node``. The run: ``steps`` (2), ``loss_fn``,
+    ``input_size``/``dtypes`` (example inputs built as analyze() does), ``device`` (the ranks' device:
+    "cuda", the default, rounds to 512-byte allocator blocks and adds the estimates of NCCL's buffers
+    and FSDP2's prefetch; "cpu": gloo ranks, as on this machine), ``progress``. ``gpu`` names the GPU
+    (its memory is the limit unless ``memory_limit`` is given). Other keywords go to the forward (a
+    forward argument named like an option: ``forward_kwargs={...}``). With every degree 1 nothing is
+    wrapped, and the figures are ``memory()``'s for the same model, dtypes and options.
+    """
+    run = {k: kwargs.pop(k, v) for k, v in _RUN_OPTIONS.items()}
+    fields = {f.name for f in dataclasses.fields(ParallelConfig)} - {"local_batch"}
+    given = {k: kwargs.pop(k) for k in list(kwargs) if k in fields}
+    kwargs = {**kwargs, **(run["forward_kwargs"] or {})}
+    if config is None:
+        config = ParallelConfig(gpus=gpus, fsdp=fsdp, tp=tp, pp=pp, ac=ac, **given)
+    elif given or gpus != 1 or fsdp is not None or tp != 1 or pp != 1 or ac != "none":
+        raise InputError("give the configuration either as config= or as keywords, not both")
+    steps, loss_fn, input_size, dtypes, device, progress = (run[k] for k in ("steps", "loss_fn", "input_size",
+                                                                             "dtypes", "device", "progress"))
+    check_model(model)
+    refuse_exported(model, "parallel")
+    if device not in ("cuda", "cpu"):
+        raise InputError(f"device is the ranks' device, cuda or cpu, got {device!r}")
+    if gpu is not None and device != "cuda":
+        raise InputError("gpu= names a CUDA GPU: leave device at 'cuda'")
+    args = example_inputs(args, kwargs, input_size, dtypes, None, torch.device("meta"), "parallel")
+    materialize_lazy(model, args, kwargs)
+    local = _local_batch(args, kwargs)
+    config = dataclasses.replace(config, local_batch=local) if local is not None and config.local_batch is None \
+        else config
+    factory = optimizer_factory(optimizer)
+    cuda = device == "cuda"
+    router = router_for(gpu, "auto", simulated=True, cuda_target=cuda, autocast_device="cpu")
+    limit = parse_bytes(memory_limit) if memory_limit is not None else \
+        (router.gpu.memory if router is not None and gpu is not None else None)
+    options = {"device": device, "gpu": router.gpu.name if router is not None and gpu is not None else None,
+               "optimizer": optimizer_name(factory), "steps": steps, "allocation_block": 512 if cuda else 1}
+    notes: list[str] = []
+    if config.trivial:
+        plan, notes = _one_device(model, args, kwargs, config, factory, steps, loss_fn, cuda, gpu)
+    else:
+        if config.pp > 1:
+            raise InputError("pipeline stages (pp > 1) are not simulated per rank yet: `layerscope split` plans "
+                             "the pipeline on its own")
+        ranks, rr, roles_of, router = _simulate(model, args, kwargs, config, factory, steps, loss_fn, cuda,
+                                                lambda: router_for(gpu, "auto", simulated=True, cuda_target=cuda),
+                                                progress)
+        plan = _plan(config, ranks)
+        if len(roles_of) == 1:
+            notes.append(f"every rank holds the same shard sizes: rank 0 was simulated for all {config.world}")
+        else:
+            notes.append(f"{len(roles_of)} roles (ranks whose shards differ in size, where a dimension does not "
+                         "divide evenly): ranks " + ", ".join(str(r) for r in roles_of) + " were simulated")
+        if rr.run.log is not None:
+            notes += rr.run.log.notes()
+        if rr.run.known is not None:
+            notes += rr.run.known.notes()
+        if router is not None:
+            notes += router.notes(passes=len(rr.run.passes) or 1)
+        if cuda:
+            notes.append("the CUDA caching allocator's fragmentation is not estimated (its 512-byte rounding is "
+                         "simulated); NCCL's buffers and FSDP2's prefetch are estimates, on their own lines")
+    if limit is not None:
+        over = max(0, plan.peak_bytes - limit)
+        plan = dataclasses.replace(plan, limit_bytes=limit, fits=over == 0, over_bytes=over)
+    return ParallelReport(model_name=type(model).__name__, options=options, plans=(plan,), notes=tuple(notes))
+
+
+def _simulate(model, args, kwargs, config: ParallelConfig, factory, steps, loss_fn, cuda: bool, new_router,
+              progress):
+    """Rank 0, then one rank for each other role its shard layouts reveal; every global rank's memory,
+    rank 0's run, the roles, and rank 0's SDPA router (what its notes say)."""
+    routers = []
+
+    def one(rank: int, bar):
+        routers.append(new_router())
+        try:
+            return simulate_rank(model, args, kwargs, config, rank, optimizer=factory, steps=steps, loss_fn=loss_fn,
+                                 block_size=cuda_block_size if cuda else None, foreach_default=cuda,
+                                 attention=routers[-1],
+                                 on_step=(lambda s, w: bar.advance() if w == "end" else None) if bar else None)
+        except ForwardError as e:
+            raise ForwardError(f"{e} (simulating rank {rank} of {config.label()})", path=e.path,
+                               module_type=e.module_type, input_shapes=e.input_shapes) from e.__cause__
+
+    with gc_paused():
+        bar = ProgressBar(steps, "simulating rank 0") if progress else None
+        try:
+            first = one(0, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+        groups = roles(first.layouts, config)
+        runs = {0: first}
+        for rep in groups:
+            if rep not in runs:
+                runs[rep] = one(rep, None)
+    memories = {rep: rank_memory(rr, config, rep, cuda=cuda) for rep, rr in runs.items()}
+    ranks: list = [None] * config.world
+    for rep, members in groups.items():
+        for r in members:
+            ranks[r] = memories[rep] if r == rep else \
+                dataclasses.replace(memories[rep], rank=r, coords=mesh_coords(config, r))
+    return tuple(ranks), first, groups, routers[0]
+
+
+def _plan(config: ParallelConfig, ranks: tuple[RankMemory, ...]) -> ParallelPlan:
+    peak = max(r.peak_bytes for r in ranks)
+    return ParallelPlan(
+        gpus=config.gpus, fsdp=config.fsdp, replicate=config.replicate, tp=config.tp, pp=config.pp,
+        ac=config.ac + (f":{config.ac_every}" if config.ac == "selective-layer" else ""),
+        microbatches=config.microbatches, accumulation=config.accumulation, local_batch=config.local_batch,
+        global_batch=config.global_batch, mixed_precision=config.mixed_precision,
+        reduce_dtype=_DTYPE_NAMES.get(config.reduce_dtype, str(config.reduce_dtype)),
+        model_dtype=_DTYPE_NAMES.get(config.model_dtype, str(config.model_dtype)),
+        reshard_after_forward=config.reshard_after_forward, fits=None, limit_bytes=None, peak_bytes=peak,
+        over_bytes=0, ranks=ranks)
+
+
+def _one_device(model, args, kwargs, config: ParallelConfig, factory, steps, loss_fn, cuda: bool, gpu):
+    """Every degree 1: no wrapping at all; memory()'s step of the model in the configuration's dtypes
+    (mixed precision bf16 there is autocast over fp32 weights, as one device trains)."""
+    dtype = torch.float32 if config.mixed_precision == "bf16" else config.model_dtype
+    copy = meta_copy(model, dtype)
+    opts = MemoryOptions(optimizer=factory, autocast_dtype=torch.bfloat16 if config.mixed_precision == "bf16" else None,
+                         device="cuda" if cuda else "cpu", steps=steps, accumulation=config.accumulation,
+                         loss_fn=loss_fn, gpu=gpu)
+    rep = memory_with(copy, args, kwargs, opts)
+    step = rep.peak_step
+    parts = {"sharded parameters": step.breakdown["parameter"], "gathered parameters": 0,
+             "gradients": step.breakdown["gradient"], "optimizer state": step.breakdown["optimizer_state"],
+             "activations": step.breakdown["activation"], "recompute": 0, "communication buffers": 0,
+             "inputs, outputs and buffers": step.breakdown["input"] + step.breakdown["output"]
+             + step.breakdown["buffer"], "temporary": step.breakdown["temporary"],
+             "prefetch in flight (estimate)": 0, "NCCL buffers (estimate)": 0}
+    r = RankMemory(rank=0, coords=mesh_coords(config, 0), simulated_as=0,
+                   peak_bytes=rep.peak_bytes, simulated_peak_bytes=rep.peak_bytes, peak_step=step.step + 1,
+                   peak_phase=step.peak_phase, peak_layer=step.peak_layer, breakdown=parts)
+    notes = ["every degree is 1: one device, nothing wrapped; these are memory()'s figures"
+             + (" (mixed precision bf16 as autocast over fp32 weights)" if config.mixed_precision == "bf16" else "")]
+    return _plan(config, (r,)), notes + list(rep.notes)

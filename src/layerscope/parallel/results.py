@@ -1,0 +1,237 @@
+"""A sharded configuration's per-rank memory, composed from the simulated ranks (plain records; reports/
+renders them).
+
+A rank's peak is the most bytes its storages held at once over the simulated steps (the step with the
+optimizer state, from the second on), by part (``simulate.PARTS``), plus what a CPU simulation cannot
+show, each an estimate on its own line (``ESTIMATES``), so a reader sees its weight:
+
+* ``prefetch in flight (estimate)``: on CUDA, FSDP2 gathers the next block's parameters on its own
+  stream while the current block computes (implicit prefetch in forward, one block ahead in
+  backward), so one more block's gathered parameters are alive than a one-stream run shows: the
+  largest parameter group's gathered bytes.
+* ``NCCL buffers (estimate)``: NCCL's own device buffers, outside PyTorch's allocator:
+  ``NCCL_BUFFSIZE`` (4 MiB) for each of 16 channels per communicator, one communicator per mesh
+  dimension the rank is in. NCCL sizes these by topology; the figure is a typical order, not a
+  measurement.
+CPU ranks (gloo) have neither. The caching allocator's 512-byte rounding is simulated exactly on a CUDA
+target; its fragmentation is not estimated (a note says so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Any
+
+from ..options import ParallelConfig
+from .simulate import PARTS, RankRun
+
+__all__ = ["Collective", "RankMemory", "ParallelPlan", "ESTIMATES", "NCCL_BYTES_PER_COMMUNICATOR", "rank_memory",
+           "collectives_of", "mesh_coords", "local_numels", "roles"]
+
+NCCL_BYTES_PER_COMMUNICATOR = 16 * 4 * 2**20      # 16 channels x NCCL_BUFFSIZE (4 MiB): an estimate
+ESTIMATES = ("prefetch in flight (estimate)", "NCCL buffers (estimate)")
+
+# collective op -> (kind, the mesh dimension its group is)
+_COLLECTIVES = {
+    "c10d._allgather_base_": ("all-gather", "fsdp"),
+    "c10d.allgather_into_tensor_coalesced_": ("all-gather", "fsdp"),
+    "c10d._reduce_scatter_base_": ("reduce-scatter", "fsdp"),
+    "c10d.reduce_scatter_tensor_coalesced_": ("reduce-scatter", "fsdp"),
+    "c10d.allreduce_": ("all-reduce", "replicate"),
+    "_c10d_functional.all_gather_into_tensor": ("all-gather", "tp"),
+    "_c10d_functional.all_gather_into_tensor_out": ("all-gather", "tp"),
+    "_c10d_functional.reduce_scatter_tensor": ("reduce-scatter", "tp"),
+    "_c10d_functional.all_reduce": ("all-reduce", "tp"),
+    "_c10d_functional.all_reduce_": ("all-reduce", "tp"),
+    "_c10d_functional.all_to_all_single": ("all-to-all", "tp"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """One kind of collective a rank runs in a step: how often, and its bytes on this rank.
+    ``bytes_read``/``bytes_written``: what the rank contributes and receives (costs/collectives.py);
+    ``ring_bytes``: what a ring moves through the rank, (n - 1) / n of the gathered or reduced tensor
+    (twice that for an all-reduce)."""
+
+    op: str
+    kind: str
+    group: str
+    group_size: int
+    calls: int
+    bytes_read: int
+    bytes_written: int
+    ring_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class RankMemory:
+    """One global rank: its mesh coordinates, the rank simulated for its role, its peak (with the
+    estimates) and what held it."""
+
+    rank: int
+    coords: dict
+    simulated_as: int
+    peak_bytes: int
+    simulated_peak_bytes: int
+    peak_step: int                 # 1-based
+    peak_phase: str
+    peak_layer: str | None
+    breakdown: dict                # part -> bytes at the peak (PARTS, then ESTIMATES)
+    collectives: tuple[Collective, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelPlan:
+    """One configuration and what every rank holds. ``step_time``, ``tokens_per_s`` and ``mfu`` are
+    reserved for the step-time model; ``measured``: a real run's figures (``--run``)."""
+
+    gpus: int
+    fsdp: int
+    replicate: int
+    tp: int
+    pp: int
+    ac: str
+    microbatches: int
+    accumulation: int
+    local_batch: int | None
+    global_batch: int | None
+    mixed_precision: str
+    reduce_dtype: str
+    model_dtype: str
+    reshard_after_forward: bool
+    fits: bool | None
+    limit_bytes: int | None
+    peak_bytes: int
+    over_bytes: int
+    ranks: tuple[RankMemory, ...]
+    step_time: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    measured: dict | None = field(default=None)
+
+    @property
+    def label(self) -> str:
+        dp = f"fsdp {self.fsdp}" + (f" x replicate {self.replicate}" if self.replicate > 1 else "")
+        return f"{dp}, tp {self.tp}, pp {self.pp}, ac {self.ac}"
+
+    @property
+    def largest(self) -> RankMemory:
+        return max(self.ranks, key=lambda r: r.peak_bytes)
+
+
+def mesh_coords(config: ParallelConfig, rank: int) -> dict[str, int]:
+    """A global rank's coordinates on the mesh [pp, dp_replicate, dp_shard, tp] (tp innermost; the
+    dimension names are the mesh's own)."""
+    out = {}
+    for name, size in reversed((("pp", config.pp), ("dp_replicate", config.replicate), ("dp_shard", config.fsdp),
+                                ("tp", config.tp))):
+        rank, out[name] = divmod(rank, size)
+    return dict(reversed(list(out.items())))
+
+
+def local_numels(layouts, config: ParallelConfig, rank: int) -> tuple[int, ...]:
+    """Each sharded parameter's element count on ``rank``: torch's chunking (ceil(n / size) per
+    coordinate, the last ones shorter or empty), tensor parallel's split first, then the data-parallel
+    dimensions' of the tensor-parallel shard (FSDP2's strided shard over a TP one). ``layouts``: per
+    parameter, its global shape and its (mesh dimension, tensor dimension) shards."""
+    coords = mesh_coords(config, rank)
+    sizes = dict(config.mesh_shape)
+    out = []
+    for shape, shards in layouts:
+        s = list(shape)
+        for name, d in sorted(shards, key=lambda x: x[0] != "tp"):
+            n = sizes.get(name, 1)
+            c = -(-s[d] // n)
+            s[d] = max(0, min(c, s[d] - coords[name] * c))
+        total = 1
+        for x in s:
+            total *= x
+        out.append(total)
+    return tuple(out)
+
+
+def roles(layouts, config: ParallelConfig) -> dict[int, list[int]]:
+    """The ranks that hold the same shard sizes, grouped: representative rank -> the ranks it stands
+    for (the first of each group represents it)."""
+    groups: dict[tuple, list[int]] = {}
+    for r in range(config.world):
+        key = (mesh_coords(config, r)["pp"], local_numels(layouts, config, r))
+        groups.setdefault(key, []).append(r)
+    return {g[0]: g for g in groups.values()}
+
+
+def _group_size(config: ParallelConfig, group: str) -> int:
+    return {"fsdp": config.fsdp, "replicate": config.replicate, "tp": config.tp}[group]
+
+
+def collectives_of(rr: RankRun, config: ParallelConfig) -> tuple[Collective, ...]:
+    """The collectives of the last simulated step (its passes' ops and the optimizer's)."""
+    last = max((p.step for p in rr.run.passes), default=0)
+    acc: dict[str, list[int]] = {}
+    for p in rr.run.passes:
+        if p.step != last:
+            continue
+        for op in p.trace.ops:
+            if op.op in _COLLECTIVES:
+                a = acc.setdefault(op.op, [0, 0, 0])
+                a[0] += 1
+                a[1] += op.costs.bytes_read
+                a[2] += op.costs.bytes_written
+    out = []
+    for name, (calls, read, written) in acc.items():
+        kind, group = _COLLECTIVES[name]
+        n = _group_size(config, group)
+        if n == 1 and group == "replicate":       # an all-reduce outside HSDP: the data-parallel group
+            n = config.dp
+        whole = written if kind == "all-gather" else read
+        ring = whole * (n - 1) // n * (2 if kind == "all-reduce" else 1)
+        out.append(Collective(name, kind, group, n, calls, read, written, ring))
+    return tuple(sorted(out, key=lambda c: c.op))
+
+
+def _live_parts(rr: RankRun) -> tuple[dict[str, list[int]], list[int]]:
+    tracker = rr.tracker
+    n = max(tracker.clock + 1, 1)
+    diff = {p: [0] * (n + 1) for p in PARTS}
+    for b in tracker.blocks:
+        a = max(b.alloc, 0)
+        f = n - 1 if b.free is None else b.free
+        if f < a or not b.nbytes:
+            continue
+        row = diff[rr.part(b)]
+        row[a] += b.nbytes
+        row[f + 1] -= b.nbytes
+    live = {p: list(accumulate(row[:n])) for p, row in diff.items()}
+    total = [sum(col) for col in zip(*live.values())]
+    return live, total
+
+
+def rank_memory(rr: RankRun, config: ParallelConfig, rank: int, *, cuda: bool) -> RankMemory:
+    """Global rank ``rank``'s memory, from the simulation of the rank ``rr`` that plays its role."""
+    live, total = _live_parts(rr)
+    run = rr.run
+    t = max(range(len(total)), key=total.__getitem__) if total else 0
+    step, phase = 0, "optimizer"
+    for s, ph, first, last in run.phase_ranges:
+        if first <= t <= last:
+            step, phase = s, ph
+            break
+    layer = None
+    for p in run.passes:
+        if p.offset <= t < p.offset + len(p.trace.ops):
+            layer = p.trace.layers[p.trace.ops[t - p.offset].layer].path
+            break
+    breakdown: dict[str, Any] = {p: live[p][t] if total else 0 for p in PARTS}
+    estimates = dict.fromkeys(ESTIMATES, 0)
+    if cuda:
+        if config.fsdp * config.replicate > 1:
+            estimates[ESTIMATES[0]] = rr.gathered_block
+        estimates[ESTIMATES[1]] = NCCL_BYTES_PER_COMMUNICATOR * len(config.mesh_shape)
+    breakdown.update(estimates)
+    simulated = total[t] if total else 0
+    return RankMemory(rank=rank, coords=mesh_coords(config, rank), simulated_as=rr.rank,
+                      peak_bytes=simulated + sum(estimates.values()), simulated_peak_bytes=simulated,
+                      peak_step=step + 1, peak_phase=phase, peak_layer=layer, breakdown=breakdown,
+                      collectives=collectives_of(rr, config))

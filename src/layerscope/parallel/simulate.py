@@ -1,0 +1,239 @@
+"""One rank of a sharded training step, simulated with torch's own distributed code on fake tensors.
+
+How: torch's ``fake`` process-group backend (collectives that return at once, no peers) stands in for
+the configuration's world, so ``fully_shard``, DTensor's ``parallelize_module`` and the checkpoint
+wrappers (parallel/apply.py) run their real code: the mesh is made and the model sharded on the meta
+device, then materialised as fake tensors inside a FakeTensorMode and trained for ``steps`` steps by
+the same step loop memory() uses (capture/step.py), with the same storage tracker. So every storage
+the rank would hold -- its parameter shards, the parameters FSDP2 gathers for a block and frees after
+it, gradients before and after their reduce-scatter, optimizer state, activations, a checkpointed
+block's recompute, the collectives' buffers -- is recorded with its lifetime, nothing is computed and
+nothing is allocated.
+
+What the tracker cannot see by itself, and how it is seen:
+* FSDP2 frees and re-allocates the gathered parameters with ``UntypedStorage.resize_``, which no
+  dispatch mode sees. The parameter groups of the private copy (only those) get their
+  ``alloc_all_gather_outputs``/``free_unsharded_param`` wrapped on the instance, which tell the
+  tracker (``StorageTracker.resized``); torch's own FSDPMemTracker patches ``resize_`` for the
+  whole process instead, which other threads would observe.
+* A collective inside DTensor's own dispatch (a redistribution an op's sharding needs) runs below the
+  recorder; the parallel styles' input and output redistributions run above it and are recorded.
+
+Ranks that play the same role have the same storages: FSDP2 pads every shard to the same size, so
+the data-parallel ranks are one simulation; tensor-parallel ranks differ only where a sharded
+dimension does not divide evenly, and then each tensor-parallel coordinate is simulated.
+
+The process group is process-wide state in torch (``torch.distributed``'s default group): the
+simulation creates the fake one only when none exists, holds a lock while it lives, and destroys it
+after, whatever happens; inside a job that already has a process group it refuses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .. import _compat
+from ..capture.simulation import eager_paths
+from ..capture.step import StepRun, run_steps
+from ..capture.storage import CATEGORIES, StorageTracker
+from ..costs import CostOptions, default_registry
+from ..costs.movement import move
+from ..errors import InputError
+from ..options import ParallelConfig
+from ..trace import BACKWARD
+from .apply import build_mesh, parallelize
+
+__all__ = ["RankRun", "simulate_rank", "PARTS", "COMM_OPS", "meta_copy", "fake_world"]
+
+# the breakdown of a rank's memory, in the order reports show it
+PARTS = ("sharded parameters", "gathered parameters", "gradients", "optimizer state", "activations",
+         "recompute", "communication buffers", "inputs, outputs and buffers", "temporary")
+# ops whose outputs are the collectives' own buffers (FSDP2's flat all-gather input/output and its
+# reduce-scatter input; the functional collectives' outputs)
+COMM_OPS = frozenset({"fsdp.all_gather_copy_in", "fsdp.chunk_cat", "_c10d_functional.all_gather_into_tensor",
+                      "_c10d_functional.reduce_scatter_tensor", "_c10d_functional.all_reduce",
+                      "_c10d_functional.all_to_all_single"})
+_FSDP_COPIES = ("fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat")
+_WORLD_LOCK = threading.Lock()
+_GATHERED, _UNREDUCED = "gathered", "unreduced"
+
+
+@contextlib.contextmanager
+def fake_world(rank: int, world: int):
+    """torch's default process group as the ``fake`` backend (rank ``rank`` of ``world``) while the
+    context lasts."""
+    import torch.distributed as dist
+    if not dist.is_available():
+        raise InputError("this torch has no torch.distributed: sharded training cannot be simulated")
+    with _WORLD_LOCK:
+        if dist.is_initialized():
+            raise InputError("a process group is already initialised in this process: simulate the configuration "
+                             "outside the distributed job (one process, no torchrun)")
+        store = _compat.need("fake_store", "simulating a sharded run on one process")()
+        dist.init_process_group("fake", rank=rank, world_size=world, store=store)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+
+def meta_copy(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
+    """A copy of ``model`` whose parameters and buffers are on the meta device (nothing copied), floating
+    ones cast to ``dtype``; ties and requires_grad kept. The user's model is never touched."""
+    memo: dict[int, Any] = {}
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        if id(t) in memo:
+            continue
+        d = dtype if dtype is not None and t.is_floating_point() else t.dtype
+        e = torch.empty(t.shape, dtype=d, device="meta")
+        memo[id(t)] = nn.Parameter(e, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else e
+    return copy.deepcopy(model, memo)
+
+
+@dataclass
+class RankRun:
+    """What one simulated rank held: the step run (traces, storage blocks, phases) and the blocks'
+    parts of the breakdown."""
+
+    rank: int
+    run: StepRun
+    tracker: StorageTracker
+    gathered_block: int = 0            # bytes one block's gathered parameters take (the largest)
+    # per sharded parameter: (global shape, ((mesh dimension, tensor dimension), ...))
+    layouts: list = field(default_factory=list)
+
+    def part(self, b) -> str:
+        """The breakdown part a storage block belongs to."""
+        if b.tag == _GATHERED:
+            return "gathered parameters"
+        if b.tag == _UNREDUCED:
+            return "gradients"
+        c = CATEGORIES[b.category]
+        if c == "parameter":
+            return "sharded parameters"
+        if c == "gradient":
+            return "gradients"
+        if c == "optimizer_state":
+            return "optimizer state"
+        if c == "activation":
+            return "recompute" if b.phase == BACKWARD else "activations"
+        if b.op in COMM_OPS:
+            return "communication buffers"
+        if c in ("input", "output", "buffer"):
+            return "inputs, outputs and buffers"
+        return "temporary"
+
+
+def _layouts(model: nn.Module) -> list:
+    """Each DTensor parameter's global shape and where it is sharded (mesh dimension name, tensor dim)."""
+    out = []
+    for p in model.parameters():
+        mesh = getattr(p, "device_mesh", None)
+        if mesh is None:
+            continue
+        names = mesh.mesh_dim_names or tuple(str(i) for i in range(mesh.ndim))
+        shards = tuple((names[i], pl.dim) for i, pl in enumerate(p.placements) if pl.is_shard())
+        out.append((tuple(p.shape), shards))
+    return out
+
+
+def _gathered_bytes(model: nn.Module) -> int:
+    """The bytes of the largest parameter group's gathered parameters (after a step: FSDP2 knows the
+    dtype it gathers in once it has run)."""
+    return max((sum(fp._orig_size.numel() * (fp.param_dtype or fp.orig_dtype).itemsize for fp in g.fsdp_params)
+                for g in _compat.fsdp_param_groups(model)), default=0)
+
+
+def _watch_fsdp(model: nn.Module, tracker: StorageTracker) -> None:
+    """Tell the tracker when FSDP2 resizes the gathered parameters' storages, and mark the gradients
+    FSDP2 reduces (the unsharded ones) as gradients."""
+    for group in _compat.fsdp_param_groups(model):
+        for fp in group.fsdp_params:
+            _wrap_param(fp, tracker)
+        post = group.post_backward
+
+        def post_backward(*a, _post=post, _group=group, **kw):
+            for fp in _group.fsdp_params:
+                for g in (getattr(fp, "unsharded_accumulated_grad", None),
+                          getattr(fp.unsharded_param, "grad", None) if hasattr(fp, "_unsharded_param") else None):
+                    if g is not None:
+                        b = tracker.block_of(g)
+                        if b is not None and b.tag is None:
+                            b.tag = _UNREDUCED
+            return _post(*a, **kw)
+        group.post_backward = post_backward
+
+
+def _wrap_param(fp, tracker: StorageTracker) -> None:
+    alloc, free = fp.alloc_all_gather_outputs, fp.free_unsharded_param
+
+    def tag_gathered():
+        for t in fp.all_gather_outputs:
+            b = tracker.resized(t)
+            if b is not None:
+                b.tag = _GATHERED
+
+    def alloc_all_gather_outputs():
+        alloc()
+        tag_gathered()
+
+    def free_unsharded_param():
+        free()
+        for t in itertools.chain(fp.all_gather_outputs, getattr(fp, "_unsharded_inner_tensors", ())):
+            tracker.resized(t)
+    fp.alloc_all_gather_outputs = alloc_all_gather_outputs
+    fp.free_unsharded_param = free_unsharded_param
+    # the first gather allocates with torch.empty (seen by the recorder): tag it when it is copied out
+    init = fp.init_all_gather_outputs
+
+    def init_all_gather_outputs(*a, **kw):
+        init(*a, **kw)
+        tag_gathered()
+    fp.init_all_gather_outputs = init_all_gather_outputs
+
+
+def _registry():
+    """The default formulas, plus FSDP2's own copy ops (registered by torch when FSDP2 is imported) as
+    data movement."""
+    reg = default_registry().copy("parallel")
+    for name in _FSDP_COPIES:
+        ns, _, op = name.partition("::")
+        if hasattr(getattr(torch.ops, ns), op) and name not in reg:
+            reg.register(name, move)
+    return reg
+
+
+def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, rank: int, *,
+                  optimizer: Callable | None, steps: int, loss_fn: Callable | None, block_size=None,
+                  foreach_default: bool = False, attention=None,
+                  on_step: Callable[[int, str], None] | None = None) -> RankRun:
+    """Simulate global rank ``rank`` of ``config`` training ``model`` on ``args``/``kwargs`` (one
+    data-parallel rank's local batch)."""
+    import torch.distributed.fsdp  # noqa: F401  (registers FSDP2's ops before the registry is copied)
+    dtype = torch.float32 if config.mixed_precision == "bf16" else config.model_dtype
+    device = torch.device("cpu")
+    tracker = StorageTracker(block_size)
+    with fake_world(rank, config.world):
+        private = meta_copy(model, dtype)
+        mesh = build_mesh(config, device.type)
+        parallelize(private, config, mesh)
+        fake_mode = _compat.new_fake_mode(allow_non_fake_inputs=True)
+        with fake_mode, eager_paths(fake_mode):
+            private.to_empty(device=device)
+            _watch_fsdp(private, tracker)
+            run = run_steps(private, args, kwargs, simulate=True, prepared=True, device=device, tracker=tracker,
+                            optimizer=optimizer, training=True, autocast_dtype=None, loss_fn=loss_fn, steps=steps,
+                            accumulation=config.accumulation, options=CostOptions(registry=_registry()),
+                            foreach_default=foreach_default, probe_kernels=False, attention=attention,
+                            on_step=on_step)
+            gathered = _gathered_bytes(private)
+            layouts = _layouts(private)
+    return RankRun(rank, run, tracker, gathered_block=gathered, layouts=layouts)

@@ -1,0 +1,123 @@
+"""ParallelReport: a sharded-training configuration's per-rank memory (``layerscope.parallel``); its columns,
+header and footer. A row per role (ranks that hold the same bytes share one row); every global rank is in
+the JSON's ``plans[i].ranks``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..options import iec
+from ..parallel.results import ESTIMATES, ParallelPlan, RankMemory
+from ..parallel.simulate import PARTS
+from .base import ReportRecord
+from .table import Column, Fact, Table, flat_table
+
+__all__ = ["ParallelReport", "RoleRow", "PARALLEL_COLUMNS", "SCHEMA"]
+
+SCHEMA = 1      # the parallel JSON's own version (plans, ranks, measured; step_time reserved)
+
+_SHORT = {"sharded parameters": "Params", "gathered parameters": "Gathered", "gradients": "Grads",
+          "optimizer state": "Optim", "activations": "Activ", "recompute": "Recomp",
+          "communication buffers": "Comm", "inputs, outputs and buffers": "In/out", "temporary": "Temp",
+          ESTIMATES[0]: "Prefetch~", ESTIMATES[1]: "NCCL~"}
+
+
+@dataclass(frozen=True, slots=True)
+class RoleRow:
+    """The ranks that hold the same bytes (one simulated rank stands for them)."""
+
+    index: int
+    ranks: tuple[int, ...]
+    memory: RankMemory
+
+    @property
+    def label(self) -> str:
+        r = self.ranks
+        if len(r) == 1:
+            return str(r[0])
+        contiguous = r == tuple(range(r[0], r[-1] + 1))
+        return f"{r[0]}-{r[-1]}" if contiguous else f"{r[0]},{r[1]},..,{r[-1]} ({len(r)})"
+
+
+def _part(name: str, drop: int) -> Column:
+    return Column(name.replace(" ", "_").replace(",", "").replace("(", "").replace(")", "").replace("/", "_"),
+                  _SHORT[name], "bytes", lambda r, rep, n=name: r.memory.breakdown.get(n, 0), drop=drop,
+                  description=name)
+
+
+PARALLEL_COLUMNS: tuple[Column, ...] = (
+    Column("peak_bytes", "Peak", "bytes", lambda r, rep: r.memory.peak_bytes),
+    Column("phase", "At", "text", lambda r, rep: f"step {r.memory.peak_step} {r.memory.peak_phase}", drop=5),
+    # a narrow terminal keeps the peak, the shards, the gathered parameters, optimizer state and
+    # activations longest
+    *(_part(p, d) for p, d in zip(PARTS + ESTIMATES, (0, 0, 1, 0, 0, 2, 4, 4, 3, 2, 2))),
+)
+
+
+def _gib(n: int) -> str:
+    return iec(n)
+
+
+class ParallelReport(ReportRecord):
+    """Per-rank memory of sharded-training configurations. ``plans``: one here (the search fills more);
+    ``options``: what the simulation was run with; ``notes``: what it assumed or could not show."""
+
+    kind = "parallel"
+    json_rows = "roles"
+
+    def __init__(self, *, model_name: str, options: dict, plans: tuple[ParallelPlan, ...], notes=()) -> None:
+        self.model_name = model_name
+        self.options = dict(options)
+        self.plans = tuple(plans)
+        self.notes = tuple(notes)
+        self.schema = SCHEMA
+
+    @property
+    def plan(self) -> ParallelPlan:
+        return self.plans[0]
+
+    @property
+    def roles(self) -> tuple[RoleRow, ...]:
+        groups: dict[Any, list[RankMemory]] = {}
+        for r in self.plan.ranks:
+            key = (r.simulated_as, r.peak_bytes)
+            groups.setdefault(key, []).append(r)
+        return tuple(RoleRow(i, tuple(m.rank for m in ms), ms[0]) for i, ms in enumerate(groups.values()))
+
+    def _context(self) -> tuple[Fact, ...]:
+        o, p = self.options, self.plan
+        batch = f"local batch {p.local_batch}" if p.local_batch is not None else "inputs as given"
+        return (Fact("Model", self.model_name),
+                Fact("Configuration", f"{p.gpus} GPUs: {p.label}"),
+                Fact("Batches", f"{batch}, {p.microbatches} micro-batch(es), accumulation {p.accumulation}"
+                     + (f", global batch {p.global_batch}" if p.global_batch else "")),
+                Fact("Precision", f"mixed precision {p.mixed_precision} (reduce {p.reduce_dtype}), "
+                                  f"model {p.model_dtype}"),
+                Fact("Optimizer", str(o.get("optimizer"))),
+                Fact("Device", str(o.get("device")) + (f" ({o['gpu']})" if o.get("gpu") else "")))
+
+    def _footer(self) -> tuple[Fact, ...]:
+        p = self.plan
+        big = p.largest
+        out = [Fact("Largest rank", f"{big.rank}: {_gib(big.peak_bytes)} at step {big.peak_step} {big.peak_phase}"
+                    + (f" in {big.peak_layer or '(root)'}" if big.peak_layer is not None else "")
+                    + f" ({_gib(big.peak_bytes - big.simulated_peak_bytes)} of it estimated)")]
+        if p.limit_bytes is not None:
+            out.append(Fact("Limit", f"{_gib(p.limit_bytes)}: " + ("fits" if p.fits else
+                            f"DOES NOT FIT by {_gib(p.over_bytes)}"), alert=not p.fits))
+        for c in big.collectives:
+            out.append(Fact(f"{c.kind} ({c.group}, {c.group_size})",
+                            f"{c.calls} per step, {c.bytes_written if c.kind == 'all-gather' else c.bytes_read:,} B "
+                            f"of tensors, {c.ring_bytes:,} B through each rank by a ring"))
+        out += [Fact("Note", n) for n in self.notes]
+        return tuple(out)
+
+    def table_model(self, depth: int | None = None, columns=None, **_: Any) -> Table:
+        return flat_table("parallel", f"layerscope parallel: {self.model_name}", self, self.roles, PARALLEL_COLUMNS,
+                          name=lambda r: r.label, first_header="Ranks", context=self._context(),
+                          footer=self._footer())
+
+    def json_fields(self, **_: Any) -> tuple:
+        return ("schema", "model_name", "options", "plans", "notes",
+                ("roles", "roles", ("label", "ranks")))

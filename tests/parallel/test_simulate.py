@@ -1,0 +1,142 @@
+"""parallel(): a rank's memory under FSDP2, simulated with torch's own code on a fake process group.
+Expected values are derived by hand from FSDP2's sharding rules (beside each assertion)."""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import layerscope
+from layerscope.errors import InputError
+
+from ..helpers import assert_unchanged, snapshot
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(64, 256)
+        self.fc2 = nn.Linear(256, 64)
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([Block() for _ in range(3)])
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        for b in self.layers:
+            x = b(x)
+        return self.head(x)
+
+
+# Parameters: a block 256x64 + 256 + 64x256 + 64 = 33,088 (132,352 B in fp32); the head 10x64 + 10 = 650.
+# FSDP2 shards dim 0 in ceil(n / 4) chunks: a block's rows split evenly (64, 64, 16, 16 rows per rank);
+# the head's 10 rows as 3, 3, 3, 1, each rank's shard padded to 3 rows (its storage: 3x64x4 + 3x4 = 780 B).
+BLOCK_B, HEAD_PADDED_B = 33_088 * 4, (3 * 64 + 3) * 4
+
+
+def test_fsdp_shards_and_collectives_by_hand():
+    torch.manual_seed(0)
+    m, x = Net(), torch.randn(8, 64)
+    before = snapshot(m)
+    rep = layerscope.parallel(m, x, gpus=4, mixed_precision="off", optimizer="adamw", device="cpu")
+    assert_unchanged(before, m)
+    assert not dist.is_initialized()                     # the fake process group is gone
+    plan = rep.plan
+    assert (plan.fsdp, plan.tp, plan.pp, plan.local_batch) == (4, 1, 1, 8)
+    r0, r3 = plan.ranks[0], plan.ranks[3]
+    # every rank's parameter storage is padded to the same size: 3 blocks / 4 + the padded head
+    for r in plan.ranks:
+        assert r.breakdown["sharded parameters"] == 3 * BLOCK_B // 4 + HEAD_PADDED_B == 100_044
+    # AdamW's exp_avg and exp_avg_sq follow the unpadded local shard, plus a 4-byte step per parameter
+    # (8 parameters in the blocks... 3 x 4 + 2 = 14): rank 0 holds 3 head rows, rank 3 one
+    assert r0.breakdown["optimizer state"] == 2 * 100_044 + 14 * 4 == 200_144
+    assert r3.breakdown["optimizer state"] == 2 * (3 * BLOCK_B // 4 + 64 * 4 + 4) + 14 * 4 == 199_104
+    # ranks 0-2 share a role; rank 3's head shard is shorter, so it was simulated too
+    assert [r.simulated_as for r in plan.ranks] == [0, 0, 0, 3]
+    # collectives per step: the root's gather once (it stays gathered, reshard_after_forward=False at
+    # the root), each block gathered in forward and again in backward: 1 + 3 + 3 = 7; each block and
+    # the root reduce-scattered once: 4. Gathered bytes: 6 x 132,352 + 4 x 780.
+    coll = {c.kind: c for c in r0.collectives}
+    ag, rs = coll["all-gather"], coll["reduce-scatter"]
+    assert (ag.calls, ag.bytes_written, ag.bytes_read) == (7, 6 * BLOCK_B + 4 * HEAD_PADDED_B, (6 * BLOCK_B + 4 * HEAD_PADDED_B) // 4)
+    assert (rs.calls, rs.bytes_read, rs.bytes_written) == (4, 3 * BLOCK_B + 4 * HEAD_PADDED_B, 100_044)
+    # a ring moves 3/4 of the gathered tensor through each rank
+    assert ag.ring_bytes == ag.bytes_written * 3 // 4 and ag.group_size == 4
+    # what the table shows sums to the peak
+    assert sum(r0.breakdown.values()) == r0.peak_bytes
+
+
+def test_gathered_parameters_follow_reshard_after_forward():
+    m, x = Net(), torch.randn(8, 64)
+    on = layerscope.parallel(m, x, gpus=4, mixed_precision="off", device="cpu").plan.ranks[0]
+    off = layerscope.parallel(m, x, gpus=4, mixed_precision="off", device="cpu",
+                              reshard_after_forward=False).plan.ranks[0]
+    # resharded after forward, the backward of a block gathers it alone (plus the root's head, kept):
+    # at the peak at most one block and the head are gathered; without it, all three blocks stay
+    # gathered from forward into backward
+    assert on.breakdown["gathered parameters"] <= BLOCK_B + 4 * HEAD_PADDED_B
+    assert off.breakdown["gathered parameters"] >= 3 * BLOCK_B
+    off_ag = {c.kind: c for c in off.collectives}["all-gather"]
+    assert off_ag.calls == 4                       # no re-gather in backward: the root and 3 blocks
+
+
+def test_mixed_precision_gathers_bf16():
+    m, x = Net(), torch.randn(8, 64)
+    r = layerscope.parallel(m, x, gpus=4, device="cpu").plan.ranks[0]     # bf16 compute, fp32 master
+    ag = {c.kind: c for c in r.collectives}["all-gather"]
+    # the same gathers in bf16: half the bytes
+    assert ag.bytes_written == (6 * BLOCK_B + 4 * HEAD_PADDED_B) // 2
+    assert r.breakdown["sharded parameters"] == 100_044                   # fp32 master shards
+    rs = {c.kind: c for c in r.collectives}["reduce-scatter"]
+    assert rs.bytes_read == 3 * BLOCK_B + 4 * HEAD_PADDED_B               # reduced in fp32 (reduce_dtype)
+
+
+def test_every_degree_one_is_memory_to_the_byte():
+    m, x = Net(), torch.randn(8, 64)
+    rep = layerscope.parallel(m, x, gpus=1, mixed_precision="off", optimizer="adamw", device="cuda")
+    mem = layerscope.memory(m, x, optimizer="adamw", device="cuda")
+    assert rep.plan.peak_bytes == mem.peak_bytes
+    assert rep.plan.ranks[0].breakdown["optimizer state"] == mem.peak_step.breakdown["optimizer_state"]
+    assert "nothing wrapped" in rep.notes[0]
+
+
+def test_limit_and_json():
+    m, x = Net(), torch.randn(8, 64)
+    rep = layerscope.parallel(m, x, gpus=4, mixed_precision="off", device="cpu", memory_limit=800_000)
+    plan = rep.plan
+    assert plan.fits is False and plan.over_bytes == plan.peak_bytes - 800_000 > 0
+    import json
+    d = json.loads(rep.to_json())
+    p = d["plans"][0]
+    assert d["kind"] == "parallel" and d["schema"] == 1
+    assert (p["fsdp"], p["tp"], p["pp"], p["ac"], p["microbatches"], p["step_time"], p["mfu"]) == (4, 1, 1, "none", 1, None, None)
+    assert [r["rank"] for r in p["ranks"]] == [0, 1, 2, 3]
+    assert p["ranks"][3]["coords"] == {"pp": 0, "dp_replicate": 0, "dp_shard": 3, "tp": 0}
+
+
+def test_bad_configurations_are_one_line():
+    m, x = Net(), torch.randn(8, 64)
+    for kw, needle in (({"gpus": 6, "tp": 4}, "multiple of"), ({"gpus": 4, "pp": 2}, "not simulated per rank"),
+                       ({"gpus": 2, "ac": "sometimes"}, "ac must be"), ({"gpus": 2, "device": "tpu"}, "cuda or cpu"),
+                       ({"gpus": 16, "tp": 16}, "fit in a node")):
+        with pytest.raises(InputError, match=needle):
+            layerscope.parallel(m, x, **kw)
+    assert not dist.is_initialized()
+
+
+def test_cli_parallel(capsys):
+    from layerscope.cli import main
+    assert main(["parallel", "hf:LlamaConfig", "--head", "causal-lm", "--set", "num_hidden_layers=2",
+                 "--set", "hidden_size=64", "--set", "intermediate_size=128", "--set", "num_attention_heads=4",
+                 "--set", "num_key_value_heads=2", "--set", "vocab_size=256", "--input-ids", "2,32", "--gpus", "4",
+                 "--gpu", "H100", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "fsdp 4, tp 1, pp 1" in out and "all-gather (fsdp, 4)" in out and "NCCL~" in " ".join(out.split())
+    assert main(["parallel", "hf:LlamaConfig", "--input-ids", "2,32", "--gpus", "3", "--tp", "2", "-q"]) == 1
+    assert "multiple of" in capsys.readouterr().err
