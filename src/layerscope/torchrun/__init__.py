@@ -34,7 +34,7 @@ from .result import RunResult
 from .setup import build_setup
 from .worker import worker
 
-__all__ = ["launch", "RunResult", "reference_losses", "worker"]
+__all__ = ["launch", "launch_parallel", "ParallelRunResult", "RunResult", "reference_losses", "worker"]
 
 # what a run takes unless told: four micro-batches of a batch of eight, SGD, on the CPU
 _LAUNCH = PartitionOptions(microbatches=4, optimizer="sgd", device="cpu")
@@ -183,3 +183,6 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
+
+from ..parallel.results import ParallelRunResult  # noqa: E402  (after _free_port/_worker_error: parallel.py uses them)
+from .parallel import launch_parallel  # noqa: E402
