@@ -18,6 +18,7 @@ from ..errors import InputError
 from ..options import ParallelConfig
 from ..parallel.real import OPTIMIZERS, make_batch, reference_run, run_rank
 from ..parallel.results import ParallelRunResult
+from .procs import _free_port, _worker_error
 
 __all__ = ["launch_parallel", "parallel_worker", "BF16_LOSS_RTOL", "FP32_LOSS_RTOL"]
 
@@ -108,7 +109,6 @@ def launch_parallel(spec: str, config: ParallelConfig, *, input_ids: tuple[int, 
             del model
         finally:
             torch.set_num_threads(threads)
-        from . import _free_port, _worker_error
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
                "--master_port", str(_free_port()), "-m", "layerscope.torchrun", cfg_path]
         env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // procs)))
