@@ -50,6 +50,19 @@ def _config_of(d: dict) -> ParallelConfig:
     return ParallelConfig(**d)
 
 
+def _one_line(text: str) -> str:
+    """The ranks' errors on one line, each message once with the ranks that raised it."""
+    import re
+    by: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        m = re.match(r"rank (\d+): (.*)", line)
+        rank, msg = (m.group(1), m.group(2)) if m else (None, line.strip())
+        if msg:
+            by.setdefault(msg, []).append(rank)
+    return "; ".join((f"rank{'s' if len(r) > 1 else ''} {', '.join(sorted(x for x in r if x))}: " if any(r) else "")
+                     + msg for msg, r in by.items())
+
+
 def parallel_worker(cfg: dict) -> None:
     """One rank (``python -m layerscope.torchrun CFG`` with "kind": "parallel")."""
     config = _config_of(cfg["config"])
@@ -118,7 +131,7 @@ def launch_parallel(spec: str, config: ParallelConfig, *, input_ids: tuple[int, 
             raise InputError(f"the parallel run ({config.label()}) did not finish in {timeout:g} s") from None
         if proc.returncode != 0:
             raise InputError(f"the parallel run ({config.label()}) failed (torchrun exit {proc.returncode}): "
-                             + _worker_error(proc.stderr or proc.stdout or "").replace("\n", "; "))
+                             + _one_line(_worker_error(proc.stderr or proc.stdout or "")))
         ranks = []
         for r in range(procs):
             with open(os.path.join(tmp, f"rank{r}.json")) as f:
