@@ -91,9 +91,7 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
     "queue_callback": ("torch.autograd.Variable._execution_engine.queue_callback", "2.4",
                        lambda: torch.autograd.Variable._execution_engine.queue_callback),
     "grouped_mm": ("torch.ops.aten._grouped_mm", "2.8", lambda: torch.ops.aten._grouped_mm.default),
-    # parallel (simulate): a process group without peers, and FSDP2's per-module state
-    "fake_store": ("torch.testing._internal.distributed.fake_pg.FakeStore (the `fake` backend's store)", "2.4",
-                   lambda: _module("torch.testing._internal.distributed.fake_pg").FakeStore),
+    # parallel (simulate): FSDP2's per-module state
     "fsdp_state": ("torch.distributed.fsdp.FSDPModule._get_fsdp_state (its _fsdp_param_group)", "2.6",
                    lambda: _module("torch.distributed.fsdp").FSDPModule._get_fsdp_state),
     "interleaved_rank_ops": ("torch.distributed.pipelining.schedules.ScheduleInterleaved1F1B."
@@ -107,6 +105,20 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
                      "_calculate_single_rank_operations", "2.6",
                      lambda: _module("torch.distributed.pipelining.schedules")
                      .ScheduleZBVZeroBubble._calculate_single_rank_operations),
+    # parallel (apply)
+    "FakeStore": ("torch.testing._internal.distributed.fake_pg.FakeStore (importing it registers the 'fake' "
+                  "process-group backend)", "2.4",
+                  lambda: _module("torch.testing._internal.distributed.fake_pg").FakeStore),
+    "checkpoint_wrapper": ("torch.distributed.algorithms._checkpoint.checkpoint_wrapper.checkpoint_wrapper", "2.4",
+                           lambda: _module("torch.distributed.algorithms._checkpoint.checkpoint_wrapper")
+                           .checkpoint_wrapper),
+    "checkpoint_prefix": ("torch.distributed.algorithms._checkpoint.checkpoint_wrapper._CHECKPOINT_PREFIX", "2.4",
+                          lambda: _module("torch.distributed.algorithms._checkpoint.checkpoint_wrapper")
+                          ._CHECKPOINT_PREFIX),
+    "c10d_reduce_scatter": ("torch.ops._c10d_functional.reduce_scatter_tensor", "2.4",
+                            lambda: torch.ops._c10d_functional.reduce_scatter_tensor.default),
+    "flex_attention_hop": ("torch._higher_order_ops.flex_attention", "2.5",
+                           lambda: _module("torch._higher_order_ops").flex_attention),
     "module_hook_dicts": ("torch.nn.Module's forward hook dicts (_forward_pre_hooks, _forward_hooks and their "
                           "_with_kwargs / _always_called companions)", "2.4", lambda: _module_hook_dicts()),
 }
@@ -392,3 +404,39 @@ def _zbv_ops(me, rank: int):
 
 # torch's per-rank order builder of each runtime schedule (options.SCHEDULES, order "runtime")
 _RANK_ORDERS = {"interleaved": _interleaved_ops, "zb": _zb_ops, "zbv": _zbv_ops}
+
+
+# ---- parallel (apply) --------------------------------------------------------------------------------
+
+def fake_store():
+    """A FakeStore for ``init_process_group("fake", ...)``; importing it registers the fake backend."""
+    return need("FakeStore", "a simulated process group (the 'fake' backend)")()
+
+
+def checkpoint_wrapper(module, **kwargs):
+    """torch's activation-checkpoint wrapper (what torchtitan applies per block)."""
+    return need("checkpoint_wrapper", "activation checkpointing of the blocks")(module, **kwargs)
+
+
+def checkpoint_prefix() -> str:
+    """The name part checkpoint_wrapper adds to the parameters it wraps (``_checkpoint_wrapped_module.``)."""
+    return get("checkpoint_prefix", "_checkpoint_wrapped_module.")
+
+
+def sac_save_ops() -> set:
+    """torchtitan's selective-op checkpointing save list (``_op_sac_save_list``), as far as this
+    torch has the ops: matmuls, the SDPA kernels, the functional reduce-scatter, ``max``, and
+    flex attention."""
+    aten = torch.ops.aten
+    names = ("mm", "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math",
+             "_scaled_dot_product_fused_attention_overrideable",
+             # the CPU's flash kernel: what the flash entry is on a CPU run (not in torchtitan's list,
+             # which is written for CUDA)
+             "_scaled_dot_product_flash_attention_for_cpu", "max")
+    ops = {getattr(aten, n).default for n in names if hasattr(aten, n)}
+    for name in ("c10d_reduce_scatter", "flex_attention_hop"):
+        op = get(name)
+        if op is not None:
+            ops.add(op)
+    return ops

@@ -74,8 +74,9 @@ def test_fsdp_shards_and_collectives_by_hand():
 
 def test_gathered_parameters_follow_reshard_after_forward():
     m, x = Net(), torch.randn(8, 64)
-    on = layerscope.parallel(m, x, gpus=4, mixed_precision="off", device="cpu").plan.ranks[0]
-    off = layerscope.parallel(m, x, gpus=4, mixed_precision="off", device="cpu",
+    # the fake backend: no gloo buffers, so the peak is the backward's
+    on = layerscope.parallel(m, x, gpus=4, mixed_precision="off", device="cpu", backend="fake").plan.ranks[0]
+    off = layerscope.parallel(m, x, gpus=4, mixed_precision="off", device="cpu", backend="fake",
                               reshard_after_forward=False).plan.ranks[0]
     # resharded after forward, the backward of a block gathers it alone (plus the root's head, kept):
     # at the peak at most one block and the head are gathered; without it, all three blocks stay

@@ -19,6 +19,7 @@ from ..errors import ForwardError, InputError
 from ..formats.exported import refuse_exported
 from ..options import MemoryOptions, ParallelConfig, optimizer_factory, optimizer_name
 from ..parallel.results import ParallelPlan, RankMemory, mesh_coords, rank_memory, roles
+from ..parallel.apply import checkpoint_blocks, no_kv_cache
 from ..parallel.simulate import meta_copy, simulate_rank
 from ..progress import ProgressBar
 from ..render.units import parse_bytes
@@ -36,7 +37,8 @@ def _local_batch(args: tuple, kwargs: dict) -> int | None:
 
 
 _RUN_OPTIONS = {"steps": 2, "loss_fn": None, "input_size": None, "dtypes": None, "device": "cuda",
-                "progress": False, "forward_kwargs": None}
+                "progress": False, "forward_kwargs": None, "backend": None}
+_BACKENDS = {"cuda": ("nccl", "fake"), "cpu": ("gloo", "fake")}
 
 
 def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = None, tp: int = 1, pp: int = 1,
@@ -68,12 +70,15 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
         config = ParallelConfig(gpus=gpus, fsdp=fsdp, tp=tp, pp=pp, ac=ac, **given)
     elif given or gpus != 1 or fsdp is not None or tp != 1 or pp != 1 or ac != "none":
         raise InputError("give the configuration either as config= or as keywords, not both")
-    steps, loss_fn, input_size, dtypes, device, progress = (run[k] for k in ("steps", "loss_fn", "input_size",
-                                                                             "dtypes", "device", "progress"))
+    steps, loss_fn, input_size, dtypes, device, progress, backend = (
+        run[k] for k in ("steps", "loss_fn", "input_size", "dtypes", "device", "progress", "backend"))
     check_model(model)
     refuse_exported(model, "parallel")
     if device not in ("cuda", "cpu"):
         raise InputError(f"device is the ranks' device, cuda or cpu, got {device!r}")
+    backend = backend or _BACKENDS.get(device, ("",))[0]
+    if backend not in _BACKENDS.get(device, ()):
+        raise InputError(f"backend for {device} ranks is {' or '.join(_BACKENDS.get(device, ()))}, got {backend!r}")
     if gpu is not None and device != "cuda":
         raise InputError("gpu= names a CUDA GPU: leave device at 'cuda'")
     args = example_inputs(args, kwargs, input_size, dtypes, None, torch.device("meta"), "parallel")
@@ -86,7 +91,7 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     router = router_for(gpu, "auto", simulated=True, cuda_target=cuda, autocast_device="cpu")
     limit = parse_bytes(memory_limit) if memory_limit is not None else \
         (router.gpu.memory if router is not None and gpu is not None else None)
-    options = {"device": device, "gpu": router.gpu.name if router is not None and gpu is not None else None,
+    options = {"device": device, "backend": backend, "gpu": router.gpu.name if router is not None and gpu is not None else None,
                "optimizer": optimizer_name(factory), "steps": steps, "allocation_block": 512 if cuda else 1}
     notes: list[str] = []
     if config.trivial:
@@ -96,6 +101,7 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
             raise InputError("pipeline stages (pp > 1) are not simulated per rank yet: `layerscope split` plans "
                              "the pipeline on its own")
         ranks, rr, roles_of, router = _simulate(model, args, kwargs, config, factory, steps, loss_fn, cuda,
+                                                backend,
                                                 lambda: router_for(gpu, "auto", simulated=True, cuda_target=cuda),
                                                 progress)
         plan = _plan(config, ranks)
@@ -119,8 +125,8 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     return ParallelReport(model_name=type(model).__name__, options=options, plans=(plan,), notes=tuple(notes))
 
 
-def _simulate(model, args, kwargs, config: ParallelConfig, factory, steps, loss_fn, cuda: bool, new_router,
-              progress):
+def _simulate(model, args, kwargs, config: ParallelConfig, factory, steps, loss_fn, cuda: bool, backend: str,
+              new_router, progress):
     """Rank 0, then one rank for each other role its shard layouts reveal; every global rank's memory,
     rank 0's run, the roles, and rank 0's SDPA router (what its notes say)."""
     routers = []
@@ -129,7 +135,8 @@ def _simulate(model, args, kwargs, config: ParallelConfig, factory, steps, loss_
         routers.append(new_router())
         try:
             return simulate_rank(model, args, kwargs, config, rank, optimizer=factory, steps=steps, loss_fn=loss_fn,
-                                 block_size=cuda_block_size if cuda else None, foreach_default=cuda,
+                                 block_size=cuda_block_size if cuda else None, foreach_default=cuda, gloo=backend == "gloo",
+                                 probe=not cuda,
                                  attention=routers[-1],
                                  on_step=(lambda s, w: bar.advance() if w == "end" else None) if bar else None)
         except ForwardError as e:
@@ -175,6 +182,8 @@ def _one_device(model, args, kwargs, config: ParallelConfig, factory, steps, los
     (mixed precision bf16 there is autocast over fp32 weights, as one device trains)."""
     dtype = torch.float32 if config.mixed_precision == "bf16" else config.model_dtype
     copy = meta_copy(model, dtype)
+    no_kv_cache(copy)
+    checkpoint_blocks(copy, config)
     opts = MemoryOptions(optimizer=factory, autocast_dtype=torch.bfloat16 if config.mixed_precision == "bf16" else None,
                          device="cuda" if cuda else "cpu", steps=steps, accumulation=config.accumulation,
                          loss_fn=loss_fn, gpu=gpu)

@@ -97,10 +97,11 @@ def _kineto_quiet():
                 sys.stderr.write("".join(rest))
 
 
-def profile_events(run: Callable, cuda: bool = False, prefix: str = "layerscope."):
+def profile_events(run: Callable, cuda: bool = False, prefix: str = "layerscope.", windows: dict | None = None):
     """Run ``run()`` under the profiler with allocation events. Returns (allocations, ranges):
     allocations as (time ns, +/- bytes, device, innermost enclosing range named ``prefix``... or
-    None), and the ranges named ``prefix``... as (time ns, name)."""
+    None), and the ranges named ``prefix``... as (time ns, name). ``windows``, when given, is filled
+    with each range's (start, end) in ns."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -120,6 +121,8 @@ def profile_events(run: Callable, cuda: bool = False, prefix: str = "layerscope.
         name = getattr(node, "name", "")
         if name.startswith(prefix):
             ranges.append((node.start_time_ns, name))
+            if windows is not None:
+                windows[name] = (node.start_time_ns, getattr(node, "end_time_ns", node.start_time_ns))
             scope = name
         extra = getattr(node, "extra_fields", None)
         if type(extra).__name__ == "_ExtraFields_Allocation":
@@ -132,8 +135,11 @@ def profile_events(run: Callable, cuda: bool = False, prefix: str = "layerscope.
     return allocations, ranges
 
 
-def measure_cpu(run: Callable, before: int, steps: int) -> Measured:
-    """``run(on_step)`` runs the step; allocations inside each step's profiler range are summed."""
+def measure_cpu(run: Callable, before: int, steps: int, threads: bool = False) -> Measured:
+    """``run(on_step)`` runs the step; allocations inside each step's profiler range are summed.
+    ``threads``: every thread's allocations and frees that fall inside a step's time window count, not
+    only those nested in its range on the thread that runs the step (a collective backend's worker
+    threads allocate buffers of their own, and free tensors the step handed them)."""
     from torch.autograd.profiler import record_function
 
     ranges: list = []
@@ -145,9 +151,17 @@ def measure_cpu(run: Callable, before: int, steps: int) -> Measured:
         else:
             ranges[-1].__exit__(None, None, None)
 
-    allocations, _ = profile_events(lambda: run(on_step), prefix="layerscope.step.")
-    events = sorted((t, size, int(scope.rsplit(".", 1)[1])) for t, size, _, scope in allocations
-                    if scope is not None)   # (time, bytes, step)
+    windows: dict = {}
+    allocations, _ = profile_events(lambda: run(on_step), prefix="layerscope.step.", windows=windows)
+    if threads:
+        spans = sorted((a, b, int(name.rsplit(".", 1)[1])) for name, (a, b) in windows.items())
+
+        def step_at(t):
+            return next((s for a, b, s in spans if a <= t <= b), None)
+        events = sorted((t, size, step) for t, size, _, _ in allocations if (step := step_at(t)) is not None)
+    else:
+        events = sorted((t, size, int(scope.rsplit(".", 1)[1])) for t, size, _, scope in allocations
+                        if scope is not None)   # (time, bytes, step)
     running, peaks = 0, [0] * steps
     for _, size, step in events:
         running += size

@@ -1,5 +1,5 @@
-"""A sharded configuration's per-rank memory, composed from the simulated ranks (plain records; reports/
-renders them).
+"""A sharded configuration's per-rank memory, composed from the simulated ranks, and what a real run of it
+under torchrun measured (``ParallelRunResult``): plain records; reports/ renders them.
 
 A rank's peak is the most bytes its storages held at once over the simulated steps (the step with the
 optimizer state, from the second on), by part (``simulate.PARTS``), plus what a CPU simulation cannot
@@ -27,7 +27,7 @@ from ..options import ParallelConfig
 from .simulate import PARTS, RankRun
 
 __all__ = ["Collective", "RankMemory", "ParallelPlan", "ESTIMATES", "NCCL_BYTES_PER_COMMUNICATOR", "rank_memory",
-           "collectives_of", "mesh_coords", "local_numels", "roles"]
+           "collectives_of", "mesh_coords", "local_numels", "roles", "ParallelRunResult"]
 
 NCCL_BYTES_PER_COMMUNICATOR = 16 * 4 * 2**20      # 16 channels x NCCL_BUFFSIZE (4 MiB): an estimate
 ESTIMATES = ("prefetch in flight (estimate)", "NCCL buffers (estimate)")
@@ -235,3 +235,38 @@ def rank_memory(rr: RankRun, config: ParallelConfig, rank: int, *, cuda: bool) -
                       peak_bytes=simulated + sum(estimates.values()), simulated_peak_bytes=simulated,
                       peak_step=step + 1, peak_phase=phase, peak_layer=layer, breakdown=breakdown,
                       collectives=collectives_of(rr, config))
+
+
+@dataclass(frozen=True)
+class ParallelRunResult:
+    config: object                       # the ParallelConfig run
+    ranks: tuple[dict, ...]              # global-rank order: rank, coords {dim: index}, peak_bytes (per
+    #                                      step, bytes), before_bytes (its shards, buffers and batch
+    #                                      before the first step), times (seconds per step, timed
+    #                                      without the profiler), local_params (elements it holds)
+    losses: tuple[float, ...]            # per step: the mean over the data-parallel ranks' losses
+    reference_losses: tuple[float, ...]  # one process, the whole global batch, same optimizer
+    loss_rtol: float                     # the tolerance loss_equal uses (1e-5 fp32; larger for bf16)
+    max_rel_grad_diff: float | None      # step 1: max over parameters of |g - g_ref| / |g_ref| (2-norms)
+
+    @property
+    def loss_equal(self) -> bool:
+        return len(self.losses) == len(self.reference_losses) and all(
+            abs(a - b) <= self.loss_rtol * abs(b) for a, b in zip(self.losses, self.reference_losses))
+
+    @property
+    def max_rel_loss_diff(self) -> float:
+        return max((abs(a - b) / max(abs(b), 1e-30) for a, b in zip(self.losses, self.reference_losses)),
+                   default=0.0)
+
+    @property
+    def step_time(self) -> float:
+        """Seconds of one step: per step the slowest rank's, the median over the timed steps."""
+        steps = min(len(r["times"]) for r in self.ranks)
+        xs = sorted(max(r["times"][i] for r in self.ranks) for i in range(steps))
+        return xs[len(xs) // 2] if xs else float("nan")
+
+    @property
+    def peak_bytes(self) -> tuple[int, ...]:
+        """Per rank, its largest peak over the steps."""
+        return tuple(max(r["peak_bytes"]) for r in self.ranks)

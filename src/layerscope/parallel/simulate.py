@@ -49,9 +49,9 @@ from ..costs.movement import move
 from ..errors import InputError
 from ..options import ParallelConfig
 from ..trace import BACKWARD
-from .apply import build_mesh, parallelize
+from .apply import build_mesh, loss_context, no_kv_cache, parallelize
 
-__all__ = ["RankRun", "simulate_rank", "PARTS", "COMM_OPS", "meta_copy", "fake_world"]
+__all__ = ["RankRun", "GlooTracker", "simulate_rank", "PARTS", "COMM_OPS", "meta_copy", "fake_world"]
 
 # the breakdown of a rank's memory, in the order reports show it
 PARTS = ("sharded parameters", "gathered parameters", "gradients", "optimizer state", "activations",
@@ -77,8 +77,7 @@ def fake_world(rank: int, world: int):
         if dist.is_initialized():
             raise InputError("a process group is already initialised in this process: simulate the configuration "
                              "outside the distributed job (one process, no torchrun)")
-        store = _compat.need("fake_store", "simulating a sharded run on one process")()
-        dist.init_process_group("fake", rank=rank, world_size=world, store=store)
+        dist.init_process_group("fake", rank=rank, world_size=world, store=_compat.fake_store())
         try:
             yield
         finally:
@@ -130,6 +129,25 @@ class RankRun:
         if c in ("input", "output", "buffer"):
             return "inputs, outputs and buffers"
         return "temporary"
+
+
+# gloo's all-gather copies through a flat buffer of the gathered size that its worker thread
+# allocates and frees while the collective runs (measured: torchrun, 2 ranks, the CPU allocator's
+# events of the worker threads: one alloc/free pair of the output's bytes per all-gather, none for
+# reduce-scatter). NCCL gathers in place.
+_GLOO_FLAT = frozenset({"c10d._allgather_base_", "_c10d_functional.all_gather_into_tensor"})
+
+
+class GlooTracker(StorageTracker):
+    """The storage tracker of a rank on gloo (CPU): each all-gather also holds gloo's flat buffer of the
+    gathered bytes while it runs."""
+
+    def on_op(self, ins, outs, sizes=None) -> None:
+        if self.op_name in _GLOO_FLAT:
+            gathered = ins[0] if self.op_name.startswith("c10d.") else (outs[0] if outs else None)
+            if gathered is not None:
+                self.transient(int(gathered.numel()) * gathered.element_size())
+        super().on_op(ins, outs, sizes)
 
 
 def _layouts(model: nn.Module) -> list:
@@ -213,27 +231,32 @@ def _registry():
 
 def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, rank: int, *,
                   optimizer: Callable | None, steps: int, loss_fn: Callable | None, block_size=None,
-                  foreach_default: bool = False, attention=None,
+                  foreach_default: bool = False, attention=None, gloo: bool = False, probe: bool = False,
                   on_step: Callable[[int, str], None] | None = None) -> RankRun:
     """Simulate global rank ``rank`` of ``config`` training ``model`` on ``args``/``kwargs`` (one
-    data-parallel rank's local batch)."""
+    data-parallel rank's local batch). ``probe``: size the scratch of kernels that allocate inside
+    themselves by one real call (memory()'s probes), when the ranks run this machine's kernels (CPU)."""
     import torch.distributed.fsdp  # noqa: F401  (registers FSDP2's ops before the registry is copied)
     dtype = torch.float32 if config.mixed_precision == "bf16" else config.model_dtype
     device = torch.device("cpu")
-    tracker = StorageTracker(block_size)
+    tracker = GlooTracker(block_size) if gloo else StorageTracker(block_size)
     with fake_world(rank, config.world):
         private = meta_copy(model, dtype)
+        no_kv_cache(private)                  # as training runs (and as the real runs do)
         mesh = build_mesh(config, device.type)
         parallelize(private, config, mesh)
         fake_mode = _compat.new_fake_mode(allow_non_fake_inputs=True)
         with fake_mode, eager_paths(fake_mode):
             private.to_empty(device=device)
             _watch_fsdp(private, tracker)
-            run = run_steps(private, args, kwargs, simulate=True, prepared=True, device=device, tracker=tracker,
-                            optimizer=optimizer, training=True, autocast_dtype=None, loss_fn=loss_fn, steps=steps,
-                            accumulation=config.accumulation, options=CostOptions(registry=_registry()),
-                            foreach_default=foreach_default, probe_kernels=False, attention=attention,
-                            on_step=on_step)
+            # bf16 compute without FSDP to carry a MixedPrecisionPolicy: autocast (apply.amp_context's rule)
+            amp = config.param_dtype if config.mixed_precision == "bf16" and config.dp == 1 else None
+            with loss_context(config):
+                run = run_steps(private, args, kwargs, simulate=True, prepared=True, device=device, tracker=tracker,
+                                optimizer=optimizer, training=True, autocast_dtype=amp, loss_fn=loss_fn, steps=steps,
+                                accumulation=config.accumulation, options=CostOptions(registry=_registry()),
+                                foreach_default=foreach_default, probe_kernels=probe, attention=attention,
+                                on_step=on_step)
             gathered = _gathered_bytes(private)
             layouts = _layouts(private)
     return RankRun(rank, run, tracker, gathered_block=gathered, layouts=layouts)

@@ -30,11 +30,14 @@ from ..errors import InputError
 from ..options import PartitionOptions, entry_options, schedule_of
 from ..pipeline.partition import TIME_COSTS
 from ..pipeline.run import reference_run
+from ..parallel.results import ParallelRunResult
+from .parallel import launch_parallel
+from .procs import _free_port, _worker_error
 from .result import RunResult
 from .setup import build_setup
 from .worker import worker
 
-__all__ = ["launch", "RunResult", "reference_losses", "worker"]
+__all__ = ["launch", "launch_parallel", "ParallelRunResult", "RunResult", "reference_losses", "worker"]
 
 # what a run takes unless told: four micro-batches of a batch of eight, SGD, on the CPU
 _LAUNCH = PartitionOptions(microbatches=4, optimizer="sgd", device="cpu")
@@ -164,22 +167,3 @@ def launch(spec: str, *, stages: int | None = None, by=None, schedule: str | Non
     holder = next(r for r in ranks if plan.num_stages - 1 in r["stages"])    # zbv: rank 0
     return RunResult(plan=plan, ranks=tuple(ranks), reference=tuple(ref), losses=tuple(holder["losses"]),
                      path=ranks[0]["path"], grad_rel_diff=diff, return_outputs=bool(opts.return_outputs))
-
-
-def _worker_error(text: str) -> str:
-    """The workers' own exceptions (torchrun's summary at the end of stderr says only 'exit 1')."""
-    import re
-    errs = []
-    for line in text.splitlines():
-        m = re.match(r"\[rank(\d+)\]: ([\w.]*(?:Error|Exception)\b.*)", line)
-        if m and "Connection closed by peer" not in m.group(2):
-            errs.append(f"rank {m.group(1)}: {m.group(2)}")
-    return "\n".join(dict.fromkeys(errs)) if errs else "\n".join(text.strip().splitlines()[-15:])
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-

@@ -17,5 +17,9 @@ def worker(cfg_path: str) -> None:
     model and plan built from the spec here, the rank's work in ``pipeline.run``."""
     with open(cfg_path) as f:
         cfg = json.load(f)
+    if cfg.get("kind") == "parallel":
+        from .parallel import parallel_worker
+        parallel_worker(cfg)
+        return
     opts = PartitionOptions(**cfg["options"])
     run_rank(lambda: build_setup(cfg["spec"], opts), opts, cfg["out"])

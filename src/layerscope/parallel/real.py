@@ -1,0 +1,202 @@
+"""One rank of a real sharded-training run under torchrun (gloo on CPU), below the launcher, and the
+same training in one process to compare with.
+
+The launcher (``layerscope.torchrun.launch_parallel``) starts ``torchrun -m layerscope.torchrun CFG``;
+every rank builds the model from the spec with the same seed (identical weights before sharding),
+and hands a factory here. A rank parallelizes it (``apply.parallelize``), takes its data-parallel
+slice of the global batch (tensor-parallel ranks the same slice), trains ``steps`` steps and writes
+what it measured: its peak memory per step from the CPU allocator's own events
+(``capture.measure.measure_cpu``: the profiler with ``profile_memory=True``), the loss per step
+(averaged over the data-parallel ranks), the first step's gradients as full tensors (rank 0), and
+the step times (``steps`` more steps timed without the profiler, whose event buffers slow steps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import InputError
+from ..options import ParallelConfig
+from .apply import (amp_context, build_mesh, canonical_tensors, data_parallel_rank, loss_context, no_kv_cache,
+                    parallelize)
+
+__all__ = ["make_batch", "reference_run", "run_rank", "training_loss", "measure_one_rank", "OPTIMIZERS"]
+
+OPTIMIZERS = ("adamw", "sgd")
+
+
+def make_batch(vocab: int, batch: int, seq: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch every rank and the reference build alike: token ids and next-token labels
+    (the ids shifted by one, the last label a fresh token), from a generator seeded with ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (batch, seq + 1), generator=g)
+    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+
+def _logits(out):
+    logits = getattr(out, "logits", None)
+    if logits is None:
+        logits = out[0] if isinstance(out, (tuple, list)) else out
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
+        raise InputError("the model's output has no [batch, sequence, vocabulary] logits to train on")
+    return logits
+
+
+def training_loss(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over the batch's tokens, in fp32 (torchtitan's loss)."""
+    logits = _logits(model(ids))
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+def _optimizer(name: str, params, lr: float):
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    raise InputError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+
+
+def reference_run(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, *, steps: int, optimizer: str,
+                  lr: float) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """One process, the whole global batch, the same loss and optimizer: (loss per step, {name:
+    gradient of step 1})."""
+    no_kv_cache(model)
+    model.train()
+    opt = _optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], lr)
+    losses, grads = [], {}
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = training_loss(model, ids, labels)
+        loss.backward()
+        if step == 0:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        opt.step()
+        losses.append(loss.item())
+    return losses, grads
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: int, seq: int, steps: int,
+             optimizer: str, lr: float, seed: int, out_dir: str) -> None:
+    """What one rank does (see the module's doc); writes ``out_dir``/rank<R>.json and, on rank 0,
+    grads.pt (step 1's gradients, full tensors named as in the unparallelized model)."""
+    import torch.distributed as dist
+
+    from ..capture.measure import measure_cpu, state_bytes
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != config.world:
+        raise InputError(f"torchrun started {world} ranks, the configuration needs {config.world}")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    try:
+        torch.manual_seed(seed)                  # same weights on every rank before sharding
+        model = build()
+        no_kv_cache(model)
+        model.train()
+        vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
+        if vocab < 1:
+            raise InputError("the model has no config.vocab_size to draw token ids from")
+        ids, labels = make_batch(vocab, batch, seq, seed + 1)
+        mesh = build_mesh(config, "cpu")
+        parallelize(model, config, mesh)
+        dp_rank, acc = data_parallel_rank(config, mesh), config.accumulation
+        rows = batch // config.dp
+        my_ids, my_labels = ids[dp_rank * rows:(dp_rank + 1) * rows], labels[dp_rank * rows:(dp_rank + 1) * rows]
+        chunks = list(zip(my_ids.tensor_split(acc), my_labels.tensor_split(acc)))
+        opt = _optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], lr)
+        losses: list[float] = []
+        times: list[float] = []
+        grads: dict = {}
+
+        def one_step(record: bool) -> None:
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            total = torch.zeros(())
+            for x, y in chunks:
+                with loss_context(config):
+                    with amp_context(config, "cpu"):
+                        loss = training_loss(model, x, y)
+                    (loss / acc).backward()
+                total += _local(loss).detach().float() / acc
+            opt.step()
+            times.append(time.perf_counter() - t0)
+            if record:
+                # the mean over the data-parallel ranks (tensor-parallel ranks hold the same loss)
+                dist.all_reduce(total)
+                losses.append(float(total) / world)
+
+        def all_steps(on_step) -> None:
+            for i in range(steps):
+                on_step(i, "begin")
+                one_step(True)
+                on_step(i, "end")
+                if i == 0:    # outside the measured step: gathering full gradients is not in its peak
+                    for n, p in model.named_parameters():
+                        if p.grad is not None:
+                            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                            if rank == 0:
+                                grads[n] = g.detach().clone()
+
+        held = [_local(t) for t in (*model.parameters(), *model.buffers())] + [my_ids, my_labels]
+        before = state_bytes(held)
+        measured = measure_cpu(all_steps, before, steps, threads=True)   # gloo's own threads too
+        times.clear()
+        for _ in range(steps):          # timed without the profiler
+            one_step(False)
+        coords = {}
+        if mesh is not None:
+            coords = {n: mesh.get_local_rank(n) for n in mesh.mesh_dim_names}
+        out = {"rank": rank, "coords": coords, "dp_rank": dp_rank, "peak_bytes": list(measured.step_peaks),
+               "before_bytes": before, "times": times, "losses": losses,
+               "local_params": sum(_local(p).numel() for p in model.parameters()),
+               "batch_rows": int(my_ids.shape[0])}
+        if rank == 0:
+            torch.save(canonical_tensors(grads), os.path.join(out_dir, "grads.pt"))
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(out, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_one_rank(build: Callable[[], nn.Module], config: ParallelConfig, rank: int, ids: torch.Tensor,
+                     labels: torch.Tensor, *, steps: int = 3, optimizer: str = "adamw", seed: int = 0):
+    """Rank ``rank``'s real training step in this process, its collectives on torch's ``fake`` backend
+    (they move no data, so the ranks need not exist): the configuration applied with torch's own code
+    to a real model, ``steps`` steps on ``ids``/``labels`` (the rank's local batch), each step's peak
+    from the CPU allocator's events (``capture.measure``), not layerscope's tracker. What the
+    simulation cannot be checked against this way is the real backend's own buffers and threads
+    (gloo's, NCCL's). Returns the ``Measured`` record."""
+    from ..capture.measure import measure_cpu, state_bytes
+    from .simulate import fake_world
+
+    with fake_world(rank, config.world):
+        torch.manual_seed(seed)
+        model = build()
+        no_kv_cache(model)
+        model.train()
+        parallelize(model, config, build_mesh(config, "cpu"))
+        opt = _optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], 1e-3)
+
+        def all_steps(on_step) -> None:
+            for i in range(steps):
+                on_step(i, "begin")
+                with loss_context(config), amp_context(config, "cpu"):
+                    loss = training_loss(model, ids, labels)
+                    loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                on_step(i, "end")
+
+        before = state_bytes([_local(t) for t in (*model.parameters(), *model.buffers())] + [ids, labels])
+        return measure_cpu(all_steps, before, steps)

@@ -1,0 +1,149 @@
+"""Real sharded-training runs under torchrun (``launch_parallel``): the configuration's ranks on this
+machine's CPU with gloo, every rank building the model from the spec (``specs.build_model``, same
+seed), ``parallel.real.run_rank`` doing the rank's work; the same training in one process here,
+compared with the ranks' losses and first-step gradients."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+from ..errors import InputError
+from ..options import ParallelConfig
+from ..parallel.real import OPTIMIZERS, make_batch, reference_run, run_rank
+from ..parallel.results import ParallelRunResult
+from .procs import _free_port, _worker_error
+
+__all__ = ["launch_parallel", "parallel_worker", "BF16_LOSS_RTOL", "FP32_LOSS_RTOL"]
+
+# the losses' tolerance against one process in fp32: sums over ranks reduce in another order
+FP32_LOSS_RTOL = 1e-5
+# with bf16 parameters (FSDP's MixedPrecisionPolicy) or autocast against an fp32 reference: bf16
+# keeps 8 significant bits (unit roundoff 2^-9 ~ 2e-3 per rounding); 1e-2 allows about five such
+# roundings to add up in the loss. Measured: 8.7e-5 on a shrunk 2-layer Llama (FSDP 2, 3 AdamW steps)
+BF16_LOSS_RTOL = 1e-2
+
+
+def _build(spec: str, overrides: dict, model_dtype: str | None, head: str | None):
+    from ..specs import build_model
+    return build_model(spec, "cpu", overrides or {}, head, dtype=model_dtype).model
+
+
+def _config_dict(config: ParallelConfig) -> dict:
+    d = dataclasses.asdict(config)
+    for k in ("reduce_dtype", "model_dtype"):
+        d[k] = str(d[k]).rsplit(".", 1)[-1]
+    return d
+
+
+def _config_of(d: dict) -> ParallelConfig:
+    names = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+    d = dict(d)
+    for k in ("reduce_dtype", "model_dtype"):
+        d[k] = names.get(d[k], d[k])
+    return ParallelConfig(**d)
+
+
+def _one_line(text: str) -> str:
+    """The ranks' errors on one line, each message once with the ranks that raised it."""
+    import re
+    by: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        m = re.match(r"rank (\d+): (.*)", line)
+        rank, msg = (m.group(1), m.group(2)) if m else (None, line.strip())
+        if msg:
+            by.setdefault(msg, []).append(rank)
+    return "; ".join((f"rank{'s' if len(r) > 1 else ''} {', '.join(sorted(x for x in r if x))}: " if any(r) else "")
+                     + msg for msg, r in by.items())
+
+
+def parallel_worker(cfg: dict) -> None:
+    """One rank (``python -m layerscope.torchrun CFG`` with "kind": "parallel")."""
+    config = _config_of(cfg["config"])
+    run_rank(lambda: _build(cfg["spec"], cfg["overrides"], cfg["model_dtype"], cfg["head"]), config,
+             batch=cfg["batch"], seq=cfg["seq"], steps=cfg["steps"], optimizer=cfg["optimizer"], lr=cfg["lr"],
+             seed=cfg["seed"], out_dir=cfg["out"])
+
+
+def launch_parallel(spec: str, config: ParallelConfig, *, input_ids: tuple[int, int] = (4, 16), steps: int = 3,
+                    optimizer: str = "adamw", lr: float = 1e-3, seed: int = 0, overrides: dict | None = None,
+                    head: str | None = "causal-lm", timeout: float = 300.0) -> ParallelRunResult:
+    """Train ``steps`` steps of the model ``spec`` names (``overrides``: its config keys, e.g. a
+    shrunk ``hf:LlamaConfig``; ``head``: the transformers head, causal-lm unless told, None for a
+    spec that builds its own) under ``config`` with torchrun (gloo, one process per rank, this
+    machine's CPU) on a global batch of ``input_ids`` = (batch, sequence) token ids, and the same in
+    one process; compare losses (``ParallelRunResult.loss_equal``) and step 1's gradients."""
+    if not isinstance(config, ParallelConfig):
+        raise InputError(f"launch_parallel takes a ParallelConfig, got {type(config).__name__}")
+    if config.pp > 1:
+        raise InputError("launch_parallel runs FSDP / TP / checkpointing; pipeline stages run with launch()")
+    if optimizer not in OPTIMIZERS:
+        raise InputError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    if not isinstance(steps, int) or steps < 1:
+        raise InputError(f"steps must be a positive whole number, got {steps!r}")
+    try:
+        batch, seq = (int(x) for x in input_ids)
+    except (TypeError, ValueError):
+        raise InputError(f"input_ids must be (batch, sequence), got {input_ids!r}") from None
+    per = config.dp * config.accumulation
+    if batch < per or batch % per:
+        raise InputError(f"the global batch ({batch}) must split evenly into data-parallel degree {config.dp} x "
+                         f"accumulation {config.accumulation}")
+    if config.local_batch is not None and config.local_batch * per != batch:
+        raise InputError(f"local_batch {config.local_batch} x dp {config.dp} x accumulation {config.accumulation} "
+                         f"!= the global batch {batch}")
+    model_dtype = str(config.model_dtype).rsplit(".", 1)[-1]
+    model_dtype = {"float32": None, "bfloat16": "bf16", "float16": "fp16"}.get(model_dtype, model_dtype)
+    procs = config.world
+    with tempfile.TemporaryDirectory(prefix="layerscope-parallel-") as tmp:
+        cfg_path = os.path.join(tmp, "run.json")
+        with open(cfg_path, "w") as f:
+            json.dump({"kind": "parallel", "spec": spec, "overrides": overrides or {}, "model_dtype": model_dtype, "head": head,
+                       "config": _config_dict(config), "batch": batch, "seq": seq, "steps": steps,
+                       "optimizer": optimizer, "lr": lr, "seed": seed, "out": tmp}, f)
+        # the single process first, with the threads of one rank: a model the spec cannot build
+        # fails here in one line
+        threads = torch.get_num_threads()
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // procs))
+        try:
+            torch.manual_seed(seed)
+            model = _build(spec, overrides or {}, model_dtype, head)
+            vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
+            if vocab < 1:
+                raise InputError(f"{spec}: the model has no config.vocab_size to draw token ids from")
+            ids, labels = make_batch(vocab, batch, seq, seed + 1)
+            ref, ref_grads = reference_run(model, ids, labels, steps=steps, optimizer=optimizer, lr=lr)
+            del model
+        finally:
+            torch.set_num_threads(threads)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
+               "--master_port", str(_free_port()), "-m", "layerscope.torchrun", cfg_path]
+        env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // procs)))
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            raise InputError(f"the parallel run ({config.label()}) did not finish in {timeout:g} s") from None
+        if proc.returncode != 0:
+            raise InputError(f"the parallel run ({config.label()}) failed (torchrun exit {proc.returncode}): "
+                             + _one_line(_worker_error(proc.stderr or proc.stdout or "")))
+        ranks = []
+        for r in range(procs):
+            with open(os.path.join(tmp, f"rank{r}.json")) as f:
+                ranks.append(json.load(f))
+        grads = torch.load(os.path.join(tmp, "grads.pt"))
+    diff = 0.0
+    missing = sorted(set(ref_grads) - set(grads))
+    if missing:
+        raise InputError(f"the run returned no gradients for {missing[:5]}")
+    for name, want in ref_grads.items():
+        want = want.double()
+        diff = max(diff, float((grads[name].double() - want).norm()) / (float(want.norm()) or 1.0))
+    rtol = BF16_LOSS_RTOL if config.mixed_precision == "bf16" else FP32_LOSS_RTOL
+    return ParallelRunResult(config=config, ranks=tuple(ranks), losses=tuple(ranks[0]["losses"]),
+                             reference_losses=tuple(ref), loss_rtol=rtol, max_rel_grad_diff=diff)
