@@ -34,6 +34,7 @@ import contextlib
 import copy
 import itertools
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -48,10 +49,9 @@ from ..costs import CostOptions, default_registry
 from ..costs.movement import move
 from ..errors import InputError
 from ..options import ParallelConfig
-from ..trace import BACKWARD
 from .apply import build_mesh, loss_context, no_kv_cache, parallelize
 
-__all__ = ["RankRun", "GlooTracker", "simulate_rank", "PARTS", "COMM_OPS", "meta_copy", "fake_world"]
+__all__ = ["RankRun", "RankTracker", "simulate_rank", "PARTS", "COMM_OPS", "meta_copy", "fake_world"]
 
 # the breakdown of a rank's memory, in the order reports show it
 PARTS = ("sharded parameters", "gathered parameters", "gradients", "optimizer state", "activations",
@@ -63,7 +63,12 @@ COMM_OPS = frozenset({"fsdp.all_gather_copy_in", "fsdp.chunk_cat", "_c10d_functi
                       "_c10d_functional.all_to_all_single"})
 _FSDP_COPIES = ("fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat")
 _WORLD_LOCK = threading.Lock()
-_GATHERED, _UNREDUCED = "gathered", "unreduced"
+_GATHERED, _UNREDUCED, _COMM = "gathered", "unreduced", "comm"
+# collectives whose tensors are communication buffers (FSDP2's flat all-gather output, its reduce-scatter
+# input that chunk_cat fills and the reduce-scatter's output) unless a role says more (a reduce-scatter
+# output that becomes the sharded gradients is a gradient)
+_COMM_TENSOR_OPS = frozenset({"fsdp.all_gather_copy_in", "fsdp.chunk_cat", "c10d._allgather_base_",
+                              "c10d._reduce_scatter_base_", "c10d.allreduce_"})
 
 
 @contextlib.contextmanager
@@ -122,10 +127,12 @@ class RankRun:
             return "gradients"
         if c == "optimizer_state":
             return "optimizer state"
-        if c == "activation":
-            return "recompute" if b.phase == BACKWARD else "activations"
-        if b.op in COMM_OPS:
+        if b.tag == "recompute":
+            return "recompute"
+        if b.tag == _COMM or b.op in COMM_OPS:
             return "communication buffers"
+        if c == "activation":
+            return "activations"
         if c in ("input", "output", "buffer"):
             return "inputs, outputs and buffers"
         return "temporary"
@@ -138,16 +145,27 @@ class RankRun:
 _GLOO_FLAT = frozenset({"c10d._allgather_base_", "_c10d_functional.all_gather_into_tensor"})
 
 
-class GlooTracker(StorageTracker):
-    """The storage tracker of a rank on gloo (CPU): each all-gather also holds gloo's flat buffer of the
-    gathered bytes while it runs."""
+class RankTracker(StorageTracker):
+    """The storage tracker of one simulated rank: the collectives' tensors are communication buffers,
+    and on gloo (CPU ranks) each all-gather also holds gloo's flat buffer of the gathered bytes while
+    it runs."""
+
+    def __init__(self, block_size=None, gloo: bool = False) -> None:
+        super().__init__(block_size)
+        self.gloo = gloo
 
     def on_op(self, ins, outs, sizes=None) -> None:
-        if self.op_name in _GLOO_FLAT:
-            gathered = ins[0] if self.op_name.startswith("c10d.") else (outs[0] if outs else None)
+        name = self.op_name
+        if self.gloo and name in _GLOO_FLAT:
+            gathered = ins[0] if name.startswith("c10d.") else (outs[0] if outs else None)
             if gathered is not None:
                 self.transient(int(gathered.numel()) * gathered.element_size())
         super().on_op(ins, outs, sizes)
+        if name in _COMM_TENSOR_OPS:
+            for t in (*ins, *outs):
+                b = self.block_of(t) if isinstance(t, torch.Tensor) else None
+                if b is not None and b.tag is None:
+                    b.tag = _COMM
 
 
 def _layouts(model: nn.Module) -> list:
@@ -239,8 +257,14 @@ def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelC
     import torch.distributed.fsdp  # noqa: F401  (registers FSDP2's ops before the registry is copied)
     dtype = torch.float32 if config.mixed_precision == "bf16" else config.model_dtype
     device = torch.device("cpu")
-    tracker = GlooTracker(block_size) if gloo else StorageTracker(block_size)
-    with fake_world(rank, config.world):
+    if config.offload:
+        raise InputError("CPU offload (offload=True) is applied in real runs but not simulated yet: its pinned "
+                         "host copies have no fake-tensor kernel")
+    tracker = RankTracker(block_size, gloo=gloo)
+    with fake_world(rank, config.world), warnings.catch_warnings():
+        # torch's warnings about the simulation's own CPU mesh, not about the user's model
+        warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
         private = meta_copy(model, dtype)
         no_kv_cache(private)                  # as training runs (and as the real runs do)
         mesh = build_mesh(config, device.type)
