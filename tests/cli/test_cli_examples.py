@@ -75,6 +75,10 @@ def _small(argv: list[str]) -> list[str]:
                     break
     if not extra:
         return argv
+    if "--tp" in argv:                     # heads and key/value heads that tensor parallel can split
+        tp = int(argv[argv.index("--tp") + 1])
+        extra = [f"{e.split('=')[0]}={max(4, tp)}" if e.split("=")[0] in ("num_attention_heads", "num_key_value_heads",
+                                                                           "n_head") else e for e in extra]
     if "--stages" in argv:                 # enough layers to cut into that many stages
         n = argv[argv.index("--stages") + 1]
         extra = [f"num_hidden_layers={n}" if e == "num_hidden_layers=2" else e for e in extra]
