@@ -51,7 +51,7 @@ from ..options import ParallelConfig
 from ..trace import BACKWARD
 from .apply import build_mesh, loss_context, no_kv_cache, parallelize
 
-__all__ = ["RankRun", "GlooTracker", "simulate_rank", "PARTS", "COMM_OPS", "meta_copy", "fake_world"]
+__all__ = ["RankRun", "GlooTracker", "simulate_rank", "PARTS", "COMM_OPS", "PIPELINE", "meta_copy", "fake_world"]
 
 # the breakdown of a rank's memory, in the order reports show it
 PARTS = ("sharded parameters", "gathered parameters", "gradients", "optimizer state", "activations",
@@ -64,6 +64,8 @@ COMM_OPS = frozenset({"fsdp.all_gather_copy_in", "fsdp.chunk_cat", "_c10d_functi
 _FSDP_COPIES = ("fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat")
 _WORLD_LOCK = threading.Lock()
 _GATHERED, _UNREDUCED = "gathered", "unreduced"
+# a pipeline stage's receive buffers and the input gradients it sends back (parallel/stages.py)
+PIPELINE = "pipeline"
 
 
 @contextlib.contextmanager
@@ -115,6 +117,8 @@ class RankRun:
             return "gathered parameters"
         if b.tag == _UNREDUCED:
             return "gradients"
+        if b.tag == PIPELINE:
+            return "communication buffers"
         c = CATEGORIES[b.category]
         if c == "parameter":
             return "sharded parameters"
