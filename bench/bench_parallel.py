@@ -1,6 +1,12 @@
-"""Sharded training under torchrun (gloo, CPU): each rank's measured peak against layerscope.parallel's
-prediction, losses against one process.
+"""Sharded training: each rank's predicted peak (layerscope.parallel) against measurements that do not use
+layerscope's tracker, and losses against one process.
 
+Part 1, the same rank's real step in one process (``--fake``): real tensors, torch's own FSDP2 / DTensor /
+checkpoint code, the collectives on torch's ``fake`` backend (they move no data); the peak from the CPU
+allocator's events (``parallel.real.measure_one_rank``). The prediction uses backend="fake" (no gloo
+buffers). This checks the simulation of torch's code, every configuration, exactly reproducibly.
+
+Part 2, real runs under torchrun:
 For each configuration: the real run (``layerscope.torchrun.launch_parallel``: every rank builds the
 model from its spec with the same seed, applies the configuration with torch's FSDP2 / DTensor TP /
 checkpoint wrappers, trains 3 AdamW steps on its slice of a global batch; its peak per step from the
@@ -9,8 +15,9 @@ prediction (``layerscope.parallel`` on a meta copy of the same model, device="cp
 fp32 cross-entropy on the logits, each rank's local batch). The error is predicted / measured - 1 of
 each rank's largest per-step peak.
 
-Run: python bench/bench_parallel.py [--quick] [--gpt2]
-  (--quick: one configuration per family; --gpt2: GPT-2 (fused QKV) instead of Llama)
+Run: python bench/bench_parallel.py [--quick] [--gpt2] [--fake | --gloo]
+  (--quick: one configuration per family; --gpt2: GPT-2 (fused QKV) instead of Llama; --fake or --gloo:
+  that part only)
 """
 from __future__ import annotations
 
@@ -51,9 +58,41 @@ def predict(spec, overrides, config: ParallelConfig):
     return ls.parallel(model, ids, config=config, device="cpu", optimizer="adamw", steps=3, loss_fn=loss_fn)
 
 
+def fake_part(spec, overrides) -> None:
+    from layerscope.parallel.real import measure_one_rank
+    g = torch.Generator().manual_seed(0)
+    ids, labels = torch.randint(0, 128, (2, 32), generator=g), torch.randint(0, 128, (2, 32), generator=g)
+
+    def loss_fn(out):
+        return F.cross_entropy(out.logits.flatten(0, 1).float(), labels.flatten(0, 1))
+    shapes = [dict(gpus=2), dict(gpus=2, tp=2), dict(gpus=4, tp=2), dict(gpus=4, ac="full"),
+              dict(gpus=4, tp=2, ac="selective-op"), dict(gpus=4, ac="selective-layer"), dict(gpus=4, replicate=2),
+              dict(gpus=2, reshard_after_forward=False)]
+    print(f"Part 1: {spec} {overrides}, local batch 2x32, AdamW, 3 steps, rank 0, collectives on the fake backend")
+    print("| configuration | mixed precision | measured (B) | predicted (B) | error |")
+    print("|---|---|---:|---:|---:|")
+    errors = []
+    for kw in shapes:
+        for mp in ("off", "bf16"):
+            config = ParallelConfig(mixed_precision=mp, **kw)
+            measured = measure_one_rank(lambda: build_model(spec, "cpu", overrides, "causal-lm").model, config, 0,
+                                        ids, labels, steps=3).peak_bytes
+            rep = ls.parallel(build_model(spec, "meta", overrides, "causal-lm").model, ids, config=config,
+                              device="cpu", backend="fake", steps=3, loss_fn=loss_fn)
+            pred = rep.plan.ranks[0].peak_bytes
+            errors.append(pred / measured - 1)
+            print(f"| {config.label()} | {mp} | {measured:,} | {pred:,} | {pred / measured - 1:+.2%} |", flush=True)
+    print(f"\nerrors from {min(errors):+.2%} to {max(errors):+.2%}; {sum(abs(e) <= 0.05 for e in errors)} of "
+          f"{len(errors)} within 5%\n")
+
+
 def main() -> None:
     spec, overrides = GPT2 if "--gpt2" in sys.argv else LLAMA
-    print(f"{spec} {overrides}, global batch {BATCH[0]}x{BATCH[1]}, AdamW, 3 steps, torch {torch.__version__}")
+    if "--gloo" not in sys.argv:
+        fake_part(spec, overrides)
+    if "--fake" in sys.argv:
+        return
+    print(f"{spec} {overrides}, global batch {BATCH[0]}x{BATCH[1]}, AdamW, 5 steps (3 measured), torch {torch.__version__}")
     print("| ranks | fsdp | tp | ac | mixed precision | loss rel diff | grad rel diff | per rank: measured / "
           "predicted (error) | max abs error | s |")
     print("|---:|---:|---:|---|---|---:|---:|---|---:|---:|")
@@ -61,7 +100,7 @@ def main() -> None:
     for kw in cases("--quick" in sys.argv):
         config = ParallelConfig(**kw)
         t = time.perf_counter()
-        real = launch_parallel(spec, config, input_ids=BATCH, steps=3, overrides=overrides)
+        real = launch_parallel(spec, config, input_ids=BATCH, steps=5, overrides=overrides)
         rep = predict(spec, overrides, config)
         cells, worst = [], 0.0
         for r, measured in enumerate(real.peak_bytes):

@@ -30,7 +30,7 @@ import torch
 from .errors import LayerscopeError
 
 __all__ = ["TESTED_TORCH", "TorchFeatureError", "get", "need", "has", "forget",
-           "dispatch_mode", "sequence_nr", "current_autograd_node", "engine_backward", "fsdp_param_groups", "composite_implicit_key",
+           "dispatch_mode", "sequence_nr", "current_autograd_node", "engine_backward", "fsdp_param_groups", "in_recompute", "composite_implicit_key",
            "has_composite_kernel", "profiler_event_tree", "profiler_enabled",
            "reparametrize_module", "parse_schema", "jit_inline", "is_op_overload", "is_op_packet",
            "is_higher_order_op", "is_fake_tensor", "active_fake_mode", "new_fake_mode",
@@ -91,6 +91,8 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
     "queue_callback": ("torch.autograd.Variable._execution_engine.queue_callback", "2.4",
                        lambda: torch.autograd.Variable._execution_engine.queue_callback),
     "grouped_mm": ("torch.ops.aten._grouped_mm", "2.8", lambda: torch.ops.aten._grouped_mm.default),
+    "top_saved_tensors_hooks": ("torch._C._autograd._top_saved_tensors_default_hooks", "2.4",
+                                lambda: torch._C._autograd._top_saved_tensors_default_hooks),
     # parallel (simulate): FSDP2's per-module state
     "fsdp_state": ("torch.distributed.fsdp.FSDPModule._get_fsdp_state (its _fsdp_param_group)", "2.6",
                    lambda: _module("torch.distributed.fsdp").FSDPModule._get_fsdp_state),
@@ -263,6 +265,16 @@ def engine_backward(feature: str) -> Callable[..., Any]:
     called directly, a TorchFunctionMode that is active stays active in the backward, where
     torch.autograd.backward, itself overridable, pops it while it runs."""
     return need("engine_run_backward", feature)
+
+
+def in_recompute() -> bool:
+    """Whether the op running now is part of a checkpointed region's recompute (torch.utils.checkpoint's
+    non-reentrant recompute runs under its ``_recomputation_hook`` saved-tensor hooks)."""
+    top = get("top_saved_tensors_hooks")
+    if top is None:
+        return False
+    hooks = top(False)
+    return hooks is not None and "_recomputation_hook" in getattr(hooks[0], "__qualname__", "")
 
 
 def fsdp_param_groups(model) -> list:

@@ -17,10 +17,12 @@ GPT2 = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=32, resi
 
 
 def run(config, spec="hf:LlamaConfig", overrides=LLAMA):
-    # a global batch of 4 sequences of 16 tokens, 3 AdamW steps (lr 1e-3)
+    # a global batch of 4 sequences of 16 tokens, 3 AdamW steps (lr 1e-3), the last one's peak measured
+    # (the first two are not: the first's gradients are gathered, the second warms up)
     r = launch_parallel(spec, config, input_ids=(4, 16), steps=3, overrides=overrides)
     assert len(r.ranks) == config.world and [x["rank"] for x in r.ranks] == list(range(config.world))
-    assert all(len(x["peak_bytes"]) == 3 and min(x["peak_bytes"]) > 0 for x in r.ranks)
+    assert all(len(x["peak_bytes"]) == 1 and min(x["peak_bytes"]) > 0 for x in r.ranks)
+    assert len(r.losses) == 3
     return r
 
 
@@ -62,3 +64,20 @@ def test_fsdp_bf16_mixed_precision():
 def test_gpt2_fsdp_x_tp_selective_op_ac():
     r = run(ParallelConfig(gpus=4, tp=2, mixed_precision="off", ac="selective-op"), "hf:GPT2Config", GPT2)
     check_fp32(r)
+
+
+def test_cli_run_puts_the_measurement_beside_the_prediction(capsys):
+    import json
+
+    from layerscope.cli import main
+    sets = [x for k, v in LLAMA.items() for x in ("--set", f"{k}={v}")]
+    argv = ["parallel", "hf:LlamaConfig", "--head", "causal-lm", *sets, "--input-ids", "2,16", "--gpus", "2",
+            "--device", "cpu", "--mixed-precision", "off", "--run", "--steps", "3", "-q"]
+    assert main(argv + ["--format", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plans"][0]
+    m = plan["measured"]
+    assert m["loss_equal"] and len(m["ranks"]) == 2 and all(r["peak_bytes"] > 0 for r in m["ranks"])
+    assert len(m["losses"]) == 3 == len(m["reference_losses"])
+    # without --device cpu: one line
+    assert main(argv[:argv.index("--device")] + ["--run", "-q"]) == 1
+    assert "--device cpu" in capsys.readouterr().err

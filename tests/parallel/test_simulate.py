@@ -104,7 +104,7 @@ def test_every_degree_one_is_memory_to_the_byte():
     mem = layerscope.memory(m, x, optimizer="adamw", device="cuda")
     assert rep.plan.peak_bytes == mem.peak_bytes
     assert rep.plan.ranks[0].breakdown["optimizer state"] == mem.peak_step.breakdown["optimizer_state"]
-    assert "nothing wrapped" in rep.notes[0]
+    assert "no sharding" in rep.notes[0]
 
 
 def test_limit_and_json():

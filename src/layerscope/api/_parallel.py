@@ -111,11 +111,16 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
             notes.append(f"{len(roles_of)} roles (ranks whose shards differ in size, where a dimension does not "
                          "divide evenly): ranks " + ", ".join(str(r) for r in roles_of) + " were simulated")
         if rr.run.log is not None:
-            notes += rr.run.log.notes()
+            notes += [n.replace("Use simulate=False to track the real step", "--run trains it for real")
+                      .replace("Use simulate=False to track a real step", "--run trains it for real")
+                      for n in rr.run.log.notes()]
         if rr.run.known is not None:
             notes += rr.run.known.notes()
         if router is not None:
             notes += router.notes(passes=len(rr.run.passes) or 1)
+        if cuda and gpu is None:
+            notes.append(f"no GPU named: attention is priced with the {router.gpu.name}'s rules and there is no "
+                         "memory limit to fit (give gpu= / --gpu, or memory_limit=)")
         if cuda:
             notes.append("the CUDA caching allocator's fragmentation is not estimated (its 512-byte rounding is "
                          "simulated); NCCL's buffers and FSDP2's prefetch are estimates, on their own lines")
@@ -198,6 +203,7 @@ def _one_device(model, args, kwargs, config: ParallelConfig, factory, steps, los
     r = RankMemory(rank=0, coords=mesh_coords(config, 0), simulated_as=0,
                    peak_bytes=rep.peak_bytes, simulated_peak_bytes=rep.peak_bytes, peak_step=step.step + 1,
                    peak_phase=step.peak_phase, peak_layer=step.peak_layer, breakdown=parts)
-    notes = ["every degree is 1: one device, nothing wrapped; these are memory()'s figures"
+    notes = ["every degree is 1: one device, no sharding; these are memory()'s figures"
+             + (f" with the blocks checkpointed ({config.ac})" if config.ac != "none" else "")
              + (" (mixed precision bf16 as autocast over fp32 weights)" if config.mixed_precision == "bf16" else "")]
     return _plan(config, (r,)), notes + list(rep.notes)

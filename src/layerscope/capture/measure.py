@@ -97,11 +97,12 @@ def _kineto_quiet():
                 sys.stderr.write("".join(rest))
 
 
-def profile_events(run: Callable, cuda: bool = False, prefix: str = "layerscope.", windows: dict | None = None):
+def profile_events(run: Callable, cuda: bool = False, prefix: str = "layerscope.", windows: dict | None = None,
+                   ptrs: list | None = None):
     """Run ``run()`` under the profiler with allocation events. Returns (allocations, ranges):
     allocations as (time ns, +/- bytes, device, innermost enclosing range named ``prefix``... or
     None), and the ranges named ``prefix``... as (time ns, name). ``windows``, when given, is filled
-    with each range's (start, end) in ns."""
+    with each range's (start, end) in ns; ``ptrs`` with each allocation's address, in order."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -127,6 +128,8 @@ def profile_events(run: Callable, cuda: bool = False, prefix: str = "layerscope.
         extra = getattr(node, "extra_fields", None)
         if type(extra).__name__ == "_ExtraFields_Allocation":
             allocations.append((node.start_time_ns, int(extra.alloc_size), extra.device, scope))
+            if ptrs is not None:
+                ptrs.append(int(extra.ptr))
         for child in node.children:
             walk(child, scope)
 
@@ -137,9 +140,11 @@ def profile_events(run: Callable, cuda: bool = False, prefix: str = "layerscope.
 
 def measure_cpu(run: Callable, before: int, steps: int, threads: bool = False) -> Measured:
     """``run(on_step)`` runs the step; allocations inside each step's profiler range are summed.
-    ``threads``: every thread's allocations and frees that fall inside a step's time window count, not
-    only those nested in its range on the thread that runs the step (a collective backend's worker
-    threads allocate buffers of their own, and free tensors the step handed them)."""
+    ``threads``: every thread's allocations and frees count, in time order, also those between steps,
+    and a step's peak is the most bytes live within its time window: a collective backend's worker
+    threads allocate buffers of their own, and may free a step's tensors after the step ended (counting
+    only what is nested in the step's range on its own thread would never see those frees, and drift
+    up from step to step)."""
     from torch.autograd.profiler import record_function
 
     ranges: list = []
@@ -152,20 +157,34 @@ def measure_cpu(run: Callable, before: int, steps: int, threads: bool = False) -
             ranges[-1].__exit__(None, None, None)
 
     windows: dict = {}
-    allocations, _ = profile_events(lambda: run(on_step), prefix="layerscope.step.", windows=windows)
+    ptrs: list = []
+    allocations, _ = profile_events(lambda: run(on_step), prefix="layerscope.step.", windows=windows, ptrs=ptrs)
     if threads:
+        # every event of every thread in time order, in a step or between steps (a worker thread may
+        # free a step's tensor after the step ended); each step's peak is the most within its window.
+        # A free on a thread the profiler does not record is still seen when its address is handed
+        # out again: malloc never returns a live address, so the block it held was freed by then.
         spans = sorted((a, b, int(name.rsplit(".", 1)[1])) for name, (a, b) in windows.items())
-
-        def step_at(t):
-            return next((s for a, b, s in spans if a <= t <= b), None)
-        events = sorted((t, size, step) for t, size, _, _ in allocations if (step := step_at(t)) is not None)
+        running, peaks = 0, [0] * steps
+        live: dict[int, int] = {}
+        for (t, size, _, _), ptr in sorted(zip(allocations, ptrs), key=lambda x: x[0][0]):
+            if size > 0:
+                running += size - live.pop(ptr, 0)
+                live[ptr] = size
+            else:
+                live.pop(ptr, None)
+                running += size
+            for a, b, step in spans:
+                if a <= t <= b:
+                    peaks[step] = max(peaks[step], running)
+                    break
     else:
         events = sorted((t, size, int(scope.rsplit(".", 1)[1])) for t, size, _, scope in allocations
                         if scope is not None)   # (time, bytes, step)
-    running, peaks = 0, [0] * steps
-    for _, size, step in events:
-        running += size
-        peaks[step] = max(peaks[step], running)
+        running, peaks = 0, [0] * steps
+        for _, size, step in events:
+            running += size
+            peaks[step] = max(peaks[step], running)
     peaks = [before + p for p in peaks]
     return Measured(method="torch.profiler CPU allocator events (profile_memory=True)", device="cpu",
                     peak_bytes=max(peaks, default=before), before_bytes=before, step_peaks=tuple(peaks))
@@ -198,3 +217,4 @@ def measure_cuda(run: Callable, device: torch.device, steps: int) -> Measured:
     return Measured(method="torch.cuda.max_memory_allocated", device=str(device),
                     peak_bytes=max(peaks, default=before), before_bytes=before, step_peaks=tuple(peaks),
                     reserved_bytes=reserved[0], context_bytes=context, notes=tuple(notes))
+

@@ -242,6 +242,8 @@ class Session:
         storage = self.storage
         if storage is not None:
             storage.layer, storage.phase, storage.op_name = layer, phase, name
+            # a checkpointed block's recompute (a forward run again in the backward)
+            storage.recomputing = phase is BACKWARD and _compat.in_recompute()
             # a lift's input is the same logical tensor as its output (a fake run makes a new one)
             fix = FAKE_SIZE_FIXES.get(func) if self.simulated else None
             storage.on_op(() if func._opname.startswith("lift") else ins, outs,

@@ -76,6 +76,7 @@ class StorageTracker:
         self.phase = "setup"
         self.untracked = 0          # tensors without a plain storage (sparse, nested, ...)
         self.op_name = ""           # the op running now (set by the session before on_op)
+        self.recomputing = False    # the op runs in a checkpointed block's recompute (in the backward)
 
     # ---- storages --------------------------------------------------------------------------------
     def _storage(self, t: torch.Tensor):
@@ -100,6 +101,8 @@ class StorageTracker:
         if b is None:
             size = int(st.nbytes()) if nbytes is None else nbytes
             b = Block(self.block_size(size), self.clock, self.pass_index, self.layer, self.phase, self.op_name)
+            if self.recomputing:
+                b.tag = "recompute"
             self.live[key] = b
             self.blocks.append(b)
             self._refs[key] = weakref.ref(st, self._freed_cb(key, b))

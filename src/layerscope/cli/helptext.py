@@ -52,8 +52,8 @@ _EXAMPLES = {
   layerscope memory hf:llama-2-70b --input-ids 1,4096 --optimizer adamw --device cuda --limit 80GiB
   layerscope memory layerscope.examples:small_cnn --infer --batch-size 64""",
     "parallel": """examples:
-  layerscope parallel hf:LlamaConfig --head causal-lm --input-ids 2,4096 --gpus 64 --replicate 8 --gpu H100
-  layerscope parallel hf:llama-2-70b --input-ids 1,4096 --gpus 64 --fsdp 64 --format json
+  layerscope parallel hf:LlamaConfig --head causal-lm --input-ids 2,4096 --gpus 64 --tp 8 --ac full --gpu H100
+  layerscope parallel hf:llama-2-70b --input-ids 1,4096 --gpus 64 --replicate 8 --ac selective-op --format json
   layerscope parallel hf:GPT2Config --head causal-lm --input-ids 8,1024 --gpus 8 --mixed-precision off""",
     "profile": """examples:
   layerscope profile layerscope.examples:tiny_gpt --backward --repeats 50

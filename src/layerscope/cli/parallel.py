@@ -11,13 +11,58 @@ def run_parallel(ns: argparse.Namespace) -> int:
     from ..api import parallel
     from ..options import ParallelConfig
 
-    model, args, kwargs = build_spec(ns, "meta")      # the simulation never needs the weights
+    # the configuration first: a bad one is refused before the model is built
+    if ns.memory_limit is not None:
+        from ..render.units import parse_bytes
+        parse_bytes(ns.memory_limit)
     config = ParallelConfig(
         gpus=ns.gpus, gpus_per_node=ns.gpus_per_node, fsdp=ns.fsdp, replicate=ns.replicate, tp=ns.tp, pp=ns.pp,
         schedule=ns.schedule, microbatches=ns.microbatches, accumulation=ns.accumulation,
         global_batch=ns.global_batch, ac=ns.ac, mixed_precision=ns.mixed_precision, reduce_dtype=ns.reduce_dtype,
         model_dtype=ns.model_dtype or "fp32", reshard_after_forward=ns.reshard_after_forward, offload=ns.offload)
+    model, args, kwargs = build_spec(ns, "meta")      # the simulation never needs the weights
+    loss_fn = None
+    if ns.run:
+        loss_fn = _check_run(ns, args, kwargs)
     with status(f"simulating {config.world} rank(s)", ns):
-        rep = parallel(model, *args, config=config, optimizer=ns.optimizer, steps=ns.steps, device=ns.device,
-                       gpu=ns.gpu, memory_limit=ns.memory_limit, forward_kwargs=kwargs)
+        rep = parallel(model, *args, config=config, optimizer=ns.optimizer, steps=ns.steps or 2, device=ns.device,
+                       gpu=ns.gpu, memory_limit=ns.memory_limit, loss_fn=loss_fn, forward_kwargs=kwargs)
+    if ns.run:
+        rep = _run(ns, rep, config)
     return emit(ns, rep)
+
+
+def _check_run(ns: argparse.Namespace, args, kwargs):
+    """--run trains the configuration for real under torchrun here (gloo, CPU ranks): the prediction it
+    is compared with is for CPU ranks, with the run's loss (fp32 next-token cross-entropy on the logits)."""
+    import torch.nn.functional as F
+
+    from ..errors import InputError
+    if ns.device != "cpu":
+        raise InputError("--run trains on this machine's CPU ranks (gloo): add --device cpu")
+    if ns.input_ids is None or len(ns.input_ids) != 2:
+        raise InputError("--run needs --input-ids B,S (token ids: the run draws its own of that shape)")
+    import torch
+    labels = torch.zeros(tuple(ns.input_ids), dtype=torch.long)      # shapes only: the values do not matter
+
+    def loss_fn(out):   # what the real run computes (parallel.real.training_loss)
+        logits = getattr(out, "logits", out[0] if isinstance(out, (tuple, list)) else out)
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+    return loss_fn
+
+
+def _run(ns: argparse.Namespace, rep, config):
+    """The configuration trained for real; the report gets the run's figures (``plans[0].measured``)."""
+    import dataclasses
+
+    from ..parallel.results import measured_figures
+    from ..specs import parse_overrides
+    from ..torchrun import launch_parallel
+    b, s = ns.input_ids
+    with status(f"running {config.world} rank(s) under torchrun", ns):
+        real = launch_parallel(ns.spec, dataclasses.replace(config, local_batch=None),
+                               input_ids=(b * config.dp * config.accumulation, s), steps=ns.steps or 4,
+                               optimizer=ns.optimizer, overrides=parse_overrides(ns.set), head=ns.head or "causal-lm")
+    plan = dataclasses.replace(rep.plan, measured=measured_figures(real))
+    rep.plans = (plan,) + tuple(rep.plans[1:])
+    return rep

@@ -165,9 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--fsdp", type=arg_count(1), help="FSDP2 shard degree (default: the ranks the others leave)")
     pl.add_argument("--replicate", type=arg_count(1), default=1, help="HSDP: replicas of each shard group (default 1)")
     pl.add_argument("--tp", type=arg_count(1), default=1, help="tensor-parallel degree (default 1)")
-    pl.add_argument("--pp", type=arg_count(1), default=1, help="pipeline stages (default 1)")
-    pl.add_argument("--schedule", default="1f1b", help="pipeline schedule (default 1f1b)")
-    pl.add_argument("--microbatches", type=arg_count(1), help="micro-batches per local batch (default: pp)")
+    pl.add_argument("--pp", type=arg_count(1), default=1,
+                    help="pipeline stages (default 1; more are not simulated per rank yet: `split` plans them)")
+    pl.add_argument("--schedule", default="1f1b", help="pipeline schedule (default 1f1b; with --pp)")
+    pl.add_argument("--microbatches", type=arg_count(1), help="micro-batches per local batch (default: pp; with --pp)")
     pl.add_argument("--accumulation", type=arg_count(1), default=1, help="forward/backward passes per step (default 1)")
     pl.add_argument("--global-batch", type=arg_count(1), help="must be local batch x data-parallel degree x accumulation")
     pl.add_argument("--ac", default="none", metavar="MODE",
@@ -177,9 +178,15 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default="fp32", help="gradient reduction dtype")
     pl.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false",
                     help="keep gathered parameters from forward to backward (ZeRO-2-like)")
-    pl.add_argument("--offload", action="store_true", help="FSDP2's CPU offload of parameters and optimizer state")
+    pl.add_argument("--offload", action="store_true",
+                    help="FSDP2's CPU offload of parameters and optimizer state (runs; not simulated yet)")
     pl.add_argument("--optimizer", default="adamw", help="a torch.optim class name (default adamw)")
-    pl.add_argument("--steps", type=arg_count(1), default=2, help="training steps simulated (default 2)")
+    pl.add_argument("--steps", type=arg_count(1),
+                    help="training steps simulated (default 2) and, with --run, run (default 4, at least 3:\n"
+                         "the first two are not measured)")
+    pl.add_argument("--run", action="store_true",
+                    help="also train the configuration for real under torchrun on this machine (gloo, CPU\n"
+                         "ranks; --device cpu) and compare each rank's peak and the losses")
     pl.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="the ranks' device: cuda (default) or cpu (gloo ranks)")
     _output_args(pl, formats=("table", "json", "csv"))

@@ -82,19 +82,20 @@ def _dp_mesh(mesh):
 # ---- blocks ------------------------------------------------------------------------------------------
 
 def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The model's repeated blocks, as (path, module): the children of its longest ``nn.ModuleList``
-    whose children are all of one class (the first such list in module order where two tie;
-    ``model.model.layers`` in Llama, ``transformer.h`` in GPT-2)."""
-    best: tuple[str, nn.ModuleList] | None = None
+    """The model's repeated blocks, as (path, module), in module order: the children of every
+    ``nn.ModuleList`` of two or more children of one class that hold parameters, outermost lists only
+    (``model.model.layers`` in Llama, ``transformer.h`` in GPT-2, both of T5's stacks; not the experts
+    inside a block). FSDP2 and checkpointing wrap each block; tensor parallel plans name them."""
+    lists: list[tuple[str, nn.ModuleList]] = []
     for path, m in model.named_modules():
-        if isinstance(m, nn.ModuleList) and len(m) > 0 and len({type(c) for c in m}) == 1:
-            if best is None or len(m) > len(best[1]):
-                best = (path, m)
-    if best is None:
+        if isinstance(m, nn.ModuleList) and len(m) > 1 and len({type(c) for c in m}) == 1 and \
+                any(True for _ in m.parameters()) and \
+                not any(path.startswith(f"{q}." if q else "") for q, _ in lists):
+            lists.append((path, m))
+    if not lists:
         raise InputError(f"{type(model).__name__} has no nn.ModuleList of repeated blocks (same class): "
                          "sharding and checkpointing apply per block")
-    prefix = f"{best[0]}." if best[0] else ""
-    return [(f"{prefix}{i}", c) for i, c in enumerate(best[1])]
+    return [(f"{q}.{i}" if q else str(i), c) for q, m in lists for i, c in enumerate(m)]
 
 
 def _parent(model: nn.Module, path: str) -> tuple[nn.Module, str]:
@@ -241,11 +242,10 @@ def _apply_tp(model: nn.Module, blocks: list[tuple[str, nn.Module]], tp_mesh, co
     tp, sp, lp = config.tp, config.sequence_parallel, config.loss_parallel
     family = tp_family(model, blocks)
     if family is None:
-        names = set(_LLAMA_LINEARS) | set(_GPT2_CONVS)
-        first = blocks[0][0]
-        missing = next((f"{first}.{p}" for p in sorted(names) if not _has(blocks[0][1], p, nn.Module)), None)
-        what = _uncovered(blocks[0][1], set()) if missing is None else None
-        where = missing or (f"{first}.{what}" if what else first)
+        # name the first module of the first block that holds parameters (what a plan would shard)
+        first, block = blocks[0]
+        what = _uncovered(block, set())
+        where = f"{first}.{what}" if what else first
         raise InputError(f"tensor parallel has no plan for {where} ({type(model).__name__}): TP plans cover "
                          "transformers' Llama, Mistral, Qwen2 and GPT-2; use tp=1 (FSDP and checkpointing work "
                          "on any model with repeated blocks)")
@@ -259,6 +259,11 @@ def _apply_tp(model: nn.Module, blocks: list[tuple[str, nn.Module]], tp_mesh, co
     inner = getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None)
     if inner:
         _check_divisible("MLP width", inner, tp)
+    vocab = getattr(cfg, "vocab_size", None)
+    if vocab:
+        # the head's output is sharded on the vocabulary: uneven shards do not fit the model's own
+        # reshape of the logits ([B, S, V / tp] per rank)
+        _check_divisible("vocabulary", vocab, tp)
 
     # between the blocks the hidden states are a DTensor sharded on the sequence (sequence parallel)
     # or replicated. Departure from torchtitan: the embeddings, o_proj and down_proj keep their
@@ -379,6 +384,9 @@ def _apply_ac(model: nn.Module, blocks: list[tuple[str, nn.Module]], config: Par
     preserve_rng_state True, early_stop False). ``selective-layer``: torchtitan counts blocks from 1
     and wraps those whose count is a multiple of ``ac_every`` (blocks K-1, 2K-1, ... from 0)."""
     out = []
+    if config.ac == "selective-layer" and config.ac_every > len(blocks):
+        raise InputError(f"selective-layer:{config.ac_every} checkpoints every {config.ac_every}th block, and the "
+                         f"model has {len(blocks)}: none would be (use a smaller K, or full)")
     save_ops = _compat.sac_save_ops() if config.ac == "selective-op" else None
     for i, (path, block) in enumerate(blocks):
         wrap = config.ac in ("full", "selective-op") or (config.ac == "selective-layer" and (i + 1) % config.ac_every == 0)

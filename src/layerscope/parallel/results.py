@@ -27,7 +27,7 @@ from ..options import ParallelConfig
 from .simulate import PARTS, RankRun
 
 __all__ = ["Collective", "RankMemory", "ParallelPlan", "ESTIMATES", "NCCL_BYTES_PER_COMMUNICATOR", "rank_memory",
-           "collectives_of", "mesh_coords", "local_numels", "roles", "ParallelRunResult"]
+           "collectives_of", "mesh_coords", "local_numels", "roles", "ParallelRunResult", "measured_figures"]
 
 NCCL_BYTES_PER_COMMUNICATOR = 16 * 4 * 2**20      # 16 channels x NCCL_BUFFSIZE (4 MiB): an estimate
 ESTIMATES = ("prefetch in flight (estimate)", "NCCL buffers (estimate)")
@@ -221,7 +221,8 @@ def rank_memory(rr: RankRun, config: ParallelConfig, rank: int, *, cuda: bool) -
     layer = None
     for p in run.passes:
         if p.offset <= t < p.offset + len(p.trace.ops):
-            layer = p.trace.layers[p.trace.ops[t - p.offset].layer].path
+            # named as in the user's model (a checkpoint wrapper's own level left out)
+            layer = p.trace.layers[p.trace.ops[t - p.offset].layer].path.replace("._checkpoint_wrapped_module", "")
             break
     breakdown: dict[str, Any] = {p: live[p][t] if total else 0 for p in PARTS}
     estimates = dict.fromkeys(ESTIMATES, 0)
@@ -270,3 +271,13 @@ class ParallelRunResult:
     def peak_bytes(self) -> tuple[int, ...]:
         """Per rank, its largest peak over the steps."""
         return tuple(max(r["peak_bytes"]) for r in self.ranks)
+
+
+def measured_figures(real: "ParallelRunResult") -> dict:
+    """A real run's figures as a plan's ``measured``: per rank (global order) its largest per-step peak
+    from the allocator's events, the step time, and the losses against one process."""
+    return {"ranks": [{"rank": r.get("rank", i), "peak_bytes": max(r["peak_bytes"])} for i, r in enumerate(real.ranks)],
+            "step_time": real.step_time, "loss_equal": real.loss_equal,
+            "max_rel_loss_diff": real.max_rel_loss_diff, "max_rel_grad_diff": real.max_rel_grad_diff,
+            "losses": list(real.losses), "reference_losses": list(real.reference_losses),
+            "method": "torchrun, gloo, CPU allocator events (every thread)"}

@@ -34,6 +34,7 @@ import contextlib
 import copy
 import itertools
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -48,10 +49,10 @@ from ..costs import CostOptions, default_registry
 from ..costs.movement import move
 from ..errors import InputError
 from ..options import ParallelConfig
-from ..trace import BACKWARD
 from .apply import build_mesh, loss_context, no_kv_cache, parallelize
 
-__all__ = ["RankRun", "GlooTracker", "simulate_rank", "PARTS", "COMM_OPS", "PIPELINE", "meta_copy", "fake_world"]
+__all__ = ["RankRun", "RankTracker", "simulate_rank", "PARTS", "COMM_OPS", "PIPELINE", "meta_copy", "fake_world",
+           "gathered_bytes", "param_layouts", "cost_registry", "watch_fsdp"]
 
 # the breakdown of a rank's memory, in the order reports show it
 PARTS = ("sharded parameters", "gathered parameters", "gradients", "optimizer state", "activations",
@@ -63,9 +64,14 @@ COMM_OPS = frozenset({"fsdp.all_gather_copy_in", "fsdp.chunk_cat", "_c10d_functi
                       "_c10d_functional.all_to_all_single"})
 _FSDP_COPIES = ("fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat")
 _WORLD_LOCK = threading.Lock()
-_GATHERED, _UNREDUCED = "gathered", "unreduced"
+_GATHERED, _UNREDUCED, _COMM = "gathered", "unreduced", "comm"
 # a pipeline stage's receive buffers and the input gradients it sends back (parallel/stages.py)
 PIPELINE = "pipeline"
+# collectives whose tensors are communication buffers (FSDP2's flat all-gather output, its reduce-scatter
+# input that chunk_cat fills and the reduce-scatter's output) unless a role says more (a reduce-scatter
+# output that becomes the sharded gradients is a gradient)
+_COMM_TENSOR_OPS = frozenset({"fsdp.all_gather_copy_in", "fsdp.chunk_cat", "c10d._allgather_base_",
+                              "c10d._reduce_scatter_base_", "c10d.allreduce_"})
 
 
 @contextlib.contextmanager
@@ -126,10 +132,12 @@ class RankRun:
             return "gradients"
         if c == "optimizer_state":
             return "optimizer state"
-        if c == "activation":
-            return "recompute" if b.phase == BACKWARD else "activations"
-        if b.op in COMM_OPS:
+        if b.tag == "recompute":
+            return "recompute"
+        if b.tag == _COMM or b.op in COMM_OPS:
             return "communication buffers"
+        if c == "activation":
+            return "activations"
         if c in ("input", "output", "buffer"):
             return "inputs, outputs and buffers"
         return "temporary"
@@ -142,19 +150,30 @@ class RankRun:
 _GLOO_FLAT = frozenset({"c10d._allgather_base_", "_c10d_functional.all_gather_into_tensor"})
 
 
-class GlooTracker(StorageTracker):
-    """The storage tracker of a rank on gloo (CPU): each all-gather also holds gloo's flat buffer of the
-    gathered bytes while it runs."""
+class RankTracker(StorageTracker):
+    """The storage tracker of one simulated rank: the collectives' tensors are communication buffers,
+    and on gloo (CPU ranks) each all-gather also holds gloo's flat buffer of the gathered bytes while
+    it runs."""
+
+    def __init__(self, block_size=None, gloo: bool = False) -> None:
+        super().__init__(block_size)
+        self.gloo = gloo
 
     def on_op(self, ins, outs, sizes=None) -> None:
-        if self.op_name in _GLOO_FLAT:
-            gathered = ins[0] if self.op_name.startswith("c10d.") else (outs[0] if outs else None)
+        name = self.op_name
+        if self.gloo and name in _GLOO_FLAT:
+            gathered = ins[0] if name.startswith("c10d.") else (outs[0] if outs else None)
             if gathered is not None:
                 self.transient(int(gathered.numel()) * gathered.element_size())
         super().on_op(ins, outs, sizes)
+        if name in _COMM_TENSOR_OPS:
+            for t in (*ins, *outs):
+                b = self.block_of(t) if isinstance(t, torch.Tensor) else None
+                if b is not None and b.tag is None:
+                    b.tag = _COMM
 
 
-def _layouts(model: nn.Module) -> list:
+def param_layouts(model: nn.Module) -> list:
     """Each DTensor parameter's global shape and where it is sharded (mesh dimension name, tensor dim)."""
     out = []
     for p in model.parameters():
@@ -167,14 +186,14 @@ def _layouts(model: nn.Module) -> list:
     return out
 
 
-def _gathered_bytes(model: nn.Module) -> int:
+def gathered_bytes(model: nn.Module) -> int:
     """The bytes of the largest parameter group's gathered parameters (after a step: FSDP2 knows the
     dtype it gathers in once it has run)."""
     return max((sum(fp._orig_size.numel() * (fp.param_dtype or fp.orig_dtype).itemsize for fp in g.fsdp_params)
                 for g in _compat.fsdp_param_groups(model)), default=0)
 
 
-def _watch_fsdp(model: nn.Module, tracker: StorageTracker) -> None:
+def watch_fsdp(model: nn.Module, tracker: StorageTracker) -> None:
     """Tell the tracker when FSDP2 resizes the gathered parameters' storages, and mark the gradients
     FSDP2 reduces (the unsharded ones) as gradients."""
     for group in _compat.fsdp_param_groups(model):
@@ -222,7 +241,7 @@ def _wrap_param(fp, tracker: StorageTracker) -> None:
     fp.init_all_gather_outputs = init_all_gather_outputs
 
 
-def _registry():
+def cost_registry():
     """The default formulas, plus FSDP2's own copy ops (registered by torch when FSDP2 is imported) as
     data movement."""
     reg = default_registry().copy("parallel")
@@ -243,8 +262,14 @@ def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelC
     import torch.distributed.fsdp  # noqa: F401  (registers FSDP2's ops before the registry is copied)
     dtype = torch.float32 if config.mixed_precision == "bf16" else config.model_dtype
     device = torch.device("cpu")
-    tracker = GlooTracker(block_size) if gloo else StorageTracker(block_size)
-    with fake_world(rank, config.world):
+    if config.offload:
+        raise InputError("CPU offload (offload=True) is applied in real runs but not simulated yet: its pinned "
+                         "host copies have no fake-tensor kernel")
+    tracker = RankTracker(block_size, gloo=gloo)
+    with fake_world(rank, config.world), warnings.catch_warnings():
+        # torch's warnings about the simulation's own CPU mesh, not about the user's model
+        warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
         private = meta_copy(model, dtype)
         no_kv_cache(private)                  # as training runs (and as the real runs do)
         mesh = build_mesh(config, device.type)
@@ -252,15 +277,15 @@ def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelC
         fake_mode = _compat.new_fake_mode(allow_non_fake_inputs=True)
         with fake_mode, eager_paths(fake_mode):
             private.to_empty(device=device)
-            _watch_fsdp(private, tracker)
+            watch_fsdp(private, tracker)
             # bf16 compute without FSDP to carry a MixedPrecisionPolicy: autocast (apply.amp_context's rule)
             amp = config.param_dtype if config.mixed_precision == "bf16" and config.dp == 1 else None
             with loss_context(config):
                 run = run_steps(private, args, kwargs, simulate=True, prepared=True, device=device, tracker=tracker,
                                 optimizer=optimizer, training=True, autocast_dtype=amp, loss_fn=loss_fn, steps=steps,
-                                accumulation=config.accumulation, options=CostOptions(registry=_registry()),
+                                accumulation=config.accumulation, options=CostOptions(registry=cost_registry()),
                                 foreach_default=foreach_default, probe_kernels=probe, attention=attention,
                                 on_step=on_step)
-            gathered = _gathered_bytes(private)
-            layouts = _layouts(private)
+            gathered = gathered_bytes(private)
+            layouts = param_layouts(private)
     return RankRun(rank, run, tracker, gathered_block=gathered, layouts=layouts)

@@ -1,6 +1,13 @@
 """One rank of a pipeline-parallel configuration (``pp`` > 1, alone or mixed with FSDP2 and TP),
 simulated with torch's own code on fake tensors, as parallel/simulate.py does for one stage.
 
+NOT WIRED into ``layerscope.parallel`` yet (it refuses pp > 1), for three known gaps: the stage's
+recording forward fails on transformers' models (their causal-mask code reads a value a meta run does
+not have); the outputs a stage sends stay referenced to the end of the run, so later peaks count them;
+and no pp configuration has been checked against an allocator's measurement
+(``real.measure_stage_rank`` is written, never run). The hand-derived tests of a plain block model pass
+(tests/parallel/test_stages.py).
+
 The stages. The cuts are the uniform split of the model's repeated blocks (``apply.find_blocks``)
 into ``pp`` contiguous groups, the first stages taking one more block where ``pp`` does not divide
 their number (torchtitan's even split of the layers); the first stage also owns every module with
@@ -62,7 +69,7 @@ from ..options import ParallelConfig, schedule_of
 from ..pipeline.schedule import rank_orders
 from ..pipeline.stages import build_stage_module
 from .apply import checkpoint_blocks, find_blocks, loss_context, no_kv_cache, parallelize
-from .simulate import (PIPELINE, GlooTracker, RankRun, _gathered_bytes, _layouts, _registry, _watch_fsdp, fake_world,
+from .simulate import (PIPELINE, RankRun, RankTracker, gathered_bytes, param_layouts, cost_registry, watch_fsdp, fake_world,
                        meta_copy)
 
 __all__ = ["stage_blocks", "stage_plan", "stage_module", "parallelize_stage", "stage_config", "split_micro", "simulate_stage_rank",
@@ -369,7 +376,7 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
     stage = rank // (config.world // config.pp)
     dtype = torch.float32 if config.mixed_precision == "bf16" else config.model_dtype
     device = torch.device("cpu")
-    tracker = GlooTracker(block_size) if gloo else StorageTracker(block_size)
+    tracker = RankTracker(block_size, gloo=gloo)
     actions = [(a.kind, a.microbatch) for a in rank_orders(config.schedule, config.pp, config.microbatches)[stage]]
     with fake_world(rank, config.world):
         private = meta_copy(model, dtype)
@@ -388,16 +395,16 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
         parallelize_stage(mod, own, config, mesh)
         with fake_mode, eager_paths(fake_mode):
             mod.to_empty(device=device)
-            _watch_fsdp(mod, tracker)
+            watch_fsdp(mod, tracker)
             tp = _Tp(config, mesh) if config.tp > 1 else None
             runner = _StageRun(mod, stage, config, tracker, loss_fn, target, tp)
             amp = config.param_dtype if config.mixed_precision == "bf16" and config.dp == 1 else None
             with loss_context(config):
                 run = run_steps(mod, args, kwargs, simulate=True, prepared=True, device=device, tracker=tracker,
                                 optimizer=optimizer, training=True, autocast_dtype=amp, loss_fn=loss_fn, steps=steps,
-                                accumulation=config.accumulation, options=CostOptions(registry=_registry()),
+                                accumulation=config.accumulation, options=CostOptions(registry=cost_registry()),
                                 foreach_default=foreach_default, probe_kernels=probe, attention=attention,
                                 on_step=on_step, pipeline=runner.as_pass(actions))
-            gathered = _gathered_bytes(mod)
-            layouts = _layouts(mod)
+            gathered = gathered_bytes(mod)
+            layouts = param_layouts(mod)
     return RankRun(rank, run, tracker, gathered_block=gathered, layouts=layouts)

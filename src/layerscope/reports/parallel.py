@@ -89,7 +89,8 @@ class ParallelReport(ReportRecord):
         o, p = self.options, self.plan
         batch = f"local batch {p.local_batch}" if p.local_batch is not None else "inputs as given"
         return (Fact("Model", self.model_name),
-                Fact("Configuration", f"{p.gpus} GPUs: {p.label}"),
+                Fact("Configuration", f"{p.gpus} {'rank' if o.get('device') == 'cpu' else 'GPU'}"
+                                      f"{'s' if p.gpus != 1 else ''}: {p.label}"),
                 Fact("Batches", f"{batch}, {p.microbatches} micro-batch(es), accumulation {p.accumulation}"
                      + (f", global batch {p.global_batch}" if p.global_batch else "")),
                 Fact("Precision", f"mixed precision {p.mixed_precision} (reduce {p.reduce_dtype}), "
@@ -110,6 +111,19 @@ class ParallelReport(ReportRecord):
             out.append(Fact(f"{c.kind} ({c.group}, {c.group_size})",
                             f"{c.calls} per step, {c.bytes_written if c.kind == 'all-gather' else c.bytes_read:,} B "
                             f"of tensors, {c.ring_bytes:,} B through each rank by a ring"))
+        if p.measured is not None:
+            m = p.measured
+            for role in self.roles:
+                got = [m["ranks"][r]["peak_bytes"] for r in role.ranks if r < len(m["ranks"])]
+                if got:
+                    lo, hi = min(got), max(got)
+                    pred = role.memory.peak_bytes
+                    out.append(Fact(f"Measured, ranks {role.label}",
+                                    f"{_gib(lo)}" + (f"-{_gib(hi)}" if hi != lo else "")
+                                    + f" (predicted {_gib(pred)}: {pred / hi - 1:+.1%} of the largest)"))
+            out.append(Fact("Run", f"losses {'equal' if m['loss_equal'] else 'DIFFER from'} one process "
+                                   f"(largest relative difference {m['max_rel_loss_diff']:.1e}); step "
+                                   f"{m['step_time'] * 1e3:,.1f} ms", alert=not m["loss_equal"]))
         out += [Fact("Note", n) for n in self.notes]
         return tuple(out)
 

@@ -71,7 +71,7 @@ def parallel_worker(cfg: dict) -> None:
              seed=cfg["seed"], out_dir=cfg["out"])
 
 
-def launch_parallel(spec: str, config: ParallelConfig, *, input_ids: tuple[int, int] = (4, 16), steps: int = 3,
+def launch_parallel(spec: str, config: ParallelConfig, *, input_ids: tuple[int, int] = (4, 16), steps: int = 4,
                     optimizer: str = "adamw", lr: float = 1e-3, seed: int = 0, overrides: dict | None = None,
                     head: str | None = "causal-lm", timeout: float = 300.0) -> ParallelRunResult:
     """Train ``steps`` steps of the model ``spec`` names (``overrides``: its config keys, e.g. a
@@ -85,8 +85,9 @@ def launch_parallel(spec: str, config: ParallelConfig, *, input_ids: tuple[int, 
         raise InputError("launch_parallel runs FSDP / TP / checkpointing; pipeline stages run with launch()")
     if optimizer not in OPTIMIZERS:
         raise InputError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
-    if not isinstance(steps, int) or steps < 1:
-        raise InputError(f"steps must be a positive whole number, got {steps!r}")
+    if not isinstance(steps, int) or steps < 3:
+        raise InputError(f"steps must be at least 3 (the first two are not measured: the first's gradients are "
+                         f"gathered for the comparison, the second warms up), got {steps!r}")
     try:
         batch, seq = (int(x) for x in input_ids)
     except (TypeError, ValueError):
