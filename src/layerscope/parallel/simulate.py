@@ -270,6 +270,9 @@ def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelC
         # torch's warnings about the simulation's own CPU mesh, not about the user's model
         warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+        # torch 2.14: the simulation's own saved-tensor hook (it marks what autograd saves) around a
+        # selective-checkpoint region
+        warnings.filterwarnings("ignore", message="A saved_tensors_hooks context .* selective activation checkpoint")
         private = meta_copy(model, dtype)
         no_kv_cache(private)                  # as training runs (and as the real runs do)
         mesh = build_mesh(config, device.type)
