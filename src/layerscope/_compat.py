@@ -291,6 +291,27 @@ def fsdp_param_groups(model) -> list:
     return groups
 
 
+def fsdp_reduce_grads(module) -> None:
+    """What torch's pipeline schedule does after a step's last backward on an FSDP2 stage
+    (``_PipelineStageBase.perform_reduce_grad``, torch 2.13): gradient sync and resharding back on,
+    every parameter group's post-backward (the reduce-scatter of the gradients accumulated over the
+    micro-batches, the parameters resharded), then the root's final callback."""
+    fsdp = _module("torch.distributed.fsdp")
+    if not isinstance(module, fsdp.FSDPModule):
+        return
+    module.set_is_last_backward(True)
+    module.set_reshard_after_backward(True)
+    module.set_requires_gradient_sync(True)
+    state = need("fsdp_state", "FSDP2's deferred gradient reduction under a pipeline schedule")(module)
+    for st in state._state_ctx.all_states:
+        groups = getattr(st, "_fsdp_param_groups", None)
+        if groups is None:
+            groups = [g for g in (getattr(st, "_fsdp_param_group", None),) if g is not None]
+        for group in groups:
+            group.post_backward()
+    state._root_post_backward_final_callback()
+
+
 def composite_implicit_key():
     return need("composite_implicit_key", "decomposing a composite op in inference mode")
 

@@ -44,7 +44,7 @@ from .simulation import SimulationKernels, SimulationLog, ValueReads, eager_path
 from .state import StateGuard, empty_like_on, empty_state, swapped_state
 from .storage import BUFFER, GRAD, INPUT, OPT, OUTPUT, PARAM, StorageTracker
 
-__all__ = ["StepRun", "PassRecord", "run_steps", "default_loss", "fake_mode_for"]
+__all__ = ["StepRun", "PassRecord", "PipelinePass", "run_steps", "default_loss", "fake_mode_for"]
 
 
 @dataclass
@@ -73,6 +73,24 @@ class StepRun:
     log: SimulationLog | None = None
     # a simulation's values known beside its fake tensors (capture/known.py): None when real
     known: KnownValues | None = None
+
+
+@dataclass
+class PipelinePass:
+    """One pass of a pipeline rank: instead of one forward, the loss and one backward, the rank's
+    actions in its schedule's order (``("F", m)``: the forward of micro-batch m; ``("B", m)``: its
+    backward). A forward's output, or on the last stage its loss, stays referenced, with its autograd
+    graph, until the micro-batch's backward. The callables hold the stage's own machinery (received
+    buffers, the gradients sent back, FSDP's deferred reduction): ``begin()`` before the pass,
+    ``forward(m, args, kwargs)`` with the run's (whole) inputs, ``loss(m, output)`` on the last stage
+    (None elsewhere), ``backward(m, held)``, ``end()`` after the last action (still the backward)."""
+
+    actions: tuple
+    forward: Callable[[int, tuple, dict], Any]
+    backward: Callable[[int, Any], None]
+    loss: Callable[[int, Any], torch.Tensor] | None = None
+    begin: Callable[[], None] | None = None
+    end: Callable[[], None] | None = None
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -104,7 +122,7 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
               autocast_dtype: torch.dtype | None, loss_fn: Callable | None, steps: int,
               accumulation: int, options: CostOptions | None = None, foreach_default: bool = False,
               on_step: Callable[[int, str], None] | None = None, probe_kernels: bool = True,
-              attention=None, prepared: bool = False) -> StepRun:
+              attention=None, prepared: bool = False, pipeline: PipelinePass | None = None) -> StepRun:
     """Run ``steps`` training steps (or one inference forward) and return what the trackers saw.
 
     ``probe_kernels``: in a simulation, kernels whose fake sizes are wrong or that hold scratch
@@ -116,7 +134,8 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
     SDPA as a GPU target would. The model's parameters, buffers, gradients, modes and RNG state are
     restored afterwards. ``prepared`` (a simulation only): the model is a private copy whose state is
     already fake tensors of the active FakeTensorMode (parallel/: sharded with torch's own code), run as
-    it is, with no copies swapped in.
+    it is, with no copies swapped in. ``pipeline``: each pass runs a pipeline rank's actions
+    (PipelinePass) on the whole ``args``/``kwargs``, in place of one forward and backward.
     """
     named = list(model.named_modules())
     modules = [m for _, m in named]
@@ -153,6 +172,10 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
             def call():
                 with attention.mode() if attention is not None else contextlib.nullcontext():
                     return model(*args, **kwargs)
+            if pipeline is not None:
+                def call(m=None):  # noqa: F811 - a pipeline's forward of micro-batch m
+                    with attention.mode() if attention is not None else contextlib.nullcontext():
+                        return pipeline.forward(m, args, kwargs)
 
             def backward(loss):
                 if attention is None:
@@ -175,7 +198,7 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
                   simulate=simulate, training=training, autocast_dtype=autocast_dtype, device=device,
                   loss_fn=loss_fn or default_loss, steps=steps if training else 1,
                   accumulation=accumulation if training else 1, options=options or CostOptions(),
-                  on_step=on_step)
+                  on_step=on_step, pipeline=pipeline)
     except ForwardError as e:
         # a failure after the simulation made values up (a label check read as True) names them
         if run.log is None or run.log.real or not any(k != "random" for k, _, _ in run.log.events) or \
@@ -213,7 +236,7 @@ def _make_optimizer(optimizer, params: list[torch.Tensor], foreach_default: bool
 
 
 def _loop(run: StepRun, model, named, passes, swap, inputs, params, buffers, opt, *, rng, simulate, training,
-          autocast_dtype, device, loss_fn, steps, accumulation, options, on_step) -> None:
+          autocast_dtype, device, loss_fn, steps, accumulation, options, on_step, pipeline=None) -> None:
     tracker = run.tracker
     state = list(params.values()) + list(buffers.values())
     autocast = (lambda: torch.autocast(device_type=device.type, dtype=autocast_dtype)) \
@@ -231,7 +254,7 @@ def _loop(run: StepRun, model, named, passes, swap, inputs, params, buffers, opt
             if tracker:
                 tracker.pass_index = len(run.passes)
             with swapped_state(model, swap):
-                output = _one_pass(run, cap, named, passes, autocast, loss_fn, training)
+                output = _one_pass(run, cap, named, passes, autocast, loss_fn, training, pipeline)
             if tracker:
                 trace = build_trace(cap, model, named, inputs, output, backward=training,
                                     options={"mode": "train" if training else "eval",
@@ -279,7 +302,7 @@ def _loop(run: StepRun, model, named, passes, swap, inputs, params, buffers, opt
             on_step(step, "end")
 
 
-def _one_pass(run: StepRun, cap: Session, named, passes, autocast, loss_fn, training: bool):
+def _one_pass(run: StepRun, cap: Session, named, passes, autocast, loss_fn, training: bool, pipeline=None):
     call, backward = passes
     tracker = cap.storage
     tracked = tracker is not None
@@ -319,24 +342,27 @@ def _one_pass(run: StepRun, cap: Session, named, passes, autocast, loss_fn, trai
         cap.install(named)
     try:
         with torch.set_grad_enabled(training), below, recorder, above:
-            with saved_hooks:
-                mark_phase(FORWARD)
-                with autocast():
-                    output = run_forward(cap, call)
+            if pipeline is not None:
+                output = _pipeline_actions(cap, named, pipeline, call, saved_hooks, autocast, loss_fn, mark_phase)
+            else:
+                with saved_hooks:
+                    mark_phase(FORWARD)
+                    with autocast():
+                        output = run_forward(cap, call)
+                        if tracker is not None:
+                            for t in iter_tensors(output):
+                                tracker.mark(t, OUTPUT)
+                        if training:
+                            mark_phase(LOSS)
+                            loss = loss_fn(output)
+                            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                                raise InputError("loss_fn must return a scalar tensor")
+                if training:
                     if tracker is not None:
-                        for t in iter_tensors(output):
-                            tracker.mark(t, OUTPUT)
-                    if training:
-                        mark_phase(LOSS)
-                        loss = loss_fn(output)
-                        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                            raise InputError("loss_fn must return a scalar tensor")
-            if training:
-                if tracker is not None:
-                    tracker.backward_starts()
-                mark_phase(BACKWARD)
-                run_backward(cap, [m for _, m in named], lambda: backward(loss))
-                del loss
+                        tracker.backward_starts()
+                    mark_phase(BACKWARD)
+                    run_backward(cap, [m for _, m in named], lambda: backward(loss))
+                    del loss
     finally:
         cap.remove()
         cap.phase = FORWARD
@@ -344,6 +370,57 @@ def _one_pass(run: StepRun, cap: Session, named, passes, autocast, loss_fn, trai
         bounds = step_phase + [(None, tracker.clock + 1)]
         for (phase, first), (_, nxt) in zip(bounds, bounds[1:]):
             run.phase_ranges.append((len(run.step_ranges), phase, first, nxt - 1))
+    return output
+
+
+def _pipeline_actions(cap: Session, named, pipeline: PipelinePass, call, saved_hooks, autocast, loss_fn,
+                      mark_phase):
+    """A pipeline rank's actions (PipelinePass) in one pass: forwards keep their outputs (the last
+    stage: its losses) and graphs alive until their backward. Returns the last forward's output."""
+    tracker = cap.storage
+    modules = [m for _, m in named]
+    held: dict[int, Any] = {}
+    output = None
+    backward_begun = False
+    if pipeline.begin is not None:
+        pipeline.begin()
+    for kind, m in pipeline.actions:
+        if kind == "F":
+            with saved_hooks:
+                mark_phase(FORWARD)
+                with autocast():
+                    output = run_forward(cap, lambda: call(m))
+                    if tracker is not None:
+                        for t in iter_tensors(output):
+                            tracker.mark(t, OUTPUT)
+                    if pipeline.loss is not None:
+                        mark_phase(LOSS)
+                        loss = pipeline.loss(m, output)
+                        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                            raise InputError("loss_fn must return a scalar tensor")
+                        held[m] = loss
+                        del loss
+                    else:
+                        held[m] = output
+        elif kind == "B":
+            if m not in held:
+                raise InputError(f"the pipeline schedule runs the backward of micro-batch {m} before its forward")
+            if tracker is not None:
+                # storages this pass's forwards made and that are still alive are held for a backward
+                tracker.backward_starts()
+            backward_begun = True
+            mark_phase(BACKWARD)
+            h = held.pop(m)
+            run_backward(cap, modules, lambda: pipeline.backward(m, h))
+            del h
+        else:
+            raise InputError(f"a pipeline action is 'F' or 'B', got {kind!r}")
+    if held:
+        raise InputError(f"the pipeline schedule leaves micro-batches {sorted(held)} without a backward")
+    if pipeline.end is not None:
+        if not backward_begun:
+            mark_phase(BACKWARD)
+        run_backward(cap, modules, pipeline.end)
     return output
 
 

@@ -212,7 +212,9 @@ def _root_paths(model: nn.Module, family: str) -> dict[str, str]:
         want = {"embed": "model.embed_tokens", "norm": "model.norm", "head": "lm_head"}
     else:
         want = {"embed": "transformer.wte", "pos": "transformer.wpe", "norm": "transformer.ln_f", "head": "lm_head"}
-    return {k: p for k, p in want.items() if _has(model, p, nn.Module)}
+    # a module without parameters is left alone: a pipeline stage's stub for what another stage owns
+    return {k: p for k, p in want.items()
+            if _has(model, p, nn.Module) and any(True for _ in model.get_submodule(p).parameters())}
 
 
 def _uncovered(model: nn.Module, covered: set[str]) -> str | None:
@@ -420,11 +422,17 @@ def _apply_fsdp(model: nn.Module, blocks: list[tuple[str, nn.Module]], dp_mesh, 
 
 # ---- the entry point ---------------------------------------------------------------------------------
 
-def parallelize(model: nn.Module, config: ParallelConfig, mesh) -> nn.Module:
+def parallelize(model: nn.Module, config: ParallelConfig, mesh, *, blocks: list | None = None,
+                tp_root: str = "") -> nn.Module:
     """Apply ``config`` to ``model`` in place, in torchtitan's order: 1) tensor parallel on the
     ``tp`` mesh dimension, 2) activation checkpointing per block, 3) FSDP2 on the data-parallel
     dimensions (``dp_shard``, or ``(dp_replicate, dp_shard)`` for HSDP). With one rank
-    (``config.world == 1``) nothing is done. Returns the model."""
+    (``config.world == 1``) nothing is done. Returns the model.
+
+    A pipeline stage (parallel/stages.py) is parallelized with a configuration whose ``pp`` is 1 on
+    the mesh without its ``pp`` dimension: ``blocks`` are then the stage's own (path, module) pairs
+    (default: ``find_blocks(model)``), and ``tp_root`` the path, inside ``model``, of the model the
+    TP plans name (a stage module wraps it); FSDP's root is ``model`` itself."""
     if not isinstance(config, ParallelConfig):
         raise InputError(f"parallelize takes a ParallelConfig, got {type(config).__name__}")
     if config.world == 1:
@@ -434,10 +442,11 @@ def parallelize(model: nn.Module, config: ParallelConfig, mesh) -> nn.Module:
     if config.pp > 1:
         raise InputError("parallelize does not split pipeline stages (pp > 1): the stages come from "
                          "layerscope's pipeline split, each parallelized on its own mesh without pp")
-    blocks = find_blocks(model)
+    blocks = find_blocks(model) if blocks is None else list(blocks)
     names = mesh.mesh_dim_names or ()
     if config.tp > 1:
-        _apply_tp(model, blocks, mesh["tp"], config)
+        inner, cut = (model.get_submodule(tp_root), len(tp_root) + 1) if tp_root else (model, 0)
+        _apply_tp(inner, [(p[cut:], m) for p, m in blocks], mesh["tp"], config)
     if config.ac != "none":
         blocks = _apply_ac(model, blocks, config)
     dp_mesh = _dp_mesh(mesh) if any(n in names for n in ("dp_replicate", "dp_shard")) else None
@@ -446,11 +455,11 @@ def parallelize(model: nn.Module, config: ParallelConfig, mesh) -> nn.Module:
     return model
 
 
-def checkpoint_blocks(model: nn.Module, config: ParallelConfig) -> nn.Module:
+def checkpoint_blocks(model: nn.Module, config: ParallelConfig, blocks: list | None = None) -> nn.Module:
     """Only the activation checkpointing of ``config`` (its ``ac``), in place: what one device runs when
-    every degree is 1."""
+    every degree is 1 (or a pipeline stage's ``blocks`` when only ``pp`` > 1)."""
     if config.ac != "none":
-        _apply_ac(model, find_blocks(model), config)
+        _apply_ac(model, find_blocks(model) if blocks is None else list(blocks), config)
     return model
 
 

@@ -211,3 +211,66 @@ def measure_one_rank(build: Callable[[], nn.Module], config: ParallelConfig, ran
 
         before = state_bytes([_local(t) for t in (*model.parameters(), *model.buffers())] + [ids, labels])
         return measure_cpu(all_steps, before, steps)
+
+
+def measure_stage_rank(build: Callable[[], nn.Module], config: ParallelConfig, rank: int, ids: torch.Tensor,
+                       labels: torch.Tensor, *, steps: int = 3, optimizer: str = "adamw", seed: int = 0):
+    """The pipeline equivalent of ``measure_one_rank`` (``pp`` > 1): rank ``rank``'s stage (the uniform
+    split, parallel/stages.py) built from a real model and parallelized on the mesh without ``pp``,
+    trained ``steps`` steps by torch's own ``PipelineStage`` and schedule (``ScheduleGPipe`` or
+    ``Schedule1F1B``, ``return_outputs=False``) on ``ids``/``labels`` (the rank's local batch, split
+    into ``config.microbatches``), its P2P transfers and collectives on torch's ``fake`` backend.
+    The loss: ``training_loss``'s cross-entropy on the logits, per micro-batch. Each step's peak from
+    the CPU allocator's events. Returns the ``Measured`` record."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from ..capture.measure import measure_cpu, state_bytes
+    from .simulate import fake_world
+    from .stages import parallelize_stage, split_micro, stage_module
+
+    schedules = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+    if config.schedule not in schedules:
+        raise InputError(f"measure_stage_rank runs {', '.join(schedules)}, not {config.schedule}")
+    stage = rank // (config.world // config.pp)
+    with fake_world(rank, config.world):
+        torch.manual_seed(seed)
+        model = build()
+        no_kv_cache(model)
+        model.train()
+        (mid,), _ = split_micro((ids,), {}, 0, config.microbatches)
+        mod, own = stage_module(model, config, stage, (mid,), {})
+        mod.full_output = False                    # torch's stage hands the logits to the loss
+        mesh = build_mesh(config, "cpu")
+        parallelize_stage(mod, own, config, mesh)
+        dt = config.param_dtype if config.mixed_precision == "bf16" and config.dp > 1 else None
+
+        def example(metas):
+            return tuple(torch.zeros(s, dtype=dt if dt is not None and d.is_floating_point else d) for s, d in metas)
+        first, last = stage == 0, stage == config.pp - 1
+        inputs = (mid,) if first else example(mod.received_metas)
+        outputs = example(mod.sent_metas) if not last else \
+            (torch.zeros(*mid.shape, int(getattr(model.config, "vocab_size", 0)), dtype=dt or torch.float32),)
+        pipe = PipelineStage(mod, stage, config.pp, torch.device("cpu"), input_args=inputs, output_args=outputs,
+                             group=mesh["pp"].get_group())
+
+        def loss_fn(logits, target):
+            return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(0, 1))
+        sched = schedules[config.schedule](pipe, config.microbatches, loss_fn=loss_fn)
+        opt = _optimizer(optimizer, [p for p in mod.parameters() if p.requires_grad], 1e-3)
+
+        def all_steps(on_step) -> None:
+            for i in range(steps):
+                on_step(i, "begin")
+                with loss_context(config), amp_context(config, "cpu"):
+                    if first:
+                        sched.step(ids, return_outputs=False)
+                    elif last:
+                        sched.step(target=labels, return_outputs=False)
+                    else:
+                        sched.step(return_outputs=False)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                on_step(i, "end")
+
+        before = state_bytes([_local(t) for t in (*mod.parameters(), *mod.buffers())] + [ids, labels])
+        return measure_cpu(all_steps, before, steps)

@@ -51,7 +51,8 @@ from ..errors import InputError
 from ..options import ParallelConfig
 from .apply import build_mesh, loss_context, no_kv_cache, parallelize
 
-__all__ = ["RankRun", "RankTracker", "simulate_rank", "PARTS", "COMM_OPS", "meta_copy", "fake_world"]
+__all__ = ["RankRun", "RankTracker", "simulate_rank", "PARTS", "COMM_OPS", "PIPELINE", "meta_copy", "fake_world",
+           "gathered_bytes", "param_layouts", "cost_registry", "watch_fsdp"]
 
 # the breakdown of a rank's memory, in the order reports show it
 PARTS = ("sharded parameters", "gathered parameters", "gradients", "optimizer state", "activations",
@@ -64,6 +65,8 @@ COMM_OPS = frozenset({"fsdp.all_gather_copy_in", "fsdp.chunk_cat", "_c10d_functi
 _FSDP_COPIES = ("fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat")
 _WORLD_LOCK = threading.Lock()
 _GATHERED, _UNREDUCED, _COMM = "gathered", "unreduced", "comm"
+# a pipeline stage's receive buffers and the input gradients it sends back (parallel/stages.py)
+PIPELINE = "pipeline"
 # collectives whose tensors are communication buffers (FSDP2's flat all-gather output, its reduce-scatter
 # input that chunk_cat fills and the reduce-scatter's output) unless a role says more (a reduce-scatter
 # output that becomes the sharded gradients is a gradient)
@@ -120,6 +123,8 @@ class RankRun:
             return "gathered parameters"
         if b.tag == _UNREDUCED:
             return "gradients"
+        if b.tag == PIPELINE:
+            return "communication buffers"
         c = CATEGORIES[b.category]
         if c == "parameter":
             return "sharded parameters"
@@ -168,7 +173,7 @@ class RankTracker(StorageTracker):
                     b.tag = _COMM
 
 
-def _layouts(model: nn.Module) -> list:
+def param_layouts(model: nn.Module) -> list:
     """Each DTensor parameter's global shape and where it is sharded (mesh dimension name, tensor dim)."""
     out = []
     for p in model.parameters():
@@ -181,14 +186,14 @@ def _layouts(model: nn.Module) -> list:
     return out
 
 
-def _gathered_bytes(model: nn.Module) -> int:
+def gathered_bytes(model: nn.Module) -> int:
     """The bytes of the largest parameter group's gathered parameters (after a step: FSDP2 knows the
     dtype it gathers in once it has run)."""
     return max((sum(fp._orig_size.numel() * (fp.param_dtype or fp.orig_dtype).itemsize for fp in g.fsdp_params)
                 for g in _compat.fsdp_param_groups(model)), default=0)
 
 
-def _watch_fsdp(model: nn.Module, tracker: StorageTracker) -> None:
+def watch_fsdp(model: nn.Module, tracker: StorageTracker) -> None:
     """Tell the tracker when FSDP2 resizes the gathered parameters' storages, and mark the gradients
     FSDP2 reduces (the unsharded ones) as gradients."""
     for group in _compat.fsdp_param_groups(model):
@@ -236,7 +241,7 @@ def _wrap_param(fp, tracker: StorageTracker) -> None:
     fp.init_all_gather_outputs = init_all_gather_outputs
 
 
-def _registry():
+def cost_registry():
     """The default formulas, plus FSDP2's own copy ops (registered by torch when FSDP2 is imported) as
     data movement."""
     reg = default_registry().copy("parallel")
@@ -275,15 +280,15 @@ def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelC
         fake_mode = _compat.new_fake_mode(allow_non_fake_inputs=True)
         with fake_mode, eager_paths(fake_mode):
             private.to_empty(device=device)
-            _watch_fsdp(private, tracker)
+            watch_fsdp(private, tracker)
             # bf16 compute without FSDP to carry a MixedPrecisionPolicy: autocast (apply.amp_context's rule)
             amp = config.param_dtype if config.mixed_precision == "bf16" and config.dp == 1 else None
             with loss_context(config):
                 run = run_steps(private, args, kwargs, simulate=True, prepared=True, device=device, tracker=tracker,
                                 optimizer=optimizer, training=True, autocast_dtype=amp, loss_fn=loss_fn, steps=steps,
-                                accumulation=config.accumulation, options=CostOptions(registry=_registry()),
+                                accumulation=config.accumulation, options=CostOptions(registry=cost_registry()),
                                 foreach_default=foreach_default, probe_kernels=probe, attention=attention,
                                 on_step=on_step)
-            gathered = _gathered_bytes(private)
-            layouts = _layouts(private)
+            gathered = gathered_bytes(private)
+            layouts = param_layouts(private)
     return RankRun(rank, run, tracker, gathered_block=gathered, layouts=layouts)

@@ -18,6 +18,7 @@ after each backward, which is exactly the gradient of the single tied parameter.
 from __future__ import annotations
 
 import copy
+import traceback
 from typing import Any
 
 import torch
@@ -94,6 +95,7 @@ def _record(model: nn.Module, plan: StagePlan, tensors: tuple, rebuild):
     units = plan.units.units
     templates: dict[int, tuple] = {}
     boundary: dict[int, list[int]] = {}
+    metas: dict[int, list[tuple]] = {}      # the boundary tensors' (shape, dtype), per stage's first unit
     firsts = {plan.stages[s].first: s for s in range(1, plan.num_stages)}
     handles = []
     guard = StateGuard(model, inputs=tensors)
@@ -112,6 +114,7 @@ def _record(model: nn.Module, plan: StagePlan, tensors: tuple, rebuild):
         def hook(mod, a, kw):
             leaves = _compat.tree_leaves((a, kw))
             boundary[u] = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.requires_grad]
+            metas[u] = [(tuple(leaves[i].shape), leaves[i].dtype) for i in boundary[u]]
         return hook
 
     try:
@@ -127,7 +130,7 @@ def _record(model: nn.Module, plan: StagePlan, tensors: tuple, rebuild):
     finally:
         hooks.remove_all(handles)
         guard.restore()
-    return templates, boundary
+    return templates, boundary, metas
 
 
 def _stubbed(model: nn.Module, unit) -> list[str]:
@@ -139,7 +142,7 @@ class StageModule(nn.Module):
     """One stage of a module-ownership split (path b). Its parameters are its own units' only."""
 
     def __init__(self, model: nn.Module, plan: StagePlan, stage: int, tensors: tuple, rebuild,
-                 templates: dict, boundary: dict) -> None:
+                 templates: dict, boundary: dict, metas: dict | None = None) -> None:
         super().__init__()
         st = plan.stages[stage]
         units = plan.units.units
@@ -149,6 +152,13 @@ class StageModule(nn.Module):
         self.first_boundary = boundary.get(st.first, []) if stage > 0 else []
         self.needs_inputs = stage == 0 or units[st.first].needs_inputs
         self.next_boundary = boundary.get(st.last + 1, []) if stage < plan.num_stages - 1 else []
+        # (shape, dtype) of what the stage receives and of what it sends (one micro-batch, as recorded)
+        metas = metas or {}
+        self.received_metas = metas.get(st.first, []) if stage > 0 else []
+        self.sent_metas = metas.get(st.last + 1, []) if stage < plan.num_stages - 1 else []
+        # the last stage returns the model's whole output (for a loss that reads its fields) instead of
+        # main_tensor(output)
+        self.full_output = False
         self.pass_inputs = stage < plan.num_stages - 1 and any(
             units[plan.stages[t].first].needs_inputs for t in range(stage + 1, plan.num_stages))
         # zero bubble's backward for the input detaches the stage's outputs in place (torch's
@@ -192,7 +202,10 @@ class StageModule(nn.Module):
         args, kwargs = self.rebuild(inputs)
         try:
             out = self.model(*args, **kwargs)
-        except _Stop:
+        except _Stop as stop:
+            # the unwound frames (the model's forward, with its activations in its locals) stay
+            # referenced from the traceback, in a cycle only the garbage collector frees: clear them
+            traceback.clear_frames(stop.__traceback__)
             sent = tuple(self._sent)
             self._sent = []
             if self.own_outputs:
@@ -200,6 +213,8 @@ class StageModule(nn.Module):
             return sent + (tuple(inputs) if self.pass_inputs else ())
         finally:
             self._received = ()
+        if self.full_output:
+            return out
         out = main_tensor(out)
         if self.own_outputs and out._is_view():
             # the last stage's output, kept by step(return_outputs=True): torch detaches it after the
@@ -210,14 +225,16 @@ class StageModule(nn.Module):
 
 
 def build_stage_module(model: nn.Module, plan: StagePlan, stage: int, args: tuple, kwargs: dict,
-                       copy_model: bool = True) -> StageModule:
+                       copy_model: bool = True, record_on: nn.Module | None = None) -> StageModule:
     """The module of ``stage`` for path (b). ``args``/``kwargs`` are one micro-batch of inputs.
     With ``copy_model=False`` the model itself is cut down (other stages' modules replaced by stubs),
-    as on a rank that holds only its stage."""
+    as on a rank that holds only its stage. ``record_on``: a model of the same structure that runs
+    the recording forward instead of ``model`` (``model`` on the meta device, to be sharded before
+    it is materialised; ``record_on`` the same model as fake tensors)."""
     tensors, rebuild = flat_inputs(args, kwargs)
-    templates, boundary = _record(model, plan, tensors, rebuild)
+    templates, boundary, metas = _record(record_on if record_on is not None else model, plan, tensors, rebuild)
     target = copy.deepcopy(model) if copy_model else model
-    return StageModule(target, plan, stage, tensors, rebuild, templates, boundary)
+    return StageModule(target, plan, stage, tensors, rebuild, templates, boundary, metas)
 
 
 class ExportedStages:
@@ -327,7 +344,7 @@ def _verify_chain(model: nn.Module, plan: StagePlan, args: tuple, kwargs: dict, 
                 raise InputError(f"torch.export could not trace {type(model).__name__} for pipeline(): "
                                  f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
             why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
-    templates, boundary = _record(model, plan, tensors, rebuild)
+    templates, boundary, _ = _record(model, plan, tensors, rebuild)
     x: tuple = tensors
     with torch.no_grad():
         for s in range(plan.num_stages):

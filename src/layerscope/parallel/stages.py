@@ -1,0 +1,410 @@
+"""One rank of a pipeline-parallel configuration (``pp`` > 1, alone or mixed with FSDP2 and TP),
+simulated with torch's own code on fake tensors, as parallel/simulate.py does for one stage.
+
+NOT WIRED into ``layerscope.parallel`` yet (it refuses pp > 1), for three known gaps: the stage's
+recording forward fails on transformers' models (their causal-mask code reads a value a meta run does
+not have); the outputs a stage sends stay referenced to the end of the run, so later peaks count them;
+and no pp configuration has been checked against an allocator's measurement
+(``real.measure_stage_rank`` is written, never run). The hand-derived tests of a plain block model pass
+(tests/parallel/test_stages.py).
+
+The stages. The cuts are the uniform split of the model's repeated blocks (``apply.find_blocks``)
+into ``pp`` contiguous groups, the first stages taking one more block where ``pp`` does not divide
+their number (torchtitan's even split of the layers); the first stage also owns every module with
+parameters registered before the block list (the embeddings), the last stage every one registered
+after it (the final norm and the head) and the loss. Registration order stands for execution order,
+as in transformers' models. (The cost-balanced ``pipeline.partition()`` split is not used: it needs
+a captured trace of the whole model, the uniform split none.) A stage is a module-ownership stage
+(pipeline/stages.py ``build_stage_module``): the model's own forward, every module another stage
+owns replaced by a stub; the stubs' zeros of the recorded shapes are simulated like any tensor.
+
+The rank. Mesh ``[pp, dp_replicate, dp_shard, tp]``: the ranks on one ``pp`` coordinate own the same
+stage. Its stage module is parallelized with ``apply.parallelize`` on the mesh without its ``pp``
+dimension (a configuration whose ``pp`` is 1), materialised as fake tensors, then trained ``steps``
+steps: each step runs the rank's actions of the schedule (``pipeline.schedule.rank_orders``: GPipe all
+forwards then all backwards; 1F1B ``P - s`` warm-up forwards on stage s), what torch's
+``PipelineStage`` does for each:
+
+* the forward of micro-batch m: on the first stage its slice of the local batch (split along dim 0
+  into ``config.microbatches``, as torch's schedule splits it); on the others, the activation
+  received into the stage's receive buffer of micro-batch m. Its output (the last stage: its loss,
+  ``loss_fn(output)``, or ``loss_fn(output, target_m)`` with ``target``) and autograd graph stay
+  alive until the micro-batch's backward;
+* the backward: the last stage from its loss, the others from the gradient received into the grad
+  receive buffer of micro-batch m (a fake gradient of the stage output's shape). The gradient of
+  the received activation, sent back, accumulates on the receive buffer (torch's
+  ``stage_backward``) and stays until the next step clears it (``clear_runtime_states``);
+* with FSDP2, every backward runs with gradient sync and resharding off, and after the last one
+  the gradients accumulated over the micro-batches are reduce-scattered and the parameters
+  resharded (torch's ``perform_reduce_grad``); gradients are divided by the number of micro-batches
+  (``scale_grads``); then the optimizer step.
+
+The receive buffers (one per micro-batch for the activations, one per micro-batch for the
+gradients, made once as torch's stage makes them) and the input gradients sent back are the part
+"communication buffers" of the breakdown. What a real run adds and this does not: the P2P
+transfers' own buffers of the backend (NCCL's, gloo's), and the last stage's outputs kept by
+``step(return_outputs=True)`` (torchtitan steps with ``return_outputs=False``, as here).
+Interleaved and zero-bubble schedules (several stages per rank, backwards split in I and W) are not
+simulated yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .. import _compat
+from ..capture.inputs import map_tensors
+from ..capture.simulation import eager_paths
+from ..capture.state import empty_like_on
+from ..capture.step import PipelinePass, run_steps
+from ..capture.storage import StorageTracker
+from ..costs import CostOptions
+from ..errors import InputError
+from ..options import ParallelConfig, schedule_of
+from ..pipeline.schedule import rank_orders
+from ..pipeline.stages import build_stage_module
+from .apply import checkpoint_blocks, find_blocks, loss_context, no_kv_cache, parallelize
+from .simulate import (PIPELINE, RankRun, RankTracker, gathered_bytes, param_layouts, cost_registry, watch_fsdp, fake_world,
+                       meta_copy)
+
+__all__ = ["stage_blocks", "stage_plan", "stage_module", "parallelize_stage", "stage_config", "split_micro", "simulate_stage_rank",
+           "SIMULATED_SCHEDULES"]
+
+# one stage per rank, one backward per micro-batch: what rank_orders gives as F and B actions
+SIMULATED_SCHEDULES = ("gpipe", "1f1b")
+
+
+def stage_blocks(n: int, pp: int) -> list[range]:
+    """Block indices per stage: ``n`` blocks in ``pp`` contiguous groups, the first ``n % pp`` one larger."""
+    if n < pp:
+        raise InputError(f"{pp} pipeline stages need at least {pp} blocks, the model has {n}")
+    size, extra = divmod(n, pp)
+    out, at = [], 0
+    for s in range(pp):
+        k = size + (1 if s < extra else 0)
+        out.append(range(at, at + k))
+        at += k
+    return out
+
+
+@dataclass(frozen=True)
+class _Unit:
+    index: int
+    paths: tuple[str, ...]
+    needs_inputs: bool = False
+
+
+@dataclass(frozen=True)
+class _Units:
+    units: tuple[_Unit, ...]
+    ties: tuple = ()
+
+
+@dataclass(frozen=True)
+class _Stage:
+    index: int
+    first: int
+    last: int
+    rank: int
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What build_stage_module reads of a StagePlan."""
+
+    units: _Units
+    stages: tuple[_Stage, ...]
+    schedule: str
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+
+def _outer_paths(model: nn.Module, list_path: str) -> tuple[list[str], list[str]]:
+    """Modules with parameters outside the block list: those registered before it, and after it."""
+    before: list[str] = []
+    after: list[str] = []
+    seen = False
+
+    def walk(mod: nn.Module, prefix: str) -> None:
+        nonlocal seen
+        if any(True for _ in mod.parameters(recurse=False)):
+            raise InputError(f"{prefix.rstrip('.') or type(model).__name__} holds parameters of its own beside the "
+                             "block list: the pipeline's uniform split cannot give them to one stage")
+        for name, child in mod.named_children():
+            p = prefix + name
+            if p == list_path:
+                seen = True
+            elif list_path.startswith(p + "."):
+                walk(child, p + ".")
+            elif any(True for _ in child.parameters()):
+                (after if seen else before).append(p)
+    walk(model, "")
+    return before, after
+
+
+def stage_plan(model: nn.Module, pp: int, schedule: str = "1f1b") -> _Plan:
+    """The uniform split (module doc) as the plan build_stage_module takes: units [modules before the
+    blocks], block 0, ..., block n-1, [modules after]."""
+    blocks = find_blocks(model)
+    list_path = blocks[0][0].rpartition(".")[0]
+    before, after = _outer_paths(model, list_path)
+    units: list[_Unit] = []
+    if before:
+        units.append(_Unit(0, tuple(before)))
+    first_block = len(units)
+    for _, (path, _) in enumerate(blocks):
+        units.append(_Unit(len(units), (path,)))
+    if after:
+        units.append(_Unit(len(units), tuple(after)))
+    stages = []
+    for s, r in enumerate(stage_blocks(len(blocks), pp)):
+        first = 0 if s == 0 else first_block + r.start
+        last = len(units) - 1 if s == pp - 1 else first_block + r.stop - 1
+        stages.append(_Stage(s, first, last, s))
+    return _Plan(_Units(tuple(units)), tuple(stages), schedule)
+
+
+def stage_config(config: ParallelConfig) -> ParallelConfig:
+    """The configuration a stage is parallelized with: the same, its ``pp`` 1 (the mesh without ``pp``)."""
+    return dataclasses.replace(config, pp=1, gpus=config.world // config.pp, global_batch=None)
+
+
+def _sub_mesh(mesh):
+    """The mesh without its ``pp`` dimension (None when nothing is left)."""
+    if mesh is None:
+        return None
+    names = tuple(n for n in (mesh.mesh_dim_names or ()) if n != "pp")
+    return mesh[names] if names else None
+
+
+def split_micro(args: tuple, kwargs: dict, m: int, microbatches: int) -> tuple[tuple, dict]:
+    """Micro-batch ``m`` of ``microbatches``: every tensor with a dimension split along dim 0 (views,
+    as torch's schedule splits the batch), everything else as it is."""
+    def one(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() == 0:
+            return t
+        if t.shape[0] % microbatches:
+            raise InputError(f"the local batch ({t.shape[0]}) does not split into {microbatches} micro-batches evenly")
+        return t.tensor_split(microbatches)[m]
+    return map_tensors((tuple(args), dict(kwargs)), one)
+
+
+def stage_module(model: nn.Module, config: ParallelConfig, stage: int, micro_args: tuple, micro_kwargs: dict,
+                 record_on: nn.Module | None = None):
+    """``model`` cut down in place to ``stage`` of the uniform split (a StageModule wrapping it whose
+    last stage returns the model's whole output), the recording forward run on ``record_on`` (default
+    ``model``) with one micro-batch ``micro_args``/``micro_kwargs``. Returns (stage module, its own
+    blocks as (path in the stage module, module)): ``parallelize_stage`` takes both."""
+    plan = stage_plan(model, config.pp, config.schedule)
+    blocks = find_blocks(model)
+    own = [blocks[i] for i in stage_blocks(len(blocks), config.pp)[stage]]
+    mod = build_stage_module(model, plan, stage, micro_args, micro_kwargs, copy_model=False, record_on=record_on)
+    mod.full_output = True
+    return mod, [(f"model.{p}", m) for p, m in own]
+
+
+def parallelize_stage(mod: nn.Module, own: list, config: ParallelConfig, mesh) -> nn.Module:
+    """The stage module parallelized with ``stage_config(config)`` on ``mesh`` (the whole mesh, from
+    ``build_mesh(config)``) without its pp dimension; only checkpointing when that leaves one rank."""
+    sub = stage_config(config)
+    if sub.world == 1:
+        checkpoint_blocks(mod, sub, blocks=own)
+    else:
+        parallelize(mod, sub, _sub_mesh(mesh), blocks=own, tp_root="model")
+    return mod
+
+
+def _recv_dtype(dtype: torch.dtype, config: ParallelConfig) -> torch.dtype:
+    """What a boundary tensor arrives in: FSDP2's bf16 compute makes the blocks' outputs bf16; otherwise
+    as recorded (autocast keeps a residual stream in the weights' dtype)."""
+    if dtype.is_floating_point and config.mixed_precision == "bf16" and config.dp > 1:
+        return config.param_dtype
+    return dtype
+
+
+class _Tp:
+    """Between blocks, tensor parallel keeps the hidden states a DTensor (apply: sharded on the
+    sequence with sequence parallel, else replicated): received buffers are its local shard, wrapped
+    (torch's stage: ``DTensor.from_local``)."""
+
+    def __init__(self, config: ParallelConfig, mesh) -> None:
+        from torch.distributed.tensor import Replicate, Shard
+        self.mesh = mesh["tp"]
+        self.placement = Shard(1) if config.sequence_parallel else Replicate()
+        self.tp, self.coord = config.tp, self.mesh.get_local_rank()
+
+    def local_shape(self, shape: tuple) -> tuple:
+        if not self.placement.is_shard() or len(shape) < 2:
+            return shape
+        chunk = -(-shape[1] // self.tp)
+        return (shape[0], max(0, min(chunk, shape[1] - self.coord * chunk)), *shape[2:])
+
+    def wrap(self, local: torch.Tensor, shape: tuple) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+        return DTensor.from_local(local, self.mesh, [self.placement], shape=torch.Size(shape),
+                                  stride=torch.empty(shape, device="meta").stride(), run_check=False)
+
+
+class _StageRun:
+    """A stage rank's PipelinePass: its receive buffers, what it sends back, FSDP's deferred reduction."""
+
+    def __init__(self, mod, stage: int, config: ParallelConfig, tracker: StorageTracker, loss_fn, target, tp):
+        self.mod, self.stage, self.config, self.tracker = mod, stage, config, tracker
+        self.first, self.last = stage == 0, stage == config.pp - 1
+        self.m = config.microbatches
+        self.loss_fn, self.target, self.tp = loss_fn, target, tp
+        dev = torch.device("cpu")
+
+        def buffers(metas):
+            out = []
+            for _ in range(self.m):
+                row = []
+                for shape, dtype in metas:
+                    local = tp.local_shape(shape) if tp is not None else shape
+                    t = torch.empty(local, dtype=_recv_dtype(dtype, config), device=dev)
+                    b = tracker.block_of(t)
+                    if b is not None:
+                        b.tag = PIPELINE
+                    row.append((t, shape))
+                out.append(row)
+            return out
+        self.recv = buffers(mod.received_metas) if not self.first else []
+        self.grad_recv = buffers(mod.sent_metas) if not self.last else []
+        self.inputs: dict[int, list] = {}
+        from torch.distributed.fsdp import FSDPModule
+        self.fsdp = isinstance(mod, FSDPModule)
+
+    def begin(self) -> None:
+        # torch's clear_runtime_states at the start of step(): the input gradients of the last step go
+        for row in self.recv:
+            for t, _ in row:
+                t.grad = None
+
+    def forward(self, m: int, args: tuple, kwargs: dict):
+        if self.first:
+            a, k = split_micro(args, kwargs, m, self.m)
+            from ..pipeline.stages import flat_inputs
+            flat, _ = flat_inputs(a, k)
+            self.inputs[m] = []
+            return self.mod(*flat)
+        acts = []
+        for t, shape in self.recv[m]:
+            if self.tp is not None:
+                act = self.tp.wrap(t, shape).requires_grad_(t.is_floating_point())
+            else:
+                act = t.requires_grad_(t.is_floating_point())
+            acts.append(act)
+        self.inputs[m] = acts
+        return self.mod(*acts)
+
+    def loss(self, m: int, output):
+        if self.target is None:
+            from ..capture.step import default_loss
+            return (self.loss_fn or default_loss)(output)
+        if self.loss_fn is None:
+            raise InputError("a target needs a loss_fn(output, target)")
+        tm = split_micro((self.target,), {}, m, self.m)[0][0]
+        return self.loss_fn(output, tm)
+
+    def backward(self, m: int, held) -> None:
+        if self.fsdp:
+            self.mod.set_is_last_backward(False)
+            self.mod.set_reshard_after_backward(False)
+            self.mod.set_requires_gradient_sync(False)
+        if self.last:
+            held.backward()
+        else:
+            outs = [t for t in (held if isinstance(held, tuple) else (held,))[:len(self.grad_recv[m])]]
+            grads = []
+            for o, (g, shape) in zip(outs, self.grad_recv[m]):
+                if self.tp is not None and hasattr(o, "placements"):
+                    from torch.distributed.tensor import DTensor
+                    g = DTensor.from_local(g, o.device_mesh, o.placements, shape=o.shape, stride=o.stride(),
+                                           run_check=False)
+                grads.append(g)
+            pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        for act in self.inputs.pop(m, []):
+            if act.grad is not None:
+                b = self.tracker.block_of(act.grad)
+                if b is not None:
+                    b.tag = PIPELINE
+            if self.tp is not None:
+                act.grad = None          # a DTensor's gradient is sent and dropped (torch's bwd_cache)
+
+    def end(self) -> None:
+        _compat.fsdp_reduce_grads(self.mod)
+        if self.m != 1:
+            with torch.no_grad():
+                for p in self.mod.parameters():
+                    if p.grad is not None:
+                        p.grad.div_(self.m)
+
+    def as_pass(self, actions) -> PipelinePass:
+        return PipelinePass(actions=tuple(actions), forward=self.forward, backward=self.backward,
+                            loss=self.loss if self.last else None, begin=self.begin, end=self.end)
+
+
+def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, rank: int, *,
+                        optimizer: Callable | None, steps: int, loss_fn: Callable | None, block_size=None,
+                        foreach_default: bool = False, gloo: bool = False, probe: bool = False, target=None,
+                        attention=None, on_step: Callable[[int, str], None] | None = None) -> RankRun:
+    """Simulate global rank ``rank`` of ``config`` (``pp`` > 1) training ``model``: its stage (the
+    rank's ``pp`` coordinate) on ``args``/``kwargs``, the rank's LOCAL batch (all micro-batches; split
+    into ``config.microbatches`` along dim 0 here). ``loss_fn(output)`` on the last stage's output of
+    each micro-batch (default: its ``loss``, or the sum of its outputs); with ``target`` (a tensor of
+    the local batch, split alike) ``loss_fn(output, target_m)``, as torch's schedule calls it.
+    Returns the RankRun rank_memory() reads (the receive buffers and the gradients sent back in the
+    part "communication buffers")."""
+    import torch.distributed.fsdp  # noqa: F401  (registers FSDP2's ops before the registry is copied)
+    from .apply import build_mesh
+    if config.pp < 2:
+        raise InputError("simulate_stage_rank simulates a pipeline stage: pp must be 2 or more (simulate_rank "
+                         "does pp = 1)")
+    if schedule_of(config.schedule).multi or config.schedule not in SIMULATED_SCHEDULES:
+        raise InputError(f"the {config.schedule} schedule is not simulated per rank yet: "
+                         f"{', '.join(SIMULATED_SCHEDULES)} are")
+    if not 0 <= rank < config.world:
+        raise InputError(f"rank {rank} is not in the configuration's {config.world} ranks")
+    stage = rank // (config.world // config.pp)
+    dtype = torch.float32 if config.mixed_precision == "bf16" else config.model_dtype
+    device = torch.device("cpu")
+    tracker = RankTracker(block_size, gloo=gloo)
+    actions = [(a.kind, a.microbatch) for a in rank_orders(config.schedule, config.pp, config.microbatches)[stage]]
+    with fake_world(rank, config.world):
+        private = meta_copy(model, dtype)
+        no_kv_cache(private)
+        probe_model = meta_copy(model, dtype)
+        no_kv_cache(probe_model)
+        mesh = build_mesh(config, device.type)
+        fake_mode = _compat.new_fake_mode(allow_non_fake_inputs=True)
+        with fake_mode, eager_paths(fake_mode):
+            probe_model.to_empty(device=device)
+            fa, fk = map_tensors((tuple(args), dict(kwargs)), lambda t: empty_like_on(t, device))
+            ma, mk = split_micro(fa, fk, 0, config.microbatches)
+            probe_model.train()
+            mod, own = stage_module(private, config, stage, ma, mk, record_on=probe_model)
+            del probe_model, fa, fk, ma, mk
+        parallelize_stage(mod, own, config, mesh)
+        with fake_mode, eager_paths(fake_mode):
+            mod.to_empty(device=device)
+            watch_fsdp(mod, tracker)
+            tp = _Tp(config, mesh) if config.tp > 1 else None
+            runner = _StageRun(mod, stage, config, tracker, loss_fn, target, tp)
+            amp = config.param_dtype if config.mixed_precision == "bf16" and config.dp == 1 else None
+            with loss_context(config):
+                run = run_steps(mod, args, kwargs, simulate=True, prepared=True, device=device, tracker=tracker,
+                                optimizer=optimizer, training=True, autocast_dtype=amp, loss_fn=loss_fn, steps=steps,
+                                accumulation=config.accumulation, options=CostOptions(registry=cost_registry()),
+                                foreach_default=foreach_default, probe_kernels=probe, attention=attention,
+                                on_step=on_step, pipeline=runner.as_pass(actions))
+            gathered = gathered_bytes(mod)
+            layouts = param_layouts(mod)
+    return RankRun(rank, run, tracker, gathered_block=gathered, layouts=layouts)

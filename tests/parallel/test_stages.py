@@ -1,0 +1,93 @@
+"""Pipeline stages in the per-rank simulation (parallel/stages.py): a rank's schedule run on fake tensors.
+Expected values derived by hand beside each assertion."""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from layerscope.errors import InputError
+from layerscope.options import ParallelConfig
+from layerscope.parallel.stages import simulate_stage_rank, stage_blocks
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(64, 256)
+        self.fc2 = nn.Linear(256, 64)
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(32, 64)
+        self.layers = nn.ModuleList([Block() for _ in range(4)])
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for b in self.layers:
+            x = b(x)
+        return self.head(x)
+
+
+# One micro-batch is 256 / 4 = 64 rows. Stage 0 owns embed and blocks 0-1; per micro-batch its forward
+# keeps for backward: the embedding's output (block 0's fc1 input, 64x64 fp32 = 16,384 B), per block
+# the ReLU's output (fc2's input and the ReLU's own saved result, 64x256x4 = 65,536 B) and the block's
+# output into the next block (16,384 B; the second block's output is the stage output, an output, not
+# an activation): 16,384 + 65,536 + 16,384 + 65,536 = 163,840 B per micro-batch.
+PER_MICRO = 163_840
+
+
+def _max_part(rr, part):
+    n = rr.tracker.clock + 1
+    diff = [0] * (n + 2)
+    for b in rr.tracker.blocks:
+        if rr.part(b) != part or not b.nbytes:
+            continue
+        a, f = max(b.alloc, 0), (n - 1 if b.free is None else b.free)
+        diff[a] += b.nbytes
+        diff[f + 1] -= b.nbytes
+    best = run = 0
+    for d in diff:
+        run += d
+        best = max(best, run)
+    return best
+
+
+@pytest.mark.parametrize("schedule,held", [("gpipe", 4), ("1f1b", 2)])
+def test_first_stage_holds_the_schedules_micro_batches(schedule, held):
+    torch.manual_seed(0)
+    m, x = Net(), torch.randn(256, 32)
+    cfg = ParallelConfig(gpus=2, pp=2, schedule=schedule, microbatches=4, mixed_precision="off")
+    rr = simulate_stage_rank(m, (x,), {}, cfg, 0, optimizer=lambda p: torch.optim.SGD(p, lr=0.1), steps=1,
+                             loss_fn=None)
+    assert not dist.is_initialized()
+    # GPipe: all 4 forwards before the first backward; 1F1B on stage 0 of 2: P - s = 2 warm-up forwards
+    assert _max_part(rr, "activations") == held * PER_MICRO
+    # stage 0 receives the gradients of its output: one 64x64 fp32 buffer per micro-batch, made once
+    assert _max_part(rr, "communication buffers") == 4 * 64 * 64 * 4
+    # its parameters: embed 32x64 + 64, two blocks 2 x 33,088 -> (2,112 + 66,176) x 4 B
+    assert sum(b.nbytes for b in rr.tracker.blocks if rr.part(b) == "sharded parameters") == (2_112 + 66_176) * 4
+
+
+def test_last_stage_sends_input_gradients_back():
+    m, x = Net(), torch.randn(256, 32)
+    cfg = ParallelConfig(gpus=2, pp=2, schedule="gpipe", microbatches=4, mixed_precision="off")
+    rr = simulate_stage_rank(m, (x,), {}, cfg, 1, optimizer=None, steps=1, loss_fn=None)
+    # 4 receive buffers of 64x64 fp32, and the 4 input gradients sent back, kept on them to the next step
+    assert _max_part(rr, "communication buffers") == 8 * 64 * 64 * 4
+
+
+def test_uniform_split_and_refusals():
+    assert [list(r) for r in stage_blocks(5, 2)] == [[0, 1, 2], [3, 4]]
+    with pytest.raises(InputError, match="at least"):
+        stage_blocks(1, 2)
+    m, x = Net(), torch.randn(8, 32)
+    with pytest.raises(InputError, match="not simulated per rank yet"):
+        simulate_stage_rank(m, (x,), {}, ParallelConfig(gpus=2, pp=2, schedule="interleaved", microbatches=2), 0,
+                            optimizer=None, steps=1, loss_fn=None)
