@@ -11,14 +11,7 @@ from layerscope.options import ParallelConfig
 from layerscope.parallel.stages import simulate_stage_rank, stage_blocks
 
 
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(64, 256)
-        self.fc2 = nn.Linear(256, 64)
-
-    def forward(self, x):
-        return x + self.fc2(torch.relu(self.fc1(x)))
+from .test_simulate import Block   # noqa: E402  (the same block: 64 -> 256 -> 64 with a residual)
 
 
 class Net(nn.Module):

@@ -52,7 +52,7 @@ from ..options import ParallelConfig
 from .apply import build_mesh, loss_context, no_kv_cache, parallelize
 
 __all__ = ["RankRun", "RankTracker", "simulate_rank", "PARTS", "COMM_OPS", "PIPELINE", "meta_copy", "fake_world",
-           "gathered_bytes", "param_layouts", "cost_registry", "watch_fsdp"]
+           "gathered_bytes", "param_layouts", "cost_registry", "watch_fsdp", "train_fake"]
 
 # the breakdown of a rank's memory, in the order reports show it
 PARTS = ("sharded parameters", "gathered parameters", "gradients", "optimizer state", "activations",
@@ -252,6 +252,22 @@ def cost_registry():
     return reg
 
 
+def train_fake(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, tracker: StorageTracker, device,
+               *, optimizer, steps: int, loss_fn, foreach_default: bool, probe: bool, attention, on_step,
+               pipeline=None) -> StepRun:
+    """``steps`` training steps of a sharded private copy already materialised as fake tensors (in the
+    active FakeTensorMode), through memory()'s step loop: the loss under torch's loss_parallel when
+    tensor parallel shards the vocabulary, bf16 compute without FSDP as autocast (apply.amp_context's
+    rule). ``pipeline``: a pipeline rank's actions (parallel/stages.py)."""
+    amp = config.param_dtype if config.mixed_precision == "bf16" and config.dp == 1 else None
+    with loss_context(config):
+        return run_steps(model, args, kwargs, simulate=True, prepared=True, device=device, tracker=tracker,
+                         optimizer=optimizer, training=True, autocast_dtype=amp, loss_fn=loss_fn, steps=steps,
+                         accumulation=config.accumulation, options=CostOptions(registry=cost_registry()),
+                         foreach_default=foreach_default, probe_kernels=probe, attention=attention, on_step=on_step,
+                         pipeline=pipeline)
+
+
 def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, rank: int, *,
                   optimizer: Callable | None, steps: int, loss_fn: Callable | None, block_size=None,
                   foreach_default: bool = False, attention=None, gloo: bool = False, probe: bool = False,
@@ -281,14 +297,9 @@ def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelC
         with fake_mode, eager_paths(fake_mode):
             private.to_empty(device=device)
             watch_fsdp(private, tracker)
-            # bf16 compute without FSDP to carry a MixedPrecisionPolicy: autocast (apply.amp_context's rule)
-            amp = config.param_dtype if config.mixed_precision == "bf16" and config.dp == 1 else None
-            with loss_context(config):
-                run = run_steps(private, args, kwargs, simulate=True, prepared=True, device=device, tracker=tracker,
-                                optimizer=optimizer, training=True, autocast_dtype=amp, loss_fn=loss_fn, steps=steps,
-                                accumulation=config.accumulation, options=CostOptions(registry=cost_registry()),
-                                foreach_default=foreach_default, probe_kernels=probe, attention=attention,
-                                on_step=on_step)
+            run = train_fake(private, args, kwargs, config, tracker, device, optimizer=optimizer, steps=steps,
+                             loss_fn=loss_fn, foreach_default=foreach_default, probe=probe, attention=attention,
+                             on_step=on_step)
             gathered = gathered_bytes(private)
             layouts = param_layouts(private)
     return RankRun(rank, run, tracker, gathered_block=gathered, layouts=layouts)

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from torch import nn
@@ -61,16 +61,15 @@ from .. import _compat
 from ..capture.inputs import map_tensors
 from ..capture.simulation import eager_paths
 from ..capture.state import empty_like_on
-from ..capture.step import PipelinePass, run_steps
+from ..capture.step import PipelinePass
 from ..capture.storage import StorageTracker
-from ..costs import CostOptions
 from ..errors import InputError
 from ..options import ParallelConfig, schedule_of
 from ..pipeline.schedule import rank_orders
 from ..pipeline.stages import build_stage_module
-from .apply import checkpoint_blocks, find_blocks, loss_context, no_kv_cache, parallelize
-from .simulate import (PIPELINE, RankRun, RankTracker, gathered_bytes, param_layouts, cost_registry, watch_fsdp, fake_world,
-                       meta_copy)
+from .apply import checkpoint_blocks, find_blocks, no_kv_cache, parallelize
+from .simulate import (PIPELINE, RankRun, RankTracker, fake_world, gathered_bytes, meta_copy, param_layouts,
+                       train_fake, watch_fsdp)
 
 __all__ = ["stage_blocks", "stage_plan", "stage_module", "parallelize_stage", "stage_config", "split_micro", "simulate_stage_rank",
            "SIMULATED_SCHEDULES"]
@@ -398,13 +397,9 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
             watch_fsdp(mod, tracker)
             tp = _Tp(config, mesh) if config.tp > 1 else None
             runner = _StageRun(mod, stage, config, tracker, loss_fn, target, tp)
-            amp = config.param_dtype if config.mixed_precision == "bf16" and config.dp == 1 else None
-            with loss_context(config):
-                run = run_steps(mod, args, kwargs, simulate=True, prepared=True, device=device, tracker=tracker,
-                                optimizer=optimizer, training=True, autocast_dtype=amp, loss_fn=loss_fn, steps=steps,
-                                accumulation=config.accumulation, options=CostOptions(registry=cost_registry()),
-                                foreach_default=foreach_default, probe_kernels=probe, attention=attention,
-                                on_step=on_step, pipeline=runner.as_pass(actions))
+            run = train_fake(mod, args, kwargs, config, tracker, device, optimizer=optimizer, steps=steps,
+                             loss_fn=loss_fn, foreach_default=foreach_default, probe=probe, attention=attention,
+                             on_step=on_step, pipeline=runner.as_pass(actions))
             gathered = gathered_bytes(mod)
             layouts = param_layouts(mod)
     return RankRun(rank, run, tracker, gathered_block=gathered, layouts=layouts)
