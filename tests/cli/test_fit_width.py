@@ -1,8 +1,8 @@
 """Issue 34, item 6: every view fits the terminal at 80 and 120 columns. Each command runs with a
 terminal for its standard output (a text stream whose ``isatty()`` is true, COLUMNS set, as a
 shell gives it) and no line it prints is wider than COLUMNS: each subcommand's ``--help``,
-``list-presets``, the ``onnx`` tables, ``split``, ``compare``, ``summary``, ``memory`` and
-``profile``."""
+``list-presets``, the ``onnx`` tables, ``split``, ``compare``, ``summary``, ``memory``, ``profile`` and
+``parallel``."""
 
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ def small_onnx(tmp_path_factory):
     return str(path)
 
 
-COMMANDS = ["summary", "memory", "profile", "split", "onnx", "onnx-tile", "report", "compare", "list-presets"]
+COMMANDS = ["summary", "memory", "profile", "split", "onnx", "onnx-tile", "report", "compare", "list-presets",
+            "parallel"]
 VIEWS = {
     **{f"{c} --help": [c, "--help"] for c in COMMANDS},
     "--help": ["--help"],
@@ -52,6 +53,7 @@ VIEWS = {
     "split": ["split", "layerscope.examples:tiny_gpt", "--stages", "2", "--microbatches", "2", "--batch-size", "2",
               "--memory-limit", "64MiB"],
     "compare": ["compare", "layerscope.examples:tiny_gpt", "layerscope.examples:small_cnn", "--depth", "1"],
+    "parallel": ["parallel", "layerscope.examples:tiny_gpt", "--gpus", "2", "--gpu", "H100"],
 }
 
 
