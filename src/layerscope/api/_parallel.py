@@ -57,7 +57,9 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     ``accumulation``, ``global_batch``, ``gpus_per_node``. The run: ``steps`` (2), ``loss_fn``,
     ``input_size``/``dtypes`` (example inputs built as analyze() does), ``device`` (the ranks' device:
     "cuda", the default, rounds to 512-byte allocator blocks and adds the estimates of NCCL's buffers
-    and FSDP2's prefetch; "cpu": gloo ranks, as on this machine), ``progress``. ``gpu`` names the GPU
+    and FSDP2's prefetch; "cpu": gloo ranks, as on this machine), ``backend`` (default nccl for cuda,
+    gloo for cpu: gloo's all-gathers copy through a flat buffer of their own; "fake": no backend buffers,
+    to compare with a real step on torch's fake backend), ``progress``. ``gpu`` names the GPU
     (its memory is the limit unless ``memory_limit`` is given). Other keywords go to the forward (a
     forward argument named like an option: ``forward_kwargs={...}``). With every degree 1 nothing is
     wrapped, and the figures are ``memory()``'s for the same model, dtypes and options.

@@ -19,13 +19,17 @@ What the tracker cannot see by itself, and how it is seen:
 * A collective inside DTensor's own dispatch (a redistribution an op's sharding needs) runs below the
   recorder; the parallel styles' input and output redistributions run above it and are recorded.
 
-Ranks that play the same role have the same storages: FSDP2 pads every shard to the same size, so
-the data-parallel ranks are one simulation; tensor-parallel ranks differ only where a sharded
-dimension does not divide evenly, and then each tensor-parallel coordinate is simulated.
+Ranks whose shards have the same sizes hold the same storages and are simulated once
+(results.roles: torch's chunking of every sharded dimension, per rank); where a dimension does not
+divide evenly, each distinct rank is simulated (FSDP2 pads every parameter shard's storage to the same
+size, but the optimizer's state follows the unpadded shard).
 
-The process group is process-wide state in torch (``torch.distributed``'s default group): the
-simulation creates the fake one only when none exists, holds a lock while it lives, and destroys it
-after, whatever happens; inside a job that already has a process group it refuses.
+Deliberate departures from "no process-wide switch": the process group is process-wide state in torch
+(``torch.distributed``'s default group), so the simulation creates the fake one only when none exists,
+holds a lock while it lives, and destroys it after, whatever happens (inside a job that already has a
+process group it refuses); and the three torch warnings about the simulation's own CPU mesh and
+saved-tensor hook are filtered with ``warnings.catch_warnings`` while it runs, which Python keeps
+process-wide.
 """
 
 from __future__ import annotations

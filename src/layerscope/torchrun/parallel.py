@@ -30,6 +30,11 @@ FP32_LOSS_RTOL = 1e-5
 BF16_LOSS_RTOL = 1e-2
 
 
+# what a rendezvous or a gloo connection that lost a race for a port says
+_NETWORK_ERRORS = ("Address already in use", "EADDRINUSE", "Connection refused", "Connection reset",
+                   "DistNetworkError", "Broken pipe", "Connection closed by peer", "Socket Timeout")
+
+
 def _build(spec: str, overrides: dict, model_dtype: str | None, head: str | None):
     from ..specs import build_model
     return build_model(spec, "cpu", overrides or {}, head, dtype=model_dtype).model
@@ -123,13 +128,20 @@ def launch_parallel(spec: str, config: ParallelConfig, *, input_ids: tuple[int, 
             del model
         finally:
             torch.set_num_threads(threads)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
-               "--master_port", str(_free_port()), "-m", "layerscope.torchrun", cfg_path]
         env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // procs)))
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-        except subprocess.TimeoutExpired:
-            raise InputError(f"the parallel run ({config.label()}) did not finish in {timeout:g} s") from None
+        for attempt in range(3):
+            # the port is free when chosen, not always when torchrun binds it (another process, or a
+            # gloo connection of the run before, may take it in between): a rendezvous that fails on
+            # the network is tried again on another port
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
+                   "--master_port", str(_free_port()), "-m", "layerscope.torchrun", cfg_path]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+            except subprocess.TimeoutExpired:
+                raise InputError(f"the parallel run ({config.label()}) did not finish in {timeout:g} s") from None
+            text = proc.stderr or proc.stdout or ""
+            if proc.returncode == 0 or not any(m in text for m in _NETWORK_ERRORS):
+                break
         if proc.returncode != 0:
             raise InputError(f"the parallel run ({config.label()}) failed (torchrun exit {proc.returncode}): "
                              + _one_line(_worker_error(proc.stderr or proc.stdout or "")))
