@@ -14,7 +14,7 @@ from .errors import InputError
 __all__ = ["Mode", "Causal", "Schedule", "AnalyzeOptions", "MemoryOptions", "ProfileOptions", "OnnxOptions",
            "TileOptions", "PartitionOptions", "PipelineSchedule", "SCHEDULES", "schedule_of", "entry_options", "LAUNCHER_FIELDS",
            "forward_inputs", "optimizers", "optimizer_factory", "parse_autocast", "optimizer_name", "iec",
-           "parse_bytes", "parse_bandwidth", "ParallelConfig", "AcMode", "Precision", "parse_dtype_name"]
+           "parse_bytes", "parse_bandwidth", "ParallelConfig", "AcMode", "Precision", "parse_dtype_name", "DTYPES", "dtype_short"]
 
 Mode = Literal["eval", "train", "same"]          # the model's flags for the run ("same": as they are)
 Causal = Literal["dense", "unmasked"]            # causal attention as the kernel computes it, or its half
@@ -172,8 +172,16 @@ def forward_inputs(kwargs: dict, forward_kwargs: dict | None) -> dict:
     return {**kwargs, **forward_kwargs}
 
 
-_AUTOCAST = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-             "float16": torch.float16, "half": torch.float16}
+# the floating-point dtypes options name, by every name they take (model, reduction and autocast dtypes)
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "float": torch.float32, "bf16": torch.bfloat16,
+          "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16, "half": torch.float16}
+_SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_AUTOCAST = {k: v for k, v in DTYPES.items() if v is not torch.float32}
+
+
+def dtype_short(dtype: torch.dtype) -> str:
+    """``fp32``, ``bf16`` or ``fp16`` (another dtype: its torch name)."""
+    return _SHORT.get(dtype, str(dtype).replace("torch.", ""))
 
 
 def optimizers() -> dict[str, type]:
@@ -421,15 +429,12 @@ LAUNCHER_FIELDS = ("overrides", "head", "input_ids", "model_dtype", "allow_pickl
 
 AcMode = Literal["none", "full", "selective-layer", "selective-op"]
 Precision = Literal["bf16", "off"]
-_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-           "fp16": torch.float16, "float16": torch.float16}
-
 
 def parse_dtype_name(value, what: str) -> torch.dtype:
     """A dtype from ``fp32``/``bf16``/``fp16`` (or their long names, or a torch.dtype)."""
     if isinstance(value, torch.dtype):
         return value
-    found = _DTYPES.get(str(value).lower().replace("torch.", ""))
+    found = DTYPES.get(str(value).lower().replace("torch.", ""))
     if found is None:
         raise InputError(f"{what} must be fp32, bf16 or fp16, got {value!r}")
     return found

@@ -27,6 +27,7 @@ from torch import nn
 
 from .capture.inputs import make_inputs
 from .errors import SpecError
+from .options import DTYPES
 
 __all__ = ["BuiltModel", "build_model", "parse_overrides", "token_ids", "HEADS", "presets", "model_dtype",
            "MODEL_DTYPES", "weight_bytes", "available_bytes", "check_fits"]
@@ -50,9 +51,7 @@ class BuiltModel:
 
 
 # --model-dtype / build_model(dtype=...): the dtype the model's floating-point weights are built in
-MODEL_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-                "float16": torch.float16, "half": torch.float16, "fp32": torch.float32,
-                "float32": torch.float32, "float": torch.float32}
+MODEL_DTYPES = DTYPES
 
 # config keys that name the weights' dtype: transformers reads them only in from_pretrained, so a
 # --set of them would be silently ignored by a model built from its config

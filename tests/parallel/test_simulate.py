@@ -141,3 +141,38 @@ def test_cli_parallel(capsys):
     assert "fsdp 4, tp 1, pp 1" in out and "all-gather (fsdp, 4)" in out and "NCCL~" in " ".join(out.split())
     assert main(["parallel", "hf:LlamaConfig", "--input-ids", "2,32", "--gpus", "3", "--tp", "2", "-q"]) == 1
     assert "multiple of" in capsys.readouterr().err
+
+
+def test_the_model_comes_out_unchanged_from_every_path():
+    # tensor parallel with selective checkpointing (transformers' Llama, its use_cache on), one device
+    # with checkpointing, and a configuration refused after the meta copy was made
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=128)
+    m = transformers.LlamaForCausalLM(cfg)
+    m.register_forward_hook(lambda *a: None)
+    odd = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=127))
+    ids = torch.randint(0, 127, (2, 16))
+    before, before_odd = snapshot(m), snapshot(odd)
+    layerscope.parallel(m, input_ids=ids, labels=ids, gpus=4, tp=2, ac="selective-op", device="cpu")
+    layerscope.parallel(m, input_ids=ids, labels=ids, gpus=1, ac="full", device="cpu")
+    with pytest.raises(InputError, match="vocabulary"):
+        layerscope.parallel(odd, input_ids=ids, labels=ids, gpus=2, tp=2)
+    assert_unchanged(before, m)
+    assert_unchanged(before_odd, odd)
+    assert m.config.use_cache and not dist.is_initialized()
+
+
+def test_estimate_lines_by_hand():
+    # on CUDA ranks: FSDP2's prefetch keeps one more block gathered than a one-stream run shows -- the
+    # largest group's gathered bytes, a block's 132,352 B in fp32 (mixed precision off); NCCL's buffers:
+    # 16 channels x 4 MiB per communicator, one communicator (the dp_shard dimension): 67,108,864 B
+    r = layerscope.parallel(Net(), torch.randn(8, 64), gpus=4, mixed_precision="off", gpu="H100").plan.ranks[0]
+    assert r.breakdown["prefetch in flight (estimate)"] == BLOCK_B
+    assert r.breakdown["NCCL buffers (estimate)"] == 16 * 4 * 2**20
+    assert r.peak_bytes == r.simulated_peak_bytes + BLOCK_B + 16 * 4 * 2**20
+    # CPU ranks (gloo) have neither
+    c = layerscope.parallel(Net(), torch.randn(8, 64), gpus=4, mixed_precision="off", device="cpu").plan.ranks[0]
+    assert c.peak_bytes == c.simulated_peak_bytes

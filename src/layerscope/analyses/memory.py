@@ -17,7 +17,7 @@ from ..trace import BACKWARD
 if TYPE_CHECKING:
     from ..capture.step import StepRun
 
-__all__ = ["memory_results", "live_bytes", "CallMemory", "MemoryLayer", "PhaseSpan", "StepMemory", "Marker",
+__all__ = ["memory_results", "live_bytes", "layer_at", "CallMemory", "MemoryLayer", "PhaseSpan", "StepMemory", "Marker",
            "Timeline"]
 
 
@@ -121,12 +121,13 @@ _ACTIVATION = CATEGORIES.index("activation")
 _OUTPUT = CATEGORIES.index("output")
 
 
-def live_bytes(blocks, n_ops: int):
+def live_bytes(blocks, n_ops: int, groups: int = len(CATEGORIES), group_of=None):
     """(during, allocs_at, frees_at): ``during[c][t]`` live bytes of category c during op t; per-op
-    totals of bytes allocated at t and freed right after t. Plain Python (no tensors), so it runs the
-    same inside a user's FakeTensorMode."""
+    totals of bytes allocated at t and freed right after t. ``groups``/``group_of(block)``: other
+    groups than the categories (parallel/: the parts of a rank's memory). Plain Python (no tensors),
+    so it runs the same inside a user's FakeTensorMode."""
     n = max(n_ops, 1)
-    diff = [[0] * (n + 1) for _ in CATEGORIES]
+    diff = [[0] * (n + 1) for _ in range(groups)]
     allocs = [0] * n
     frees = [0] * n
     for b in blocks:
@@ -134,7 +135,7 @@ def live_bytes(blocks, n_ops: int):
         f = n - 1 if b.free is None else b.free
         if f < a or not b.nbytes:
             continue
-        row = diff[b.category]
+        row = diff[b.category if group_of is None else group_of(b)]
         row[a] += b.nbytes
         row[f + 1] -= b.nbytes
         if b.alloc >= 0:
@@ -143,6 +144,14 @@ def live_bytes(blocks, n_ops: int):
             frees[f] += b.nbytes
     during = [list(accumulate(row[:n])) for row in diff]
     return during, allocs, frees
+
+
+def layer_at(run: "StepRun", t: int) -> str | None:
+    """The module path running at global op ``t`` ("" the root), or None outside every pass."""
+    for p in run.passes:
+        if p.offset <= t < p.offset + len(p.trace.ops):
+            return p.trace.layers[p.trace.ops[t - p.offset].layer].path
+    return None
 
 
 def memory_results(run: "StepRun", model, *, options: dict, measured=None, notes=()) -> dict[str, Any]:
@@ -159,12 +168,6 @@ def memory_results(run: "StepRun", model, *, options: dict, measured=None, notes
             op_step[t] = step
             op_phase[t] = phase
 
-    def layer_at(t: int) -> str | None:
-        for p in run.passes:
-            if p.offset <= t < p.offset + len(p.trace.ops):
-                return p.trace.layers[p.trace.ops[t - p.offset].layer].path
-        return None
-
     static = {c: 0 for c in CATEGORIES}
     for b in tracker.blocks:
         if b.alloc < 0 and (b.free is None or b.free >= 0):
@@ -178,7 +181,7 @@ def memory_results(run: "StepRun", model, *, options: dict, measured=None, notes
         phases = tuple(PhaseSpan(s, ph, a, z, max(total[a:z + 1]) if z >= a else 0)
                        for s, ph, a, z in run.phase_ranges if s == i)
         steps.append(StepMemory(
-            step=i, peak_bytes=total[t], peak_op=t, peak_phase=op_phase[t], peak_layer=layer_at(t),
+            step=i, peak_bytes=total[t], peak_op=t, peak_phase=op_phase[t], peak_layer=layer_at(run, t),
             breakdown={c: during[k][t] for k, c in enumerate(CATEGORIES)},
             start_bytes=total[first] - allocs[first], end_bytes=total[last] - frees[last],
             phases=phases))

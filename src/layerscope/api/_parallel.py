@@ -10,14 +10,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..capture.attention import router_for
+from ..capture.attention import resolve_gpu, router_for
 from ..capture.guard import gc_paused
 from ..capture.prepare import check_model, example_inputs, materialize_lazy
 from ..capture.storage import cuda_block_size
 from ..capture.inputs import iter_tensors
 from ..errors import ForwardError, InputError
 from ..formats.exported import refuse_exported
-from ..options import MemoryOptions, ParallelConfig, optimizer_factory, optimizer_name
+from ..options import MemoryOptions, ParallelConfig, dtype_short, optimizer_factory, optimizer_name
 from ..parallel.results import ParallelPlan, RankMemory, mesh_coords, rank_memory, roles
 from ..parallel.apply import checkpoint_blocks, no_kv_cache
 from ..parallel.simulate import meta_copy, simulate_rank
@@ -28,7 +28,6 @@ from ._memory import memory_with
 
 __all__ = ["parallel"]
 
-_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def _local_batch(args: tuple, kwargs: dict) -> int | None:
@@ -76,6 +75,9 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
         run[k] for k in ("steps", "loss_fn", "input_size", "dtypes", "device", "progress", "backend"))
     check_model(model)
     refuse_exported(model, "parallel")
+    if config.pp > 1:
+        raise InputError("pipeline stages (pp > 1) are not simulated per rank yet: `layerscope split` plans "
+                         "the pipeline on its own")
     if device not in ("cuda", "cpu"):
         raise InputError(f"device is the ranks' device, cuda or cpu, got {device!r}")
     backend = backend or _BACKENDS.get(device, ("",))[0]
@@ -90,22 +92,19 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
         else config
     factory = optimizer_factory(optimizer)
     cuda = device == "cuda"
-    router = router_for(gpu, "auto", simulated=True, cuda_target=cuda, autocast_device="cpu")
-    limit = parse_bytes(memory_limit) if memory_limit is not None else \
-        (router.gpu.memory if router is not None and gpu is not None else None)
-    options = {"device": device, "backend": backend, "gpu": router.gpu.name if router is not None and gpu is not None else None,
+    named = resolve_gpu(gpu) if gpu is not None else None
+
+    def new_router():      # one per simulated rank: each counts its own SDPA calls
+        return router_for(gpu, "auto", simulated=True, cuda_target=cuda, autocast_device="cpu")
+    limit = parse_bytes(memory_limit) if memory_limit is not None else (named.memory if named is not None else None)
+    options = {"device": device, "backend": backend, "gpu": named.name if named is not None else None,
                "optimizer": optimizer_name(factory), "steps": steps, "allocation_block": 512 if cuda else 1}
     notes: list[str] = []
     if config.trivial:
         plan, notes = _one_device(model, args, kwargs, config, factory, steps, loss_fn, cuda, gpu)
     else:
-        if config.pp > 1:
-            raise InputError("pipeline stages (pp > 1) are not simulated per rank yet: `layerscope split` plans "
-                             "the pipeline on its own")
         ranks, rr, roles_of, router = _simulate(model, args, kwargs, config, factory, steps, loss_fn, cuda,
-                                                backend,
-                                                lambda: router_for(gpu, "auto", simulated=True, cuda_target=cuda),
-                                                progress)
+                                                backend, new_router, progress)
         plan = _plan(config, ranks)
         if len(roles_of) == 1:
             notes.append(f"every rank holds the same shard sizes: rank 0 was simulated for all {config.world}")
@@ -178,8 +177,7 @@ def _plan(config: ParallelConfig, ranks: tuple[RankMemory, ...]) -> ParallelPlan
         ac=config.ac + (f":{config.ac_every}" if config.ac == "selective-layer" else ""),
         microbatches=config.microbatches, accumulation=config.accumulation, local_batch=config.local_batch,
         global_batch=config.global_batch, mixed_precision=config.mixed_precision,
-        reduce_dtype=_DTYPE_NAMES.get(config.reduce_dtype, str(config.reduce_dtype)),
-        model_dtype=_DTYPE_NAMES.get(config.model_dtype, str(config.model_dtype)),
+        reduce_dtype=dtype_short(config.reduce_dtype), model_dtype=dtype_short(config.model_dtype),
         reshard_after_forward=config.reshard_after_forward, fits=None, limit_bytes=None, peak_bytes=peak,
         over_bytes=0, ranks=ranks)
 

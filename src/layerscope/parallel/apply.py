@@ -494,8 +494,9 @@ def no_kv_cache(model: nn.Module) -> bool:
 # ---- names -------------------------------------------------------------------------------------------
 
 def canonical_name(name: str) -> str:
-    """A parameter's name in the unwrapped model (checkpoint_wrapper's prefix removed)."""
-    return name.replace(_compat.checkpoint_prefix(), "")
+    """A parameter's (or module's) name in the unwrapped model (checkpoint_wrapper's level removed)."""
+    prefix = _compat.checkpoint_prefix()
+    return name.replace(prefix, "").removesuffix("." + prefix.rstrip("."))
 
 
 def canonical_tensors(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -20,10 +20,11 @@ target; its fragmentation is not estimated (a note says so).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import accumulate
 from typing import Any
 
+from ..analyses.memory import layer_at, live_bytes
 from ..options import ParallelConfig
+from .apply import canonical_name
 from .simulate import PARTS, RankRun
 
 __all__ = ["Collective", "RankMemory", "ParallelPlan", "ESTIMATES", "NCCL_BYTES_PER_COMMUNICATOR", "rank_memory",
@@ -192,19 +193,10 @@ def collectives_of(rr: RankRun, config: ParallelConfig) -> tuple[Collective, ...
 
 
 def _live_parts(rr: RankRun) -> tuple[dict[str, list[int]], list[int]]:
-    tracker = rr.tracker
-    n = max(tracker.clock + 1, 1)
-    diff = {p: [0] * (n + 1) for p in PARTS}
-    for b in tracker.blocks:
-        a = max(b.alloc, 0)
-        f = n - 1 if b.free is None else b.free
-        if f < a or not b.nbytes:
-            continue
-        row = diff[rr.part(b)]
-        row[a] += b.nbytes
-        row[f + 1] -= b.nbytes
-    live = {p: list(accumulate(row[:n])) for p, row in diff.items()}
-    total = [sum(col) for col in zip(*live.values())]
+    index = {p: i for i, p in enumerate(PARTS)}
+    during, _, _ = live_bytes(rr.tracker.blocks, rr.tracker.clock + 1, len(PARTS), lambda b: index[rr.part(b)])
+    live = dict(zip(PARTS, during))
+    total = [sum(col) for col in zip(*during)]
     return live, total
 
 
@@ -218,12 +210,9 @@ def rank_memory(rr: RankRun, config: ParallelConfig, rank: int, *, cuda: bool) -
         if first <= t <= last:
             step, phase = s, ph
             break
-    layer = None
-    for p in run.passes:
-        if p.offset <= t < p.offset + len(p.trace.ops):
-            # named as in the user's model (a checkpoint wrapper's own level left out)
-            layer = p.trace.layers[p.trace.ops[t - p.offset].layer].path.replace("._checkpoint_wrapped_module", "")
-            break
+    layer = layer_at(run, t)
+    if layer is not None:      # named as in the user's model (a checkpoint wrapper's own level left out)
+        layer = canonical_name(layer)
     breakdown: dict[str, Any] = {p: live[p][t] if total else 0 for p in PARTS}
     estimates = dict.fromkeys(ESTIMATES, 0)
     if cuda:

@@ -15,7 +15,7 @@ import tempfile
 import torch
 
 from ..errors import InputError
-from ..options import ParallelConfig
+from ..options import ParallelConfig, dtype_short
 from ..parallel.real import OPTIMIZERS, make_batch, reference_run, run_rank
 from ..parallel.results import ParallelRunResult
 from .procs import _free_port, _worker_error
@@ -43,15 +43,11 @@ def _build(spec: str, overrides: dict, model_dtype: str | None, head: str | None
 def _config_dict(config: ParallelConfig) -> dict:
     d = dataclasses.asdict(config)
     for k in ("reduce_dtype", "model_dtype"):
-        d[k] = str(d[k]).rsplit(".", 1)[-1]
+        d[k] = dtype_short(d[k])
     return d
 
 
 def _config_of(d: dict) -> ParallelConfig:
-    names = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-    d = dict(d)
-    for k in ("reduce_dtype", "model_dtype"):
-        d[k] = names.get(d[k], d[k])
     return ParallelConfig(**d)
 
 
@@ -104,8 +100,7 @@ def launch_parallel(spec: str, config: ParallelConfig, *, input_ids: tuple[int, 
     if config.local_batch is not None and config.local_batch * per != batch:
         raise InputError(f"local_batch {config.local_batch} x dp {config.dp} x accumulation {config.accumulation} "
                          f"!= the global batch {batch}")
-    model_dtype = str(config.model_dtype).rsplit(".", 1)[-1]
-    model_dtype = {"float32": None, "bfloat16": "bf16", "float16": "fp16"}.get(model_dtype, model_dtype)
+    model_dtype = None if config.model_dtype == torch.float32 else dtype_short(config.model_dtype)   # fp32: as built
     procs = config.world
     with tempfile.TemporaryDirectory(prefix="layerscope-parallel-") as tmp:
         cfg_path = os.path.join(tmp, "run.json")
