@@ -121,6 +121,10 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
                             lambda: torch.ops._c10d_functional.reduce_scatter_tensor.default),
     "flex_attention_hop": ("torch._higher_order_ops.flex_attention", "2.5",
                            lambda: _module("torch._higher_order_ops").flex_attention),
+    # capture.measure: a measured CUDA step makes cuBLAS's workspaces itself, as a training job's first step
+    # (a build without CUDA has no cuBLAS: nothing to give back)
+    "clear_cublas_workspaces": ("torch._C._cuda_clearCublasWorkspaces", "2.4",
+                                lambda: torch._C._cuda_clearCublasWorkspaces if torch.version.cuda else (lambda: None)),
     "module_hook_dicts": ("torch.nn.Module's forward hook dicts (_forward_pre_hooks, _forward_hooks and their "
                           "_with_kwargs / _always_called companions)", "2.4", lambda: _module_hook_dicts()),
 }

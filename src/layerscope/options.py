@@ -74,6 +74,8 @@ class MemoryOptions:
     progress: bool = False
     gpu: Any = None                  # the GPU predicted for (implies device "cuda"): a table name or a GPU row
     attention: Attention = "auto"    # the SDPA kernel simulated: torch's CUDA rules for ``gpu``, or one forced
+    keep_output: bool = True         # the model's output alive through the backward (False: let go once the
+                                     # loss is computed, as torchtitan's ``del pred``)
 
     def __post_init__(self) -> None:
         _choice("attention", self.attention, Attention)

@@ -95,7 +95,7 @@ def test_inference_peak_by_hand():
     assert rep.peak_bytes == 1168
     assert rep.steps[0].peak_layer == "1"
     assert rep.breakdown == {"parameter": 848, "buffer": 0, "gradient": 0, "optimizer_state": 0,
-                             "input": 64, "output": 0, "activation": 0, "temporary": 256}
+                             "input": 64, "output": 0, "activation": 0, "workspace": 0, "temporary": 256}
     assert rep.totals["saved_activation_bytes"] == 0
     assert len(rep.steps) == 1
 
@@ -115,7 +115,7 @@ def test_training_step_peak_by_hand():
     assert rep.peak_step.peak_phase == "backward"
     assert rep.peak_step.peak_layer == "0"
     assert rep.breakdown == {"parameter": 848, "buffer": 0, "gradient": 848, "optimizer_state": 0,
-                             "input": 64, "output": 32, "activation": 0, "temporary": 136}
+                             "input": 64, "output": 32, "activation": 0, "workspace": 0, "temporary": 136}
     t = rep.totals
     assert (t["parameter_bytes"], t["gradient_bytes"], t["optimizer_bytes"]) == (848, 848, 0)
     assert t["saved_activation_bytes"] == 128            # r, saved by ReLU (first saver)
@@ -424,3 +424,18 @@ def test_what_the_loss_saves_is_the_loss_s_not_the_model_s():
     assert rep.totals["loss_saved_bytes"] == 2 * 3 * 4
     assert rep.totals["saved_activation_bytes"] == 0
     assert_unchanged(before, m)
+
+
+def test_keep_output_false_lets_go_of_the_output_before_the_backward():
+    # Linear(64, 1024) on [32, 64], loss out.sum() (its backward saves nothing): the output, 32 x 1024 x 4 =
+    # 131,072 B, is alive through the backward when kept (outputs = model(x) held to the next step) and
+    # not at all once the loss is computed when let go of (torchtitan's del pred). The backward's peak, at
+    # the weight gradient's mm: parameters 266,240 + input 8,192 + the weight gradient 262,144 + the
+    # output's gradient made contiguous for the mm 131,072 + the loss and its gradient 8 (+ the output
+    # when kept).
+    model, x = nn.Linear(64, 1024), torch.randn(32, 64)
+    kept = ls.memory(model, x, optimizer="sgd", loss_fn=lambda out: out.sum(), steps=1)
+    let_go = ls.memory(model, x, optimizer="sgd", loss_fn=lambda out: out.sum(), steps=1, keep_output=False)
+    assert let_go.peak_bytes == 266_240 + 8_192 + 262_144 + 131_072 + 8 == 667_656
+    assert kept.peak_bytes == let_go.peak_bytes + 131_072
+    assert kept.steps[0].breakdown["output"] == 131_072 and let_go.steps[0].breakdown["output"] == 0

@@ -280,3 +280,28 @@ def test_a_list_written_in_place_from_the_unknown_is_forgotten():
     k.put(b, torch.tensor([3.0, 4.0]))
     k.forget([a, b])           # _foreach_add_([a, b], [unknown, unknown]) writes both
     assert not k.has(a) and not k.has(b)
+
+
+class MaskedIds(nn.Module):
+    """Ids past the table set to 0 through a boolean mask (``ids[ids >= 50] = 0``, an in-place
+    index_put_), then looked up in a table of 50 rows: in range on the CPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 4)
+
+    def forward(self, ids):
+        ids = ids.clone()
+        ids[ids >= 50] = 0
+        return self.emb(ids)
+
+
+def test_a_masked_write_carries_its_values():
+    # ids 0..99: after the write 50..99 read 0, so every index is below 50 and the lookup is in range;
+    # the values before the write (up to 99) would be "out of range in self" if left unchanged
+    ids = torch.arange(100).reshape(2, 50)
+    real = ls.analyze(MaskedIds(), ids)
+    meta = ls.analyze(MaskedIds(), ids, device="meta")
+    assert meta.totals.forward.bytes_read == real.totals.forward.bytes_read
+    mem = ls.memory(MaskedIds(), ids, optimizer="sgd")
+    assert mem.peak_bytes > 0

@@ -35,5 +35,25 @@ def test_rank_peak_within_5_percent_of_the_allocator(kw):
     rep = layerscope.parallel(build_model(spec, "meta", overrides, "causal-lm").model, ids, config=config,
                               device="cpu", backend="fake", steps=3, loss_fn=loss_fn)
     predicted = rep.plan.ranks[0].peak_bytes
-    # measured 2026-11-25: within -0.2% .. +4.0% over 16 configurations (docs/benchmarks.md)
-    assert abs(predicted / measured.peak_bytes - 1) <= 0.05, (predicted, measured.peak_bytes)
+    # measured 2026-11-25: within -0.97% .. +0.05% over 16 configurations (docs/benchmarks.md)
+    assert abs(predicted / measured.peak_bytes - 1) <= 0.02, (predicted, measured.peak_bytes)
+
+
+def test_vocabulary_parallel_loss_temporaries_are_seen():
+    # tensor parallel shards the vocabulary: loss_parallel's backward runs inside DTensor's dispatch and
+    # holds vocabulary-sized temporaries of its own (zeros_like, exp, the sum: rank 0's 2 x 64 x 4,096 fp32
+    # logits shard is 2 MiB each) that the op's inputs and outputs do not show; the recorder records the
+    # local ops DTensor runs, so the peak holds them as the allocator's does
+    spec, overrides = LLAMA[0], {**LLAMA[1], "vocab_size": 8192}
+    g = torch.Generator().manual_seed(0)
+    ids, labels = torch.randint(0, 8192, (2, 64), generator=g), torch.randint(0, 8192, (2, 64), generator=g)
+    config = ParallelConfig(gpus=2, tp=2, mixed_precision="off")
+    measured = measure_one_rank(lambda: build_model(spec, "cpu", overrides, "causal-lm").model, config, 0, ids,
+                                labels, steps=3)
+
+    def loss_fn(out):
+        return F.cross_entropy(out.logits.flatten(0, 1).float(), labels.flatten(0, 1))
+    rep = layerscope.parallel(build_model(spec, "meta", overrides, "causal-lm").model, ids, config=config,
+                              device="cpu", backend="fake", steps=3, loss_fn=loss_fn)
+    assert abs(rep.plan.ranks[0].peak_bytes / measured.peak_bytes - 1) <= 0.02, \
+        (rep.plan.ranks[0].peak_bytes, measured.peak_bytes)

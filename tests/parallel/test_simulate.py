@@ -166,13 +166,19 @@ def test_the_model_comes_out_unchanged_from_every_path():
 
 
 def test_estimate_lines_by_hand():
-    # on CUDA ranks: FSDP2's prefetch keeps one more block gathered than a one-stream run shows -- the
-    # largest group's gathered bytes, a block's 132,352 B in fp32 (mixed precision off); NCCL's buffers:
-    # 16 channels x 4 MiB per communicator, one communicator (the dp_shard dimension): 67,108,864 B
+    # on CUDA ranks: NCCL's buffers, 16 channels x 4 MiB per communicator, one communicator (the dp_shard
+    # dimension): 67,108,864 B; cuBLAS's workspaces are simulated (a part), not estimated: two of 32 MiB
+    # on an H100 (sm 9.0), the forward's thread and the backward's (costs/cublas.py)
     r = layerscope.parallel(Net(), torch.randn(8, 64), gpus=4, mixed_precision="off", gpu="H100").plan.ranks[0]
-    assert r.breakdown["prefetch in flight (estimate)"] == BLOCK_B
     assert r.breakdown["NCCL buffers (estimate)"] == 16 * 4 * 2**20
-    assert r.peak_bytes == r.simulated_peak_bytes + BLOCK_B + 16 * 4 * 2**20
-    # CPU ranks (gloo) have neither
+    assert r.breakdown["workspaces"] == 2 * 32 * 2**20
+    assert r.peak_bytes == r.simulated_peak_bytes + 16 * 4 * 2**20
+    # an A100 (sm 8.0): 4096 KiB x 2 + 16 KiB x 8 each
+    a = layerscope.parallel(Net(), torch.randn(8, 64), gpus=4, mixed_precision="off", gpu="A100").plan.ranks[0]
+    assert a.breakdown["workspaces"] == 2 * (4096 * 1024 * 2 + 16 * 1024 * 8)
+    # the fake backend has no NCCL; CPU ranks (gloo) have neither estimate nor workspaces
+    f = layerscope.parallel(Net(), torch.randn(8, 64), gpus=4, mixed_precision="off", gpu="H100",
+                            backend="fake").plan.ranks[0]
+    assert f.peak_bytes == f.simulated_peak_bytes and f.breakdown["NCCL buffers (estimate)"] == 0
     c = layerscope.parallel(Net(), torch.randn(8, 64), gpus=4, mixed_precision="off", device="cpu").plan.ranks[0]
-    assert c.peak_bytes == c.simulated_peak_bytes
+    assert c.peak_bytes == c.simulated_peak_bytes and c.breakdown["workspaces"] == 0

@@ -10,12 +10,13 @@ from torch import nn
 
 from ..analyses.memory import memory_results
 from ..capture import iter_tensors, model_device
-from ..capture.attention import router_for
+from ..capture.attention import resolve_gpu, router_for
 from ..capture.guard import exclusive, gc_paused
 from ..capture.measure import measure_cpu, measure_cuda, state_bytes
 from ..capture.prepare import as_device, check_model, example_inputs, is_fake_model, materialize_lazy, rebatch
 from ..capture.step import run_steps
 from ..capture.storage import StorageTracker, cuda_block_size
+from ..costs.cublas import workspace_rule
 from ..errors import ForwardError, InputError
 from ..formats.exported import refuse_exported
 from ..options import MemoryOptions, entry_options, optimizer_name
@@ -52,11 +53,16 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     ``gpu`` (a name of ``layerscope.GPUS`` or ``layerscope.gpu(...)``) predicts for that CUDA GPU: each
     ``scaled_dot_product_attention`` call runs, and saves for backward, what the kernel torch's CUDA
     rules pick there saves (flash: q, k, v, the output and a log-sum-exp; math: the probabilities);
-    a CUDA prediction without one uses the H200's rules, and ``attention`` forces a kernel.
+    a CUDA prediction without one uses the H200's rules, and ``attention`` forces a kernel. A CUDA
+    prediction holds cuBLAS's two persistent workspaces (the forward's thread and the backward's;
+    32 MiB each on Hopper and Blackwell, costs/cublas.py) in the ``workspace`` category.
+    ``keep_output=False`` lets go of the model's output once the loss is computed (a loop that
+    deletes it before ``loss.backward()``, as torchtitan's does); by default it lives through the
+    backward, as ``outputs = model(...)`` held until the next step does.
 
     Options: the named keywords above, or any other field of ``layerscope.MemoryOptions``
     (``autocast_dtype``, ``batch_dim``, ``dtypes``, ``loss_fn``, ``steps``, ``accumulation``,
-    ``simulate``, ``measure``, ``progress``, ``gpu``, ``attention``) as a keyword, or all of them in
+    ``simulate``, ``measure``, ``progress``, ``gpu``, ``attention``, ``keep_output``) as a keyword, or all of them in
     ``options=MemoryOptions(...)``; an option given both in ``options=`` and as a keyword (a named one
     away from its default) is an InputError. A forward argument named like an option goes in
     ``forward_kwargs``.
@@ -109,11 +115,12 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
         sim_device = torch.device("cpu")
         notes.append("no CUDA here: simulated with fake CPU tensors and CUDA's 512-byte allocation "
                      "blocks; autocast follows CPU rules, and the optimizer's foreach default is CUDA's; "
-                     "scratch that CUDA kernels (cuBLAS, cuDNN RNN reserve, attention) allocate inside "
-                     "themselves is not counted")
+                     "cuBLAS's two workspaces are counted, scratch that other CUDA kernels (cuDNN convolution "
+                     "and RNN, attention) allocate inside themselves is not")
     elif target.type == "cuda" and opts.simulate:
-        notes.append("scratch that CUDA kernels (cuBLAS, cuDNN, attention) allocate inside themselves is "
-                     "not counted; measure=True shows the allocator's peak beside the prediction")
+        notes.append("cuBLAS's two workspaces are counted, scratch that other CUDA kernels (cuDNN, attention) "
+                     "allocate inside themselves is not; measure=True shows the allocator's peak beside the "
+                     "prediction")
     block_size = cuda_block_size if target.type == "cuda" else None
     router = router_for(opts.gpu, opts.attention, simulated=opts.simulate, cuda_target=target.type == "cuda",
                         autocast_device=sim_device.type)
@@ -124,8 +131,9 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
                "limit": parse_bytes(opts.limit) if opts.limit is not None else None,
                **({"gpu": router.gpu.name, "attention": router.forced} if router is not None else {})}
     step_kw = dict(optimizer=factory if training else None, training=training, autocast_dtype=amp,
-                   loss_fn=opts.loss_fn, steps=steps, accumulation=opts.accumulation)
-    tracker = StorageTracker(block_size)
+                   loss_fn=opts.loss_fn, steps=steps, accumulation=opts.accumulation, keep_output=opts.keep_output)
+    tracker = StorageTracker(block_size, workspace_rule(_capability(opts.gpu, target)) if target.type == "cuda"
+                             else None)
     bar = ProgressBar(steps if training else 1, "simulating the step" if opts.simulate else "running the step") \
         if opts.progress else None
     with gc_paused():
@@ -151,7 +159,7 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
                 run_steps(model, args, kwargs, simulate=False, device=here, tracker=None,
                           on_step=on_step, **step_kw)
 
-            measured = measure_cuda(real, here, options["steps"]) if here.type == "cuda" else \
+            measured = measure_cuda(real, here, options["steps"], before) if here.type == "cuda" else \
                 measure_cpu(real, before, options["steps"])
         if run.log is not None:
             notes += run.log.notes()
@@ -163,6 +171,14 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
             notes.append(f"{tracker.untracked} tensors without a plain storage (sparse, nested) were "
                          "not tracked")
         return MemoryReport(**memory_results(run, model, options=options, measured=measured, notes=notes))
+
+
+def _capability(gpu, target: torch.device) -> tuple[int, int]:
+    """The compute capability predicted for: the named GPU's, else the CUDA device's here, else the
+    GPU table's default row's (as attention is priced)."""
+    if gpu is None and torch.cuda.is_available():
+        return torch.cuda.get_device_capability(target)
+    return resolve_gpu(gpu).capability
 
 
 def _simulation_hint(err: ForwardError) -> ForwardError:

@@ -14,6 +14,7 @@ from ..capture.attention import resolve_gpu, router_for
 from ..capture.guard import gc_paused
 from ..capture.prepare import check_model, example_inputs, materialize_lazy
 from ..capture.storage import cuda_block_size
+from ..costs.cublas import workspace_rule
 from ..capture.inputs import iter_tensors
 from ..errors import ForwardError, InputError
 from ..formats.exported import refuse_exported
@@ -55,10 +56,10 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     gradients reduced in ``reduce_dtype``; "off": all in ``model_dtype``), ``reshard_after_forward``,
     ``accumulation``, ``global_batch``, ``gpus_per_node``. The run: ``steps`` (2), ``loss_fn``,
     ``input_size``/``dtypes`` (example inputs built as analyze() does), ``device`` (the ranks' device:
-    "cuda", the default, rounds to 512-byte allocator blocks and adds the estimates of NCCL's buffers
-    and FSDP2's prefetch; "cpu": gloo ranks, as on this machine), ``backend`` (default nccl for cuda,
-    gloo for cpu: gloo's all-gathers copy through a flat buffer of their own; "fake": no backend buffers,
-    to compare with a real step on torch's fake backend), ``progress``. ``gpu`` names the GPU
+    "cuda", the default, rounds to 512-byte allocator blocks, holds cuBLAS's two workspaces and adds
+    the estimate of NCCL's buffers; "cpu": gloo ranks, as on this machine), ``backend`` (default nccl
+    for cuda, gloo for cpu: gloo's all-gathers copy through a flat buffer of their own; "fake": no
+    backend buffers, to compare with a real step on torch's fake backend), ``progress``. ``gpu`` names the GPU
     (its memory is the limit unless ``memory_limit`` is given). Other keywords go to the forward (a
     forward argument named like an option: ``forward_kwargs={...}``). With every degree 1 nothing is
     wrapped, and the figures are ``memory()``'s for the same model, dtypes and options.
@@ -95,7 +96,9 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     named = resolve_gpu(gpu) if gpu is not None else None
 
     def new_router():      # one per simulated rank: each counts its own SDPA calls
-        return router_for(gpu, "auto", simulated=True, cuda_target=cuda, autocast_device="cpu")
+        # the ranks run on fake CPU tensors here, also where CUDA is at hand: CUDA ranks are always routed
+        return router_for(named or resolve_gpu(None) if cuda else None, "auto", simulated=True, cuda_target=cuda,
+                          autocast_device="cpu")
     limit = parse_bytes(memory_limit) if memory_limit is not None else (named.memory if named is not None else None)
     options = {"device": device, "backend": backend, "gpu": named.name if named is not None else None,
                "optimizer": optimizer_name(factory), "steps": steps, "allocation_block": 512 if cuda else 1}
@@ -124,7 +127,7 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
                          "memory limit to fit (give gpu= / --gpu, or memory_limit=)")
         if cuda:
             notes.append("the CUDA caching allocator's fragmentation is not estimated (its 512-byte rounding is "
-                         "simulated); NCCL's buffers and FSDP2's prefetch are estimates, on their own lines")
+                         "simulated); NCCL's buffers are an estimate, on a line of its own")
     if limit is not None:
         over = max(0, plan.peak_bytes - limit)
         plan = dataclasses.replace(plan, limit_bytes=limit, fits=over == 0, over_bytes=over)
@@ -142,7 +145,7 @@ def _simulate(model, args, kwargs, config: ParallelConfig, factory, steps, loss_
         try:
             return simulate_rank(model, args, kwargs, config, rank, optimizer=factory, steps=steps, loss_fn=loss_fn,
                                  block_size=cuda_block_size if cuda else None, foreach_default=cuda, gloo=backend == "gloo",
-                                 probe=not cuda,
+                                 probe=not cuda, workspace=workspace_rule(routers[-1].gpu.capability) if cuda else None,
                                  attention=routers[-1],
                                  on_step=(lambda s, w: bar.advance() if w == "end" else None) if bar else None)
         except ForwardError as e:
@@ -161,7 +164,7 @@ def _simulate(model, args, kwargs, config: ParallelConfig, factory, steps, loss_
         for rep in groups:
             if rep not in runs:
                 runs[rep] = one(rep, None)
-    memories = {rep: rank_memory(rr, config, rep, cuda=cuda) for rep, rr in runs.items()}
+    memories = {rep: rank_memory(rr, config, rep, nccl=backend == "nccl") for rep, rr in runs.items()}
     ranks: list = [None] * config.world
     for rep, members in groups.items():
         for r in members:
@@ -198,8 +201,9 @@ def _one_device(model, args, kwargs, config: ParallelConfig, factory, steps, los
              "gradients": step.breakdown["gradient"], "optimizer state": step.breakdown["optimizer_state"],
              "activations": step.breakdown["activation"], "recompute": 0, "communication buffers": 0,
              "inputs, outputs and buffers": step.breakdown["input"] + step.breakdown["output"]
-             + step.breakdown["buffer"], "temporary": step.breakdown["temporary"],
-             "prefetch in flight (estimate)": 0, "NCCL buffers (estimate)": 0}
+             + step.breakdown["buffer"], "workspaces": step.breakdown["workspace"],
+             "temporary": step.breakdown["temporary"],
+             "NCCL buffers (estimate)": 0}
     r = RankMemory(rank=0, coords=mesh_coords(config, 0), simulated_as=0,
                    peak_bytes=rep.peak_bytes, simulated_peak_bytes=rep.peak_bytes, peak_step=step.step + 1,
                    peak_phase=step.peak_phase, peak_layer=step.peak_layer, breakdown=parts)

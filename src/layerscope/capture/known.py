@@ -146,11 +146,11 @@ class KnownValues:
 
     def seed(self, t: torch.Tensor, real: torch.Tensor) -> None:
         """``t`` (a meta or fake tensor) stands for ``real``: carry its values if it is a small
-        integer or boolean tensor on the CPU."""
-        if isinstance(real, _Tensor) and real.device.type == "cpu" and not real.is_floating_point() and \
+        integer or boolean tensor with values (on the CPU or a GPU: a copy on the CPU)."""
+        if isinstance(real, _Tensor) and real.device.type != "meta" and not real.is_floating_point() and \
                 not real.is_complex() and _small(real) and getattr(real, "fake_mode", None) is None:
             with no_dispatch():     # a real copy, also inside a FakeTensorMode
-                self.put(t, real.detach().clone())
+                self.put(t, real.detach().to("cpu", copy=True))
 
     def seed_pairs(self, fakes, reals) -> None:
         fakes, reals = list(fakes), list(reals)
@@ -316,7 +316,29 @@ class KnownValues:
                     new.append(o)
             else:
                 new.append(i)
-        return func(args[0], new, *args[2:], **kwargs)
+        out = func(args[0], new, *args[2:], **kwargs)
+        if func is not _INDEX:
+            self._carry_put(func, args, kwargs, new, out)
+        return out
+
+    def _carry_put(self, func, args, kwargs, indices, out) -> None:
+        """What ``index_put``/``index_put_`` wrote (``x[mask] = v`` on a tensor with known values): the
+        result's values, or, where the written values or an index are unknown, none (the tensor
+        written in place, and its views, are forgotten rather than left at their old values)."""
+        written = args[0] if func is aten.index_put_.default else out
+        base = self.value(args[0])
+        vals = self.value(args[2]) if isinstance(args[2], _Tensor) else None
+        reals = []
+        for i in indices:
+            r = self.value(i) if isinstance(i, _Tensor) and getattr(i, "fake_mode", None) is not None else i
+            reals.append(r)
+        if func is aten.index_put_.default:
+            self.forget(args[0])
+        if base is None or vals is None or any(isinstance(i, _Tensor) and r is None for i, r in zip(indices, reals)):
+            return
+        accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+        with no_dispatch():
+            self.put(written, base.clone().index_put_(tuple(reals), vals, accumulate))
 
     def _reals(self, args, kwargs):
         """``(args, kwargs)`` with every tensor replaced by its value; None if one is unknown. (No

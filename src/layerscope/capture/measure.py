@@ -4,11 +4,16 @@
   CPU allocator with its size, so the running sum is the memory the step added.
 * CUDA: ``torch.cuda.max_memory_allocated`` per step, the allocator's reserved bytes, and the process
   overhead outside the allocator (device memory used per NVML minus reserved: mostly the CUDA context).
+  Given the step's own bytes before it (``before``), a step's peak is those plus the largest growth
+  over what the device held when the run began, so that other tensors of the process (an earlier
+  model, a cache) stay out of it. cuBLAS's workspaces, which a thread's first matrix product makes
+  and the process keeps, are given back first, so that the measured steps make their own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 import tempfile
@@ -18,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from .. import _compat
 from .._compat import profiler_event_tree
 
 __all__ = ["Measured", "measure_cpu", "measure_cuda", "state_bytes", "profile_events"]
@@ -190,9 +196,20 @@ def measure_cpu(run: Callable, before: int, steps: int, threads: bool = False) -
                     peak_bytes=max(peaks, default=before), before_bytes=before, step_peaks=tuple(peaks))
 
 
-def measure_cuda(run: Callable, device: torch.device, steps: int) -> Measured:
+def measure_cuda(run: Callable, device: torch.device, steps: int, before: int | None = None) -> Measured:
     torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
+    # cuBLAS's workspaces (one per thread and stream, kept for the process's life) made by anything
+    # before, a simulation's kernel probes included, go back to the allocator's cache: the measured
+    # steps make theirs as a training job's first step does (the next GEMM anywhere makes them again)
+    clear = _compat.get("clear_cublas_workspaces")
+    if clear is not None:
+        clear()
+    # what the process no longer references but a reference cycle still holds (an earlier model) is
+    # collected now, not in the middle of a measured step where its free would lower the peak
+    gc.collect()
+    start = torch.cuda.memory_allocated(device)
+    foreign = 0 if before is None else start - before     # the process's other tensors
+    before = start if before is None else before
     peaks: list[int] = []
     reserved = [0]
 
@@ -201,11 +218,14 @@ def measure_cuda(run: Callable, device: torch.device, steps: int) -> Measured:
         if when == "begin":
             torch.cuda.reset_peak_memory_stats(device)
         else:
-            peaks.append(torch.cuda.max_memory_allocated(device))
+            peaks.append(torch.cuda.max_memory_allocated(device) - foreign)
             reserved[0] = max(reserved[0], torch.cuda.max_memory_reserved(device))
 
     run(on_step)
     notes = []
+    if foreign:
+        notes.append(f"{foreign:,} bytes the process held beside the step's own tensors when it began are "
+                     "left out of the peaks")
     context = None
     try:
         used = torch.cuda.device_memory_used(device)  # NVML: the whole device, every process

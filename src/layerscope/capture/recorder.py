@@ -5,6 +5,8 @@ it gives ops whose result depends on values the rule that values read as 1."""
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from .. import _compat
@@ -33,6 +35,12 @@ class OpRecorder:
         # the plain ops the kernels act on; every other op they act on is special here (below)
         self._watch = kernels.watch if kernels is not None else frozenset()
         self._nested = 0    # inside a composite op's decomposition (a mode above would not see it)
+        # DTensor (when torch.distributed.tensor is in use): its ops are recorded as the local ops its
+        # dispatch runs on each rank's shard, not as one op of the global tensor (see _dtensor_op)
+        mod = sys.modules.get("torch.distributed.tensor")
+        self._dtensor = getattr(mod, "DTensor", None) if mod is not None else None
+        self._in_dtensor = 0    # inside a DTensor op's own dispatch
+        self._passing = False   # this recorder pushed again around a DTensor op: let DTensor take it
         # the plain op class, whose __call__ only calls ._op (resolved here, not at import: None
         # where absent, and every op takes the public call)
         self._overload = _compat.get("OpOverload")
@@ -71,8 +79,32 @@ class OpRecorder:
         kernels = self.kernels
         return func(*args, **kwargs) if kernels is None else kernels.call(func, args, kwargs)
 
+    def _dtensor_op(self, func, args, kwargs):
+        """A DTensor op, run by DTensor's own dispatch with this recorder pushed again, so that what it
+        runs on the rank's local shards is what is recorded: the local compute (at the shard's shape:
+        a rank's own MACs), the collectives of an implicit redistribution, and every temporary the
+        sharded kernel makes (loss_parallel's backward holds two more vocabulary-sized tensors than
+        its inputs and output show). The op itself is not recorded (its shapes are global). DTensor's
+        sharding propagation runs the op on fake (or meta) tensors of the global shape to learn the
+        output's metadata: those ops are not part of the rank's step and are not recorded either."""
+        self._passing = True
+        self._in_dtensor += 1
+        try:
+            with self:
+                return func(*args, **kwargs)
+        finally:
+            self._in_dtensor -= 1
+            self._passing = False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        dt = self._dtensor
+        if dt is not None:
+            if dt in types:
+                # pushed again around this very op (or a DTensor op its dispatch makes): DTensor's turn
+                return NotImplemented if self._passing else self._dtensor_op(func, args, kwargs)
+            if self._in_dtensor and (_on_meta(args, kwargs) or _propagating()):
+                return func(*args, **kwargs)    # DTensor's sharding propagation (global shapes)
         # by id (see _KIND_BY_ID), as Session.on_op's cost cache
         e = _KIND_BY_ID.get(id(func))
         kind = e[1] if e is not None and e[0] is func else _kind(func)
@@ -169,6 +201,35 @@ class OpRecorder:
         if known is not None and shaped is None and func is not _LOCAL_SCALAR:
             known.after(func, args, kwargs, out)
         return out
+
+
+_PROPAGATION = frozenset(("_propagate_tensor_meta_non_cached", "_propagate_tensor_meta"))
+
+
+def _propagating() -> bool:
+    """Called from DTensor's sharding propagation, which runs the op once on fake tensors of the global
+    shape (in the simulation's own FakeTensorMode, so on its device, not meta) to learn the output's
+    metadata (torch/distributed/tensor/_sharding_prop.py)."""
+    f = sys._getframe(2)
+    for _ in range(12):
+        if f is None:
+            return False
+        if f.f_code.co_name in _PROPAGATION:
+            return True
+        f = f.f_back
+    return False
+
+
+def _on_meta(args, kwargs) -> bool:
+    """An op on the meta device (a tensor argument there, or a factory's ``device="meta"``); a fake
+    tensor answers ``.device`` with the device it stands for."""
+    dev = kwargs.get("device")
+    if dev is not None and torch.device(dev).type == "meta":
+        return True
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.device.type == "meta":
+            return True
+    return False
 
 
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)

@@ -15,7 +15,7 @@ from .inputs import iter_tensors
 from .state import held_tensors, unique_tensors
 from .tracker import tracked_modules
 
-__all__ = ["build_trace", "dtype_text", "own_forward", "param_totals"]
+__all__ = ["ReleasedOutput", "build_trace", "dtype_text", "output_bytes", "own_forward", "param_totals"]
 
 
 def _param_table(modules: list[nn.Module]):
@@ -182,6 +182,20 @@ def param_totals(module: nn.Module) -> tuple[int, int, int]:
     return numel, trainable, nbytes
 
 
+def output_bytes(output: Any) -> int:
+    """The bytes of a model's output (each storage once)."""
+    return sum(t.numel() * t.element_size() for t in unique_tensors(iter_tensors(output)))
+
+
+class ReleasedOutput:
+    """What a training step remembers of a model output it let go of before the backward: its bytes."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+
 def build_trace(cap, model: nn.Module, named: list[tuple[str, nn.Module]], inputs: Any,
                 output: Any, *, backward: bool, options: dict) -> Trace:
     """Freeze what one capture saw into a Trace (its options say the model's dtypes too). ``named``
@@ -216,7 +230,7 @@ def build_trace(cap, model: nn.Module, named: list[tuple[str, nn.Module]], input
         b_numel += n
         b_bytes += n * b.element_size()
     in_bytes = sum(t.numel() * t.element_size() for t in unique_tensors(iter_tensors(inputs)))
-    out_bytes = sum(t.numel() * t.element_size() for t in unique_tensors(iter_tensors(output)))
+    out_bytes = output.nbytes if isinstance(output, ReleasedOutput) else output_bytes(output)
     return Trace(
         model_name=type(model).__name__,
         layers=tuple(layers),

@@ -248,6 +248,11 @@ class Session:
             fix = FAKE_SIZE_FIXES.get(func) if self.simulated else None
             storage.on_op(() if func._opname.startswith("lift") else ins, outs,
                           fix(args, outs) if fix is not None else None)
+            if storage.workspace_of is not None:
+                nbytes = storage.workspace_of(name)
+                if nbytes:
+                    # the backward runs on the autograd engine's device thread: a handle of its own
+                    storage.workspace("cuBLAS workspace", "backward" if phase is BACKWARD else "forward", nbytes)
 
 
 def _forward_error(cap: Session, err: BaseException, phase: str) -> ForwardError:

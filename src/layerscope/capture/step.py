@@ -38,7 +38,7 @@ from .inputs import iter_tensors, map_tensors
 from .known import KnownIndexError, KnownValues
 from .rng import PrivateRNG
 from .recorder import OpRecorder
-from .records import build_trace
+from .records import ReleasedOutput, build_trace, output_bytes
 from .session import Session, run_backward, run_forward
 from .simulation import SimulationKernels, SimulationLog, ValueReads, eager_paths
 from .state import StateGuard, empty_like_on, empty_state, swapped_state
@@ -122,7 +122,8 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
               autocast_dtype: torch.dtype | None, loss_fn: Callable | None, steps: int,
               accumulation: int, options: CostOptions | None = None, foreach_default: bool = False,
               on_step: Callable[[int, str], None] | None = None, probe_kernels: bool = True,
-              attention=None, prepared: bool = False, pipeline: PipelinePass | None = None) -> StepRun:
+              attention=None, prepared: bool = False, pipeline: PipelinePass | None = None,
+              keep_output: bool = True) -> StepRun:
     """Run ``steps`` training steps (or one inference forward) and return what the trackers saw.
 
     ``probe_kernels``: in a simulation, kernels whose fake sizes are wrong or that hold scratch
@@ -136,6 +137,9 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
     already fake tensors of the active FakeTensorMode (parallel/: sharded with torch's own code), run as
     it is, with no copies swapped in. ``pipeline``: each pass runs a pipeline rank's actions
     (PipelinePass) on the whole ``args``/``kwargs``, in place of one forward and backward.
+    ``keep_output``: the model's output stays alive through the backward, as in a loop that keeps
+    ``outputs = model(...)`` until the next step; False lets go of it once the loss is computed, as
+    torchtitan's train step does (``del pred`` before ``loss.backward()``).
     """
     named = list(model.named_modules())
     modules = [m for _, m in named]
@@ -198,7 +202,7 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
                   simulate=simulate, training=training, autocast_dtype=autocast_dtype, device=device,
                   loss_fn=loss_fn or default_loss, steps=steps if training else 1,
                   accumulation=accumulation if training else 1, options=options or CostOptions(),
-                  on_step=on_step, pipeline=pipeline)
+                  on_step=on_step, pipeline=pipeline, keep_output=keep_output)
     except ForwardError as e:
         # a failure after the simulation made values up (a label check read as True) names them
         if run.log is None or run.log.real or not any(k != "random" for k, _, _ in run.log.events) or \
@@ -236,7 +240,8 @@ def _make_optimizer(optimizer, params: list[torch.Tensor], foreach_default: bool
 
 
 def _loop(run: StepRun, model, named, passes, swap, inputs, params, buffers, opt, *, rng, simulate, training,
-          autocast_dtype, device, loss_fn, steps, accumulation, options, on_step, pipeline=None) -> None:
+          autocast_dtype, device, loss_fn, steps, accumulation, options, on_step, pipeline=None,
+          keep_output=True) -> None:
     tracker = run.tracker
     state = list(params.values()) + list(buffers.values())
     autocast = (lambda: torch.autocast(device_type=device.type, dtype=autocast_dtype)) \
@@ -254,7 +259,7 @@ def _loop(run: StepRun, model, named, passes, swap, inputs, params, buffers, opt
             if tracker:
                 tracker.pass_index = len(run.passes)
             with swapped_state(model, swap):
-                output = _one_pass(run, cap, named, passes, autocast, loss_fn, training, pipeline)
+                output = _one_pass(run, cap, named, passes, autocast, loss_fn, training, pipeline, keep_output)
             if tracker:
                 trace = build_trace(cap, model, named, inputs, output, backward=training,
                                     options={"mode": "train" if training else "eval",
@@ -302,7 +307,15 @@ def _loop(run: StepRun, model, named, passes, swap, inputs, params, buffers, opt
             on_step(step, "end")
 
 
-def _one_pass(run: StepRun, cap: Session, named, passes, autocast, loss_fn, training: bool, pipeline=None):
+def _mark_outputs(tracker: StorageTracker, output) -> None:
+    """The output's storages play the OUTPUT role (a function of its own: a loop variable left in
+    the pass's frame would hold the last output tensor, the logits, through the backward)."""
+    for t in iter_tensors(output):
+        tracker.mark(t, OUTPUT)
+
+
+def _one_pass(run: StepRun, cap: Session, named, passes, autocast, loss_fn, training: bool, pipeline=None,
+              keep_output: bool = True):
     call, backward = passes
     tracker = cap.storage
     tracked = tracker is not None
@@ -350,13 +363,14 @@ def _one_pass(run: StepRun, cap: Session, named, passes, autocast, loss_fn, trai
                     with autocast():
                         output = run_forward(cap, call)
                         if tracker is not None:
-                            for t in iter_tensors(output):
-                                tracker.mark(t, OUTPUT)
+                            _mark_outputs(tracker, output)
                         if training:
                             mark_phase(LOSS)
                             loss = loss_fn(output)
                             if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                                 raise InputError("loss_fn must return a scalar tensor")
+                            if not keep_output:
+                                output = ReleasedOutput(output_bytes(output))
                 if training:
                     if tracker is not None:
                         tracker.backward_starts()
@@ -391,8 +405,7 @@ def _pipeline_actions(cap: Session, named, pipeline: PipelinePass, call, saved_h
                 with autocast():
                     output = run_forward(cap, lambda: call(m))
                     if tracker is not None:
-                        for t in iter_tensors(output):
-                            tracker.mark(t, OUTPUT)
+                        _mark_outputs(tracker, output)
                     if pipeline.loss is not None:
                         mark_phase(LOSS)
                         loss = pipeline.loss(m, output)

@@ -8,23 +8,24 @@ This works the same on real, meta and fake tensors: only ``nbytes`` is read, nev
 
 A Block's category is decided after the run from the roles it played, highest first:
 parameter, buffer, gradient, optimizer_state, input, output, activation (saved for backward),
-temporary. So a gradient is a gradient from the op that computed it, although AccumulateGrad only
+workspace (a library's own persistent scratch, ``StorageTracker.workspace``), temporary. So a gradient is a gradient from the op that computed it, although AccumulateGrad only
 adopts it as ``.grad`` later.
 """
 
 from __future__ import annotations
 
 import weakref
+from typing import Callable
 
 import torch
 
 __all__ = ["CATEGORIES", "Block", "StorageTracker", "PARAM", "BUFFER", "GRAD", "OPT", "INPUT", "OUTPUT",
-           "SAVED", "cuda_block_size"]
+           "SAVED", "WORKSPACE", "cuda_block_size"]
 
 CATEGORIES = ("parameter", "buffer", "gradient", "optimizer_state", "input", "output", "activation",
-              "temporary")
+              "workspace", "temporary")
 # role bits, in category order
-PARAM, BUFFER, GRAD, OPT, INPUT, OUTPUT, SAVED = (1 << i for i in range(7))
+PARAM, BUFFER, GRAD, OPT, INPUT, OUTPUT, SAVED, WORKSPACE = (1 << i for i in range(8))
 _TEMPORARY = len(CATEGORIES) - 1
 
 
@@ -65,8 +66,12 @@ class Block:
 class StorageTracker:
     """Live storages of a run and the op clock they are timed against."""
 
-    def __init__(self, block_size=None) -> None:
+    def __init__(self, block_size=None, workspace: Callable[[str], int | None] | None = None) -> None:
         self.block_size = block_size or (lambda n: n)
+        # op name -> bytes of the persistent workspace the op's library takes on its thread's first
+        # call (None: the op takes none); see ``workspace``
+        self.workspace_of = workspace
+        self.workspaces: dict[tuple[str, str], Block] = {}
         self.blocks: list[Block] = []
         self.live: dict[int, Block] = {}
         self._refs: dict[int, weakref.ref] = {}
@@ -152,6 +157,19 @@ class StorageTracker:
         b = Block(self.block_size(nbytes), self.clock + 1, self.pass_index, self.layer, self.phase)
         b.free = self.clock + 1
         self.blocks.append(b)
+
+    def workspace(self, kind: str, thread: str, nbytes: int) -> Block:
+        """A library's persistent workspace (cuBLAS's: one per thread and stream, taken at the thread's
+        first call and kept for the process's life, costs/cublas.py), allocated at the op running now
+        the first time ``kind`` is used on ``thread``; never freed."""
+        key = (kind, thread)
+        b = self.workspaces.get(key)
+        if b is None:
+            b = Block(self.block_size(nbytes), self.clock, self.pass_index, self.layer, self.phase, kind)
+            b.roles = WORKSPACE
+            self.workspaces[key] = b
+            self.blocks.append(b)
+        return b
 
     def close(self) -> None:
         """Stop watching: storages that die after the run no longer change its blocks."""

@@ -181,28 +181,36 @@ def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: i
 
 
 def measure_one_rank(build: Callable[[], nn.Module], config: ParallelConfig, rank: int, ids: torch.Tensor,
-                     labels: torch.Tensor, *, steps: int = 3, optimizer: str = "adamw", seed: int = 0):
+                     labels: torch.Tensor, *, steps: int = 3, optimizer: str = "adamw", seed: int = 0,
+                     device: str = "cpu"):
     """Rank ``rank``'s real training step in this process, its collectives on torch's ``fake`` backend
     (they move no data, so the ranks need not exist): the configuration applied with torch's own code
     to a real model, ``steps`` steps on ``ids``/``labels`` (the rank's local batch), each step's peak
-    from the CPU allocator's events (``capture.measure``), not layerscope's tracker. What the
-    simulation cannot be checked against this way is the real backend's own buffers and threads
-    (gloo's, NCCL's). Returns the ``Measured`` record."""
-    from ..capture.measure import measure_cpu, state_bytes
+    from the allocator, not layerscope's tracker: on ``device="cpu"`` the CPU allocator's events
+    (``capture.measure``), on ``"cuda"`` ``torch.cuda.max_memory_allocated`` (the model moved to the
+    current CUDA device; rank 0 is the one a single GPU can play, as the mesh puts rank r on device
+    r). What the simulation cannot be checked against this way is the real backend's own buffers and
+    threads (gloo's, NCCL's). Returns the ``Measured`` record."""
+    from ..capture.measure import measure_cpu, measure_cuda, state_bytes
     from .simulate import fake_world
 
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"measure_one_rank runs on cpu or cuda, not {device!r}")
     with fake_world(rank, config.world):
         torch.manual_seed(seed)
         model = build()
         no_kv_cache(model)
         model.train()
-        parallelize(model, config, build_mesh(config, "cpu"))
+        if device == "cuda":
+            model.to(torch.cuda.current_device())
+            ids, labels = ids.to(torch.cuda.current_device()), labels.to(torch.cuda.current_device())
+        parallelize(model, config, build_mesh(config, device))
         opt = _optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], 1e-3)
 
         def all_steps(on_step) -> None:
             for i in range(steps):
                 on_step(i, "begin")
-                with loss_context(config), amp_context(config, "cpu"):
+                with loss_context(config), amp_context(config, device):
                     loss = training_loss(model, ids, labels)
                     loss.backward()
                 opt.step()
@@ -210,6 +218,8 @@ def measure_one_rank(build: Callable[[], nn.Module], config: ParallelConfig, ran
                 on_step(i, "end")
 
         before = state_bytes([_local(t) for t in (*model.parameters(), *model.buffers())] + [ids, labels])
+        if device == "cuda":
+            return measure_cuda(all_steps, torch.device("cuda", torch.cuda.current_device()), steps, before)
         return measure_cpu(all_steps, before, steps)
 
 

@@ -56,11 +56,11 @@ from ..options import ParallelConfig
 from .apply import build_mesh, loss_context, no_kv_cache, parallelize
 
 __all__ = ["RankRun", "RankTracker", "simulate_rank", "PARTS", "COMM_OPS", "PIPELINE", "meta_copy", "fake_world",
-           "gathered_bytes", "param_layouts", "cost_registry", "watch_fsdp", "train_fake"]
+           "param_layouts", "cost_registry", "watch_fsdp", "train_fake"]
 
 # the breakdown of a rank's memory, in the order reports show it
 PARTS = ("sharded parameters", "gathered parameters", "gradients", "optimizer state", "activations",
-         "recompute", "communication buffers", "inputs, outputs and buffers", "temporary")
+         "recompute", "communication buffers", "inputs, outputs and buffers", "workspaces", "temporary")
 # ops whose outputs are the collectives' own buffers (FSDP2's flat all-gather input/output and its
 # reduce-scatter input; the functional collectives' outputs)
 COMM_OPS = frozenset({"fsdp.all_gather_copy_in", "fsdp.chunk_cat", "_c10d_functional.all_gather_into_tensor",
@@ -117,7 +117,6 @@ class RankRun:
     rank: int
     run: StepRun
     tracker: StorageTracker
-    gathered_block: int = 0            # bytes one block's gathered parameters take (the largest)
     # per sharded parameter: (global shape, ((mesh dimension, tensor dimension), ...))
     layouts: list = field(default_factory=list)
 
@@ -144,6 +143,8 @@ class RankRun:
             return "activations"
         if c in ("input", "output", "buffer"):
             return "inputs, outputs and buffers"
+        if c == "workspace":
+            return "workspaces"
         return "temporary"
 
 
@@ -159,8 +160,8 @@ class RankTracker(StorageTracker):
     and on gloo (CPU ranks) each all-gather also holds gloo's flat buffer of the gathered bytes while
     it runs."""
 
-    def __init__(self, block_size=None, gloo: bool = False) -> None:
-        super().__init__(block_size)
+    def __init__(self, block_size=None, gloo: bool = False, workspace=None) -> None:
+        super().__init__(block_size, workspace)
         self.gloo = gloo
 
     def on_op(self, ins, outs, sizes=None) -> None:
@@ -188,13 +189,6 @@ def param_layouts(model: nn.Module) -> list:
         shards = tuple((names[i], pl.dim) for i, pl in enumerate(p.placements) if pl.is_shard())
         out.append((tuple(p.shape), shards))
     return out
-
-
-def gathered_bytes(model: nn.Module) -> int:
-    """The bytes of the largest parameter group's gathered parameters (after a step: FSDP2 knows the
-    dtype it gathers in once it has run)."""
-    return max((sum(fp._orig_size.numel() * (fp.param_dtype or fp.orig_dtype).itemsize for fp in g.fsdp_params)
-                for g in _compat.fsdp_param_groups(model)), default=0)
 
 
 def watch_fsdp(model: nn.Module, tracker: StorageTracker) -> None:
@@ -262,30 +256,33 @@ def train_fake(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConf
     """``steps`` training steps of a sharded private copy already materialised as fake tensors (in the
     active FakeTensorMode), through memory()'s step loop: the loss under torch's loss_parallel when
     tensor parallel shards the vocabulary, bf16 compute without FSDP as autocast (apply.amp_context's
-    rule). ``pipeline``: a pipeline rank's actions (parallel/stages.py)."""
+    rule), the output let go of before the backward as torchtitan's train step does (``del pred``).
+    ``pipeline``: a pipeline rank's actions (parallel/stages.py)."""
     amp = config.param_dtype if config.mixed_precision == "bf16" and config.dp == 1 else None
     with loss_context(config):
         return run_steps(model, args, kwargs, simulate=True, prepared=True, device=device, tracker=tracker,
                          optimizer=optimizer, training=True, autocast_dtype=amp, loss_fn=loss_fn, steps=steps,
                          accumulation=config.accumulation, options=CostOptions(registry=cost_registry()),
                          foreach_default=foreach_default, probe_kernels=probe, attention=attention, on_step=on_step,
-                         pipeline=pipeline)
+                         pipeline=pipeline, keep_output=False)
 
 
 def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, rank: int, *,
                   optimizer: Callable | None, steps: int, loss_fn: Callable | None, block_size=None,
                   foreach_default: bool = False, attention=None, gloo: bool = False, probe: bool = False,
-                  on_step: Callable[[int, str], None] | None = None) -> RankRun:
+                  workspace=None, on_step: Callable[[int, str], None] | None = None) -> RankRun:
     """Simulate global rank ``rank`` of ``config`` training ``model`` on ``args``/``kwargs`` (one
     data-parallel rank's local batch). ``probe``: size the scratch of kernels that allocate inside
-    themselves by one real call (memory()'s probes), when the ranks run this machine's kernels (CPU)."""
+    themselves by one real call (memory()'s probes), when the ranks run this machine's kernels (CPU).
+    ``workspace``: the tracker's rule for libraries' persistent workspaces (CUDA ranks: cuBLAS's,
+    costs/cublas.py)."""
     import torch.distributed.fsdp  # noqa: F401  (registers FSDP2's ops before the registry is copied)
     dtype = torch.float32 if config.mixed_precision == "bf16" else config.model_dtype
     device = torch.device("cpu")
     if config.offload:
         raise InputError("CPU offload (offload=True) is applied in real runs but not simulated yet: its pinned "
                          "host copies have no fake-tensor kernel")
-    tracker = RankTracker(block_size, gloo=gloo)
+    tracker = RankTracker(block_size, gloo=gloo, workspace=workspace)
     with fake_world(rank, config.world), warnings.catch_warnings():
         # torch's warnings about the simulation's own CPU mesh, not about the user's model
         warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
@@ -304,6 +301,5 @@ def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelC
             run = train_fake(private, args, kwargs, config, tracker, device, optimizer=optimizer, steps=steps,
                              loss_fn=loss_fn, foreach_default=foreach_default, probe=probe, attention=attention,
                              on_step=on_step)
-            gathered = gathered_bytes(private)
             layouts = param_layouts(private)
-    return RankRun(rank, run, tracker, gathered_block=gathered, layouts=layouts)
+    return RankRun(rank, run, tracker, layouts=layouts)

@@ -68,7 +68,7 @@ from ..options import ParallelConfig, schedule_of
 from ..pipeline.schedule import rank_orders
 from ..pipeline.stages import build_stage_module
 from .apply import checkpoint_blocks, find_blocks, no_kv_cache, parallelize
-from .simulate import (PIPELINE, RankRun, RankTracker, fake_world, gathered_bytes, meta_copy, param_layouts,
+from .simulate import (PIPELINE, RankRun, RankTracker, fake_world, meta_copy, param_layouts,
                        train_fake, watch_fsdp)
 
 __all__ = ["stage_blocks", "stage_plan", "stage_module", "parallelize_stage", "stage_config", "split_micro", "simulate_stage_rank",
@@ -400,6 +400,5 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
             run = train_fake(mod, args, kwargs, config, tracker, device, optimizer=optimizer, steps=steps,
                              loss_fn=loss_fn, foreach_default=foreach_default, probe=probe, attention=attention,
                              on_step=on_step, pipeline=runner.as_pass(actions))
-            gathered = gathered_bytes(mod)
             layouts = param_layouts(mod)
-    return RankRun(rank, run, tracker, gathered_block=gathered, layouts=layouts)
+    return RankRun(rank, run, tracker, layouts=layouts)

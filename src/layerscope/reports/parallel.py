@@ -19,8 +19,9 @@ SCHEMA = 1      # the parallel JSON's own version (plans, ranks, measured; step_
 
 _SHORT = {"sharded parameters": "Params", "gathered parameters": "Gathered", "gradients": "Grads",
           "optimizer state": "Optim", "activations": "Activ", "recompute": "Recomp",
-          "communication buffers": "Comm", "inputs, outputs and buffers": "In/out", "temporary": "Temp",
-          ESTIMATES[0]: "Prefetch~", ESTIMATES[1]: "NCCL~"}
+          "communication buffers": "Comm", "inputs, outputs and buffers": "In/out", "workspaces": "Wkspace",
+          "temporary": "Temp",
+          ESTIMATES[0]: "NCCL~"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +52,7 @@ PARALLEL_COLUMNS: tuple[Column, ...] = (
     Column("phase", "At", "text", lambda r, rep: f"step {r.memory.peak_step} {r.memory.peak_phase}", drop=5),
     # a narrow terminal keeps the peak, the shards, the gathered parameters, optimizer state and
     # activations longest
-    *(_part(p, d) for p, d in zip(PARTS + ESTIMATES, (0, 0, 1, 0, 0, 2, 4, 4, 3, 2, 2))),
+    *(_part(p, d) for p, d in zip(PARTS + ESTIMATES, (0, 0, 1, 0, 0, 2, 4, 4, 4, 3, 2))),
 )
 
 
