@@ -1,6 +1,6 @@
 """What only a GPU can show: layerscope's predictions against the CUDA allocator and kernels.
 
-  python bench/bench_gpu.py [--out DIR] [--only memory,sdpa,fsdp]   # on a machine with a CUDA GPU
+  python bench/bench_gpu.py [--out DIR] [--only memory,sdpa,fsdp] [--model Llama|GPT-2]   # with a CUDA GPU
 
 Nothing here runs in the suite (CI has no GPU). Three parts, each a table; the figures of the last run
 are in docs/benchmarks.md ("On a GPU").
@@ -13,7 +13,8 @@ are in docs/benchmarks.md ("On a GPU").
    first, so that each model's steps make their own, as a training job's do.
 2. sdpa: the kernel ``F.scaled_dot_product_attention`` runs (read from the profiler's ATen ops,
    forward and backward) against the one costs/sdpa.py predicts for this GPU's compute capability.
-3. fsdp: rank 0 of an FSDP2 (and FSDP x TP) configuration on this one GPU, its collectives on torch's
+3. fsdp: rank 0 of an FSDP2 (and FSDP x TP) configuration of a Llama and a GPT-2 (``--model`` picks one)
+   on this one GPU, its collectives on torch's
    ``fake`` backend (no data moves, no NCCL buffers), ``torch.cuda.max_memory_allocated`` per step
    (parallel.real.measure_one_rank) against parallel()'s prediction for a CUDA rank with backend
    "fake" (no NCCL buffers to estimate: the prediction is the simulation's alone).
@@ -171,12 +172,18 @@ def part_sdpa() -> None:
                 print(f"{label:24} {str(grad):>5} FAILED {type(e).__name__}: {str(e)[:200]}")
 
 
-FSDP_MODEL = ("hf:LlamaConfig", {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8,
-                                   "num_attention_heads": 16, "num_key_value_heads": 8, "vocab_size": 32000})
+FSDP_MODELS = {
+    "Llama": ("hf:LlamaConfig", {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8,
+                                 "num_attention_heads": 16, "num_key_value_heads": 8, "vocab_size": 32000}),
+    # GPT-2's Conv1D with the fused QKV, tensor parallel by layerscope's own plan (parallel/apply.py)
+    "GPT-2": ("hf:GPT2Config", {"n_layer": 8, "n_embd": 1024, "n_head": 16, "vocab_size": 50304, "n_positions": 1024}),
+}
 FSDP_BATCH = (4, 1024)
-FSDP_CONFIGS = [dict(gpus=8), dict(gpus=8, ac="full"), dict(gpus=8, ac="selective-op"), dict(gpus=8, mixed_precision="off"),
-                dict(gpus=8, reshard_after_forward=False), dict(gpus=8, tp=2, ac="selective-op"),
-                dict(gpus=8, tp=2, mixed_precision="off"), dict(gpus=8, tp=2, ac="full")]
+FSDP_CONFIGS = [("Llama", dict(gpus=8)), ("Llama", dict(gpus=8, ac="full")), ("Llama", dict(gpus=8, ac="selective-op")),
+                ("Llama", dict(gpus=8, mixed_precision="off")), ("Llama", dict(gpus=8, reshard_after_forward=False)),
+                ("Llama", dict(gpus=8, tp=2, ac="selective-op")), ("Llama", dict(gpus=8, tp=2, mixed_precision="off")),
+                ("Llama", dict(gpus=8, tp=2, ac="full")), ("GPT-2", dict(gpus=8)), ("GPT-2", dict(gpus=8, tp=2)),
+                ("GPT-2", dict(gpus=8, tp=2, ac="full"))]
 
 
 def one_fsdp(i: int) -> dict:
@@ -184,11 +191,13 @@ def one_fsdp(i: int) -> dict:
     from layerscope.parallel.real import measure_one_rank
     from layerscope.specs import build_model
 
-    spec, over = FSDP_MODEL
-    config = ParallelConfig(**FSDP_CONFIGS[i])
+    name, kw = FSDP_CONFIGS[i]
+    spec, over = FSDP_MODELS[name]
+    vocab = over.get("vocab_size")
+    config = ParallelConfig(**kw)
     g = torch.Generator().manual_seed(0)
     b, s = FSDP_BATCH
-    ids, labels = torch.randint(0, 32000, (b, s), generator=g), torch.randint(0, 32000, (b, s), generator=g)
+    ids, labels = torch.randint(0, vocab, (b, s), generator=g), torch.randint(0, vocab, (b, s), generator=g)
 
     def loss_fn(out):   # the simulation's logits are fake CPU tensors: the labels go where they are
         return F.cross_entropy(out.logits.flatten(0, 1).float(), labels.to(out.logits.device).flatten(0, 1))
@@ -199,36 +208,39 @@ def one_fsdp(i: int) -> dict:
     r0 = rep.plan.ranks[0]
     m = measure_one_rank(lambda: build_model(spec, "cpu", over, "causal-lm").model, config, 0, ids, labels, steps=3,
                          device="cuda")
-    return dict(config=config.label(), predicted=r0.peak_bytes, breakdown=dict(r0.breakdown), phase=r0.peak_phase,
-                seconds=seconds, step_peaks=list(m.step_peaks), notes=list(m.notes))
+    return dict(model=name, config=config.label(), predicted=r0.peak_bytes, breakdown=dict(r0.breakdown),
+                phase=r0.peak_phase, seconds=seconds, step_peaks=list(m.step_peaks), notes=list(m.notes))
 
 
-def part_fsdp() -> None:
-    spec, over = FSDP_MODEL
+def part_fsdp(only: str | None = None) -> None:
     print("\n3. One rank on this GPU, collectives on torch's fake backend: "
           "parallel(device='cuda', backend='fake') vs torch.cuda.max_memory_allocated")
-    print(f"Llama {over['num_hidden_layers']} layers, hidden {over['hidden_size']}, vocab 32000, local batch "
-          f"{FSDP_BATCH[0]}x{FSDP_BATCH[1]}, AdamW, 3 steps (the peak of steps 2-3); the fake backend has no "
-          "NCCL buffers to estimate")
-    print(f"{'configuration':40} {'predicted':>14} {'measured':>14} {'diff':>8}")
-    for i in range(len(FSDP_CONFIGS)):
+    for name, (spec, over) in FSDP_MODELS.items():
+        print(f"{name}: {over}")
+    print(f"local batch {FSDP_BATCH[0]}x{FSDP_BATCH[1]}, AdamW, 3 steps (the peak of steps 2-3); the fake backend "
+          "has no NCCL buffers to estimate")
+    print(f"{'configuration':48} {'predicted':>14} {'measured':>14} {'diff':>8}")
+    for i, (name, kw) in enumerate(FSDP_CONFIGS):
+        if only and name != only:
+            continue
         r = _case(one_fsdp, i)
         if "error" in r:
-            ROWS["fsdp"].append(dict(config=str(FSDP_CONFIGS[i]), **r))
-            print(f"{str(FSDP_CONFIGS[i])[:40]:40} FAILED {r['error'][:300]}")
+            ROWS["fsdp"].append(dict(config=f"{name} {kw}", **r))
+            print(f"{name} {str(kw)[:40]:40} FAILED {r['error'][:300]}")
             continue
         measured = max(r["step_peaks"][1:])
         d = 100.0 * (r["predicted"] - measured) / measured
         ROWS["fsdp"].append(dict(r, measured=measured, diff=d))
-        label = r["config"].replace(", pp 1", "") + (" (mp off)" if "mixed_precision" in FSDP_CONFIGS[i] else "") + \
-            (" (no reshard)" if "reshard_after_forward" in FSDP_CONFIGS[i] else "")
-        print(f"{label[:40]:40} {r['predicted']:>14,} {measured:>14,} {d:>+7.2f}%   ({r['phase']}, sim {r['seconds']:.1f} s)")
+        label = f"{name} " + r["config"].replace(", pp 1", "") + (" (mp off)" if "mixed_precision" in kw else "") + \
+            (" (no reshard)" if "reshard_after_forward" in kw else "")
+        print(f"{label[:48]:48} {r['predicted']:>14,} {measured:>14,} {d:>+7.2f}%   ({r['phase']}, sim {r['seconds']:.1f} s)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--only", default="memory,sdpa,fsdp")
+    ap.add_argument("--model", help="part 3: only this model's configurations (Llama, GPT-2)")
     ns = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_gpu.py needs a CUDA GPU")
@@ -238,7 +250,7 @@ def main() -> None:
     parts = {"memory": part_memory, "sdpa": part_sdpa, "fsdp": part_fsdp}
     for name in ns.only.split(","):
         t0 = time.perf_counter()
-        parts[name]()
+        parts[name](ns.model) if name == "fsdp" else parts[name]()
         print(f"  ({name}: {time.perf_counter() - t0:.0f} s)")
         with open(os.path.join(ns.out, "bench_gpu.json"), "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, **ROWS}, f, indent=1,

@@ -117,6 +117,10 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
     "checkpoint_prefix": ("torch.distributed.algorithms._checkpoint.checkpoint_wrapper._CHECKPOINT_PREFIX", "2.4",
                           lambda: _module("torch.distributed.algorithms._checkpoint.checkpoint_wrapper")
                           ._CHECKPOINT_PREFIX),
+    # DTensor's process-wide random-op state: made by the first random op on a CUDA mesh, kept for the
+    # process's life; a simulation (on its CPU mesh) and a measured run must not meet another run's
+    "dtensor_random": ("torch.distributed.tensor._random (its _rng_tracker)", "2.5",
+                       lambda: _module("torch.distributed.tensor._random")),
     "c10d_reduce_scatter": ("torch.ops._c10d_functional.reduce_scatter_tensor", "2.4",
                             lambda: torch.ops._c10d_functional.reduce_scatter_tensor.default),
     "flex_attention_hop": ("torch._higher_order_ops.flex_attention", "2.5",

@@ -182,3 +182,26 @@ def test_estimate_lines_by_hand():
     assert f.peak_bytes == f.simulated_peak_bytes and f.breakdown["NCCL buffers (estimate)"] == 0
     c = layerscope.parallel(Net(), torch.randn(8, 64), gpus=4, mixed_precision="off", device="cpu").plan.ranks[0]
     assert c.peak_bytes == c.simulated_peak_bytes and c.breakdown["workspaces"] == 0
+
+
+def test_dtensor_random_state_of_an_earlier_run_is_put_aside():
+    # A real DTensor run on a CUDA mesh leaves torch's process-wide RNG tracker behind
+    # (torch.distributed.tensor._random._rng_tracker); a simulation's dropout on its CPU mesh must not
+    # drive it (seen on a GPU host: "data is not allocated yet" from fake tensors). A stand-in that fails
+    # when touched: the simulation runs without it and gives it back.
+    import torch.distributed.tensor._random as rnd
+    from layerscope.specs import build_model
+
+    class Untouchable:
+        def __getattr__(self, name):
+            raise AssertionError(f"the simulation touched an earlier run's RNG tracker ({name})")
+    model = build_model("hf:GPT2Config", "meta", {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 128,
+                                                  "n_positions": 64}, "causal-lm").model
+    ids = torch.randint(0, 128, (2, 16))
+    before, stand_in = rnd._rng_tracker, Untouchable()
+    rnd._rng_tracker = stand_in
+    try:
+        rep = layerscope.parallel(model, ids, gpus=2, tp=2, ac="full", device="cpu")
+        assert rep.plan.peak_bytes > 0 and rnd._rng_tracker is stand_in
+    finally:
+        rnd._rng_tracker = before

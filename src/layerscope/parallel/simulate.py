@@ -81,7 +81,9 @@ _COMM_TENSOR_OPS = frozenset({"fsdp.all_gather_copy_in", "fsdp.chunk_cat", "c10d
 @contextlib.contextmanager
 def fake_world(rank: int, world: int):
     """torch's default process group as the ``fake`` backend (rank ``rank`` of ``world``) while the
-    context lasts."""
+    context lasts, with DTensor's random-op state of its own: the state a real DTensor run made earlier
+    in the process (a CUDA mesh's RNG tracker) is put aside and given back afterwards, so that the
+    simulation's dropout on its CPU mesh does not drive a CUDA generator from fake tensors."""
     import torch.distributed as dist
     if not dist.is_available():
         raise InputError("this torch has no torch.distributed: sharded training cannot be simulated")
@@ -90,9 +92,15 @@ def fake_world(rank: int, world: int):
             raise InputError("a process group is already initialised in this process: simulate the configuration "
                              "outside the distributed job (one process, no torchrun)")
         dist.init_process_group("fake", rank=rank, world_size=world, store=_compat.fake_store())
+        rnd = _compat.get("dtensor_random")
+        tracker = getattr(rnd, "_rng_tracker", None)
+        if rnd is not None:
+            rnd._rng_tracker = None
         try:
             yield
         finally:
+            if rnd is not None:
+                rnd._rng_tracker = tracker
             dist.destroy_process_group()
 
 
