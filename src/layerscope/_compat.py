@@ -449,6 +449,14 @@ _RANK_ORDERS = {"interleaved": _interleaved_ops, "zb": _zb_ops, "zbv": _zbv_ops}
 
 # ---- parallel (apply) --------------------------------------------------------------------------------
 
+def pipeline_stage_static(stage) -> None:
+    """A ``PipelineStage`` given every stage's metadata (``input_args``, ``output_args``) takes torch's
+    static metadata mode without the stages' P2P vote (``PipelineStage._warmup_backward_result``,
+    torch 2.12+: a vote a fake process group cannot carry). Only this stage object is changed."""
+    if hasattr(stage, "_warmup_backward_result"):
+        stage._warmup_backward_result = lambda received_result=None: torch.ones(1, dtype=torch.int32)
+
+
 def fake_store():
     """A FakeStore for ``init_process_group("fake", ...)``; importing it registers the fake backend."""
     return need("FakeStore", "a simulated process group (the 'fake' backend)")()

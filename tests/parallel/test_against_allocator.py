@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import layerscope
 from layerscope.options import ParallelConfig
-from layerscope.parallel.real import measure_one_rank
+from layerscope.parallel.real import measure_one_rank, measure_stage_rank
 from layerscope.specs import build_model
 
 LLAMA = ("hf:LlamaConfig", {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -57,3 +57,26 @@ def test_vocabulary_parallel_loss_temporaries_are_seen():
                               device="cpu", backend="fake", steps=3, loss_fn=loss_fn)
     assert abs(rep.plan.ranks[0].peak_bytes / measured.peak_bytes - 1) <= 0.02, \
         (rep.plan.ranks[0].peak_bytes, measured.peak_bytes)
+
+
+@pytest.mark.parametrize("kw", [dict(gpus=2, pp=2, microbatches=2, schedule="gpipe", mixed_precision="off"),
+                                dict(gpus=4, pp=2, microbatches=2, schedule="1f1b")],
+                         ids=["pp2-gpipe-fp32", "fsdp2xpp2-1f1b-bf16"])
+def test_pipeline_rank_peak_within_5_percent_of_the_allocator(kw):
+    # each stage's first and last rank: the real stage run by torch's PipelineStage and schedule on the fake
+    # backend (parallel.real.measure_stage_rank), its peak from the CPU allocator's events
+    spec, overrides = LLAMA[0], {**LLAMA[1], "num_hidden_layers": 4}
+    g = torch.Generator().manual_seed(0)
+    ids, labels = torch.randint(0, 128, (4, 32), generator=g), torch.randint(0, 128, (4, 32), generator=g)
+    config = ParallelConfig(**kw)
+
+    def loss_fn(logits_out, target):   # measure_stage_rank's loss: cross-entropy of each micro-batch
+        return F.cross_entropy(logits_out.logits.flatten(0, 1).float(), target.flatten(0, 1))
+    rep = layerscope.parallel(build_model(spec, "meta", overrides, "causal-lm").model, ids, config=config,
+                              device="cpu", backend="fake", steps=3, loss_fn=loss_fn, target=labels)
+    for rank in (0, config.world - 1):
+        measured = measure_stage_rank(lambda: build_model(spec, "cpu", overrides, "causal-lm").model, config, rank,
+                                      ids, labels, steps=3)
+        predicted = rep.plan.ranks[rank].peak_bytes
+        # measured 2026-11-25: -2.4% .. +0.9% over 7 stage ranks (docs/benchmarks.md)
+        assert abs(predicted / measured.peak_bytes - 1) <= 0.05, (rank, predicted, measured.peak_bytes)

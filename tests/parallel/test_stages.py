@@ -84,3 +84,19 @@ def test_uniform_split_and_refusals():
     with pytest.raises(InputError, match="not simulated per rank yet"):
         simulate_stage_rank(m, (x,), {}, ParallelConfig(gpus=2, pp=2, schedule="interleaved", microbatches=2), 0,
                             optimizer=None, steps=1, loss_fn=None)
+
+
+def test_parallel_simulates_each_stage_on_its_first_rank():
+    import layerscope
+    torch.manual_seed(0)
+    m, x = Net(), torch.randn(256, 32)
+    rep = layerscope.parallel(m, x, gpus=4, pp=2, microbatches=4, schedule="gpipe", mixed_precision="off",
+                              device="cpu")
+    ranks = rep.plan.ranks
+    assert [r.coords["pp"] for r in ranks] == [0, 0, 1, 1]
+    assert [r.simulated_as for r in ranks] == [0, 0, 2, 2]
+    # stage 0 holds GPipe's 4 micro-batches of its forward for the backward (PER_MICRO each, above; FSDP
+    # shards parameters, not activations); its peak falls inside micro-batch 0's backward, which has
+    # freed its last block's part (16,384 + 65,536 B): 4 x 163,840 - 81,920
+    assert ranks[0].peak_phase == "backward" and ranks[0].breakdown["activations"] == 4 * PER_MICRO - 81_920
+    assert "pipeline stages" in " ".join(rep.notes) and not dist.is_initialized()

@@ -153,7 +153,9 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
                 bar.close()
         measured = None
         if measure:
-            before = state_bytes([*model.parameters(), *model.buffers(), *iter_tensors((args, kwargs))])
+            own = [*model.parameters(), *model.buffers(), *iter_tensors((args, kwargs))]
+            # on CUDA what the allocator counts: the device's storages, in its 512-byte blocks
+            before = state_bytes(own, here, cuda_block_size) if here.type == "cuda" else state_bytes(own)
 
             def real(on_step):
                 run_steps(model, args, kwargs, simulate=False, device=here, tracker=None,

@@ -5,6 +5,7 @@ checkpointing, mixed precision), simulated with torch's own distributed code on 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ from ..options import MemoryOptions, ParallelConfig, dtype_short, optimizer_fact
 from ..parallel.results import ParallelPlan, RankMemory, mesh_coords, rank_memory, roles
 from ..parallel.apply import checkpoint_blocks, no_kv_cache
 from ..parallel.simulate import meta_copy, simulate_rank
+from ..parallel.stages import simulate_stage_rank
 from ..progress import ProgressBar
 from ..render.units import parse_bytes
 from ..render.views import ParallelReport
@@ -36,7 +38,7 @@ def _local_batch(args: tuple, kwargs: dict) -> int | None:
     return int(first.shape[0]) if first is not None and first.dim() else None
 
 
-_RUN_OPTIONS = {"steps": 2, "loss_fn": None, "input_size": None, "dtypes": None, "device": "cuda",
+_RUN_OPTIONS = {"steps": 2, "loss_fn": None, "target": None, "input_size": None, "dtypes": None, "device": "cuda",
                 "progress": False, "forward_kwargs": None, "backend": None}
 _BACKENDS = {"cuda": ("nccl", "fake"), "cpu": ("gloo", "fake")}
 
@@ -54,15 +56,22 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     the ranks the other degrees leave), ``replicate`` (HSDP), ``tp``, ``pp``, ``ac``,
     ``mixed_precision`` ("bf16", the default: fp32 master weights and optimizer state, bf16 compute,
     gradients reduced in ``reduce_dtype``; "off": all in ``model_dtype``), ``reshard_after_forward``,
-    ``accumulation``, ``global_batch``, ``gpus_per_node``. The run: ``steps`` (2), ``loss_fn``,
-    ``input_size``/``dtypes`` (example inputs built as analyze() does), ``device`` (the ranks' device:
+    ``accumulation``, ``global_batch``, ``gpus_per_node``; with ``pp`` > 1, ``schedule`` ("gpipe" or
+    "1f1b") and ``microbatches`` (default ``pp``): each pipeline stage (the uniform split of the
+    model's blocks, parallel/stages.py) is simulated on its first rank, its micro-batches in the
+    schedule's order, as torch's PipelineStage runs them. The run: ``steps`` (2), ``loss_fn``
+    (``loss_fn(output)``; with ``pp`` > 1 the output of one micro-batch), ``target`` (a tensor of the
+    local batch: then ``loss_fn(output, target)``, split into micro-batches with the inputs as torch's
+    schedule splits it), ``input_size``/``dtypes`` (example inputs built as analyze() does), ``device`` (the ranks' device:
     "cuda", the default, rounds to 512-byte allocator blocks, holds cuBLAS's two workspaces and adds
     the estimate of NCCL's buffers; "cpu": gloo ranks, as on this machine), ``backend`` (default nccl
     for cuda, gloo for cpu: gloo's all-gathers copy through a flat buffer of their own; "fake": no
     backend buffers, to compare with a real step on torch's fake backend), ``progress``. ``gpu`` names the GPU
     (its memory is the limit unless ``memory_limit`` is given). Other keywords go to the forward (a
-    forward argument named like an option: ``forward_kwargs={...}``). With every degree 1 nothing is
-    wrapped, and the figures are ``memory()``'s for the same model, dtypes and options.
+    forward argument named like an option: ``forward_kwargs={...}``). Every rank lets go of the model's
+    output once the loss is computed, as torchtitan's train step does. With every degree 1 nothing is
+    wrapped, and the figures are ``memory(..., keep_output=False)``'s for the same model, dtypes and
+    options.
     """
     run = {k: kwargs.pop(k, v) for k, v in _RUN_OPTIONS.items()}
     fields = {f.name for f in dataclasses.fields(ParallelConfig)} - {"local_batch"}
@@ -72,13 +81,15 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
         config = ParallelConfig(gpus=gpus, fsdp=fsdp, tp=tp, pp=pp, ac=ac, **given)
     elif given or gpus != 1 or fsdp is not None or tp != 1 or pp != 1 or ac != "none":
         raise InputError("give the configuration either as config= or as keywords, not both")
-    steps, loss_fn, input_size, dtypes, device, progress, backend = (
-        run[k] for k in ("steps", "loss_fn", "input_size", "dtypes", "device", "progress", "backend"))
+    steps, loss_fn, input_size, dtypes, device, progress, backend, target = (
+        run[k] for k in ("steps", "loss_fn", "input_size", "dtypes", "device", "progress", "backend", "target"))
+    if target is not None:
+        if loss_fn is None or not isinstance(target, torch.Tensor):
+            raise InputError("target= is a tensor of the local batch for a loss_fn(output, target)")
+        if config.pp == 1:
+            loss_fn = functools.partial(_with_target, loss_fn, target)
     check_model(model)
     refuse_exported(model, "parallel")
-    if config.pp > 1:
-        raise InputError("pipeline stages (pp > 1) are not simulated per rank yet: `layerscope split` plans "
-                         "the pipeline on its own")
     if device not in ("cuda", "cpu"):
         raise InputError(f"device is the ranks' device, cuda or cpu, got {device!r}")
     backend = backend or _BACKENDS.get(device, ("",))[0]
@@ -107,10 +118,14 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
         plan, notes = _one_device(model, args, kwargs, config, factory, steps, loss_fn, cuda, gpu)
     else:
         ranks, rr, roles_of, router = _simulate(model, args, kwargs, config, factory, steps, loss_fn, cuda,
-                                                backend, new_router, progress)
+                                                backend, new_router, progress, target)
         plan = _plan(config, ranks)
         if len(roles_of) == 1:
             notes.append(f"every rank holds the same shard sizes: rank 0 was simulated for all {config.world}")
+        elif config.pp > 1:
+            notes.append(f"{len(roles_of)} roles (each of the {config.pp} pipeline stages, the uniform split of the "
+                         "blocks, and within a stage ranks whose shards differ in size): ranks "
+                         + ", ".join(str(r) for r in roles_of) + " were simulated")
         else:
             notes.append(f"{len(roles_of)} roles (ranks whose shards differ in size, where a dimension does not "
                          "divide evenly): ranks " + ", ".join(str(r) for r in roles_of) + " were simulated")
@@ -134,20 +149,25 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     return ParallelReport(model_name=type(model).__name__, options=options, plans=(plan,), notes=tuple(notes))
 
 
+def _with_target(loss_fn, target, output):
+    return loss_fn(output, target)
+
+
 def _simulate(model, args, kwargs, config: ParallelConfig, factory, steps, loss_fn, cuda: bool, backend: str,
-              new_router, progress):
+              new_router, progress, target=None):
     """Rank 0, then one rank for each other role its shard layouts reveal; every global rank's memory,
     rank 0's run, the roles, and rank 0's SDPA router (what its notes say)."""
     routers = []
 
     def one(rank: int, bar):
         routers.append(new_router())
+        simulate = simulate_rank if config.pp == 1 else functools.partial(simulate_stage_rank, target=target)
         try:
-            return simulate_rank(model, args, kwargs, config, rank, optimizer=factory, steps=steps, loss_fn=loss_fn,
-                                 block_size=cuda_block_size if cuda else None, foreach_default=cuda, gloo=backend == "gloo",
-                                 probe=not cuda, workspace=workspace_rule(routers[-1].gpu.capability) if cuda else None,
-                                 attention=routers[-1],
-                                 on_step=(lambda s, w: bar.advance() if w == "end" else None) if bar else None)
+            return simulate(model, args, kwargs, config, rank, optimizer=factory, steps=steps, loss_fn=loss_fn,
+                            block_size=cuda_block_size if cuda else None, foreach_default=cuda, gloo=backend == "gloo",
+                            probe=not cuda, workspace=workspace_rule(routers[-1].gpu.capability) if cuda else None,
+                            attention=routers[-1],
+                            on_step=(lambda s, w: bar.advance() if w == "end" else None) if bar else None)
         except ForwardError as e:
             raise ForwardError(f"{e} (simulating rank {rank} of {config.label()})", path=e.path,
                                module_type=e.module_type, input_shapes=e.input_shapes) from e.__cause__
@@ -159,8 +179,19 @@ def _simulate(model, args, kwargs, config: ParallelConfig, factory, steps, loss_
         finally:
             if bar is not None:
                 bar.close()
-        groups = roles(first.layouts, config)
         runs = {0: first}
+        per_stage = config.world // config.pp
+        groups: dict[int, list[int]] = {}
+        for s in range(config.pp):
+            # each pipeline stage holds other parameters: its first rank is simulated, and its roles
+            # come from its own shard layouts
+            head = s * per_stage
+            if head not in runs:
+                runs[head] = one(head, None)
+            for members in roles(runs[head].layouts, config).values():
+                mine = [r for r in members if r // per_stage == s]
+                if mine:
+                    groups[mine[0]] = mine
         for rep in groups:
             if rep not in runs:
                 runs[rep] = one(rep, None)
@@ -194,7 +225,7 @@ def _one_device(model, args, kwargs, config: ParallelConfig, factory, steps, los
     checkpoint_blocks(copy, config)
     opts = MemoryOptions(optimizer=factory, autocast_dtype=torch.bfloat16 if config.mixed_precision == "bf16" else None,
                          device="cuda" if cuda else "cpu", steps=steps, accumulation=config.accumulation,
-                         loss_fn=loss_fn, gpu=gpu)
+                         loss_fn=loss_fn, gpu=gpu, keep_output=False)
     rep = memory_with(copy, args, kwargs, opts)
     step = rep.peak_step
     parts = {"sharded parameters": step.breakdown["parameter"], "gathered parameters": 0,

@@ -330,8 +330,10 @@ class KnownValues:
         vals = self.value(args[2]) if isinstance(args[2], _Tensor) else None
         reals = []
         for i in indices:
-            r = self.value(i) if isinstance(i, _Tensor) and getattr(i, "fake_mode", None) is not None else i
-            reals.append(r)
+            # a real CPU index is its own value; a fake or meta one has its known value, or none
+            real = isinstance(i, _Tensor) and not i.is_meta and getattr(i, "fake_mode", None) is None and \
+                i.device.type == "cpu"
+            reals.append(self.value(i) if isinstance(i, _Tensor) and not real else i)
         if func is aten.index_put_.default:
             self.forget(args[0])
         if base is None or vals is None or any(isinstance(i, _Tensor) and r is None for i, r in zip(indices, reals)):

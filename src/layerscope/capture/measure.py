@@ -44,15 +44,19 @@ class Measured:
 
 
 
-def state_bytes(tensors) -> int:
-    """Bytes of the distinct storages behind these tensors (what exists before a step begins)."""
+def state_bytes(tensors, device: torch.device | None = None, block=None) -> int:
+    """Bytes of the distinct storages behind these tensors (what exists before a step begins); with
+    ``device``, only those there, each rounded by ``block`` (the CUDA allocator's 512-byte blocks:
+    what its counters read)."""
     seen, total = set(), 0
     for t in tensors:
         st = t.untyped_storage()
+        if device is not None and st.device != device:
+            continue
         key = (st.data_ptr(), st.device)
         if key not in seen:
             seen.add(key)
-            total += st.nbytes()
+            total += block(st.nbytes()) if block is not None else st.nbytes()
     return total
 
 
@@ -153,6 +157,7 @@ def measure_cpu(run: Callable, before: int, steps: int, threads: bool = False) -
     up from step to step)."""
     from torch.autograd.profiler import record_function
 
+    gc.collect()     # an earlier run's cycles freed now, not inside a measured step's window
     ranges: list = []
 
     def on_step(step: int, when: str) -> None:
@@ -223,7 +228,7 @@ def measure_cuda(run: Callable, device: torch.device, steps: int, before: int | 
 
     run(on_step)
     notes = []
-    if foreign:
+    if foreign > 0:
         notes.append(f"{foreign:,} bytes the process held beside the step's own tensors when it began are "
                      "left out of the peaks")
     context = None

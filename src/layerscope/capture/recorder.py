@@ -86,7 +86,8 @@ class OpRecorder:
         sharded kernel makes (loss_parallel's backward holds two more vocabulary-sized tensors than
         its inputs and output show). The op itself is not recorded (its shapes are global). DTensor's
         sharding propagation runs the op on fake (or meta) tensors of the global shape to learn the
-        output's metadata: those ops are not part of the rank's step and are not recorded either."""
+        output's metadata: those ops (called from ``_propagate_tensor_meta*``) are not part of the rank's
+        step and are not recorded either."""
         self._passing = True
         self._in_dtensor += 1
         try:
@@ -103,7 +104,7 @@ class OpRecorder:
             if dt in types:
                 # pushed again around this very op (or a DTensor op its dispatch makes): DTensor's turn
                 return NotImplemented if self._passing else self._dtensor_op(func, args, kwargs)
-            if self._in_dtensor and (_on_meta(args, kwargs) or _propagating()):
+            if self._in_dtensor and _propagating():
                 return func(*args, **kwargs)    # DTensor's sharding propagation (global shapes)
         # by id (see _KIND_BY_ID), as Session.on_op's cost cache
         e = _KIND_BY_ID.get(id(func))
@@ -217,18 +218,6 @@ def _propagating() -> bool:
         if f.f_code.co_name in _PROPAGATION:
             return True
         f = f.f_back
-    return False
-
-
-def _on_meta(args, kwargs) -> bool:
-    """An op on the meta device (a tensor argument there, or a factory's ``device="meta"``); a fake
-    tensor answers ``.device`` with the device it stands for."""
-    dev = kwargs.get("device")
-    if dev is not None and torch.device(dev).type == "meta":
-        return True
-    for a in args:
-        if isinstance(a, torch.Tensor) and a.device.type == "meta":
-            return True
     return False
 
 

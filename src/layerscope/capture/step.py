@@ -389,12 +389,15 @@ def _one_pass(run: StepRun, cap: Session, named, passes, autocast, loss_fn, trai
 
 def _pipeline_actions(cap: Session, named, pipeline: PipelinePass, call, saved_hooks, autocast, loss_fn,
                       mark_phase):
-    """A pipeline rank's actions (PipelinePass) in one pass: forwards keep their outputs (the last
-    stage: its losses) and graphs alive until their backward. Returns the last forward's output."""
+    """A pipeline rank's actions (PipelinePass) in one pass: forwards keep their outputs and graphs
+    alive until their backward (torch's PipelineStage keeps each micro-batch's output in its forward
+    cache until then, the last stage's too, beside the loss). Returns what the pass remembers of the
+    last forward's output: its bytes."""
     tracker = cap.storage
     modules = [m for _, m in named]
     held: dict[int, Any] = {}
-    output = None
+    cache: dict[int, Any] = {}
+    last_bytes = 0
     backward_begun = False
     if pipeline.begin is not None:
         pipeline.begin()
@@ -406,15 +409,17 @@ def _pipeline_actions(cap: Session, named, pipeline: PipelinePass, call, saved_h
                     output = run_forward(cap, lambda: call(m))
                     if tracker is not None:
                         _mark_outputs(tracker, output)
+                    last_bytes = output_bytes(output)
                     if pipeline.loss is not None:
                         mark_phase(LOSS)
                         loss = pipeline.loss(m, output)
                         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                             raise InputError("loss_fn must return a scalar tensor")
-                        held[m] = loss
+                        held[m], cache[m] = loss, output
                         del loss
                     else:
                         held[m] = output
+                    del output
         elif kind == "B":
             if m not in held:
                 raise InputError(f"the pipeline schedule runs the backward of micro-batch {m} before its forward")
@@ -426,6 +431,7 @@ def _pipeline_actions(cap: Session, named, pipeline: PipelinePass, call, saved_h
             h = held.pop(m)
             run_backward(cap, modules, lambda: pipeline.backward(m, h))
             del h
+            cache.pop(m, None)
         else:
             raise InputError(f"a pipeline action is 'F' or 'B', got {kind!r}")
     if held:
@@ -434,7 +440,7 @@ def _pipeline_actions(cap: Session, named, pipeline: PipelinePass, call, saved_h
         if not backward_begun:
             mark_phase(BACKWARD)
         run_backward(cap, modules, pipeline.end)
-    return output
+    return ReleasedOutput(last_bytes)
 
 
 def _mark_optimizer_state(run: StepRun, opt: torch.optim.Optimizer, last: bool) -> None:

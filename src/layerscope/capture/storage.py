@@ -160,12 +160,14 @@ class StorageTracker:
 
     def workspace(self, kind: str, thread: str, nbytes: int) -> Block:
         """A library's persistent workspace (cuBLAS's: one per thread and stream, taken at the thread's
-        first call and kept for the process's life, costs/cublas.py), allocated at the op running now
-        the first time ``kind`` is used on ``thread``; never freed."""
+        first call and kept for the process's life, costs/cublas.py), held once ``kind`` is used on
+        ``thread``. It is counted from the start of the run, as every step after a job's first holds it
+        from its start: a process-wide constant, not the working memory of the layer whose op made it
+        (a pipeline unit's, a layer's backward peak); never freed."""
         key = (kind, thread)
         b = self.workspaces.get(key)
         if b is None:
-            b = Block(self.block_size(nbytes), self.clock, self.pass_index, self.layer, self.phase, kind)
+            b = Block(self.block_size(nbytes), -1, -1, 0, "setup", kind)
             b.roles = WORKSPACE
             self.workspaces[key] = b
             self.blocks.append(b)

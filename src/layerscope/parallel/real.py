@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import _compat
 from ..errors import InputError
 from ..options import ParallelConfig
 from .apply import (amp_context, build_mesh, canonical_tensors, data_parallel_rank, loss_context, no_kv_cache,
@@ -192,6 +193,7 @@ def measure_one_rank(build: Callable[[], nn.Module], config: ParallelConfig, ran
     r). What the simulation cannot be checked against this way is the real backend's own buffers and
     threads (gloo's, NCCL's). Returns the ``Measured`` record."""
     from ..capture.measure import measure_cpu, measure_cuda, state_bytes
+    from ..capture.storage import cuda_block_size
     from .simulate import fake_world
 
     if device not in ("cpu", "cuda"):
@@ -217,10 +219,11 @@ def measure_one_rank(build: Callable[[], nn.Module], config: ParallelConfig, ran
                 opt.zero_grad(set_to_none=True)
                 on_step(i, "end")
 
-        before = state_bytes([_local(t) for t in (*model.parameters(), *model.buffers())] + [ids, labels])
+        own = [_local(t) for t in (*model.parameters(), *model.buffers())] + [ids, labels]
         if device == "cuda":
-            return measure_cuda(all_steps, torch.device("cuda", torch.cuda.current_device()), steps, before)
-        return measure_cpu(all_steps, before, steps)
+            here = torch.device("cuda", torch.cuda.current_device())
+            return measure_cuda(all_steps, here, steps, state_bytes(own, here, cuda_block_size))
+        return measure_cpu(all_steps, state_bytes(own), steps)
 
 
 def measure_stage_rank(build: Callable[[], nn.Module], config: ParallelConfig, rank: int, ids: torch.Tensor,
@@ -255,13 +258,18 @@ def measure_stage_rank(build: Callable[[], nn.Module], config: ParallelConfig, r
         dt = config.param_dtype if config.mixed_precision == "bf16" and config.dp > 1 else None
 
         def example(metas):
-            return tuple(torch.zeros(s, dtype=dt if dt is not None and d.is_floating_point else d) for s, d in metas)
+            # floating activations carry gradients both ways: the static metadata says so
+            return tuple(torch.zeros(s, dtype=dt if dt is not None and d.is_floating_point else d)
+                         .requires_grad_(d.is_floating_point) for s, d in metas)
         first, last = stage == 0, stage == config.pp - 1
         inputs = (mid,) if first else example(mod.received_metas)
         outputs = example(mod.sent_metas) if not last else \
             (torch.zeros(*mid.shape, int(getattr(model.config, "vocab_size", 0)), dtype=dt or torch.float32),)
         pipe = PipelineStage(mod, stage, config.pp, torch.device("cpu"), input_args=inputs, output_args=outputs,
                              group=mesh["pp"].get_group())
+        # the stages agree on static metadata by a vote over P2P, which the fake backend does not carry
+        # (it receives zeros: "dynamic", then garbage sizes): every stage here gives its metadata
+        _compat.pipeline_stage_static(pipe)
 
         def loss_fn(logits, target):
             return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(0, 1))

@@ -146,12 +146,13 @@ def stage_memory(units: SplitUnits, x: int, y: int, stage: int, stages: int, sch
     if not units.kept_outputs:
         del parts["kept_outputs"]
     step = {"inputs": inputs, "targets": targets} if units.input_batch_bytes or units.target_bytes else {}
+    ws = {"workspace": units.workspace_bytes} if units.workspace_bytes else {}
     # zero bubble: the output gradients each I keeps for its W, for the micro-batches between them
     deferred = pending * sum(u.deferred_bytes for u in us)
     zb = {"deferred": deferred, "pending_microbatches": pending} if schedule_of(schedule).zero_bubble else {}
     return {"params": params, "grads": grads, "optimizer": opt, "tied_dedup": dup, "state": state,
-            "held_microbatches": held, **parts, **zb, "boundary": boundary, "working": work, **step,
-            "total": state + flight + deferred + boundary + work + inputs + targets}
+            "held_microbatches": held, **parts, **zb, "boundary": boundary, "working": work, **step, **ws,
+            "total": state + flight + deferred + boundary + work + inputs + targets + units.workspace_bytes}
 
 
 def stage_total(units, x, y, s, stages, schedule, microbatches, stages_per_rank) -> float:
@@ -186,7 +187,7 @@ def rank_memory(units: SplitUnits, plan_stages, num_stages: int, order, microbat
     m, last_index = microbatches, num_stages - 1
     info = {st.index: _stage_sizes(units, st.first, st.last + 1, st.index, num_stages) for st in plan_stages}
     const = sum(st.memory["state"] + st.memory["boundary"] + st.memory.get("inputs", 0)
-                + st.memory.get("targets", 0) for st in plan_stages)
+                + st.memory.get("targets", 0) for st in plan_stages) + units.workspace_bytes   # one process
     work = max(st.memory["working"] for st in plan_stages)
     f = {t: 0 for t in info}
     b = dict(f)

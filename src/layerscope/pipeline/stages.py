@@ -17,6 +17,7 @@ after each backward, which is exactly the gradient of the single tied parameter.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import traceback
 from typing import Any
@@ -88,10 +89,11 @@ class _Stub(nn.Module):
         return f"stub for {self.name}"
 
 
-def _record(model: nn.Module, plan: StagePlan, tensors: tuple, rebuild):
+def _record(model: nn.Module, plan: StagePlan, tensors: tuple, rebuild, context=None):
     """One forward in which every parameterised unit's output is a fresh leaf requiring grad: gives
     the units' output templates and, at each stage's first unit, which arguments depend on earlier
-    units (the boundary)."""
+    units (the boundary). ``context``: a factory of what the forward runs in (a simulation's
+    recorder, which answers the values a fake forward reads)."""
     units = plan.units.units
     templates: dict[int, tuple] = {}
     boundary: dict[int, list[int]] = {}
@@ -124,7 +126,7 @@ def _record(model: nn.Module, plan: StagePlan, tensors: tuple, rebuild):
         for u in firsts:
             handles.append(hooks.forward_pre_hook(model.get_submodule(units[u].paths[0]), pre(u),
                                                   with_kwargs=True))
-        with torch.enable_grad():
+        with torch.enable_grad(), context() if context is not None else contextlib.nullcontext():
             a, k = rebuild(tensors)
             model(*a, **k)
     finally:
@@ -204,8 +206,11 @@ class StageModule(nn.Module):
             out = self.model(*args, **kwargs)
         except _Stop as stop:
             # the unwound frames (the model's forward, with its activations in its locals) stay
-            # referenced from the traceback, in a cycle only the garbage collector frees: clear them
+            # referenced from the traceback, in a cycle only the garbage collector frees: clear them,
+            # and cut the exception from its traceback (a hook that keeps the exception it saw, as a
+            # module tracker's always-called hook does, would keep this frame, and what it sends, alive)
             traceback.clear_frames(stop.__traceback__)
+            stop.__traceback__ = None
             sent = tuple(self._sent)
             self._sent = []
             if self.own_outputs:
@@ -225,14 +230,17 @@ class StageModule(nn.Module):
 
 
 def build_stage_module(model: nn.Module, plan: StagePlan, stage: int, args: tuple, kwargs: dict,
-                       copy_model: bool = True, record_on: nn.Module | None = None) -> StageModule:
+                       copy_model: bool = True, record_on: nn.Module | None = None,
+                       record_context=None) -> StageModule:
     """The module of ``stage`` for path (b). ``args``/``kwargs`` are one micro-batch of inputs.
     With ``copy_model=False`` the model itself is cut down (other stages' modules replaced by stubs),
     as on a rank that holds only its stage. ``record_on``: a model of the same structure that runs
     the recording forward instead of ``model`` (``model`` on the meta device, to be sharded before
-    it is materialised; ``record_on`` the same model as fake tensors)."""
+    it is materialised; ``record_on`` the same model as fake tensors); ``record_context`` a factory of
+    the context the recording forward runs in."""
     tensors, rebuild = flat_inputs(args, kwargs)
-    templates, boundary, metas = _record(record_on if record_on is not None else model, plan, tensors, rebuild)
+    templates, boundary, metas = _record(record_on if record_on is not None else model, plan, tensors, rebuild,
+                                         record_context)
     target = copy.deepcopy(model) if copy_model else model
     return StageModule(target, plan, stage, tensors, rebuild, templates, boundary, metas)
 

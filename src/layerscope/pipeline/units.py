@@ -109,6 +109,8 @@ class SplitUnits:
                                    # every micro-batch's output and returns them merged
     input_batch_bytes: int = 0     # the whole batch's inputs, handed to step() on the first stage's rank
     target_bytes: int = 0          # the whole batch's targets, handed to step() on the last stage's rank
+    workspace_bytes: int = 0       # what every rank's process holds for its libraries (cuBLAS's two
+                                   # workspaces on a CUDA target): once per rank, not a unit's work
     notes: tuple[str, ...] = ()
     options: dict = field(default_factory=dict)
 
@@ -274,7 +276,7 @@ def _units(flow: _Flow) -> list[list[int]]:
 
 def split_units(trace: Trace, *, memory_layers=None, model=None, optimizer_ratio: float = 0.0,
                 latencies: dict | None = None, micro_batch: int | None = None,
-                loss_bytes: int = 0, loss_saved_bytes: int = 0) -> SplitUnits:
+                loss_bytes: int = 0, loss_saved_bytes: int = 0, workspace_bytes: int = 0) -> SplitUnits:
     """Units of ``trace`` (a forward, or the last pass of a training step). ``memory_layers``
     (MemoryReport.layers of the same pass) adds saved activations, gradients and optimizer state;
     ``model`` finds tied parameters; ``latencies`` maps unit names to measured seconds."""
@@ -401,7 +403,7 @@ def split_units(trace: Trace, *, memory_layers=None, model=None, optimizer_ratio
             deferred_bytes=int(deferred[g])))
     return SplitUnits(model_name=trace.model_name, units=tuple(units), ties=tuple(ties),
                       micro_batch=micro_batch, loss_bytes=int(loss_bytes),
-                      loss_saved_bytes=int(loss_saved_bytes))
+                      loss_saved_bytes=int(loss_saved_bytes), workspace_bytes=int(workspace_bytes))
 
 
 def loss_working_bytes(rep) -> int:
@@ -465,7 +467,8 @@ def units_from_memory(rep, model, micro=None):
     ratio = (rep.totals.get("optimizer_bytes") or 0) / grads if grads else 0.0
     return split_units(rep.trace, memory_layers=rep.layers, model=model, optimizer_ratio=ratio,
                        micro_batch=micro, loss_bytes=loss_working_bytes(rep) if grads else 0,
-                       loss_saved_bytes=(rep.totals.get("loss_saved_bytes") or 0) if grads else 0)
+                       loss_saved_bytes=(rep.totals.get("loss_saved_bytes") or 0) if grads else 0,
+                       workspace_bytes=max((s.breakdown.get("workspace", 0) for s in rep.steps), default=0))
 
 
 def with_work(units, work: dict):
