@@ -100,3 +100,9 @@ def test_parallel_simulates_each_stage_on_its_first_rank():
     # freed its last block's part (16,384 + 65,536 B): 4 x 163,840 - 81,920
     assert ranks[0].peak_phase == "backward" and ranks[0].breakdown["activations"] == 4 * PER_MICRO - 81_920
     assert "pipeline stages" in " ".join(rep.notes) and not dist.is_initialized()
+    # point to point, per step: the stage boundary is a micro-batch's [64, 64] fp32 activation, 16,384 B;
+    # stage 0 sends 4 forward and receives 4 gradients, stage 1 the other way round
+    for r in (0, 2):
+        c = {x.kind: x for x in ranks[r].collectives}
+        assert (c["send"].calls, c["send"].bytes_read, c["recv"].calls, c["recv"].bytes_written) == \
+            (4, 4 * 16_384, 4, 4 * 16_384)

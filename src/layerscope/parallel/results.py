@@ -59,7 +59,8 @@ class Collective:
     """One kind of collective a rank runs in a step: how often, and its bytes on this rank.
     ``bytes_read``/``bytes_written``: what the rank contributes and receives (costs/collectives.py);
     ``ring_bytes``: what a ring moves through the rank, (n - 1) / n of the gathered or reduced tensor
-    (twice that for an all-reduce)."""
+    (twice that for an all-reduce); a pipeline's point-to-point sends and receives (kind "send" /
+    "recv", group "pp"): the bytes over the link."""
 
     op: str
     kind: str
@@ -194,6 +195,12 @@ def collectives_of(rr: RankRun, config: ParallelConfig) -> tuple[Collective, ...
         whole = written if kind == "all-gather" else read
         ring = whole * (n - 1) // n * (2 if kind == "all-reduce" else 1)
         out.append(Collective(name, kind, group, n, calls, read, written, ring))
+    if rr.p2p is not None:
+        sent, received, sends, receives = rr.p2p
+        if sends:
+            out.append(Collective("p2p.send", "send", "pp", 2, sends, sent, 0, sent))
+        if receives:
+            out.append(Collective("p2p.recv", "recv", "pp", 2, receives, 0, received, received))
     return tuple(sorted(out, key=lambda c: c.op))
 
 

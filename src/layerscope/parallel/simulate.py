@@ -127,6 +127,8 @@ class RankRun:
     tracker: StorageTracker
     # per sharded parameter: (global shape, ((mesh dimension, tensor dimension), ...))
     layouts: list = field(default_factory=list)
+    # a pipeline rank's point-to-point transfers per step: (bytes sent, bytes received, sends, receives)
+    p2p: tuple | None = None
 
     def part(self, b) -> str:
         """The breakdown part a storage block belongs to."""

@@ -297,6 +297,18 @@ class _StageRun:
         from torch.distributed.fsdp import FSDPModule
         self.fsdp = isinstance(mod, FSDPModule)
 
+    def p2p(self) -> tuple[int, int, int, int]:
+        """The step's point-to-point transfers, as torch's stage makes them: per micro-batch the forward
+        sends its output to the next stage and receives its input from the previous one; the backward
+        sends the input's gradient back and receives the output's (bytes at the receive buffers' local
+        shapes and dtypes). (bytes sent, bytes received, sends, receives)."""
+        act_in = sum(t.nbytes for t, _ in self.recv[0]) if self.recv else 0
+        act_out = sum(t.nbytes for t, _ in self.grad_recv[0]) if self.grad_recv else 0
+        m, to_next, to_prev = self.m, not self.last, not self.first
+        sent = m * (act_out * to_next + act_in * to_prev)
+        sends = m * (to_next + to_prev)
+        return sent, m * (act_in * to_prev + act_out * to_next), sends, sends
+
     def begin(self) -> None:
         # torch's clear_runtime_states at the start of step(): the input gradients of the last step go
         for row in self.recv:
@@ -421,4 +433,4 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
                              loss_fn=loss_fn, foreach_default=foreach_default, probe=probe, attention=attention,
                              on_step=on_step, pipeline=runner.as_pass(actions))
             layouts = param_layouts(mod)
-    return RankRun(rank, run, tracker, layouts=layouts)
+    return RankRun(rank, run, tracker, layouts=layouts, p2p=runner.p2p())

@@ -109,6 +109,10 @@ class ParallelReport(ReportRecord):
             out.append(Fact("Limit", f"{_gib(p.limit_bytes)}: " + ("fits" if p.fits else
                             f"DOES NOT FIT by {_gib(p.over_bytes)}"), alert=not p.fits))
         for c in big.collectives:
+            if c.kind in ("send", "recv"):       # a pipeline's point-to-point transfers
+                out.append(Fact(f"{c.kind} ({c.group})", f"{c.calls} per step, "
+                                f"{c.bytes_read if c.kind == 'send' else c.bytes_written:,} B"))
+                continue
             out.append(Fact(f"{c.kind} ({c.group}, {c.group_size})",
                             f"{c.calls} per step, {c.bytes_written if c.kind == 'all-gather' else c.bytes_read:,} B "
                             f"of tensors, {c.ring_bytes:,} B through each rank by a ring"))
