@@ -88,10 +88,13 @@ def test_uniform_split_and_refusals():
 
 def test_parallel_simulates_each_stage_on_its_first_rank():
     import layerscope
+    from ..helpers import assert_unchanged, snapshot
     torch.manual_seed(0)
     m, x = Net(), torch.randn(256, 32)
+    before = snapshot(m)
     rep = layerscope.parallel(m, x, gpus=4, pp=2, microbatches=4, schedule="gpipe", mixed_precision="off",
                               device="cpu")
+    assert_unchanged(before, m)
     ranks = rep.plan.ranks
     assert [r.coords["pp"] for r in ranks] == [0, 0, 1, 1]
     assert [r.simulated_as for r in ranks] == [0, 0, 2, 2]

@@ -326,21 +326,15 @@ class KnownValues:
         result's values, or, where the written values or an index are unknown, none (the tensor
         written in place, and its views, are forgotten rather than left at their old values)."""
         written = args[0] if func is aten.index_put_.default else out
-        base = self.value(args[0])
-        vals = self.value(args[2]) if isinstance(args[2], _Tensor) else None
-        reals = []
-        for i in indices:
-            # a real CPU index is its own value; a fake or meta one has its known value, or none
-            real = isinstance(i, _Tensor) and not i.is_meta and getattr(i, "fake_mode", None) is None and \
-                i.device.type == "cpu"
-            reals.append(self.value(i) if isinstance(i, _Tensor) and not real else i)
+        reals = self._reals((args[0], list(indices), args[2]), {})    # None where one is unknown
         if func is aten.index_put_.default:
             self.forget(args[0])
-        if base is None or vals is None or any(isinstance(i, _Tensor) and r is None for i, r in zip(indices, reals)):
+        if reals is None:
             return
+        (base, idx, vals), _ = reals
         accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
         with no_dispatch():
-            self.put(written, base.clone().index_put_(tuple(reals), vals, accumulate))
+            self.put(written, base.clone().index_put_(tuple(idx), vals, accumulate))
 
     def _reals(self, args, kwargs):
         """``(args, kwargs)`` with every tensor replaced by its value; None if one is unknown. (No

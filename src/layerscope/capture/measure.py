@@ -242,4 +242,3 @@ def measure_cuda(run: Callable, device: torch.device, steps: int, before: int | 
     return Measured(method="torch.cuda.max_memory_allocated", device=str(device),
                     peak_bytes=max(peaks, default=before), before_bytes=before, step_peaks=tuple(peaks),
                     reserved_bytes=reserved[0], context_bytes=context, notes=tuple(notes))
-

@@ -15,7 +15,7 @@ from .inputs import iter_tensors
 from .state import held_tensors, unique_tensors
 from .tracker import tracked_modules
 
-__all__ = ["ReleasedOutput", "build_trace", "dtype_text", "output_bytes", "own_forward", "param_totals"]
+__all__ = ["ReleasedOutput", "build_trace", "tensor_bytes", "dtype_text", "own_forward", "param_totals"]
 
 
 def _param_table(modules: list[nn.Module]):
@@ -182,9 +182,9 @@ def param_totals(module: nn.Module) -> tuple[int, int, int]:
     return numel, trainable, nbytes
 
 
-def output_bytes(output: Any) -> int:
-    """The bytes of a model's output (each storage once)."""
-    return sum(t.numel() * t.element_size() for t in unique_tensors(iter_tensors(output)))
+def tensor_bytes(obj: Any) -> int:
+    """The bytes of the tensors in a model's inputs or output (each once)."""
+    return sum(t.numel() * t.element_size() for t in unique_tensors(iter_tensors(obj)))
 
 
 class ReleasedOutput:
@@ -229,8 +229,8 @@ def build_trace(cap, model: nn.Module, named: list[tuple[str, nn.Module]], input
         n = int(b.numel())
         b_numel += n
         b_bytes += n * b.element_size()
-    in_bytes = sum(t.numel() * t.element_size() for t in unique_tensors(iter_tensors(inputs)))
-    out_bytes = output.nbytes if isinstance(output, ReleasedOutput) else output_bytes(output)
+    in_bytes = tensor_bytes(inputs)
+    out_bytes = output.nbytes if isinstance(output, ReleasedOutput) else tensor_bytes(output)
     return Trace(
         model_name=type(model).__name__,
         layers=tuple(layers),

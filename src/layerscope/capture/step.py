@@ -38,7 +38,7 @@ from .inputs import iter_tensors, map_tensors
 from .known import KnownIndexError, KnownValues
 from .rng import PrivateRNG
 from .recorder import OpRecorder
-from .records import ReleasedOutput, build_trace, output_bytes
+from .records import ReleasedOutput, build_trace, tensor_bytes
 from .session import Session, run_backward, run_forward
 from .simulation import SimulationKernels, SimulationLog, ValueReads, eager_paths
 from .state import StateGuard, empty_like_on, empty_state, swapped_state
@@ -370,7 +370,7 @@ def _one_pass(run: StepRun, cap: Session, named, passes, autocast, loss_fn, trai
                             if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                                 raise InputError("loss_fn must return a scalar tensor")
                             if not keep_output:
-                                output = ReleasedOutput(output_bytes(output))
+                                output = ReleasedOutput(tensor_bytes(output))
                 if training:
                     if tracker is not None:
                         tracker.backward_starts()
@@ -409,7 +409,7 @@ def _pipeline_actions(cap: Session, named, pipeline: PipelinePass, call, saved_h
                     output = run_forward(cap, lambda: call(m))
                     if tracker is not None:
                         _mark_outputs(tracker, output)
-                    last_bytes = output_bytes(output)
+                    last_bytes = tensor_bytes(output)
                     if pipeline.loss is not None:
                         mark_phase(LOSS)
                         loss = pipeline.loss(m, output)

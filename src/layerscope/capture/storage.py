@@ -8,8 +8,9 @@ This works the same on real, meta and fake tensors: only ``nbytes`` is read, nev
 
 A Block's category is decided after the run from the roles it played, highest first:
 parameter, buffer, gradient, optimizer_state, input, output, activation (saved for backward),
-workspace (a library's own persistent scratch, ``StorageTracker.workspace``), temporary. So a gradient is a gradient from the op that computed it, although AccumulateGrad only
-adopts it as ``.grad`` later.
+workspace (a library's own persistent scratch, ``StorageTracker.workspace``), temporary. So a
+gradient is a gradient from the op that computed it, although AccumulateGrad only adopts it as
+``.grad`` later.
 """
 
 from __future__ import annotations

@@ -196,11 +196,10 @@ def collectives_of(rr: RankRun, config: ParallelConfig) -> tuple[Collective, ...
         ring = whole * (n - 1) // n * (2 if kind == "all-reduce" else 1)
         out.append(Collective(name, kind, group, n, calls, read, written, ring))
     if rr.p2p is not None:
-        sent, received, sends, receives = rr.p2p
-        if sends:
-            out.append(Collective("p2p.send", "send", "pp", 2, sends, sent, 0, sent))
-        if receives:
-            out.append(Collective("p2p.recv", "recv", "pp", 2, receives, 0, received, received))
+        sent, received, transfers = rr.p2p
+        if transfers:
+            out.append(Collective("p2p.send", "send", "pp", 2, transfers, sent, 0, sent))
+            out.append(Collective("p2p.recv", "recv", "pp", 2, transfers, 0, received, received))
     return tuple(sorted(out, key=lambda c: c.op))
 
 

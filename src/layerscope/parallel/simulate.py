@@ -16,8 +16,9 @@ What the tracker cannot see by itself, and how it is seen:
   ``alloc_all_gather_outputs``/``free_unsharded_param`` wrapped on the instance, which tell the
   tracker (``StorageTracker.resized``); torch's own FSDPMemTracker patches ``resize_`` for the
   whole process instead, which other threads would observe.
-* A collective inside DTensor's own dispatch (a redistribution an op's sharding needs) runs below the
-  recorder; the parallel styles' input and output redistributions run above it and are recorded.
+* A DTensor op's own dispatch (its sharding propagation, a redistribution its sharding needs, the
+  local kernel and its temporaries) runs below a dispatch mode; the recorder lets it run under itself
+  and records the local ops on the rank's shard (capture/recorder.py ``_dtensor_op``).
 
 Ranks whose shards have the same sizes hold the same storages and are simulated once
 (results.roles: torch's chunking of every sharded dimension, per rank); where a dimension does not
@@ -127,7 +128,7 @@ class RankRun:
     tracker: StorageTracker
     # per sharded parameter: (global shape, ((mesh dimension, tensor dimension), ...))
     layouts: list = field(default_factory=list)
-    # a pipeline rank's point-to-point transfers per step: (bytes sent, bytes received, sends, receives)
+    # a pipeline rank's point-to-point transfers per step: (bytes sent, bytes received, transfers each way)
     p2p: tuple | None = None
 
     def part(self, b) -> str:

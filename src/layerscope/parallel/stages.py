@@ -53,6 +53,7 @@ simulated yet.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -301,13 +302,13 @@ class _StageRun:
         """The step's point-to-point transfers, as torch's stage makes them: per micro-batch the forward
         sends its output to the next stage and receives its input from the previous one; the backward
         sends the input's gradient back and receives the output's (bytes at the receive buffers' local
-        shapes and dtypes). (bytes sent, bytes received, sends, receives)."""
+        shapes and dtypes). (bytes sent, bytes received, transfers each way): a stage receives in one
+        pass what it sends in the other, so it sends as often as it receives."""
         act_in = sum(t.nbytes for t, _ in self.recv[0]) if self.recv else 0
         act_out = sum(t.nbytes for t, _ in self.grad_recv[0]) if self.grad_recv else 0
         m, to_next, to_prev = self.m, not self.last, not self.first
-        sent = m * (act_out * to_next + act_in * to_prev)
-        sends = m * (to_next + to_prev)
-        return sent, m * (act_in * to_prev + act_out * to_next), sends, sends
+        return m * (act_out * to_next + act_in * to_prev), m * (act_in * to_prev + act_out * to_next), \
+            m * (to_next + to_prev)
 
     def begin(self) -> None:
         # torch's clear_runtime_states at the start of step(): the input gradients of the last step go
@@ -421,7 +422,7 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
             ma, mk = split_micro(fa, fk, 0, config.microbatches)
             probe_model.train()
             mod, own = stage_module(private, config, stage, ma, mk, record_on=probe_model,
-                                    record_context=lambda: _value_reads(probe_model, (ma, mk), (ra, rk)))
+                                    record_context=functools.partial(_value_reads, probe_model, (ma, mk), (ra, rk)))
             del probe_model, fa, fk, ma, mk
         parallelize_stage(mod, own, config, mesh)
         with fake_mode, eager_paths(fake_mode):
