@@ -129,6 +129,9 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
     # (a build without CUDA has no cuBLAS: nothing to give back)
     "clear_cublas_workspaces": ("torch._C._cuda_clearCublasWorkspaces", "2.4",
                                 lambda: torch._C._cuda_clearCublasWorkspaces if torch.version.cuda else (lambda: None)),
+    "c10_cpu_report_flags": ("libc10's FLAGS_caffe2_report_cpu_memory_usage and FLAGS_caffe2_log_level (the CPU "
+                             "allocator's own count of every thread's allocations, logged)", "2.4",
+                             lambda: _c10_cpu_report_flags()),
     "module_hook_dicts": ("torch.nn.Module's forward hook dicts (_forward_pre_hooks, _forward_hooks and their "
                           "_with_kwargs / _always_called companions)", "2.4", lambda: _module_hook_dicts()),
 }
@@ -139,6 +142,27 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
 # module, most of the cost of hooking a deep model).
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
                "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+
+
+def _c10_cpu_report_flags():
+    """(report, log_level): ctypes views of two of libc10's command-line flags. With the first set,
+    the CPU allocator's reporter (c10's ProfiledCPUMemoryReporter) keeps the size of every block and
+    its running total for every thread, and logs each allocation and free with that total at INFO
+    level, which the second (c10's minimum level, 0 = INFO) lets through."""
+    import ctypes
+    import glob
+    import os
+
+    libs = sorted(glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "*c10.*")))
+    libs = [p for p in libs if os.path.basename(p).split(".")[0] in ("libc10", "c10")]
+    if not libs:
+        raise ImportError("no libc10 beside torch")
+    try:
+        lib = ctypes.CDLL(libs[0])
+        return (ctypes.c_bool.in_dll(lib, "FLAGS_caffe2_report_cpu_memory_usage"),
+                ctypes.c_int32.in_dll(lib, "FLAGS_caffe2_log_level"))
+    except (OSError, ValueError) as e:    # not loadable, or a build without the flags
+        raise ImportError(str(e)) from e
 
 
 def _module_hook_dicts() -> tuple[str, ...]:

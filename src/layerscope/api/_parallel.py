@@ -20,7 +20,7 @@ from ..capture.inputs import iter_tensors
 from ..errors import ForwardError, InputError
 from ..formats.exported import refuse_exported
 from ..options import MemoryOptions, ParallelConfig, dtype_short, optimizer_factory, optimizer_name
-from ..parallel.results import ParallelPlan, RankMemory, mesh_coords, rank_memory, roles
+from ..parallel.results import ESTIMATES, ParallelPlan, RankMemory, mesh_coords, rank_memory, roles
 from ..parallel.apply import checkpoint_blocks, no_kv_cache
 from ..parallel.simulate import meta_copy, simulate_rank
 from ..parallel.stages import simulate_stage_rank
@@ -143,6 +143,10 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
         if cuda:
             notes.append("the CUDA caching allocator's fragmentation is not estimated (its 512-byte rounding is "
                          "simulated); NCCL's buffers are an estimate, on a line of its own")
+        late = max(r.breakdown.get(ESTIMATES[1], 0) for r in plan.ranks)
+        if late:
+            notes.append(f"gloo's reduce-scatter all-reduces a clone of its input that its worker thread may free "
+                         f"after the step has gone on: up to {late:,} B more, an estimate on a line of its own")
     if limit is not None:
         over = max(0, plan.peak_bytes - limit)
         plan = dataclasses.replace(plan, limit_bytes=limit, fits=over == 0, over_bytes=over)
@@ -233,8 +237,7 @@ def _one_device(model, args, kwargs, config: ParallelConfig, factory, steps, los
              "activations": step.breakdown["activation"], "recompute": 0, "communication buffers": 0,
              "inputs, outputs and buffers": step.breakdown["input"] + step.breakdown["output"]
              + step.breakdown["buffer"], "workspaces": step.breakdown["workspace"],
-             "temporary": step.breakdown["temporary"],
-             "NCCL buffers (estimate)": 0}
+             "temporary": step.breakdown["temporary"], **dict.fromkeys(ESTIMATES, 0)}
     r = RankMemory(rank=0, coords=mesh_coords(config, 0), simulated_as=0,
                    peak_bytes=rep.peak_bytes, simulated_peak_bytes=rep.peak_bytes, peak_step=step.step + 1,
                    peak_phase=step.peak_phase, peak_layer=step.peak_layer, breakdown=parts)

@@ -1,7 +1,10 @@
 """Measure a real step with the allocator, independently of storage tracking.
 
 * CPU: the profiler's allocation events (``profile_memory=True``): every allocation and free of the
-  CPU allocator with its size, so the running sum is the memory the step added.
+  CPU allocator with its size, so the running sum is the memory the step added. The profiler records
+  the thread it was started on; where other threads allocate and free a step's tensors (a collective
+  backend's workers), the allocator's own count of every thread (``count_cpu_allocations``) is read
+  instead.
 * CUDA: ``torch.cuda.max_memory_allocated`` per step, the allocator's reserved bytes, and the process
   overhead outside the allocator (device memory used per NVML minus reserved: mostly the CUDA context).
   Given the step's own bytes before it (``before``), a step's peak is those plus the largest growth
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -25,8 +29,10 @@ import torch
 
 from .. import _compat
 from .._compat import profiler_event_tree
+from ..errors import InputError
 
-__all__ = ["Measured", "measure_cpu", "measure_cuda", "state_bytes", "profile_events"]
+__all__ = ["Measured", "measure_cpu", "measure_cuda", "state_bytes", "profile_events", "count_cpu_allocations",
+           "read_counted"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,16 +154,111 @@ def profile_events(run: Callable, cuda: bool = False, prefix: str = "layerscope.
     return allocations, ranges
 
 
-def measure_cpu(run: Callable, before: int, steps: int, threads: bool = False) -> Measured:
+def count_cpu_allocations() -> bool:
+    """From now on, for the rest of the process, the CPU allocator keeps the size of every block any
+    thread makes and their running total (libc10's memory reporter, the flag
+    ``caffe2_report_cpu_memory_usage``; it logs at INFO level, which c10 does not print by default).
+    ``measure_cpu(threads=True)`` then reads that count for every thread. Call it before the tensors
+    a measured step will free are made: a block made before is freed without being counted. A
+    process-wide switch: for a process of one's own (a torchrun rank), not a user's. Returns whether
+    this torch has it."""
+    flags = _compat.get("c10_cpu_report_flags")
+    if flags is None:
+        return False
+    flags[0].value = True
+    return True
+
+
+_C10_LINE = re.compile(rb"C10 (alloc|deleted) (\d+) bytes, total alloc (\d+) bytes")
+_STEP_MARK = re.compile(rb"^layerscope\.step (\d+) (begin|end)$")
+# c10's INFO lines (under torchrun prefixed with the rank): not printed unless c10's level is INFO
+_C10_INFO = re.compile(rb"^(\[rank\d+\]:)?\[I\d")
+
+
+def read_counted(log, steps: int) -> tuple[list[int], list[str]]:
+    """From a file of the allocator's count (``_measure_counted``): each of the first ``steps`` steps'
+    largest total less the total before the first event, and the file's other lines."""
+    peaks, rest = [0] * steps, []
+    base = total = step = None
+    for line in log:
+        line = line.rstrip(b"\n")
+        hit = _C10_LINE.search(line)
+        if hit is not None:
+            size, total = int(hit.group(2)), int(hit.group(3))
+            if base is None:     # the total when the run began: before its first event
+                base = total - size if hit.group(1) == b"alloc" else total + size
+            if step is not None and step < steps:
+                peaks[step] = max(peaks[step], total - base)
+            continue
+        mark = _STEP_MARK.match(line)
+        if mark is not None:
+            step = int(mark.group(1)) if mark.group(2) == b"begin" else None
+            if step is not None and step < steps and total is not None:
+                peaks[step] = max(peaks[step], total - base)
+        elif line and not _C10_INFO.match(line):
+            rest.append(line.decode(errors="replace") + "\n")
+    return peaks, rest
+
+
+def _measure_counted(run: Callable, before: int, steps: int, level, log_path: str | None = None) -> Measured:
+    """The peaks from the CPU allocator's own running total (``count_cpu_allocations``), which every
+    thread's allocations and frees move: c10 logs each with the total after it; for the run, fd 2 goes
+    to a file (``log_path``, kept if the process dies meanwhile, so that what it wrote is not lost; a
+    temporary file without it), c10's level to INFO, and each step's begin and end are written between
+    the lines. A step's peak is the largest total logged within it, less the total when the run
+    began; the file's other lines (a warning, an error) are passed on to stderr after it, also when
+    the run raises."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:
+        raise InputError("measuring every thread's allocations needs the process's stderr (fd 2)") from None
+
+    def on_step(step: int, when: str) -> None:
+        os.write(2, f"\nlayerscope.step {step} {when}\n".encode())
+
+    rest: list[str] = []
+    with (open(log_path, "w+b") if log_path else tempfile.TemporaryFile()) as log:
+        try:
+            os.dup2(log.fileno(), 2)
+            old = level.value
+            level.value = 0
+            try:
+                run(on_step)
+            finally:
+                level.value = old
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+                os.close(saved)
+        finally:
+            log.seek(0)
+            peaks, rest = read_counted(log, steps)
+            if rest:
+                sys.stderr.write("".join(rest))
+    if log_path:
+        os.remove(log_path)
+    peaks = [before + p for p in peaks]
+    return Measured(method="the CPU allocator's own running total of every thread's blocks (libc10's memory "
+                    "reporter)", device="cpu", peak_bytes=max(peaks, default=before), before_bytes=before,
+                    step_peaks=tuple(peaks))
+
+
+def measure_cpu(run: Callable, before: int, steps: int, threads: bool = False, log_path: str | None = None) -> Measured:
     """``run(on_step)`` runs the step; allocations inside each step's profiler range are summed.
     ``threads``: every thread's allocations and frees count, in time order, also those between steps,
     and a step's peak is the most bytes live within its time window: a collective backend's worker
     threads allocate buffers of their own, and may free a step's tensors after the step ended (counting
     only what is nested in the step's range on its own thread would never see those frees, and drift
-    up from step to step)."""
+    up from step to step). With ``count_cpu_allocations()`` called first, that is the allocator's own
+    count; without it (a torch without the reporter's flags), the profiler's events of the thread it
+    runs on, frees elsewhere inferred when an address is handed out again (an upper bound).
+    ``log_path``: where the allocator's count is written meanwhile (see ``_measure_counted``)."""
     from torch.autograd.profiler import record_function
 
     gc.collect()     # an earlier run's cycles freed now, not inside a measured step's window
+    flags = _compat.get("c10_cpu_report_flags") if threads else None
+    if flags is not None and flags[0].value:
+        return _measure_counted(run, before, steps, flags[1], log_path)
     ranges: list = []
 
     def on_step(step: int, when: str) -> None:

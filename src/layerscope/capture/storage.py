@@ -152,11 +152,13 @@ class StorageTracker:
             b.roles |= role
         return b
 
-    def transient(self, nbytes: int) -> None:
+    def transient(self, nbytes: int, tag=None) -> None:
         """Scratch a kernel allocates and frees inside itself (no tensor of it is ever seen): a
-        temporary block alive during the next op only, the one running now."""
+        temporary block alive during the next op only, the one running now (``tag``: what it is,
+        for the caller's categories)."""
         b = Block(self.block_size(nbytes), self.clock + 1, self.pass_index, self.layer, self.phase)
         b.free = self.clock + 1
+        b.tag = tag
         self.blocks.append(b)
 
     def workspace(self, kind: str, thread: str, nbytes: int) -> Block:

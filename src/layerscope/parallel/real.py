@@ -5,8 +5,8 @@ The launcher (``layerscope.torchrun.launch_parallel``) starts ``torchrun -m laye
 every rank builds the model from the spec with the same seed (identical weights before sharding),
 and hands a factory here. A rank parallelizes it (``apply.parallelize``), takes its data-parallel
 slice of the global batch (tensor-parallel ranks the same slice), trains ``steps`` steps and writes
-what it measured: its peak memory per step from the CPU allocator's own events
-(``capture.measure.measure_cpu``: the profiler with ``profile_memory=True``), the loss per step
+what it measured: its peak memory per step from the CPU allocator's own count of every thread's
+blocks (``capture.measure.measure_cpu(threads=True)``: libc10's memory reporter), the loss per step
 (averaged over the data-parallel ranks), the first step's gradients as full tensors (rank 0), and
 the step times (``steps`` more steps timed without the profiler, whose event buffers slow steps).
 """
@@ -31,6 +31,9 @@ from .apply import (amp_context, build_mesh, canonical_tensors, data_parallel_ra
 __all__ = ["make_batch", "reference_run", "run_rank", "training_loss", "measure_one_rank", "OPTIMIZERS"]
 
 OPTIMIZERS = ("adamw", "sgd")
+# a rank's stderr while its steps are measured (the allocator's count; the launcher reads what else it
+# holds when the rank dies)
+STDERR_LOG = "stderr.log"
 
 
 def make_batch(vocab: int, batch: int, seq: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,8 +96,11 @@ def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: i
     grads.pt (step 1's gradients, full tensors named as in the unparallelized model)."""
     import torch.distributed as dist
 
-    from ..capture.measure import measure_cpu, state_bytes
+    from ..capture.measure import count_cpu_allocations, measure_cpu, state_bytes
 
+    # the CPU allocator counts every thread's blocks from here on, before the model and the gloo group
+    # exist: gloo's worker threads make buffers and free the step's tensors the profiler never sees
+    count_cpu_allocations()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world != config.world:
         raise InputError(f"torchrun started {world} ranks, the configuration needs {config.world}")
@@ -160,9 +166,13 @@ def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: i
         held += [_local(p.grad) for p in model.parameters() if p.grad is not None]
         held += [_local(t) for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
         before = state_bytes(held)
-        # every thread's allocator events: gloo's worker threads allocate buffers and free the step's
-        # tensors (recorded on the step's thread alone, the peaks drifted up step after step)
-        measured = measure_cpu(all_steps, before, steps - 2, threads=True)
+        # let go of them: this list kept the warm-up's gradients alive through every measured step
+        # (zero_grad freed nothing), 180,864 B (every gradient) above the real peak on FSDP 2
+        del held
+        # every thread's allocations and frees: gloo's worker threads allocate buffers and free the
+        # step's tensors (recorded on the step's thread alone, the peaks drifted up step after step)
+        measured = measure_cpu(all_steps, before, steps - 2, threads=True,
+                               log_path=os.path.join(out_dir, f"rank{rank}.{STDERR_LOG}"))
         times.clear()
         for _ in range(steps):          # timed without the profiler
             one_step(False)

@@ -159,28 +159,37 @@ class RankRun:
         return "temporary"
 
 
-# gloo's all-gather copies through a flat buffer of the gathered size that its worker thread
-# allocates and frees while the collective runs (measured: torchrun, 2 ranks, the CPU allocator's
-# events of the worker threads: one alloc/free pair of the output's bytes per all-gather, none for
-# reduce-scatter). NCCL gathers in place.
-_GLOO_FLAT = frozenset({"c10d._allgather_base_", "_c10d_functional.all_gather_into_tensor"})
+# What ProcessGroupGloo allocates itself while a collective runs, and frees before it returns (measured:
+# torchrun, 2 ranks, the CPU allocator's own count of every thread, capture.measure.count_cpu_allocations;
+# its source says the same): an all-gather copies through a flat buffer of the gathered bytes (its worker
+# thread makes it, twice in a row for all_gather_into_tensor, never both at once); a reduce-scatter is an
+# all-reduce of a clone of its input, the rank's chunk copied out after. NCCL does neither. op -> which of
+# the op's tensors has the buffer's size ("in": its first tensor argument, "out": its first output).
+_GLOO_BUFFERS = {"c10d._allgather_base_": ("in", 0), "_c10d_functional.all_gather_into_tensor": ("out", 0),
+                 "c10d._reduce_scatter_base_": ("in", 1), "_c10d_functional.reduce_scatter_tensor": ("in", 0)}
 
 
 class RankTracker(StorageTracker):
     """The storage tracker of one simulated rank: the collectives' tensors are communication buffers,
-    and on gloo (CPU ranks) each all-gather also holds gloo's flat buffer of the gathered bytes while
-    it runs."""
+    and on gloo (CPU ranks) each all-gather and reduce-scatter also holds gloo's own buffer
+    (``_GLOO_BUFFERS``) while it runs."""
 
     def __init__(self, block_size=None, gloo: bool = False, workspace=None) -> None:
         super().__init__(block_size, workspace)
         self.gloo = gloo
+        self.gloo_late_bytes = 0     # the largest reduce-scatter clone (results.ESTIMATES' gloo line)
 
     def on_op(self, ins, outs, sizes=None) -> None:
         name = self.op_name
-        if self.gloo and name in _GLOO_FLAT:
-            gathered = ins[0] if name.startswith("c10d.") else (outs[0] if outs else None)
-            if gathered is not None:
-                self.transient(int(gathered.numel()) * gathered.element_size())
+        where = _GLOO_BUFFERS.get(name) if self.gloo else None
+        if where is not None:
+            side, i = where
+            tensors = ins if side == "in" else outs
+            if len(tensors) > i and isinstance(tensors[i], torch.Tensor):
+                nbytes = int(tensors[i].numel()) * tensors[i].element_size()
+                self.transient(nbytes, tag=_COMM)
+                if "reduce_scatter" in name:
+                    self.gloo_late_bytes = max(self.gloo_late_bytes, nbytes)
         super().on_op(ins, outs, sizes)
         if name in _COMM_TENSOR_OPS:
             for t in (*ins, *outs):

@@ -15,13 +15,14 @@ from .table import Column, Fact, Table, flat_table
 
 __all__ = ["ParallelReport", "RoleRow", "PARALLEL_COLUMNS", "SCHEMA"]
 
-SCHEMA = 1      # the parallel JSON's own version (plans, ranks, measured; step_time reserved)
+SCHEMA = 2      # the parallel JSON's own version (plans, ranks, measured; step_time reserved). 2: a rank's
+#                 breakdown has the estimate "gloo late free (estimate)"; nothing removed or renamed
 
 _SHORT = {"sharded parameters": "Params", "gathered parameters": "Gathered", "gradients": "Grads",
           "optimizer state": "Optim", "activations": "Activ", "recompute": "Recomp",
           "communication buffers": "Comm", "inputs, outputs and buffers": "In/out", "workspaces": "Wkspace",
           "temporary": "Temp",
-          ESTIMATES[0]: "NCCL~"}
+          ESTIMATES[0]: "NCCL~", ESTIMATES[1]: "Gloo~"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +53,7 @@ PARALLEL_COLUMNS: tuple[Column, ...] = (
     Column("phase", "At", "text", lambda r, rep: f"step {r.memory.peak_step} {r.memory.peak_phase}", drop=5),
     # a narrow terminal keeps the peak, the shards, the gathered parameters, optimizer state and
     # activations longest
-    *(_part(p, d) for p, d in zip(PARTS + ESTIMATES, (0, 0, 1, 0, 0, 2, 4, 4, 4, 3, 2))),
+    *(_part(p, d) for p, d in zip(PARTS + ESTIMATES, (0, 0, 1, 0, 0, 2, 4, 4, 4, 3, 2, 2))),
 )
 
 

@@ -16,7 +16,7 @@ import torch
 
 from ..errors import InputError
 from ..options import ParallelConfig, dtype_short
-from ..parallel.real import OPTIMIZERS, make_batch, reference_run, run_rank
+from ..parallel.real import OPTIMIZERS, STDERR_LOG, make_batch, reference_run, run_rank
 from ..parallel.results import ParallelRunResult
 from .procs import _free_port, _worker_error
 
@@ -139,7 +139,7 @@ def launch_parallel(spec: str, config: ParallelConfig, *, input_ids: tuple[int, 
                 break
         if proc.returncode != 0:
             raise InputError(f"the parallel run ({config.label()}) failed (torchrun exit {proc.returncode}): "
-                             + _one_line(_worker_error(proc.stderr or proc.stdout or "")))
+                             + _one_line(_worker_error((proc.stderr or proc.stdout or "") + _measured_stderr(tmp))))
         ranks = []
         for r in range(procs):
             with open(os.path.join(tmp, f"rank{r}.json")) as f:
@@ -155,3 +155,18 @@ def launch_parallel(spec: str, config: ParallelConfig, *, input_ids: tuple[int, 
     rtol = BF16_LOSS_RTOL if config.mixed_precision == "bf16" else FP32_LOSS_RTOL
     return ParallelRunResult(config=config, ranks=tuple(ranks), losses=tuple(ranks[0]["losses"]),
                              reference_losses=tuple(ref), loss_rtol=rtol, max_rel_grad_diff=diff)
+
+
+def _measured_stderr(out_dir: str) -> str:
+    """What a rank that died while its steps were measured wrote to stderr meanwhile (its file of the
+    allocator's count, less the count's own lines), each line marked with its rank as torchrun does."""
+    import glob
+
+    from ..capture.measure import read_counted
+    lines = []
+    for path in sorted(glob.glob(os.path.join(out_dir, f"rank*.{STDERR_LOG}"))):
+        rank = os.path.basename(path).split(".")[0]
+        with open(path, "rb") as f:
+            _, rest = read_counted(f, 0)
+        lines += [text if text.startswith(f"[{rank}]") else f"[{rank}]: {text}" for text in map(str.rstrip, rest)]
+    return "\n" + "\n".join(lines) if lines else ""
