@@ -14,7 +14,7 @@ show, an estimate on its own line (``ESTIMATES``), so a reader sees its weight:
   the collective runs); the clone's last reference is its worker thread's, which drops it when the
   thread next runs, after the step has gone on. On this 2-core machine that happened on some ranks and
   not others of the same run (torchrun, 2 and 4 ranks, the CPU allocator's own count of every thread:
-  ranks holding the same shards 0 to 11% apart): the line is the largest such clone of the rank, so the
+  ranks holding the same shards 0 to 12% apart): the line is the largest such clone of the rank, so the
   peak is the most it can reach if one clone outlives its collective. NCCL ranks have none.
 The caching allocator's 512-byte rounding is simulated exactly on a CUDA
 target, and cuBLAS's two workspaces are a part of their own (``workspaces``); its fragmentation is not
