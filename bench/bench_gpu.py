@@ -1,8 +1,8 @@
 """What only a GPU can show: layerscope's predictions against the CUDA allocator and kernels.
 
-  python bench/bench_gpu.py [--out DIR] [--only memory,sdpa,fsdp] [--model Llama|GPT-2]   # with a CUDA GPU
+  python bench/bench_gpu.py [--out DIR] [--only memory,sdpa,fsdp,stages] [--model Llama|GPT-2]   # with a CUDA GPU
 
-Nothing here runs in the suite (CI has no GPU). Three parts, each a table; the figures of the last run
+Nothing here runs in the suite (CI has no GPU). Four parts, each a table; the figures of the last run
 are in docs/benchmarks.md ("On a GPU").
 
 1. memory: memory() of one training step twice over (the optimizer state exists from the first step
@@ -18,6 +18,9 @@ are in docs/benchmarks.md ("On a GPU").
    ``fake`` backend (no data moves, no NCCL buffers), ``torch.cuda.max_memory_allocated`` per step
    (parallel.real.measure_one_rank) against parallel()'s prediction for a CUDA rank with backend
    "fake" (no NCCL buffers to estimate: the prediction is the simulation's alone).
+4. stages: the same for pipeline stages (``pp`` 2, alone and with FSDP, GPipe and 1F1B, with full
+   checkpointing): the first and the last stage's first rank run by torch's ``PipelineStage`` and
+   schedule on this GPU (parallel.real.measure_stage_rank), P2P on the fake backend too.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "src"))
 
 import layerscope as ls  # noqa: E402
 
-ROWS: dict[str, list] = {"memory": [], "sdpa": [], "fsdp": []}
+ROWS: dict[str, list] = {"memory": [], "sdpa": [], "fsdp": [], "stages": []}
 
 
 def _cuda(x):
@@ -186,18 +189,25 @@ FSDP_CONFIGS = [("Llama", dict(gpus=8)), ("Llama", dict(gpus=8, ac="full")), ("L
                 ("GPT-2", dict(gpus=8, tp=2, ac="full"))]
 
 
-def one_fsdp(i: int) -> dict:
+def _sharded_case(case):
+    """(model name, spec, overrides, ParallelConfig, ids, labels) of a (model name, config keywords) case:
+    random token ids and labels of the local batch FSDP_BATCH, seeded."""
     from layerscope.options import ParallelConfig
-    from layerscope.parallel.real import measure_one_rank
-    from layerscope.specs import build_model
 
-    name, kw = FSDP_CONFIGS[i]
+    name, kw = case
     spec, over = FSDP_MODELS[name]
     vocab = over.get("vocab_size")
-    config = ParallelConfig(**kw)
     g = torch.Generator().manual_seed(0)
     b, s = FSDP_BATCH
     ids, labels = torch.randint(0, vocab, (b, s), generator=g), torch.randint(0, vocab, (b, s), generator=g)
+    return name, spec, over, ParallelConfig(**kw), ids, labels
+
+
+def one_fsdp(i: int) -> dict:
+    from layerscope.parallel.real import measure_one_rank
+    from layerscope.specs import build_model
+
+    name, spec, over, config, ids, labels = _sharded_case(FSDP_CONFIGS[i])
 
     def loss_fn(out):   # the simulation's logits are fake CPU tensors: the labels go where they are
         return F.cross_entropy(out.logits.flatten(0, 1).float(), labels.to(out.logits.device).flatten(0, 1))
@@ -212,6 +222,20 @@ def one_fsdp(i: int) -> dict:
                 phase=r0.peak_phase, seconds=seconds, step_peaks=list(m.step_peaks), notes=list(m.notes))
 
 
+def _run_cases(configs, fn, part: str, only: str | None, width: int):
+    """Each (model name, keywords) case of ``configs`` (``only``: that model's) run by ``fn(i)``: a failure
+    is a row of its own in ``ROWS[part]``, printed; yields (name, keywords, result) of the others."""
+    for i, (name, kw) in enumerate(configs):
+        if only and name != only:
+            continue
+        r = _case(fn, i)
+        if "error" in r:
+            ROWS[part].append(dict(config=f"{name} {kw}", **r))
+            print(f"{name} {str(kw)[:width]:{width}} FAILED {r['error'][:300]}", flush=True)
+            continue
+        yield name, kw, r
+
+
 def part_fsdp(only: str | None = None) -> None:
     print("\n3. One rank on this GPU, collectives on torch's fake backend: "
           "parallel(device='cuda', backend='fake') vs torch.cuda.max_memory_allocated")
@@ -220,14 +244,7 @@ def part_fsdp(only: str | None = None) -> None:
     print(f"local batch {FSDP_BATCH[0]}x{FSDP_BATCH[1]}, AdamW, 3 steps (the peak of steps 2-3); the fake backend "
           "has no NCCL buffers to estimate")
     print(f"{'configuration':48} {'predicted':>14} {'measured':>14} {'diff':>8}")
-    for i, (name, kw) in enumerate(FSDP_CONFIGS):
-        if only and name != only:
-            continue
-        r = _case(one_fsdp, i)
-        if "error" in r:
-            ROWS["fsdp"].append(dict(config=f"{name} {kw}", **r))
-            print(f"{name} {str(kw)[:40]:40} FAILED {r['error'][:300]}")
-            continue
+    for name, kw, r in _run_cases(FSDP_CONFIGS, one_fsdp, "fsdp", only, 40):
         measured = max(r["step_peaks"][1:])
         d = 100.0 * (r["predicted"] - measured) / measured
         ROWS["fsdp"].append(dict(r, measured=measured, diff=d))
@@ -236,21 +253,69 @@ def part_fsdp(only: str | None = None) -> None:
         print(f"{label[:48]:48} {r['predicted']:>14,} {measured:>14,} {d:>+7.2f}%   ({r['phase']}, sim {r['seconds']:.1f} s)")
 
 
+STAGE_CONFIGS = [("Llama", dict(gpus=2, pp=2, fsdp=1, microbatches=4, schedule="gpipe")),
+                 ("Llama", dict(gpus=2, pp=2, fsdp=1, microbatches=4, schedule="gpipe", mixed_precision="off")),
+                 ("Llama", dict(gpus=8, pp=2, microbatches=4, schedule="1f1b")),
+                 ("Llama", dict(gpus=8, pp=2, microbatches=4, schedule="1f1b", ac="full")),
+                 ("Llama", dict(gpus=8, pp=2, microbatches=4, schedule="gpipe", ac="selective-op")),
+                 ("GPT-2", dict(gpus=8, pp=2, microbatches=4, schedule="1f1b"))]
+
+
+def one_stage(i: int) -> dict:
+    from layerscope.parallel.real import measure_stage_rank
+    from layerscope.specs import build_model
+
+    name, spec, over, config, ids, labels = _sharded_case(STAGE_CONFIGS[i])
+
+    def loss_fn(out, target):   # measure_stage_rank's loss, per micro-batch
+        return F.cross_entropy(out.logits.flatten(0, 1).float(), target.to(out.logits.device).flatten(0, 1))
+    t0 = time.perf_counter()
+    rep = ls.parallel(build_model(spec, "meta", over, "causal-lm").model, ids, config=config, device="cuda",
+                      gpu="H100", backend="fake", steps=3, loss_fn=loss_fn, target=labels)
+    seconds = time.perf_counter() - t0
+    out = []
+    for rank in (0, config.world - 1):          # the first and the last stage
+        r = rep.plan.ranks[rank]
+        m = measure_stage_rank(lambda: build_model(spec, "cpu", over, "causal-lm").model, config, rank, ids,
+                               labels, steps=3, device="cuda")
+        torch.cuda.empty_cache()
+        out.append(dict(rank=rank, predicted=r.peak_bytes, breakdown=dict(r.breakdown), phase=r.peak_phase,
+                        step_peaks=list(m.step_peaks), notes=list(m.notes)))
+    return dict(model=name, config=config.label(), schedule=config.schedule, microbatches=config.microbatches,
+                seconds=seconds, ranks=out)
+
+
+def part_stages(only: str | None = None) -> None:
+    print("\n4. Pipeline stages on this GPU (the first and the last stage's first rank), torch's PipelineStage and "
+          "schedule, collectives and P2P on torch's fake backend: parallel(device='cuda', backend='fake') vs "
+          "torch.cuda.max_memory_allocated")
+    print(f"{'configuration':56} {'rank':>4} {'predicted':>14} {'measured':>14} {'diff':>8}")
+    for name, kw, r in _run_cases(STAGE_CONFIGS, one_stage, "stages", only, 50):
+        for x in r["ranks"]:
+            x["measured"] = measured = max(x["step_peaks"][1:])
+            x["diff"] = d = 100.0 * (x["predicted"] - measured) / measured
+            label = f"{name} {r['config']}, {r['schedule']} x{r['microbatches']}" + \
+                (" (mp off)" if "mixed_precision" in kw else "")
+            print(f"{label[:56]:56} {x['rank']:>4} {x['predicted']:>14,} {measured:>14,} {d:>+7.2f}%   ({x['phase']})",
+                  flush=True)
+        ROWS["stages"].append(r)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--only", default="memory,sdpa,fsdp")
-    ap.add_argument("--model", help="part 3: only this model's configurations (Llama, GPT-2)")
+    ap.add_argument("--only", default="memory,sdpa,fsdp,stages")
+    ap.add_argument("--model", help="parts 3 and 4: only this model's configurations (Llama, GPT-2)")
     ns = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_gpu.py needs a CUDA GPU")
     import transformers
     print(f"{torch.cuda.get_device_name()} sm {torch.cuda.get_device_capability()}, torch {torch.__version__}, "
           f"transformers {transformers.__version__}, cuDNN {torch.backends.cudnn.version()}")
-    parts = {"memory": part_memory, "sdpa": part_sdpa, "fsdp": part_fsdp}
+    parts = {"memory": part_memory, "sdpa": part_sdpa, "fsdp": part_fsdp, "stages": part_stages}
     for name in ns.only.split(","):
         t0 = time.perf_counter()
-        parts[name](ns.model) if name == "fsdp" else parts[name]()
+        parts[name](ns.model) if name in ("fsdp", "stages") else parts[name]()
         print(f"  ({name}: {time.perf_counter() - t0:.0f} s)")
         with open(os.path.join(ns.out, "bench_gpu.json"), "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, **ROWS}, f, indent=1,

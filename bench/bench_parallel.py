@@ -9,18 +9,22 @@ buffers). This checks the simulation of torch's code, every configuration, exact
 Part 2, real runs under torchrun:
 For each configuration: the real run (``layerscope.torchrun.launch_parallel``: every rank builds the
 model from its spec with the same seed, applies the configuration with torch's FSDP2 / DTensor TP /
-checkpoint wrappers, trains 3 AdamW steps on its slice of a global batch; its peak per step from the
-CPU allocator's own running total of every thread's blocks (libc10's memory reporter,
+checkpoint wrappers (a pipeline rank: its stage of the uniform split, torch's PipelineStage and GPipe /
+1F1B schedule over 2 micro-batches), trains 5 AdamW steps on its slice of a global batch; its peak per
+step from the CPU allocator's own running total of every thread's blocks (libc10's memory reporter,
 ``capture.measure.count_cpu_allocations``), not layerscope's tracker), then the prediction
-(``layerscope.parallel`` on a meta copy of the same model, device="cpu", the same loss: fp32
-cross-entropy on the logits, each rank's local batch). Each rank's largest per-step peak against the
-simulated peak (gloo's own buffers included) and against the band up to the simulated peak plus the
-"gloo late free" estimate (a reduce-scatter's clone gloo's worker thread may free after the step has
-gone on: on some ranks of a run and not others).
+(``layerscope.parallel`` on a meta copy of the same model, device="cpu", the same loss: fp32 cross-
+entropy on the logits, each rank's local batch, per micro-batch in a pipeline). Each rank's largest per-
+step peak against the simulated peak (gloo's own buffers included) and against the band up to the
+simulated peak plus the "gloo late free" estimate (a reduce-scatter's clone gloo's worker thread may
+free after the step has gone on: on some ranks of a run and not others).
 
-Run: python bench/bench_parallel.py [--quick] [--gpt2] [--fake | --gloo]
-  (--quick: one configuration per family; --gpt2: GPT-2 (fused QKV) instead of Llama; --fake or --gloo:
-  that part only)
+Part 1b (``--stages``, alone): pipeline stages the same way as part 1, torch's PipelineStage and schedule
+on the fake backend (``parallel.real.measure_stage_rank``), each stage's first rank.
+
+Run: python bench/bench_parallel.py [--quick] [--gpt2] [--fake | --gloo | --stages]
+  (--quick: one configuration per family; --gpt2: GPT-2 (fused QKV) instead of Llama; --fake, --gloo or
+  --stages: that part only)
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 import layerscope as ls
+from layerscope.errors import InputError
 from layerscope.options import ParallelConfig
 from layerscope.specs import build_model
 from layerscope.torchrun import launch_parallel
@@ -43,7 +48,8 @@ BATCH = (4, 16)          # the global batch: (samples, tokens)
 
 
 def cases(quick: bool):
-    shapes = [dict(gpus=2), dict(gpus=2, tp=2), dict(gpus=4, tp=2)]
+    shapes = [dict(gpus=2), dict(gpus=2, tp=2), dict(gpus=4, tp=2), dict(gpus=2, fsdp=1, pp=2, microbatches=2),
+              dict(gpus=4, pp=2, microbatches=2), dict(gpus=4, fsdp=1, tp=2, pp=2, microbatches=2)]
     acs = ["none"] if quick else ["none", "full", "selective-op"]
     mps = ["off"] if quick else ["off", "bf16"]
     return [dict(**s, ac=ac, mixed_precision=mp) for s in shapes for ac in acs for mp in mps]
@@ -56,9 +62,10 @@ def predict(spec, overrides, config: ParallelConfig):
     ids = torch.zeros(rows, BATCH[1], dtype=torch.long)
     labels = torch.zeros(rows, BATCH[1], dtype=torch.long)
 
-    def loss_fn(out):        # the real run's loss (parallel/real.py training_loss)
-        return F.cross_entropy(out.logits.flatten(0, 1).float(), labels.flatten(0, 1))
-    return ls.parallel(model, ids, config=config, device="cpu", optimizer="adamw", steps=3, loss_fn=loss_fn)
+    def loss_fn(out, target):   # the real run's loss (parallel/real.py training_loss; per micro-batch in a pipeline)
+        return F.cross_entropy(out.logits.flatten(0, 1).float(), target.flatten(0, 1))
+    return ls.parallel(model, ids, config=config, device="cpu", optimizer="adamw", steps=3, loss_fn=loss_fn,
+                       target=labels)
 
 
 def fake_part(spec, overrides) -> None:
@@ -89,21 +96,71 @@ def fake_part(spec, overrides) -> None:
           f"{len(errors)} within 5%\n")
 
 
+STAGE_CASES = [dict(gpus=2, pp=2, microbatches=2, schedule="gpipe", mixed_precision="off"),
+               dict(gpus=2, pp=2, microbatches=4, schedule="1f1b", mixed_precision="off"),
+               dict(gpus=2, pp=2, microbatches=2, schedule="gpipe", mixed_precision="off", ac="full"),
+               dict(gpus=2, pp=2, microbatches=2, schedule="gpipe"),
+               dict(gpus=2, pp=2, microbatches=2, schedule="1f1b", ac="full"),
+               dict(gpus=4, pp=2, microbatches=2, schedule="1f1b"),
+               dict(gpus=4, pp=2, microbatches=2, schedule="1f1b", mixed_precision="off", ac="full"),
+               dict(gpus=4, pp=2, microbatches=2, schedule="1f1b", ac="full")]
+
+
+def stages_part(spec, overrides) -> None:
+    """Part 1b: pipeline stages the same way (``parallel.real.measure_stage_rank``: torch's PipelineStage
+    and schedule, the fake backend), each stage's first rank, a 4-layer model, local batch 4 x 32."""
+    from layerscope.parallel.real import measure_stage_rank
+    overrides = {**overrides, ("n_layer" if "n_layer" in overrides else "num_hidden_layers"): 4}
+    g = torch.Generator().manual_seed(0)
+    ids, labels = torch.randint(0, 128, (4, 32), generator=g), torch.randint(0, 128, (4, 32), generator=g)
+
+    def loss_fn(out, target):
+        return F.cross_entropy(out.logits.flatten(0, 1).float(), target.flatten(0, 1))
+    print(f"Part 1b: {spec} {overrides}, local batch 4x32, AdamW, 3 steps, each stage's first rank, the fake backend")
+    print("| configuration | schedule | micro-batches | mixed precision | rank | measured (B) | predicted (B) | "
+          "error |")
+    print("|---|---|---:|---|---:|---:|---:|---:|")
+    errors = []
+    for kw in STAGE_CASES:
+        config = ParallelConfig(**kw)
+        rep = ls.parallel(build_model(spec, "meta", overrides, "causal-lm").model, ids, config=config, device="cpu",
+                          backend="fake", steps=3, loss_fn=loss_fn, target=labels)
+        for rank in range(0, config.world, config.world // config.pp):
+            measured = measure_stage_rank(lambda: build_model(spec, "cpu", overrides, "causal-lm").model, config,
+                                          rank, ids, labels, steps=3).peak_bytes
+            pred = rep.plan.ranks[rank].peak_bytes
+            errors.append(pred / measured - 1)
+            mp = config.mixed_precision + (" (autocast)" if config.mixed_precision == "bf16" and config.dp == 1 else "")
+            print(f"| {config.label()} | {config.schedule} | {config.microbatches} | {mp} | {rank} | {measured:,} | "
+                  f"{pred:,} | {pred / measured - 1:+.2%} |", flush=True)
+    print(f"\nerrors from {min(errors):+.2%} to {max(errors):+.2%}; {sum(abs(e) <= 0.05 for e in errors)} of "
+          f"{len(errors)} within 5%\n")
+
+
 def main() -> None:
     spec, overrides = GPT2 if "--gpt2" in sys.argv else LLAMA
+    if "--stages" in sys.argv:
+        stages_part(spec, overrides)
+        return
     if "--gloo" not in sys.argv:
         fake_part(spec, overrides)
     if "--fake" in sys.argv:
         return
     print(f"{spec} {overrides}, global batch {BATCH[0]}x{BATCH[1]}, AdamW, 5 steps (3 measured), torch {torch.__version__}")
-    print("| ranks | fsdp | tp | ac | mixed precision | loss rel diff | grad rel diff | simulated (B) | gloo late free "
+    print("| ranks | fsdp | tp | pp | ac | mixed precision | loss rel diff | grad rel diff | simulated (B) | gloo late free "
           "(B) | measured per rank (B) | measured / simulated - 1 | outside the band | s |")
-    print("|---:|---:|---:|---|---|---:|---:|---:|---:|---|---|---:|---:|")
-    worst_all, sim_errors = [], []
+    print("|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---|---|---:|---:|")
+    worst_all, sim_errors, failed = [], [], []
     for kw in cases("--quick" in sys.argv):
         config = ParallelConfig(**kw)
         t = time.perf_counter()
-        real = launch_parallel(spec, config, input_ids=BATCH, steps=5, overrides=overrides)
+        try:
+            real = launch_parallel(spec, config, input_ids=BATCH, steps=5, overrides=overrides)
+        except InputError as e:        # one failed run is a row of its own, not the end of the table
+            failed.append(config.label())
+            print(f"| {config.world} | {config.fsdp} | {config.tp} | {config.pp} | {config.ac} | "
+                  f"{config.mixed_precision} | FAILED: {str(e)[:400]} |", flush=True)
+            continue
         rep = predict(spec, overrides, config)
         sims = {rep.plan.ranks[r].simulated_peak_bytes for r in range(config.world)}
         lates = {rep.plan.ranks[r].breakdown["gloo late free (estimate)"] for r in range(config.world)}
@@ -116,14 +173,16 @@ def main() -> None:
             outside = max(outside, max(sim - measured, measured - top, 0) / measured)
         sim_errors += errs
         worst_all.append(outside)
-        print(f"| {config.world} | {config.fsdp} | {config.tp} | {config.ac} | {config.mixed_precision} | "
-              f"{real.max_rel_loss_diff:.1e} | {real.max_rel_grad_diff:.1e} | {'/'.join(f'{v:,}' for v in sorted(sims))} | "
+        print(f"| {config.world} | {config.fsdp} | {config.tp} | {config.pp} | {config.ac} | "
+              f"{config.mixed_precision} | {real.max_rel_loss_diff:.1e} | {real.max_rel_grad_diff:.1e} | "
+              f"{'/'.join(f'{v:,}' for v in sorted(sims))} | "
               f"{'/'.join(f'{v:,}' for v in sorted(lates))} | {', '.join(f'{m:,}' for m in real.peak_bytes)} | "
               f"{', '.join(f'{e:+.1%}' for e in errs)} | {outside:.1%} | {time.perf_counter() - t:.0f} |", flush=True)
     within = sum(abs(e) <= 0.05 for e in sim_errors)
     print(f"\n{sum(e <= 0.05 for e in worst_all)} of {len(worst_all)} configurations: every rank within 5% of the band "
           f"[simulated, simulated + gloo late free]; {within} of {len(sim_errors)} ranks within 5% of the simulation "
-          f"alone (measured / simulated - 1 from {min(sim_errors):+.1%} to {max(sim_errors):+.1%})")
+          f"alone (measured / simulated - 1 from {min(sim_errors):+.1%} to {max(sim_errors):+.1%})"
+          + (f"; {len(failed)} run(s) failed: {', '.join(failed)}" if failed else ""))
 
 
 if __name__ == "__main__":

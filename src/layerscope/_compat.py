@@ -121,6 +121,15 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
     # process's life; a simulation (on its CPU mesh) and a measured run must not meet another run's
     "dtensor_random": ("torch.distributed.tensor._random (its _rng_tracker)", "2.5",
                        lambda: _module("torch.distributed.tensor._random")),
+    # DTensor's caches of sharding propagation and redistribution plans, keyed by device meshes that compare
+    # equal across process groups (same shape, names, ranks): a mesh of a group destroyed since answers
+    # for a new one ("Could not resolve the process group"); a simulation clears them when its world
+    # begins and ends
+    "dtensor_mesh_caches": ("DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear (and "
+                            "torch._C._clear_DTensor_sharding_propagator_cache, "
+                            "torch.distributed.tensor._redistribute.clear_redistribute_planner_cache where they "
+                            "exist)", "2.5",
+                            lambda: _dtensor_mesh_caches()),
     "c10d_reduce_scatter": ("torch.ops._c10d_functional.reduce_scatter_tensor", "2.4",
                             lambda: torch.ops._c10d_functional.reduce_scatter_tensor.default),
     "flex_attention_hop": ("torch._higher_order_ops.flex_attention", "2.5",
@@ -142,6 +151,23 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
 # module, most of the cost of hooking a deep model).
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
                "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+
+
+def _dtensor_mesh_caches():
+    """A function that empties DTensor's caches that hold device meshes (see the API's entry)."""
+    from torch.distributed.tensor import DTensor
+    clears = [DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear]
+    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)   # the C++ fast path's own
+    if native is not None:
+        clears.append(native)
+    planner = getattr(_module("torch.distributed.tensor._redistribute"), "clear_redistribute_planner_cache", None)
+    if planner is not None:
+        clears.append(planner)
+
+    def clear() -> None:
+        for fn in clears:
+            fn()
+    return clear
 
 
 def _c10_cpu_report_flags():

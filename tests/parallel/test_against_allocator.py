@@ -60,8 +60,17 @@ def test_vocabulary_parallel_loss_temporaries_are_seen():
 
 
 @pytest.mark.parametrize("kw", [dict(gpus=2, pp=2, microbatches=2, schedule="gpipe", mixed_precision="off"),
-                                dict(gpus=4, pp=2, microbatches=2, schedule="1f1b")],
-                         ids=["pp2-gpipe-fp32", "fsdp2xpp2-1f1b-bf16"])
+                                dict(gpus=4, pp=2, microbatches=2, schedule="1f1b"),
+                                # the second stage's checkpointed blocks recompute on the received activation
+                                # (they ran on the stub's zeros before it, and torch refused the recompute)
+                                dict(gpus=2, pp=2, microbatches=2, schedule="gpipe", mixed_precision="off",
+                                     ac="full"),
+                                # bf16 without FSDP is autocast, one region around the schedule's step as
+                                # torchtitan runs it: the weights' bf16 casts are made once for all the
+                                # micro-batches (+6.2% / +6.7% when each forward had a region of its own)
+                                dict(gpus=2, pp=2, microbatches=2, schedule="1f1b", ac="full")],
+                         ids=["pp2-gpipe-fp32", "fsdp2xpp2-1f1b-bf16", "pp2-gpipe-fp32-ac-full",
+                              "pp2-1f1b-autocast-ac-full"])
 def test_pipeline_rank_peak_within_5_percent_of_the_allocator(kw):
     # each stage's first and last rank: the real stage run by torch's PipelineStage and schedule on the fake
     # backend (parallel.real.measure_stage_rank), its peak from the CPU allocator's events
@@ -78,5 +87,5 @@ def test_pipeline_rank_peak_within_5_percent_of_the_allocator(kw):
         measured = measure_stage_rank(lambda: build_model(spec, "cpu", overrides, "causal-lm").model, config, rank,
                                       ids, labels, steps=3)
         predicted = rep.plan.ranks[rank].peak_bytes
-        # measured 2026-11-25: -2.4% .. +0.9% over 7 stage ranks (docs/benchmarks.md)
+        # measured 2026-11-26: -0.64% .. +0.04% over these 8 stage ranks (docs/benchmarks.md)
         assert abs(predicted / measured.peak_bytes - 1) <= 0.05, (rank, predicted, measured.peak_bytes)

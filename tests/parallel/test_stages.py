@@ -89,12 +89,15 @@ def test_uniform_split_and_refusals():
 def test_parallel_simulates_each_stage_on_its_first_rank():
     import layerscope
     from ..helpers import assert_unchanged, snapshot
+    import sys
     torch.manual_seed(0)
     m, x = Net(), torch.randn(256, 32)
-    before = snapshot(m)
+    before, hook = snapshot(m), sys.excepthook
     rep = layerscope.parallel(m, x, gpus=4, pp=2, microbatches=4, schedule="gpipe", mixed_precision="off",
                               device="cpu")
     assert_unchanged(before, m)
+    # torch's init_process_group leaves a hook of its own that prefixes tracebacks with "[rank0]: ": put back
+    assert sys.excepthook is hook
     ranks = rep.plan.ranks
     assert [r.coords["pp"] for r in ranks] == [0, 0, 1, 1]
     assert [r.simulated_as for r in ranks] == [0, 0, 2, 2]
@@ -109,3 +112,50 @@ def test_parallel_simulates_each_stage_on_its_first_rank():
         c = {x.kind: x for x in ranks[r].collectives}
         assert (c["send"].calls, c["send"].bytes_read, c["recv"].calls, c["recv"].bytes_written) == \
             (4, 4 * 16_384, 4, 4 * 16_384)
+
+
+class TiedNet(Net):
+    """Net with a square embedding whose weight the head shares (GPT-2's tie): stage 0 holds the
+    embedding, the last stage the head, each a copy of the one parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(64, 64, bias=False)
+        self.head = nn.Linear(64, 64, bias=False)
+        self.head.weight = self.embed.weight
+
+
+@pytest.mark.parametrize("gpus,shard", [(2, 64 * 64 * 4), (4, 32 * 64 * 4)])
+def test_weights_tied_across_stages_get_one_all_reduce_of_their_gradient(gpus, shard):
+    import layerscope
+    from layerscope.parallel.stages import stage_ties
+    m, x = TiedNet(), torch.randn(256, 64)
+    config = ParallelConfig(gpus=gpus, pp=2, microbatches=4, mixed_precision="off")
+    assert stage_ties(m, config) == [{0: "embed.weight", 1: "head.weight"}]
+    rep = layerscope.parallel(m, x, config=config, device="cpu")
+    # each stage's copy of the [64, 64] fp32 weight (16,384 B), sharded on dim 0 by FSDP over gpus / 2 ranks:
+    # its gradient's shard summed once a step between the two stages; a ring all-reduce over 2 moves
+    # 2 x (2 - 1) / 2 of it through each rank
+    for r in rep.plan.ranks:
+        (tie,) = [c for c in r.collectives if c.op == "tie.all_reduce"]
+        assert (tie.kind, tie.group, tie.group_size, tie.calls, tie.bytes_read, tie.ring_bytes) == \
+            ("all-reduce", "pp", 2, 1, shard, shard)
+    # untied: no such all-reduce
+    plain = layerscope.parallel(Net(), torch.randn(256, 32), config=config, device="cpu")
+    assert not any(c.op == "tie.all_reduce" for r in plain.plan.ranks for c in r.collectives)
+
+
+def test_tensor_parallel_stages_one_after_another():
+    # each stage is simulated in a fake world of its own; DTensor caches sharding plans by device mesh, and
+    # meshes of two worlds compare equal, so the second stage ran on the first world's process groups
+    # ("Could not resolve the process group") until the caches were emptied with each world
+    pytest.importorskip("transformers")
+    import layerscope
+    from layerscope.specs import build_model
+    over = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=128)
+    m = build_model("hf:LlamaConfig", "meta", over, "causal-lm").model
+    rep = layerscope.parallel(m, torch.zeros(4, 16, dtype=torch.long), gpus=4, tp=2, pp=2, fsdp=1, microbatches=2,
+                              device="cpu")
+    assert [r.simulated_as for r in rep.plan.ranks] == [0, 0, 2, 2]
+    assert all(r.peak_bytes > 0 for r in rep.plan.ranks)

@@ -502,6 +502,12 @@ def test_worker_errors_are_named():
             "[rank0]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1\n"
             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n")
     assert _worker_error(text) == "rank 1: RuntimeError: input tensor has to be contiguous"
+    # a rank killed by SIGABRT (an uncaught C++ exception in a worker thread) names what it threw; torchrun's
+    # summary at the end says only the signal
+    text = ("[rank1]: terminate called after throwing an instance of 'gloo::IoException'\n"
+            "[rank1]:   what():  [../gloo/transport/tcp/pair.cc:598] Read error\nx\n" + "torchrun summary\n" * 20)
+    assert _worker_error(text) == ("rank 1: terminate called after throwing an instance of 'gloo::IoException'\n"
+                                   "rank 1: what():  [../gloo/transport/tcp/pair.cc:598] Read error")
 
 
 def test_cli_split(capsys):

@@ -154,18 +154,19 @@ def profile_events(run: Callable, cuda: bool = False, prefix: str = "layerscope.
     return allocations, ranges
 
 
-def count_cpu_allocations() -> bool:
-    """From now on, for the rest of the process, the CPU allocator keeps the size of every block any
+def count_cpu_allocations(on: bool = True) -> bool:
+    """From now on (``on=False``: no more), the CPU allocator keeps the size of every block any
     thread makes and their running total (libc10's memory reporter, the flag
     ``caffe2_report_cpu_memory_usage``; it logs at INFO level, which c10 does not print by default).
     ``measure_cpu(threads=True)`` then reads that count for every thread. Call it before the tensors
     a measured step will free are made: a block made before is freed without being counted. A
-    process-wide switch: for a process of one's own (a torchrun rank), not a user's. Returns whether
-    this torch has it."""
+    process-wide switch: for a process of one's own (a torchrun rank), not a user's. Turned off, every
+    allocation and free costs what it did before (a lock and a table lookup each while on). Returns
+    whether this torch has it."""
     flags = _compat.get("c10_cpu_report_flags")
     if flags is None:
         return False
-    flags[0].value = True
+    flags[0].value = bool(on)
     return True
 
 

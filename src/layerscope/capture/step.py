@@ -83,11 +83,13 @@ class PipelinePass:
     graph, until the micro-batch's backward. The callables hold the stage's own machinery (received
     buffers, the gradients sent back, FSDP's deferred reduction): ``begin()`` before the pass,
     ``forward(m, args, kwargs)`` with the run's (whole) inputs, ``loss(m, output)`` on the last stage
-    (None elsewhere), ``backward(m, held)``, ``end()`` after the last action (still the backward)."""
+    (None elsewhere), ``backward(m, held, engine)`` (``engine(loss)`` or ``engine(outputs, gradients)``
+    runs autograd's backward as the step's own backward does: routed SDPA stays routed in a checkpointed
+    block's recompute), ``end()`` after the last action (still the backward)."""
 
     actions: tuple
     forward: Callable[[int, tuple, dict], Any]
-    backward: Callable[[int, Any], None]
+    backward: Callable[[int, Any, Callable], None]
     loss: Callable[[int, Any], torch.Tensor] | None = None
     begin: Callable[[], None] | None = None
     end: Callable[[], None] | None = None
@@ -181,11 +183,14 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
                     with attention.mode() if attention is not None else contextlib.nullcontext():
                         return pipeline.forward(m, args, kwargs)
 
-            def backward(loss):
+            def backward(loss, seeds=None):
+                # ``loss``, or (a pipeline stage's backward) its outputs with the gradients ``seeds``
                 if attention is None:
-                    return loss.backward()
+                    return loss.backward() if seeds is None else torch.autograd.backward(loss, seeds)
+                if seeds is None:
+                    loss, seeds = [loss], [torch.ones_like(loss, memory_format=torch.preserve_format)]
                 # routed SDPA stays routed in the backward (a checkpointed block's recompute)
-                return attention.backward([loss], [torch.ones_like(loss, memory_format=torch.preserve_format)])
+                return attention.backward(loss, seeds)
             run.param_names = {id(p): n for n, p in params.items()}
             if tracker is not None:
                 for n, p in params.items():
@@ -356,7 +361,7 @@ def _one_pass(run: StepRun, cap: Session, named, passes, autocast, loss_fn, trai
     try:
         with torch.set_grad_enabled(training), below, recorder, above:
             if pipeline is not None:
-                output = _pipeline_actions(cap, named, pipeline, call, saved_hooks, autocast, loss_fn, mark_phase)
+                output = _pipeline_actions(cap, named, pipeline, passes, saved_hooks, autocast, loss_fn, mark_phase)
             else:
                 with saved_hooks:
                     mark_phase(FORWARD)
@@ -387,13 +392,14 @@ def _one_pass(run: StepRun, cap: Session, named, passes, autocast, loss_fn, trai
     return output
 
 
-def _pipeline_actions(cap: Session, named, pipeline: PipelinePass, call, saved_hooks, autocast, loss_fn,
+def _pipeline_actions(cap: Session, named, pipeline: PipelinePass, passes, saved_hooks, autocast, loss_fn,
                       mark_phase):
     """A pipeline rank's actions (PipelinePass) in one pass: forwards keep their outputs and graphs
     alive until their backward (torch's PipelineStage keeps each micro-batch's output in its forward
     cache until then, the last stage's too, beside the loss). Returns what the pass remembers of the
     last forward's output: its bytes."""
     tracker = cap.storage
+    call, backward = passes
     modules = [m for _, m in named]
     held: dict[int, Any] = {}
     cache: dict[int, Any] = {}
@@ -401,11 +407,13 @@ def _pipeline_actions(cap: Session, named, pipeline: PipelinePass, call, saved_h
     backward_begun = False
     if pipeline.begin is not None:
         pipeline.begin()
-    for kind, m in pipeline.actions:
-        if kind == "F":
-            with saved_hooks:
-                mark_phase(FORWARD)
-                with autocast():
+    # one autocast region around the whole schedule step, as torchtitan steps a pipeline schedule under
+    # its autocast: the cache of the weights' casts lives across the micro-batches (a cast made once)
+    with autocast():
+        for kind, m in pipeline.actions:
+            if kind == "F":
+                with saved_hooks:
+                    mark_phase(FORWARD)
                     output = run_forward(cap, lambda: call(m))
                     if tracker is not None:
                         _mark_outputs(tracker, output)
@@ -420,20 +428,20 @@ def _pipeline_actions(cap: Session, named, pipeline: PipelinePass, call, saved_h
                     else:
                         held[m] = output
                     del output
-        elif kind == "B":
-            if m not in held:
-                raise InputError(f"the pipeline schedule runs the backward of micro-batch {m} before its forward")
-            if tracker is not None:
-                # storages this pass's forwards made and that are still alive are held for a backward
-                tracker.backward_starts()
-            backward_begun = True
-            mark_phase(BACKWARD)
-            h = held.pop(m)
-            run_backward(cap, modules, lambda: pipeline.backward(m, h))
-            del h
-            cache.pop(m, None)
-        else:
-            raise InputError(f"a pipeline action is 'F' or 'B', got {kind!r}")
+            elif kind == "B":
+                if m not in held:
+                    raise InputError(f"the pipeline schedule runs the backward of micro-batch {m} before its forward")
+                if tracker is not None:
+                    # storages this pass's forwards made and that are still alive are held for a backward
+                    tracker.backward_starts()
+                backward_begun = True
+                mark_phase(BACKWARD)
+                h = held.pop(m)
+                run_backward(cap, modules, lambda: pipeline.backward(m, h, backward))
+                del h
+                cache.pop(m, None)
+            else:
+                raise InputError(f"a pipeline action is 'F' or 'B', got {kind!r}")
     if held:
         raise InputError(f"the pipeline schedule leaves micro-batches {sorted(held)} without a backward")
     if pipeline.end is not None:

@@ -21,12 +21,13 @@ def run_parallel(ns: argparse.Namespace) -> int:
         global_batch=ns.global_batch, ac=ns.ac, mixed_precision=ns.mixed_precision, reduce_dtype=ns.reduce_dtype,
         model_dtype=ns.model_dtype or "fp32", reshard_after_forward=ns.reshard_after_forward, offload=ns.offload)
     model, args, kwargs = build_spec(ns, "meta")      # the simulation never needs the weights
-    loss_fn = None
+    loss_fn = target = None
     if ns.run:
-        loss_fn = _check_run(ns, args, kwargs)
+        loss_fn, target = _check_run(ns, args, kwargs)
     with status(f"simulating {config.world} rank(s)", ns):
         rep = parallel(model, *args, config=config, optimizer=ns.optimizer, steps=ns.steps or 2, device=ns.device,
-                       gpu=ns.gpu, memory_limit=ns.memory_limit, loss_fn=loss_fn, forward_kwargs=kwargs)
+                       gpu=ns.gpu, memory_limit=ns.memory_limit, loss_fn=loss_fn, target=target,
+                       forward_kwargs=kwargs)
     if ns.run:
         rep = _run(ns, rep, config)
     return emit(ns, rep)
@@ -34,7 +35,8 @@ def run_parallel(ns: argparse.Namespace) -> int:
 
 def _check_run(ns: argparse.Namespace, args, kwargs):
     """--run trains the configuration for real under torchrun here (gloo, CPU ranks): the prediction it
-    is compared with is for CPU ranks, with the run's loss (fp32 next-token cross-entropy on the logits)."""
+    is compared with is for CPU ranks, with the run's loss (fp32 next-token cross-entropy on the logits;
+    a pipeline's last stage takes it per micro-batch, the labels split alike). Returns (loss_fn, target)."""
     import torch.nn.functional as F
 
     from ..errors import InputError
@@ -45,10 +47,10 @@ def _check_run(ns: argparse.Namespace, args, kwargs):
     import torch
     labels = torch.zeros(tuple(ns.input_ids), dtype=torch.long)      # shapes only: the values do not matter
 
-    def loss_fn(out):   # what the real run computes (parallel.real.training_loss)
+    def loss_fn(out, target):   # what the real run computes (parallel.real.training_loss)
         logits = getattr(out, "logits", out[0] if isinstance(out, (tuple, list)) else out)
-        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
-    return loss_fn
+        return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(0, 1))
+    return loss_fn, labels
 
 
 def _run(ns: argparse.Namespace, rep, config):

@@ -25,15 +25,18 @@ from torch import nn
 from .. import _compat
 from ..errors import InputError
 from ..options import ParallelConfig
-from .apply import (amp_context, build_mesh, canonical_tensors, data_parallel_rank, loss_context, no_kv_cache,
-                    parallelize)
+from .apply import (amp_context, build_mesh, canonical_name, canonical_tensors, data_parallel_rank, loss_context,
+                    no_kv_cache, parallelize)
 
-__all__ = ["make_batch", "reference_run", "run_rank", "training_loss", "measure_one_rank", "OPTIMIZERS"]
+__all__ = ["make_batch", "reference_run", "run_rank", "training_loss", "measure_one_rank", "measure_stage_rank",
+           "pipeline_stage", "pipeline_step", "OPTIMIZERS", "PIPELINE_SCHEDULES"]
 
 OPTIMIZERS = ("adamw", "sgd")
 # a rank's stderr while its steps are measured (the allocator's count; the launcher reads what else it
 # holds when the rank dies)
 STDERR_LOG = "stderr.log"
+# step 1's gradients, full tensors, of the parameters one rank of each stage holds
+GRADS = "grads.pt"
 
 
 def make_batch(vocab: int, batch: int, seq: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,32 +119,50 @@ def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: i
             raise InputError("the model has no config.vocab_size to draw token ids from")
         ids, labels = make_batch(vocab, batch, seq, seed + 1)
         mesh = build_mesh(config, "cpu")
-        parallelize(model, config, mesh)
         dp_rank, acc = data_parallel_rank(config, mesh), config.accumulation
         rows = batch // config.dp
         my_ids, my_labels = ids[dp_rank * rows:(dp_rank + 1) * rows], labels[dp_rank * rows:(dp_rank + 1) * rows]
-        chunks = list(zip(my_ids.tensor_split(acc), my_labels.tensor_split(acc)))
+        pipe = None
+        if config.pp > 1:
+            # this rank's stage of the uniform split, torch's PipelineStage and schedule on the pp group;
+            # one schedule step per optimizer step (its micro-batches accumulate the gradients)
+            stage = mesh.get_local_rank("pp")
+            ties = tie_groups(model, config, mesh, stage)
+            model, pipe, sched = pipeline_stage(model, config, mesh, stage, my_ids)
+        else:
+            parallelize(model, config, mesh)
+            chunks = list(zip(my_ids.tensor_split(acc), my_labels.tensor_split(acc)))
         opt = _optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], lr)
         losses: list[float] = []
         times: list[float] = []
         grads: dict = {}
+        # the ranks that hold the loss: every rank, or the last stage's (the others add 0)
+        holders = world // config.pp
 
         def one_step(record: bool) -> None:
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             total = torch.zeros(())
-            for x, y in chunks:
-                with loss_context(config):
-                    with amp_context(config, "cpu"):
-                        loss = training_loss(model, x, y)
-                    (loss / acc).backward()
-                total += _local(loss).detach().float() / acc
+            if pipe is not None:
+                micro: list = []
+                with loss_context(config), amp_context(config, "cpu"):
+                    pipeline_step(sched, pipe, my_ids, my_labels, micro)
+                sum_tied_grads(model, ties)
+                for loss in micro:
+                    total += _local(loss).detach().float() / len(micro)
+            else:
+                for x, y in chunks:
+                    with loss_context(config):
+                        with amp_context(config, "cpu"):
+                            loss = training_loss(model, x, y)
+                        (loss / acc).backward()
+                    total += _local(loss).detach().float() / acc
             opt.step()
             times.append(time.perf_counter() - t0)
             if record:
                 # the mean over the data-parallel ranks (tensor-parallel ranks hold the same loss)
                 dist.all_reduce(total)
-                losses.append(float(total) / world)
+                losses.append(float(total) / holders)
 
         def all_steps(on_step) -> None:
             for i in range(2, steps):
@@ -149,22 +170,27 @@ def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: i
                 one_step(True)
                 on_step(i - 2, "end")
 
-        # steps 1 and 2 unmeasured. Step 1's gradients are gathered for the comparison (on rank 0 they
-        # stay alive, outside what the measured steps hold). Step 2 is a warm-up: measured, it held
-        # more than every later step (FSDP 2 on gloo, shrunk Llama, 6-step runs: 1,955 KiB against
-        # 1,740-1,744 KiB on both ranks; on the fake backend, in one process, 941 against 913 KiB of
-        # growth), which the simulation's second step, already its steady state, does not show. Each
-        # measured step starts with the optimizer's state and the last step's gradients alive.
+        # steps 1 and 2 unmeasured. Step 1's gradients are gathered for the comparison (on the first
+        # rank of each stage they stay alive, outside what the measured steps hold). Step 2 is a
+        # warm-up: measured, it held more than every later step (FSDP 2 on gloo, shrunk Llama, 6-step
+        # runs: 1,955 KiB against 1,740-1,744 KiB on both ranks; on the fake backend, in one process,
+        # 941 against 913 KiB of growth), which the simulation's second step, already its steady
+        # state, does not show. Each measured step starts with the optimizer's state and the last
+        # step's gradients alive (and a pipeline stage's receive buffers).
         one_step(True)
+        keeper = mesh is None or all(mesh.get_local_rank(n) == 0 for n in mesh.mesh_dim_names if n != "pp")
         for n, p in model.named_parameters():
             if p.grad is not None:
                 g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-                if rank == 0:
-                    grads[n] = g.detach().clone()
+                if keeper:
+                    # a stage module wraps the model as ``model``
+                    grads[n[len("model."):] if pipe is not None else n] = g.detach().clone()
         one_step(True)
         held = [_local(t) for t in (*model.parameters(), *model.buffers())] + [my_ids, my_labels]
         held += [_local(p.grad) for p in model.parameters() if p.grad is not None]
         held += [_local(t) for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+        if pipe is not None:
+            held += _stage_buffers(pipe)
         before = state_bytes(held)
         # let go of them: this list kept the warm-up's gradients alive through every measured step
         # (zero_grad freed nothing), 180,864 B (every gradient) above the real peak on FSDP 2
@@ -173,6 +199,7 @@ def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: i
         # step's tensors (recorded on the step's thread alone, the peaks drifted up step after step)
         measured = measure_cpu(all_steps, before, steps - 2, threads=True,
                                log_path=os.path.join(out_dir, f"rank{rank}.{STDERR_LOG}"))
+        count_cpu_allocations(on=False)   # the timed steps without the count's lock and table
         times.clear()
         for _ in range(steps):          # timed without the profiler
             one_step(False)
@@ -183,8 +210,8 @@ def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: i
                "before_bytes": before, "times": times, "losses": losses,
                "local_params": sum(_local(p).numel() for p in model.parameters()),
                "batch_rows": int(my_ids.shape[0])}
-        if rank == 0:
-            torch.save(canonical_tensors(grads), os.path.join(out_dir, "grads.pt"))
+        if keeper:
+            torch.save(canonical_tensors(grads), os.path.join(out_dir, f"rank{rank}.{GRADS}"))
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(out, f)
     finally:
@@ -237,68 +264,182 @@ def measure_one_rank(build: Callable[[], nn.Module], config: ParallelConfig, ran
 
 
 def measure_stage_rank(build: Callable[[], nn.Module], config: ParallelConfig, rank: int, ids: torch.Tensor,
-                       labels: torch.Tensor, *, steps: int = 3, optimizer: str = "adamw", seed: int = 0):
+                       labels: torch.Tensor, *, steps: int = 3, optimizer: str = "adamw", seed: int = 0,
+                       device: str = "cpu"):
     """The pipeline equivalent of ``measure_one_rank`` (``pp`` > 1): rank ``rank``'s stage (the uniform
     split, parallel/stages.py) built from a real model and parallelized on the mesh without ``pp``,
     trained ``steps`` steps by torch's own ``PipelineStage`` and schedule (``ScheduleGPipe`` or
     ``Schedule1F1B``, ``return_outputs=False``) on ``ids``/``labels`` (the rank's local batch, split
     into ``config.microbatches``), its P2P transfers and collectives on torch's ``fake`` backend.
     The loss: ``training_loss``'s cross-entropy on the logits, per micro-batch. Each step's peak from
-    the CPU allocator's events. Returns the ``Measured`` record."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-    from ..capture.measure import measure_cpu, state_bytes
+    the allocator, as ``measure_one_rank`` reads it on ``device`` (cpu or cuda: the whole model moved to
+    the current CUDA device before its stage is cut). Returns the ``Measured`` record."""
+    from ..capture.measure import measure_cpu, measure_cuda, state_bytes
+    from ..capture.storage import cuda_block_size
     from .simulate import fake_world
-    from .stages import parallelize_stage, split_micro, stage_module
 
-    schedules = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
-    if config.schedule not in schedules:
-        raise InputError(f"measure_stage_rank runs {', '.join(schedules)}, not {config.schedule}")
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"measure_stage_rank runs on cpu or cuda, not {device!r}")
     stage = rank // (config.world // config.pp)
+    here = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     with fake_world(rank, config.world):
         torch.manual_seed(seed)
         model = build()
         no_kv_cache(model)
         model.train()
-        (mid,), _ = split_micro((ids,), {}, 0, config.microbatches)
-        mod, own = stage_module(model, config, stage, (mid,), {})
-        mod.full_output = False                    # torch's stage hands the logits to the loss
-        mesh = build_mesh(config, "cpu")
-        parallelize_stage(mod, own, config, mesh)
-        dt = config.param_dtype if config.mixed_precision == "bf16" and config.dp > 1 else None
-
-        def example(metas):
-            # floating activations carry gradients both ways: the static metadata says so
-            return tuple(torch.zeros(s, dtype=dt if dt is not None and d.is_floating_point else d)
-                         .requires_grad_(d.is_floating_point) for s, d in metas)
-        first, last = stage == 0, stage == config.pp - 1
-        inputs = (mid,) if first else example(mod.received_metas)
-        outputs = example(mod.sent_metas) if not last else \
-            (torch.zeros(*mid.shape, int(getattr(model.config, "vocab_size", 0)), dtype=dt or torch.float32),)
-        pipe = PipelineStage(mod, stage, config.pp, torch.device("cpu"), input_args=inputs, output_args=outputs,
-                             group=mesh["pp"].get_group())
+        if device == "cuda":
+            model.to(here)
+            ids, labels = ids.to(here), labels.to(here)
         # the stages agree on static metadata by a vote over P2P, which the fake backend does not carry
         # (it receives zeros: "dynamic", then garbage sizes): every stage here gives its metadata
-        _compat.pipeline_stage_static(pipe)
-
-        def loss_fn(logits, target):
-            return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(0, 1))
-        sched = schedules[config.schedule](pipe, config.microbatches, loss_fn=loss_fn)
+        mod, pipe, sched = pipeline_stage(model, config, build_mesh(config, device), stage, ids, static=True)
+        del model
         opt = _optimizer(optimizer, [p for p in mod.parameters() if p.requires_grad], 1e-3)
 
         def all_steps(on_step) -> None:
             for i in range(steps):
                 on_step(i, "begin")
-                with loss_context(config), amp_context(config, "cpu"):
-                    if first:
-                        sched.step(ids, return_outputs=False)
-                    elif last:
-                        sched.step(target=labels, return_outputs=False)
-                    else:
-                        sched.step(return_outputs=False)
+                with loss_context(config), amp_context(config, device):
+                    pipeline_step(sched, pipe, ids, labels)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 on_step(i, "end")
 
-        before = state_bytes([_local(t) for t in (*mod.parameters(), *mod.buffers())] + [ids, labels])
-        return measure_cpu(all_steps, before, steps)
+        own = [_local(t) for t in (*mod.parameters(), *mod.buffers())] + [ids, labels]
+        if device == "cuda":
+            return measure_cuda(all_steps, here, steps, state_bytes(own, here, cuda_block_size))
+        return measure_cpu(all_steps, state_bytes(own), steps)
+
+
+# one stage per rank, what torch's PipelineStage runs here
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+
+
+def _micro_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """A micro-batch's loss on the last stage: ``training_loss``'s cross-entropy on its logits."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(0, 1))
+
+
+def pipeline_stage(model: nn.Module, config: ParallelConfig, mesh, stage: int, ids: torch.Tensor, *,
+                   static: bool = False):
+    """``model`` (real, built alike on every rank) cut down in place to ``stage`` of the uniform split
+    (parallel/stages.py), parallelized on ``mesh`` without its ``pp`` dimension, and given to torch's
+    ``PipelineStage`` and schedule (``ScheduleGPipe`` or ``Schedule1F1B``, ``training_loss``'s
+    cross-entropy per micro-batch, torch's default gradient scaling by the number of micro-batches) on
+    the ``pp`` group; ``ids``: the rank's local batch (its first micro-batch records the stage), on the
+    stage's device.
+    Every stage is given every boundary's metadata (``input_args``/``output_args``); ``static``: also
+    without the stages' P2P vote on it (``_compat.pipeline_stage_static``: a fake backend carries no
+    data). Returns (stage module, PipelineStage, schedule)."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from .stages import _Tp, parallelize_stage, split_micro, stage_module
+
+    schedules = dict(zip(PIPELINE_SCHEDULES, (ScheduleGPipe, Schedule1F1B)))
+    if config.schedule not in schedules:
+        raise InputError(f"a pipeline stage runs here with {', '.join(schedules)}, not {config.schedule}")
+    (mid,), _ = split_micro((ids,), {}, 0, config.microbatches)
+    mod, own = stage_module(model, config, stage, (mid,), {})
+    mod.full_output = False                    # torch's stage hands the logits to the loss
+    parallelize_stage(mod, own, config, mesh)
+    dt = config.param_dtype if config.mixed_precision == "bf16" and config.dp > 1 else None
+    # tensor parallel keeps the hidden states between blocks a DTensor (sequence-sharded with sequence
+    # parallel): the boundaries are declared as such, and torch's stage sends their local shards and
+    # makes DTensors of what it receives
+    tp = _Tp(config, mesh) if config.tp > 1 else None
+
+    def example(metas):
+        # floating activations carry gradients both ways: the static metadata says so
+        out = []
+        for s, d in metas:
+            dtype = dt if dt is not None and d.is_floating_point else d
+            if tp is not None and d.is_floating_point:
+                t = tp.wrap(torch.zeros(tp.local_shape(s), dtype=dtype, device=ids.device), s)
+            else:
+                t = torch.zeros(s, dtype=dtype, device=ids.device)
+            out.append(t.requires_grad_(d.is_floating_point))
+        return tuple(out)
+    first, last = stage == 0, stage == config.pp - 1
+    inputs = (mid,) if first else example(mod.received_metas)
+    vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
+    # the logits: in the compute dtype (FSDP's bf16 parameters, or autocast's without FSDP), else the model's;
+    # sharded on the vocabulary for loss parallel
+    logits = config.param_dtype if config.mixed_precision == "bf16" else config.model_dtype
+    shape = (*mid.shape, vocab)
+    head = torch.zeros(shape, dtype=logits, device=ids.device)
+    if tp is not None and config.loss_parallel:
+        from torch.distributed.tensor import DTensor, Shard
+        local = torch.zeros(*mid.shape, -(-vocab // config.tp), dtype=logits, device=ids.device)
+        head = DTensor.from_local(local, tp.mesh, [Shard(2)], shape=torch.Size(shape), stride=head.stride(),
+                                  run_check=False)
+    outputs = example(mod.sent_metas) if not last else (head,)
+    pipe = PipelineStage(mod, stage, config.pp, ids.device, input_args=inputs, output_args=outputs,
+                         group=mesh["pp"].get_group())
+    if static:
+        _compat.pipeline_stage_static(pipe)
+    return mod, pipe, schedules[config.schedule](pipe, config.microbatches, loss_fn=_micro_loss)
+
+
+def tie_groups(model: nn.Module, config: ParallelConfig, mesh, stage: int) -> list[tuple[str, object]]:
+    """For each weight tied across stages that this stage holds (parallel/stages.py ``stage_ties``):
+    (its name in the model, the process group of the ranks that hold a copy at this rank's data- and
+    tensor-parallel coordinates). Call on the whole model, before the stage is cut; every rank makes
+    every group, in the same order."""
+    import torch.distributed as dist
+
+    from .stages import stage_ties
+    grid = mesh.mesh.reshape(config.pp, -1)       # [stage, the rank's other coordinates]
+    column = int((grid[stage] == dist.get_rank()).nonzero()[0, 0])
+    out = []
+    for held in stage_ties(model, config):
+        mine = None
+        for c in range(grid.shape[1]):
+            group = dist.new_group(sorted(int(grid[s, c]) for s in held))
+            if c == column:
+                mine = group
+        if stage in held:
+            out.append((held[stage], mine))
+    return out
+
+
+def sum_tied_grads(mod: nn.Module, ties: list[tuple[str, object]]) -> None:
+    """After a step's backward: each tied weight's gradient summed over the stages that hold it (the
+    local shards: every copy is sharded alike, FSDP on dim 0 and TP's vocabulary split on dim 0; a
+    gradient placed otherwise than its parameter, as tensor parallel leaves the vocabulary-parallel
+    embedding's, replicated, is put in the parameter's placement first)."""
+    import torch.distributed as dist
+    params = {canonical_name(k): v for k, v in mod.named_parameters()}
+    for name, group in ties:
+        p = params[f"model.{name}"]
+        if p.grad is None:
+            continue
+        if hasattr(p.grad, "placements") and tuple(p.grad.placements) != tuple(p.placements):
+            p.grad = p.grad.redistribute(p.device_mesh, p.placements)
+        dist.all_reduce(_local(p.grad), group=group)
+
+
+def pipeline_step(sched, pipe, ids: torch.Tensor, labels: torch.Tensor, losses: list | None = None) -> None:
+    """One step of the schedule on this rank's stage: the first stage feeds ``ids``, the last takes
+    ``labels`` as the target (and puts each micro-batch's loss in ``losses``); outputs not returned
+    (``return_outputs=False``, as torchtitan steps)."""
+    if pipe.is_first:
+        sched.step(ids, return_outputs=False)
+    elif pipe.is_last:
+        sched.step(target=labels, losses=losses, return_outputs=False)
+    else:
+        sched.step(return_outputs=False)
+
+
+def _stage_buffers(pipe) -> list[torch.Tensor]:
+    """What a PipelineStage keeps from step to step beside its module: the receive buffers of every
+    micro-batch's activations and gradients (made at its first step), and the gradients the last
+    step's backward accumulated on the activation buffers (cleared when the next step begins)."""
+    out = []
+    for infos in (*pipe.args_recv_info.values(), *getattr(pipe, "grad_recv_info", {}).values()):
+        for info in infos if isinstance(infos, (tuple, list)) else ():
+            buf = getattr(info, "buffer", None)
+            if isinstance(buf, torch.Tensor):
+                out.append(buf)
+                if buf.grad is not None:
+                    out.append(buf.grad)
+    return out

@@ -67,7 +67,8 @@ class Collective:
     ``bytes_read``/``bytes_written``: what the rank contributes and receives (costs/collectives.py);
     ``ring_bytes``: what a ring moves through the rank, (n - 1) / n of the gathered or reduced tensor
     (twice that for an all-reduce); a pipeline's point-to-point sends and receives (kind "send" /
-    "recv", group "pp"): the bytes over the link."""
+    "recv", group "pp"): the bytes over the link; a weight tied across stages (op "tie.all_reduce",
+    group "pp"): its gradient's all-reduce over the stages that hold a copy."""
 
     op: str
     kind: str
@@ -207,6 +208,9 @@ def collectives_of(rr: RankRun, config: ParallelConfig) -> tuple[Collective, ...
         if transfers:
             out.append(Collective("p2p.send", "send", "pp", 2, transfers, sent, 0, sent))
             out.append(Collective("p2p.recv", "recv", "pp", 2, transfers, 0, received, received))
+    for nbytes, n in rr.ties:
+        # a weight tied across stages: its gradient's shard summed over the stages holding a copy, once a step
+        out.append(Collective("tie.all_reduce", "all-reduce", "pp", n, 1, nbytes, nbytes, nbytes * (n - 1) // n * 2))
     return tuple(sorted(out, key=lambda c: c.op))
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import sys
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -84,7 +85,11 @@ def fake_world(rank: int, world: int):
     """torch's default process group as the ``fake`` backend (rank ``rank`` of ``world``) while the
     context lasts, with DTensor's random-op state of its own: the state a real DTensor run made earlier
     in the process (a CUDA mesh's RNG tracker) is put aside and given back afterwards, so that the
-    simulation's dropout on its CPU mesh does not drive a CUDA generator from fake tensors."""
+    simulation's dropout on its CPU mesh does not drive a CUDA generator from fake tensors; and
+    ``sys.excepthook`` as it was (torch's init_process_group leaves one of its own that prefixes every
+    later traceback of the process with "[rank0]: ", once per simulation); DTensor's caches that hold
+    device meshes emptied when it begins and ends (a mesh equals one of another world with the same
+    shape, and its cached plans name that world's process groups)."""
     import torch.distributed as dist
     if not dist.is_available():
         raise InputError("this torch has no torch.distributed: sharded training cannot be simulated")
@@ -92,6 +97,9 @@ def fake_world(rank: int, world: int):
         if dist.is_initialized():
             raise InputError("a process group is already initialised in this process: simulate the configuration "
                              "outside the distributed job (one process, no torchrun)")
+        hook = sys.excepthook       # init_process_group chains a "[rankN]: " prefixing hook in and leaves it there
+        clear = _compat.get("dtensor_mesh_caches", lambda: None)
+        clear()                     # no mesh of an earlier world answers for this one's
         dist.init_process_group("fake", rank=rank, world_size=world, store=_compat.fake_store())
         rnd = _compat.get("dtensor_random")
         tracker = getattr(rnd, "_rng_tracker", None)
@@ -103,6 +111,8 @@ def fake_world(rank: int, world: int):
             if rnd is not None:
                 rnd._rng_tracker = tracker
             dist.destroy_process_group()
+            sys.excepthook = hook
+            clear()                 # nor one of this world for a later one's (a user's real run)
 
 
 def meta_copy(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
@@ -130,6 +140,9 @@ class RankRun:
     layouts: list = field(default_factory=list)
     # a pipeline rank's point-to-point transfers per step: (bytes sent, bytes received, transfers each way)
     p2p: tuple | None = None
+    # a pipeline rank's weights tied across stages: (bytes of its gradient's local shard, stages holding a
+    # copy) each, summed by one all-reduce per step
+    ties: tuple = ()
 
     def part(self, b) -> str:
         """The breakdown part a storage block belongs to."""

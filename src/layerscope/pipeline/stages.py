@@ -177,8 +177,10 @@ class StageModule(nn.Module):
         self.model = model
         self._received: tuple = ()
         self._sent: list = []
-        if stage > 0:
-            hooks.forward_pre_hook(model.get_submodule(units[st.first].paths[0]), self._inject, with_kwargs=True)
+        # where the received activations go in: the stage's first unit, found at each forward (a
+        # checkpoint wrapper put around it after the stage was built takes them as its arguments, so
+        # that its recomputation in the backward runs on them, not on the stub's zeros before it)
+        self._inject_at = units[st.first].paths[0] if stage > 0 else None
         if stage < plan.num_stages - 1:
             hooks.forward_pre_hook(model.get_submodule(units[st.last + 1].paths[0]), self._stop, with_kwargs=True)
 
@@ -202,6 +204,9 @@ class StageModule(nn.Module):
             dev = flat[0].device if flat else torch.device("cpu")
             inputs = [torch.zeros(s, dtype=d, device=dev) for s, d in self.input_metas]
         args, kwargs = self.rebuild(inputs)
+        inject = None
+        if self._inject_at is not None:
+            inject = hooks.forward_pre_hook(self.model.get_submodule(self._inject_at), self._inject, with_kwargs=True)
         try:
             out = self.model(*args, **kwargs)
         except _Stop as stop:
@@ -218,6 +223,8 @@ class StageModule(nn.Module):
             return sent + (tuple(inputs) if self.pass_inputs else ())
         finally:
             self._received = ()
+            if inject is not None:
+                inject.remove()
         if self.full_output:
             return out
         out = main_tensor(out)

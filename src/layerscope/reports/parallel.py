@@ -114,7 +114,8 @@ class ParallelReport(ReportRecord):
                 out.append(Fact(f"{c.kind} ({c.group})", f"{c.calls} per step, "
                                 f"{c.bytes_read if c.kind == 'send' else c.bytes_written:,} B"))
                 continue
-            out.append(Fact(f"{c.kind} ({c.group}, {c.group_size})",
+            what = "tied weights' gradients, " if c.op == "tie.all_reduce" else ""
+            out.append(Fact(f"{c.kind} ({what}{c.group}, {c.group_size})",
                             f"{c.calls} per step, {c.bytes_written if c.kind == 'all-gather' else c.bytes_read:,} B "
                             f"of tensors, {c.ring_bytes:,} B through each rank by a ring"))
         if p.measured is not None:

@@ -6,6 +6,7 @@ compared with the ranks' losses and first-step gradients."""
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import subprocess
@@ -16,7 +17,8 @@ import torch
 
 from ..errors import InputError
 from ..options import ParallelConfig, dtype_short
-from ..parallel.real import OPTIMIZERS, STDERR_LOG, make_batch, reference_run, run_rank
+from ..parallel.real import (GRADS, OPTIMIZERS, PIPELINE_SCHEDULES, STDERR_LOG, make_batch, reference_run,
+                              run_rank)
 from ..parallel.results import ParallelRunResult
 from .procs import _free_port, _worker_error
 
@@ -82,8 +84,12 @@ def launch_parallel(spec: str, config: ParallelConfig, *, input_ids: tuple[int, 
     one process; compare losses (``ParallelRunResult.loss_equal``) and step 1's gradients."""
     if not isinstance(config, ParallelConfig):
         raise InputError(f"launch_parallel takes a ParallelConfig, got {type(config).__name__}")
-    if config.pp > 1:
-        raise InputError("launch_parallel runs FSDP / TP / checkpointing; pipeline stages run with launch()")
+    if config.pp > 1 and config.accumulation > 1:
+        # one schedule step per optimizer step: its micro-batches are the accumulation
+        raise InputError("a pipeline run accumulates over its micro-batches: give --microbatches, not --accumulation")
+    if config.pp > 1 and config.schedule not in PIPELINE_SCHEDULES:
+        raise InputError(f"a pipeline run takes one stage per rank: --schedule {' or '.join(PIPELINE_SCHEDULES)}, "
+                         f"not {config.schedule}")
     if optimizer not in OPTIMIZERS:
         raise InputError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     if not isinstance(steps, int) or steps < 3:
@@ -144,7 +150,9 @@ def launch_parallel(spec: str, config: ParallelConfig, *, input_ids: tuple[int, 
         for r in range(procs):
             with open(os.path.join(tmp, f"rank{r}.json")) as f:
                 ranks.append(json.load(f))
-        grads = torch.load(os.path.join(tmp, "grads.pt"))
+        grads: dict = {}
+        for path in sorted(glob.glob(os.path.join(tmp, f"rank*.{GRADS}"))):     # one rank of each stage
+            grads.update(torch.load(path))
     diff = 0.0
     missing = sorted(set(ref_grads) - set(grads))
     if missing:
@@ -160,8 +168,6 @@ def launch_parallel(spec: str, config: ParallelConfig, *, input_ids: tuple[int, 
 def _measured_stderr(out_dir: str) -> str:
     """What a rank that died while its steps were measured wrote to stderr meanwhile (its file of the
     allocator's count, less the count's own lines), each line marked with its rank as torchrun does."""
-    import glob
-
     from ..capture.measure import read_counted
     lines = []
     for path in sorted(glob.glob(os.path.join(out_dir, f"rank*.{STDERR_LOG}"))):

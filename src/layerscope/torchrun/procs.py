@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import re
+
 __all__ = ["_free_port", "_worker_error"]
 
 
+# what a process that dies of a signal says before it goes (an uncaught C++ exception in a worker
+# thread, glog's fatal checks, glibc's heap checks, CPython's fault handler)
+_FATAL = re.compile(r"terminate called|what\(\):|Fatal Python error|Segmentation fault|double free|corrupted|"
+                    r"^\[F\d|Check failed")
+
+
 def _worker_error(text: str) -> str:
-    """The workers' own exceptions (torchrun's summary at the end of stderr says only 'exit 1')."""
-    import re
+    """The workers' own exceptions (torchrun's summary at the end of stderr says only 'exit 1'), and
+    what a rank that died of a signal (SIGABRT, SIGSEGV) printed before it went."""
     errs = []
     for line in text.splitlines():
         m = re.match(r"\[rank(\d+)\]: ([\w.]*(?:Error|Exception)\b.*)", line)
         if m and "Connection closed by peer" not in m.group(2):
             errs.append(f"rank {m.group(1)}: {m.group(2)}")
+            continue
+        m = re.match(r"(?:\[rank(\d+)\]: )?(.*)", line)
+        if _FATAL.search(m.group(2)):
+            errs.append((f"rank {m.group(1)}: " if m.group(1) else "") + m.group(2).strip())
     return "\n".join(dict.fromkeys(errs)) if errs else "\n".join(text.strip().splitlines()[-15:])
 
 
