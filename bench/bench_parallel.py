@@ -103,7 +103,9 @@ STAGE_CASES = [dict(gpus=2, pp=2, microbatches=2, schedule="gpipe", mixed_precis
                dict(gpus=2, pp=2, microbatches=2, schedule="1f1b", ac="full"),
                dict(gpus=4, pp=2, microbatches=2, schedule="1f1b"),
                dict(gpus=4, pp=2, microbatches=2, schedule="1f1b", mixed_precision="off", ac="full"),
-               dict(gpus=4, pp=2, microbatches=2, schedule="1f1b", ac="full")]
+               dict(gpus=4, pp=2, microbatches=2, schedule="1f1b", ac="full"),
+               dict(gpus=4, fsdp=1, tp=2, pp=2, microbatches=2, schedule="1f1b", mixed_precision="off"),
+               dict(gpus=4, fsdp=1, tp=2, pp=2, microbatches=2, schedule="gpipe", ac="full")]
 
 
 def stages_part(spec, overrides) -> None:

@@ -73,7 +73,7 @@ def test_cli_run_puts_the_measurement_beside_the_prediction(capsys):
     # each rank's peak, from the CPU allocator's own count of every thread's blocks (not layerscope's
     # tracker), lies in the band the prediction gives: from the simulated peak (gloo's own buffers
     # included) to it plus the reduce-scatter clone gloo's worker may free late (the estimate), 5% either
-    # side (bench/bench_parallel.py: 72 configurations within 2.7% of the band)
+    # side (bench/bench_parallel.py: 72 configurations within 1.2% of the band)
     for want, got in zip(plan["ranks"], m["ranks"]):
         late = want["breakdown"]["gloo late free (estimate)"]
         assert late > 0 and want["peak_bytes"] == want["simulated_peak_bytes"] + late

@@ -170,7 +170,7 @@ def _simulate(model, args, kwargs, config: ParallelConfig, factory, steps, loss_
             return simulate(model, args, kwargs, config, rank, optimizer=factory, steps=steps, loss_fn=loss_fn,
                             block_size=cuda_block_size if cuda else None, foreach_default=cuda, gloo=backend == "gloo",
                             probe=not cuda, workspace=workspace_rule(routers[-1].gpu.capability) if cuda else None,
-                            attention=routers[-1],
+                            attention=routers[-1], rng_state=0 if cuda else torch.get_rng_state().nbytes,
                             on_step=(lambda s, w: bar.advance() if w == "end" else None) if bar else None)
         except ForwardError as e:
             raise ForwardError(f"{e} (simulating rank {rank} of {config.label()})", path=e.path,

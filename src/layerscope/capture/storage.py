@@ -161,6 +161,19 @@ class StorageTracker:
         b.tag = tag
         self.blocks.append(b)
 
+    def hold(self, nbytes: int, tag=None) -> Block:
+        """Bytes held from the op running now until ``release`` by something no tensor of the run shows
+        (checkpoint's copy of the CPU generator's state, made outside the dispatcher)."""
+        b = Block(self.block_size(nbytes), self.clock, self.pass_index, self.layer, self.phase)
+        b.tag = tag
+        self.blocks.append(b)
+        return b
+
+    def release(self, b: Block) -> None:
+        """``b`` (from ``hold``) is let go of at the op running now."""
+        if b.free is None:
+            b.free = self.clock
+
     def workspace(self, kind: str, thread: str, nbytes: int) -> Block:
         """A library's persistent workspace (cuBLAS's: one per thread and stream, taken at the thread's
         first call and kept for the process's life, costs/cublas.py), held once ``kind`` is used on

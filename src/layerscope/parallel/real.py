@@ -373,8 +373,13 @@ def pipeline_stage(model: nn.Module, config: ParallelConfig, mesh, stage: int, i
         head = DTensor.from_local(local, tp.mesh, [Shard(2)], shape=torch.Size(shape), stride=head.stride(),
                                   run_check=False)
     outputs = example(mod.sent_metas) if not last else (head,)
+    grads = {}
+    if static and tp is not None:
+        # without the vote, torch cannot tell a DTensor gradient's metadata from the activation's: given as
+        # the activation's (what the simulation assumes)
+        grads = dict(input_grads=None if first else inputs, output_grads=None if last else outputs)
     pipe = PipelineStage(mod, stage, config.pp, ids.device, input_args=inputs, output_args=outputs,
-                         group=mesh["pp"].get_group())
+                         group=mesh["pp"].get_group(), **grads)
     if static:
         _compat.pipeline_stage_static(pipe)
     return mod, pipe, schedules[config.schedule](pipe, config.microbatches, loss_fn=_micro_loss)

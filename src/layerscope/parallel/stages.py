@@ -4,10 +4,10 @@ simulated with torch's own code on fake tensors, as parallel/simulate.py does fo
 
 Checked against the CPU allocator (tests/parallel/test_against_allocator.py, docs/benchmarks.md): the
 same rank's stage run by torch's ``PipelineStage`` and schedule on the fake backend
-(``real.measure_stage_rank``), a shrunk transformers Llama, GPipe and 1F1B, with FSDP, autocast and
-full checkpointing: within -0.87% .. +0.94% over 16 stage ranks; on an H100 against
+(``real.measure_stage_rank``), a shrunk transformers Llama, GPipe and 1F1B, with FSDP, TP, autocast
+and full checkpointing: within -0.64% .. +0.94% over 20 stage ranks; on an H100 against
 ``torch.cuda.max_memory_allocated``, 14 stage ranks of a 0.16B Llama and a 0.15B GPT-2 within -2.70% ..
-+0.60%; under torchrun (gloo), every rank of 36 PP, FSDP x PP and TP x PP runs within 2.7% of the
++0.60%; under torchrun (gloo), every rank of 36 PP, FSDP x PP and TP x PP runs within 1.2% of the
 predicted band. The recording forward runs under a simulated recorder that knows the micro-batch's
 values (transformers' mask checks read them); a stage keeps each
 micro-batch's output until its backward, the last stage's beside its loss, as torch's forward cache
@@ -75,7 +75,7 @@ from ..pipeline.schedule import rank_orders
 from ..pipeline.stages import build_stage_module
 from .apply import canonical_name, checkpoint_blocks, find_blocks, no_kv_cache, parallelize
 from .simulate import (PIPELINE, RankRun, RankTracker, fake_world, meta_copy, param_layouts,
-                       train_fake, watch_fsdp)
+                       train_fake, watch_checkpoint_rng, watch_fsdp)
 
 __all__ = ["stage_blocks", "stage_plan", "stage_ties", "stage_module", "parallelize_stage", "stage_config",
            "split_micro", "simulate_stage_rank", "SIMULATED_SCHEDULES"]
@@ -418,7 +418,7 @@ class _StageRun:
 def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, rank: int, *,
                         optimizer: Callable | None, steps: int, loss_fn: Callable | None, block_size=None,
                         foreach_default: bool = False, gloo: bool = False, probe: bool = False, target=None,
-                        attention=None, workspace=None,
+                        attention=None, workspace=None, rng_state: int = 0,
                         on_step: Callable[[int, str], None] | None = None) -> RankRun:
     """Simulate global rank ``rank`` of ``config`` (``pp`` > 1) training ``model``: its stage (the
     rank's ``pp`` coordinate) on ``args``/``kwargs``, the rank's LOCAL batch (all micro-batches; split
@@ -463,6 +463,7 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
         with fake_mode, eager_paths(fake_mode):
             mod.to_empty(device=device)
             watch_fsdp(mod, tracker)
+            watch_checkpoint_rng(mod, tracker, rng_state)
             tp = _Tp(config, mesh) if config.tp > 1 else None
             runner = _StageRun(mod, stage, config, tracker, loss_fn, target, tp)
             run = train_fake(mod, args, kwargs, config, tracker, device, optimizer=optimizer, steps=steps,
