@@ -1,6 +1,7 @@
 """Module hooks for the parts above capture/ that need one of their own, so that every module hook
 of the package is registered in capture/: hooks that change what a module receives or returns
-(pipeline stages inject received activations and stop at a stage's end). Observing calls and
+(pipeline stages inject received activations and stop at a stage's end), or that a simulation
+hangs what no tensor shows on (a checkpointed block's copy of the generator state). Observing calls and
 attributing backward is the ModuleTracker's job (capture/tracker.py)."""
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ def forward_pre_hook(module: nn.Module, fn: Callable, *, with_kwargs: bool = Fal
     return module.register_forward_pre_hook(fn, with_kwargs=with_kwargs, prepend=prepend)
 
 
-def forward_hook(module: nn.Module, fn: Callable):
-    """``module.register_forward_hook(fn)``: its handle."""
-    return module.register_forward_hook(fn)
+def forward_hook(module: nn.Module, fn: Callable, *, with_kwargs: bool = False):
+    """``module.register_forward_hook(fn, ...)``: its handle."""
+    return module.register_forward_hook(fn, with_kwargs=with_kwargs)
 
 
 def remove_all(handles: list) -> None:

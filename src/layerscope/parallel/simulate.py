@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from .. import _compat
+from ..capture import hooks
 from ..capture.simulation import eager_paths
 from ..capture.step import StepRun, run_steps
 from ..capture.storage import CATEGORIES, SAVED, StorageTracker
@@ -274,7 +275,7 @@ def watch_checkpoint_rng(model: nn.Module, tracker: StorageTracker, nbytes: int)
             def done(grad):
                 tracker.release(b)
             first.register_hook(done)
-        mod.register_forward_hook(held, with_kwargs=True)
+        hooks.forward_hook(mod, held, with_kwargs=True)
 
 
 def _wrap_param(fp, tracker: StorageTracker) -> None:
