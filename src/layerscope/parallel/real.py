@@ -58,8 +58,7 @@ def _logits(out):
 
 def training_loss(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy over the batch's tokens, in fp32 (torchtitan's loss)."""
-    logits = _logits(model(ids))
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+    return _micro_loss(_logits(model(ids)), labels)
 
 
 def _optimizer(name: str, params, lr: float):
@@ -316,7 +315,8 @@ PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 
 
 def _micro_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """A micro-batch's loss on the last stage: ``training_loss``'s cross-entropy on its logits."""
+    """Mean next-token cross-entropy of ``logits`` against ``target``, in fp32: ``training_loss``'s, and a
+    micro-batch's on a pipeline's last stage."""
     return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(0, 1))
 
 

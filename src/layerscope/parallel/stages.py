@@ -73,6 +73,7 @@ from ..errors import InputError
 from ..options import ParallelConfig, schedule_of
 from ..pipeline.schedule import rank_orders
 from ..pipeline.stages import build_stage_module
+from ..pipeline.units import owner_of
 from .apply import canonical_name, checkpoint_blocks, find_blocks, no_kv_cache, parallelize
 from .simulate import (PIPELINE, RankRun, RankTracker, fake_world, meta_copy, param_layouts,
                        train_fake, watch_checkpoint_rng, watch_fsdp)
@@ -190,18 +191,15 @@ def stage_ties(model: nn.Module, config: ParallelConfig) -> list[dict[int, str]]
         return []
     plan = stage_plan(model, config.pp, config.schedule)
     units = plan.units.units
-
-    def stage_of(name: str) -> int:
-        for st in plan.stages:
-            for u in units[st.first:st.last + 1]:
-                if any(name == p or name.startswith(p + ".") for p in u.paths):
-                    return st.index
-        raise InputError(f"{name} belongs to no pipeline stage")
+    stage_at = {p: st.index for st in plan.stages for u in units[st.first:st.last + 1] for p in u.paths}
     out = []
     for tie in ties:
         held: dict[int, str] = {}
         for n in tie:
-            held.setdefault(stage_of(n), n)
+            stage = owner_of(n, stage_at)
+            if stage is None:
+                raise InputError(f"{n} belongs to no pipeline stage")
+            held.setdefault(stage, n)
         if len(held) > 1:
             out.append(held)
     return out

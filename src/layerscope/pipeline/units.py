@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from ..trace import BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, Costs, Trace
 # measured on the device (api.py imports them from here)
 
-__all__ = ["Unit", "Tie", "SplitUnits", "split_units", "units_from_memory", "with_work", "with_latencies",
+__all__ = ["Unit", "Tie", "SplitUnits", "owner_of", "split_units", "units_from_memory", "with_work", "with_latencies",
            "roofline_times"]
 
 _FLOAT = ("float16", "bfloat16", "float32", "float64")
@@ -342,7 +342,7 @@ def split_units(trace: Trace, *, memory_layers=None, model=None, optimizer_ratio
                 owner_paths[recs[i].path] = g
         for name, p in model.named_parameters(remove_duplicate=False):
             mod = name.rpartition(".")[0]
-            g = _owner(mod, owner_paths)
+            g = owner_of(mod, owner_paths)
             if g is None:
                 continue
             params_of[g][id(p)] = p
@@ -429,7 +429,8 @@ def loss_working_bytes(rep) -> int:
     return max(0, peak - total[end] - int(rep.totals.get("loss_saved_bytes") or 0))
 
 
-def _owner(path: str, owner_paths: dict) -> int | None:
+def owner_of(path: str, owner_paths: dict) -> int | None:
+    """The value of the nearest of ``path`` and its enclosing module paths in ``owner_paths`` (None: none)."""
     while True:
         if path in owner_paths:
             return owner_paths[path]
