@@ -186,7 +186,12 @@ FSDP_CONFIGS = [("Llama", dict(gpus=8)), ("Llama", dict(gpus=8, ac="full")), ("L
                 ("Llama", dict(gpus=8, mixed_precision="off")), ("Llama", dict(gpus=8, reshard_after_forward=False)),
                 ("Llama", dict(gpus=8, tp=2, ac="selective-op")), ("Llama", dict(gpus=8, tp=2, mixed_precision="off")),
                 ("Llama", dict(gpus=8, tp=2, ac="full")), ("GPT-2", dict(gpus=8)), ("GPT-2", dict(gpus=8, tp=2)),
-                ("GPT-2", dict(gpus=8, tp=2, ac="full"))]
+                ("GPT-2", dict(gpus=8, tp=2, ac="full")),
+                # FSDP2's CPU offload: the rank's shards, reduced gradients and AdamW on the host; the device
+                # holds the gathered blocks, the shards' copies to it and the reduce-scatter's output
+                ("Llama", dict(gpus=8, offload=True)), ("Llama", dict(gpus=8, offload=True, ac="full")),
+                ("Llama", dict(gpus=8, offload=True, mixed_precision="off")),
+                ("Llama", dict(gpus=8, tp=2, offload=True)), ("GPT-2", dict(gpus=8, offload=True))]
 
 
 def _sharded_case(case):
@@ -216,17 +221,20 @@ def one_fsdp(i: int) -> dict:
                       gpu="H100", backend="fake", steps=3, loss_fn=loss_fn)
     seconds = time.perf_counter() - t0
     r0 = rep.plan.ranks[0]
+    host = r0.host_bytes
     m = measure_one_rank(lambda: build_model(spec, "cpu", over, "causal-lm").model, config, 0, ids, labels, steps=3,
                          device="cuda")
     return dict(model=name, config=config.label(), predicted=r0.peak_bytes, breakdown=dict(r0.breakdown),
-                phase=r0.peak_phase, seconds=seconds, step_peaks=list(m.step_peaks), notes=list(m.notes))
+                phase=r0.peak_phase, seconds=seconds, step_peaks=list(m.step_peaks), notes=list(m.notes),
+                host_bytes=host)
 
 
 def _run_cases(configs, fn, part: str, only: str | None, width: int):
-    """Each (model name, keywords) case of ``configs`` (``only``: that model's) run by ``fn(i)``: a failure
-    is a row of its own in ``ROWS[part]``, printed; yields (name, keywords, result) of the others."""
+    """Each (model name, keywords) case of ``configs`` (``only``: that model's, or with "offload" the
+    CPU-offload ones) run by ``fn(i)``: a failure is a row of its own in ``ROWS[part]``, printed; yields
+    (name, keywords, result) of the others."""
     for i, (name, kw) in enumerate(configs):
-        if only and name != only:
+        if only == "offload" and not kw.get("offload") or only and only != "offload" and name != only:
             continue
         r = _case(fn, i)
         if "error" in r:
@@ -250,6 +258,7 @@ def part_fsdp(only: str | None = None) -> None:
         ROWS["fsdp"].append(dict(r, measured=measured, diff=d))
         label = f"{name} " + r["config"].replace(", pp 1", "") + (" (mp off)" if "mixed_precision" in kw else "") + \
             (" (no reshard)" if "reshard_after_forward" in kw else "")
+        label = label.replace(", CPU offload", " +offload")
         print(f"{label[:48]:48} {r['predicted']:>14,} {measured:>14,} {d:>+7.2f}%   ({r['phase']}, sim {r['seconds']:.1f} s)")
 
 
@@ -258,7 +267,8 @@ STAGE_CONFIGS = [("Llama", dict(gpus=2, pp=2, fsdp=1, microbatches=4, schedule="
                  ("Llama", dict(gpus=8, pp=2, microbatches=4, schedule="1f1b")),
                  ("Llama", dict(gpus=8, pp=2, microbatches=4, schedule="1f1b", ac="full")),
                  ("Llama", dict(gpus=8, pp=2, microbatches=4, schedule="gpipe", ac="selective-op")),
-                 ("GPT-2", dict(gpus=8, pp=2, microbatches=4, schedule="1f1b"))]
+                 ("GPT-2", dict(gpus=8, pp=2, microbatches=4, schedule="1f1b")),
+                 ("Llama", dict(gpus=8, pp=2, microbatches=4, schedule="1f1b", offload=True))]
 
 
 def one_stage(i: int) -> dict:
@@ -305,7 +315,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--only", default="memory,sdpa,fsdp,stages")
-    ap.add_argument("--model", help="parts 3 and 4: only this model's configurations (Llama, GPT-2)")
+    ap.add_argument("--model", help="parts 3 and 4: only this model's configurations (Llama, GPT-2), or with "
+                                    "'offload' part 3's CPU-offload ones")
     ns = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_gpu.py needs a CUDA GPU")

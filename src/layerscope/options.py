@@ -521,6 +521,9 @@ class ParallelConfig:
         if self.world != self.gpus:
             raise InputError(f"the degrees make {self.world} ranks (replicate {self.replicate} x fsdp {self.fsdp} x "
                              f"tp {self.tp} x pp {self.pp}), not the {self.gpus} GPUs given")
+        if self.offload and self.dp == 1:
+            raise InputError("offload is FSDP2's CPU offload of the sharded parameters: it needs data parallelism "
+                             f"(fsdp or replicate above 1), and {self.label()} has none")
         if self.tp > self.gpus_per_node:
             raise InputError(f"tp ({self.tp}) must fit in a node ({self.gpus_per_node} GPUs per node)")
         if self.microbatches is None:
@@ -562,4 +565,5 @@ class ParallelConfig:
     def label(self) -> str:
         parts = [f"fsdp {self.fsdp}" + (f" x replicate {self.replicate}" if self.replicate > 1 else ""),
                  f"tp {self.tp}", f"pp {self.pp}"]
-        return ", ".join(parts) + f", ac {self.ac}" + (f":{self.ac_every}" if self.ac == "selective-layer" else "")
+        return ", ".join(parts) + f", ac {self.ac}" + (f":{self.ac_every}" if self.ac == "selective-layer" else "") \
+            + (", CPU offload" if self.offload else "")

@@ -118,7 +118,7 @@ def test_limit_and_json():
     import json
     d = json.loads(rep.to_json())
     p = d["plans"][0]
-    assert d["kind"] == "parallel" and d["schema"] == 2
+    assert d["kind"] == "parallel" and d["schema"] == 3
     assert (p["fsdp"], p["tp"], p["pp"], p["ac"], p["microbatches"], p["step_time"], p["mfu"]) == (4, 1, 1, "none", 1, None, None)
     assert [r["rank"] for r in p["ranks"]] == [0, 1, 2, 3]
     assert p["ranks"][3]["coords"] == {"pp": 0, "dp_replicate": 0, "dp_shard": 3, "tp": 0}
@@ -128,7 +128,8 @@ def test_bad_configurations_are_one_line():
     m, x = Net(), torch.randn(8, 64)
     for kw, needle in (({"gpus": 6, "tp": 4}, "multiple of"), ({"gpus": 4, "pp": 2, "schedule": "interleaved"}, "not simulated per rank"),
                        ({"gpus": 2, "ac": "sometimes"}, "ac must be"), ({"gpus": 2, "device": "tpu"}, "cuda or cpu"),
-                       ({"gpus": 16, "tp": 16}, "fit in a node")):
+                       ({"gpus": 16, "tp": 16}, "fit in a node"),
+                       ({"gpus": 2, "tp": 2, "offload": True}, "offload is FSDP2's CPU offload")):
         with pytest.raises(InputError, match=needle):
             layerscope.parallel(m, x, **kw)
     assert not dist.is_initialized()
@@ -193,6 +194,38 @@ def test_estimate_lines_by_hand():
     assert c.breakdown["gloo late free (estimate)"] == 132_352
     assert c.peak_bytes == c.simulated_peak_bytes + 132_352
     assert any("up to 132,352 B more" in n for n in rep.notes)
+
+
+def test_cpu_offload_moves_shards_gradients_and_the_optimizer_to_the_host_by_hand():
+    # FSDP2's CPU offload on 4 GPUs, fp32, AdamW, rank 0; every host tensor rounded to 512 B as the
+    # simulation's CUDA blocks are. At the host's peak (the optimizer step):
+    # - the shards: per block fc1.weight 64x64 and fc2.weight 16x256 (16,384 B each), two biases of 64 B
+    #   (512 B each); the head's 3x64 (768 -> 1,024 B) and 3 (12 -> 512 B): 3 x 33,792 + 1,536 = 102,912
+    # - the reduced gradients, copied out of each group's reduce-scatter output whole (its padded flat
+    #   buffer): a block's 33,088 B -> 33,280, the head's 780 -> 1,024: 3 x 33,280 + 1,024 = 100,864
+    # - AdamW's state: exp_avg and exp_avg_sq like the shards (2 x 102,912) and 14 steps of 4 B (14 x 512):
+    #   212,992
+    # - single-tensor AdamW's (the default off CUDA tensors) temporaries for one 64x64 shard: its sqrt
+    #   and the division of it (16,384 B each) and the 0-dim bias correction (512): 33,280
+    m, x = Net(), torch.randn(8, 64)
+    on = layerscope.parallel(m, x, gpus=4, mixed_precision="off", gpu="H100", backend="fake", offload=True)
+    off = layerscope.parallel(m, x, gpus=4, mixed_precision="off", gpu="H100", backend="fake")
+    r, o = on.plan.ranks[0], off.plan.ranks[0]
+    assert r.host_bytes == 102_912 + 100_864 + 212_992 + 33_280 == 450_048
+    assert o.breakdown["sharded parameters"] == 102_912 and o.breakdown["optimizer state"] == 212_992
+    # on the device: no shards and no optimizer state; its peak lower than without offload
+    assert r.breakdown["sharded parameters"] == r.breakdown["optimizer state"] == 0
+    assert r.peak_bytes < o.peak_bytes and o.host_bytes == 0
+    assert sum(r.breakdown.values()) == r.peak_bytes
+    assert on.plan.offload and "CPU offload" in on.plan.label
+    assert any("450,048 B per rank" in n for n in on.notes)
+    import json
+    d = json.loads(on.to_json())
+    assert d["schema"] == 3 and d["plans"][0]["offload"] is True and d["plans"][0]["ranks"][0]["host_bytes"] == 450_048
+    # on CPU ranks the host is the device: offload changes no figure
+    cpu_on = layerscope.parallel(m, x, gpus=4, mixed_precision="off", device="cpu", offload=True).plan.ranks[0]
+    cpu_off = layerscope.parallel(m, x, gpus=4, mixed_precision="off", device="cpu").plan.ranks[0]
+    assert (cpu_on.peak_bytes, cpu_on.breakdown, cpu_on.host_bytes) == (cpu_off.peak_bytes, cpu_off.breakdown, 0)
 
 
 def test_dtensor_random_state_of_an_earlier_run_is_put_aside():

@@ -143,6 +143,11 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
         if cuda:
             notes.append("the CUDA caching allocator's fragmentation is not estimated (its 512-byte rounding is "
                          "simulated); NCCL's buffers are an estimate, on a line of its own")
+        if config.offload:
+            host = max(r.host_bytes for r in plan.ranks)
+            notes.append(f"CPU offload: the sharded parameters, their reduced gradients and the optimizer's step and "
+                         f"state live in the host's memory, {host:,} B per rank at most, not in the peak"
+                         if cuda else "CPU offload changes nothing on CPU ranks: the host's memory is their device's")
         late = max(r.breakdown.get(ESTIMATES[1], 0) for r in plan.ranks)
         if late:
             notes.append(f"gloo's reduce-scatter all-reduces a clone of its input that its worker thread may free "
@@ -168,7 +173,9 @@ def _simulate(model, args, kwargs, config: ParallelConfig, factory, steps, loss_
         simulate = simulate_rank if config.pp == 1 else functools.partial(simulate_stage_rank, target=target)
         try:
             return simulate(model, args, kwargs, config, rank, optimizer=factory, steps=steps, loss_fn=loss_fn,
-                            block_size=cuda_block_size if cuda else None, foreach_default=cuda, gloo=backend == "gloo",
+                            block_size=cuda_block_size if cuda else None, gloo=backend == "gloo",
+                            # torch's optimizers default to foreach on CUDA tensors only (offloaded: host ones)
+                            foreach_default=cuda and not config.offload, device_type="cuda" if cuda else "cpu",
                             probe=not cuda, workspace=workspace_rule(routers[-1].gpu.capability) if cuda else None,
                             attention=routers[-1], rng_state=0 if cuda else torch.get_rng_state().nbytes,
                             on_step=(lambda s, w: bar.advance() if w == "end" else None) if bar else None)
@@ -216,7 +223,7 @@ def _plan(config: ParallelConfig, ranks: tuple[RankMemory, ...]) -> ParallelPlan
         microbatches=config.microbatches, accumulation=config.accumulation, local_batch=config.local_batch,
         global_batch=config.global_batch, mixed_precision=config.mixed_precision,
         reduce_dtype=dtype_short(config.reduce_dtype), model_dtype=dtype_short(config.model_dtype),
-        reshard_after_forward=config.reshard_after_forward, fits=None, limit_bytes=None, peak_bytes=peak,
+        reshard_after_forward=config.reshard_after_forward, offload=config.offload, fits=None, limit_bytes=None, peak_bytes=peak,
         over_bytes=0, ranks=ranks)
 
 

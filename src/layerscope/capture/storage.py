@@ -146,6 +146,29 @@ class StorageTracker:
         self._refs[key] = weakref.ref(st, self._freed_cb(key, nb))
         return nb
 
+    def moved(self, t: torch.Tensor, tag: str) -> Block | None:
+        """``t``'s storage is copied to other memory now and the original let go of, a move the
+        simulation's one device does not make itself (FSDP2's CPU offload copies each reduced gradient
+        to the host): its Block ends at the op running now, and a new one, ``tag``ged and with the same
+        roles, holds the same bytes from the next op until the storage dies."""
+        st = self._storage(t)
+        if st is None:
+            return None
+        key = id(st)
+        b = self.live.get(key)
+        if b is None:             # never seen on the device: it is the other memory's from the start
+            b = self.block_of(t)
+            if b is not None:
+                b.tag = tag
+            return b
+        b.free = self.clock
+        nb = Block(b.nbytes, self.clock + 1, self.pass_index, self.layer, self.phase, "copy to host")
+        nb.roles, nb.tag = b.roles, tag
+        self.live[key] = nb
+        self.blocks.append(nb)
+        self._refs[key] = weakref.ref(st, self._freed_cb(key, nb))
+        return nb
+
     def mark(self, t: torch.Tensor, role: int) -> Block | None:
         b = self.block_of(t)
         if b is not None:

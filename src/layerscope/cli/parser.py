@@ -179,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false",
                     help="keep gathered parameters from forward to backward (ZeRO-2-like)")
     pl.add_argument("--offload", action="store_true",
-                    help="FSDP2's CPU offload of parameters and optimizer state (runs; not simulated yet)")
+                    help="FSDP2's CPU offload: shards, reduced gradients and the optimizer step in host memory "
+                         "(reported apart from the device's peak); needs --fsdp or --replicate above 1")
     pl.add_argument("--optimizer", default="adamw", help="a torch.optim class name (default adamw)")
     pl.add_argument("--steps", type=arg_count(1),
                     help="training steps simulated (default 2) and, with --run, run (default 4, at least 3:\n"

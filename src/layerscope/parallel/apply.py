@@ -414,7 +414,9 @@ def _apply_fsdp(model: nn.Module, blocks: list[tuple[str, nn.Module]], dp_mesh, 
     kwargs: dict = {"mesh": dp_mesh}
     if config.mixed_precision == "bf16":
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=config.param_dtype, reduce_dtype=config.reduce_dtype)
-    kwargs["offload_policy"] = CPUOffloadPolicy() if config.offload else OffloadPolicy()
+    # pinned host memory needs an accelerator: a CPU rank's offload (a no-op there) pins nothing
+    kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=dp_mesh.device_type != "cpu") if config.offload \
+        else OffloadPolicy()
     for _, block in blocks:
         fully_shard(block, reshard_after_forward=config.reshard_after_forward, **kwargs)
     fully_shard(model, reshard_after_forward=False, **kwargs)

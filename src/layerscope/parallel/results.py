@@ -37,7 +37,7 @@ from typing import Any
 from ..analyses.memory import layer_at, live_bytes
 from ..options import ParallelConfig
 from .apply import canonical_name
-from .simulate import PARTS, RankRun
+from .simulate import HOST_PART, PARTS, RankRun
 
 __all__ = ["Collective", "RankMemory", "ParallelPlan", "ESTIMATES", "NCCL_BYTES_PER_COMMUNICATOR", "rank_memory",
            "collectives_of", "mesh_coords", "local_numels", "roles", "ParallelRunResult", "measured_figures"]
@@ -95,6 +95,7 @@ class RankMemory:
     peak_layer: str | None
     breakdown: dict                # part -> bytes at the peak (PARTS, then ESTIMATES)
     collectives: tuple[Collective, ...] = ()
+    host_bytes: int = 0            # CPU offload onto GPUs: the most the rank held in the host's memory at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,11 +126,12 @@ class ParallelPlan:
     tokens_per_s: float | None = None
     mfu: float | None = None
     measured: dict | None = field(default=None)
+    offload: bool = False          # FSDP2's CPU offload (the ranks' host_bytes hold what it moves)
 
     @property
     def label(self) -> str:
         dp = f"fsdp {self.fsdp}" + (f" x replicate {self.replicate}" if self.replicate > 1 else "")
-        return f"{dp}, tp {self.tp}, pp {self.pp}, ac {self.ac}"
+        return f"{dp}, tp {self.tp}, pp {self.pp}, ac {self.ac}" + (", CPU offload" if self.offload else "")
 
     @property
     def largest(self) -> RankMemory:
@@ -215,10 +217,13 @@ def collectives_of(rr: RankRun, config: ParallelConfig) -> tuple[Collective, ...
 
 
 def _live_parts(rr: RankRun) -> tuple[dict[str, list[int]], list[int]]:
-    index = {p: i for i, p in enumerate(PARTS)}
-    during, _, _ = live_bytes(rr.tracker.blocks, rr.tracker.clock + 1, len(PARTS), lambda b: index[rr.part(b)])
-    live = dict(zip(PARTS, during))
-    total = [sum(col) for col in zip(*during)]
+    """Per part, the bytes live during each op, and the device's total (the host's part, with CPU
+    offload, is in ``live`` under HOST_PART and not in the total)."""
+    names = PARTS + (HOST_PART,)
+    index = {p: i for i, p in enumerate(names)}
+    during, _, _ = live_bytes(rr.tracker.blocks, rr.tracker.clock + 1, len(names), lambda b: index[rr.part(b)])
+    live = dict(zip(names, during))
+    total = [sum(col) for col in zip(*during[:len(PARTS)])]
     return live, total
 
 
@@ -249,7 +254,7 @@ def rank_memory(rr: RankRun, config: ParallelConfig, rank: int, *, nccl: bool) -
     return RankMemory(rank=rank, coords=mesh_coords(config, rank), simulated_as=rr.rank,
                       peak_bytes=simulated + sum(estimates.values()), simulated_peak_bytes=simulated,
                       peak_step=step + 1, peak_phase=phase, peak_layer=layer, breakdown=breakdown,
-                      collectives=collectives_of(rr, config))
+                      collectives=collectives_of(rr, config), host_bytes=max(live[HOST_PART], default=0))
 
 
 @dataclass(frozen=True)

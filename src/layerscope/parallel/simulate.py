@@ -56,14 +56,18 @@ from ..costs import CostOptions, default_registry
 from ..costs.movement import move
 from ..errors import InputError
 from ..options import ParallelConfig
+from ..trace import OPTIMIZER
 from .apply import build_mesh, loss_context, no_kv_cache, parallelize
 
-__all__ = ["RankRun", "RankTracker", "simulate_rank", "PARTS", "COMM_OPS", "PIPELINE", "meta_copy", "fake_world",
-           "param_layouts", "cost_registry", "watch_fsdp", "train_fake"]
+__all__ = ["RankRun", "RankTracker", "simulate_rank", "PARTS", "HOST_PART", "COMM_OPS", "PIPELINE", "meta_copy",
+           "fake_world", "param_layouts", "cost_registry", "watch_fsdp", "prepare_offload", "train_fake"]
 
 # the breakdown of a rank's memory, in the order reports show it
 PARTS = ("sharded parameters", "gathered parameters", "gradients", "optimizer state", "activations",
          "recompute", "communication buffers", "inputs, outputs and buffers", "workspaces", "temporary")
+# what a rank holds in the host's memory with FSDP2's CPU offload, outside its device's peak (RankRun.part)
+HOST_PART = "host memory (CPU offload)"
+HOST = "host"
 # ops whose outputs are the collectives' own buffers (FSDP2's flat all-gather input/output and its
 # reduce-scatter input; the functional collectives' outputs)
 COMM_OPS = frozenset({"fsdp.all_gather_copy_in", "fsdp.chunk_cat", "_c10d_functional.all_gather_into_tensor",
@@ -144,9 +148,15 @@ class RankRun:
     # a pipeline rank's weights tied across stages: (bytes of its gradient's local shard, stages holding a
     # copy) each, summed by one all-reduce per step
     ties: tuple = ()
+    # FSDP2's CPU offload onto a device rank: what lives in the host's memory is HOST_PART, not the device's
+    offload: bool = False
 
     def part(self, b) -> str:
-        """The breakdown part a storage block belongs to."""
+        """The breakdown part a storage block belongs to (``HOST_PART``: not on the device; with CPU
+        offload, the sharded parameters, their gradients once copied out, and all the optimizer step
+        makes, which runs on the host)."""
+        if self.offload and (b.tag == HOST or b.phase == OPTIMIZER):
+            return HOST_PART
         if b.tag == _GATHERED:
             return "gathered parameters"
         if b.tag == _UNREDUCED:
@@ -225,12 +235,17 @@ def param_layouts(model: nn.Module) -> list:
     return out
 
 
-def watch_fsdp(model: nn.Module, tracker: StorageTracker) -> None:
+def watch_fsdp(model: nn.Module, tracker: StorageTracker, *, host: bool = False) -> None:
     """Tell the tracker when FSDP2 resizes the gathered parameters' storages, and mark the gradients
-    FSDP2 reduces (the unsharded ones) as gradients."""
+    FSDP2 reduces (the unsharded ones) as gradients. ``host``: CPU offload onto a device rank
+    (``prepare_offload``): the sharded parameters are the host's, and each reduced gradient is copied to
+    the host at the end of its group's post-backward, where a GPU rank lets go of the reduce-scatter's
+    output (FSDP2's ``foreach_reduce``: ``new_sharded_grad.to("cpu")``, a no-op on the simulation's CPU)."""
     for group in _compat.fsdp_param_groups(model):
         for fp in group.fsdp_params:
             _wrap_param(fp, tracker)
+            if host:
+                _tag_host(tracker, fp)
         post = group.post_backward
 
         def post_backward(*a, _post=post, _group=group, **kw):
@@ -241,8 +256,55 @@ def watch_fsdp(model: nn.Module, tracker: StorageTracker) -> None:
                         b = tracker.block_of(g)
                         if b is not None and b.tag is None:
                             b.tag = _UNREDUCED
-            return _post(*a, **kw)
+            out = _post(*a, **kw)
+            if host:
+                for fp in _group.fsdp_params:
+                    g = fp.sharded_param.grad
+                    b = tracker.block_of(g) if g is not None else None
+                    if b is not None and b.tag != HOST:    # the group's grads share one reduce output: once
+                        tracker.moved(g, HOST)
+            return out
         group.post_backward = post_backward
+
+
+def _tag_host(tracker: StorageTracker, fp) -> None:
+    b = tracker.block_of(fp._sharded_param_data)
+    if b is not None:
+        b.tag = HOST
+
+
+def prepare_offload(model: nn.Module, tracker: StorageTracker, *, host: bool) -> None:
+    """FSDP2's CPU offload (``CPUOffloadPolicy``) on a sharded private copy, before it is materialised:
+    no pinning (fake tensors have no pinned memory; pinning changes where the host's bytes come from,
+    not how many). ``host`` (the ranks are GPUs): each all-gather first copies the rank's host shard of
+    every parameter to the device (FSDP2's ``FSDPParam.all_gather_inputs``:
+    ``sharded_param_data.to(device)``, then the cast to the compute dtype), which the simulation's one
+    device would skip as a no-op; here the parameter's class gains an ``all_gather_inputs`` that makes
+    the copy (a device tensor the all-gather's copy-in reads and lets go of), the rest being torch's."""
+    classes: dict[type, type] = {}
+    for group in _compat.fsdp_param_groups(model):
+        for fp in group.fsdp_params:
+            fp.pin_memory = False
+            if host:
+                base = type(fp)
+                if base not in classes:
+                    classes[base] = _offloaded_class(base, tracker)
+                fp.__class__ = classes[base]
+
+
+def _offloaded_class(base: type, tracker: StorageTracker) -> type:
+    class OffloadedParam(base):
+        @property
+        def all_gather_inputs(self):
+            if getattr(self.sharded_state, "name", "") != "SHARDED" or \
+                    hasattr(self._sharded_local_tensor, "fsdp_pre_all_gather"):
+                return base.all_gather_inputs.fget(self)
+            _tag_host(tracker, self)
+            data = self._sharded_param_data.clone()       # the host-to-device copy
+            dtype = self.param_dtype
+            return [data.to(dtype) if dtype is not None and data.dtype != dtype else data]
+    OffloadedParam.__name__ = OffloadedParam.__qualname__ = base.__name__
+    return OffloadedParam
 
 
 def watch_checkpoint_rng(model: nn.Module, tracker: StorageTracker, nbytes: int) -> None:
@@ -337,20 +399,20 @@ def train_fake(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConf
 def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, rank: int, *,
                   optimizer: Callable | None, steps: int, loss_fn: Callable | None, block_size=None,
                   foreach_default: bool = False, attention=None, gloo: bool = False, probe: bool = False,
-                  workspace=None, rng_state: int = 0,
+                  workspace=None, rng_state: int = 0, device_type: str = "cpu",
                   on_step: Callable[[int, str], None] | None = None) -> RankRun:
     """Simulate global rank ``rank`` of ``config`` training ``model`` on ``args``/``kwargs`` (one
     data-parallel rank's local batch). ``probe``: size the scratch of kernels that allocate inside
     themselves by one real call (memory()'s probes), when the ranks run this machine's kernels (CPU).
     ``workspace``: the tracker's rule for libraries' persistent workspaces (CUDA ranks: cuBLAS's,
     costs/cublas.py). ``rng_state``: bytes of the generator state each checkpointed block keeps in the
-    rank's memory (``watch_checkpoint_rng``; CPU ranks)."""
+    rank's memory (``watch_checkpoint_rng``; CPU ranks). ``device_type``: the ranks' device; with CPU
+    offload on "cuda" what lives on the host is kept apart from the device's peak (``RankRun.offload``);
+    on "cpu" the host is the device, and offload changes nothing there."""
     import torch.distributed.fsdp  # noqa: F401  (registers FSDP2's ops before the registry is copied)
     dtype = torch.float32 if config.mixed_precision == "bf16" else config.model_dtype
     device = torch.device("cpu")
-    if config.offload:
-        raise InputError("CPU offload (offload=True) is applied in real runs but not simulated yet: its pinned "
-                         "host copies have no fake-tensor kernel")
+    host = config.offload and device_type != "cpu"
     tracker = RankTracker(block_size, gloo=gloo, workspace=workspace)
     with fake_world(rank, config.world), warnings.catch_warnings():
         # torch's warnings about the simulation's own CPU mesh, not about the user's model
@@ -363,13 +425,15 @@ def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelC
         no_kv_cache(private)                  # as training runs (and as the real runs do)
         mesh = build_mesh(config, device.type)
         parallelize(private, config, mesh)
+        if config.offload:
+            prepare_offload(private, tracker, host=host)
         fake_mode = _compat.new_fake_mode(allow_non_fake_inputs=True)
         with fake_mode, eager_paths(fake_mode):
             private.to_empty(device=device)
-            watch_fsdp(private, tracker)
+            watch_fsdp(private, tracker, host=host)
             watch_checkpoint_rng(private, tracker, rng_state)
             run = train_fake(private, args, kwargs, config, tracker, device, optimizer=optimizer, steps=steps,
                              loss_fn=loss_fn, foreach_default=foreach_default, probe=probe, attention=attention,
                              on_step=on_step)
             layouts = param_layouts(private)
-    return RankRun(rank, run, tracker, layouts=layouts)
+    return RankRun(rank, run, tracker, layouts=layouts, offload=host)

@@ -75,7 +75,7 @@ from ..pipeline.schedule import rank_orders
 from ..pipeline.stages import build_stage_module
 from ..pipeline.units import owner_of
 from .apply import canonical_name, checkpoint_blocks, find_blocks, no_kv_cache, parallelize
-from .simulate import (PIPELINE, RankRun, RankTracker, fake_world, meta_copy, param_layouts,
+from .simulate import (PIPELINE, RankRun, RankTracker, fake_world, meta_copy, param_layouts, prepare_offload,
                        train_fake, watch_checkpoint_rng, watch_fsdp)
 
 __all__ = ["stage_blocks", "stage_plan", "stage_ties", "stage_module", "parallelize_stage", "stage_config",
@@ -416,7 +416,7 @@ class _StageRun:
 def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, rank: int, *,
                         optimizer: Callable | None, steps: int, loss_fn: Callable | None, block_size=None,
                         foreach_default: bool = False, gloo: bool = False, probe: bool = False, target=None,
-                        attention=None, workspace=None, rng_state: int = 0,
+                        attention=None, workspace=None, rng_state: int = 0, device_type: str = "cpu",
                         on_step: Callable[[int, str], None] | None = None) -> RankRun:
     """Simulate global rank ``rank`` of ``config`` (``pp`` > 1) training ``model``: its stage (the
     rank's ``pp`` coordinate) on ``args``/``kwargs``, the rank's LOCAL batch (all micro-batches; split
@@ -424,7 +424,7 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
     each micro-batch (default: its ``loss``, or the sum of its outputs); with ``target`` (a tensor of
     the local batch, split alike) ``loss_fn(output, target_m)``, as torch's schedule calls it.
     Returns the RankRun rank_memory() reads (the receive buffers and the gradients sent back in the
-    part "communication buffers")."""
+    part "communication buffers"). ``device_type``: as simulate_rank's (CPU offload)."""
     import torch.distributed.fsdp  # noqa: F401  (registers FSDP2's ops before the registry is copied)
     from .apply import build_mesh
     if config.pp < 2:
@@ -458,9 +458,12 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
                                     record_context=functools.partial(_value_reads, probe_model, (ma, mk), (ra, rk)))
             del probe_model, fa, fk, ma, mk
         parallelize_stage(mod, own, config, mesh)
+        host = config.offload and device_type != "cpu"
+        if config.offload:
+            prepare_offload(mod, tracker, host=host)
         with fake_mode, eager_paths(fake_mode):
             mod.to_empty(device=device)
-            watch_fsdp(mod, tracker)
+            watch_fsdp(mod, tracker, host=host)
             watch_checkpoint_rng(mod, tracker, rng_state)
             tp = _Tp(config, mesh) if config.tp > 1 else None
             runner = _StageRun(mod, stage, config, tracker, loss_fn, target, tp)
@@ -470,7 +473,7 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
             layouts = param_layouts(mod)
             params = {canonical_name(k): v for k, v in mod.named_parameters()}
             tied = tuple((_local_nbytes(params[f"model.{name}"]), n) for name, n in ties)
-    return RankRun(rank, run, tracker, layouts=layouts, p2p=runner.p2p(), ties=tied)
+    return RankRun(rank, run, tracker, layouts=layouts, p2p=runner.p2p(), ties=tied, offload=host)
 
 
 def _local_nbytes(t: torch.Tensor) -> int:

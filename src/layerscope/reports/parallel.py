@@ -15,8 +15,9 @@ from .table import Column, Fact, Table, flat_table
 
 __all__ = ["ParallelReport", "RoleRow", "PARALLEL_COLUMNS", "SCHEMA"]
 
-SCHEMA = 2      # the parallel JSON's own version (plans, ranks, measured; step_time reserved). 2: a rank's
-#                 breakdown has the estimate "gloo late free (estimate)"; nothing removed or renamed
+SCHEMA = 3      # the parallel JSON's own version (plans, ranks, measured; step_time reserved). 2: a rank's
+#                 breakdown has the estimate "gloo late free (estimate)"; 3: a rank's host_bytes and a plan's
+#                 offload (CPU offload); nothing removed or renamed
 
 _SHORT = {"sharded parameters": "Params", "gathered parameters": "Gathered", "gradients": "Grads",
           "optimizer state": "Optim", "activations": "Activ", "recompute": "Recomp",
@@ -106,6 +107,9 @@ class ParallelReport(ReportRecord):
         out = [Fact("Largest rank", f"{big.rank}: {_gib(big.peak_bytes)} at step {big.peak_step} {big.peak_phase}"
                     + (f" in {big.peak_layer or '(root)'}" if big.peak_layer is not None else "")
                     + f" ({_gib(big.peak_bytes - big.simulated_peak_bytes)} of it estimated)")]
+        if big.host_bytes:
+            out.append(Fact("Host (CPU offload)", f"{_gib(max(r.host_bytes for r in p.ranks))} per rank at most, "
+                                                  "outside the device's peak"))
         if p.limit_bytes is not None:
             out.append(Fact("Limit", f"{_gib(p.limit_bytes)}: " + ("fits" if p.fits else
                             f"DOES NOT FIT by {_gib(p.over_bytes)}"), alert=not p.fits))
