@@ -30,7 +30,7 @@ from .. import _compat
 from ..costs import CostOptions, OpCall, OpCost
 from ..costs.registry import FREE
 from ..errors import ForwardError, InputError, LayerscopeError, RegistryError
-from ..trace import BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER_UNKNOWN, Costs, OpEvent, Trace
+from ..trace import BACKWARD, FORWARD, OPTIMIZER, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER_UNKNOWN, Costs, OpEvent, Trace
 from .backward import SeqOwners
 from .inputs import SpecCache, iter_tensors
 from .known import KnownIndexError
@@ -246,6 +246,13 @@ class Session:
             storage.recomputing = phase is BACKWARD and _compat.in_recompute()
             # a lift's input is the same logical tensor as its output (a fake run makes a new one)
             fix = FAKE_SIZE_FIXES.get(func) if self.simulated else None
+            if storage.scratch_of is not None:
+                nbytes = storage.scratch_of(name, ins)
+                if nbytes:
+                    storage.transient(nbytes)       # alive during this op only, beside its outputs
+            if storage.host_literals and phase is OPTIMIZER and name == "aten.lift_fresh":
+                for o in outs:
+                    storage.elsewhere(o)
             storage.on_op(() if func._opname.startswith("lift") else ins, outs,
                           fix(args, outs) if fix is not None else None)
             if storage.workspace_of is not None:

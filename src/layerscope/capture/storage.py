@@ -67,8 +67,16 @@ class Block:
 class StorageTracker:
     """Live storages of a run and the op clock they are timed against."""
 
-    def __init__(self, block_size=None, workspace: Callable[[str], int | None] | None = None) -> None:
+    def __init__(self, block_size=None, workspace: Callable[[str], int | None] | None = None,
+                 scratch: Callable[[str, list], int | None] | None = None, host_literals: bool = False) -> None:
         self.block_size = block_size or (lambda n: n)
+        # op name, its input tensors -> bytes of the scratch its kernel allocates and frees inside itself,
+        # which no tensor shows (a CUDA target's kernels: costs/cuda_scratch.py); None: not counted
+        self.scratch_of = scratch
+        # a CUDA target: a tensor the optimizer makes from a Python number without a device (torch's Adam's
+        # ``step``, torch.tensor(0.0) unless fused or capturable) is host memory, not the device's
+        self.host_literals = host_literals
+        self._elsewhere: dict[int, weakref.ref] = {}
         # op name -> bytes of the persistent workspace the op's library takes on its thread's first
         # call (None: the op takes none); see ``workspace``
         self.workspace_of = workspace
@@ -105,6 +113,8 @@ class StorageTracker:
         key = id(st)
         b = self.live.get(key)
         if b is None:
+            if key in self._elsewhere:
+                return None
             size = int(st.nbytes()) if nbytes is None else nbytes
             b = Block(self.block_size(size), self.clock, self.pass_index, self.layer, self.phase, self.op_name)
             if self.recomputing:
@@ -168,6 +178,17 @@ class StorageTracker:
         self.blocks.append(nb)
         self._refs[key] = weakref.ref(st, self._freed_cb(key, nb))
         return nb
+
+    def elsewhere(self, t: torch.Tensor) -> None:
+        """``t``'s storage is not in this device's memory (a CUDA target's host tensor): never a Block."""
+        st = self._storage(t)
+        if st is None or id(st) in self.live:
+            return
+        key = id(st)
+
+        def gone(_ref, key=key) -> None:
+            self._elsewhere.pop(key, None)
+        self._elsewhere[key] = weakref.ref(st, gone)
 
     def mark(self, t: torch.Tensor, role: int) -> Block | None:
         b = self.block_of(t)

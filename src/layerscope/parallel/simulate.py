@@ -53,6 +53,7 @@ from ..capture.simulation import eager_paths
 from ..capture.step import StepRun, run_steps
 from ..capture.storage import CATEGORIES, SAVED, StorageTracker
 from ..costs import CostOptions, default_registry
+from ..costs.cuda_scratch import scratch_bytes
 from ..costs.movement import move
 from ..errors import InputError
 from ..options import ParallelConfig
@@ -198,8 +199,8 @@ class RankTracker(StorageTracker):
     and on gloo (CPU ranks) each all-gather and reduce-scatter also holds gloo's own buffer
     (``_GLOO_BUFFERS``) while it runs."""
 
-    def __init__(self, block_size=None, gloo: bool = False, workspace=None) -> None:
-        super().__init__(block_size, workspace)
+    def __init__(self, block_size=None, gloo: bool = False, workspace=None, cuda: bool = False) -> None:
+        super().__init__(block_size, workspace, scratch=scratch_bytes if cuda else None, host_literals=cuda)
         self.gloo = gloo
         self.gloo_late_bytes = 0     # the largest reduce-scatter clone (results.ESTIMATES' gloo line)
 
@@ -413,7 +414,7 @@ def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelC
     dtype = torch.float32 if config.mixed_precision == "bf16" else config.model_dtype
     device = torch.device("cpu")
     host = config.offload and device_type != "cpu"
-    tracker = RankTracker(block_size, gloo=gloo, workspace=workspace)
+    tracker = RankTracker(block_size, gloo=gloo, workspace=workspace, cuda=device_type == "cuda")
     with fake_world(rank, config.world), warnings.catch_warnings():
         # torch's warnings about the simulation's own CPU mesh, not about the user's model
         warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")

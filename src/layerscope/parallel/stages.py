@@ -6,8 +6,8 @@ Checked against the CPU allocator (tests/parallel/test_against_allocator.py, doc
 same rank's stage run by torch's ``PipelineStage`` and schedule on the fake backend
 (``real.measure_stage_rank``), a shrunk transformers Llama, GPipe and 1F1B, with FSDP, TP, autocast
 and full checkpointing: within -0.64% .. +0.94% over 20 stage ranks; on an H100 against
-``torch.cuda.max_memory_allocated``, 14 stage ranks of a 0.16B Llama and a 0.15B GPT-2 within -2.70% ..
-+0.60%; under torchrun (gloo), every rank of 36 PP, FSDP x PP and TP x PP runs within 1.2% of the
+``torch.cuda.max_memory_allocated``, 16 stage ranks of a 0.16B Llama and a 0.15B GPT-2 within -1.99% ..
++0.60% (the caching allocator's blocks larger than the requests; docs/benchmarks.md); under torchrun (gloo), every rank of 36 PP, FSDP x PP and TP x PP runs within 1.2% of the
 predicted band. The recording forward runs under a simulated recorder that knows the micro-batch's
 values (transformers' mask checks read them); a stage keeps each
 micro-batch's output until its backward, the last stage's beside its loss, as torch's forward cache
@@ -438,7 +438,7 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
     stage = rank // (config.world // config.pp)
     dtype = torch.float32 if config.mixed_precision == "bf16" else config.model_dtype
     device = torch.device("cpu")
-    tracker = RankTracker(block_size, gloo=gloo, workspace=workspace)
+    tracker = RankTracker(block_size, gloo=gloo, workspace=workspace, cuda=device_type == "cuda")
     actions = [(a.kind, a.microbatch) for a in rank_orders(config.schedule, config.pp, config.microbatches)[stage]]
     with fake_world(rank, config.world):
         private = meta_copy(model, dtype)
