@@ -2,7 +2,7 @@
 written — on this CPU-only machine, in a scratch folder that holds the files the examples name.
 
 Substitutions, stated here because they are not "as written":
-- a big hf: preset or config (llama, mistral, mixtral, gpt2*, bert*, vit*, t5, GPT2Config) gets small
+- a big hf: preset or config (llama, mistral, mixtral, gpt2*, bert*, vit*, t5, LlamaConfig, GPT2Config) gets small
   dimensions prepended as --set (SMALL below): 16 layers where a family is split into 16 stages, a
   64-wide hidden size, a 128-token vocabulary. The example's own --set values come after and win.
   Built on meta as the examples are; the point is that each line parses, validates and runs.
@@ -31,7 +31,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 _LLAMA = ["num_hidden_layers=2", "hidden_size=64", "intermediate_size=128", "num_attention_heads=4",
           "num_key_value_heads=2", "vocab_size=128"]
 SMALL = {
-    "llama": _LLAMA, "mistral": _LLAMA, "mixtral": _LLAMA + ["num_local_experts=4"],
+    "llama": _LLAMA, "LlamaConfig": _LLAMA, "mistral": _LLAMA, "mixtral": _LLAMA + ["num_local_experts=4"],
     "gpt2": ["n_layer=2", "n_embd=64", "n_head=4", "vocab_size=128"],
     "GPT2Config": ["n_layer=2", "n_embd=64", "n_head=4", "vocab_size=128"],
     "bert": ["num_hidden_layers=2", "hidden_size=64", "intermediate_size=128", "num_attention_heads=4",
