@@ -50,3 +50,26 @@ def test_adam_steps_are_host_tensors_on_a_cuda_target():
     assert max(s.breakdown["optimizer_state"] for s in r.steps) == 2 * 262_144
     c = ls.memory(m, x, device="cpu", optimizer="adam", loss_fn=lambda y: y.sum())
     assert max(s.breakdown["optimizer_state"] for s in c.steps) == 2 * 262_144 + 4
+
+
+class _Dropout(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(64, 1024, bias=False)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x):
+        return self.drop(self.lin(x)).sum(-1)
+
+
+def test_dropout_keeps_a_bool_mask_on_cuda():
+    # CUDA runs dropout as the fused native_dropout, which keeps a bool mask [1024, 1024] (1,048,576 B) for
+    # the backward; the CPU's decomposition keeps an fp32 noise tensor (4,194,304 B). The peak is the
+    # forward's multiply: w 262,144 + x 262,144 + two A100 cuBLAS workspaces (2 x 8,519,680) + the
+    # linear's output and the dropout's (4,194,304 each) + the mask
+    m, x = _Dropout().train(), torch.randn(1024, 64)
+    r = ls.memory(m, x, device="cuda", gpu="A100")
+    assert r.peak_step.breakdown["activation"] == 1_048_576
+    assert r.peak_bytes == 2 * 262_144 + 2 * 8_519_680 + 2 * 4_194_304 + 1_048_576 == 27_000_832
+    c = ls.memory(m, x, device="cpu")
+    assert c.peak_step.breakdown["activation"] == 4_194_304

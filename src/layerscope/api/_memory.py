@@ -17,7 +17,7 @@ from ..capture.prepare import as_device, check_model, example_inputs, is_fake_mo
 from ..capture.step import run_steps
 from ..capture.storage import StorageTracker, cuda_block_size
 from ..costs.cublas import workspace_rule
-from ..costs.cuda_scratch import scratch_bytes
+from ..costs.cuda_scratch import CudaKernels
 from ..errors import ForwardError, InputError
 from ..formats.exported import refuse_exported
 from ..options import MemoryOptions, entry_options, optimizer_name
@@ -135,8 +135,7 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
                    loss_fn=opts.loss_fn, steps=steps, accumulation=opts.accumulation, keep_output=opts.keep_output)
     cuda = target.type == "cuda"
     tracker = StorageTracker(block_size, workspace_rule(_capability(opts.gpu, target)) if cuda else None,
-                             scratch=scratch_bytes if cuda else None,
-                             host_literals=cuda)
+                             kernels=CudaKernels() if cuda else None)
     bar = ProgressBar(steps if training else 1, "simulating the step" if opts.simulate else "running the step") \
         if opts.progress else None
     with gc_paused():

@@ -246,13 +246,17 @@ class Session:
             storage.recomputing = phase is BACKWARD and _compat.in_recompute()
             # a lift's input is the same logical tensor as its output (a fake run makes a new one)
             fix = FAKE_SIZE_FIXES.get(func) if self.simulated else None
-            if storage.scratch_of is not None:
-                nbytes = storage.scratch_of(name, ins)
+            kernels = storage.kernels
+            if kernels is not None:             # a CUDA target (costs/cuda_scratch.py)
+                nbytes = kernels.scratch(name, ins)
                 if nbytes:
                     storage.transient(nbytes)       # alive during this op only, beside its outputs
-            if storage.host_literals and phase is OPTIMIZER and name == "aten.lift_fresh":
-                for o in outs:
-                    storage.elsewhere(o)
+                if phase is OPTIMIZER and name == "aten.lift_fresh":
+                    for o in outs:
+                        storage.elsewhere(o)
+                resized = kernels.resized(name, ins, outs)
+                if resized is not None:
+                    storage.resize_block(*resized)
             storage.on_op(() if func._opname.startswith("lift") else ins, outs,
                           fix(args, outs) if fix is not None else None)
             if storage.workspace_of is not None:

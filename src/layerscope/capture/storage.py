@@ -68,14 +68,14 @@ class StorageTracker:
     """Live storages of a run and the op clock they are timed against."""
 
     def __init__(self, block_size=None, workspace: Callable[[str], int | None] | None = None,
-                 scratch: Callable[[str, list], int | None] | None = None, host_literals: bool = False) -> None:
+                 kernels=None) -> None:
         self.block_size = block_size or (lambda n: n)
-        # op name, its input tensors -> bytes of the scratch its kernel allocates and frees inside itself,
-        # which no tensor shows (a CUDA target's kernels: costs/cuda_scratch.py); None: not counted
-        self.scratch_of = scratch
-        # a CUDA target: a tensor the optimizer makes from a Python number without a device (torch's Adam's
-        # ``step``, torch.tensor(0.0) unless fused or capturable) is host memory, not the device's
-        self.host_literals = host_literals
+        # a CUDA target's kernels (costs/cuda_scratch.CudaKernels): the scratch they allocate inside
+        # themselves, which no tensor shows, and the tensors they keep at other sizes than the simulation's
+        # CPU kernels; and a tensor the optimizer makes from a Python number without a device (torch's
+        # Adam's ``step``, torch.tensor(0.0) unless fused or capturable) is host memory there, not the
+        # device's. None: the target is the CPU
+        self.kernels = kernels
         self._elsewhere: dict[int, weakref.ref] = {}
         # op name -> bytes of the persistent workspace the op's library takes on its thread's first
         # call (None: the op takes none); see ``workspace``
@@ -178,6 +178,12 @@ class StorageTracker:
         self.blocks.append(nb)
         self._refs[key] = weakref.ref(st, self._freed_cb(key, nb))
         return nb
+
+    def resize_block(self, t: torch.Tensor, nbytes: int) -> None:
+        """``t``'s storage holds ``nbytes`` on the target, whatever the simulation's kernel made it."""
+        b = self.block_of(t)
+        if b is not None:
+            b.nbytes = self.block_size(nbytes)
 
     def elsewhere(self, t: torch.Tensor) -> None:
         """``t``'s storage is not in this device's memory (a CUDA target's host tensor): never a Block."""

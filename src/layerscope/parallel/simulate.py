@@ -53,7 +53,7 @@ from ..capture.simulation import eager_paths
 from ..capture.step import StepRun, run_steps
 from ..capture.storage import CATEGORIES, SAVED, StorageTracker
 from ..costs import CostOptions, default_registry
-from ..costs.cuda_scratch import scratch_bytes
+from ..costs.cuda_scratch import CudaKernels
 from ..costs.movement import move
 from ..errors import InputError
 from ..options import ParallelConfig
@@ -200,7 +200,7 @@ class RankTracker(StorageTracker):
     (``_GLOO_BUFFERS``) while it runs."""
 
     def __init__(self, block_size=None, gloo: bool = False, workspace=None, cuda: bool = False) -> None:
-        super().__init__(block_size, workspace, scratch=scratch_bytes if cuda else None, host_literals=cuda)
+        super().__init__(block_size, workspace, kernels=CudaKernels() if cuda else None)
         self.gloo = gloo
         self.gloo_late_bytes = 0     # the largest reduce-scatter clone (results.ESTIMATES' gloo line)
 

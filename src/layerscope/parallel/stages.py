@@ -7,7 +7,7 @@ same rank's stage run by torch's ``PipelineStage`` and schedule on the fake back
 (``real.measure_stage_rank``), a shrunk transformers Llama, GPipe and 1F1B, with FSDP, TP, autocast
 and full checkpointing: within -0.64% .. +0.94% over 20 stage ranks; on an H100 against
 ``torch.cuda.max_memory_allocated``, 16 stage ranks of a 0.16B Llama and a 0.15B GPT-2 within -1.99% ..
-+0.60% (the caching allocator's blocks larger than the requests; docs/benchmarks.md); under torchrun (gloo), every rank of 36 PP, FSDP x PP and TP x PP runs within 1.2% of the
+-0.32% (the caching allocator's blocks larger than the requests; docs/benchmarks.md); under torchrun (gloo), every rank of 36 PP, FSDP x PP and TP x PP runs within 1.2% of the
 predicted band. The recording forward runs under a simulated recorder that knows the micro-batch's
 values (transformers' mask checks read them); a stage keeps each
 micro-batch's output until its backward, the last stage's beside its loss, as torch's forward cache
