@@ -105,7 +105,13 @@ STAGE_CASES = [dict(gpus=2, pp=2, microbatches=2, schedule="gpipe", mixed_precis
                dict(gpus=4, pp=2, microbatches=2, schedule="1f1b", mixed_precision="off", ac="full"),
                dict(gpus=4, pp=2, microbatches=2, schedule="1f1b", ac="full"),
                dict(gpus=4, fsdp=1, tp=2, pp=2, microbatches=2, schedule="1f1b", mixed_precision="off"),
-               dict(gpus=4, fsdp=1, tp=2, pp=2, microbatches=2, schedule="gpipe", ac="full")]
+               dict(gpus=4, fsdp=1, tp=2, pp=2, microbatches=2, schedule="gpipe", ac="full"),
+               # two stages per rank (4 stages of one block each), torch's ScheduleInterleaved1F1B
+               dict(gpus=2, pp=2, microbatches=4, schedule="interleaved", mixed_precision="off"),
+               dict(gpus=2, pp=2, microbatches=4, schedule="interleaved"),
+               dict(gpus=4, pp=2, microbatches=4, schedule="interleaved", mixed_precision="off"),
+               dict(gpus=4, pp=2, microbatches=4, schedule="interleaved", ac="full"),
+               dict(gpus=4, fsdp=1, tp=2, pp=2, microbatches=4, schedule="interleaved", mixed_precision="off")]
 
 
 def stages_part(spec, overrides) -> None:

@@ -451,7 +451,9 @@ class ParallelConfig:
     ``fully_shard``, ZeRO-3; ``reshard_after_forward=False`` keeps the gathered parameters from the
     forward to the backward, ZeRO-2-like); ``replicate`` > 1 makes it HSDP (replicas of a sharded
     group). ``tp`` splits each block's matmuls (Colwise/Rowwise, sequence parallel on the norms, the
-    loss on vocabulary-sharded logits); ``pp`` splits the layers into stages run by ``schedule``.
+    loss on vocabulary-sharded logits); ``pp`` splits the layers into stages run by ``schedule``: one
+    stage per pipeline rank, or ``stages_per_rank`` under a schedule that puts several on each
+    (interleaved: ``pp x stages_per_rank`` stages, rank r holding stages r, r + pp, ...).
     ``cp`` (context) and ``ep`` (expert) parallel are reserved for what comes next and must be 1.
 
     Batches: ``local_batch`` is what one data-parallel rank processes per optimizer step;
@@ -474,6 +476,7 @@ class ParallelConfig:
     cp: int = 1
     ep: int = 1
     schedule: str = "1f1b"
+    stages_per_rank: int = 2             # under a schedule that puts several stages on each rank
     microbatches: int | None = None      # None: pp (one per stage), 1 without a pipeline
     accumulation: int = 1
     local_batch: int | None = None
@@ -491,7 +494,7 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         ints = {"gpus": self.gpus, "gpus_per_node": self.gpus_per_node, "replicate": self.replicate, "tp": self.tp,
                 "pp": self.pp, "cp": self.cp, "ep": self.ep, "accumulation": self.accumulation,
-                "ac_every": self.ac_every}
+                "ac_every": self.ac_every, "stages_per_rank": self.stages_per_rank}
         for k in ("fsdp", "microbatches", "local_batch", "global_batch"):
             if getattr(self, k) is not None:
                 ints[k] = getattr(self, k)
@@ -511,7 +514,9 @@ class ParallelConfig:
         _choice("mixed_precision", self.mixed_precision, Precision)
         object.__setattr__(self, "reduce_dtype", parse_dtype_name(self.reduce_dtype, "reduce_dtype"))
         object.__setattr__(self, "model_dtype", parse_dtype_name(self.model_dtype, "model_dtype"))
-        schedule_of(self.schedule)
+        kind = schedule_of(self.schedule)
+        if self.pp > 1:
+            kind.check_stages(self.stages, self.stages_per_rank, flag="pp x stages_per_rank")
         rest, fixed = divmod(self.gpus, self.replicate * self.tp * self.pp * self.cp)
         if self.fsdp is None:
             if fixed or rest < 1:
@@ -536,6 +541,11 @@ class ParallelConfig:
             raise InputError(f"global batch {self.global_batch} != local batch {self.local_batch} x data-parallel "
                              f"degree {self.dp} x accumulation {self.accumulation} "
                              f"(= {self.local_batch * self.dp * self.accumulation})")
+
+    @property
+    def stages(self) -> int:
+        """Pipeline stages: ``pp``, times ``stages_per_rank`` under a schedule that puts several on a rank."""
+        return self.pp * schedule_of(self.schedule).per_rank(self.stages_per_rank)
 
     @property
     def dp(self) -> int:
@@ -563,7 +573,9 @@ class ParallelConfig:
         return torch.bfloat16 if self.mixed_precision == "bf16" else None
 
     def label(self) -> str:
+        pp = f"pp {self.pp}" + (f" ({self.schedule}, {self.stages // self.pp} stages per rank)"
+                                 if self.pp > 1 and self.stages > self.pp else "")
         parts = [f"fsdp {self.fsdp}" + (f" x replicate {self.replicate}" if self.replicate > 1 else ""),
-                 f"tp {self.tp}", f"pp {self.pp}"]
+                 f"tp {self.tp}", pp]
         return ", ".join(parts) + f", ac {self.ac}" + (f":{self.ac_every}" if self.ac == "selective-layer" else "") \
             + (", CPU offload" if self.offload else "")

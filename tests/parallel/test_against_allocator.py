@@ -89,9 +89,11 @@ def test_vocabulary_parallel_loss_temporaries_are_seen():
                                 # bf16 without FSDP is autocast, one region around the schedule's step as
                                 # torchtitan runs it: the weights' bf16 casts are made once for all the
                                 # micro-batches (+6.2% / +6.7% when each forward had a region of its own)
-                                dict(gpus=2, pp=2, microbatches=2, schedule="1f1b", ac="full")],
+                                dict(gpus=2, pp=2, microbatches=2, schedule="1f1b", ac="full"),
+                                # two stages per rank, torch's ScheduleInterleaved1F1B over both
+                                dict(gpus=4, pp=2, microbatches=4, schedule="interleaved", mixed_precision="off")],
                          ids=["pp2-gpipe-fp32", "fsdp2xpp2-1f1b-bf16", "pp2-gpipe-fp32-ac-full",
-                              "pp2-1f1b-autocast-ac-full"])
+                              "pp2-1f1b-autocast-ac-full", "fsdp2xpp2-interleaved-fp32"])
 def test_pipeline_rank_peak_within_5_percent_of_the_allocator(kw):
     # each stage's first and last rank: the real stage run by torch's PipelineStage and schedule on the fake
     # backend (parallel.real.measure_stage_rank), its peak from the CPU allocator's events

@@ -126,7 +126,7 @@ def test_limit_and_json():
 
 def test_bad_configurations_are_one_line():
     m, x = Net(), torch.randn(8, 64)
-    for kw, needle in (({"gpus": 6, "tp": 4}, "multiple of"), ({"gpus": 4, "pp": 2, "schedule": "interleaved"}, "not simulated per rank"),
+    for kw, needle in (({"gpus": 6, "tp": 4}, "multiple of"), ({"gpus": 4, "pp": 2, "schedule": "zb"}, "not simulated per rank"),
                        ({"gpus": 2, "ac": "sometimes"}, "ac must be"), ({"gpus": 2, "device": "tpu"}, "cuda or cpu"),
                        ({"gpus": 16, "tp": 16}, "fit in a node"),
                        ({"gpus": 2, "tp": 2, "offload": True}, "offload is FSDP2's CPU offload")):

@@ -76,13 +76,37 @@ def test_last_stage_sends_input_gradients_back():
     assert _max_part(rr, "communication buffers") == 8 * 64 * 64 * 4
 
 
+def test_interleaved_rank_holds_its_stages_by_hand():
+    # pp 2 x 2 stages per rank: 4 stages (embed + block 0 | block 1 | block 2 | block 3 + head); torch's loop
+    # placement puts stage s on rank s % 2: rank 0 holds stages 0 and 2, rank 1 stages 1 and 3
+    torch.manual_seed(0)
+    m, x = Net(), torch.randn(256, 32)
+    cfg = ParallelConfig(gpus=2, pp=2, schedule="interleaved", microbatches=4, mixed_precision="off")
+    assert cfg.stages == 4
+    r0, r1 = (simulate_stage_rank(m, (x,), {}, cfg, r, optimizer=None, steps=1, loss_fn=None) for r in (0, 1))
+    assert not dist.is_initialized()
+
+    def params(rr):
+        return sum(b.nbytes for b in rr.tracker.blocks if rr.part(b) == "sharded parameters")
+    # embed 32x64 + 64 = 2,112 and blocks 0 and 2 (33,088 each); blocks 1 and 3 and the head 10x64 + 10
+    assert params(r0) == (2_112 + 2 * 33_088) * 4
+    assert params(r1) == (2 * 33_088 + 650) * 4
+    # P2P per step, each a micro-batch's 64x64 fp32 activation or gradient (16,384 B): stage 0 sends 4
+    # activations and receives 4 gradients; stages 1 and 2 receive and send 4 each way twice; stage 3
+    # receives 4 activations and sends 4 gradients: 12 transfers each way on either rank
+    assert r0.p2p == r1.p2p == (12 * 16_384, 12 * 16_384, 12)
+    # the receive buffers, made once: rank 0's 4 gradient buffers (stage 0) and 8 (stage 2); a gradient of a
+    # received activation lives until it is sent (torch's bwd_cache), at most one at a time here
+    assert _max_part(r0, "communication buffers") == 12 * 16_384 + 16_384
+
+
 def test_uniform_split_and_refusals():
     assert [list(r) for r in stage_blocks(5, 2)] == [[0, 1, 2], [3, 4]]
     with pytest.raises(InputError, match="at least"):
         stage_blocks(1, 2)
     m, x = Net(), torch.randn(8, 32)
     with pytest.raises(InputError, match="not simulated per rank yet"):
-        simulate_stage_rank(m, (x,), {}, ParallelConfig(gpus=2, pp=2, schedule="interleaved", microbatches=2), 0,
+        simulate_stage_rank(m, (x,), {}, ParallelConfig(gpus=2, pp=2, schedule="zb", microbatches=2), 0,
                             optimizer=None, steps=1, loss_fn=None)
 
 

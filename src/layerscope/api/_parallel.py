@@ -123,8 +123,8 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
         if len(roles_of) == 1:
             notes.append(f"every rank holds the same shard sizes: rank 0 was simulated for all {config.world}")
         elif config.pp > 1:
-            notes.append(f"{len(roles_of)} roles (each of the {config.pp} pipeline stages, the uniform split of the "
-                         "blocks, and within a stage ranks whose shards differ in size): ranks "
+            notes.append(f"{len(roles_of)} roles (the pipeline stages of each of the {config.pp} pipeline ranks, the "
+                         "uniform split of the blocks, and within them ranks whose shards differ in size): ranks "
                          + ", ".join(str(r) for r in roles_of) + " were simulated")
         else:
             notes.append(f"{len(roles_of)} roles (ranks whose shards differ in size, where a dimension does not "
@@ -223,7 +223,8 @@ def _plan(config: ParallelConfig, ranks: tuple[RankMemory, ...]) -> ParallelPlan
         microbatches=config.microbatches, accumulation=config.accumulation, local_batch=config.local_batch,
         global_batch=config.global_batch, mixed_precision=config.mixed_precision,
         reduce_dtype=dtype_short(config.reduce_dtype), model_dtype=dtype_short(config.model_dtype),
-        reshard_after_forward=config.reshard_after_forward, offload=config.offload, fits=None, limit_bytes=None, peak_bytes=peak,
+        reshard_after_forward=config.reshard_after_forward, offload=config.offload,
+        schedule=config.schedule, stages=config.stages if config.pp > 1 else 1, fits=None, limit_bytes=None, peak_bytes=peak,
         over_bytes=0, ranks=ranks)
 
 

@@ -79,7 +79,8 @@ class StepRun:
 class PipelinePass:
     """One pass of a pipeline rank: instead of one forward, the loss and one backward, the rank's
     actions in its schedule's order (``("F", m)``: the forward of micro-batch m; ``("B", m)``: its
-    backward). A forward's output, or on the last stage its loss, stays referenced, with its autograd
+    backward; ``m`` may be any key, a (stage, micro-batch) pair where the rank holds several stages,
+    and ``takes_loss(m)`` then says whose output is the model's). A forward's output, or on the last stage its loss, stays referenced, with its autograd
     graph, until the micro-batch's backward. The callables hold the stage's own machinery (received
     buffers, the gradients sent back, FSDP's deferred reduction): ``begin()`` before the pass,
     ``forward(m, args, kwargs)`` with the run's (whole) inputs, ``loss(m, output)`` on the last stage
@@ -93,6 +94,7 @@ class PipelinePass:
     loss: Callable[[int, Any], torch.Tensor] | None = None
     begin: Callable[[], None] | None = None
     end: Callable[[], None] | None = None
+    takes_loss: Callable[[Any], bool] | None = None
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -396,13 +398,16 @@ def _pipeline_actions(cap: Session, named, pipeline: PipelinePass, passes, saved
                       mark_phase):
     """A pipeline rank's actions (PipelinePass) in one pass: forwards keep their outputs and graphs
     alive until their backward (torch's PipelineStage keeps each micro-batch's output in its forward
-    cache until then, the last stage's too, beside the loss). Returns what the pass remembers of the
+    cache until then, the last stage's too, beside the loss), and the losses until the pass ends (the
+    schedule's ``_internal_losses``). Returns what the pass remembers of the
     last forward's output: its bytes."""
     tracker = cap.storage
     call, backward = passes
     modules = [m for _, m in named]
     held: dict[int, Any] = {}
     cache: dict[int, Any] = {}
+    # torch's schedule keeps every micro-batch's loss until the step ends (``_internal_losses``)
+    losses: list = []
     last_bytes = 0
     backward_begun = False
     if pipeline.begin is not None:
@@ -418,12 +423,13 @@ def _pipeline_actions(cap: Session, named, pipeline: PipelinePass, passes, saved
                     if tracker is not None:
                         _mark_outputs(tracker, output)
                     last_bytes = tensor_bytes(output)
-                    if pipeline.loss is not None:
+                    if pipeline.loss is not None and (pipeline.takes_loss is None or pipeline.takes_loss(m)):
                         mark_phase(LOSS)
                         loss = pipeline.loss(m, output)
                         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                             raise InputError("loss_fn must return a scalar tensor")
                         held[m], cache[m] = loss, output
+                        losses.append(loss)
                         del loss
                     else:
                         held[m] = output
@@ -448,6 +454,7 @@ def _pipeline_actions(cap: Session, named, pipeline: PipelinePass, passes, saved
         if not backward_begun:
             mark_phase(BACKWARD)
         run_backward(cap, modules, pipeline.end)
+    losses.clear()
     return ReleasedOutput(last_bytes)
 
 

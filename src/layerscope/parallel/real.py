@@ -266,9 +266,10 @@ def measure_stage_rank(build: Callable[[], nn.Module], config: ParallelConfig, r
                        labels: torch.Tensor, *, steps: int = 3, optimizer: str = "adamw", seed: int = 0,
                        device: str = "cpu"):
     """The pipeline equivalent of ``measure_one_rank`` (``pp`` > 1): rank ``rank``'s stage (the uniform
-    split, parallel/stages.py) built from a real model and parallelized on the mesh without ``pp``,
-    trained ``steps`` steps by torch's own ``PipelineStage`` and schedule (``ScheduleGPipe`` or
-    ``Schedule1F1B``, ``return_outputs=False``) on ``ids``/``labels`` (the rank's local batch, split
+    split, parallel/stages.py; under the interleaved schedule its ``stages_per_rank`` stages, each from a
+    model built alike) built from a real model and parallelized on the mesh without ``pp``,
+    trained ``steps`` steps by torch's own ``PipelineStage`` and schedule (``ScheduleGPipe``,
+    ``Schedule1F1B`` or ``ScheduleInterleaved1F1B``, ``return_outputs=False``) on ``ids``/``labels`` (the rank's local batch, split
     into ``config.microbatches``), its P2P transfers and collectives on torch's ``fake`` backend.
     The loss: ``training_loss``'s cross-entropy on the logits, per micro-batch. Each step's peak from
     the allocator, as ``measure_one_rank`` reads it on ``device`` (cpu or cuda: the whole model moved to
@@ -279,20 +280,33 @@ def measure_stage_rank(build: Callable[[], nn.Module], config: ParallelConfig, r
 
     if device not in ("cpu", "cuda"):
         raise InputError(f"measure_stage_rank runs on cpu or cuda, not {device!r}")
-    stage = rank // (config.world // config.pp)
+    from ..options import schedule_of
+    from ..pipeline.schedule import stage_ranks
+
+    coord = rank // (config.world // config.pp)
+    per_rank = schedule_of(config.schedule).per_rank(config.stages_per_rank)
+    mine = [s for s, r in enumerate(stage_ranks(config.schedule, config.stages, per_rank)) if r == coord]
     here = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     with fake_world(rank, config.world):
-        torch.manual_seed(seed)
-        model = build()
-        no_kv_cache(model)
-        model.train()
+        mesh = build_mesh(config, device)
         if device == "cuda":
-            model.to(here)
             ids, labels = ids.to(here), labels.to(here)
-        # the stages agree on static metadata by a vote over P2P, which the fake backend does not carry
-        # (it receives zeros: "dynamic", then garbage sizes): every stage here gives its metadata
-        mod, pipe, sched = pipeline_stage(model, config, build_mesh(config, device), stage, ids, static=True)
-        del model
+        mods, pipe = [], []
+        for stage in mine:
+            torch.manual_seed(seed)
+            model = build()
+            no_kv_cache(model)
+            model.train()
+            if device == "cuda":
+                model.to(here)
+            # the stages agree on static metadata by a vote over P2P, which the fake backend does not
+            # carry (it receives zeros: "dynamic", then garbage sizes): every stage here gives its metadata
+            m, p = _stage_pipe(model, config, mesh, stage, ids, static=True)
+            mods.append(m)
+            pipe.append(p)
+            del model
+        sched = pipeline_schedule(config, pipe)
+        mod = mods[0] if len(mods) == 1 else nn.ModuleList(mods)
         opt = _optimizer(optimizer, [p for p in mod.parameters() if p.requires_grad], 1e-3)
 
         def all_steps(on_step) -> None:
@@ -331,13 +345,28 @@ def pipeline_stage(model: nn.Module, config: ParallelConfig, mesh, stage: int, i
     Every stage is given every boundary's metadata (``input_args``/``output_args``); ``static``: also
     without the stages' P2P vote on it (``_compat.pipeline_stage_static``: a fake backend carries no
     data). Returns (stage module, PipelineStage, schedule)."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    if config.schedule not in PIPELINE_SCHEDULES:
+        raise InputError(f"a pipeline stage runs here with {', '.join(PIPELINE_SCHEDULES)}, not {config.schedule}")
+    mod, pipe = _stage_pipe(model, config, mesh, stage, ids, static=static)
+    return mod, pipe, pipeline_schedule(config, [pipe])
+
+
+def pipeline_schedule(config: ParallelConfig, pipes: list):
+    """torch's schedule of ``config.schedule`` over this rank's PipelineStages (one, or several under a
+    schedule that puts several on a rank), ``training_loss``'s cross-entropy per micro-batch."""
+    from ..options import schedule_of
+    cls = schedule_of(config.schedule).torch_schedule()
+    return cls(pipes if len(pipes) > 1 or schedule_of(config.schedule).multi else pipes[0], config.microbatches,
+               loss_fn=_micro_loss)
+
+
+def _stage_pipe(model: nn.Module, config: ParallelConfig, mesh, stage: int, ids: torch.Tensor, *,
+                static: bool = False):
+    """pipeline_stage's module and PipelineStage, without the schedule."""
+    from torch.distributed.pipelining import PipelineStage
 
     from .stages import _Tp, parallelize_stage, split_micro, stage_module
 
-    schedules = dict(zip(PIPELINE_SCHEDULES, (ScheduleGPipe, Schedule1F1B)))
-    if config.schedule not in schedules:
-        raise InputError(f"a pipeline stage runs here with {', '.join(schedules)}, not {config.schedule}")
     (mid,), _ = split_micro((ids,), {}, 0, config.microbatches)
     mod, own = stage_module(model, config, stage, (mid,), {})
     mod.full_output = False                    # torch's stage hands the logits to the loss
@@ -359,7 +388,7 @@ def pipeline_stage(model: nn.Module, config: ParallelConfig, mesh, stage: int, i
                 t = torch.zeros(s, dtype=dtype, device=ids.device)
             out.append(t.requires_grad_(d.is_floating_point))
         return tuple(out)
-    first, last = stage == 0, stage == config.pp - 1
+    first, last = stage == 0, stage == config.stages - 1
     inputs = (mid,) if first else example(mod.received_metas)
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
     # the logits: in the compute dtype (FSDP's bf16 parameters, or autocast's without FSDP), else the model's;
@@ -378,11 +407,11 @@ def pipeline_stage(model: nn.Module, config: ParallelConfig, mesh, stage: int, i
         # without the vote, torch cannot tell a DTensor gradient's metadata from the activation's: given as
         # the activation's (what the simulation assumes)
         grads = dict(input_grads=None if first else inputs, output_grads=None if last else outputs)
-    pipe = PipelineStage(mod, stage, config.pp, ids.device, input_args=inputs, output_args=outputs,
+    pipe = PipelineStage(mod, stage, config.stages, ids.device, input_args=inputs, output_args=outputs,
                          group=mesh["pp"].get_group(), **grads)
     if static:
         _compat.pipeline_stage_static(pipe)
-    return mod, pipe, schedules[config.schedule](pipe, config.microbatches, loss_fn=_micro_loss)
+    return mod, pipe
 
 
 def tie_groups(model: nn.Module, config: ParallelConfig, mesh, stage: int) -> list[tuple[str, object]]:
@@ -424,15 +453,13 @@ def sum_tied_grads(mod: nn.Module, ties: list[tuple[str, object]]) -> None:
 
 
 def pipeline_step(sched, pipe, ids: torch.Tensor, labels: torch.Tensor, losses: list | None = None) -> None:
-    """One step of the schedule on this rank's stage: the first stage feeds ``ids``, the last takes
-    ``labels`` as the target (and puts each micro-batch's loss in ``losses``); outputs not returned
-    (``return_outputs=False``, as torchtitan steps)."""
-    if pipe.is_first:
-        sched.step(ids, return_outputs=False)
-    elif pipe.is_last:
-        sched.step(target=labels, losses=losses, return_outputs=False)
-    else:
-        sched.step(return_outputs=False)
+    """One step of the schedule on this rank's stage (or list of stages): the first stage feeds ``ids``,
+    the last takes ``labels`` as the target (and puts each micro-batch's loss in ``losses``); outputs not
+    returned (``return_outputs=False``, as torchtitan steps)."""
+    pipes = pipe if isinstance(pipe, (list, tuple)) else [pipe]
+    args = (ids,) if any(p.is_first for p in pipes) else ()
+    kw = dict(target=labels, losses=losses) if any(p.is_last for p in pipes) else {}
+    sched.step(*args, return_outputs=False, **kw)
 
 
 def _stage_buffers(pipe) -> list[torch.Tensor]:

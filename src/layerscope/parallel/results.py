@@ -31,6 +31,7 @@ block's gathered parameters added it read 3.1-6.2% over.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,11 +128,15 @@ class ParallelPlan:
     mfu: float | None = None
     measured: dict | None = field(default=None)
     offload: bool = False          # FSDP2's CPU offload (the ranks' host_bytes hold what it moves)
+    schedule: str = "1f1b"         # the pipeline schedule (with pp > 1)
+    stages: int = 1                # pipeline stages: pp, or pp x stages per rank (interleaved)
 
     @property
     def label(self) -> str:
         dp = f"fsdp {self.fsdp}" + (f" x replicate {self.replicate}" if self.replicate > 1 else "")
-        return f"{dp}, tp {self.tp}, pp {self.pp}, ac {self.ac}" + (", CPU offload" if self.offload else "")
+        pp = f"pp {self.pp}" + (f" ({self.schedule}, {self.stages // self.pp} stages per rank)"
+                                 if self.stages > self.pp else "")
+        return f"{dp}, tp {self.tp}, {pp}, ac {self.ac}" + (", CPU offload" if self.offload else "")
 
     @property
     def largest(self) -> RankMemory:
@@ -242,8 +247,8 @@ def rank_memory(rr: RankRun, config: ParallelConfig, rank: int, *, nccl: bool) -
     layer = layer_at(run, t)
     if layer is not None:      # named as in the user's model (a checkpoint wrapper's own level left out)
         layer = canonical_name(layer)
-        if config.pp > 1:      # a pipeline rank runs its stage module, which holds the model as .model
-            layer = layer.removeprefix("model.")
+        if config.pp > 1:      # a pipeline rank runs its stage module (or a list of them), which holds the model as .model
+            layer = re.sub(r"^(\d+\.)?model\.", "", layer)
     breakdown: dict[str, Any] = {p: live[p][t] if total else 0 for p in PARTS}
     estimates = dict.fromkeys(ESTIMATES, 0)
     if nccl:

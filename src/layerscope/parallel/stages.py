@@ -27,7 +27,9 @@ The rank. Mesh ``[pp, dp_replicate, dp_shard, tp]``: the ranks on one ``pp`` coo
 stage. Its stage module is parallelized with ``apply.parallelize`` on the mesh without its ``pp``
 dimension (a configuration whose ``pp`` is 1), materialised as fake tensors, then trained ``steps``
 steps: each step runs the rank's actions of the schedule (``pipeline.schedule.rank_orders``: GPipe all
-forwards then all backwards; 1F1B ``P - s`` warm-up forwards on stage s), what torch's
+forwards then all backwards; 1F1B ``P - s`` warm-up forwards on stage s; interleaved 1F1B, where the
+rank holds ``stages_per_rank`` stages of the ``pp x stages_per_rank`` (stage s on rank s % pp, each its
+own module, parallelized on its own), torch's own order of (stage, micro-batch) actions), what torch's
 ``PipelineStage`` does for each:
 
 * the forward of micro-batch m: on the first stage its slice of the local batch (split along dim 0
@@ -38,7 +40,13 @@ forwards then all backwards; 1F1B ``P - s`` warm-up forwards on stage s), what t
 * the backward: the last stage from its loss, the others from the gradient received into the grad
   receive buffer of micro-batch m (a fake gradient of the stage output's shape). The gradient of
   the received activation, sent back, accumulates on the receive buffer (torch's
-  ``stage_backward``) and stays until the next step clears it (``clear_runtime_states``);
+  ``stage_backward``) and stays until the next step clears it (``clear_runtime_states``) under one
+  stage per rank; under the interleaved schedule, and with TP, it is let go of once sent (torch's
+  ``stage_backward`` sets the input's ``.grad`` to None; the gradient lives in the stage's ``bwd_cache``
+  until its send: measured, the interleaved stages' peaks equal the allocator's to the byte so, and sat
+  (2M - 3) gradients over it when they were kept);
+* the last stage's loss of every micro-batch stays until the step ends (the schedule's
+  ``_internal_losses``);
 * with FSDP2, every backward runs with gradient sync and resharding off, and after the last one
   the gradients accumulated over the micro-batches are reduce-scattered and the parameters
   resharded (torch's ``perform_reduce_grad``); gradients are divided by the number of micro-batches
@@ -49,8 +57,7 @@ gradients, made once as torch's stage makes them) and the input gradients sent b
 "communication buffers" of the breakdown. What a real run adds and this does not: the P2P
 transfers' own buffers of the backend (NCCL's, gloo's), and the last stage's outputs kept by
 ``step(return_outputs=True)`` (torchtitan steps with ``return_outputs=False``, as here).
-Interleaved and zero-bubble schedules (several stages per rank, backwards split in I and W) are not
-simulated yet.
+The zero-bubble schedules (backwards split in I and W) are not simulated yet.
 """
 
 from __future__ import annotations
@@ -71,7 +78,7 @@ from ..capture.step import PipelinePass
 from ..capture.storage import StorageTracker
 from ..errors import InputError
 from ..options import ParallelConfig, schedule_of
-from ..pipeline.schedule import rank_orders
+from ..pipeline.schedule import rank_orders, stage_ranks
 from ..pipeline.stages import build_stage_module
 from ..pipeline.units import owner_of
 from .apply import canonical_name, checkpoint_blocks, find_blocks, no_kv_cache, parallelize
@@ -81,8 +88,9 @@ from .simulate import (PIPELINE, RankRun, RankTracker, fake_world, meta_copy, pa
 __all__ = ["stage_blocks", "stage_plan", "stage_ties", "stage_module", "parallelize_stage", "stage_config",
            "split_micro", "simulate_stage_rank", "SIMULATED_SCHEDULES"]
 
-# one stage per rank, one backward per micro-batch: what rank_orders gives as F and B actions
-SIMULATED_SCHEDULES = ("gpipe", "1f1b")
+# one backward per micro-batch (what rank_orders gives as F and B actions): one stage per rank, or several
+# (interleaved 1F1B); the zero-bubble schedules split each backward in I and W, not simulated yet
+SIMULATED_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
 def stage_blocks(n: int, pp: int) -> list[range]:
@@ -189,7 +197,7 @@ def stage_ties(model: nn.Module, config: ParallelConfig) -> list[dict[int, str]]
     ties = [ns for ns in names.values() if len(ns) > 1]
     if not ties:
         return []
-    plan = stage_plan(model, config.pp, config.schedule)
+    plan = stage_plan(model, config.stages, config.schedule)
     units = plan.units.units
     stage_at = {p: st.index for st in plan.stages for u in units[st.first:st.last + 1] for p in u.paths}
     out = []
@@ -250,9 +258,9 @@ def stage_module(model: nn.Module, config: ParallelConfig, stage: int, micro_arg
     last stage returns the model's whole output), the recording forward run on ``record_on`` (default
     ``model``) with one micro-batch ``micro_args``/``micro_kwargs``. Returns (stage module, its own
     blocks as (path in the stage module, module)): ``parallelize_stage`` takes both."""
-    plan = stage_plan(model, config.pp, config.schedule)
+    plan = stage_plan(model, config.stages, config.schedule)
     blocks = find_blocks(model)
-    own = [blocks[i] for i in stage_blocks(len(blocks), config.pp)[stage]]
+    own = [blocks[i] for i in stage_blocks(len(blocks), config.stages)[stage]]
     mod = build_stage_module(model, plan, stage, micro_args, micro_kwargs, copy_model=False, record_on=record_on,
                              record_context=record_context)
     mod.full_output = True
@@ -306,7 +314,7 @@ class _StageRun:
 
     def __init__(self, mod, stage: int, config: ParallelConfig, tracker: StorageTracker, loss_fn, target, tp):
         self.mod, self.stage, self.config, self.tracker = mod, stage, config, tracker
-        self.first, self.last = stage == 0, stage == config.pp - 1
+        self.first, self.last = stage == 0, stage == config.stages - 1
         self.m = config.microbatches
         self.loss_fn, self.target, self.tp = loss_fn, target, tp
         dev = torch.device("cpu")
@@ -397,8 +405,10 @@ class _StageRun:
                 b = self.tracker.block_of(act.grad)
                 if b is not None:
                     b.tag = PIPELINE
-            if self.tp is not None:
-                act.grad = None          # a DTensor's gradient is sent and dropped (torch's bwd_cache)
+            if self.tp is not None or self.config.stages > self.config.pp:
+                # sent and dropped (torch's bwd_cache): a DTensor's gradient; and every one under a schedule
+                # with several stages per rank
+                act.grad = None
 
     def end(self) -> None:
         _compat.fsdp_reduce_grads(self.mod)
@@ -408,9 +418,29 @@ class _StageRun:
                     if p.grad is not None:
                         p.grad.div_(self.m)
 
-    def as_pass(self, actions) -> PipelinePass:
-        return PipelinePass(actions=tuple(actions), forward=self.forward, backward=self.backward,
-                            loss=self.loss if self.last else None, begin=self.begin, end=self.end)
+
+def _rank_pass(runners: dict, actions) -> PipelinePass:
+    """The rank's PipelinePass over its stages (``runners``: stage -> _StageRun): each action's key is
+    (stage, micro-batch), dispatched to that stage's runner; the loss only on the last stage."""
+    def forward(key, args, kwargs):
+        return runners[key[0]].forward(key[1], args, kwargs)
+
+    def loss(key, output):
+        return runners[key[0]].loss(key[1], output)
+
+    def backward(key, held, engine):
+        runners[key[0]].backward(key[1], held, engine)
+
+    def begin():
+        for r in runners.values():
+            r.begin()
+
+    def end():
+        for r in runners.values():
+            r.end()
+    return PipelinePass(actions=tuple((a.kind, (a.stage, a.microbatch)) for a in actions), forward=forward,
+                        backward=backward, loss=loss if any(r.last for r in runners.values()) else None,
+                        begin=begin, end=end, takes_loss=lambda key: runners[key[0]].last)
 
 
 def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, rank: int, *,
@@ -418,62 +448,82 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
                         foreach_default: bool = False, gloo: bool = False, probe: bool = False, target=None,
                         attention=None, workspace=None, rng_state: int = 0, device_type: str = "cpu",
                         on_step: Callable[[int, str], None] | None = None) -> RankRun:
-    """Simulate global rank ``rank`` of ``config`` (``pp`` > 1) training ``model``: its stage (the
-    rank's ``pp`` coordinate) on ``args``/``kwargs``, the rank's LOCAL batch (all micro-batches; split
+    """Simulate global rank ``rank`` of ``config`` (``pp`` > 1) training ``model``: its stages (one, or
+    under the interleaved schedule ``stages_per_rank``: stages p, p + pp, ... for the rank's ``pp``
+    coordinate p) on ``args``/``kwargs``, the rank's LOCAL batch (all micro-batches; split
     into ``config.microbatches`` along dim 0 here). ``loss_fn(output)`` on the last stage's output of
     each micro-batch (default: its ``loss``, or the sum of its outputs); with ``target`` (a tensor of
     the local batch, split alike) ``loss_fn(output, target_m)``, as torch's schedule calls it.
     Returns the RankRun rank_memory() reads (the receive buffers and the gradients sent back in the
-    part "communication buffers"). ``device_type``: as simulate_rank's (CPU offload)."""
+    part "communication buffers"). ``device_type``: as simulate_rank's (CPU offload). Each stage is a
+    module of its own, parallelized on its own (FSDP2 roots apart, as torchtitan shards each model part),
+    all trained by one optimizer in the order torch's schedule runs their actions."""
     import torch.distributed.fsdp  # noqa: F401  (registers FSDP2's ops before the registry is copied)
     from .apply import build_mesh
     if config.pp < 2:
         raise InputError("simulate_stage_rank simulates a pipeline stage: pp must be 2 or more (simulate_rank "
                          "does pp = 1)")
-    if schedule_of(config.schedule).multi or config.schedule not in SIMULATED_SCHEDULES:
+    if config.schedule not in SIMULATED_SCHEDULES:
         raise InputError(f"the {config.schedule} schedule is not simulated per rank yet: "
                          f"{', '.join(SIMULATED_SCHEDULES)} are")
     if not 0 <= rank < config.world:
         raise InputError(f"rank {rank} is not in the configuration's {config.world} ranks")
-    stage = rank // (config.world // config.pp)
+    kind = schedule_of(config.schedule)
+    per_rank = kind.per_rank(config.stages_per_rank)
+    coord = rank // (config.world // config.pp)
+    mine = [s for s, r in enumerate(stage_ranks(config.schedule, config.stages, per_rank)) if r == coord]
     dtype = torch.float32 if config.mixed_precision == "bf16" else config.model_dtype
     device = torch.device("cpu")
     tracker = RankTracker(block_size, gloo=gloo, workspace=workspace, cuda=device_type == "cuda")
-    actions = [(a.kind, a.microbatch) for a in rank_orders(config.schedule, config.pp, config.microbatches)[stage]]
+    actions = rank_orders(config.schedule, config.stages, config.microbatches, per_rank)[coord]
     with fake_world(rank, config.world):
-        private = meta_copy(model, dtype)
-        no_kv_cache(private)
-        ties = [(held[stage], len(held)) for held in stage_ties(private, config) if stage in held]
+        privates = {}
+        for stage in mine:
+            privates[stage] = meta_copy(model, dtype)
+            no_kv_cache(privates[stage])
+        held = stage_ties(privates[mine[0]], config)
+        ties = [(h[stage], len(h), stage) for h in held for stage in mine if stage in h]
         probe_model = meta_copy(model, dtype)
         no_kv_cache(probe_model)
         ra, rk = split_micro(tuple(args), dict(kwargs), 0, config.microbatches)   # the real values
         mesh = build_mesh(config, device.type)
         fake_mode = _compat.new_fake_mode(allow_non_fake_inputs=True)
+        built = {}
         with fake_mode, eager_paths(fake_mode):
             probe_model.to_empty(device=device)
             fa, fk = map_tensors((tuple(args), dict(kwargs)), lambda t: empty_like_on(t, device))
             ma, mk = split_micro(fa, fk, 0, config.microbatches)
             probe_model.train()
-            mod, own = stage_module(private, config, stage, ma, mk, record_on=probe_model,
-                                    record_context=functools.partial(_value_reads, probe_model, (ma, mk), (ra, rk)))
+            for stage in mine:
+                built[stage] = stage_module(privates[stage], config, stage, ma, mk, record_on=probe_model,
+                                            record_context=functools.partial(_value_reads, probe_model, (ma, mk),
+                                                                             (ra, rk)))
             del probe_model, fa, fk, ma, mk
-        parallelize_stage(mod, own, config, mesh)
+        for mod, own in built.values():
+            parallelize_stage(mod, own, config, mesh)
         host = config.offload and device_type != "cpu"
+        mods = {stage: mod for stage, (mod, _) in built.items()}
+        # one stage: its module; several: a list of them (the step trains their parameters together)
+        whole = mods[mine[0]] if len(mine) == 1 else nn.ModuleList(mods[s] for s in mine)
         if config.offload:
-            prepare_offload(mod, tracker, host=host)
+            prepare_offload(whole, tracker, host=host)
         with fake_mode, eager_paths(fake_mode):
-            mod.to_empty(device=device)
-            watch_fsdp(mod, tracker, host=host)
-            watch_checkpoint_rng(mod, tracker, rng_state)
+            whole.to_empty(device=device)
+            watch_fsdp(whole, tracker, host=host)
+            watch_checkpoint_rng(whole, tracker, rng_state)
             tp = _Tp(config, mesh) if config.tp > 1 else None
-            runner = _StageRun(mod, stage, config, tracker, loss_fn, target, tp)
-            run = train_fake(mod, args, kwargs, config, tracker, device, optimizer=optimizer, steps=steps,
+            runners = {stage: _StageRun(mods[stage], stage, config, tracker, loss_fn, target, tp) for stage in mine}
+            run = train_fake(whole, args, kwargs, config, tracker, device, optimizer=optimizer, steps=steps,
                              loss_fn=loss_fn, foreach_default=foreach_default, probe=probe, attention=attention,
-                             on_step=on_step, pipeline=runner.as_pass(actions))
-            layouts = param_layouts(mod)
-            params = {canonical_name(k): v for k, v in mod.named_parameters()}
-            tied = tuple((_local_nbytes(params[f"model.{name}"]), n) for name, n in ties)
-    return RankRun(rank, run, tracker, layouts=layouts, p2p=runner.p2p(), ties=tied, offload=host)
+                             on_step=on_step, pipeline=_rank_pass(runners, actions))
+            layouts = param_layouts(whole)
+            tied = []
+            for name, n, stage in ties:
+                params = {canonical_name(k): v for k, v in mods[stage].named_parameters()}
+                tied.append((_local_nbytes(params[f"model.{name}"]), n))
+    p2p = [r.p2p() for r in runners.values()]
+    return RankRun(rank, run, tracker, layouts=layouts, p2p=tuple(map(sum, zip(*p2p))), ties=tuple(tied),
+                   offload=host)
 
 
 def _local_nbytes(t: torch.Tensor) -> int:

@@ -16,8 +16,8 @@ from .table import Column, Fact, Table, flat_table
 __all__ = ["ParallelReport", "RoleRow", "PARALLEL_COLUMNS", "SCHEMA"]
 
 SCHEMA = 3      # the parallel JSON's own version (plans, ranks, measured; step_time reserved). 2: a rank's
-#                 breakdown has the estimate "gloo late free (estimate)"; 3: a rank's host_bytes and a plan's
-#                 offload (CPU offload); nothing removed or renamed
+#                 breakdown has the estimate "gloo late free (estimate)"; 3: a rank's host_bytes, a plan's
+#                 offload (CPU offload), schedule and stages; nothing removed or renamed
 
 _SHORT = {"sharded parameters": "Params", "gathered parameters": "Gathered", "gradients": "Grads",
           "optimizer state": "Optim", "activations": "Activ", "recompute": "Recomp",
