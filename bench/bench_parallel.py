@@ -22,9 +22,13 @@ free after the step has gone on: on some ranks of a run and not others).
 Part 1b (``--stages``, alone): pipeline stages the same way as part 1, torch's PipelineStage and schedule
 on the fake backend (``parallel.real.measure_stage_rank``), each stage's first rank.
 
-Run: python bench/bench_parallel.py [--quick] [--gpt2] [--fake | --gloo | --stages]
-  (--quick: one configuration per family; --gpt2: GPT-2 (fused QKV) instead of Llama; --fake, --gloo or
-  --stages: that part only)
+Part 2b (``--interleaved``, alone): interleaved 1F1B under torchrun (pp 2 x 2 stages per rank, 4 blocks,
+4 micro-batches of one sample), Llama and GPT-2 (its tied embedding and head on the two ranks), alone and
+with FSDP 2, each rank's peak against the band as in part 2.
+
+Run: python bench/bench_parallel.py [--quick] [--gpt2] [--fake | --gloo | --stages | --interleaved]
+  (--quick: one configuration per family; --gpt2: GPT-2 (fused QKV) instead of Llama; --fake, --gloo,
+  --stages or --interleaved: that part only)
 """
 from __future__ import annotations
 
@@ -145,8 +149,44 @@ def stages_part(spec, overrides) -> None:
           f"{len(errors)} within 5%\n")
 
 
+INTERLEAVED_CASES = [(LLAMA, dict(gpus=2, fsdp=1)), (LLAMA, dict(gpus=2, fsdp=1, mixed_precision="bf16")),
+                     (LLAMA, dict(gpus=4)), (LLAMA, dict(gpus=4, mixed_precision="bf16", ac="full")),
+                     (GPT2, dict(gpus=2, fsdp=1)), (GPT2, dict(gpus=4, mixed_precision="bf16"))]
+
+
+def interleaved_part() -> None:
+    """Part 2b: interleaved 1F1B runs under torchrun against the prediction's band."""
+    from layerscope.parallel.real import make_batch
+    print("| model | fsdp | mixed precision | ac | loss rel diff | grad rel diff | measured per rank (B) | "
+          "outside the band |")
+    print("|---|---:|---|---|---:|---:|---|---|")
+    for (spec, over), kw in INTERLEAVED_CASES:
+        over = {**over, ("n_layer" if "n_layer" in over else "num_hidden_layers"): 4}
+        config = ParallelConfig(pp=2, schedule="interleaved", microbatches=4, **{"mixed_precision": "off", **kw})
+        batch = 4 * config.dp
+        real = launch_parallel(spec, config, input_ids=(batch, 16), steps=4, overrides=over, timeout=240)
+        ids, labels = make_batch(over["vocab_size"], batch, 16, 1)      # the run's batch (seed 0 + 1)
+
+        def loss_fn(out, target):
+            return F.cross_entropy(out.logits.flatten(0, 1).float(), target.flatten(0, 1))
+        rep = ls.parallel(build_model(spec, "meta", over, "causal-lm").model, ids[:4], config=config, device="cpu",
+                          steps=2, loss_fn=loss_fn, target=labels[:4])
+        outside = []
+        for w, got in zip(rep.plan.ranks, real.peak_bytes):
+            lo, hi = w.simulated_peak_bytes, w.peak_bytes
+            outside.append(0.0 if lo <= got <= hi else (got - hi) / hi if got > hi else (got - lo) / lo)
+        mp = config.mixed_precision + (" (autocast)" if config.mixed_precision == "bf16" and config.dp == 1 else "")
+        print(f"| {spec.removeprefix('hf:').removesuffix('Config')} | {config.fsdp} | {mp} | {config.ac} | "
+              f"{real.max_rel_loss_diff:.1e} | {real.max_rel_grad_diff:.1e} | "
+              f"{', '.join(f'{p:,}' for p in real.peak_bytes)} | {', '.join(f'{o:+.2%}' for o in outside)} |",
+              flush=True)
+
+
 def main() -> None:
     spec, overrides = GPT2 if "--gpt2" in sys.argv else LLAMA
+    if "--interleaved" in sys.argv:
+        interleaved_part()
+        return
     if "--stages" in sys.argv:
         stages_part(spec, overrides)
         return

@@ -115,6 +115,29 @@ def test_pipeline_runs_refuse_in_one_line_what_they_do_not_run():
     with pytest.raises(InputError, match="accumulates over its micro-batches"):
         launch_parallel("hf:LlamaConfig", ParallelConfig(gpus=2, pp=2, fsdp=1, accumulation=2), input_ids=(4, 16),
                         overrides=LLAMA)
-    with pytest.raises(InputError, match="one stage per rank"):
-        launch_parallel("hf:LlamaConfig", ParallelConfig(gpus=2, pp=2, fsdp=1, schedule="interleaved"),
+    with pytest.raises(InputError, match="zero-bubble"):
+        launch_parallel("hf:LlamaConfig", ParallelConfig(gpus=2, pp=2, fsdp=1, schedule="zb"),
                         input_ids=(4, 16), overrides=LLAMA)
+
+
+def test_interleaved_run_with_weights_tied_across_ranks(capsys):
+    import json
+
+    from layerscope.cli import main
+    # pp 2 x 2 stages per rank (torch's ScheduleInterleaved1F1B): GPT-2's 4 blocks one a stage, its embedding
+    # on stage 0 (rank 0) and its tied head on stage 3 (rank 1); rank 0 builds stages 0 and 2, rank 1 stages
+    # 1 and 3, each from a model built alike, and the run sums the tie's two gradient copies each step
+    sets = [x for k, v in {**GPT2, "n_layer": 4}.items() for x in ("--set", f"{k}={v}")]
+    argv = ["parallel", "hf:GPT2Config", "--head", "causal-lm", *sets, "--input-ids", "4,16", "--gpus", "2",
+            "--pp", "2", "--schedule", "interleaved", "--microbatches", "4", "--device", "cpu",
+            "--mixed-precision", "off", "--run", "--steps", "3", "-q", "--format", "json"]
+    assert main(argv) == 0
+    plan = json.loads(capsys.readouterr().out)["plans"][0]
+    m = plan["measured"]
+    assert (plan["schedule"], plan["stages"]) == ("interleaved", 4)
+    assert m["loss_equal"] and m["max_rel_grad_diff"] < 1e-5, m
+    for want, got in zip(plan["ranks"], m["ranks"]):
+        # the tie's all-reduce: the [128, 64] fp32 weight's whole gradient (no FSDP): 32,768 B
+        tie = [c for c in want["collectives"] if c["op"] == "tie.all_reduce"]
+        assert [(c["group_size"], c["calls"], c["bytes_read"]) for c in tie] == [(2, 1, 32_768)]
+        assert 0.95 * want["simulated_peak_bytes"] <= got["peak_bytes"] <= 1.05 * want["peak_bytes"], (want, got)

@@ -617,3 +617,31 @@ def test_zero_bubble_last_stage_output_view_does_not_pin_its_graph():
 
     assert alive_after_w(own_outputs=False) > 0     # torch's default with a view: GELU's inputs pinned
     assert alive_after_w(own_outputs=True) == 0
+
+
+def test_a_run_past_its_timeout_leaves_no_process_behind(tmp_path):
+    # torchrun's workers run in torchrun's session: past the timeout the whole session is killed (killing
+    # torchrun alone left two ranks hung on a collective, running, after the launcher had given up)
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from layerscope.torchrun.procs import run_torchrun
+    pid_file = tmp_path / "child.pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    parent = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(60)"
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_torchrun([sys.executable, "-c", parent], timeout=3, env=dict(os.environ))
+    pid = int(pid_file.read_text())
+    for _ in range(50):            # SIGKILL is delivered at once; the zombie goes when init reaps it
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] == "Z":
+                    break
+        except (ProcessLookupError, FileNotFoundError):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the grandchild {pid} outlived the timeout")

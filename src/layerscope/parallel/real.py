@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from typing import Callable
 
@@ -29,7 +30,7 @@ from .apply import (amp_context, build_mesh, canonical_name, canonical_tensors, 
                     no_kv_cache, parallelize)
 
 __all__ = ["make_batch", "reference_run", "run_rank", "training_loss", "measure_one_rank", "measure_stage_rank",
-           "pipeline_stage", "pipeline_step", "OPTIMIZERS", "PIPELINE_SCHEDULES"]
+           "pipeline_stage", "pipeline_schedule", "pipeline_step", "rank_stages", "OPTIMIZERS", "PIPELINE_SCHEDULES"]
 
 OPTIMIZERS = ("adamw", "sgd")
 # a rank's stderr while its steps are measured (the allocator's count; the launcher reads what else it
@@ -123,11 +124,24 @@ def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: i
         my_ids, my_labels = ids[dp_rank * rows:(dp_rank + 1) * rows], labels[dp_rank * rows:(dp_rank + 1) * rows]
         pipe = None
         if config.pp > 1:
-            # this rank's stage of the uniform split, torch's PipelineStage and schedule on the pp group;
-            # one schedule step per optimizer step (its micro-batches accumulate the gradients)
-            stage = mesh.get_local_rank("pp")
-            ties = tie_groups(model, config, mesh, stage)
-            model, pipe, sched = pipeline_stage(model, config, mesh, stage, my_ids)
+            # this rank's stages of the uniform split (one, or stages_per_rank under interleaved 1F1B, each
+            # cut from a model built alike), torch's PipelineStage and schedule on the pp group; one
+            # schedule step per optimizer step (its micro-batches accumulate the gradients)
+            mods, pipe, ties = [], [], []
+            mine = rank_stages(config, mesh.get_local_rank("pp"))
+            tied = tie_groups(model, config, mesh, mine)
+            for i, stage in enumerate(mine):
+                if i:
+                    torch.manual_seed(seed)
+                    model = build()
+                    no_kv_cache(model)
+                    model.train()
+                m, p = _stage_pipe(model, config, mesh, stage, my_ids)
+                mods.append(m)
+                pipe.append(p)
+                ties.append((m, tied[stage]))
+            sched = pipeline_schedule(config, pipe)
+            model = mods[0] if len(mods) == 1 else nn.ModuleList(mods)
         else:
             parallelize(model, config, mesh)
             chunks = list(zip(my_ids.tensor_split(acc), my_labels.tensor_split(acc)))
@@ -146,7 +160,8 @@ def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: i
                 micro: list = []
                 with loss_context(config), amp_context(config, "cpu"):
                     pipeline_step(sched, pipe, my_ids, my_labels, micro)
-                sum_tied_grads(model, ties)
+                for m, tied in ties:
+                    sum_tied_grads(m, tied)
                 for loss in micro:
                     total += _local(loss).detach().float() / len(micro)
             else:
@@ -182,14 +197,14 @@ def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: i
             if p.grad is not None:
                 g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
                 if keeper:
-                    # a stage module wraps the model as ``model``
-                    grads[n[len("model."):] if pipe is not None else n] = g.detach().clone()
+                    # a stage module wraps the model as ``model`` (several: a list of them, "0.model.")
+                    grads[re.sub(r"^(\d+\.)?model\.", "", n) if pipe is not None else n] = g.detach().clone()
         one_step(True)
         held = [_local(t) for t in (*model.parameters(), *model.buffers())] + [my_ids, my_labels]
         held += [_local(p.grad) for p in model.parameters() if p.grad is not None]
         held += [_local(t) for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
         if pipe is not None:
-            held += _stage_buffers(pipe)
+            held += [t for p in pipe for t in _stage_buffers(p)]
         before = state_bytes(held)
         # let go of them: this list kept the warm-up's gradients alive through every measured step
         # (zero_grad freed nothing), 180,864 B (every gradient) above the real peak on FSDP 2
@@ -280,12 +295,7 @@ def measure_stage_rank(build: Callable[[], nn.Module], config: ParallelConfig, r
 
     if device not in ("cpu", "cuda"):
         raise InputError(f"measure_stage_rank runs on cpu or cuda, not {device!r}")
-    from ..options import schedule_of
-    from ..pipeline.schedule import stage_ranks
-
-    coord = rank // (config.world // config.pp)
-    per_rank = schedule_of(config.schedule).per_rank(config.stages_per_rank)
-    mine = [s for s, r in enumerate(stage_ranks(config.schedule, config.stages, per_rank)) if r == coord]
+    mine = rank_stages(config, rank // (config.world // config.pp))
     here = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     with fake_world(rank, config.world):
         mesh = build_mesh(config, device)
@@ -324,8 +334,8 @@ def measure_stage_rank(build: Callable[[], nn.Module], config: ParallelConfig, r
         return measure_cpu(all_steps, state_bytes(own), steps)
 
 
-# one stage per rank, what torch's PipelineStage runs here
-PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+# what torch's PipelineStage and schedule run here: one stage per rank, or several (interleaved 1F1B)
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
 def _micro_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -414,26 +424,40 @@ def _stage_pipe(model: nn.Module, config: ParallelConfig, mesh, stage: int, ids:
     return mod, pipe
 
 
-def tie_groups(model: nn.Module, config: ParallelConfig, mesh, stage: int) -> list[tuple[str, object]]:
-    """For each weight tied across stages that this stage holds (parallel/stages.py ``stage_ties``):
-    (its name in the model, the process group of the ranks that hold a copy at this rank's data- and
-    tensor-parallel coordinates). Call on the whole model, before the stage is cut; every rank makes
-    every group, in the same order."""
+def tie_groups(model: nn.Module, config: ParallelConfig, mesh, stages: list[int]) -> dict[int, list[tuple[str, object]]]:
+    """For each of this rank's ``stages``, each weight tied across stages that it holds (parallel/stages.py
+    ``stage_ties``): (its name in the model, the process group of the ranks that hold a copy at this
+    rank's data- and tensor-parallel coordinates). Call once, on the whole model, before a stage is cut:
+    every rank makes every group once, in the same order (a group made again would be another)."""
     import torch.distributed as dist
 
     from .stages import stage_ties
-    grid = mesh.mesh.reshape(config.pp, -1)       # [stage, the rank's other coordinates]
-    column = int((grid[stage] == dist.get_rank()).nonzero()[0, 0])
-    out = []
+    grid = mesh.mesh.reshape(config.pp, -1)       # [pp coordinate, the rank's other coordinates]
+    coord = _stage_coords(config)
+    column = int((grid[coord[stages[0]]] == dist.get_rank()).nonzero()[0, 0])
+    out: dict[int, list] = {s: [] for s in stages}
     for held in stage_ties(model, config):
         mine = None
         for c in range(grid.shape[1]):
-            group = dist.new_group(sorted(int(grid[s, c]) for s in held))
+            group = dist.new_group(sorted({int(grid[coord[s], c]) for s in held}))
             if c == column:
                 mine = group
-        if stage in held:
-            out.append((held[stage], mine))
+        for stage in stages:
+            if stage in held:
+                out[stage].append((held[stage], mine))
     return out
+
+
+def _stage_coords(config: ParallelConfig) -> list[int]:
+    """The pp coordinate of each pipeline stage (stage s on s % pp under interleaved)."""
+    from ..options import schedule_of
+    from ..pipeline.schedule import stage_ranks
+    return stage_ranks(config.schedule, config.stages, schedule_of(config.schedule).per_rank(config.stages_per_rank))
+
+
+def rank_stages(config: ParallelConfig, coord: int) -> list[int]:
+    """The pipeline stages of the ranks at pp coordinate ``coord``, in order."""
+    return [s for s, c in enumerate(_stage_coords(config)) if c == coord]
 
 
 def sum_tied_grads(mod: nn.Module, ties: list[tuple[str, object]]) -> None:

@@ -32,7 +32,7 @@ from ..pipeline.partition import TIME_COSTS
 from ..pipeline.run import reference_run
 from ..parallel.results import ParallelRunResult
 from .parallel import launch_parallel
-from .procs import _free_port, _worker_error
+from .procs import _free_port, _worker_error, run_torchrun
 from .result import RunResult
 from .setup import build_setup
 from .worker import worker
@@ -139,7 +139,10 @@ def launch(spec: str, *, stages: int | None = None, by=None, schedule: str | Non
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
                "--master_port", str(_free_port()), "-m", "layerscope.torchrun", cfg_path]
         env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // procs)))
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout, env=env)
+        try:
+            proc = run_torchrun(cmd, opts.timeout, env)
+        except subprocess.TimeoutExpired:
+            raise InputError(f"the pipeline run did not finish in {opts.timeout:g} s") from None
         if proc.returncode != 0:
             raise InputError(f"the pipeline run failed (torchrun exit {proc.returncode}):\n"
                              + _worker_error(proc.stderr or proc.stdout or ""))

@@ -20,7 +20,7 @@ from ..options import ParallelConfig, dtype_short
 from ..parallel.real import (GRADS, OPTIMIZERS, PIPELINE_SCHEDULES, STDERR_LOG, make_batch, reference_run,
                               run_rank)
 from ..parallel.results import ParallelRunResult
-from .procs import _free_port, _worker_error
+from .procs import _free_port, _worker_error, run_torchrun
 
 __all__ = ["launch_parallel", "parallel_worker", "BF16_LOSS_RTOL", "FP32_LOSS_RTOL"]
 
@@ -92,8 +92,8 @@ def launch_parallel(spec: str, config: ParallelConfig, *, input_ids: tuple[int, 
         # one schedule step per optimizer step: its micro-batches are the accumulation
         raise InputError("a pipeline run accumulates over its micro-batches: give --microbatches, not --accumulation")
     if config.pp > 1 and config.schedule not in PIPELINE_SCHEDULES:
-        raise InputError(f"a pipeline run takes one stage per rank: --schedule {' or '.join(PIPELINE_SCHEDULES)}, "
-                         f"not {config.schedule}")
+        raise InputError(f"a pipeline run takes --schedule {', '.join(PIPELINE_SCHEDULES)} (the zero-bubble "
+                         f"schedules split each backward, which is not run yet), not {config.schedule}")
     if optimizer not in OPTIMIZERS:
         raise InputError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     if not isinstance(steps, int) or steps < 3:
@@ -141,7 +141,7 @@ def launch_parallel(spec: str, config: ParallelConfig, *, input_ids: tuple[int, 
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
                    "--master_port", str(_free_port()), "-m", "layerscope.torchrun", cfg_path]
             try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+                proc = run_torchrun(cmd, timeout, env)
             except subprocess.TimeoutExpired:
                 raise InputError(f"the parallel run ({config.label()}) did not finish in {timeout:g} s") from None
             text = proc.stderr or proc.stdout or ""

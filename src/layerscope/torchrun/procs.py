@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
 
-__all__ = ["_free_port", "_worker_error"]
+__all__ = ["_free_port", "_worker_error", "run_torchrun"]
 
 
 # what a process that dies of a signal says before it goes (an uncaught C++ exception in a worker
@@ -33,3 +36,21 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run_torchrun(cmd: list[str], timeout: float, env: dict) -> subprocess.CompletedProcess:
+    """``cmd`` (torch.distributed.run and its workers) in a session of its own, its output captured; past
+    ``timeout`` seconds every process of that session is killed (subprocess.run would kill torchrun
+    alone, and leave its workers, hung on a collective, running) and TimeoutExpired raised."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
