@@ -223,8 +223,8 @@ def _plan(config: ParallelConfig, ranks: tuple[RankMemory, ...]) -> ParallelPlan
         microbatches=config.microbatches, accumulation=config.accumulation, local_batch=config.local_batch,
         global_batch=config.global_batch, mixed_precision=config.mixed_precision,
         reduce_dtype=dtype_short(config.reduce_dtype), model_dtype=dtype_short(config.model_dtype),
-        reshard_after_forward=config.reshard_after_forward, offload=config.offload,
-        schedule=config.schedule, stages=config.stages if config.pp > 1 else 1, fits=None, limit_bytes=None, peak_bytes=peak,
+        reshard_after_forward=config.reshard_after_forward, offload=config.offload, schedule=config.schedule,
+        stages=config.stages if config.pp > 1 else 1, fits=None, limit_bytes=None, peak_bytes=peak,
         over_bytes=0, ranks=ranks)
 
 

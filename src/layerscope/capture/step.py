@@ -80,13 +80,14 @@ class PipelinePass:
     """One pass of a pipeline rank: instead of one forward, the loss and one backward, the rank's
     actions in its schedule's order (``("F", m)``: the forward of micro-batch m; ``("B", m)``: its
     backward; ``m`` may be any key, a (stage, micro-batch) pair where the rank holds several stages,
-    and ``takes_loss(m)`` then says whose output is the model's). A forward's output, or on the last stage its loss, stays referenced, with its autograd
-    graph, until the micro-batch's backward. The callables hold the stage's own machinery (received
-    buffers, the gradients sent back, FSDP's deferred reduction): ``begin()`` before the pass,
-    ``forward(m, args, kwargs)`` with the run's (whole) inputs, ``loss(m, output)`` on the last stage
-    (None elsewhere), ``backward(m, held, engine)`` (``engine(loss)`` or ``engine(outputs, gradients)``
-    runs autograd's backward as the step's own backward does: routed SDPA stays routed in a checkpointed
-    block's recompute), ``end()`` after the last action (still the backward)."""
+    and ``takes_loss(m)`` then says whose output is the model's). A forward's output, or on the last
+    stage its loss, stays referenced, with its autograd graph, until the micro-batch's backward. The
+    callables hold the stage's own machinery (received buffers, the gradients sent back, FSDP's
+    deferred reduction): ``begin()`` before the pass, ``forward(m, args, kwargs)`` with the run's
+    (whole) inputs, ``loss(m, output)`` on the last stage (None elsewhere), ``backward(m, held,
+    engine)`` (``engine(loss)`` or ``engine(outputs, gradients)`` runs autograd's backward as the
+    step's own backward does: routed SDPA stays routed in a checkpointed block's recompute), ``end()``
+    after the last action (still the backward)."""
 
     actions: tuple
     forward: Callable[[int, tuple, dict], Any]

@@ -17,9 +17,10 @@ def run_parallel(ns: argparse.Namespace) -> int:
         parse_bytes(ns.memory_limit)
     config = ParallelConfig(
         gpus=ns.gpus, gpus_per_node=ns.gpus_per_node, fsdp=ns.fsdp, replicate=ns.replicate, tp=ns.tp, pp=ns.pp,
-        schedule=ns.schedule, stages_per_rank=ns.stages_per_rank, microbatches=ns.microbatches, accumulation=ns.accumulation,
-        global_batch=ns.global_batch, ac=ns.ac, mixed_precision=ns.mixed_precision, reduce_dtype=ns.reduce_dtype,
-        model_dtype=ns.model_dtype or "fp32", reshard_after_forward=ns.reshard_after_forward, offload=ns.offload)
+        schedule=ns.schedule, stages_per_rank=ns.stages_per_rank, microbatches=ns.microbatches,
+        accumulation=ns.accumulation, global_batch=ns.global_batch, ac=ns.ac, mixed_precision=ns.mixed_precision,
+        reduce_dtype=ns.reduce_dtype, model_dtype=ns.model_dtype or "fp32",
+        reshard_after_forward=ns.reshard_after_forward, offload=ns.offload)
     model, args, kwargs = build_spec(ns, "meta")      # the simulation never needs the weights
     loss_fn = target = None
     if ns.run:

@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--pp", type=arg_count(1), default=1,
                     help="pipeline stages: the uniform split of the blocks (default 1; the cost-balanced split: `split`)")
     pl.add_argument("--schedule", default="1f1b",
-                    help="pipeline schedule, gpipe, 1f1b or interleaved (default 1f1b; with --pp; --run: gpipe or 1f1b)")
+                    help="pipeline schedule, gpipe, 1f1b or interleaved (default 1f1b; with --pp)")
     pl.add_argument("--stages-per-rank", type=arg_count(2), default=2,
                     help="stages on each pipeline rank under --schedule interleaved (default 2): pp x this many stages")
     pl.add_argument("--microbatches", type=arg_count(1), help="micro-batches per local batch (default: pp; with --pp)")

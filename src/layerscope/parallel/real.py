@@ -30,7 +30,7 @@ from .apply import (amp_context, build_mesh, canonical_name, canonical_tensors, 
                     no_kv_cache, parallelize)
 
 __all__ = ["make_batch", "reference_run", "run_rank", "training_loss", "measure_one_rank", "measure_stage_rank",
-           "pipeline_stage", "pipeline_schedule", "pipeline_step", "rank_stages", "OPTIMIZERS", "PIPELINE_SCHEDULES"]
+           "pipeline_stage", "pipeline_schedule", "pipeline_step", "OPTIMIZERS", "PIPELINE_SCHEDULES"]
 
 OPTIMIZERS = ("adamw", "sgd")
 # a rank's stderr while its steps are measured (the allocator's count; the launcher reads what else it
@@ -127,6 +127,7 @@ def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: i
             # this rank's stages of the uniform split (one, or stages_per_rank under interleaved 1F1B, each
             # cut from a model built alike), torch's PipelineStage and schedule on the pp group; one
             # schedule step per optimizer step (its micro-batches accumulate the gradients)
+            from .stages import rank_stages
             mods, pipe, ties = [], [], []
             mine = rank_stages(config, mesh.get_local_rank("pp"))
             tied = tie_groups(model, config, mesh, mine)
@@ -282,10 +283,10 @@ def measure_stage_rank(build: Callable[[], nn.Module], config: ParallelConfig, r
                        device: str = "cpu"):
     """The pipeline equivalent of ``measure_one_rank`` (``pp`` > 1): rank ``rank``'s stage (the uniform
     split, parallel/stages.py; under the interleaved schedule its ``stages_per_rank`` stages, each from a
-    model built alike) built from a real model and parallelized on the mesh without ``pp``,
-    trained ``steps`` steps by torch's own ``PipelineStage`` and schedule (``ScheduleGPipe``,
-    ``Schedule1F1B`` or ``ScheduleInterleaved1F1B``, ``return_outputs=False``) on ``ids``/``labels`` (the rank's local batch, split
-    into ``config.microbatches``), its P2P transfers and collectives on torch's ``fake`` backend.
+    model built alike) built from a real model and parallelized on the mesh without ``pp``, trained
+    ``steps`` steps by torch's own ``PipelineStage`` and schedule (``ScheduleGPipe``, ``Schedule1F1B`` or
+    ``ScheduleInterleaved1F1B``, ``return_outputs=False``) on ``ids``/``labels`` (the rank's local batch,
+    split into ``config.microbatches``), its P2P transfers and collectives on torch's ``fake`` backend.
     The loss: ``training_loss``'s cross-entropy on the logits, per micro-batch. Each step's peak from
     the allocator, as ``measure_one_rank`` reads it on ``device`` (cpu or cuda: the whole model moved to
     the current CUDA device before its stage is cut). Returns the ``Measured`` record."""
@@ -295,6 +296,7 @@ def measure_stage_rank(build: Callable[[], nn.Module], config: ParallelConfig, r
 
     if device not in ("cpu", "cuda"):
         raise InputError(f"measure_stage_rank runs on cpu or cuda, not {device!r}")
+    from .stages import rank_stages
     mine = rank_stages(config, rank // (config.world // config.pp))
     here = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     with fake_world(rank, config.world):
@@ -424,16 +426,17 @@ def _stage_pipe(model: nn.Module, config: ParallelConfig, mesh, stage: int, ids:
     return mod, pipe
 
 
-def tie_groups(model: nn.Module, config: ParallelConfig, mesh, stages: list[int]) -> dict[int, list[tuple[str, object]]]:
+def tie_groups(model: nn.Module, config: ParallelConfig, mesh,
+               stages: list[int]) -> dict[int, list[tuple[str, object]]]:
     """For each of this rank's ``stages``, each weight tied across stages that it holds (parallel/stages.py
     ``stage_ties``): (its name in the model, the process group of the ranks that hold a copy at this
     rank's data- and tensor-parallel coordinates). Call once, on the whole model, before a stage is cut:
     every rank makes every group once, in the same order (a group made again would be another)."""
     import torch.distributed as dist
 
-    from .stages import stage_ties
+    from .stages import stage_coords, stage_ties
     grid = mesh.mesh.reshape(config.pp, -1)       # [pp coordinate, the rank's other coordinates]
-    coord = _stage_coords(config)
+    coord = stage_coords(config)
     column = int((grid[coord[stages[0]]] == dist.get_rank()).nonzero()[0, 0])
     out: dict[int, list] = {s: [] for s in stages}
     for held in stage_ties(model, config):
@@ -446,18 +449,6 @@ def tie_groups(model: nn.Module, config: ParallelConfig, mesh, stages: list[int]
             if stage in held:
                 out[stage].append((held[stage], mine))
     return out
-
-
-def _stage_coords(config: ParallelConfig) -> list[int]:
-    """The pp coordinate of each pipeline stage (stage s on s % pp under interleaved)."""
-    from ..options import schedule_of
-    from ..pipeline.schedule import stage_ranks
-    return stage_ranks(config.schedule, config.stages, schedule_of(config.schedule).per_rank(config.stages_per_rank))
-
-
-def rank_stages(config: ParallelConfig, coord: int) -> list[int]:
-    """The pipeline stages of the ranks at pp coordinate ``coord``, in order."""
-    return [s for s, c in enumerate(_stage_coords(config)) if c == coord]
 
 
 def sum_tied_grads(mod: nn.Module, ties: list[tuple[str, object]]) -> None:

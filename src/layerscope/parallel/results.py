@@ -247,7 +247,7 @@ def rank_memory(rr: RankRun, config: ParallelConfig, rank: int, *, nccl: bool) -
     layer = layer_at(run, t)
     if layer is not None:      # named as in the user's model (a checkpoint wrapper's own level left out)
         layer = canonical_name(layer)
-        if config.pp > 1:      # a pipeline rank runs its stage module (or a list of them), which holds the model as .model
+        if config.pp > 1:      # a pipeline rank runs its stage module (or a list of them), holding the model as .model
             layer = re.sub(r"^(\d+\.)?model\.", "", layer)
     breakdown: dict[str, Any] = {p: live[p][t] if total else 0 for p in PARTS}
     estimates = dict.fromkeys(ESTIMATES, 0)

@@ -7,11 +7,11 @@ same rank's stage run by torch's ``PipelineStage`` and schedule on the fake back
 (``real.measure_stage_rank``), a shrunk transformers Llama, GPipe and 1F1B, with FSDP, TP, autocast
 and full checkpointing: within -0.64% .. +0.94% over 20 stage ranks; on an H100 against
 ``torch.cuda.max_memory_allocated``, 16 stage ranks of a 0.16B Llama and a 0.15B GPT-2 within -1.99% ..
--0.32% (the caching allocator's blocks larger than the requests; docs/benchmarks.md); under torchrun (gloo), every rank of 36 PP, FSDP x PP and TP x PP runs within 1.2% of the
-predicted band. The recording forward runs under a simulated recorder that knows the micro-batch's
-values (transformers' mask checks read them); a stage keeps each
-micro-batch's output until its backward, the last stage's beside its loss, as torch's forward cache
-does.
+-0.32% (the caching allocator's blocks larger than the requests; docs/benchmarks.md); under torchrun
+(gloo), every rank of 36 PP, FSDP x PP and TP x PP runs within 1.2% of the predicted band. The
+recording forward runs under a simulated recorder that knows the micro-batch's values (transformers'
+mask checks read them); a stage keeps each micro-batch's output until its backward, the last stage's
+beside its loss, as torch's forward cache does.
 
 The stages. The cuts are the uniform split of the model's repeated blocks (``apply.find_blocks``)
 into ``pp`` contiguous groups, the first stages taking one more block where ``pp`` does not divide
@@ -86,11 +86,21 @@ from .simulate import (PIPELINE, RankRun, RankTracker, fake_world, meta_copy, pa
                        train_fake, watch_checkpoint_rng, watch_fsdp)
 
 __all__ = ["stage_blocks", "stage_plan", "stage_ties", "stage_module", "parallelize_stage", "stage_config",
-           "split_micro", "simulate_stage_rank", "SIMULATED_SCHEDULES"]
+           "split_micro", "simulate_stage_rank", "stage_coords", "rank_stages", "SIMULATED_SCHEDULES"]
 
 # one backward per micro-batch (what rank_orders gives as F and B actions): one stage per rank, or several
 # (interleaved 1F1B); the zero-bubble schedules split each backward in I and W, not simulated yet
 SIMULATED_SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+def stage_coords(config: ParallelConfig) -> list[int]:
+    """The pp coordinate of each pipeline stage (stage s on s % pp under interleaved)."""
+    return stage_ranks(config.schedule, config.stages, schedule_of(config.schedule).per_rank(config.stages_per_rank))
+
+
+def rank_stages(config: ParallelConfig, coord: int) -> list[int]:
+    """The pipeline stages of the ranks at pp coordinate ``coord``, in order."""
+    return [s for s, c in enumerate(stage_coords(config)) if c == coord]
 
 
 def stage_blocks(n: int, pp: int) -> list[range]:
@@ -468,10 +478,9 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
                          f"{', '.join(SIMULATED_SCHEDULES)} are")
     if not 0 <= rank < config.world:
         raise InputError(f"rank {rank} is not in the configuration's {config.world} ranks")
-    kind = schedule_of(config.schedule)
-    per_rank = kind.per_rank(config.stages_per_rank)
+    per_rank = schedule_of(config.schedule).per_rank(config.stages_per_rank)
     coord = rank // (config.world // config.pp)
-    mine = [s for s, r in enumerate(stage_ranks(config.schedule, config.stages, per_rank)) if r == coord]
+    mine = rank_stages(config, coord)
     dtype = torch.float32 if config.mixed_precision == "bf16" else config.model_dtype
     device = torch.device("cpu")
     tracker = RankTracker(block_size, gloo=gloo, workspace=workspace, cuda=device_type == "cuda")
