@@ -30,7 +30,8 @@ from .. import _compat
 from ..costs import CostOptions, OpCall, OpCost
 from ..costs.registry import FREE
 from ..errors import ForwardError, InputError, LayerscopeError, RegistryError
-from ..trace import BACKWARD, FORWARD, OPTIMIZER, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER_UNKNOWN, Costs, OpEvent, Trace
+from ..trace import (BACKWARD, FORWARD, OPTIMIZER, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER_UNKNOWN, Costs, OpEvent,
+                     Trace)
 from .backward import SeqOwners
 from .inputs import SpecCache, iter_tensors
 from .known import KnownIndexError

@@ -357,8 +357,9 @@ def pipeline_stage(model: nn.Module, config: ParallelConfig, mesh, stage: int, i
     Every stage is given every boundary's metadata (``input_args``/``output_args``); ``static``: also
     without the stages' P2P vote on it (``_compat.pipeline_stage_static``: a fake backend carries no
     data). Returns (stage module, PipelineStage, schedule)."""
-    if config.schedule not in PIPELINE_SCHEDULES:
-        raise InputError(f"a pipeline stage runs here with {', '.join(PIPELINE_SCHEDULES)}, not {config.schedule}")
+    if config.schedule not in PIPELINE_SCHEDULES or config.stages != config.pp:
+        raise InputError(f"pipeline_stage builds one stage per rank (gpipe or 1f1b), not {config.schedule}: a rank "
+                         "of the interleaved schedule holds several (parallel/stages.py rank_stages)")
     mod, pipe = _stage_pipe(model, config, mesh, stage, ids, static=static)
     return mod, pipe, pipeline_schedule(config, [pipe])
 
