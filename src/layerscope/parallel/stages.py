@@ -5,7 +5,7 @@ simulated with torch's own code on fake tensors, as parallel/simulate.py does fo
 Checked against the CPU allocator (tests/parallel/test_against_allocator.py, docs/benchmarks.md): the
 same rank's stage run by torch's ``PipelineStage`` and schedule on the fake backend
 (``real.measure_stage_rank``), a shrunk transformers Llama, GPipe and 1F1B, with FSDP, TP, autocast
-and full checkpointing: within -0.64% .. +0.94% over 20 stage ranks; on an H100 against
+and full checkpointing, and interleaved 1F1B: within -0.64% .. +0.41% over 30 stage ranks; on an H100 against
 ``torch.cuda.max_memory_allocated``, 16 stage ranks of a 0.16B Llama and a 0.15B GPT-2 within -1.99% ..
 -0.32% (the caching allocator's blocks larger than the requests; docs/benchmarks.md); under torchrun
 (gloo), every rank of 36 PP, FSDP x PP and TP x PP runs within 1.2% of the predicted band. The
@@ -40,8 +40,10 @@ own module, parallelized on its own), torch's own order of (stage, micro-batch) 
 * the backward: the last stage from its loss, the others from the gradient received into the grad
   receive buffer of micro-batch m (a fake gradient of the stage output's shape). The gradient of
   the received activation, sent back, accumulates on the receive buffer (torch's
-  ``stage_backward``) and stays until the next step clears it (``clear_runtime_states``) under one
-  stage per rank; under the interleaved schedule, and with TP, it is let go of once sent (torch's
+  ``stage_backward``) and stays until the next step clears it (``clear_runtime_states``) under GPipe;
+  under 1F1B until the next backward has run, as Schedule1F1B's send ops keep it (measured: its last
+  stage's peak equal to the allocator's to the byte so, 16 KB over when kept to the step's end); under
+  the interleaved schedule, and with TP, it is let go of once sent (torch's
   ``stage_backward`` sets the input's ``.grad`` to None; the gradient lives in the stage's ``bwd_cache``
   until its send: measured, the interleaved stages' peaks equal the allocator's to the byte so, and sat
   (2M - 3) gradients over it when they were kept);
@@ -345,6 +347,7 @@ class _StageRun:
         self.recv = buffers(mod.received_metas) if not self.first else []
         self.grad_recv = buffers(mod.sent_metas) if not self.last else []
         self.inputs: dict[int, list] = {}
+        self._sent: list = []
         from torch.distributed.fsdp import FSDPModule
         self.fsdp = isinstance(mod, FSDPModule)
 
@@ -410,6 +413,11 @@ class _StageRun:
                 grads.append(g)
             pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
             engine([o for o, _ in pairs], [g for _, g in pairs])
+        # Schedule1F1B keeps a micro-batch's sent input gradient referenced (its send ops) until the next
+        # backward has run; ScheduleGPipe until the step's end
+        for act in self._sent:
+            act.grad = None
+        self._sent = []
         for act in self.inputs.pop(m, []):
             if act.grad is not None:
                 b = self.tracker.block_of(act.grad)
@@ -419,6 +427,8 @@ class _StageRun:
                 # sent and dropped (torch's bwd_cache): a DTensor's gradient; and every one under a schedule
                 # with several stages per rank
                 act.grad = None
+            elif self.config.schedule == "1f1b":
+                self._sent.append(act)
 
     def end(self) -> None:
         _compat.fsdp_reduce_grads(self.mod)
