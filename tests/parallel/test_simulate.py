@@ -208,7 +208,9 @@ def test_cpu_offload_moves_shards_gradients_and_the_optimizer_to_the_host_by_han
     # - single-tensor AdamW's (the default off CUDA tensors) temporaries for one 64x64 shard: its sqrt
     #   and the division of it (16,384 B each) and the 0-dim bias correction (512): 33,280
     m, x = Net(), torch.randn(8, 64)
+    before = snapshot(m)
     on = layerscope.parallel(m, x, gpus=4, mixed_precision="off", gpu="H100", backend="fake", offload=True)
+    assert_unchanged(before, m)
     off = layerscope.parallel(m, x, gpus=4, mixed_precision="off", gpu="H100", backend="fake")
     r, o = on.plan.ranks[0], off.plan.ranks[0]
     assert r.host_bytes == 102_912 + 100_864 + 205_824 + 33_280 == 442_880

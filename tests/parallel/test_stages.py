@@ -83,7 +83,10 @@ def test_interleaved_rank_holds_its_stages_by_hand():
     m, x = Net(), torch.randn(256, 32)
     cfg = ParallelConfig(gpus=2, pp=2, schedule="interleaved", microbatches=4, mixed_precision="off")
     assert cfg.stages == 4
+    from ..helpers import assert_unchanged, snapshot
+    before = snapshot(m)
     r0, r1 = (simulate_stage_rank(m, (x,), {}, cfg, r, optimizer=None, steps=1, loss_fn=None) for r in (0, 1))
+    assert_unchanged(before, m)
     assert not dist.is_initialized()
 
     def params(rr):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from typing import Callable
 
@@ -127,22 +126,12 @@ def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: i
             # this rank's stages of the uniform split (one, or stages_per_rank under interleaved 1F1B, each
             # cut from a model built alike), torch's PipelineStage and schedule on the pp group; one
             # schedule step per optimizer step (its micro-batches accumulate the gradients)
-            from .stages import rank_stages
-            mods, pipe, ties = [], [], []
+            from .stages import as_module, model_name, rank_stages
             mine = rank_stages(config, mesh.get_local_rank("pp"))
             tied = tie_groups(model, config, mesh, mine)
-            for i, stage in enumerate(mine):
-                if i:
-                    torch.manual_seed(seed)
-                    model = build()
-                    no_kv_cache(model)
-                    model.train()
-                m, p = _stage_pipe(model, config, mesh, stage, my_ids)
-                mods.append(m)
-                pipe.append(p)
-                ties.append((m, tied[stage]))
-            sched = pipeline_schedule(config, pipe)
-            model = mods[0] if len(mods) == 1 else nn.ModuleList(mods)
+            mods, pipe, sched = _rank_pipeline(build, config, mesh, mine, my_ids, seed=seed, model=model)
+            ties = [(m, tied[stage]) for m, stage in zip(mods, mine)]
+            model = as_module(mods)
         else:
             parallelize(model, config, mesh)
             chunks = list(zip(my_ids.tensor_split(acc), my_labels.tensor_split(acc)))
@@ -199,7 +188,7 @@ def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: i
                 g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
                 if keeper:
                     # a stage module wraps the model as ``model`` (several: a list of them, "0.model.")
-                    grads[re.sub(r"^(\d+\.)?model\.", "", n) if pipe is not None else n] = g.detach().clone()
+                    grads[model_name(n) if pipe is not None else n] = g.detach().clone()
         one_step(True)
         held = [_local(t) for t in (*model.parameters(), *model.buffers())] + [my_ids, my_labels]
         held += [_local(p.grad) for p in model.parameters() if p.grad is not None]
@@ -296,29 +285,18 @@ def measure_stage_rank(build: Callable[[], nn.Module], config: ParallelConfig, r
 
     if device not in ("cpu", "cuda"):
         raise InputError(f"measure_stage_rank runs on cpu or cuda, not {device!r}")
-    from .stages import rank_stages
+    from .stages import as_module, rank_stages
     mine = rank_stages(config, rank // (config.world // config.pp))
     here = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     with fake_world(rank, config.world):
         mesh = build_mesh(config, device)
         if device == "cuda":
             ids, labels = ids.to(here), labels.to(here)
-        mods, pipe = [], []
-        for stage in mine:
-            torch.manual_seed(seed)
-            model = build()
-            no_kv_cache(model)
-            model.train()
-            if device == "cuda":
-                model.to(here)
-            # the stages agree on static metadata by a vote over P2P, which the fake backend does not
-            # carry (it receives zeros: "dynamic", then garbage sizes): every stage here gives its metadata
-            m, p = _stage_pipe(model, config, mesh, stage, ids, static=True)
-            mods.append(m)
-            pipe.append(p)
-            del model
-        sched = pipeline_schedule(config, pipe)
-        mod = mods[0] if len(mods) == 1 else nn.ModuleList(mods)
+        # the stages agree on static metadata by a vote over P2P, which the fake backend does not carry (it
+        # receives zeros: "dynamic", then garbage sizes): every stage here gives its metadata
+        mods, pipe, sched = _rank_pipeline(build, config, mesh, mine, ids, seed=seed, static=True,
+                                           device=here if device == "cuda" else None)
+        mod = as_module(mods)
         opt = _optimizer(optimizer, [p for p in mod.parameters() if p.requires_grad], 1e-3)
 
         def all_steps(on_step) -> None:
@@ -371,6 +349,28 @@ def pipeline_schedule(config: ParallelConfig, pipes: list):
     cls = schedule_of(config.schedule).torch_schedule()
     return cls(pipes if len(pipes) > 1 or schedule_of(config.schedule).multi else pipes[0], config.microbatches,
                loss_fn=_micro_loss)
+
+
+def _rank_pipeline(build: Callable[[], nn.Module], config: ParallelConfig, mesh, stages: list[int],
+                   ids: torch.Tensor, *, seed: int, model: nn.Module | None = None, device=None,
+                   static: bool = False):
+    """This rank's ``stages``, each cut from a model built alike (``build()`` after seeding with ``seed``;
+    ``model``: the first one, built already), moved to ``device`` when given, each given to torch's
+    PipelineStage; and the schedule over them. Returns (stage modules, PipelineStages, schedule)."""
+    mods, pipes = [], []
+    for stage in stages:
+        if model is None:
+            torch.manual_seed(seed)
+            model = build()
+            no_kv_cache(model)
+            model.train()
+            if device is not None:
+                model.to(device)
+        m, p = _stage_pipe(model, config, mesh, stage, ids, static=static)
+        mods.append(m)
+        pipes.append(p)
+        model = None
+    return mods, pipes, pipeline_schedule(config, pipes)
 
 
 def _stage_pipe(model: nn.Module, config: ParallelConfig, mesh, stage: int, ids: torch.Tensor, *,

@@ -31,7 +31,6 @@ block's gathered parameters added it read 3.1-6.2% over.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +38,7 @@ from ..analyses.memory import layer_at, live_bytes
 from ..options import ParallelConfig
 from .apply import canonical_name
 from .simulate import HOST_PART, PARTS, RankRun
+from .stages import model_name
 
 __all__ = ["Collective", "RankMemory", "ParallelPlan", "ESTIMATES", "NCCL_BYTES_PER_COMMUNICATOR", "rank_memory",
            "collectives_of", "mesh_coords", "local_numels", "roles", "ParallelRunResult", "measured_figures"]
@@ -248,7 +248,7 @@ def rank_memory(rr: RankRun, config: ParallelConfig, rank: int, *, nccl: bool) -
     if layer is not None:      # named as in the user's model (a checkpoint wrapper's own level left out)
         layer = canonical_name(layer)
         if config.pp > 1:      # a pipeline rank runs its stage module (or a list of them), holding the model as .model
-            layer = re.sub(r"^(\d+\.)?model\.", "", layer)
+            layer = model_name(layer)
     breakdown: dict[str, Any] = {p: live[p][t] if total else 0 for p in PARTS}
     estimates = dict.fromkeys(ESTIMATES, 0)
     if nccl:

@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -88,7 +89,8 @@ from .simulate import (PIPELINE, RankRun, RankTracker, fake_world, meta_copy, pa
                        train_fake, watch_checkpoint_rng, watch_fsdp)
 
 __all__ = ["stage_blocks", "stage_plan", "stage_ties", "stage_module", "parallelize_stage", "stage_config",
-           "split_micro", "simulate_stage_rank", "stage_coords", "rank_stages", "SIMULATED_SCHEDULES"]
+           "split_micro", "simulate_stage_rank", "stage_coords", "rank_stages", "as_module", "model_name",
+           "SIMULATED_SCHEDULES"]
 
 # one backward per micro-batch (what rank_orders gives as F and B actions): one stage per rank, or several
 # (interleaved 1F1B); the zero-bubble schedules split each backward in I and W, not simulated yet
@@ -103,6 +105,19 @@ def stage_coords(config: ParallelConfig) -> list[int]:
 def rank_stages(config: ParallelConfig, coord: int) -> list[int]:
     """The pipeline stages of the ranks at pp coordinate ``coord``, in order."""
     return [s for s, c in enumerate(stage_coords(config)) if c == coord]
+
+
+def as_module(mods: list[nn.Module]) -> nn.Module:
+    """A rank's stage modules as one module: its one stage's, or a list of them (trained together)."""
+    return mods[0] if len(mods) == 1 else nn.ModuleList(mods)
+
+
+_STAGE_PREFIX = re.compile(r"^(\d+\.)?model\.")
+
+
+def model_name(name: str) -> str:
+    """A name inside a rank's stage module (or list of them: "0.model.") as in the model the stages cut."""
+    return _STAGE_PREFIX.sub("", name)
 
 
 def stage_blocks(n: int, pp: int) -> list[range]:
@@ -522,8 +537,7 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
             parallelize_stage(mod, own, config, mesh)
         host = config.offload and device_type != "cpu"
         mods = {stage: mod for stage, (mod, _) in built.items()}
-        # one stage: its module; several: a list of them (the step trains their parameters together)
-        whole = mods[mine[0]] if len(mine) == 1 else nn.ModuleList(mods[s] for s in mine)
+        whole = as_module([mods[s] for s in mine])
         if config.offload:
             prepare_offload(whole, tracker, host=host)
         with fake_mode, eager_paths(fake_mode):
