@@ -231,10 +231,11 @@ def one_fsdp(i: int) -> dict:
 
 def _run_cases(configs, fn, part: str, only: str | None, width: int):
     """Each (model name, keywords) case of ``configs`` (``only``: that model's, or with "offload" the
-    CPU-offload ones) run by ``fn(i)``: a failure is a row of its own in ``ROWS[part]``, printed; yields
-    (name, keywords, result) of the others."""
+    CPU-offload ones, with "zero-bubble" the zb and zbv ones) run by ``fn(i)``: a failure is a row of its
+    own in ``ROWS[part]``, printed; yields (name, keywords, result) of the others."""
+    picks = {"offload": lambda kw: kw.get("offload"), "zero-bubble": lambda kw: kw.get("schedule") in ("zb", "zbv")}
     for i, (name, kw) in enumerate(configs):
-        if only == "offload" and not kw.get("offload") or only and only != "offload" and name != only:
+        if only in picks and not picks[only](kw) or only and only not in picks and name != only:
             continue
         r = _case(fn, i)
         if "error" in r:
@@ -268,7 +269,12 @@ STAGE_CONFIGS = [("Llama", dict(gpus=2, pp=2, fsdp=1, microbatches=4, schedule="
                  ("Llama", dict(gpus=8, pp=2, microbatches=4, schedule="1f1b", ac="full")),
                  ("Llama", dict(gpus=8, pp=2, microbatches=4, schedule="gpipe", ac="selective-op")),
                  ("GPT-2", dict(gpus=8, pp=2, microbatches=4, schedule="1f1b")),
-                 ("Llama", dict(gpus=8, pp=2, microbatches=4, schedule="1f1b", offload=True))]
+                 ("Llama", dict(gpus=8, pp=2, microbatches=4, schedule="1f1b", offload=True)),
+                 # zero bubble (each backward in I and W; zbv's V: the middle rank's two stages hand over on it)
+                 ("Llama", dict(gpus=2, pp=2, fsdp=1, microbatches=4, schedule="zbv")),
+                 ("Llama", dict(gpus=8, pp=2, microbatches=4, schedule="zb", reshard_after_forward=False)),
+                 ("Llama", dict(gpus=8, pp=2, microbatches=4, schedule="zbv", reshard_after_forward=False, ac="full")),
+                 ("GPT-2", dict(gpus=8, pp=2, microbatches=4, schedule="zbv", reshard_after_forward=False))]
 
 
 def one_stage(i: int) -> dict:
@@ -316,7 +322,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--only", default="memory,sdpa,fsdp,stages")
     ap.add_argument("--model", help="parts 3 and 4: only this model's configurations (Llama, GPT-2), or with "
-                                    "'offload' part 3's CPU-offload ones")
+                                    "'offload' the CPU-offload ones, with 'zero-bubble' part 4's zb and zbv ones")
     ns = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_gpu.py needs a CUDA GPU")

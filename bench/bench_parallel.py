@@ -26,9 +26,12 @@ Part 2b (``--interleaved``, alone): interleaved 1F1B under torchrun (pp 2 x 2 st
 4 micro-batches of one sample), Llama and GPT-2 (its tied embedding and head on the two ranks), alone and
 with FSDP 2, each rank's peak against the band as in part 2.
 
-Run: python bench/bench_parallel.py [--quick] [--gpt2] [--fake | --gloo | --stages | --interleaved]
+Part 2c (``--zero-bubble``, alone): part 2b's runs under the zero-bubble schedules (zb: torch's
+ScheduleInterleavedZeroBubble, zbv: ScheduleZBVZeroBubble), FSDP's reshard_after_forward off.
+
+Run: python bench/bench_parallel.py [--quick] [--gpt2] [--fake | --gloo | --stages | --interleaved | --zero-bubble]
   (--quick: one configuration per family; --gpt2: GPT-2 (fused QKV) instead of Llama; --fake, --gloo,
-  --stages or --interleaved: that part only)
+  --stages, --interleaved or --zero-bubble: that part only)
 """
 from __future__ import annotations
 
@@ -115,7 +118,17 @@ STAGE_CASES = [dict(gpus=2, pp=2, microbatches=2, schedule="gpipe", mixed_precis
                dict(gpus=2, pp=2, microbatches=4, schedule="interleaved"),
                dict(gpus=4, pp=2, microbatches=4, schedule="interleaved", mixed_precision="off"),
                dict(gpus=4, pp=2, microbatches=4, schedule="interleaved", ac="full"),
-               dict(gpus=4, fsdp=1, tp=2, pp=2, microbatches=4, schedule="interleaved", mixed_precision="off")]
+               dict(gpus=4, fsdp=1, tp=2, pp=2, microbatches=4, schedule="interleaved", mixed_precision="off"),
+               # zero bubble: each backward split in I and W; zbv's V puts stages 1 and 2 on one rank (handed over
+               # there); with FSDP, reshard_after_forward off (torch's zero bubble needs it: options.py)
+               dict(gpus=2, pp=2, microbatches=4, schedule="zb", mixed_precision="off"),
+               dict(gpus=2, pp=2, microbatches=4, schedule="zb", ac="full"),
+               dict(gpus=4, pp=2, microbatches=4, schedule="zb", ac="full", reshard_after_forward=False),
+               dict(gpus=4, fsdp=1, tp=2, pp=2, microbatches=4, schedule="zb", mixed_precision="off"),
+               dict(gpus=2, pp=2, microbatches=4, schedule="zbv", mixed_precision="off"),
+               dict(gpus=2, pp=2, microbatches=4, schedule="zbv", ac="full"),
+               dict(gpus=4, pp=2, microbatches=4, schedule="zbv", mixed_precision="off", reshard_after_forward=False),
+               dict(gpus=4, fsdp=1, tp=2, pp=2, microbatches=4, schedule="zbv", ac="full")]
 
 
 def stages_part(spec, overrides) -> None:
@@ -154,15 +167,17 @@ INTERLEAVED_CASES = [(LLAMA, dict(gpus=2, fsdp=1)), (LLAMA, dict(gpus=2, fsdp=1,
                      (GPT2, dict(gpus=2, fsdp=1)), (GPT2, dict(gpus=4, mixed_precision="bf16"))]
 
 
-def interleaved_part() -> None:
-    """Part 2b: interleaved 1F1B runs under torchrun against the prediction's band."""
+def interleaved_part(schedules=("interleaved",)) -> None:
+    """Part 2b: interleaved 1F1B (or the zero-bubble schedules) under torchrun against the prediction's band."""
     from layerscope.parallel.real import make_batch
-    print("| model | fsdp | mixed precision | ac | loss rel diff | grad rel diff | measured per rank (B) | "
+    print("| model | schedule | fsdp | mixed precision | ac | loss rel diff | grad rel diff | measured per rank (B) | "
           "outside the band |")
-    print("|---|---:|---|---|---:|---:|---|---|")
-    for (spec, over), kw in INTERLEAVED_CASES:
+    print("|---|---|---:|---|---|---:|---:|---|---|")
+    for schedule, ((spec, over), kw) in ((s, c) for s in schedules for c in INTERLEAVED_CASES):
         over = {**over, ("n_layer" if "n_layer" in over else "num_hidden_layers"): 4}
-        config = ParallelConfig(pp=2, schedule="interleaved", microbatches=4, **{"mixed_precision": "off", **kw})
+        if schedule in ("zb", "zbv"):
+            kw = {**kw, "reshard_after_forward": False}     # torch's zero bubble needs it with FSDP (options.py)
+        config = ParallelConfig(pp=2, schedule=schedule, microbatches=4, **{"mixed_precision": "off", **kw})
         batch = 4 * config.dp
         real = launch_parallel(spec, config, input_ids=(batch, 16), steps=4, overrides=over, timeout=240)
         ids, labels = make_batch(over["vocab_size"], batch, 16, 1)      # the run's batch (seed 0 + 1)
@@ -176,7 +191,8 @@ def interleaved_part() -> None:
             lo, hi = w.simulated_peak_bytes, w.peak_bytes
             outside.append(0.0 if lo <= got <= hi else (got - hi) / hi if got > hi else (got - lo) / lo)
         mp = config.mixed_precision + (" (autocast)" if config.mixed_precision == "bf16" and config.dp == 1 else "")
-        print(f"| {spec.removeprefix('hf:').removesuffix('Config')} | {config.fsdp} | {mp} | {config.ac} | "
+        name = spec.removeprefix('hf:').removesuffix('Config')
+        print(f"| {name} | {schedule} | {config.fsdp} | {mp} | {config.ac} | "
               f"{real.max_rel_loss_diff:.1e} | {real.max_rel_grad_diff:.1e} | "
               f"{', '.join(f'{p:,}' for p in real.peak_bytes)} | {', '.join(f'{o:+.2%}' for o in outside)} |",
               flush=True)
@@ -186,6 +202,9 @@ def main() -> None:
     spec, overrides = GPT2 if "--gpt2" in sys.argv else LLAMA
     if "--interleaved" in sys.argv:
         interleaved_part()
+        return
+    if "--zero-bubble" in sys.argv:
+        interleaved_part(("zb", "zbv"))
         return
     if "--stages" in sys.argv:
         stages_part(spec, overrides)

@@ -35,7 +35,8 @@ __all__ = ["TESTED_TORCH", "TorchFeatureError", "get", "need", "has", "forget",
            "reparametrize_module", "parse_schema", "jit_inline", "is_op_overload", "is_op_packet",
            "is_higher_order_op", "is_fake_tensor", "active_fake_mode", "new_fake_mode",
            "disable_current_modes", "no_dispatch", "queue_backward_callback", "compiled_original",
-           "tree_leaves", "tree_flatten", "tree_unflatten", "tree_map_only", "interleaved_order"]
+           "tree_leaves", "tree_flatten", "tree_unflatten", "tree_map_only", "interleaved_order",
+           "engine_grad", "fsdp_lowered"]
 
 # the torch release the whole suite is run on; pyproject's floor says the same
 TESTED_TORCH = "2.13"
@@ -88,6 +89,14 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
                        lambda: _module("torch._subclasses.fake_tensor").FakeTensorMode),
     "engine_run_backward": ("torch.autograd.graph._engine_run_backward", "2.4",
                             lambda: _module("torch.autograd.graph")._engine_run_backward),
+    "make_grads": ("torch.autograd._make_grads", "2.4", lambda: torch.autograd._make_grads),
+    # parallel (stages): torch's zero-bubble backward, split in the input's gradient and the weights'
+    "stage_backward_input": ("torch.distributed.pipelining._backward.stage_backward_input", "2.6",
+                             lambda: _module("torch.distributed.pipelining._backward").stage_backward_input),
+    "stage_backward_weight": ("torch.distributed.pipelining._backward.stage_backward_weight", "2.6",
+                              lambda: _module("torch.distributed.pipelining._backward").stage_backward_weight),
+    "stage_backward": ("torch.distributed.pipelining._backward.stage_backward", "2.6",
+                       lambda: _module("torch.distributed.pipelining._backward").stage_backward),
     "queue_callback": ("torch.autograd.Variable._execution_engine.queue_callback", "2.4",
                        lambda: torch.autograd.Variable._execution_engine.queue_callback),
     "grouped_mm": ("torch.ops.aten._grouped_mm", "2.8", lambda: torch.ops.aten._grouped_mm.default),
@@ -103,6 +112,8 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
     "zb_rank_ops": ("torch.distributed.pipelining.schedules.ScheduleInterleavedZeroBubble."
                     "_calculate_single_rank_operations and _add_bubbles_to_actions", "2.6",
                     lambda: _module("torch.distributed.pipelining.schedules").ScheduleInterleavedZeroBubble),
+    "add_unshard_reshard": ("torch.distributed.pipelining.schedules._add_unshard_reshard", "2.6",
+                            lambda: _module("torch.distributed.pipelining.schedules")._add_unshard_reshard),
     "zbv_rank_ops": ("torch.distributed.pipelining.schedules.ScheduleZBVZeroBubble."
                      "_calculate_single_rank_operations", "2.6",
                      lambda: _module("torch.distributed.pipelining.schedules")
@@ -325,6 +336,25 @@ def engine_backward(feature: str) -> Callable[..., Any]:
     return need("engine_run_backward", feature)
 
 
+def engine_grad(feature: str, outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False,
+                allow_unused=None) -> tuple:
+    """``torch.autograd.grad`` (its tensor or GradientEdge outputs and inputs, the gradients given or
+    ones) by the autograd engine's own entry, as ``engine_backward``: a TorchFunctionMode that is active
+    stays active in the backward, which torch.autograd.grad, itself overridable, would pop."""
+    from torch.autograd.graph import GradientEdge
+    one = (torch.Tensor, GradientEdge)
+    outs = (outputs,) if isinstance(outputs, one) else tuple(outputs)
+    ins = (inputs,) if isinstance(inputs, one) else tuple(inputs)
+    if grad_outputs is None:
+        grad_outputs = (None,) * len(outs)
+    seeds = (grad_outputs,) if isinstance(grad_outputs, torch.Tensor) else tuple(grad_outputs)
+    seeds = need("make_grads", feature)(outs, seeds, is_grads_batched=False)
+    if retain_graph is None:
+        retain_graph = create_graph
+    return need("engine_run_backward", feature)(outs, seeds, retain_graph, create_graph, ins, bool(allow_unused),
+                                                accumulate_grad=False)
+
+
 def in_recompute() -> bool:
     """Whether the op running now is part of a checkpointed region's recompute (torch.utils.checkpoint's
     non-reentrant recompute runs under its ``_recomputation_hook`` saved-tensor hooks)."""
@@ -495,6 +525,30 @@ def _zbv_ops(me, rank: int):
 
 # torch's per-rank order builder of each runtime schedule (options.SCHEDULES, order "runtime")
 _RANK_ORDERS = {"interleaved": _interleaved_ops, "zb": _zb_ops, "zbv": _zbv_ops}
+
+
+def fsdp_lowered(actions: list) -> list:
+    """A rank's compute actions (objects with ``stage``, ``kind``) with the UNSHARD and RESHARD actions
+    torch's runtime schedules add for FSDP2 stages (``_add_unshard_reshard``: each stage all-gathered
+    before its first action, up to three stages at once, resharded when it drops out of that window and
+    at the step's end), in torch's order: the compute actions themselves, and ("UNSHARD" | "RESHARD",
+    stage) pairs."""
+    import types
+    lower = need("add_unshard_reshard", "FSDP2 stages under a runtime pipeline schedule")
+    kinds = {"F": "FORWARD", "B": "FULL_BACKWARD", "I": "BACKWARD_INPUT", "W": "BACKWARD_WEIGHT"}
+    ct = _module("torch.distributed.pipelining.schedules")._ComputationType
+    mine = {}
+    ins = []
+    for a in actions:
+        t = types.SimpleNamespace(stage_index=a.stage, computation_type=getattr(ct, kinds[a.kind]), sub_actions=None)
+        mine[id(t)] = a
+        ins.append(t)
+    out = []
+    for t in lower(ins):
+        a = mine.get(id(t))
+        out.append(a if a is not None else (str(getattr(t.computation_type, "value", t.computation_type)),
+                                            int(t.stage_index)))
+    return out
 
 
 # ---- parallel (apply) --------------------------------------------------------------------------------

@@ -517,7 +517,15 @@ class ParallelConfig:
         kind = schedule_of(self.schedule)
         if self.pp > 1:
             kind.check_stages(self.stages, self.stages_per_rank, flag="pp x stages_per_rank")
+            if kind.zero_bubble and self.ac == "selective-op":
+                # torch's selective checkpointing refuses a second backward through a region ("Trying to
+                # backward an extra time"), and the zero-bubble schedules run two: I, then W (tried, both
+                # the simulation and torch's own run stop there)
+                raise InputError(f"the {kind.label} schedule runs each backward in two (the input's gradient, "
+                                 "then the weights'), which torch's selective-op checkpointing refuses: use ac "
+                                 "full, selective-layer or none with it")
         rest, fixed = divmod(self.gpus, self.replicate * self.tp * self.pp * self.cp)
+        zero_bubble_fsdp = self.pp > 1 and kind.zero_bubble and self.reshard_after_forward
         if self.fsdp is None:
             if fixed or rest < 1:
                 raise InputError(f"gpus ({self.gpus}) must be a multiple of replicate x tp x pp "
@@ -526,6 +534,15 @@ class ParallelConfig:
         if self.world != self.gpus:
             raise InputError(f"the degrees make {self.world} ranks (replicate {self.replicate} x fsdp {self.fsdp} x "
                              f"tp {self.tp} x pp {self.pp}), not the {self.gpus} GPUs given")
+        if zero_bubble_fsdp and self.dp > 1:
+            # run on torch 2.13 (FSDP 2 x PP 2, a 4-block Llama): torch's I ties the weights' gradients to the
+            # parameters registered when it starts, the sharded ones (outside the graph) where FSDP resharded a
+            # block after its forward, and that micro-batch's weight gradients are never computed: the last
+            # stage's I found 2 of its 11 weights, the other stage's none in 2 of its 4; the run ended with no
+            # gradient at all for the last block. torchtitan reshards nothing after the forward under PP
+            raise InputError(f"the {kind.label} schedule with FSDP needs reshard_after_forward off "
+                             "(--no-reshard-after-forward): torch's zero-bubble backward leaves the weights of a "
+                             "block FSDP resharded after its forward without gradients")
         if self.offload and self.dp == 1:
             raise InputError("offload is FSDP2's CPU offload of the sharded parameters: it needs data parallelism "
                              f"(fsdp or replicate above 1), and {self.label()} has none")

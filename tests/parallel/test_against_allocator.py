@@ -91,9 +91,17 @@ def test_vocabulary_parallel_loss_temporaries_are_seen():
                                 # micro-batches (+6.2% / +6.7% when each forward had a region of its own)
                                 dict(gpus=2, pp=2, microbatches=2, schedule="1f1b", ac="full"),
                                 # two stages per rank, torch's ScheduleInterleaved1F1B over both
-                                dict(gpus=4, pp=2, microbatches=4, schedule="interleaved", mixed_precision="off")],
+                                dict(gpus=4, pp=2, microbatches=4, schedule="interleaved", mixed_precision="off"),
+                                # zero bubble: each backward in I and W (torch's stage_backward_input and _weight)
+                                dict(gpus=2, pp=2, microbatches=4, schedule="zb", mixed_precision="off"),
+                                # the V: rank 1's stages 1 and 2 hand their activations and gradients over on the
+                                # rank; FSDP's stages all-gathered by the schedule (UNSHARD); the checkpointed
+                                # blocks' generator states kept from I to W
+                                dict(gpus=4, pp=2, microbatches=4, schedule="zbv", ac="full",
+                                     reshard_after_forward=False)],
                          ids=["pp2-gpipe-fp32", "fsdp2xpp2-1f1b-bf16", "pp2-gpipe-fp32-ac-full",
-                              "pp2-1f1b-autocast-ac-full", "fsdp2xpp2-interleaved-fp32"])
+                              "pp2-1f1b-autocast-ac-full", "fsdp2xpp2-interleaved-fp32", "pp2-zb-fp32",
+                              "fsdp2xpp2-zbv-ac-full-bf16"])
 def test_pipeline_rank_peak_within_5_percent_of_the_allocator(kw):
     # each stage's first and last rank: the real stage run by torch's PipelineStage and schedule on the fake
     # backend (parallel.real.measure_stage_rank), its peak from the CPU allocator's events
@@ -110,5 +118,6 @@ def test_pipeline_rank_peak_within_5_percent_of_the_allocator(kw):
         measured = measure_stage_rank(lambda: build_model(spec, "cpu", overrides, "causal-lm").model, config, rank,
                                       ids, labels, steps=3)
         predicted = rep.plan.ranks[rank].peak_bytes
-        # measured 2026-11-26: -0.07% .. +0.41% over these 8 stage ranks (docs/benchmarks.md)
+        # measured 2026-11-26: -0.07% .. +0.41% over the first 8 stage ranks (docs/benchmarks.md); the 16 zero-
+        # bubble ones of part 1b -0.52% .. +0.08%
         assert abs(predicted / measured.peak_bytes - 1) <= 0.05, (rank, predicted, measured.peak_bytes)

@@ -103,14 +103,52 @@ def test_interleaved_rank_holds_its_stages_by_hand():
     assert _max_part(r0, "communication buffers") == 12 * 16_384 + 16_384
 
 
+def test_zbv_rank_hands_its_turn_over_by_hand():
+    # ZBV zero bubble, pp 2: 4 stages in a V, rank 0 holding stages 0 and 3, rank 1 stages 1 and 2; each backward
+    # split in I (the input's gradient) and W (the weights')
+    torch.manual_seed(0)
+    m, x = Net(), torch.randn(256, 32)
+    cfg = ParallelConfig(gpus=2, pp=2, schedule="zbv", microbatches=4, mixed_precision="off")
+    from ..helpers import assert_unchanged, snapshot
+    before = snapshot(m)
+    r0, r1 = (simulate_stage_rank(m, (x,), {}, cfg, r, optimizer=lambda p: torch.optim.SGD(p, lr=0.1), steps=1,
+                                  loss_fn=None) for r in (0, 1))
+    assert_unchanged(before, m)
+    assert not dist.is_initialized()
+    # P2P, each a micro-batch's 64x64 fp32 activation or gradient (16,384 B): on rank 0 stage 0 sends 4
+    # activations and receives 4 gradients, stage 3 receives 4 and sends 4; on rank 1 stage 1 receives from
+    # stage 0 and stage 2 sends to stage 3, 4 each way, and stage 1 hands its outputs to stage 2 (and stage 2
+    # its input gradients to stage 1) on the rank, no transfer: 8 transfers each way on either rank
+    assert r0.p2p == r1.p2p == (8 * 16_384, 8 * 16_384, 8)
+    # every weight gets its gradient from the W steps: rank 1's blocks 1 and 2, 2 x 33,088 fp32 (64x256 + 256 +
+    # 256x64 + 64); rank 0's embed (2,112) and block 0 (stage 0), block 3 and the head (650; stage 3)
+    assert _max_part(r1, "gradients") == 2 * 33_088 * 4
+    assert _max_part(r0, "gradients") == (2_112 + 2 * 33_088 + 650) * 4
+
+
+def test_zero_bubble_keeps_routed_attention_in_its_recompute():
+    # a CUDA target routes SDPA to the kernel torch picks there (cuDNN on an H100); torch's I and W call
+    # torch.autograd.grad, which a mode would leave: a checkpointed block's recompute must take the kernel its
+    # forward took (CheckpointError, "tensors saved during forward ... recomputation", when it did not)
+    import layerscope
+    from layerscope.specs import build_model
+    llama = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "vocab_size": 128}
+    cfg = ParallelConfig(gpus=4, pp=2, ac="full", microbatches=4, schedule="zbv", reshard_after_forward=False)
+    rep = layerscope.parallel(build_model("hf:LlamaConfig", "meta", llama, "causal-lm").model,
+                              torch.randint(0, 128, (4, 32)), config=cfg, device="cuda", gpu="H100", steps=1)
+    assert any("priced as cuDNN attention" in n for n in rep.notes), rep.notes
+    assert all(r.peak_bytes > 0 for r in rep.plan.ranks)
+
+
 def test_uniform_split_and_refusals():
     assert [list(r) for r in stage_blocks(5, 2)] == [[0, 1, 2], [3, 4]]
     with pytest.raises(InputError, match="at least"):
         stage_blocks(1, 2)
     m, x = Net(), torch.randn(8, 32)
-    with pytest.raises(InputError, match="not simulated per rank yet"):
-        simulate_stage_rank(m, (x,), {}, ParallelConfig(gpus=2, pp=2, schedule="zb", microbatches=2), 0,
-                            optimizer=None, steps=1, loss_fn=None)
+    with pytest.raises(InputError, match="pp must be 2 or more"):
+        simulate_stage_rank(m, (x,), {}, ParallelConfig(gpus=2, microbatches=2), 0, optimizer=None, steps=1,
+                            loss_fn=None)
 
 
 def test_parallel_simulates_each_stage_on_its_first_rank():

@@ -25,6 +25,7 @@ report's notes.
 
 from __future__ import annotations
 
+import inspect
 import math as _math
 from collections import Counter
 
@@ -41,6 +42,7 @@ __all__ = ["SdpaRouter", "router_for", "resolve_gpu"]
 
 aten = torch.ops.aten
 _SDPA = F.scaled_dot_product_attention
+_UNROUTED = object()     # an autograd call the router leaves to torch
 _NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 _DEFAULTS = (None, None, None, None, 0.0, False, None, False)
 
@@ -131,6 +133,31 @@ class SdpaRouter:
         with self.mode():
             engine(tuple(outputs), tuple(seeds), False, False, (), allow_unreachable=True, accumulate_grad=True)
 
+    def autograd(self, func, args: tuple, kwargs: dict):
+        """``torch.autograd.grad`` or ``torch.autograd.backward`` (a call the mode saw) run by the engine
+        directly under the mode; ``_UNROUTED`` for a form this does not take (batched gradients,
+        materialized ones, a graph created, a backward to chosen inputs), which runs as torch runs it."""
+        b = inspect.signature(func).bind(*args, **kwargs).arguments
+        feature = "routing SDPA in a zero-bubble backward's recompute"
+        if func is torch.autograd.grad:
+            if b.get("is_grads_batched") or b.get("materialize_grads") or b.get("create_graph"):
+                return _UNROUTED
+            with self.mode():
+                return _compat.engine_grad(feature, b["outputs"], b["inputs"], b.get("grad_outputs"),
+                                           b.get("retain_graph"), False, b.get("allow_unused"))
+        if b.get("inputs") is not None or b.get("create_graph") or b.get("grad_variables") is not None:
+            return _UNROUTED
+        outs = b["tensors"]
+        outs = (outs,) if isinstance(outs, torch.Tensor) else tuple(outs)
+        seeds = b.get("grad_tensors")
+        seeds = (seeds,) if isinstance(seeds, torch.Tensor) else tuple(seeds) if seeds is not None \
+            else (None,) * len(outs)
+        engine = _compat.engine_backward(feature)
+        with self.mode():
+            engine(outs, _compat.need("make_grads", feature)(outs, seeds, is_grads_batched=False),
+                   bool(b.get("retain_graph")), False, (), allow_unreachable=True, accumulate_grad=True)
+        return None
+
     def call(self, args: tuple, kwargs: dict):
         c = _bind(args, kwargs)
         q, k, v, mask = c["query"], c["key"], c["value"], c["attn_mask"]
@@ -186,6 +213,12 @@ class _Mode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func is _SDPA:
             return self.router.call(args, kwargs or {})
+        if func is torch.autograd.grad or func is torch.autograd.backward:
+            # called under the mode (torch's zero-bubble stage backward): the engine runs with the mode still
+            # active, where torch would have popped it, so that a checkpointed block's recompute is routed
+            done = self.router.autograd(func, args, kwargs or {})
+            if done is not _UNROUTED:
+                return done
         return func(*args, **(kwargs or {}))
 
 

@@ -87,7 +87,11 @@ class PipelinePass:
     (whole) inputs, ``loss(m, output)`` on the last stage (None elsewhere), ``backward(m, held,
     engine)`` (``engine(loss)`` or ``engine(outputs, gradients)`` runs autograd's backward as the
     step's own backward does: routed SDPA stays routed in a checkpointed block's recompute), ``end()``
-    after the last action (still the backward)."""
+    after the last action (still the backward). A zero-bubble schedule splits a backward in two:
+    ``("I", m)``, ``backward_input(m, held, routed)``, the gradient of the stage's input, then ``("W",
+    m)``, ``backward_weight(m, routed)``, the weights' (``routed()``: the context the step's SDPA
+    routing needs around their own autograd calls). Any other kind is the rank's own (``act(kind, m)``:
+    FSDP's UNSHARD and RESHARD of a stage under torch's runtime schedules)."""
 
     actions: tuple
     forward: Callable[[int, tuple, dict], Any]
@@ -96,6 +100,9 @@ class PipelinePass:
     begin: Callable[[], None] | None = None
     end: Callable[[], None] | None = None
     takes_loss: Callable[[Any], bool] | None = None
+    backward_input: Callable[[Any, Any, Callable], None] | None = None
+    backward_weight: Callable[[Any, Callable], None] | None = None
+    act: Callable[[str, Any], None] | None = None
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -194,6 +201,9 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
                     loss, seeds = [loss], [torch.ones_like(loss, memory_format=torch.preserve_format)]
                 # routed SDPA stays routed in the backward (a checkpointed block's recompute)
                 return attention.backward(loss, seeds)
+            def routed():
+                # the routing around a zero-bubble backward's own autograd calls (capture/attention.py)
+                return attention.mode() if attention is not None else contextlib.nullcontext()
             run.param_names = {id(p): n for n, p in params.items()}
             if tracker is not None:
                 for n, p in params.items():
@@ -206,7 +216,7 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
             opt = _make_optimizer(optimizer, list(params.values()), foreach_default) \
                 if training and optimizer else None
             model.train(training)
-            _loop(run, model, named, (call, backward), swap, (args, kwargs), params, buffers, opt, rng=rng,
+            _loop(run, model, named, (call, backward, routed), swap, (args, kwargs), params, buffers, opt, rng=rng,
                   simulate=simulate, training=training, autocast_dtype=autocast_dtype, device=device,
                   loss_fn=loss_fn or default_loss, steps=steps if training else 1,
                   accumulation=accumulation if training else 1, options=options or CostOptions(),
@@ -324,7 +334,7 @@ def _mark_outputs(tracker: StorageTracker, output) -> None:
 
 def _one_pass(run: StepRun, cap: Session, named, passes, autocast, loss_fn, training: bool, pipeline=None,
               keep_output: bool = True):
-    call, backward = passes
+    call, backward, _ = passes
     tracker = cap.storage
     tracked = tracker is not None
     step_phase = []
@@ -403,12 +413,13 @@ def _pipeline_actions(cap: Session, named, pipeline: PipelinePass, passes, saved
     schedule's ``_internal_losses``). Returns what the pass remembers of the
     last forward's output: its bytes."""
     tracker = cap.storage
-    call, backward = passes
+    call, backward, routed = passes
     modules = [m for _, m in named]
     held: dict[int, Any] = {}
     cache: dict[int, Any] = {}
     # torch's schedule keeps every micro-batch's loss until the step ends (``_internal_losses``)
     losses: list = []
+    weights: set = set()      # micro-batches whose input's backward ran and weights' has not (zero bubble)
     last_bytes = 0
     backward_begun = False
     if pipeline.begin is not None:
@@ -435,7 +446,7 @@ def _pipeline_actions(cap: Session, named, pipeline: PipelinePass, passes, saved
                     else:
                         held[m] = output
                     del output
-            elif kind == "B":
+            elif kind == "B" or kind == "I" and pipeline.backward_input is not None:
                 if m not in held:
                     raise InputError(f"the pipeline schedule runs the backward of micro-batch {m} before its forward")
                 if tracker is not None:
@@ -444,13 +455,31 @@ def _pipeline_actions(cap: Session, named, pipeline: PipelinePass, passes, saved
                 backward_begun = True
                 mark_phase(BACKWARD)
                 h = held.pop(m)
-                run_backward(cap, modules, lambda: pipeline.backward(m, h, backward))
+                if kind == "B":
+                    run_backward(cap, modules, lambda: pipeline.backward(m, h, backward))
+                else:
+                    run_backward(cap, modules, lambda: pipeline.backward_input(m, h, routed))
+                    weights.add(m)
                 del h
                 cache.pop(m, None)
+            elif kind == "W" and pipeline.backward_weight is not None:
+                if m not in weights:
+                    raise InputError(f"the pipeline schedule runs the weights' backward of micro-batch {m} before "
+                                     "its input's")
+                weights.discard(m)
+                mark_phase(BACKWARD)
+                run_backward(cap, modules, lambda: pipeline.backward_weight(m, routed))
+            elif pipeline.act is not None:
+                # the rank's own actions beside the compute (FSDP's UNSHARD and RESHARD of a stage)
+                if backward_begun:
+                    run_backward(cap, modules, lambda: pipeline.act(kind, m))
+                else:
+                    run_forward(cap, lambda: pipeline.act(kind, m))
             else:
-                raise InputError(f"a pipeline action is 'F' or 'B', got {kind!r}")
-    if held:
-        raise InputError(f"the pipeline schedule leaves micro-batches {sorted(held)} without a backward")
+                raise InputError(f"a pipeline action is 'F', 'B', 'I' or 'W', got {kind!r}")
+    if held or weights:
+        raise InputError(f"the pipeline schedule leaves micro-batches {sorted(held) or sorted(weights)} without "
+                         + ("a backward" if held else "their weights' backward"))
     if pipeline.end is not None:
         if not backward_begun:
             mark_phase(BACKWARD)

@@ -315,7 +315,7 @@ def measure_stage_rank(build: Callable[[], nn.Module], config: ParallelConfig, r
 
 
 # what torch's PipelineStage and schedule run here: one stage per rank, or several (interleaved 1F1B)
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "zbv")
 
 
 def _micro_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -59,7 +59,16 @@ gradients, made once as torch's stage makes them) and the input gradients sent b
 "communication buffers" of the breakdown. What a real run adds and this does not: the P2P
 transfers' own buffers of the backend (NCCL's, gloo's), and the last stage's outputs kept by
 ``step(return_outputs=True)`` (torchtitan steps with ``return_outputs=False``, as here).
-The zero-bubble schedules (backwards split in I and W) are not simulated yet.
+
+Zero bubble (``zb``, ``zbv``): each backward is two actions, I and W, run with torch's own
+``stage_backward_input`` and ``stage_backward_weight`` (the first stage's W: ``stage_backward``), what I
+keeps (the retained graph, the detached outputs, the parameter groups, the checkpointed blocks' generator
+states) held until W; the input's gradient stays on the receive buffer to the next step. Under the V
+(``zbv``) the two stages on one rank hand activations and gradients over on it (torch's
+``set_local_fwd_input`` / ``set_local_bwd_input``). With FSDP, torch's runtime schedules (interleaved and
+zero bubble) all-gather a stage ahead of its actions and reshard it after, in the order torch's own
+lowering gives (``_compat.fsdp_lowered``). Measured on the fake backend: 16 zero-bubble stage ranks
+within -0.52% .. +0.08% (docs/benchmarks.md); on an H100, 8 within -2.23% .. -0.21%.
 """
 
 from __future__ import annotations
@@ -81,7 +90,7 @@ from ..capture.step import PipelinePass
 from ..capture.storage import StorageTracker
 from ..errors import InputError
 from ..options import ParallelConfig, schedule_of
-from ..pipeline.schedule import rank_orders, stage_ranks
+from ..pipeline.schedule import ZERO_BUBBLE, rank_orders, stage_ranks
 from ..pipeline.stages import build_stage_module
 from ..pipeline.units import owner_of
 from .apply import canonical_name, checkpoint_blocks, find_blocks, no_kv_cache, parallelize
@@ -92,9 +101,8 @@ __all__ = ["stage_blocks", "stage_plan", "stage_ties", "stage_module", "parallel
            "split_micro", "simulate_stage_rank", "stage_coords", "rank_stages", "as_module", "model_name",
            "SIMULATED_SCHEDULES"]
 
-# one backward per micro-batch (what rank_orders gives as F and B actions): one stage per rank, or several
-# (interleaved 1F1B); the zero-bubble schedules split each backward in I and W, not simulated yet
-SIMULATED_SCHEDULES = ("gpipe", "1f1b", "interleaved")
+# one stage per rank (GPipe, 1F1B) or several (interleaved 1F1B, zero bubble: each backward split in I and W)
+SIMULATED_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "zbv")
 
 
 def stage_coords(config: ParallelConfig) -> list[int]:
@@ -344,6 +352,9 @@ class _StageRun:
         self.first, self.last = stage == 0, stage == config.stages - 1
         self.m = config.microbatches
         self.loss_fn, self.target, self.tp = loss_fn, target, tp
+        self.zero_bubble = config.schedule in ZERO_BUBBLE
+        # the neighbouring stages on this rank (the V-schedule's turn): handed over, not sent
+        self.local_prev = self.local_next = False
         dev = torch.device("cpu")
 
         def buffers(metas):
@@ -363,6 +374,9 @@ class _StageRun:
         self.grad_recv = buffers(mod.sent_metas) if not self.last else []
         self.inputs: dict[int, list] = {}
         self._sent: list = []
+        self._outputs: dict[int, tuple] = {}     # the last stage's outputs until I (zero bubble)
+        self._pending: dict[int, tuple] = {}     # what I keeps for W (zero bubble)
+        self._unshards: list = []                # FSDP's all-gathers an UNSHARD started
         from torch.distributed.fsdp import FSDPModule
         self.fsdp = isinstance(mod, FSDPModule)
 
@@ -374,7 +388,7 @@ class _StageRun:
         pass what it sends in the other, so it sends as often as it receives."""
         act_in = sum(t.nbytes for t, _ in self.recv[0]) if self.recv else 0
         act_out = sum(t.nbytes for t, _ in self.grad_recv[0]) if self.grad_recv else 0
-        m, to_next, to_prev = self.m, not self.last, not self.first
+        m, to_next, to_prev = self.m, not self.last and not self.local_next, not self.first and not self.local_prev
         return m * (act_out * to_next + act_in * to_prev), m * (act_in * to_prev + act_out * to_next), \
             m * (to_next + to_prev)
 
@@ -402,6 +416,8 @@ class _StageRun:
         return self.mod(*acts)
 
     def loss(self, m: int, output):
+        if self.zero_bubble:
+            self._outputs[m] = output if isinstance(output, tuple) else (output,)
         if self.target is None:
             from ..capture.step import default_loss
             return (self.loss_fn or default_loss)(output)
@@ -410,22 +426,32 @@ class _StageRun:
         tm = split_micro((self.target,), {}, m, self.m)[0][0]
         return self.loss_fn(output, tm)
 
-    def backward(self, m: int, held, engine) -> None:
+    def _no_sync(self) -> None:
+        # torch's backward_maybe_with_nosync: FSDP2 accumulates, reduces once after the last backward
         if self.fsdp:
             self.mod.set_is_last_backward(False)
             self.mod.set_reshard_after_backward(False)
             self.mod.set_requires_gradient_sync(False)
+
+    def _seeds(self, m: int, held) -> tuple[list, list]:
+        """A non-last stage's outputs of micro-batch m and the gradients received for them."""
+        outs = [t for t in (held if isinstance(held, tuple) else (held,))[:len(self.grad_recv[m])]]
+        grads = []
+        for o, (g, shape) in zip(outs, self.grad_recv[m]):
+            if self.tp is not None and hasattr(o, "placements"):
+                from torch.distributed.tensor import DTensor
+                g = DTensor.from_local(g, o.device_mesh, o.placements, shape=o.shape, stride=o.stride(),
+                                       run_check=False)
+            grads.append(g)
+        return outs, grads
+
+    def backward(self, m: int, held, engine) -> tuple:
+        """The full backward of micro-batch m; returns the gradients of its received activations."""
+        self._no_sync()
         if self.last:
             engine(held)
         else:
-            outs = [t for t in (held if isinstance(held, tuple) else (held,))[:len(self.grad_recv[m])]]
-            grads = []
-            for o, (g, shape) in zip(outs, self.grad_recv[m]):
-                if self.tp is not None and hasattr(o, "placements"):
-                    from torch.distributed.tensor import DTensor
-                    g = DTensor.from_local(g, o.device_mesh, o.placements, shape=o.shape, stride=o.stride(),
-                                           run_check=False)
-                grads.append(g)
+            outs, grads = self._seeds(m, held)
             pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
             engine([o for o, _ in pairs], [g for _, g in pairs])
         # Schedule1F1B keeps a micro-batch's sent input gradient referenced (its send ops) until the next
@@ -433,7 +459,9 @@ class _StageRun:
         for act in self._sent:
             act.grad = None
         self._sent = []
-        for act in self.inputs.pop(m, []):
+        acts = self.inputs.pop(m, [])
+        sent = tuple(act.grad for act in acts)
+        for act in acts:
             if act.grad is not None:
                 b = self.tracker.block_of(act.grad)
                 if b is not None:
@@ -444,6 +472,89 @@ class _StageRun:
                 act.grad = None
             elif self.config.schedule == "1f1b":
                 self._sent.append(act)
+        return sent
+
+    def take_input(self, m: int, output) -> None:
+        """The V-schedule's special case: the previous stage, on this rank, hands its output of micro-batch
+        m over as this stage's input, detached (torch's ``set_local_fwd_input``): no transfer, and the
+        receive buffer made for it is let go of; the output stays until the next step's forward replaces it."""
+        outs = output if isinstance(output, tuple) else (output,)
+        self.recv[m] = [(_local(o).detach(), shape) for o, (_, shape) in zip(outs, self.recv[m])]
+
+    def take_grad(self, m: int, grads: tuple) -> None:
+        """The backward's counterpart (torch's ``set_local_bwd_input``): the next stage's gradient of its
+        input becomes this stage's received gradient of micro-batch m, kept until the next step's replaces it."""
+        self.grad_recv[m] = [(_local(g), shape) if g is not None else (t.zero_(), shape)
+                             for g, (t, shape) in zip(grads, self.grad_recv[m])]
+
+    def backward_input(self, m: int, held, routed) -> tuple:
+        """Zero bubble's I: what torch's ``backward_one_chunk(full_backward=False)`` does, with torch's own
+        ``stage_backward_input``: the gradient of the received activation only, the graph kept, the
+        gradients reaching the weights' side kept in its parameter groups (not on the first stage: its W
+        runs the whole backward). The outputs (detached), inputs, groups and seeds stay until W."""
+        self._no_sync()
+        inputs = self.inputs.pop(m, [])
+        if self.last:
+            outs, grads = [held], None
+        else:
+            outs, grads = self._seeds(m, held)
+        groups, sent, kept = None, (), []
+        if not self.first:
+            feature = "a zero-bubble schedule's backward"
+            self.tracker.deferred = kept
+            try:
+                with routed():
+                    sent, groups = _compat.need("stage_backward_input", feature)(list(outs), grads, inputs,
+                                                                                 self.mod.parameters())
+            finally:
+                self.tracker.deferred = None
+            for act in inputs:
+                if act.grad is not None:
+                    b = self.tracker.block_of(act.grad)
+                    if b is not None:
+                        b.tag = PIPELINE
+        if self.last and not self.first:
+            # the logits are no longer needed for the backward (torch detaches them in place)
+            for t in self._outputs.pop(m, ()):
+                if isinstance(t, torch.Tensor) and not t._is_view():
+                    t.detach_()
+        self._outputs.pop(m, None)
+        self._pending[m] = (inputs, groups, outs, grads, kept)
+        return tuple(sent)
+
+    def backward_weight(self, m: int, routed) -> None:
+        """Zero bubble's W: torch's ``stage_backward_weight`` from the groups I kept (the first stage: the
+        whole backward, ``stage_backward``, as torch runs it there)."""
+        self._no_sync()
+        inputs, groups, outs, grads, kept = self._pending.pop(m)
+        feature = "a zero-bubble schedule's backward"
+        with routed():
+            if not self.first:
+                _compat.need("stage_backward_weight", feature)(self.mod.parameters(), groups)
+            else:
+                _compat.need("stage_backward", feature)(outs, grads, inputs)
+        del inputs, groups, outs, grads
+        for b in kept:      # the graph I kept is gone: its checkpointed blocks' generator states with it
+            self.tracker.release(b)
+
+    def act(self, kind: str) -> None:
+        """torch's runtime schedule's UNSHARD (every FSDP module of the stage all-gathered, waited for
+        before the stage's next compute) and RESHARD."""
+        from torch.distributed.fsdp import FSDPModule
+        for sub in self.mod.modules():
+            if isinstance(sub, FSDPModule):
+                if kind == "UNSHARD":
+                    self._unshards.append(sub.unshard(async_op=True))
+                elif kind == "RESHARD":
+                    sub.reshard()
+                else:
+                    raise InputError(f"a pipeline stage's own action is UNSHARD or RESHARD, got {kind!r}")
+
+    def wait_unshard(self) -> None:
+        for h in self._unshards:
+            if h is not None:
+                h.wait()
+        self._unshards = []
 
     def end(self) -> None:
         _compat.fsdp_reduce_grads(self.mod)
@@ -456,15 +567,38 @@ class _StageRun:
 
 def _rank_pass(runners: dict, actions) -> PipelinePass:
     """The rank's PipelinePass over its stages (``runners``: stage -> _StageRun): each action's key is
-    (stage, micro-batch), dispatched to that stage's runner; the loss only on the last stage."""
+    (stage, micro-batch), dispatched to that stage's runner (after the all-gathers an UNSHARD of the
+    stage started, as torch's runtime waits for them); the loss only on the last stage. ``actions``:
+    schedule.Action entries, and ("UNSHARD" | "RESHARD", stage) pairs."""
+    def on(key):
+        r = runners[key[0]]
+        r.wait_unshard()
+        return r
+
     def forward(key, args, kwargs):
-        return runners[key[0]].forward(key[1], args, kwargs)
+        out = on(key).forward(key[1], args, kwargs)
+        if key[0] + 1 in runners:        # the V-schedule's turn: handed over on this rank
+            runners[key[0] + 1].take_input(key[1], out)
+        return out
 
     def loss(key, output):
         return runners[key[0]].loss(key[1], output)
 
+    def handed(key, grads):
+        if key[0] - 1 in runners:
+            runners[key[0] - 1].take_grad(key[1], grads)
+
     def backward(key, held, engine):
-        runners[key[0]].backward(key[1], held, engine)
+        handed(key, on(key).backward(key[1], held, engine))
+
+    def backward_input(key, held, routed):
+        handed(key, on(key).backward_input(key[1], held, routed))
+
+    def backward_weight(key, routed):
+        on(key).backward_weight(key[1], routed)
+
+    def act(kind, key):
+        runners[key[0]].act(kind)
 
     def begin():
         for r in runners.values():
@@ -473,9 +607,12 @@ def _rank_pass(runners: dict, actions) -> PipelinePass:
     def end():
         for r in runners.values():
             r.end()
-    return PipelinePass(actions=tuple((a.kind, (a.stage, a.microbatch)) for a in actions), forward=forward,
-                        backward=backward, loss=loss if any(r.last for r in runners.values()) else None,
-                        begin=begin, end=end, takes_loss=lambda key: runners[key[0]].last)
+    steps = tuple((a[0], (a[1], None)) if isinstance(a, tuple) else (a.kind, (a.stage, a.microbatch))
+                  for a in actions)
+    return PipelinePass(actions=steps, forward=forward, backward=backward,
+                        loss=loss if any(r.last for r in runners.values()) else None, begin=begin, end=end,
+                        takes_loss=lambda key: runners[key[0]].last, backward_input=backward_input,
+                        backward_weight=backward_weight, act=act)
 
 
 def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, rank: int, *,
@@ -510,6 +647,9 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
     device = torch.device("cpu")
     tracker = RankTracker(block_size, gloo=gloo, workspace=workspace, cuda=device_type == "cuda")
     actions = rank_orders(config.schedule, config.stages, config.microbatches, per_rank)[coord]
+    if config.dp > 1 and schedule_of(config.schedule).multi:
+        # torch's runtime schedules all-gather an FSDP stage's parameters ahead (UNSHARD) and reshard it after
+        actions = _compat.fsdp_lowered(actions)
     with fake_world(rank, config.world):
         privates = {}
         for stage in mine:
@@ -546,6 +686,8 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
             watch_checkpoint_rng(whole, tracker, rng_state)
             tp = _Tp(config, mesh) if config.tp > 1 else None
             runners = {stage: _StageRun(mods[stage], stage, config, tracker, loss_fn, target, tp) for stage in mine}
+            for stage, r in runners.items():
+                r.local_prev, r.local_next = stage - 1 in runners, stage + 1 in runners
             run = train_fake(whole, args, kwargs, config, tracker, device, optimizer=optimizer, steps=steps,
                              loss_fn=loss_fn, foreach_default=foreach_default, probe=probe, attention=attention,
                              on_step=on_step, pipeline=_rank_pass(runners, actions))
@@ -559,7 +701,12 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
                    offload=host)
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local tensor (torch's ``to_local_if_dtensor``), or the tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def _local_nbytes(t: torch.Tensor) -> int:
     """Bytes of this rank's shard of a (DTensor) parameter: its gradient's, which has its dtype."""
-    local = t.to_local() if hasattr(t, "to_local") else t
+    local = _local(t)
     return local.numel() * local.element_size()

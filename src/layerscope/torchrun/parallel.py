@@ -92,8 +92,7 @@ def launch_parallel(spec: str, config: ParallelConfig, *, input_ids: tuple[int, 
         # one schedule step per optimizer step: its micro-batches are the accumulation
         raise InputError("a pipeline run accumulates over its micro-batches: give --microbatches, not --accumulation")
     if config.pp > 1 and config.schedule not in PIPELINE_SCHEDULES:
-        raise InputError(f"a pipeline run takes --schedule {', '.join(PIPELINE_SCHEDULES)} (the zero-bubble "
-                         f"schedules split each backward, which is not run yet), not {config.schedule}")
+        raise InputError(f"a pipeline run takes --schedule {', '.join(PIPELINE_SCHEDULES)}, not {config.schedule}")
     if optimizer not in OPTIMIZERS:
         raise InputError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     if not isinstance(steps, int) or steps < 3:
