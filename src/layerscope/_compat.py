@@ -36,7 +36,7 @@ __all__ = ["TESTED_TORCH", "TorchFeatureError", "get", "need", "has", "forget",
            "is_higher_order_op", "is_fake_tensor", "active_fake_mode", "new_fake_mode",
            "disable_current_modes", "no_dispatch", "queue_backward_callback", "compiled_original",
            "tree_leaves", "tree_flatten", "tree_unflatten", "tree_map_only", "interleaved_order",
-           "engine_grad", "fsdp_lowered"]
+           "engine_grad", "runtime_lowered"]
 
 # the torch release the whole suite is run on; pyproject's floor says the same
 TESTED_TORCH = "2.13"
@@ -114,6 +114,8 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
                     lambda: _module("torch.distributed.pipelining.schedules").ScheduleInterleavedZeroBubble),
     "add_unshard_reshard": ("torch.distributed.pipelining.schedules._add_unshard_reshard", "2.6",
                             lambda: _module("torch.distributed.pipelining.schedules")._add_unshard_reshard),
+    "add_reduce_grad": ("torch.distributed.pipelining.schedules._add_reduce_grad", "2.6",
+                        lambda: _module("torch.distributed.pipelining.schedules")._add_reduce_grad),
     "zbv_rank_ops": ("torch.distributed.pipelining.schedules.ScheduleZBVZeroBubble."
                      "_calculate_single_rank_operations", "2.6",
                      lambda: _module("torch.distributed.pipelining.schedules")
@@ -527,16 +529,20 @@ def _zbv_ops(me, rank: int):
 _RANK_ORDERS = {"interleaved": _interleaved_ops, "zb": _zb_ops, "zbv": _zbv_ops}
 
 
-def fsdp_lowered(actions: list) -> list:
-    """A rank's compute actions (objects with ``stage``, ``kind``) with the UNSHARD and RESHARD actions
-    torch's runtime schedules add for FSDP2 stages (``_add_unshard_reshard``: each stage all-gathered
-    before its first action, up to three stages at once, resharded when it drops out of that window and
-    at the step's end), in torch's order: the compute actions themselves, and ("UNSHARD" | "RESHARD",
-    stage) pairs."""
+def runtime_lowered(actions: list, microbatches: int) -> list:
+    """A rank's compute actions (objects with ``stage``, ``kind``) under one of torch's runtime schedules
+    (interleaved, zero bubble) with the actions torch's own lowering adds (``_add_unshard_reshard``, then
+    ``_add_reduce_grad``, as ``_PipelineScheduleRuntime._load_actions`` runs them): UNSHARD (a stage's FSDP
+    modules all-gathered before its first action, up to three stages at once), RESHARD (when it drops out of
+    that window, and at the step's end) and REDUCE_GRAD (a stage's gradients reduced and scaled right after
+    its last backward). Returns the compute actions themselves and ("UNSHARD" | "RESHARD" | "REDUCE_GRAD",
+    stage) pairs, in torch's order."""
     import types
-    lower = need("add_unshard_reshard", "FSDP2 stages under a runtime pipeline schedule")
+    schedules = _module("torch.distributed.pipelining.schedules")
+    lower = need("add_unshard_reshard", "torch's runtime pipeline schedules")
+    reduce = need("add_reduce_grad", "torch's runtime pipeline schedules")
     kinds = {"F": "FORWARD", "B": "FULL_BACKWARD", "I": "BACKWARD_INPUT", "W": "BACKWARD_WEIGHT"}
-    ct = _module("torch.distributed.pipelining.schedules")._ComputationType
+    ct = schedules._ComputationType
     mine = {}
     ins = []
     for a in actions:
@@ -544,7 +550,7 @@ def fsdp_lowered(actions: list) -> list:
         mine[id(t)] = a
         ins.append(t)
     out = []
-    for t in lower(ins):
+    for t in reduce(lower(ins), microbatches):
         a = mine.get(id(t))
         out.append(a if a is not None else (str(getattr(t.computation_type, "value", t.computation_type)),
                                             int(t.stage_index)))

@@ -518,12 +518,13 @@ class ParallelConfig:
         if self.pp > 1:
             kind.check_stages(self.stages, self.stages_per_rank, flag="pp x stages_per_rank")
             if kind.zero_bubble and self.ac == "selective-op":
-                # torch's selective checkpointing refuses a second backward through a region ("Trying to
-                # backward an extra time"), and the zero-bubble schedules run two: I, then W (tried, both
-                # the simulation and torch's own run stop there)
+                # the zero-bubble schedules run two backwards through each region, I then W, and torch's
+                # selective checkpointing refuses the second through a region whose saved ops the first used
+                # ("Trying to backward an extra time"): with the op policy selective-op follows (torchtitan's),
+                # both the simulation and torch's own run stop there (tried)
                 raise InputError(f"the {kind.label} schedule runs each backward in two (the input's gradient, "
-                                 "then the weights'), which torch's selective-op checkpointing refuses: use ac "
-                                 "full, selective-layer or none with it")
+                                 "then the weights'), which torch refuses under selective-op checkpointing's "
+                                 "op policy: use ac full, selective-layer or none with it")
         rest, fixed = divmod(self.gpus, self.replicate * self.tp * self.pp * self.cp)
         zero_bubble_fsdp = self.pp > 1 and kind.zero_bubble and self.reshard_after_forward
         if self.fsdp is None:

@@ -127,7 +127,8 @@ def test_limit_and_json():
 def test_bad_configurations_are_one_line():
     m, x = Net(), torch.randn(8, 64)
     for kw, needle in (({"gpus": 6, "tp": 4}, "multiple of"),
-                       ({"gpus": 4, "pp": 2, "schedule": "zbv", "ac": "selective-op"}, "selective-op checkpointing refuses"),
+                       ({"gpus": 4, "pp": 2, "schedule": "zbv", "ac": "selective-op"},
+                        "refuses under selective-op checkpointing"),
                        ({"gpus": 2, "ac": "sometimes"}, "ac must be"), ({"gpus": 2, "device": "tpu"}, "cuda or cpu"),
                        ({"gpus": 16, "tp": 16}, "fit in a node"),
                        ({"gpus": 4, "pp": 2, "schedule": "zb"}, "needs reshard_after_forward off"),

@@ -123,8 +123,8 @@ def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: i
         my_ids, my_labels = ids[dp_rank * rows:(dp_rank + 1) * rows], labels[dp_rank * rows:(dp_rank + 1) * rows]
         pipe = None
         if config.pp > 1:
-            # this rank's stages of the uniform split (one, or stages_per_rank under interleaved 1F1B, each
-            # cut from a model built alike), torch's PipelineStage and schedule on the pp group; one
+            # this rank's stages of the uniform split (one, or several under interleaved 1F1B and zero
+            # bubble, each cut from a model built alike), torch's PipelineStage and schedule on the pp group; one
             # schedule step per optimizer step (its micro-batches accumulate the gradients)
             from .stages import as_module, model_name, rank_stages
             mine = rank_stages(config, mesh.get_local_rank("pp"))
@@ -150,8 +150,7 @@ def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: i
                 micro: list = []
                 with loss_context(config), amp_context(config, "cpu"):
                     pipeline_step(sched, pipe, my_ids, my_labels, micro)
-                for m, tied in ties:
-                    sum_tied_grads(m, tied)
+                sum_tied_grads(ties)
                 for loss in micro:
                     total += _local(loss).detach().float() / len(micro)
             else:
@@ -271,10 +270,11 @@ def measure_stage_rank(build: Callable[[], nn.Module], config: ParallelConfig, r
                        labels: torch.Tensor, *, steps: int = 3, optimizer: str = "adamw", seed: int = 0,
                        device: str = "cpu"):
     """The pipeline equivalent of ``measure_one_rank`` (``pp`` > 1): rank ``rank``'s stage (the uniform
-    split, parallel/stages.py; under the interleaved schedule its ``stages_per_rank`` stages, each from a
+    split, parallel/stages.py; under a schedule with several stages per rank its stages, each from a
     model built alike) built from a real model and parallelized on the mesh without ``pp``, trained
-    ``steps`` steps by torch's own ``PipelineStage`` and schedule (``ScheduleGPipe``, ``Schedule1F1B`` or
-    ``ScheduleInterleaved1F1B``, ``return_outputs=False``) on ``ids``/``labels`` (the rank's local batch,
+    ``steps`` steps by torch's own ``PipelineStage`` and schedule (``ScheduleGPipe``, ``Schedule1F1B``,
+    ``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble`` or ``ScheduleZBVZeroBubble``,
+    ``return_outputs=False``) on ``ids``/``labels`` (the rank's local batch,
     split into ``config.microbatches``), its P2P transfers and collectives on torch's ``fake`` backend.
     The loss: ``training_loss``'s cross-entropy on the logits, per micro-batch. Each step's peak from
     the allocator, as ``measure_one_rank`` reads it on ``device`` (cpu or cuda: the whole model moved to
@@ -314,7 +314,7 @@ def measure_stage_rank(build: Callable[[], nn.Module], config: ParallelConfig, r
         return measure_cpu(all_steps, state_bytes(own), steps)
 
 
-# what torch's PipelineStage and schedule run here: one stage per rank, or several (interleaved 1F1B)
+# what torch's PipelineStage and schedule run here: one stage per rank, or several (interleaved 1F1B, zero bubble)
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "zbv")
 
 
@@ -452,20 +452,32 @@ def tie_groups(model: nn.Module, config: ParallelConfig, mesh,
     return out
 
 
-def sum_tied_grads(mod: nn.Module, ties: list[tuple[str, object]]) -> None:
+def sum_tied_grads(ties: list[tuple[nn.Module, list[tuple[str, object]]]]) -> None:
     """After a step's backward: each tied weight's gradient summed over the stages that hold it (the
     local shards: every copy is sharded alike, FSDP on dim 0 and TP's vocabulary split on dim 0; a
     gradient placed otherwise than its parameter, as tensor parallel leaves the vocabulary-parallel
-    embedding's, replicated, is put in the parameter's placement first)."""
+    embedding's, replicated, is put in the parameter's placement first). ``ties``: each of this rank's
+    stage modules with its ``tie_groups`` entry. The copies this rank holds itself (zbv's V puts the first
+    and the last stage on one rank) are summed on the rank, then over the group, and each takes the sum."""
     import torch.distributed as dist
-    params = {canonical_name(k): v for k, v in mod.named_parameters()}
-    for name, group in ties:
-        p = params[f"model.{name}"]
-        if p.grad is None:
+    by_tie: dict[int, tuple[object, list]] = {}      # one group per tie on a rank (tie_groups)
+    for mod, tied in ties:
+        params = {canonical_name(k): v for k, v in mod.named_parameters()}
+        for name, group in tied:
+            by_tie.setdefault(id(group), (group, []))[1].append(params[f"model.{name}"])
+    for group, copies in by_tie.values():
+        copies = [p for p in copies if p.grad is not None]
+        if not copies:
             continue
-        if hasattr(p.grad, "placements") and tuple(p.grad.placements) != tuple(p.placements):
-            p.grad = p.grad.redistribute(p.device_mesh, p.placements)
-        dist.all_reduce(_local(p.grad), group=group)
+        for p in copies:
+            if hasattr(p.grad, "placements") and tuple(p.grad.placements) != tuple(p.placements):
+                p.grad = p.grad.redistribute(p.device_mesh, p.placements)
+        total = _local(copies[0].grad)
+        for p in copies[1:]:
+            total.add_(_local(p.grad))
+        dist.all_reduce(total, group=group)
+        for p in copies[1:]:
+            _local(p.grad).copy_(total)
 
 
 def pipeline_step(sched, pipe, ids: torch.Tensor, labels: torch.Tensor, losses: list | None = None) -> None:

@@ -63,11 +63,12 @@ transfers' own buffers of the backend (NCCL's, gloo's), and the last stage's out
 Zero bubble (``zb``, ``zbv``): each backward is two actions, I and W, run with torch's own
 ``stage_backward_input`` and ``stage_backward_weight`` (the first stage's W: ``stage_backward``), what I
 keeps (the retained graph, the detached outputs, the parameter groups, the checkpointed blocks' generator
-states) held until W; the input's gradient stays on the receive buffer to the next step. Under the V
-(``zbv``) the two stages on one rank hand activations and gradients over on it (torch's
-``set_local_fwd_input`` / ``set_local_bwd_input``). With FSDP, torch's runtime schedules (interleaved and
-zero bubble) all-gather a stage ahead of its actions and reshard it after, in the order torch's own
-lowering gives (``_compat.fsdp_lowered``). Measured on the fake backend: 16 zero-bubble stage ranks
+states) held until W; the input's gradient stays on the receive buffer to the next step (with TP on the
+DTensor torch wraps the buffer in, let go of at W). Under the V (``zbv``) the two stages on one rank hand
+activations and gradients over on it (torch's ``set_local_fwd_input`` / ``set_local_bwd_input``).
+torch's runtime schedules (interleaved and zero bubble) all-gather an FSDP stage ahead of its actions,
+reshard it after, and reduce each stage's gradients right after its last backward, in the order torch's
+own lowering gives (``_compat.runtime_lowered``). Measured on the fake backend: 16 zero-bubble stage ranks
 within -0.52% .. +0.08% (docs/benchmarks.md); on an H100, 8 within -2.23% .. -0.21%.
 """
 
@@ -106,7 +107,8 @@ SIMULATED_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "zbv")
 
 
 def stage_coords(config: ParallelConfig) -> list[int]:
-    """The pp coordinate of each pipeline stage (stage s on s % pp under interleaved)."""
+    """The pp coordinate of each pipeline stage (several stages per rank: stage s on s % pp under interleaved
+    and zb, in a V under zbv: rank r holds stages r and 2 pp - 1 - r)."""
     return stage_ranks(config.schedule, config.stages, schedule_of(config.schedule).per_rank(config.stages_per_rank))
 
 
@@ -377,6 +379,7 @@ class _StageRun:
         self._outputs: dict[int, tuple] = {}     # the last stage's outputs until I (zero bubble)
         self._pending: dict[int, tuple] = {}     # what I keeps for W (zero bubble)
         self._unshards: list = []                # FSDP's all-gathers an UNSHARD started
+        self._reduced = False                    # this step's gradients reduced (REDUCE_GRAD) already
         from torch.distributed.fsdp import FSDPModule
         self.fsdp = isinstance(mod, FSDPModule)
 
@@ -393,6 +396,7 @@ class _StageRun:
             m * (to_next + to_prev)
 
     def begin(self) -> None:
+        self._reduced = False
         # torch's clear_runtime_states at the start of step(): the input gradients of the last step go
         for row in self.recv:
             for t, _ in row:
@@ -539,16 +543,20 @@ class _StageRun:
 
     def act(self, kind: str) -> None:
         """torch's runtime schedule's UNSHARD (every FSDP module of the stage all-gathered, waited for
-        before the stage's next compute) and RESHARD."""
+        before the stage's next compute), RESHARD, and REDUCE_GRAD (``perform_reduce_grad``: the stage's
+        gradients reduced and scaled once its last backward has run, not at the step's end)."""
         from torch.distributed.fsdp import FSDPModule
+        if kind == "REDUCE_GRAD":
+            self._reduce()
+            return
+        if kind not in ("UNSHARD", "RESHARD"):
+            raise InputError(f"a pipeline stage's own action is UNSHARD, RESHARD or REDUCE_GRAD, got {kind!r}")
         for sub in self.mod.modules():
             if isinstance(sub, FSDPModule):
                 if kind == "UNSHARD":
                     self._unshards.append(sub.unshard(async_op=True))
-                elif kind == "RESHARD":
-                    sub.reshard()
                 else:
-                    raise InputError(f"a pipeline stage's own action is UNSHARD or RESHARD, got {kind!r}")
+                    sub.reshard()
 
     def wait_unshard(self) -> None:
         for h in self._unshards:
@@ -557,6 +565,11 @@ class _StageRun:
         self._unshards = []
 
     def end(self) -> None:
+        if not self._reduced:     # one stage per rank: torch reduces at the step's end
+            self._reduce()
+
+    def _reduce(self) -> None:
+        self._reduced = True
         _compat.fsdp_reduce_grads(self.mod)
         if self.m != 1:
             with torch.no_grad():
@@ -621,8 +634,8 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
                         attention=None, workspace=None, rng_state: int = 0, device_type: str = "cpu",
                         on_step: Callable[[int, str], None] | None = None) -> RankRun:
     """Simulate global rank ``rank`` of ``config`` (``pp`` > 1) training ``model``: its stages (one, or
-    under the interleaved schedule ``stages_per_rank``: stages p, p + pp, ... for the rank's ``pp``
-    coordinate p) on ``args``/``kwargs``, the rank's LOCAL batch (all micro-batches; split
+    under a schedule with several per rank those ``stage_coords`` places on the rank's ``pp`` coordinate)
+    on ``args``/``kwargs``, the rank's LOCAL batch (all micro-batches; split
     into ``config.microbatches`` along dim 0 here). ``loss_fn(output)`` on the last stage's output of
     each micro-batch (default: its ``loss``, or the sum of its outputs); with ``target`` (a tensor of
     the local batch, split alike) ``loss_fn(output, target_m)``, as torch's schedule calls it.
@@ -647,16 +660,24 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
     device = torch.device("cpu")
     tracker = RankTracker(block_size, gloo=gloo, workspace=workspace, cuda=device_type == "cuda")
     actions = rank_orders(config.schedule, config.stages, config.microbatches, per_rank)[coord]
-    if config.dp > 1 and schedule_of(config.schedule).multi:
-        # torch's runtime schedules all-gather an FSDP stage's parameters ahead (UNSHARD) and reshard it after
-        actions = _compat.fsdp_lowered(actions)
+    if schedule_of(config.schedule).multi:
+        # torch's runtime schedules all-gather an FSDP stage's parameters ahead (UNSHARD), reshard it after
+        # (RESHARD) and reduce each stage's gradients right after its last backward (REDUCE_GRAD)
+        actions = _compat.runtime_lowered(actions, config.microbatches)
     with fake_world(rank, config.world):
         privates = {}
         for stage in mine:
             privates[stage] = meta_copy(model, dtype)
             no_kv_cache(privates[stage])
         held = stage_ties(privates[mine[0]], config)
-        ties = [(h[stage], len(h), stage) for h in held for stage in mine if stage in h]
+        # one all-reduce per tie over the ranks holding a copy (the copies on this rank summed on it first:
+        # zbv's V puts the first and the last stage on one rank); none where this rank holds them all
+        coords = stage_coords(config)
+        ties = []
+        for h in held:
+            here, ranks = [s for s in mine if s in h], len({coords[s] for s in h})
+            if here and ranks > 1:
+                ties.append((h[here[0]], ranks, here[0]))
         probe_model = meta_copy(model, dtype)
         no_kv_cache(probe_model)
         ra, rk = split_micro(tuple(args), dict(kwargs), 0, config.microbatches)   # the real values
