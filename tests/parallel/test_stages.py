@@ -224,3 +224,26 @@ def test_tensor_parallel_stages_one_after_another():
                               device="cpu")
     assert [r.simulated_as for r in rep.plan.ranks] == [0, 0, 2, 2]
     assert all(r.peak_bytes > 0 for r in rep.plan.ranks)
+
+
+def test_zero_bubble_w_recomputes_a_checkpointed_block_per_parameter_group():
+    # torch's stage_backward_weight calls autograd.grad once per parameter group, each a graph task of its own:
+    # a non-reentrant checkpoint recomputes the block in each (docs/parallel.md). A block of three Linear layers
+    # (3 parameter groups: each weight with its bias): 1 forward, 1 recompute in I, 3 in W
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+    from torch.utils.checkpoint import checkpoint
+
+    class Three(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c, self.calls = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8), 0
+
+        def forward(self, x):
+            self.calls += 1
+            return self.c(torch.relu(self.b(torch.relu(self.a(x))))) + x
+    blk, x = Three(), torch.randn(4, 8, requires_grad=True)
+    out = checkpoint(blk, x, use_reentrant=False)
+    _, groups = stage_backward_input([out], [torch.ones_like(out)], [x], blk.parameters())
+    assert (blk.calls, len(groups)) == (2, 3)
+    stage_backward_weight(blk.parameters(), groups)
+    assert blk.calls == 5 and all(p.grad is not None for p in blk.parameters())

@@ -132,17 +132,33 @@ class KnownValues:
     """The known values of one run (see the module). ``value(t)``: the CPU tensor holding ``t``'s
     values, or None."""
 
-    __slots__ = ("values", "assumed", "cast_ones", "__weakref__")
+    __slots__ = ("values", "shared", "assumed", "cast_ones", "__weakref__")
 
     def __init__(self) -> None:
-        self.values: dict[int, tuple] = {}      # id(tensor) -> (weak reference, CPU value)
+        self.values: dict[int, tuple] = {}      # id(tensor) -> (weak reference, CPU value, its storage)
+        # the values' storages -> ids whose value lies in it (views of one storage): forget() finds them
+        # without a pass over the table (an optimizer step forgets one value per parameter: quadratic)
+        self.shared: dict[int, set[int]] = {}
         self.assumed = 0                         # choices over unknown scores spread evenly (_spread)
         self.cast_ones = 0                       # integer tensors cast from unknown floats: all ones
 
     # ---- the table -----------------------------------------------------------------------------
     def put(self, t: torch.Tensor, value: torch.Tensor) -> None:
         if _small(value) and tuple(value.shape) == tuple(t.shape):
-            self.values[id(t)] = (_ref(t), value)
+            self._drop(id(t))
+            self.values[id(t)] = (_ref(t), value, value.untyped_storage()._cdata)
+            self.shared.setdefault(self.values[id(t)][2], set()).add(id(t))
+
+    def _drop(self, key: int):
+        """The table's entry for ``key`` out (and out of its storage's set); the entry, or None."""
+        e = self.values.pop(key, None)
+        if e is not None:
+            ids = self.shared.get(e[2])
+            if ids is not None:
+                ids.discard(key)
+                if not ids:
+                    del self.shared[e[2]]
+        return e
 
     def seed(self, t: torch.Tensor, real: torch.Tensor) -> None:
         """``t`` (a meta or fake tensor) stands for ``real``: carry its values if it is a small
@@ -164,7 +180,7 @@ class KnownValues:
         if e is not None:
             if e[0]() is t:
                 return e[1]
-            del self.values[id(t)]
+            self._drop(id(t))
         if type(t) is _Tensor and not t.is_meta and t.device.type == "cpu" and _small(t) and \
                 getattr(t, "fake_mode", None) is None:
             with no_dispatch():        # a real tensor is its own value: a private copy (ops computed
@@ -186,12 +202,11 @@ class KnownValues:
             for x in t:
                 self.forget(x)
             return
-        e = self.values.pop(id(t), None)
+        e = self._drop(id(t))
         if e is None:
             return
-        st = e[1].untyped_storage()._cdata
-        for k in [k for k, (_, v) in self.values.items() if v.untyped_storage()._cdata == st]:
-            del self.values[k]
+        for k in list(self.shared.get(e[2], ())):
+            self._drop(k)
 
     # ---- the recorder's calls --------------------------------------------------------------------
     def item(self, t):

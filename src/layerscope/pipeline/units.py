@@ -214,6 +214,145 @@ class _Flow:
         return bad, need, span_f
 
 
+class _Opening:
+    """``_Flow.check``'s answer to the one question ``_units`` asks of each module it tries to open (are
+    the cuts before its pieces valid?) without a pass over the whole trace per try: linear in the ops of
+    the unit being opened, where ``check`` is linear in the whole model (a deep MLP of 1,000 blocks asked
+    1,003 times).
+
+    Why it is the same answer: a cut before unit j is invalid when a tensor that depends on a
+    parameterised unit, made by op q, is used by op k with unit j lying wholly between them (``check``'s
+    ``mark``: span_f[j] > q and span_e[j] < k, the spans sorted). Sibling module calls do not interleave
+    (checked once here: each record's children own disjoint op ranges in call order; otherwise None and
+    the caller asks ``check``), so the units ``_units`` keeps are in op order, the units before the one
+    being opened are final (it never reopens them) and own every op up to its last one, and the units
+    after it start after its ops. A piece's cut then depends on (a) the producers before the unit, whose
+    taint is final and whose pieces-marking reduces to their farthest consumer (kept as a running
+    maximum), and (b) the producers within the unit's op range, whose taint depends only on the ops up to
+    them: the ones before (final) and the unit's own, membership decided by the pieces tried. The later
+    units' granularity changes neither. ``tests/pipeline/test_units_opening.py`` checks the units against
+    the whole-trace ``check`` on every model the suite splits."""
+
+    def __init__(self, flow: "_Flow") -> None:
+        recs, fops = flow.recs, flow.fops
+        n = len(fops)
+        self.flow = flow
+        self.layer = [op.layer for op in fops]
+        self.prods: list[list[int]] = []
+        self.reach = [-1.0] * n            # an op's farthest consumer (layer outputs: past the end)
+        for k, op in enumerate(fops):
+            ps = [q for q in (flow.pos.get(p) for p in op.producers if p != PRODUCER_INPUT) if q is not None]
+            for q in ps:
+                self.reach[q] = max(self.reach[q], float(k))
+            self.prods.append(ps)
+        for q in flow.outputs:
+            self.reach[q] = float(n) + 1
+        # each record's subtree op range; the check that siblings do not interleave
+        lo, hi = [n] * len(recs), [-1] * len(recs)
+        for k, layer in enumerate(self.layer):
+            lo[layer], hi[layer] = min(lo[layer], k), max(hi[layer], k)
+        for r in sorted(range(len(recs)), key=lambda r: -recs[r].depth):
+            par = recs[r].parent
+            if par is not None:
+                lo[par], hi[par] = min(lo[par], lo[r]), max(hi[par], hi[r])
+        self.lo, self.hi = lo, hi
+        self.ok = True
+        for rec in recs:
+            ranged = [c for c in rec.children if hi[c] >= 0]
+            self.ok = self.ok and all(hi[a] < lo[b] for a, b in zip(ranged, ranged[1:]))
+        self.tainted = [False] * n         # final for the ops before ``done``
+        self.src = [False] * len(recs)     # final: the record lies in a unit whose top holds parameters
+        self.done, self.final = 0, 0       # ops and units that are final
+        self.mpre = -1.0                   # the farthest consumer of a tainted final op
+        self.last = -1                     # the last op of the final units
+        self.prev = -0.5                   # the last final unit's span end (check's spans)
+
+    def _finalize(self, units: list[list[int]], upto: int) -> None:
+        recs = self.flow.recs
+        for u in units[self.final:upto]:
+            for top in u:
+                p = recs[top].subtree_params > 0
+                stack = [top]
+                while stack:
+                    j = stack.pop()
+                    self.src[j] = p
+                    stack.extend(recs[j].children)
+            last = max(self.hi[t] for t in u)
+            if last >= 0:
+                self.last, self.prev = last, float(last)
+            else:
+                self.prev += 0.25
+        self.final = max(self.final, upto)
+        for k in range(self.done, self.last + 1):
+            t = self.src[self.layer[k]] or any(self.tainted[q] for q in self.prods[k])
+            self.tainted[k] = t
+            if t and self.reach[k] > self.mpre:
+                self.mpre = self.reach[k]
+        self.done = max(self.done, self.last + 1)
+
+    def cuts(self, units: list[list[int]], i: int, pieces: list[list[int]]) -> list[bool] | None:
+        """``check(units[:i] + pieces + units[i + 1:])[0][i:i + len(pieces)]``, or None where it cannot
+        tell (siblings interleave)."""
+        if not self.ok:
+            return None
+        recs = self.flow.recs
+        self._finalize(units, i)
+        member: dict[int, int] = {}
+        params: dict[int, bool] = {}
+        for u, piece in enumerate(pieces):
+            for top in piece:
+                p = recs[top].subtree_params > 0
+                stack = [top]
+                while stack:
+                    j = stack.pop()
+                    member[j], params[j] = u, p
+                    stack.extend(recs[j].children)
+        n = len(pieces)
+        first, last = [None] * n, [None] * n
+        end = max(self.hi[t] for piece in pieces for t in piece)
+        base = self.last + 1
+        tainted = self.tainted
+        mine = [False] * max(0, end - base + 1)     # the taint of the ops base .. end
+        marks = []
+        for k in range(base, end + 1):
+            layer = self.layer[k]
+            u = member.get(layer)
+            if u is not None:
+                first[u] = k if first[u] is None else first[u]
+                last[u] = k
+            t = params.get(layer, False) or any(mine[q - base] if q >= base else tainted[q] for q in self.prods[k])
+            mine[k - base] = t
+            if t:
+                marks.append((k, self.reach[k]))
+        span_f, span_e, prev = [], [], self.prev
+        for u in range(n):
+            if first[u] is None:
+                prev += 0.25
+                span_f.append(prev)
+                span_e.append(prev)
+            else:
+                span_f.append(float(first[u]))
+                span_e.append(float(last[u]))
+                prev = float(last[u])
+        diff = [0] * (n + 1)
+        # the producers before the unit mark every piece that ends before their farthest consumer
+        hi = bisect.bisect_left(span_e, self.mpre) - 1
+        if hi >= 0:
+            diff[0] += 1
+            diff[hi + 1] -= 1
+        for q, o in marks:
+            lo = bisect.bisect_right(span_f, q)
+            hi = bisect.bisect_left(span_e, o) - 1
+            if lo <= hi:
+                diff[lo] += 1
+                diff[hi + 1] -= 1
+        out, a = [], 0
+        for j in range(n):
+            a += diff[j]
+            out.append(a > 0)
+        return out
+
+
 def _closed(recs) -> set[int]:
     """Records that cannot be opened: the lowest one holding every call of a reused module."""
     calls: dict[str, list[int]] = {}
@@ -245,6 +384,7 @@ def _units(flow: _Flow) -> list[list[int]]:
     closed = _closed(recs)
     units: list[list[int]] = [[0]]
     failed: set[int] = set()
+    opening = _Opening(flow)
     i = 0
     while i < len(units):
         for r in units[i]:
@@ -252,11 +392,13 @@ def _units(flow: _Flow) -> list[list[int]]:
             if r in failed or not rec.children or rec.params or r in closed:
                 continue
             pieces = [[c] for x in units[i] for c in (rec.children if x == r else (x,))]
-            bad, _, _ = flow.check(units[:i] + pieces + units[i + 1:])
+            bad = opening.cuts(units, i, pieces)
+            if bad is None:
+                bad = flow.check(units[:i] + pieces + units[i + 1:])[0][i:i + len(pieces)]
             groups: list[list[int]] = []
-            if not (i > 0 and bad[i]):
+            if not (i > 0 and bad[0]):
                 for k, piece in enumerate(pieces):
-                    if groups and bad[i + k]:
+                    if groups and bad[k]:
                         groups[-1].extend(piece)
                     else:
                         groups.append(list(piece))
