@@ -160,16 +160,7 @@ class _Flow:
             if u >= 0:
                 first[u] = k if first[u] is None else first[u]
                 last[u] = k
-        span_f, span_e, prev = [], [], -0.5
-        for u in range(n):          # a unit without ops sits right after the previous one's last op
-            if first[u] is None:
-                prev += 0.25
-                span_f.append(prev)
-                span_e.append(prev)
-            else:
-                span_f.append(float(first[u]))
-                span_e.append(float(last[u]))
-                prev = float(last[u])
+        span_f, span_e = _spans(first, last, -0.5)
         invalid, needs = [0] * (n + 1), [0] * (n + 1)
 
         def mark(diff, p, o, inclusive=False):
@@ -212,6 +203,22 @@ class _Flow:
             bad.append(a > 0)
             need.append(b > 0)
         return bad, need, span_f
+
+
+def _spans(first: list, last: list, prev: float) -> tuple[list[float], list[float]]:
+    """Each unit's first and last op position (``check``'s spans); a unit without ops sits right after the
+    previous one's last op (``prev``: the span end before the first unit)."""
+    span_f, span_e = [], []
+    for f, e in zip(first, last):
+        if f is None:
+            prev += 0.25
+            span_f.append(prev)
+            span_e.append(prev)
+        else:
+            span_f.append(float(f))
+            span_e.append(float(e))
+            prev = float(e)
+    return span_f, span_e
 
 
 class _Opening:
@@ -324,16 +331,7 @@ class _Opening:
             mine[k - base] = t
             if t:
                 marks.append((k, self.reach[k]))
-        span_f, span_e, prev = [], [], self.prev
-        for u in range(n):
-            if first[u] is None:
-                prev += 0.25
-                span_f.append(prev)
-                span_e.append(prev)
-            else:
-                span_f.append(float(first[u]))
-                span_e.append(float(last[u]))
-                prev = float(last[u])
+        span_f, span_e = _spans(first, last, self.prev)
         diff = [0] * (n + 1)
         # the producers before the unit mark every piece that ends before their farthest consumer
         hi = bisect.bisect_left(span_e, self.mpre) - 1
