@@ -91,7 +91,7 @@ class PipelinePass:
     ``("I", m)``, ``backward_input(m, held, routed)``, the gradient of the stage's input, then ``("W",
     m)``, ``backward_weight(m, routed)``, the weights' (``routed()``: the context the step's SDPA
     routing needs around their own autograd calls). Any other kind is the rank's own (``act(kind, m)``:
-    FSDP's UNSHARD and RESHARD of a stage under torch's runtime schedules)."""
+    a stage's UNSHARD, RESHARD and REDUCE_GRAD under torch's runtime schedules)."""
 
     actions: tuple
     forward: Callable[[int, tuple, dict], Any]
@@ -470,7 +470,7 @@ def _pipeline_actions(cap: Session, named, pipeline: PipelinePass, passes, saved
                 mark_phase(BACKWARD)
                 run_backward(cap, modules, lambda: pipeline.backward_weight(m, routed))
             elif pipeline.act is not None:
-                # the rank's own actions beside the compute (FSDP's UNSHARD and RESHARD of a stage)
+                # the rank's own actions beside the compute (a stage's UNSHARD, RESHARD, REDUCE_GRAD)
                 if backward_begun:
                     run_backward(cap, modules, lambda: pipeline.act(kind, m))
                 else:

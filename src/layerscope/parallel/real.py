@@ -431,7 +431,7 @@ def tie_groups(model: nn.Module, config: ParallelConfig, mesh,
                stages: list[int]) -> dict[int, list[tuple[str, object]]]:
     """For each of this rank's ``stages``, each weight tied across stages that it holds (parallel/stages.py
     ``stage_ties``): (its name in the model, the process group of the ranks that hold a copy at this
-    rank's data- and tensor-parallel coordinates). Call once, on the whole model, before a stage is cut:
+    rank's data- and tensor-parallel coordinates, the tie's index). Call once, on the whole model, before a stage is cut:
     every rank makes every group once, in the same order (a group made again would be another)."""
     import torch.distributed as dist
 
@@ -440,7 +440,7 @@ def tie_groups(model: nn.Module, config: ParallelConfig, mesh,
     coord = stage_coords(config)
     column = int((grid[coord[stages[0]]] == dist.get_rank()).nonzero()[0, 0])
     out: dict[int, list] = {s: [] for s in stages}
-    for held in stage_ties(model, config):
+    for k, held in enumerate(stage_ties(model, config)):
         mine = None
         for c in range(grid.shape[1]):
             group = dist.new_group(sorted({int(grid[coord[s], c]) for s in held}))
@@ -448,11 +448,11 @@ def tie_groups(model: nn.Module, config: ParallelConfig, mesh,
                 mine = group
         for stage in stages:
             if stage in held:
-                out[stage].append((held[stage], mine))
+                out[stage].append((held[stage], mine, k))
     return out
 
 
-def sum_tied_grads(ties: list[tuple[nn.Module, list[tuple[str, object]]]]) -> None:
+def sum_tied_grads(ties: list[tuple[nn.Module, list[tuple[str, object, int]]]]) -> None:
     """After a step's backward: each tied weight's gradient summed over the stages that hold it (the
     local shards: every copy is sharded alike, FSDP on dim 0 and TP's vocabulary split on dim 0; a
     gradient placed otherwise than its parameter, as tensor parallel leaves the vocabulary-parallel
@@ -460,11 +460,11 @@ def sum_tied_grads(ties: list[tuple[nn.Module, list[tuple[str, object]]]]) -> No
     stage modules with its ``tie_groups`` entry. The copies this rank holds itself (zbv's V puts the first
     and the last stage on one rank) are summed on the rank, then over the group, and each takes the sum."""
     import torch.distributed as dist
-    by_tie: dict[int, tuple[object, list]] = {}      # one group per tie on a rank (tie_groups)
+    by_tie: dict[int, tuple[object, list]] = {}      # tie index -> (its group, this rank's copies)
     for mod, tied in ties:
         params = {canonical_name(k): v for k, v in mod.named_parameters()}
-        for name, group in tied:
-            by_tie.setdefault(id(group), (group, []))[1].append(params[f"model.{name}"])
+        for name, group, k in tied:
+            by_tie.setdefault(k, (group, []))[1].append(params[f"model.{name}"])
     for group, copies in by_tie.values():
         copies = [p for p in copies if p.grad is not None]
         if not copies:
