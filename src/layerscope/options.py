@@ -333,10 +333,12 @@ class PipelineSchedule:
         if not self.multi:
             return
         f = self.fixed_per_rank
-        if f is not None and (stages_per_rank != f or stages % f):
-            raise InputError(f"the {self.name} schedule puts exactly {f} stages on each rank (stages_per_rank={f}, "
-                             f"got {stages_per_rank}): {flag} ({stages}) must be "
-                             + ("even" if f == 2 else f"a multiple of {f}"))
+        if f is not None and stages_per_rank != f:
+            raise InputError(f"the {self.name} schedule puts exactly {f} stages on each rank: leave {of} at {f} "
+                             f"(got {stages_per_rank})")
+        if f is not None and stages % f:
+            raise InputError(f"the {self.name} schedule puts exactly {f} stages on each rank: {flag} ({stages}) must "
+                             "be " + ("even" if f == 2 else f"a multiple of {f}"))
         if f is None and (stages_per_rank < self.min_per_rank or stages % stages_per_rank):
             raise InputError(f"the {self.name} schedule puts {stages_per_rank} stages on each rank: {flag} "
                              f"({stages}) must be a multiple of {of}"
@@ -516,7 +518,8 @@ class ParallelConfig:
         object.__setattr__(self, "model_dtype", parse_dtype_name(self.model_dtype, "model_dtype"))
         kind = schedule_of(self.schedule)
         if self.pp > 1:
-            kind.check_stages(self.stages, self.stages_per_rank, flag="pp x stages_per_rank")
+            kind.check_stages(self.stages, self.stages_per_rank, flag="pp x stages_per_rank",
+                              of="stages_per_rank (--stages-per-rank)")
             if kind.zero_bubble and self.ac == "selective-op":
                 # the zero-bubble schedules run two backwards through each region, I then W, and torch's
                 # selective checkpointing refuses the second through a region whose saved ops the first used
@@ -524,7 +527,7 @@ class ParallelConfig:
                 # both the simulation and torch's own run stop there (tried)
                 raise InputError(f"the {kind.label} schedule runs each backward in two (the input's gradient, "
                                  "then the weights'), which torch refuses under selective-op checkpointing's "
-                                 "op policy: use ac full, selective-layer or none with it")
+                                 "op policy: use ac (--ac) full, selective-layer or none with it")
         rest, fixed = divmod(self.gpus, self.replicate * self.tp * self.pp * self.cp)
         zero_bubble_fsdp = self.pp > 1 and kind.zero_bubble and self.reshard_after_forward
         if self.fsdp is None:

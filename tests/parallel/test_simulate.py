@@ -132,6 +132,8 @@ def test_bad_configurations_are_one_line():
                        ({"gpus": 2, "ac": "sometimes"}, "ac must be"), ({"gpus": 2, "device": "tpu"}, "cuda or cpu"),
                        ({"gpus": 16, "tp": 16}, "fit in a node"),
                        ({"gpus": 4, "pp": 2, "schedule": "zb"}, "needs reshard_after_forward off"),
+                       ({"gpus": 2, "pp": 2, "schedule": "zbv", "stages_per_rank": 3},
+                        "exactly 2 stages on each rank: leave stages_per_rank"),
                        ({"gpus": 2, "tp": 2, "offload": True}, "offload is FSDP2's CPU offload")):
         with pytest.raises(InputError, match=needle):
             layerscope.parallel(m, x, **kw)

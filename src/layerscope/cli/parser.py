@@ -168,9 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--pp", type=arg_count(1), default=1,
                     help="pipeline stages: the uniform split of the blocks (default 1; the cost-balanced split: `split`)")
     pl.add_argument("--schedule", default="1f1b",
-                    help="pipeline schedule, gpipe, 1f1b or interleaved (default 1f1b; with --pp)")
+                    help="pipeline schedule, gpipe, 1f1b, interleaved, zb or zbv (default 1f1b; with --pp); zb and zbv: "
+                         "zero bubble, each backward split in the input's gradient and the weights'")
     pl.add_argument("--stages-per-rank", type=arg_count(2), default=2,
-                    help="stages on each pipeline rank under --schedule interleaved (default 2): pp x this many stages")
+                    help="stages on each pipeline rank under --schedule interleaved or zb (default 2): pp x this many "
+                         "stages; zbv puts exactly 2 on each rank, in a V")
     pl.add_argument("--microbatches", type=arg_count(1), help="micro-batches per local batch (default: pp; with --pp)")
     pl.add_argument("--accumulation", type=arg_count(1), default=1, help="forward/backward passes per step (default 1)")
     pl.add_argument("--global-batch", type=arg_count(1), help="must be local batch x data-parallel degree x accumulation")
