@@ -30,7 +30,8 @@ from ..errors import InputError
 from ..options import ParallelConfig
 
 __all__ = ["build_mesh", "find_blocks", "parallelize", "loss_context", "amp_context", "canonical_name",
-           "canonical_tensors", "data_parallel_rank", "tp_family", "no_kv_cache", "checkpoint_blocks"]
+           "canonical_tensors", "data_parallel_rank", "tp_family", "no_kv_cache", "checkpoint_blocks",
+           "local_tensor"]
 
 
 # ---- mesh --------------------------------------------------------------------------------------------
@@ -494,6 +495,11 @@ def no_kv_cache(model: nn.Module) -> bool:
 
 
 # ---- names -------------------------------------------------------------------------------------------
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local tensor (torch's ``to_local_if_dtensor``), or the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
 
 def canonical_name(name: str) -> str:
     """A parameter's (or module's) name in the unwrapped model (checkpoint_wrapper's level removed)."""

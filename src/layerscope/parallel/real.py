@@ -25,8 +25,8 @@ from torch import nn
 from .. import _compat
 from ..errors import InputError
 from ..options import ParallelConfig
-from .apply import (amp_context, build_mesh, canonical_name, canonical_tensors, data_parallel_rank, loss_context,
-                    no_kv_cache, parallelize)
+from .apply import (amp_context, build_mesh, canonical_name, canonical_tensors, data_parallel_rank,
+                    local_tensor as _local, loss_context, no_kv_cache, parallelize)
 
 __all__ = ["make_batch", "reference_run", "run_rank", "training_loss", "measure_one_rank", "measure_stage_rank",
            "pipeline_stage", "pipeline_schedule", "pipeline_step", "OPTIMIZERS", "PIPELINE_SCHEDULES"]
@@ -86,10 +86,6 @@ def reference_run(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, *, 
         opt.step()
         losses.append(loss.item())
     return losses, grads
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: int, seq: int, steps: int,
@@ -431,8 +427,9 @@ def tie_groups(model: nn.Module, config: ParallelConfig, mesh,
                stages: list[int]) -> dict[int, list[tuple[str, object]]]:
     """For each of this rank's ``stages``, each weight tied across stages that it holds (parallel/stages.py
     ``stage_ties``): (its name in the model, the process group of the ranks that hold a copy at this
-    rank's data- and tensor-parallel coordinates, the tie's index). Call once, on the whole model, before a stage is cut:
-    every rank makes every group once, in the same order (a group made again would be another)."""
+    rank's data- and tensor-parallel coordinates, the tie's index). Call once, on the whole model, before a
+    stage is cut: every rank makes every group once, in the same order (a group made again would be
+    another)."""
     import torch.distributed as dist
 
     from .stages import stage_coords, stage_ties

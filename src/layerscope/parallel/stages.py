@@ -94,7 +94,7 @@ from ..options import ParallelConfig, schedule_of
 from ..pipeline.schedule import ZERO_BUBBLE, rank_orders, stage_ranks
 from ..pipeline.stages import build_stage_module
 from ..pipeline.units import owner_of
-from .apply import canonical_name, checkpoint_blocks, find_blocks, no_kv_cache, parallelize
+from .apply import canonical_name, checkpoint_blocks, find_blocks, local_tensor as _local, no_kv_cache, parallelize
 from .simulate import (PIPELINE, RankRun, RankTracker, fake_world, meta_copy, param_layouts, prepare_offload,
                        train_fake, watch_checkpoint_rng, watch_fsdp)
 
@@ -720,11 +720,6 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
     p2p = [r.p2p() for r in runners.values()]
     return RankRun(rank, run, tracker, layouts=layouts, p2p=tuple(map(sum, zip(*p2p))), ties=tuple(tied),
                    offload=host)
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local tensor (torch's ``to_local_if_dtensor``), or the tensor."""
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _local_nbytes(t: torch.Tensor) -> int:

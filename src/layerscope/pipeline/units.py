@@ -139,13 +139,10 @@ class _Flow:
         for u, idx in enumerate(units):
             for top in idx:
                 p = self.recs[top].subtree_params > 0
-                stack = [top]
-                while stack:
-                    j = stack.pop()
+                for j in _subtree(self.recs, top):
                     out[j] = u
                     if params is not None:
                         params[j] = p
-                    stack.extend(self.recs[j].children)
         return out
 
     def check(self, units: list[list[int]]):
@@ -203,6 +200,15 @@ class _Flow:
             bad.append(a > 0)
             need.append(b > 0)
         return bad, need, span_f
+
+
+def _subtree(recs, top: int):
+    """The record ``top`` and every record below it."""
+    stack = [top]
+    while stack:
+        j = stack.pop()
+        yield j
+        stack.extend(recs[j].children)
 
 
 def _spans(first: list, last: list, prev: float) -> tuple[list[float], list[float]]:
@@ -279,11 +285,8 @@ class _Opening:
         for u in units[self.final:upto]:
             for top in u:
                 p = recs[top].subtree_params > 0
-                stack = [top]
-                while stack:
-                    j = stack.pop()
+                for j in _subtree(recs, top):
                     self.src[j] = p
-                    stack.extend(recs[j].children)
             last = max(self.hi[t] for t in u)
             if last >= 0:
                 self.last, self.prev = last, float(last)
@@ -309,11 +312,8 @@ class _Opening:
         for u, piece in enumerate(pieces):
             for top in piece:
                 p = recs[top].subtree_params > 0
-                stack = [top]
-                while stack:
-                    j = stack.pop()
+                for j in _subtree(recs, top):
                     member[j], params[j] = u, p
-                    stack.extend(recs[j].children)
         n = len(pieces)
         first, last = [None] * n, [None] * n
         end = max(self.hi[t] for piece in pieces for t in piece)
