@@ -76,6 +76,8 @@ class MemoryOptions:
     attention: Attention = "auto"    # the SDPA kernel simulated: torch's CUDA rules for ``gpu``, or one forced
     keep_output: bool = True         # the model's output alive through the backward (False: let go once the
                                      # loss is computed, as torchtitan's ``del pred``)
+    compose: bool = True             # a run of identical blocks: simulate four, compose the rest (the same
+                                     # report; capture/compose.py); False simulates every block
 
     def __post_init__(self) -> None:
         _choice("attention", self.attention, Attention)

@@ -11,6 +11,7 @@ from torch import nn
 from ..analyses.memory import memory_results
 from ..capture import iter_tensors, model_device
 from ..capture.attention import resolve_gpu, router_for
+from ..capture.composed import NotComposable, composed_steps
 from ..capture.guard import exclusive, gc_paused
 from ..capture.measure import measure_cpu, measure_cuda, state_bytes
 from ..capture.prepare import as_device, check_model, example_inputs, is_fake_model, materialize_lazy, rebatch
@@ -123,8 +124,11 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
                      "allocate inside themselves is not; measure=True shows the allocator's peak beside the "
                      "prediction")
     block_size = cuda_block_size if target.type == "cuda" else None
-    router = router_for(opts.gpu, opts.attention, simulated=opts.simulate, cuda_target=target.type == "cuda",
-                        autocast_device=sim_device.type)
+
+    def new_router():
+        return router_for(opts.gpu, opts.attention, simulated=opts.simulate, cuda_target=target.type == "cuda",
+                          autocast_device=sim_device.type)
+    router = new_router()
     options = {"device": str(target), "training": training, "optimizer": optimizer_name(factory),
                "autocast": str(amp).replace("torch.", "") if amp else None, "steps": steps if training else 1,
                "accumulation": opts.accumulation if training else 1, "simulated": opts.simulate,
@@ -132,20 +136,38 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
                "limit": parse_bytes(opts.limit) if opts.limit is not None else None,
                **({"gpu": router.gpu.name, "attention": router.forced} if router is not None else {})}
     step_kw = dict(optimizer=factory if training else None, training=training, autocast_dtype=amp,
-                   loss_fn=opts.loss_fn, steps=steps, accumulation=opts.accumulation, keep_output=opts.keep_output)
+                   loss_fn=opts.loss_fn, steps=steps, accumulation=opts.accumulation, keep_output=opts.keep_output,
+                   device=sim_device if opts.simulate else here, foreach_default=target.type == "cuda",
+                   probe_kernels=sim_device == target or target.type == "meta")
     cuda = target.type == "cuda"
-    tracker = StorageTracker(block_size, workspace_rule(_capability(opts.gpu, target)) if cuda else None,
-                             kernels=CudaKernels() if cuda else None)
-    bar = ProgressBar(steps if training else 1, "simulating the step" if opts.simulate else "running the step") \
-        if opts.progress else None
+
+    def new_tracker():
+        return StorageTracker(block_size, workspace_rule(_capability(opts.gpu, target)) if cuda else None,
+                              kernels=CudaKernels() if cuda else None)
+    bar = None
+
+    def progress():
+        return ProgressBar(steps if training else 1, "simulating the step" if opts.simulate else "running the step") \
+            if opts.progress else None
     with gc_paused():
         try:
-            run = run_steps(model, args, kwargs, simulate=opts.simulate,
-                            device=sim_device if opts.simulate else here,
-                            tracker=tracker, foreach_default=target.type == "cuda",
-                            probe_kernels=sim_device == target or target.type == "meta",
-                            on_step=(lambda step, when: bar.advance() if when == "end" else None) if bar else None,
-                            attention=router, **step_kw)
+            run = None
+            if opts.simulate and opts.compose:
+                # a run of identical blocks: five simulated, the rest composed (capture/composed.py)
+                bar = progress()
+                try:
+                    run = composed_steps(model, args, kwargs, tracker=new_tracker(), attention=router,
+                                         check_router=new_router(), on_step=_advance(bar), **step_kw)
+                except (NotComposable, ForwardError, InputError):
+                    run = None      # the whole model is simulated instead: it raises the error if it is the model's
+                if run is None:
+                    router = new_router()
+                    if bar is not None:
+                        bar.close()
+            if run is None:
+                bar = progress()
+                run = run_steps(model, args, kwargs, simulate=opts.simulate, tracker=new_tracker(), attention=router,
+                                on_step=_advance(bar), **step_kw)
         except ForwardError as e:
             if not opts.simulate:
                 raise
@@ -153,15 +175,18 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
         finally:
             if bar is not None:
                 bar.close()
+        tracker = run.tracker
         measured = None
         if measure:
             own = [*model.parameters(), *model.buffers(), *iter_tensors((args, kwargs))]
             # on CUDA what the allocator counts: the device's storages, in its 512-byte blocks
             before = state_bytes(own, here, cuda_block_size) if here.type == "cuda" else state_bytes(own)
 
+            real_kw = {k: v for k, v in step_kw.items() if k not in ("device", "foreach_default", "probe_kernels")}
+
             def real(on_step):
                 run_steps(model, args, kwargs, simulate=False, device=here, tracker=None,
-                          on_step=on_step, **step_kw)
+                          on_step=on_step, **real_kw)
 
             measured = measure_cuda(real, here, options["steps"], before) if here.type == "cuda" else \
                 measure_cpu(real, before, options["steps"])
@@ -175,6 +200,10 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
             notes.append(f"{tracker.untracked} tensors without a plain storage (sparse, nested) were "
                          "not tracked")
         return MemoryReport(**memory_results(run, model, options=options, measured=measured, notes=notes))
+
+
+def _advance(bar):
+    return (lambda step, when: bar.advance() if when == "end" else None) if bar is not None else None
 
 
 def _capability(gpu, target: torch.device) -> tuple[int, int]:

@@ -120,6 +120,9 @@ class SdpaRouter:
         self.picked: Counter = Counter()
         self.reasons: dict[str, str] = {}     # kernel -> why a kernel before it was passed over (first call)
         self.example: dict[str, str] = {}     # kernel -> the first call's shapes
+        # the op clock at each kernel counted in ``picked`` (capture/compose.py): when ``clock`` is set
+        self.clock = None
+        self.ticks: list[tuple[int, str]] = []
 
     def mode(self) -> TorchFunctionMode:
         return _Mode(self)
@@ -185,6 +188,8 @@ class SdpaRouter:
         if _in_backward() is None:   # not a checkpointed block's recompute
             self.picked[kernel] += 1
             self.example.setdefault(kernel, _describe(q, k))
+            if self.clock is not None:
+                self.ticks.append((self.clock(), kernel))
         return _run(kernel, q, k, v, mask, dropout, causal, scale, gqa, grad)
 
     def notes(self, passes: int = 1) -> list[str]:

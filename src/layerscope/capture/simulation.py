@@ -39,6 +39,7 @@ import sys
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -85,9 +86,13 @@ class SimulationLog:
     # size kernels by a real call on the simulated device: only when that is the device predicted for
     probe: bool = True
     real: bool = False      # a tracked real step (simulate=False): only the kernels' scratch is added
+    # the op clock when each event was added (capture/compose.py places them): ``clock()`` if given
+    clock: Callable[[], int] | None = None
+    ticks: list[int] = field(default_factory=list)
 
     def add(self, kind: str, what: str, where: str) -> None:
         self.events.append((kind, what, where))
+        self.ticks.append(self.clock() if self.clock is not None else -1)
 
     def notes(self, skip=()) -> list[str]:
         out = []

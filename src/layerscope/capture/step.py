@@ -40,6 +40,8 @@ from .rng import PrivateRNG
 from .recorder import OpRecorder
 from .records import ReleasedOutput, build_trace, tensor_bytes
 from .session import Session, run_backward, run_forward
+from .blocks import Truncated
+from .compose import Composer
 from .simulation import SimulationKernels, SimulationLog, ValueReads, eager_paths
 from .state import StateGuard, empty_like_on, empty_state, swapped_state
 from .storage import BUFFER, GRAD, INPUT, OPT, OUTPUT, PARAM, StorageTracker
@@ -135,7 +137,7 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
               accumulation: int, options: CostOptions | None = None, foreach_default: bool = False,
               on_step: Callable[[int, str], None] | None = None, probe_kernels: bool = True,
               attention=None, prepared: bool = False, pipeline: PipelinePass | None = None,
-              keep_output: bool = True) -> StepRun:
+              keep_output: bool = True, compose: Truncated | None = None) -> StepRun:
     """Run ``steps`` training steps (or one inference forward) and return what the trackers saw.
 
     ``probe_kernels``: in a simulation, kernels whose fake sizes are wrong or that hold scratch
@@ -152,6 +154,8 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
     ``keep_output``: the model's output stays alive through the backward, as in a loop that keeps
     ``outputs = model(...)`` until the next step; False lets go of it once the loss is computed, as
     torchtitan's train step does (``del pred`` before ``loss.backward()``).
+    ``compose`` (a simulation of the whole model, capture/blocks.py): the shorter model runs and each pass
+    is widened to the whole model's (capture/compose.py; NotComposable where it cannot stand for it).
     """
     named = list(model.named_modules())
     modules = [m for _, m in named]
@@ -173,6 +177,10 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
                 given = (args, kwargs)
                 args, kwargs = map_tensors((tuple(args), dict(kwargs)), lambda t: empty_like_on(t, device))
                 swap = None if prepared else {**params, **buffers}
+                if compose is not None:
+                    short = compose.model
+                    swap = {n: swap[compose.full_path(n)] for n, _ in
+                            [*short.named_parameters(), *short.named_buffers()]}
                 # the values of small integer inputs (ids, labels, lengths, masks) go along
                 run.known = KnownValues()
                 run.known.seed_pairs(iter_tensors((args, kwargs)), iter_tensors(given))
@@ -185,9 +193,11 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
                     p.grad = None
                 swap = None
 
+            runner = compose.model if compose is not None else model
+
             def call():
                 with attention.mode() if attention is not None else contextlib.nullcontext():
-                    return model(*args, **kwargs)
+                    return runner(*args, **kwargs)
             if pipeline is not None:
                 def call(m=None):  # noqa: F811 - a pipeline's forward of micro-batch m
                     with attention.mode() if attention is not None else contextlib.nullcontext():
@@ -216,11 +226,19 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
             opt = _make_optimizer(optimizer, list(params.values()), foreach_default) \
                 if training and optimizer else None
             model.train(training)
+            composer = None
+            if compose is not None:
+                runner.train(training)
+                composer = Composer(compose, model, params, buffers, attention)
+                if tracker is not None:
+                    run.log.clock = lambda: tracker.clock
+                    if attention is not None:
+                        attention.clock = lambda: tracker.clock
             _loop(run, model, named, (call, backward, routed), swap, (args, kwargs), params, buffers, opt, rng=rng,
                   simulate=simulate, training=training, autocast_dtype=autocast_dtype, device=device,
                   loss_fn=loss_fn or default_loss, steps=steps if training else 1,
                   accumulation=accumulation if training else 1, options=options or CostOptions(),
-                  on_step=on_step, pipeline=pipeline, keep_output=keep_output)
+                  on_step=on_step, pipeline=pipeline, keep_output=keep_output, composer=composer)
     except ForwardError as e:
         # a failure after the simulation made values up (a label check read as True) names them
         if run.log is None or run.log.real or not any(k != "random" for k, _, _ in run.log.events) or \
@@ -238,6 +256,8 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
         guard.restore(rng=tracker is None and not simulate or rng.touched_global)
         if tracker is not None:
             tracker.close()
+        if attention is not None:
+            attention.clock = None
     return run
 
 
@@ -259,8 +279,11 @@ def _make_optimizer(optimizer, params: list[torch.Tensor], foreach_default: bool
 
 def _loop(run: StepRun, model, named, passes, swap, inputs, params, buffers, opt, *, rng, simulate, training,
           autocast_dtype, device, loss_fn, steps, accumulation, options, on_step, pipeline=None,
-          keep_output=True) -> None:
+          keep_output=True, composer=None) -> None:
     tracker = run.tracker
+    # the modules that run: the shorter model's where the pass is composed (``named`` stays the whole
+    # model's: its trace is the whole model's)
+    running = list(composer.tr.model.named_modules()) if composer is not None else named
     state = list(params.values()) + list(buffers.values())
     autocast = (lambda: torch.autocast(device_type=device.type, dtype=autocast_dtype)) \
         if autocast_dtype is not None else contextlib.nullcontext
@@ -274,10 +297,14 @@ def _loop(run: StepRun, model, named, passes, swap, inputs, params, buffers, opt
                           known=run.known)
             cap.seed_producers(inputs, state)
             offset = tracker.clock + 1 if tracker else 0
+            first_block = len(tracker.blocks) if tracker else 0
+            known = (run.known.assumed, run.known.cast_ones) if run.known is not None else None
             if tracker:
                 tracker.pass_index = len(run.passes)
-            with swapped_state(model, swap):
-                output = _one_pass(run, cap, named, passes, autocast, loss_fn, training, pipeline, keep_output)
+            with swapped_state(composer.tr.model if composer is not None else model, swap):
+                output = _one_pass(run, cap, running, passes, autocast, loss_fn, training, pipeline, keep_output)
+            if composer is not None and tracker:
+                composer.widen(cap, tracker, run, offset, first_block, known)
             if tracker:
                 trace = build_trace(cap, model, named, inputs, output, backward=training,
                                     options={"mode": "train" if training else "eval",

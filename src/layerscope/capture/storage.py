@@ -42,11 +42,13 @@ class Block:
     """One storage: its size, when it was allocated and freed (global op indices), and its roles."""
 
     __slots__ = ("nbytes", "alloc", "free", "pass_index", "layer", "phase", "roles", "saved_by", "op", "tag",
-                 "__weakref__")
+                 "born", "__weakref__")
 
-    def __init__(self, nbytes: int, alloc: int, pass_index: int, layer: int, phase: str, op: str = "") -> None:
+    def __init__(self, nbytes: int, alloc: int, pass_index: int, layer: int, phase: str, op: str = "",
+                 born: int | None = None) -> None:
         self.nbytes = nbytes
         self.alloc = alloc          # -1: existed before the run
+        self.born = alloc if born is None else born   # the op running when the Block was made
         self.free: int | None = None  # last op during which it was alive; None: alive at the end
         self.pass_index = pass_index  # which forward/backward pass created it (-1: before the run)
         self.layer = layer          # layer index (in that pass's trace) of the op that created it
@@ -91,6 +93,9 @@ class StorageTracker:
         self.untracked = 0          # tensors without a plain storage (sparse, nested, ...)
         self.op_name = ""           # the op running now (set by the session before on_op)
         self.recomputing = False    # the op runs in a checkpointed block's recompute (in the backward)
+        # id(Block) -> Blocks without a storage of their own that die with it (capture/compose.py: the
+        # copies of a block's storage that outlive the pass)
+        self.followers: dict[int, list[Block]] = {}
 
     # ---- storages --------------------------------------------------------------------------------
     def _storage(self, t: torch.Tensor):
@@ -124,12 +129,25 @@ class StorageTracker:
             self._refs[key] = weakref.ref(st, self._freed_cb(key, b))
         return b
 
+    def adopt(self, t: torch.Tensor, block: Block) -> None:
+        """``t``'s storage, never seen, is ``block`` (made by the caller, which set its fields): it dies
+        with the storage (capture/compose.py: the gradient of a block the simulation did not run)."""
+        st = self._storage(t)
+        if st is None:
+            return
+        key = id(st)
+        self.live[key] = block
+        self._refs[key] = weakref.ref(st, self._freed_cb(key, block))
+
     def _freed_cb(self, key: int, block: Block):
         def freed(_ref) -> None:
             if self.live.get(key) is block:
                 block.free = self.clock
                 del self.live[key]
                 del self._refs[key]
+                if self.followers:
+                    for f in self.followers.pop(id(block), ()):
+                        f.free = self.clock
         return freed
 
     def resized(self, t: torch.Tensor) -> Block | None:
@@ -150,7 +168,8 @@ class StorageTracker:
             del self._refs[key]
         if size == 0:
             return None
-        nb = Block(self.block_size(size), self.clock + 1, self.pass_index, self.layer, self.phase, "resize_")
+        nb = Block(self.block_size(size), self.clock + 1, self.pass_index, self.layer, self.phase, "resize_",
+                   self.clock)
         self.live[key] = nb
         self.blocks.append(nb)
         self._refs[key] = weakref.ref(st, self._freed_cb(key, nb))
@@ -172,7 +191,7 @@ class StorageTracker:
                 b.tag = tag
             return b
         b.free = self.clock
-        nb = Block(b.nbytes, self.clock + 1, self.pass_index, self.layer, self.phase, "copy to host")
+        nb = Block(b.nbytes, self.clock + 1, self.pass_index, self.layer, self.phase, "copy to host", self.clock)
         nb.roles, nb.tag = b.roles, tag
         self.live[key] = nb
         self.blocks.append(nb)
@@ -206,7 +225,7 @@ class StorageTracker:
         """Scratch a kernel allocates and frees inside itself (no tensor of it is ever seen): a
         temporary block alive during the next op only, the one running now (``tag``: what it is,
         for the caller's categories)."""
-        b = Block(self.block_size(nbytes), self.clock + 1, self.pass_index, self.layer, self.phase)
+        b = Block(self.block_size(nbytes), self.clock + 1, self.pass_index, self.layer, self.phase, "", self.clock)
         b.free = self.clock + 1
         b.tag = tag
         self.blocks.append(b)
@@ -233,7 +252,7 @@ class StorageTracker:
         key = (kind, thread)
         b = self.workspaces.get(key)
         if b is None:
-            b = Block(self.block_size(nbytes), -1, -1, 0, "setup", kind)
+            b = Block(self.block_size(nbytes), -1, -1, 0, "setup", kind, self.clock)
             b.roles = WORKSPACE
             self.workspaces[key] = b
             self.blocks.append(b)

@@ -1,0 +1,278 @@
+"""Blocks a model repeats, and a shorter model that runs five of them, for a simulated step composed
+from one block (capture/compose.py).
+
+Which blocks are identical. A run of consecutive children of a ModuleList or Sequential (numbered
+"0", "1", ...) whose subtrees have, module by module, the same class, train/eval flag, parameters
+(names, shapes, dtypes, devices, requires_grad) and buffers, no hooks of their own, no parameter held
+anywhere else (no ties into or out of a block), and the same non-tensor state: every attribute of
+every module of the subtree has the same value in each block (plain values by equality, other
+objects by identity, a shared config), or differs (``layer_idx``) and is never read while the
+simulation runs (each such attribute is moved into a property on a private copy of its module that
+notes every read; a read makes the composition void and the whole model is simulated instead).
+Such blocks run the same Python code on the same specs of parameters and attributes; given the same
+input specs they make the same ops in the same order with the same shapes, dtypes and storages on
+fake tensors, whose dispatch depends on nothing else. That the input specs are the same, and that the
+code around the blocks treats each alike (a loop over the list, nothing read by position), is not
+argued here: compose.py checks it on the run, by requiring the three middle blocks of the five run
+to leave the same record (ops, calls, storages and how long each lives, relative to the
+neighbouring blocks), and simulates the whole model where they do not.
+
+``truncated`` builds the shorter model without touching the user's: new objects for the root, every
+module down to the list, and the list itself (each with its own dicts of modules, parameters and
+buffers), holding the run's first three blocks and its last two; the blocks themselves are the user's
+modules, except those holding an attribute that differs, copied as described.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .inputs import map_tensors
+
+__all__ = ["BlockRun", "find_run", "truncated", "Truncated", "loop_check_model", "MIN_BLOCKS", "KEPT", "REP"]
+
+KEPT = 5                # blocks the shorter model runs: the first three and the last two
+REP = 2                 # the one of them that stands for the blocks left out (the third)
+MIN_BLOCKS = 6          # a run shorter than this is simulated whole (five of its blocks run anyway)
+
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+          "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called")
+_MACHINERY = frozenset(("training", "_parameters", "_buffers", "_non_persistent_buffers_set", "_modules",
+                        "_is_full_backward_hook", "_state_dict_hooks", "_state_dict_pre_hooks",
+                        "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", *_HOOKS))
+_PLAIN = (int, float, str, bool, type(None), complex, torch.dtype, torch.device)
+
+
+@dataclass(frozen=True)
+class BlockRun:
+    """``count`` identical children of the container at ``path``, from child ``start`` on."""
+
+    path: str
+    container: nn.Module
+    start: int
+    count: int
+    differing: tuple[tuple[str, str], ...] = ()   # (module path inside a block, attribute) that differ
+
+
+def _value_key(v):
+    if isinstance(v, _PLAIN):
+        return (type(v), v)
+    if isinstance(v, (tuple, list, frozenset)) and len(v) <= 64:
+        return (type(v), tuple(_value_key(x) for x in v))
+    return ("id", id(v))
+
+
+def _structure(block: nn.Module):
+    """What must be equal between identical blocks (None: this block cannot be one: a hook)."""
+    out = []
+    for rel, sub in block.named_modules(remove_duplicate=False):
+        if any(getattr(sub, h, None) for h in _HOOKS):
+            return None
+        ps = tuple((n, None if p is None else (tuple(p.shape), p.dtype, p.device.type, p.requires_grad, type(p)))
+                   for n, p in sub._parameters.items())
+        bs = tuple((n, None if b is None else (tuple(b.shape), b.dtype, b.device.type, type(b)),
+                    n in sub._non_persistent_buffers_set) for n, b in sub._buffers.items())
+        attrs = tuple(sorted(k for k in sub.__dict__ if k not in _MACHINERY))
+        out.append((rel, type(sub), sub.training, ps, bs, attrs))
+    return tuple(out)
+
+
+def _attributes(block: nn.Module) -> dict[tuple[str, str], object]:
+    return {(rel, k): _value_key(v) for rel, sub in block.named_modules()
+            for k, v in sub.__dict__.items() if k not in _MACHINERY}
+
+
+def _numbered(m: nn.Module) -> bool:
+    return isinstance(m, (nn.ModuleList, nn.Sequential)) and \
+        list(m._modules) == [str(i) for i in range(len(m._modules))]
+
+
+def find_run(model: nn.Module, least: int = MIN_BLOCKS) -> BlockRun | None:
+    """The longest run of identical blocks (see the module's docstring), at least ``least`` long."""
+    best = None
+    holders: dict[int, int] = {}
+    for m in model.modules():
+        for p in m._parameters.values():
+            if p is not None:
+                holders[id(p)] = holders.get(id(p), 0) + 1
+    for path, m in model.named_modules():
+        if not _numbered(m) or len(m._modules) < least:
+            continue
+        kids = list(m._modules.values())
+        shapes = [_structure(k) if k is not None else None for k in kids]
+        i = 0
+        while i < len(kids):
+            j = i + 1
+            while shapes[i] is not None and j < len(kids) and shapes[j] == shapes[i]:
+                j += 1
+            n = j - i
+            if shapes[i] is not None and n >= least and (best is None or n > best.count) and \
+                    len({id(k) for k in kids[i:j]}) == n and \
+                    all(holders[id(p)] == 1 for k in kids[i:j] for p in k.parameters()):
+                attrs = [_attributes(k) for k in kids[i:j]]
+                differing = tuple(sorted(key for key in attrs[0] if any(a.get(key) != attrs[0][key] for a in attrs)))
+                best = BlockRun(path, m, i, n, differing)
+            i = j
+    return best
+
+
+@dataclass
+class Truncated:
+    """The shorter model and how its names and modules are the whole model's."""
+
+    model: nn.Module
+    run: BlockRun
+    originals: dict[int, nn.Module] = field(default_factory=dict)   # id(copy) -> the user's module
+    reads: list = field(default_factory=list)                      # (module, attribute) read while running
+
+    def full_index(self, i: int) -> int:
+        """The whole container's child index of the shorter one's child ``i``."""
+        s, n = self.run.start, self.run.count
+        if i <= s + REP:
+            return i
+        return i + n - KEPT
+
+    def full_path(self, path: str) -> str:
+        """The whole model's name for a module or parameter path of the shorter model."""
+        pre = self.run.path + "." if self.run.path else ""
+        if not path.startswith(pre):
+            return path
+        rest = path[len(pre):]
+        head, dot, tail = rest.partition(".")
+        if not head.isdigit():
+            return path
+        return f"{pre}{self.full_index(int(head))}{dot}{tail}"
+
+
+def _shallow(m: nn.Module, originals: dict) -> nn.Module:
+    c = copy.copy(m)
+    for d in ("_modules", "_parameters", "_buffers"):
+        c.__dict__[d] = dict(m.__dict__[d])
+    originals[id(c)] = originals.get(id(m), m)
+    return c
+
+
+_TRACKING: dict[tuple[type, frozenset], type] = {}
+
+
+def _tracking_class(cls: type, names: frozenset) -> type:
+    """A subclass of ``cls`` whose ``names`` are properties noting each read and write in the
+    instance's ``_ls_reads`` list (the values sit in the instance's ``_ls_values``)."""
+    key = (cls, names)
+    sub = _TRACKING.get(key)
+    if sub is None:
+        def prop(name):
+            def get(self):
+                self.__dict__["_ls_reads"].append(name)
+                return self.__dict__["_ls_values"][name]
+
+            def put(self, value):
+                self.__dict__["_ls_reads"].append(name)
+                self.__dict__["_ls_values"][name] = value
+            return property(get, put)
+        sub = type(cls.__name__, (cls,), {n: prop(n) for n in names})
+        sub.__qualname__, sub.__module__ = cls.__qualname__, cls.__module__
+        _TRACKING[key] = sub
+    return sub
+
+
+def truncated(model: nn.Module, run: BlockRun) -> Truncated:
+    """The model with the run's first three blocks and its last two only (see the module's docstring)."""
+    out = Truncated(model, run)
+    s, n = run.start, run.count
+    kids = list(run.container._modules.values())
+    keep = kids[:s + REP + 1] + kids[s + n - (KEPT - REP - 1):]
+    by_block: dict[str, list[str]] = {}
+    for rel, name in run.differing:
+        by_block.setdefault(rel, []).append(name)
+
+    def watched(block: nn.Module) -> nn.Module:
+        if not by_block:
+            return block
+        made = {"": _shallow(block, out.originals)}     # relative path -> this block's copy of the module
+        for rel in by_block:
+            path = ""
+            for part in [p for p in rel.split(".") if p]:
+                parent, path = made[path], f"{path}.{part}" if path else part
+                if path not in made:
+                    made[path] = _shallow(parent._modules[part], out.originals)
+                    parent._modules[part] = made[path]
+        for rel, names in by_block.items():
+            holder = made[rel]
+            holder.__dict__["_ls_values"] = {k: holder.__dict__.pop(k) for k in names}
+            holder.__dict__["_ls_reads"] = out.reads
+            holder.__class__ = _tracking_class(type(holder), frozenset(names))
+        return made[""]
+
+    container = _shallow(run.container, out.originals)
+    container.__dict__["_modules"] = {str(i): watched(k) if s <= i < s + KEPT else k for i, k in enumerate(keep)}
+    # the modules above the list: new objects down from the root
+    node, path = container, run.path.split(".") if run.path else []
+    for depth in range(len(path), 0, -1):
+        above = model.get_submodule(".".join(path[:depth - 1]))
+        c = _shallow(above, out.originals)
+        c._modules[path[depth - 1]] = node
+        node = c
+    out.model = node
+    return out
+
+
+class _StandIn(nn.Module):
+    """A block the loop check does not run: it returns new tensors shaped as the repeated block's
+    output, and reads of its attributes go to the repeated block (a read of one that differs is noted
+    there)."""
+
+    def __init__(self, shared: dict) -> None:
+        super().__init__()
+        self.__dict__["_ls_shared"] = shared
+
+    def forward(self, *args, **kwargs):
+        if "out" not in self._ls_shared:
+            raise RuntimeError("the repeated block had not run before the blocks after it")
+
+        def fresh(t: torch.Tensor) -> torch.Tensor:
+            out = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device)
+            return out.requires_grad_(t.requires_grad) if t.requires_grad and t.is_floating_point() else out
+        return map_tensors(self._ls_shared["out"], fresh)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["_ls_shared"]["block"], name)
+
+
+def loop_check_model(tr: Truncated) -> nn.Module:
+    """The whole model's loop with the kept blocks at their places and a stand-in at every other
+    place of the run (``_StandIn``), for checking that the code around the blocks treats every place
+    alike (capture/composed.py)."""
+    run = tr.run
+    s, n = run.start, run.count
+    short = tr.model.get_submodule(run.path) if run.path else tr.model
+    kept = list(short._modules.values())
+    rep = kept[s + REP]
+    shared: dict = {"block": rep}
+    twin = copy.copy(rep)     # shares the block's dicts: its parameters are swapped with the block's
+    tr.originals[id(twin)] = tr.originals.get(id(rep), rep)
+    plain = type(rep).forward
+
+    def forward(*args, **kwargs):
+        out = plain(twin, *args, **kwargs)
+        shared["out"] = out
+        return out
+    twin.__dict__["forward"] = forward
+    kids = kept[:s + REP] + [twin] + [_StandIn(shared) for _ in range(n - KEPT)] + kept[s + REP + 1:]
+    out = _shallow(short, tr.originals)
+    out.__dict__["_modules"] = {str(i): k for i, k in enumerate(kids)}
+    path = run.path.split(".") if run.path else []
+    node = out
+    for depth in range(len(path), 0, -1):
+        above = tr.model.get_submodule(".".join(path[:depth - 1]))
+        c = _shallow(above, tr.originals)
+        c._modules[path[depth - 1]] = node
+        node = c
+    return node
