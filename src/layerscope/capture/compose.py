@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import copy
 
-import torch
-
 from ..trace import BACKWARD, OpEvent
 from .blocks import KEPT, REP, Truncated
 
@@ -106,6 +104,7 @@ class _Regions:
             self.b = [(0, 0)] * KEPT
         self.owner = owner
         self.n_ops = n_ops
+        self._at = None
         self.lf = self.f[REP][1] - self.f[REP][0]
         self.lb = self.b[REP][1] - self.b[REP][0]
         for b in (REP - 1, REP + 1):
@@ -115,14 +114,14 @@ class _Regions:
     # ---- where a time is ---------------------------------------------------------------------------------
     def region(self, t: int):
         """(block, kind, offset) of pass-local op ``t``, or None outside the blocks."""
-        for b in range(KEPT):
-            a, z = self.f[b]
-            if a <= t < z:
-                return b, _F, t - a
-            a, z = self.b[b]
-            if a <= t < z:
-                return b, _B, t - a
-        return None
+        at = self._at
+        if at is None:
+            at = self._at = [None] * self.n_ops
+            for b in range(KEPT):
+                for kind, (a, z) in ((_F, self.f[b]), (_B, self.b[b])):
+                    for u in range(a, min(z, self.n_ops)):
+                        at[u] = (b, kind, u - a)
+        return at[t] if 0 <= t < len(at) else None
 
     def block_of_call(self, i: int):
         return self.owner.get(i)
@@ -155,19 +154,10 @@ class _Widen:
         return reg.b[REP][0] + self.extra_f + (self.R - 1 - k) * reg.lb + offset
 
     def full_block(self, b: int, k: int) -> int:
-        """The whole model's block (counted from the run's start) of t_b, or of copy k where b is REP."""
-        return b if b < REP else (REP + k if b == REP else b + self.R - 1)
+        return _full_block(b, k, self.R)
 
     def kept(self, j: int):
-        """(kept block, copy) of the whole model's block ``j`` (copy None: not a copy)."""
-        if j < REP:
-            return j, None
-        if j < REP + self.R:
-            return REP, j - REP
-        b = j - self.R + 1
-        if b >= KEPT:
-            raise NotComposable("a pointer reaches past the blocks that ran")
-        return b, None
+        return _kept(j, self.R)
 
     def time(self, t: int, src, k: int = 0) -> int:
         """Pass-local op ``t`` as seen from ``src`` (the block of what points to it: 0..KEPT-1, None
@@ -240,6 +230,57 @@ def _masked(x, sign: int):
     return x
 
 
+def _full_block(b: int, k: int, R: int) -> int:
+    """The whole model's block (counted from the run's start) of kept block ``b``, or of copy ``k`` where
+    ``b`` is REP (R copies)."""
+    return b if b < REP else (REP + k if b == REP else b + R - 1)
+
+
+def _kept(j: int, R: int):
+    """(kept block, copy) of the whole model's block ``j`` (copy None: not a copy)."""
+    if j < REP:
+        return j, None
+    if j < REP + R:
+        return REP, j - REP
+    b = j - R + 1
+    if b >= KEPT:
+        raise NotComposable("a pointer reaches past the blocks that ran")
+    return b, None
+
+
+def _runs(labels: list, b) -> list[tuple[int, int]]:
+    """The maximal stretches (first, last) of ``labels`` equal to ``b``."""
+    out, i = [], 0
+    while i < len(labels):
+        if labels[i] == b:
+            j = i
+            while j + 1 < len(labels) and labels[j + 1] == b:
+                j += 1
+            out.append((i, j))
+            i = j + 1
+        else:
+            i += 1
+    return out
+
+
+def _copies(fields, n: int):
+    """(k, fields(k)) for k in 0..n-1, where ``fields(k)`` is a tuple of numbers that grows by the same
+    step from one copy to the next (each copy's regions are one region's length from the last's, in the
+    forward onwards, in the backward back): ``fields`` is called for the first two copies and the last,
+    which must lie on their line; the others are computed."""
+    first = fields(0)
+    yield 0, first
+    if n < 2:
+        return
+    second = fields(1)
+    step = tuple(b - a for a, b in zip(first, second))
+    if n > 2 and fields(n - 1) != tuple(a + (n - 1) * d for a, d in zip(first, step)):
+        raise NotComposable("the copies' places are not evenly spaced")
+    yield 1, second
+    for k in range(2, n):
+        yield k, tuple(a + k * d for a, d in zip(first, step))
+
+
 def _src_of_time(reg: _Regions, t: int):
     """(block, offset kind) of the region op ``t`` is in, block None outside them."""
     r = reg.region(t)
@@ -256,6 +297,9 @@ class Composer:
         self.state = {**params, **buffers}
         self.router = router
         self._passes: list[int] = []
+        self._twins: list = []              # (Block, its copies' Blocks): roles marked later go to the copies
+        self._opt = None
+        self._owner: dict[int, str] = {}    # id(Block) -> the parameter whose step made it (or it is)
         run = tr.run
         self.R = run.count - KEPT + 1         # copies of the repeated block (itself the first)
         self.full_container = full_model.get_submodule(run.path) if run.path else full_model
@@ -359,10 +403,12 @@ class Composer:
         ops: list = [None] * (n_ops + w.extra)
         for op in cap.ops:
             src = _src_of_time(reg, op.index)
-            for k in range(R if src == REP else 1):
-                t = w.time(op.index, src, k)
-                ops[t] = OpEvent(t, op.op, w.call(op.layer, src, k), op.phase, op.status, op.costs,
-                                 tuple(w.time(p, src, k) if p >= 0 else p for p in op.producers), op.window)
+
+            def fields(k, op=op, src=src):
+                return (w.time(op.index, src, k), w.call(op.layer, src, k),
+                        *(w.time(p, src, k) if p >= 0 else p for p in op.producers))
+            for k, (t, layer, *producers) in _copies(fields, R if src == REP else 1):
+                ops[t] = OpEvent(t, op.op, layer, op.phase, op.status, op.costs, tuple(producers), op.window)
         if any(o is None for o in ops):
             raise NotComposable("the widened pass has gaps")
         # calls
@@ -428,35 +474,38 @@ class Composer:
 
     def _storages(self, tracker, reg: _Regions, w: _Widen, seg: list, first_block: int, offset: int) -> None:
         g = lambda t, src, k=0: t if t is None or t < offset else offset + w.time(t - offset, src, k)  # noqa: E731
-        grads = self._grads(tracker)
         here = len(self._passes)
         made = []
         for order, blk in enumerate(seg):
             born_local = blk.born - offset
             src = _src_of_time(reg, born_local) if born_local >= 0 else None
-            layer_src = src
-            originals = [blk]
-            if src == REP:
-                originals += [copy.copy(blk) for _ in range(w.R - 1)]   # times set below
             born, alloc, free, layer, saved_by = blk.born, blk.alloc, blk.free, blk.layer, blk.saved_by
             alive = free is None
-            for k, b in enumerate(originals):
-                b.born = g(born, src, k) if born_local >= 0 else born
-                b.alloc = g(alloc, src, k) if alloc >= offset else alloc
+            ours = blk.pass_index == here and layer is not None
+            saved = saved_by is not None and saved_by[0] == here
+
+            def fields(k, src=src, born=born, alloc=alloc, free=free, layer=layer, saved_by=saved_by,
+                       born_local=born_local, alive=alive, ours=ours, saved=saved):
+                return (g(born, src, k) if born_local >= 0 else born, g(alloc, src, k) if alloc >= offset else alloc,
+                        -1 if alive else g(free, src, k), w.call(layer, src, k) if ours else -1,
+                        w.call(saved_by[1], src, k) if saved else -1)
+            copies = []
+            for k, (b_, a_, f_, l_, s_) in _copies(fields, w.R if src == REP else 1):
+                c = blk if k == 0 else copy.copy(blk)
+                c.born, c.alloc = b_, a_
                 if not alive:
-                    b.free = g(free, src, k)
-                if blk.pass_index == here and layer is not None:
-                    b.layer = w.call(layer, layer_src, k)
-                if saved_by is not None and saved_by[0] == here:
-                    b.saved_by = (here, w.call(saved_by[1], layer_src, k))
-                made.append((b.born, order, k, b))
-            if src == REP and alive:
-                rel = grads.get(id(blk))
-                if rel is None:
-                    tracker.followers.setdefault(id(blk), []).extend(originals[1:])
-                else:
-                    for k, b in enumerate(originals[1:], start=1):
-                        self._grad_copy(tracker, rel, k, blk, b)
+                    c.free = f_
+                if ours:
+                    c.layer = l_
+                if saved:
+                    c.saved_by = (here, s_)
+                made.append((b_, order, k, c))
+                if k:
+                    copies.append(c)
+            if src == REP:
+                self._twins.append((blk, copies))
+                if alive:      # dies with the block's own (a gradient at zero_grad, a kept output ...)
+                    tracker.followers.setdefault(id(blk), []).extend(copies)
         made.sort(key=lambda x: (x[0], x[1], x[2]))
         tracker.blocks[first_block:] = [x[3] for x in made]
 
@@ -479,27 +528,223 @@ class Composer:
                     if c.saved_by is None:
                         c.saved_by = (here, w.call(b.saved_by[1], REP, k))
 
-    def _grads(self, tracker) -> dict[int, str]:
-        """id(Block) of each gradient of t2's parameters -> the parameter's name inside the block."""
-        out = {}
-        head = f"{self.pre}{self.tr.run.start + REP}."
-        tracker_live = tracker.live
-        for name, p in self.params.items():
-            if name.startswith(head) and p.grad is not None:
-                st = p.grad.untyped_storage()
-                b = tracker_live.get(id(st))
-                if b is not None:
-                    out[id(b)] = name[len(head):]
-        return out
+    # ---- the optimizer's step ---------------------------------------------------------------------------
+    def block_of_name(self, name: str):
+        """The kept block (0..KEPT-1) a parameter of the whole model is in, None outside them."""
+        run = self.tr.run
+        if not name.startswith(self.pre):
+            return None
+        head = name[len(self.pre):].partition(".")[0]
+        if not head.isdigit():
+            return None
+        i = int(head) - run.start
+        if 0 <= i <= REP:
+            return i
+        if run.count - (KEPT - REP - 1) <= i < run.count:
+            return i - run.count + KEPT
+        return None
 
-    def _grad_copy(self, tracker, rel: str, k: int, orig, blk) -> None:
-        """The copy ``k``'s parameter gets a gradient tensor; its storage is the Block ``blk``."""
-        name = f"{self.pre}{self.tr.run.start + REP + k}.{rel}"
-        p = self.params[name]
-        g0 = self.params[f"{self.pre}{self.tr.run.start + REP}.{rel}"].grad
-        g = torch.empty_strided(tuple(g0.shape), tuple(g0.stride()), dtype=g0.dtype, device=g0.device)
-        p.grad = g
-        tracker.adopt(g, blk)
+    def optimizer_params(self, params: dict) -> list:
+        """The parameters the optimizer steps: the shorter model's, in the whole model's order (the
+        other blocks' steps are composed, ``optimizer_ends``)."""
+        keep = {self.tr.full_path(n) for n, _ in self.tr.model.named_parameters()}
+        return [p for n, p in params.items() if n in keep]
+
+    def optimizer_begins(self, tracker, opt) -> None:
+        """Watch the optimizer's ops (each op's inputs and outputs) from the next op on: which parameter
+        each tensor belongs to, by the Block of its storage, or the storage itself where it is no Block
+        (a CUDA target's host tensors: Adam's ``step``)."""
+        live = tracker.live
+
+        def key(t):
+            try:
+                st = t.untyped_storage()
+            except (RuntimeError, NotImplementedError, TypeError):
+                return None
+            b = live.get(id(st))
+            return (id(b), b) if b is not None else (("storage", id(st)), None)
+        names = {id(p): n for n, p in self.params.items()}
+        for p, state in [(p, None) for p in self.params.values()] + list(opt.state.items()):
+            name = names.get(id(p))
+            for t in [p, p.grad] if state is None else [v for v in state.values() if hasattr(v, "untyped_storage")]:
+                k = key(t) if t is not None else None
+                if k is not None and name is not None:
+                    self._owner[k[0]] = name
+        start = tracker.clock + 1
+        ops: list = []
+        self._opt = (start, ops, len(tracker.blocks))
+        tracker.observer = lambda name, ins, outs: ops.append((name, [key(t) for t in ins], [key(t) for t in outs]))
+
+    def optimizer_ends(self, tracker, run) -> None:
+        """The step the optimizer made on the shorter model's parameters widened to the whole model's:
+        the ops of the repeated block's parameters (in each of the optimizer's loops over parameters)
+        repeated after them once per other copy, and what its ops over all parameters at once (foreach)
+        made for them made again at the same op (see the module's docstring)."""
+        tracker.observer = None
+        start, ops, first_block = self._opt
+        self._opt = None
+        if len(ops) != tracker.clock + 1 - start:
+            raise NotComposable("the optimizer's ops and the tracker's clock disagree")
+        owner = self._owner
+        label: list = [None] * len(ops)        # per op: the parameter it steps, "*" several at once
+        pending: list[int] = []
+        multi_outs: dict[int, str] = {}        # id(Block) made by an op over several -> its parameter
+        for i, (op_name, ins, outs) in enumerate(ops):
+            names = list(dict.fromkeys(owner[k[0]] for k in ins if k is not None and k[0] in owner))
+            if len(names) == 1:
+                label[i] = names[0]
+                for j in pending + [i]:
+                    label[j] = names[0]
+                    for k in ops[j][2]:
+                        if k is not None:
+                            owner[k[0]] = names[0]
+                pending.clear()
+            elif not names:
+                if not op_name.startswith("profiler."):     # record_function's markers: not a parameter's
+                    pending.append(i)
+            else:
+                label[i] = "*"
+                for j, k in enumerate(outs):
+                    src = ins[j] if j < len(ins) else None
+                    name = owner.get(src[0]) if src is not None else None
+                    if k is None or name is None:
+                        raise NotComposable(f"an optimizer op over several parameters ({op_name}) made a tensor "
+                                            "of none of them")
+                    owner[k[0]] = name
+                    if k[1] is not None:
+                        multi_outs[id(k[1])] = name
+        if pending:
+            raise NotComposable(f"the optimizer ran ops of no parameter ({ops[pending[0]][0]})")
+        block = [None if x is None or x == "*" else self.block_of_name(x) for x in label]
+        segs = {b: _runs(block, b) for b in range(KEPT)}
+        if not (len(segs[REP - 1]) == len(segs[REP]) == len(segs[REP + 1])):
+            raise NotComposable("the optimizer's loops over the middle blocks' parameters differ")
+        R = self.R
+        lens = [z - a + 1 for a, z in segs[REP]]
+
+        def where(t: int):
+            """(kept block, its stretch, offset) of global op ``t`` of the phase, None elsewhere."""
+            u = t - start
+            for b, ss in segs.items():
+                for i, (a, z) in enumerate(ss):
+                    if a <= u <= z:
+                        return b, i, u - a
+            return None
+
+        def at(t: int, k: int = 0) -> int:
+            """Global op ``t`` widened (copy ``k`` of a repeated stretch where it is in one)."""
+            if t < start:
+                return t
+            u, extra = t - start, 0
+            for (a, z), n in zip(segs[REP], lens):
+                if u > z:
+                    extra += (R - 1) * n
+                elif a <= u:
+                    return t + extra + k * n
+            return t + extra
+
+        def seen_from(t, src, k: int = 0) -> int:
+            """Global op ``t`` as what block ``src`` (copy ``k``) made points to it, widened."""
+            r = where(t) if t is not None and t >= start else None
+            if r is None:
+                return t if t is None else at(t)
+            b, i, off = r
+            if src is None:
+                if b == REP:
+                    raise NotComposable("something outside the blocks' steps points into the repeated one's")
+                return at(t)
+            kb, kc = _kept(_full_block(src, k, R) + (b - src), R)
+            ss = segs[REP if kc is not None else kb]
+            if i >= len(ss) or ss[i][0] + off > ss[i][1]:
+                raise NotComposable("the optimizer's stretches of the blocks differ in length")
+            return at(start + ss[i][0] + off, kc or 0)
+        made = tracker.blocks[first_block:]
+
+        def pattern(b: int) -> list:
+            def rel(t):
+                r = where(t) if t is not None and t >= start else None
+                return ("abs", t) if r is None else _ref(r[0] - b, r[1], r[2])
+            out = [tuple(ops[u][0] for u in range(a, z + 1)) for a, z in segs[b]]
+            for blk in made:
+                born, dies = rel(blk.born), rel(blk.free)
+                if born[:2] == ("@", 0) or dies[:2] == ("@", 0):
+                    out.append((born, rel(blk.alloc), dies, blk.nbytes, blk.roles, blk.tag, id(blk) in multi_outs))
+                elif id(blk) in multi_outs and self.block_of_name(multi_outs[id(blk)]) == b:
+                    out.append(("*", blk.born, blk.alloc, dies, blk.nbytes, blk.roles, blk.tag))
+            if _far(out):
+                raise NotComposable("an optimizer step points two blocks away")
+            return out
+        pats = {b: pattern(b) for b in (REP - 1, REP, REP + 1)}
+        if _masked(pats[REP - 1], -1) != _masked(pats[REP], -1) or _masked(pats[REP], 1) != _masked(pats[REP + 1], 1):
+            raise NotComposable("the optimizer's steps of the middle blocks' parameters differ")
+        # what died in the phase, at its widened time (made before the phase: seen from no block)
+        for blk in tracker.blocks[:first_block]:
+            if blk.free is not None and blk.free >= start:
+                blk.free = seen_from(blk.free, None)
+        clones = []
+
+        def for_rep(blk) -> bool:
+            return id(blk) in multi_outs and self.block_of_name(multi_outs[id(blk)]) == REP
+        # an op over several parameters makes the copies' tensors after the repeated block's, in the order
+        # of the parameters: after its last one
+        last = {blk.born: order for order, blk in enumerate(made) if for_rep(blk)}
+        for order, blk in enumerate(made):
+            born, alloc, free = blk.born, blk.alloc, blk.free
+            r = where(born)
+            src = None if r is None else r[0]
+            blk.born, blk.alloc, blk.free = at(born), at(alloc) if alloc >= start else alloc, seen_from(free, src)
+            copies = []
+            if src == REP:
+                for k in range(1, R):
+                    c = copy.copy(blk)
+                    c.born, c.alloc, c.free = at(born, k), at(alloc, k), seen_from(free, REP, k)
+                    copies.append(c)
+            elif for_rep(blk):
+                copies = [copy.copy(blk) for _ in range(1, R)]     # made at the same op, for each copy
+            if copies:
+                self._twins.append((blk, copies))
+                if blk.free is None:
+                    tracker.followers.setdefault(id(blk), []).extend(copies)
+            clones.append(((blk.born, order, 0, 0), blk))
+            major = last[born] if for_rep(blk) else order
+            clones += [((c.born, major, k, order), c) for k, c in enumerate(copies, start=1)]
+        clones.sort(key=lambda x: x[0])
+        tracker.blocks[first_block:] = [x[1] for x in clones]
+
+        def in_seg(t):
+            r = where(t) if t >= start else None
+            return r is not None and r[0] == REP
+        if run.log is not None:
+            self._opt_notes(run.log, start, at, in_seg)
+        tracker.clock += (R - 1) * sum(lens)
+
+    def _opt_notes(self, log, start: int, at, in_seg) -> None:
+        keep = sum(1 for t in log.ticks if t < start)
+        new = []
+        for order, (e, t) in enumerate(zip(log.events[keep:], log.ticks[keep:])):
+            for k in range(self.R if in_seg(t) else 1):
+                new.append((at(t, k), order, k, e))
+        new.sort(key=lambda x: (x[0], x[1], x[2]))
+        log.events[keep:] = [x[3] for x in new]
+        log.ticks[keep:] = [x[0] for x in new]
+
+    def finish(self, run) -> None:
+        """After the run: the copies' Blocks take the roles their block's got later (a gradient, optimizer
+        state), and the copies' parameters their gradients' and optimizer state's bytes."""
+        for blk, copies in self._twins:
+            for c in copies:
+                c.roles |= blk.roles
+        head = f"{self.pre}{self.tr.run.start + REP}."
+        for table in (run.grad_bytes, run.optimizer_bytes):
+            for name, v in list(table.items()):
+                if name.startswith(head):
+                    for k in range(1, self.R):
+                        table[self.copy_path(name, k)] = v
+        # the whole model's order of names (the report lists parameters as the model does)
+        order = list(self.params)
+        for attr in ("grad_bytes", "optimizer_bytes"):
+            table = getattr(run, attr)
+            setattr(run, attr, {n: table[n] for n in order if n in table})
 
     def _notes(self, log, reg: _Regions, w: _Widen, offset: int) -> None:
         keep = [(e, t) for e, t in zip(log.events, log.ticks) if t < offset]

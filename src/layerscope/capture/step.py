@@ -223,9 +223,6 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
                     tracker.mark(b, BUFFER)
                 for t in iter_tensors((args, kwargs)):
                     tracker.mark(t, INPUT)
-            opt = _make_optimizer(optimizer, list(params.values()), foreach_default) \
-                if training and optimizer else None
-            model.train(training)
             composer = None
             if compose is not None:
                 runner.train(training)
@@ -234,11 +231,16 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
                     run.log.clock = lambda: tracker.clock
                     if attention is not None:
                         attention.clock = lambda: tracker.clock
+            stepped = composer.optimizer_params(params) if composer is not None else list(params.values())
+            opt = _make_optimizer(optimizer, stepped, foreach_default) if training and optimizer else None
+            model.train(training)
             _loop(run, model, named, (call, backward, routed), swap, (args, kwargs), params, buffers, opt, rng=rng,
                   simulate=simulate, training=training, autocast_dtype=autocast_dtype, device=device,
                   loss_fn=loss_fn or default_loss, steps=steps if training else 1,
                   accumulation=accumulation if training else 1, options=options or CostOptions(),
                   on_step=on_step, pipeline=pipeline, keep_output=keep_output, composer=composer)
+            if composer is not None:
+                composer.finish(run)
     except ForwardError as e:
         # a failure after the simulation made values up (a label check read as True) names them
         if run.log is None or run.log.real or not any(k != "random" for k, _, _ in run.log.events) or \
@@ -329,6 +331,8 @@ def _loop(run: StepRun, model, named, passes, swap, inputs, params, buffers, opt
             cap = last_micro
             start = tracker.clock + 1 if tracker else 0
             cap.phase = OPTIMIZER
+            if composer is not None and tracker:
+                composer.optimizer_begins(tracker, opt)
             with OpRecorder(cap) if tracker else contextlib.nullcontext():
                 try:
                     opt.step()
@@ -341,6 +345,8 @@ def _loop(run: StepRun, model, named, passes, swap, inputs, params, buffers, opt
                     _mark_optimizer_state(run, opt, step == steps - 1)
                 opt.zero_grad()
             cap.remove()
+            if composer is not None and tracker:
+                composer.optimizer_ends(tracker, run)
             if tracker:
                 run.phase_ranges.append((step, OPTIMIZER, start, tracker.clock))
         elif training:

@@ -96,6 +96,9 @@ class StorageTracker:
         # id(Block) -> Blocks without a storage of their own that die with it (capture/compose.py: the
         # copies of a block's storage that outlive the pass)
         self.followers: dict[int, list[Block]] = {}
+        # called after each op with (op name, its input tensors, its output tensors): capture/compose.py
+        # watches the optimizer's step so
+        self.observer: Callable[[str, list, list], None] | None = None
 
     # ---- storages --------------------------------------------------------------------------------
     def _storage(self, t: torch.Tensor):
@@ -272,6 +275,8 @@ class StorageTracker:
             self.block_of(t, nbytes=sizes.get(i) if sizes else None)
         for t in ins:
             self.block_of(t)
+        if self.observer is not None:
+            self.observer(self.op_name, ins, outs)
 
     @staticmethod
     def _saved(b: Block, by: tuple[int, int]) -> None:
