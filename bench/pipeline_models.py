@@ -16,3 +16,8 @@ def stem_cnn() -> nn.Module:
 
 
 stem_cnn.input_size = (1, 3, 64, 64)  # type: ignore[attr-defined]
+
+
+def deep_mlp(blocks: int = 1000) -> nn.Module:
+    """Issue 36 item 4's model: ``blocks`` blocks of ``Sequential(Linear(64, 64), ReLU())`` (input 1 x 64)."""
+    return nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(blocks)])

@@ -79,6 +79,9 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
         if key.strip() in _DTYPE_KEYS:
             raise SpecError(f"--set {key.strip()}=... does not change the weights' dtype of a model built from "
                             f"its config: use --model-dtype bf16|fp16|fp32 (build_model(dtype=...))")
+        if value.strip().lower() in ("true", "false"):      # as a shell user writes a flag
+            out[key.strip()] = value.strip().lower() == "true"
+            continue
         try:
             out[key.strip()] = ast.literal_eval(value)
         except (ValueError, SyntaxError):

@@ -94,3 +94,9 @@ def test_set_torch_dtype_is_refused_with_a_pointer(key, capsys):
     assert main(["summary", "hf:gpt2", "--set", f"{key}=bfloat16"]) == 1
     err = capsys.readouterr().err
     assert "--model-dtype" in err and err.count("\n") == 1
+
+
+def test_set_takes_true_and_false_as_a_shell_user_writes_them():
+    from layerscope.specs import parse_overrides
+    assert parse_overrides(["use_cache=false", "tie_word_embeddings=True", "n_layer=2", "act=gelu"]) == \
+        {"use_cache": False, "tie_word_embeddings": True, "n_layer": 2, "act": "gelu"}

@@ -1,29 +1,44 @@
 """A simulated step composed from one block: the shorter model of capture/blocks.py runs (the first
-three blocks of a run of ``n`` identical ones and the last), and each pass's record is widened to the
-whole model's, as if the third block had run ``n - 3`` times in a row.
+three blocks of a run of ``n`` identical ones and the last two), and each pass's record, and each
+optimizer step's, is widened to the whole model's, as if the third block had run ``n - 4`` times in a
+row.
 
-Why this is the whole model's record. Call the four blocks t0..t3 and the whole model's blocks
-0..n-1 (t0, t1 are blocks 0 and 1, t3 is block n-1, the copies c0..c(R-1), R = n - 3, are blocks
-2..n-2). A block's *region* in the forward is the ops from its first one to the next block's first
-(so the loop's own ops between two blocks belong to the block before them), in the backward from its
-first backward op to the previous block's first. Everything the run records is anchored in one
-region or in none (ops, module calls, the storages' births, the simulation's notes) and may point
-into another (an op's producers, a storage's allocation and death, a call's span and outputs). A
-pointer from block i into block j is kept as (j - i, the kind of region, the offset in it); a pointer
-to or from no block as its time. ``_Regions.pattern`` writes t1's and t2's records in those terms;
-they must be equal, element for element, and every pointer in either must reach at most one block
-ahead or back from where t0..t3 exist. Blocks that are identical (blocks.py) and receive the same
-input specs run the same ops; equal patterns show that the code around them (the loop, what it
-keeps) treats the second and third alike, and that what each block's storages and ops point to is a
-fixed distance away. By induction every middle block of the whole model leaves that same pattern:
-block 2 + k's record is t2's with each pointer (d, kind, offset) sent to block 2 + k + d's region of
-that kind, at that offset; blocks 0, 1 and n-1 and everything outside the blocks keep their records,
-shifted by the (R - 1) copies of t2's regions inserted before them. ``widen`` does this to the
-session's ops and calls and to the storage tracker's blocks, and the report is built from them as from
-a run of the whole model (byte for byte the same; tests/capture/test_compose.py). A storage of t2's that
-is still alive when the pass ends is, in each copy, the gradient of the copy's own parameter (made
-as a tensor, so the optimizer finds it), or a Block that dies with t2's (``StorageTracker.followers``).
-Where anything differs, ``NotComposable`` says what, and the caller simulates the whole model.
+Why this is the whole model's record. Call the five blocks t0..t4 and the whole model's blocks
+0..n-1: t0, t1 are blocks 0 and 1, t3, t4 are blocks n-2 and n-1, and the copies c0..c(R-1) of t2
+(R = n - 4, c0 is t2 itself) are blocks 2..n-3. A block's *region* in the forward is the ops from its
+first one to the next block's first (so the loop's own ops between two blocks belong to the block
+before them), in the backward from its first backward op to the previous block's first. Everything
+the run records is anchored in one region or in none (ops, module calls, the storages' births, the
+simulation's notes) and may point into another (an op's producers, a storage's allocation and death,
+a call's span, parent, children and outputs). A pointer from block i into block j is kept as
+(j - i, the kind of region, the offset in it); a pointer to or from no block as its time.
+``Composer._pattern`` writes t1's, t2's and t3's records in those terms, and they must agree: towards
+the next block t1's and t2's (whose next blocks, t2 and t3, are middle ones), towards the previous
+block t2's and t3's (t1 and t2), in their own regions all three; no pointer may reach two blocks
+away. Blocks that are identical (blocks.py) and receive the same input specs run the same ops; the
+agreement shows that the code around them treats the middle ones alike and that what a block's
+storages and ops point to is a fixed distance away, so by induction every middle block of the whole
+model leaves the same record: block 2 + k's is t2's with each pointer (d, kind, offset) sent to block
+2 + k + d's region of that kind, at that offset (``_Widen``; the places of the copies lie on a line,
+``_copies``, computed for the first two and checked at the last). Blocks 0, 1, n-2, n-1 and everything
+outside the blocks keep their records, shifted by the (R - 1) copies of t2's regions inserted before
+them. ``widen`` does this to the session's ops and calls and to the storage tracker's Blocks, and the
+report is built from them as from a run of the whole model. A storage of t2's that is still alive
+when the pass ends has in each copy a Block that dies with t2's (``StorageTracker.followers``: a
+gradient at zero_grad, an output the loop keeps).
+
+The optimizer steps the shorter model's parameters only. Its ops are watched (``optimizer_begins``)
+and each is given to the parameter whose tensors it reads (an op that reads none, as Adam's
+``torch.tensor(0.0)`` for a new ``step``, to the next op's); ops over several parameters at once
+(foreach) make one tensor per parameter, in the parameters' order. ``optimizer_ends`` finds, in each of
+the optimizer's loops over parameters, the stretch of t2's parameters (between t1's and t3's, which
+must agree with it in the same sense as above), repeats it once per other copy right after it, and
+makes again what a foreach op made for t2's parameters, at the same op, after t2's. An op of no
+parameter (other than record_function's markers) refuses: it could be one per parameter.
+
+Where anything differs, ``NotComposable`` says what, and the caller simulates the whole model; the
+loop around the blocks is checked by capture/composed.py. The report is the same byte for byte as the
+whole model's simulation (tests/capture/test_compose.py).
 """
 
 from __future__ import annotations
@@ -44,7 +59,7 @@ _F, _B = "F", "B"
 
 
 class _Regions:
-    """Where t0..t3 ran in one pass (pass-local op indices and call indices)."""
+    """Where the kept blocks ran in one pass (pass-local op indices and call indices)."""
 
     def __init__(self, cap, tr: Truncated, n_ops: int) -> None:
         run = tr.run
@@ -122,9 +137,6 @@ class _Regions:
                     for u in range(a, min(z, self.n_ops)):
                         at[u] = (b, kind, u - a)
         return at[t] if 0 <= t < len(at) else None
-
-    def block_of_call(self, i: int):
-        return self.owner.get(i)
 
 
 class _Widen:
