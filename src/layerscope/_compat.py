@@ -357,6 +357,14 @@ def engine_grad(feature: str, outputs, inputs, grad_outputs=None, retain_graph=N
                                                 accumulate_grad=False)
 
 
+def saved_hooks_name() -> str:
+    """The qualified name of the innermost saved-tensor pack hook in force ("" where none is, or where
+    this torch cannot say): torch.utils.checkpoint's own hooks name themselves."""
+    top = get("top_saved_tensors_hooks")
+    hooks = top(False) if top is not None else None
+    return "" if hooks is None else getattr(hooks[0], "__qualname__", type(hooks[0]).__name__)
+
+
 def in_recompute() -> bool:
     """Whether the op running now is part of a checkpointed region's recompute (torch.utils.checkpoint's
     non-reentrant recompute runs under its ``_recomputation_hook`` saved-tensor hooks)."""

@@ -12,7 +12,6 @@ from torch import nn
 
 import layerscope as ls
 from layerscope.capture import compose as compose_mod
-from layerscope.capture import composed as composed_mod
 from layerscope.capture.blocks import find_run, truncated
 
 from ..helpers import assert_unchanged, snapshot
@@ -23,28 +22,22 @@ tf = pytest.importorskip("transformers")
 @pytest.fixture
 def outcome(monkeypatch):
     """What the composition did in the calls that follow: passes widened, and why it gave up."""
+    from layerscope.api import _memory
     seen = {"widened": 0, "refused": []}
-    widen, check = compose_mod.Composer.widen, composed_mod._check_loop
+    widen, attempt = compose_mod.Composer.widen, _memory.composed_steps
 
     def counted(self, *a, **k):
         widen(self, *a, **k)
         seen["widened"] += 1
 
-    def checked(*a, **k):
+    def attempted(*a, **k):
         try:
-            check(*a, **k)
-        except compose_mod.NotComposable as e:
+            return attempt(*a, **k)
+        except Exception as e:
             seen["refused"].append(str(e))
             raise
-
-    def refused(self, *a, **k):
-        try:
-            counted(self, *a, **k)
-        except compose_mod.NotComposable as e:
-            seen["refused"].append(str(e))
-            raise
-    monkeypatch.setattr(compose_mod.Composer, "widen", refused)
-    monkeypatch.setattr(composed_mod, "_check_loop", checked)
+    monkeypatch.setattr(compose_mod.Composer, "widen", counted)
+    monkeypatch.setattr(_memory, "composed_steps", attempted)
     return seen
 
 
@@ -70,7 +63,7 @@ IDS = {"input_ids": torch.zeros(2, 16, dtype=torch.long)}
 @pytest.mark.parametrize("opts", [
     dict(optimizer="adamw"),                                   # 2 steps: optimizer state from the first on
     dict(training=False),                                      # an inference forward
-    dict(optimizer="adamw", device="cuda", autocast="bfloat16"),  # 512-byte blocks, foreach, cuBLAS workspaces
+    dict(optimizer="adamw", device="cuda", autocast_dtype="bf16"),  # 512-byte blocks, foreach, cuBLAS workspaces
     dict(optimizer="sgd", accumulation=2, keep_output=False),  # gradients accumulated over two passes
 ], ids=["adamw", "inference", "cuda-bf16", "sgd-accumulation"])
 def test_llama_composed_is_the_whole_models_report(opts, outcome):
@@ -122,6 +115,15 @@ class _Branchy(nn.Module):
         return self.lin(x).relu() if self.i % 2 else self.lin(x)
 
 
+class _Flagged(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x, flag=False):
+        return self.lin(x) * 2 if flag else self.lin(x)
+
+
 class _Stack(nn.Module):
     def __init__(self, blocks, rule=None):
         super().__init__()
@@ -131,11 +133,18 @@ class _Stack(nn.Module):
     def forward(self, x):
         kept = []
         for i, b in enumerate(self.blocks):
-            x = b(x)
+            if self.rule == "checkpoint at 5" and i == 5:
+                x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=False)
+            elif self.rule == "flag at 5":
+                x = b(x, flag=i == 5)
+            else:
+                x = b(x)
             if self.rule == "double at 5" and i == 5:
                 x = x * 2
             if self.rule == "keep all":
                 kept.append(x)
+            if self.rule == "keep 5" and i == 5:
+                held = x  # noqa: F841 - alive until the forward returns
         return torch.stack(kept).sum(0) if kept else x
 
 
@@ -145,13 +154,19 @@ def test_an_index_read_inside_a_block_is_seen(outcome):
     assert outcome["widened"] == 0 and "'i'" in outcome["refused"][0]
 
 
-def test_the_loop_check_sees_a_place_the_loop_treats_apart(outcome):
+@pytest.mark.parametrize("rule, why", [
+    ("double at 5", "some places only"),           # an op of the loop's own at one place
+    ("checkpoint at 5", "differently"),            # a block checkpointed at one place (saved-tensor hooks)
+    ("flag at 5", "differently"),                  # a block called with another argument at one place
+    ("keep 5", "longer"),                          # one place's output kept (no op shows it)
+])
+def test_the_loop_check_sees_a_place_the_loop_treats_apart(rule, why, outcome):
     # the five blocks that run see nothing at place 5: the record is consistent, only the loop check,
-    # which runs the whole loop with stand-ins, sees the extra multiplication there
+    # which runs the whole loop with stand-ins, sees what the loop does there
     torch.manual_seed(0)
-    same_reports(_Stack([nn.Linear(16, 16) for _ in range(8)], "double at 5"), {"input_size": (4, 16)},
-                 optimizer="adamw")
-    assert outcome["widened"] == 2 and "some places only" in outcome["refused"][0]
+    blocks = [_Flagged() for _ in range(10)] if rule == "flag at 5" else [nn.Linear(16, 16) for _ in range(10)]
+    same_reports(_Stack(blocks, rule), {"input_size": (4, 16)}, optimizer="adamw")
+    assert outcome["widened"] == 2 and why in outcome["refused"][0]
 
 
 def test_outputs_kept_from_every_block_are_seen(outcome):
@@ -177,3 +192,58 @@ def test_find_run_refuses_hooks_and_ties_and_names_what_differs():
     assert [short.full_path(f"blocks.{i}.lin") for i in range(5)] == \
         ["blocks.0.lin", "blocks.1.lin", "blocks.2.lin", "blocks.5.lin", "blocks.6.lin"]
     assert all("i" in b.__dict__ for b in blocks)       # the user's blocks keep their attributes
+
+
+def test_a_block_registered_twice_is_not_a_block_of_the_run():
+    torch.manual_seed(0)
+    model = _Stack([nn.Linear(16, 16) for _ in range(8)])
+    model.probe = model.blocks[4]          # the same module under a second name
+    assert find_run(model) is None or find_run(model).count < 6
+    same_reports(model, {"input_size": (4, 16)}, optimizer="adamw")
+
+
+def test_hooks_transformers_installs_on_a_first_call_are_not_left_by_the_shorter_model(outcome):
+    # the first call with output_hidden_states installs transformers' capturing hooks on the blocks and
+    # flags the root; the shorter model's run (refused: the hidden states are kept) must leave neither
+    model = llama()
+    inputs = {**IDS, "output_hidden_states": True}
+    composed = ls.memory(model, **inputs, optimizer="adamw")
+    assert outcome["refused"]
+    assert composed.to_json() == ls.memory(llama(), compose=False, **inputs, optimizer="adamw").to_json()
+    assert all(len(b._forward_hooks) <= 1 for b in model.model.layers)
+    with torch.no_grad():
+        out = model(**inputs)
+    assert len(out.hidden_states) == model.config.num_hidden_layers + 1
+
+
+class _Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x):
+        return x + self.b(torch.nn.functional.gelu(self.a(x)))
+
+
+def _per_block_groups(ps):            # layer-wise lr: one group per block (4 tensors), then the rest
+    rest = ps[:-2]
+    return torch.optim.AdamW([{"params": rest[i:i + 4], "lr": 0.9 ** i} for i in range(0, len(rest), 4)]
+                             + [{"params": ps[-2:]}], foreach=True)
+
+
+def _by_position(ps):                 # momentum for the first 16 tensors only
+    return torch.optim.SGD([{"params": ps[:16], "momentum": 0.9}, {"params": ps[16:], "momentum": 0.0}], lr=0.1)
+
+
+@pytest.mark.parametrize("optimizer, composes", [
+    ("adagrad", True),                # state made when the optimizer is built
+    (_per_block_groups, False),       # a group of the left-out blocks alone: refused
+    (_by_position, False),            # groups by position: the middle blocks stepped apart, refused
+    (lambda ps: torch.optim.AdamW(ps, fused=True), True),
+])
+def test_optimizers_built_for_the_whole_model(optimizer, composes, outcome):
+    torch.manual_seed(0)
+    model = _Stack([_Residual() for _ in range(8)])
+    model.head = nn.Linear(16, 16)
+    same_reports(model, {"input_size": (4, 16)}, optimizer=optimizer)
+    assert (not outcome["refused"]) == composes

@@ -11,7 +11,7 @@ from torch import nn
 from ..analyses.memory import memory_results
 from ..capture import iter_tensors, model_device
 from ..capture.attention import resolve_gpu, router_for
-from ..capture.composed import NotComposable, composed_steps
+from ..capture.composed import composed_steps
 from ..capture.guard import exclusive, gc_paused
 from ..capture.measure import measure_cpu, measure_cuda, state_bytes
 from ..capture.prepare import as_device, check_model, example_inputs, is_fake_model, materialize_lazy, rebatch
@@ -158,8 +158,8 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
                 try:
                     run = composed_steps(model, args, kwargs, tracker=new_tracker(), attention=router,
                                          check_router=new_router(), on_step=_advance(bar), **step_kw)
-                except (NotComposable, ForwardError, InputError):
-                    run = None      # the whole model is simulated instead: it raises the error if it is the model's
+                except Exception:   # noqa: BLE001 - NotComposable, or anything: the whole model is simulated
+                    run = None      # instead, and raises the error if it is the model's
                 if run is None:
                     router = new_router()
                     if bar is not None:

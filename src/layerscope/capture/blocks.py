@@ -31,9 +31,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .inputs import map_tensors
+from .. import _compat
+from .inputs import iter_tensors, map_tensors
 
-__all__ = ["BlockRun", "find_run", "truncated", "Truncated", "loop_check_model", "MIN_BLOCKS", "KEPT", "REP"]
+__all__ = ["BlockRun", "find_run", "truncated", "Truncated", "loop_check_model", "call_signature", "module_state",
+           "restore_module_state", "MIN_BLOCKS", "KEPT", "REP"]
 
 KEPT = 5                # blocks the shorter model runs: the first three and the last two
 REP = 2                 # the one of them that stands for the blocks left out (the third)
@@ -66,11 +68,12 @@ def _value_key(v):
     return ("id", id(v))
 
 
-def _structure(block: nn.Module):
-    """What must be equal between identical blocks (None: this block cannot be one: a hook)."""
+def _structure(block: nn.Module, places: dict[int, int]):
+    """What must be equal between identical blocks (None: this block cannot be one: a hook, or a module
+    of it registered somewhere else too, ``places`` counting where each module is registered)."""
     out = []
     for rel, sub in block.named_modules(remove_duplicate=False):
-        if any(getattr(sub, h, None) for h in _HOOKS):
+        if any(getattr(sub, h, None) for h in _HOOKS) or places.get(id(sub), 0) > 1:
             return None
         ps = tuple((n, None if p is None else (tuple(p.shape), p.dtype, p.device.type, p.requires_grad, type(p)))
                    for n, p in sub._parameters.items())
@@ -95,6 +98,9 @@ def find_run(model: nn.Module, least: int = MIN_BLOCKS) -> BlockRun | None:
     """The longest run of identical blocks (see the module's docstring), at least ``least`` long."""
     best = None
     holders: dict[int, int] = {}
+    places: dict[int, int] = {}
+    for _, m in model.named_modules(remove_duplicate=False):
+        places[id(m)] = places.get(id(m), 0) + 1
     for m in model.modules():
         for p in m._parameters.values():
             if p is not None:
@@ -103,7 +109,7 @@ def find_run(model: nn.Module, least: int = MIN_BLOCKS) -> BlockRun | None:
         if not _numbered(m) or len(m._modules) < least:
             continue
         kids = list(m._modules.values())
-        shapes = [_structure(k) if k is not None else None for k in kids]
+        shapes = [_structure(k, places) if k is not None else None for k in kids]
         i = 0
         while i < len(kids):
             j = i + 1
@@ -128,6 +134,11 @@ class Truncated:
     run: BlockRun
     originals: dict[int, nn.Module] = field(default_factory=dict)   # id(copy) -> the user's module
     reads: list = field(default_factory=list)                      # (module, attribute) read while running
+    # each kept block's first call: how it was called (``call_signature``), and the repeated block's
+    # output as specs (no tensor of it is held: that would change when its storages die)
+    sigs: dict[int, tuple] = field(default_factory=dict)
+    out_spec: object = None
+    copies: list = field(default_factory=list)                     # the modules made for the shorter model
 
     def full_index(self, i: int) -> int:
         """The whole container's child index of the shorter one's child ``i``."""
@@ -148,12 +159,47 @@ class Truncated:
         return f"{pre}{self.full_index(int(head))}{dot}{tail}"
 
 
-def _shallow(m: nn.Module, originals: dict) -> nn.Module:
+def _shallow(m: nn.Module, originals: dict, copies: list | None = None) -> nn.Module:
     c = copy.copy(m)
+    if copies is not None:
+        copies.append(c)
     for d in ("_modules", "_parameters", "_buffers"):
         c.__dict__[d] = dict(m.__dict__[d])
     originals[id(c)] = originals.get(id(m), m)
     return c
+
+
+def module_state(modules) -> dict[int, tuple]:
+    """What a forward may write in a module besides its tensors: its plain attributes (by identity) and
+    its hooks (by handle id), per module (id -> (module, attributes, hooks))."""
+    out = {}
+    for m in modules:
+        attrs = {k: v for k, v in m.__dict__.items() if k not in _MACHINERY and not k.startswith("_ls_")}
+        hooks = {h: tuple(getattr(m, h, {}) or ()) for h in _HOOKS}
+        out[id(m)] = (m, attrs, hooks)
+    return out
+
+
+def restore_module_state(before: dict[int, tuple]) -> list[str]:
+    """Put back what ``module_state`` saw (new attributes and hooks removed, changed ones restored);
+    the names of what had changed."""
+    changed = []
+    for m, attrs, hooks in before.values():
+        now = {k: v for k, v in m.__dict__.items() if k not in _MACHINERY and not k.startswith("_ls_")}
+        for k in set(now) | set(attrs):
+            if k not in attrs:
+                changed.append(k)
+                del m.__dict__[k]
+            elif k not in now or now[k] is not attrs[k]:
+                changed.append(k)
+                m.__dict__[k] = attrs[k]
+        for h, keys in hooks.items():
+            d = getattr(m, h, None)
+            if d is not None and tuple(d) != keys:
+                changed.append(h)
+                for key in [x for x in d if x not in keys]:
+                    del d[key]
+    return changed
 
 
 _TRACKING: dict[tuple[type, frozenset], type] = {}
@@ -193,13 +239,13 @@ def truncated(model: nn.Module, run: BlockRun) -> Truncated:
     def watched(block: nn.Module) -> nn.Module:
         if not by_block:
             return block
-        made = {"": _shallow(block, out.originals)}     # relative path -> this block's copy of the module
+        made = {"": _shallow(block, out.originals, out.copies)}     # relative path -> this block's copy of the module
         for rel in by_block:
             path = ""
             for part in [p for p in rel.split(".") if p]:
                 parent, path = made[path], f"{path}.{part}" if path else part
                 if path not in made:
-                    made[path] = _shallow(parent._modules[part], out.originals)
+                    made[path] = _shallow(parent._modules[part], out.originals, out.copies)
                     parent._modules[part] = made[path]
         for rel, names in by_block.items():
             holder = made[rel]
@@ -208,36 +254,84 @@ def truncated(model: nn.Module, run: BlockRun) -> Truncated:
             holder.__class__ = _tracking_class(type(holder), frozenset(names))
         return made[""]
 
-    container = _shallow(run.container, out.originals)
-    container.__dict__["_modules"] = {str(i): watched(k) if s <= i < s + KEPT else k for i, k in enumerate(keep)}
+    def twin(block: nn.Module, b: int) -> nn.Module:
+        """A copy of the kept block ``b`` that notes how it is called (and the repeated one its output)."""
+        c = copy.copy(block)        # shares the block's dicts: its parameters are swapped with the block's
+        out.originals[id(c)] = out.originals.get(id(block), block)
+        out.copies.append(c)
+        plain = type(block).forward
+
+        def forward(*args, **kwargs):
+            out.sigs.setdefault(b, call_signature(args, kwargs))
+            result = plain(c, *args, **kwargs)
+            if b == REP and out.out_spec is None:
+                out.out_spec = map_tensors(result, _Spec)
+            return result
+        c.__dict__["forward"] = forward
+        return c
+
+    container = _shallow(run.container, out.originals, out.copies)
+    container.__dict__["_modules"] = {str(i): twin(watched(k), i - s) if s <= i < s + KEPT else k
+                                      for i, k in enumerate(keep)}
     # the modules above the list: new objects down from the root
     node, path = container, run.path.split(".") if run.path else []
     for depth in range(len(path), 0, -1):
         above = model.get_submodule(".".join(path[:depth - 1]))
-        c = _shallow(above, out.originals)
+        c = _shallow(above, out.originals, out.copies)
         c._modules[path[depth - 1]] = node
         node = c
     out.model = node
     return out
 
 
-class _StandIn(nn.Module):
-    """A block the loop check does not run: it returns new tensors shaped as the repeated block's
-    output, and reads of its attributes go to the repeated block (a read of one that differs is noted
-    there)."""
+class _Spec:
+    """A tensor's shape, strides, dtype, device and requires_grad, without the tensor."""
 
-    def __init__(self, shared: dict) -> None:
+    __slots__ = ("shape", "stride", "dtype", "device", "requires_grad")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.shape, self.stride, self.dtype = tuple(t.shape), tuple(t.stride()), t.dtype
+        self.device, self.requires_grad = t.device, t.requires_grad
+
+    def make(self) -> torch.Tensor:
+        out = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
+        return out.requires_grad_(True) if self.requires_grad and out.is_floating_point() else out
+
+
+def _sig(v, depth: int = 0):
+    if isinstance(v, torch.Tensor):
+        return ("tensor", tuple(v.shape), v.dtype, tuple(v.stride()), v.requires_grad, v.device.type)
+    if depth < 4 and isinstance(v, (tuple, list)):
+        return (type(v).__name__, tuple(_sig(x, depth + 1) for x in v))
+    if depth < 4 and isinstance(v, dict):
+        return ("dict", tuple((k, _sig(x, depth + 1)) for k, x in v.items()))
+    return _value_key(v)
+
+
+def call_signature(args: tuple, kwargs: dict) -> tuple:
+    """How a block is called: its arguments (tensors by shape, strides, dtype, requires_grad and device,
+    other values by value or identity), grad mode, autocast, and the saved-tensor hooks in force (a
+    checkpoint's)."""
+    return (_sig(tuple(args)), _sig(dict(kwargs)), torch.is_grad_enabled(),
+            torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"), _compat.saved_hooks_name())
+
+
+class _StandIn(nn.Module):
+    """A place of the run in the loop check: it notes how it is called and returns new tensors shaped
+    as the repeated block's output (noting their storages through ``shared["lookup"]``); reads of its
+    attributes go to the repeated block (a read of one that differs is noted there)."""
+
+    def __init__(self, shared: dict, place: int) -> None:
         super().__init__()
         self.__dict__["_ls_shared"] = shared
+        self.__dict__["_ls_place"] = place
 
     def forward(self, *args, **kwargs):
-        if "out" not in self._ls_shared:
-            raise RuntimeError("the repeated block had not run before the blocks after it")
-
-        def fresh(t: torch.Tensor) -> torch.Tensor:
-            out = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device)
-            return out.requires_grad_(t.requires_grad) if t.requires_grad and t.is_floating_point() else out
-        return map_tensors(self._ls_shared["out"], fresh)
+        shared, place = self._ls_shared, self._ls_place
+        shared["sigs"].setdefault(place, call_signature(args, kwargs))
+        out = _made(shared["spec"])
+        shared["outs"].setdefault(place, [shared["lookup"](t) for t in iter_tensors(out)])
+        return out
 
     def __getattr__(self, name):
         try:
@@ -246,26 +340,38 @@ class _StandIn(nn.Module):
             return getattr(self.__dict__["_ls_shared"]["block"], name)
 
 
-def loop_check_model(tr: Truncated) -> nn.Module:
-    """The whole model's loop with the kept blocks at their places and a stand-in at every other
-    place of the run (``_StandIn``), for checking that the code around the blocks treats every place
-    alike (capture/composed.py)."""
+def _made(obj, depth: int = 0):
+    """``obj`` (an output as ``map_tensors(output, _Spec)`` left it) with a new tensor for each _Spec,
+    its containers rebuilt as map_tensors rebuilds them."""
+    if isinstance(obj, _Spec):
+        return obj.make()
+    if depth > 8:
+        return obj
+    if isinstance(obj, dict) and type(obj) is not dict:
+        new = {k: _made(v, depth + 1) for k, v in obj.items()}
+        try:
+            return obj.__class__(**new)
+        except TypeError:
+            return new
+    if isinstance(obj, dict):
+        return {k: _made(v, depth + 1) for k, v in obj.items()}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return obj.__class__(*(_made(v, depth + 1) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return obj.__class__(_made(v, depth + 1) for v in obj)
+    return obj
+
+
+def loop_check_model(tr: Truncated, shared: dict) -> nn.Module:
+    """The whole model's loop with a stand-in at every place of the run (``_StandIn``), for checking
+    that the code around the blocks treats every place alike (capture/composed.py). ``shared`` gets
+    ``sigs`` (place -> call signature) and ``outs`` (place -> its output's Blocks)."""
     run = tr.run
     s, n = run.start, run.count
     short = tr.model.get_submodule(run.path) if run.path else tr.model
     kept = list(short._modules.values())
-    rep = kept[s + REP]
-    shared: dict = {"block": rep}
-    twin = copy.copy(rep)     # shares the block's dicts: its parameters are swapped with the block's
-    tr.originals[id(twin)] = tr.originals.get(id(rep), rep)
-    plain = type(rep).forward
-
-    def forward(*args, **kwargs):
-        out = plain(twin, *args, **kwargs)
-        shared["out"] = out
-        return out
-    twin.__dict__["forward"] = forward
-    kids = kept[:s + REP] + [twin] + [_StandIn(shared) for _ in range(n - KEPT)] + kept[s + REP + 1:]
+    shared.update(block=kept[s + REP], spec=tr.out_spec, sigs={}, outs={})
+    kids = kept[:s] + [_StandIn(shared, i) for i in range(n)] + kept[s + KEPT:]
     out = _shallow(short, tr.originals)
     out.__dict__["_modules"] = {str(i): k for i, k in enumerate(kids)}
     path = run.path.split(".") if run.path else []

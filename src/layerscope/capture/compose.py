@@ -556,11 +556,47 @@ class Composer:
             return i - run.count + KEPT
         return None
 
-    def optimizer_params(self, params: dict) -> list:
-        """The parameters the optimizer steps: the shorter model's, in the whole model's order (the
-        other blocks' steps are composed, ``optimizer_ends``)."""
-        keep = {self.tr.full_path(n) for n, _ in self.tr.model.named_parameters()}
-        return [p for n, p in params.items() if n in keep]
+    def trim_optimizer(self, opt, names: dict[int, str]) -> None:
+        """Take the copies' parameters out of the optimizer, built as the user's factory builds it for
+        the whole model's (``names``: id(parameter) -> name): it steps the shorter model's, and the
+        copies' steps are composed (``optimizer_ends``). Refused where the copies' parameters are not
+        in the groups of the repeated block's own, in the blocks' order, or fill a group alone."""
+        run = self.tr.run
+        group_of: dict[str, int] = {}
+        for g, group in enumerate(opt.param_groups):
+            last = -1
+            keep = []
+            for p in group["params"]:
+                name = names.get(id(p), "")
+                j = self._place(name)
+                if j is not None:
+                    if j < last:
+                        raise NotComposable("the optimizer does not hold the blocks' parameters in the blocks' order")
+                    last = j
+                    group_of[name] = g
+                if j is None or not REP < j < run.count - (KEPT - REP - 1):
+                    keep.append(p)
+                else:
+                    opt.state.pop(p, None)      # state an optimizer makes when built (Adagrad's sum)
+            if not keep:
+                raise NotComposable("the optimizer has a group of the left-out blocks' parameters alone")
+            group["params"] = keep
+        head = f"{self.pre}{run.start + REP}."
+        for name, g in group_of.items():
+            j = self._place(name)
+            if REP < j < run.count - (KEPT - REP - 1):
+                if group_of.get(head + name[len(self.pre):].partition(".")[2]) != g:
+                    raise NotComposable("the optimizer treats the left-out blocks' parameters apart")
+
+    def _place(self, name: str):
+        """The place in the run (0..n-1) of a parameter's block, None outside the run."""
+        if not name.startswith(self.pre):
+            return None
+        head = name[len(self.pre):].partition(".")[0]
+        if not head.isdigit():
+            return None
+        i = int(head) - self.tr.run.start
+        return i if 0 <= i < self.tr.run.count else None
 
     def optimizer_begins(self, tracker, opt) -> None:
         """Watch the optimizer's ops (each op's inputs and outputs) from the next op on: which parameter

@@ -3,14 +3,22 @@ step widened to the whole model's (capture/compose.py), then the loop check.
 
 The loop check. compose.py sees the five blocks that ran; the code around them (the loop over the
 list, and whatever it does at each place) ran five times, not ``n``. So the whole model's forward runs
-once more with the five blocks at their places and a stand-in at each other place of the run
-(blocks.loop_check_model: new tensors shaped as the repeated block's output, no ops of a block), and
-the composed trace must show, outside the blocks, the same module calls (path, class, input and output
-shapes) and the same ops in the same order, and at every place of the run the same input and output
-shapes. A loop that does something at some place only (``if i == 5``, keeping the outputs of chosen
-places, a block called with other arguments there) differs and the whole model is simulated. The
-check runs the forward only (a backward follows the forward's graph), on the same fake tensors,
-autocast and attention routing.
+once more with a stand-in at every place of the run (blocks.loop_check_model: it returns new tensors
+shaped as the repeated block's output and runs no block), and then:
+- outside the blocks, the composed trace and this forward show the same module calls (path, class,
+  input and output shapes) and the same ops in the same order, and every place the same input and
+  output shapes;
+- every place is called as the kept blocks were (``blocks.call_signature``: the arguments, tensors by
+  spec and other values by value, grad mode, autocast, a checkpoint's saved-tensor hooks): the first
+  place as the first block, the last as the last, every place between as the three middle ones,
+  which must agree;
+- the loop keeps every place's output equally long (from the next place's first op to the death of
+  its storages), so that a loop keeping some outputs only shows.
+A loop that does something at some place only (``if i == 5``, a block checkpointed or called with
+other arguments there, an output kept from chosen places) fails one of them and the whole model is
+simulated. The check runs the forward only (a backward follows the forward's graph), on the same fake
+tensors, autocast and attention routing. Not seen: state a block keeps where the attribute tracker
+cannot see it (a dict keyed by ``id(self)``, a global counter), read in the forward.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from ..trace import FORWARD, Trace
-from .blocks import Truncated, find_run, loop_check_model, truncated
+from .blocks import KEPT, REP, Truncated, find_run, loop_check_model, module_state, restore_module_state, truncated
 from .compose import NotComposable
 from .step import StepRun, run_steps
 from .storage import StorageTracker
@@ -35,8 +43,17 @@ def composed_steps(model, args: tuple, kwargs: dict, *, check_router=None, **ste
     if blocks is None:
         return None
     tr = truncated(model, blocks)
-    run = run_steps(model, args, kwargs, simulate=True, compose=tr, **step_kw)
-    _check_loop(tr, run, args, kwargs, check_router, step_kw)
+    # what the forward writes besides tensors (a counter, a cache, the hooks transformers installs on
+    # its first call) is put back in the user's modules; where it wrote anything, the blocks left out
+    # would have written it too: the whole model is simulated
+    before = module_state([*model.modules(), *tr.copies])
+    try:
+        run = run_steps(model, args, kwargs, simulate=True, compose=tr, **step_kw)
+        _check_loop(tr, run, args, kwargs, check_router, step_kw)
+    finally:
+        changed = restore_module_state(before)
+    if changed:
+        raise NotComposable(f"the forward wrote {changed[0]!r} in a module")
     return run
 
 
@@ -45,15 +62,43 @@ def _zero_loss(_out):
 
 
 def _check_loop(tr: Truncated, run: StepRun, args, kwargs, router, step_kw) -> None:
-    check = loop_check_model(tr)
+    shared: dict = {}
+    tracker = StorageTracker()
+
+    def lookup(t):
+        try:
+            return tracker.live.get(id(t.untyped_storage()))
+        except (RuntimeError, NotImplementedError, TypeError):
+            return None
+    shared["lookup"] = lookup
+    if tr.out_spec is None or len(tr.sigs) != KEPT:
+        raise NotComposable("the blocks were not all called")
+    check = loop_check_model(tr, shared)
     training = step_kw.get("training", True)
     kw = {k: step_kw[k] for k in ("device", "autocast_dtype", "probe_kernels", "foreach_default") if k in step_kw}
-    seen = run_steps(check, args, kwargs, simulate=True, tracker=StorageTracker(), optimizer=None, training=training,
+    seen = run_steps(check, args, kwargs, simulate=True, tracker=tracker, optimizer=None, training=training,
                      loss_fn=_zero_loss if training else None, steps=1, accumulation=1, attention=router, **kw)
     if tr.reads:
         raise NotComposable(f"the forward read {tr.reads[0]!r}, which differs between the blocks")
     if _outside(tr, run.passes[0].trace) != _outside(tr, seen.passes[0].trace):
         raise NotComposable("the code around the blocks does something at some places only")
+    n, sigs, ran = tr.run.count, shared["sigs"], tr.sigs
+    if len(sigs) != n or sigs[0] != ran[0] or sigs[n - 1] != ran[KEPT - 1] or \
+            any(ran[b] != ran[REP] for b in range(1, KEPT - 1)) or any(sigs[i] != ran[REP] for i in range(1, n - 1)):
+        raise NotComposable("the loop calls the blocks differently at some places")
+    # how long the loop keeps each place's output: from the next place's first op to its storages' deaths
+    trace = seen.passes[0].trace
+    pre = tr.run.path + "." if tr.run.path else ""
+    first = {r.path: seen.passes[0].spans[r.index][0] for r in trace.layers}
+    kept = set()
+    for i in range(n - 1):
+        nxt = first.get(f"{pre}{tr.run.start + i + 1}")
+        outs = shared["outs"].get(i)
+        if nxt is None or outs is None or any(b is None for b in outs):
+            raise NotComposable("the loop check could not follow a place's output")
+        kept.add(tuple(None if b.free is None else b.free - nxt for b in outs))
+    if len(kept) > 1:
+        raise NotComposable("the loop keeps the output of some places longer than of others")
 
 
 def _outside(tr: Truncated, trace: Trace):

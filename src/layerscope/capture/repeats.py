@@ -207,7 +207,10 @@ def time_steps(model: nn.Module, run: Callable[[], Any], loss_of: Callable[[Any]
         rec.detach()
     steps, plain, hooked = timed(warm)
     if info is not None:
-        info.update(warmup=warm, repeats=len(steps), stopped=stopped)
+        # ``pass_seconds``: every timed pass, warm-up included, with and without hooks (what the loop
+        # cannot do without: bench/bench_profile_overhead.py sets profile()'s time against it)
+        info.update(warmup=warm, repeats=len(steps), stopped=stopped,
+                    pass_seconds=sum(x[1] + x[2] + x[3] + x[4] for x in runs))
         if stopped != "fixed":
             info["worst"] = worst
     return steps, plain, hooked

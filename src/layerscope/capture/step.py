@@ -231,8 +231,10 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
                     run.log.clock = lambda: tracker.clock
                     if attention is not None:
                         attention.clock = lambda: tracker.clock
-            stepped = composer.optimizer_params(params) if composer is not None else list(params.values())
-            opt = _make_optimizer(optimizer, stepped, foreach_default) if training and optimizer else None
+            opt = _make_optimizer(optimizer, list(params.values()), foreach_default) \
+                if training and optimizer else None
+            if composer is not None and opt is not None:
+                composer.trim_optimizer(opt, {id(p): n for n, p in params.items()})
             model.train(training)
             _loop(run, model, named, (call, backward, routed), swap, (args, kwargs), params, buffers, opt, rng=rng,
                   simulate=simulate, training=training, autocast_dtype=autocast_dtype, device=device,
