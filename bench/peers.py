@@ -53,7 +53,7 @@ def setup_and_reexec(script: str = __file__) -> None:
 # ---- models and their hand-derived references: tests/zoo/peer_models.py (the tests check them) -----
 
 sys.path.insert(0, str(ROOT / "tests"))
-from zoo.peer_models import MODELS, tied  # noqa: E402
+from zoo.peer_models import MODELS, tied, wrap  # noqa: E402,F401  (wrap: bench/speed.py's child process)
 
 # ---- tools: each returns (params, macs, flops) with None where the tool does not say --------------
 

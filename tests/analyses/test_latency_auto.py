@@ -101,7 +101,9 @@ def test_noisy_runs_to_the_maximum(fake):
 def test_a_fixed_count_is_kept(fake):
     clock = fake([1.0])
     (_, _, hooked), info = _time(Ticks(clock), warmup=2, repeats=3)
-    assert info == {"warmup": 2, "repeats": 3, "stopped": "fixed"} and len(hooked["forward"]) == 3
+    # pass_seconds: 5 runs (2 warm-up + 3), each a forward without hooks and one with, 1 s each
+    assert info == {"warmup": 2, "repeats": 3, "stopped": "fixed", "pass_seconds": 10.0} and \
+        len(hooked["forward"]) == 3
     assert clock.i == 2 * (2 + 3)         # plain and hooked run per repeat, warm-up included
 
 

@@ -300,3 +300,22 @@ def test_weight_norm_counted():
         m = torch.nn.utils.weight_norm(nn.Linear(4, 3))
     rep = ls.analyze(m, torch.randn(2, 4))
     assert rep.totals.complete and rep.totals.flops == 36 + 48 + 6
+
+
+def test_a_submodule_shared_by_blocks_gets_its_own_tensors_back():
+    # torch's reparametrize_module left the swapped-in fake tensor in a module reached under 8 names
+    from ..helpers import assert_unchanged, snapshot
+
+    class Block(torch.nn.Module):
+        def __init__(self, shared):
+            super().__init__()
+            self.shared, self.own = shared, torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            return x + self.own(self.shared(x))
+    shared = torch.nn.Linear(16, 16)
+    model = torch.nn.Sequential(*[Block(shared) for _ in range(8)])
+    before = snapshot(model)
+    ls.memory(model, input_size=(4, 16), optimizer="adamw")
+    assert type(model[0].shared.weight) is torch.nn.Parameter
+    assert_unchanged(before, model)

@@ -111,7 +111,23 @@ def swapped_state(model: nn.Module, state: dict[str, torch.Tensor] | None):
     that activation checkpointing recomputes with the swapped tensors, not the model's own."""
     if state is None:
         return contextlib.nullcontext()
-    return _compat.reparametrize_module(model, state, tie_weights=True, strict=False)
+    return _swapped(model, state)
+
+
+@contextlib.contextmanager
+def _swapped(model: nn.Module, state: dict[str, torch.Tensor]):
+    # torch's reparametrize_module puts back what it swapped under each name, but a module reached
+    # under several names (one submodule shared by many blocks) kept the swapped-in tensor: every slot is
+    # put back here as it was
+    slots = [(m, d, name, t) for m in model.modules() for d in (m._parameters, m._buffers) if type(d) is dict
+             for name, t in d.items()]     # (a script module's are its own: torch's wrapper of C++ slots)
+    try:
+        with _compat.reparametrize_module(model, state, tie_weights=True, strict=False):
+            yield
+    finally:
+        for _, d, name, t in slots:
+            if d.get(name) is not t:
+                d[name] = t
 
 
 def empty_like_on(t: torch.Tensor, device) -> torch.Tensor:
