@@ -273,15 +273,18 @@ def truncated(model: nn.Module, run: BlockRun) -> Truncated:
     container = _shallow(run.container, out.originals, out.copies)
     container.__dict__["_modules"] = {str(i): twin(watched(k), i - s) if s <= i < s + KEPT else k
                                       for i, k in enumerate(keep)}
-    # the modules above the list: new objects down from the root
-    node, path = container, run.path.split(".") if run.path else []
-    for depth in range(len(path), 0, -1):
-        above = model.get_submodule(".".join(path[:depth - 1]))
-        c = _shallow(above, out.originals, out.copies)
-        c._modules[path[depth - 1]] = node
-        node = c
-    out.model = node
+    out.model = _above(model, run.path, container, out.originals, out.copies)
     return out
+
+
+def _above(root: nn.Module, path: str, node: nn.Module, originals: dict, copies: list | None = None) -> nn.Module:
+    """A new root whose module at ``path`` is ``node``: new objects for every module above it."""
+    parts = path.split(".") if path else []
+    for depth in range(len(parts), 0, -1):
+        c = _shallow(root.get_submodule(".".join(parts[:depth - 1])), originals, copies)
+        c._modules[parts[depth - 1]] = node
+        node = c
+    return node
 
 
 class _Spec:
@@ -329,7 +332,7 @@ class _StandIn(nn.Module):
     def forward(self, *args, **kwargs):
         shared, place = self._ls_shared, self._ls_place
         shared["sigs"].setdefault(place, call_signature(args, kwargs))
-        out = _made(shared["spec"])
+        out = map_tensors(shared["spec"], _Spec.make, leaf=_Spec)
         shared["outs"].setdefault(place, [shared["lookup"](t) for t in iter_tensors(out)])
         return out
 
@@ -338,28 +341,6 @@ class _StandIn(nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(self.__dict__["_ls_shared"]["block"], name)
-
-
-def _made(obj, depth: int = 0):
-    """``obj`` (an output as ``map_tensors(output, _Spec)`` left it) with a new tensor for each _Spec,
-    its containers rebuilt as map_tensors rebuilds them."""
-    if isinstance(obj, _Spec):
-        return obj.make()
-    if depth > 8:
-        return obj
-    if isinstance(obj, dict) and type(obj) is not dict:
-        new = {k: _made(v, depth + 1) for k, v in obj.items()}
-        try:
-            return obj.__class__(**new)
-        except TypeError:
-            return new
-    if isinstance(obj, dict):
-        return {k: _made(v, depth + 1) for k, v in obj.items()}
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return obj.__class__(*(_made(v, depth + 1) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return obj.__class__(_made(v, depth + 1) for v in obj)
-    return obj
 
 
 def loop_check_model(tr: Truncated, shared: dict) -> nn.Module:
@@ -374,11 +355,4 @@ def loop_check_model(tr: Truncated, shared: dict) -> nn.Module:
     kids = kept[:s] + [_StandIn(shared, i) for i in range(n)] + kept[s + KEPT:]
     out = _shallow(short, tr.originals)
     out.__dict__["_modules"] = {str(i): k for i, k in enumerate(kids)}
-    path = run.path.split(".") if run.path else []
-    node = out
-    for depth in range(len(path), 0, -1):
-        above = tr.model.get_submodule(".".join(path[:depth - 1]))
-        c = _shallow(above, tr.originals)
-        c._modules[path[depth - 1]] = node
-        node = c
-    return node
+    return _above(tr.model, run.path, out, tr.originals)

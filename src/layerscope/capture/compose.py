@@ -293,6 +293,17 @@ def _copies(fields, n: int):
         yield k, tuple(a + k * d for a, d in zip(first, step))
 
 
+def _renote(log, start: int, placed) -> None:
+    """The simulation's notes from op ``start`` on, each at its widened place: ``placed(event, tick)``
+    gives its copies as (tick, event), in order."""
+    keep = sum(1 for t in log.ticks if t < start)
+    new = [(tick, order, k, e) for order, (event, t) in enumerate(zip(log.events[keep:], log.ticks[keep:]))
+           for k, (tick, e) in enumerate(placed(event, t))]
+    new.sort(key=lambda x: x[:3])
+    log.events[keep:] = [x[3] for x in new]
+    log.ticks[keep:] = [x[0] for x in new]
+
+
 def _src_of_time(reg: _Regions, t: int):
     """(block, offset kind) of the region op ``t`` is in, block None outside them."""
     r = reg.region(t)
@@ -763,18 +774,8 @@ class Composer:
             r = where(t) if t >= start else None
             return r is not None and r[0] == REP
         if run.log is not None:
-            self._opt_notes(run.log, start, at, in_seg)
+            _renote(run.log, start, lambda e, t: [(at(t, k), e) for k in range(R if in_seg(t) else 1)])
         tracker.clock += (R - 1) * sum(lens)
-
-    def _opt_notes(self, log, start: int, at, in_seg) -> None:
-        keep = sum(1 for t in log.ticks if t < start)
-        new = []
-        for order, (e, t) in enumerate(zip(log.events[keep:], log.ticks[keep:])):
-            for k in range(self.R if in_seg(t) else 1):
-                new.append((at(t, k), order, k, e))
-        new.sort(key=lambda x: (x[0], x[1], x[2]))
-        log.events[keep:] = [x[3] for x in new]
-        log.ticks[keep:] = [x[0] for x in new]
 
     def finish(self, run) -> None:
         """After the run: the copies' Blocks take the roles their block's got later (a gradient, optimizer
@@ -795,22 +796,15 @@ class Composer:
             setattr(run, attr, {n: table[n] for n in order if n in table})
 
     def _notes(self, log, reg: _Regions, w: _Widen, offset: int) -> None:
-        keep = [(e, t) for e, t in zip(log.events, log.ticks) if t < offset]
-        new = []
-        for order, ((kind, what, where), t) in enumerate(zip(log.events[len(keep):], log.ticks[len(keep):])):
+        def placed(event, t):
+            kind, what, where = event
             local = t - offset
             src = _src_of_time(reg, local) if local >= 0 else None
-            for k in range(w.R if src == REP else 1):
-                tt = offset + w.time(local, src, k) if local >= 0 else t
-                place = where
-                if src == REP:
-                    path, sep, rest = where.partition(" ")
-                    place = self.copy_path(path, k) + sep + rest
-                else:
-                    place = self.rename(where)
-                new.append((tt, order, k, (kind, what, place)))
-        new.sort(key=lambda x: (x[0], x[1], x[2]))
-        log.events[:] = [e for e, _ in keep] + [x[3] for x in new]
-        log.ticks[:] = [t for _, t in keep] + [x[0] for x in new]
+            if src != REP:
+                return [(offset + w.time(local, src) if local >= 0 else t, (kind, what, self.rename(where)))]
+            path, sep, rest = where.partition(" ")
+            return [(offset + w.time(local, src, k), (kind, what, self.copy_path(path, k) + sep + rest))
+                    for k in range(w.R)]
+        _renote(log, offset, placed)
 
 

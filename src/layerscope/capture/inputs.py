@@ -35,14 +35,16 @@ def iter_tensors(obj: Any, _depth: int = 0) -> Iterator[torch.Tensor]:
             yield from iter_tensors(getattr(obj, f.name, None), _depth + 1)
 
 
-def map_tensors(obj: Any, fn, _depth: int = 0) -> Any:
-    """Rebuild a nested structure with fn applied to each tensor (containers of the same kind)."""
-    if isinstance(obj, torch.Tensor):
+def map_tensors(obj: Any, fn, _depth: int = 0, leaf: type = torch.Tensor) -> Any:
+    """Rebuild a nested structure with fn applied to each tensor (containers of the same kind);
+    ``leaf``: the type fn takes, when it is not tensors (capture/blocks.py rebuilds an output from
+    the specs of its tensors)."""
+    if isinstance(obj, leaf):
         return fn(obj)
     if _depth > _MAX_DEPTH:
         return obj
     if isinstance(obj, Mapping):
-        new = {k: map_tensors(v, fn, _depth + 1) for k, v in obj.items()}
+        new = {k: map_tensors(v, fn, _depth + 1, leaf) for k, v in obj.items()}
         if type(obj) is dict:
             return new
         try:  # OrderedDict, transformers' ModelOutput, ...
@@ -50,9 +52,9 @@ def map_tensors(obj: Any, fn, _depth: int = 0) -> Any:
         except TypeError:
             return new
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return obj.__class__(*(map_tensors(v, fn, _depth + 1) for v in obj))
+        return obj.__class__(*(map_tensors(v, fn, _depth + 1, leaf) for v in obj))
     if isinstance(obj, (list, tuple)):
-        return obj.__class__(map_tensors(v, fn, _depth + 1) for v in obj)
+        return obj.__class__(map_tensors(v, fn, _depth + 1, leaf) for v in obj)
     return obj
 
 
