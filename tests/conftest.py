@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 
 def pytest_addoption(parser):
@@ -46,7 +47,10 @@ def machine_independent_kernels():
     ``_probe_real``), and the scratch a kernel allocates inside itself depends on the CPU (oneDNN's
     convolution backward took 657.20 KiB on an AVX-512 machine, 640.01 KiB on an AMD EPYC without
     it, for the same small CNN). Goldens must be the same on every machine: the real call still gives
-    the output sizes, its scratch counts 0. Module-scoped, so module fixtures built under it see it."""
+    the output sizes, its scratch counts 0. Module-scoped, so module fixtures built under it see it.
+    torch's thread count is pinned to 2 as well: a measured real step's kernels keep per-thread scratch
+    (a LayerNorm's backward in the stage plan's golden: 9,728 B of working memory on 2 threads, 9,216 B
+    on 1, under OMP_NUM_THREADS=1)."""
     from layerscope.capture import simulation
 
     real = simulation._probe_real
@@ -54,6 +58,11 @@ def machine_independent_kernels():
     def sizes_only(func, args, kwargs, device):
         sizes, _ = real(func, args, kwargs, device)
         return sizes, 0
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(simulation, "_probe_real", sizes_only)
-        yield
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(simulation, "_probe_real", sizes_only)
+            yield
+    finally:
+        torch.set_num_threads(threads)
