@@ -175,7 +175,9 @@ def test_70b_training_memory_page_in_chromium(tmp_path):
     """Issue 19: the memory timeline of a 70B training step: its y labels are not clipped, its phase
     labels do not overlap and none is lost (the one-op loss phase does not hide backward)."""
     from layerscope.specs import build_model
-    built = build_model("hf:llama-2-70b", "meta", dtype="bf16")
+    # use_cache off, as a training loop runs it: the blocks then compose (capture/blocks.py) and the step
+    # is simulated in about 1 s, not 7 (each block writing its own cache slot is simulated block by block)
+    built = build_model("hf:llama-2-70b", "meta", dtype="bf16", overrides={"use_cache": False})
     args, kwargs = built.default_inputs(torch.device("meta"))
     rep = ls.analyze(built.model, *args, **kwargs)
     mem = ls.memory(built.model, *args, optimizer="adamw", steps=1, **kwargs)
