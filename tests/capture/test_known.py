@@ -333,3 +333,68 @@ def test_a_value_leaves_the_table_when_its_tensor_dies():
     assert table.value(t) is not None and len(table.values) == 1
     del t
     assert not table.values and not table.shared
+
+
+class _Pick(nn.Module):
+    def forward(self, m):
+        return m.nonzero()
+
+
+class Writes(nn.Module):
+    """Writes into tensors with known values through views, and what nonzero() then finds: a slice of a mask
+    set to 0 and another copied into, one element of a fill of ``n`` written, a fill written whole in place
+    then a row of it zeroed, ones added to then a slice zeroed, and a real CPU tensor made beside meta ones
+    and written into."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.pick = _Pick()
+        self.n = n
+
+    def forward(self, ids):
+        d = self.lin.weight.device
+        mask = (ids.to(d) >= 0).long()
+        mask[:, :3] = 0
+        mask[:, 6:].copy_(torch.zeros(2, 2, dtype=torch.long, device=d))
+        z = torch.zeros(2, self.n, dtype=torch.long, device=d)
+        z[0, 1] = 5
+        w = torch.zeros(2, self.n, dtype=torch.long, device=d)
+        w.masked_fill_(w == 0, 1)
+        w[1].zero_()
+        o = torch.ones(3, self.n, device=d).long()
+        o.add_(1)
+        o[0, :4].fill_(0)
+        c = torch.zeros(2, 8, dtype=torch.long)      # on the CPU whatever the model's device
+        c[0, 1] = 5
+        return [self.pick(x) for x in (mask, z, w, o, c)], self.lin(ids.float())
+
+
+@pytest.mark.parametrize("n", [8, 100_000], ids=["fills-whole", "fills-of-one-element"])
+def test_writes_through_views_reach_their_base_on_meta(n):
+    # the real run's shapes: mask 2 x (8 - 3 - 2) = 6 rows, z 1, w n (row 0), o 3n - 4, c 1. Before the
+    # writes went through, meta read 16, 0, 16, 24 and 0 rows at n = 8: the base kept its old values (or,
+    # for the CPU tensor, a copy of its zeros)
+    ids = torch.arange(16).reshape(2, 8)
+    real = [tuple(t.shape) for t in Writes(n)(ids)[0]]
+    assert real == [(6, 2), (1, 2), (n, 2), (3 * n - 4, 2), (1, 2)]
+    meta = ls.analyze(Writes(n), ids, device="meta")
+    assert [tuple(r.outputs[0].shape) for r in meta.layers if r.type == "_Pick"] == real
+
+
+def test_a_large_fill_holds_one_element():
+    # zeros_like of an optimizer's state for Llama-2-70B's shards on 64 ranks held 8.6 GB of real zeros as
+    # known values; a fill above FILL_WHOLE elements is one element expanded (4 bytes here, not 4 MiB)
+    from layerscope.capture.known import FILL_WHOLE, KnownValues
+    k = KnownValues()
+    big = torch.empty(1024, 1024, device="meta")
+    assert big.numel() > FILL_WHOLE
+    k._fill(big, 0.0)
+    v = k.value(big)
+    assert tuple(v.shape) == (1024, 1024) and v.untyped_storage().nbytes() == 4 and v.abs().sum().item() == 0
+    # written in place, it is made whole first (then 4 MiB: the write's values are real)
+    w = k.writable(big)
+    assert w.untyped_storage().nbytes() == 4 * 1024 * 1024 and k.value(big) is w and not k.fills
+    small = torch.empty(16, device="meta")
+    k._fill(small, 1.0)
+    assert k.value(small).untyped_storage().nbytes() == 64

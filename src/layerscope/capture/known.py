@@ -55,6 +55,7 @@ _FACTORIES = frozenset(getattr(aten, n).default for n in ("zeros", "ones", "scal
     (aten.arange.default, aten.arange.start, aten.arange.start_step, aten.full.default, aten.eye.default,
      aten.eye.m))
 # made from another tensor's size alone: the value they fill with
+_FACTORY_FILL = {aten.zeros.default: lambda a: 0, aten.ones.default: lambda a: 1, aten.full.default: lambda a: a[1]}
 _LIKE = {aten.zeros_like.default: lambda a: 0, aten.ones_like.default: lambda a: 1,
          aten.full_like.default: lambda a: a[1], aten.new_zeros.default: lambda a: 0,
          aten.new_ones.default: lambda a: 1, aten.new_full.default: lambda a: a[2]}
@@ -96,7 +97,7 @@ _ROUTING = frozenset((aten.topk.default, aten.argmax.default, aten.max.dim))
 _INFO: dict = {}
 
 
-def _info(func) -> tuple[int, tuple[int, ...]]:
+def _info(func) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
     writes = tuple(i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
     if func in _NEVER or _SEEDED in func.tags:        # a draw (its value is not known), an empty tensor
         kind = _SKIP
@@ -114,12 +115,22 @@ def _info(func) -> tuple[int, tuple[int, ...]]:
         kind = _ROUTE
     else:
         kind = _COMPUTE
-    _INFO[id(func)] = (func, (kind, writes))
-    return kind, writes
+    # the inputs an output aliases or that are written (views and in-place ops): a fill held as one
+    # element is made whole before it is viewed or written (KnownValues.writable)
+    aliased = tuple(i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None)
+    _INFO[id(func)] = (func, (kind, writes, aliased))
+    return kind, writes, aliased
 
 
 def _small(t) -> bool:
     return isinstance(t, _Tensor) and t.numel() <= LIMIT and t.layout is torch.strided
+
+
+# a fill (zeros, ones, full and their _like forms, fill_) of more elements than this is held as one
+# element expanded to its shape: the optimizer's zeros_like state of Llama-2-70B's shards on 64 ranks
+# held 8.6 GB of real zeros as known values (peak RSS 8.9 GB for `layerscope parallel hf:llama-2-70b
+# --gpus 64 --tp 8`); smaller fills stay whole, so a write into one element of a view goes through
+FILL_WHOLE = 1 << 16
 
 
 def _cpu_kwargs(kwargs: dict) -> dict:
@@ -143,18 +154,24 @@ class KnownValues:
     """The known values of one run (see the module). ``value(t)``: the CPU tensor holding ``t``'s
     values, or None."""
 
-    __slots__ = ("values", "shared", "assumed", "cast_ones", "__weakref__")
+    __slots__ = ("values", "shared", "fills", "assumed", "cast_ones", "__weakref__")
 
     def __init__(self) -> None:
         self.values: dict[int, tuple] = {}      # id(tensor) -> (weak reference, CPU value, its storage)
         # the values' storages -> ids whose value lies in it (views of one storage): forget() finds them
         # without a pass over the table (an optimizer step forgets one value per parameter: quadratic)
         self.shared: dict[int, set[int]] = {}
+        self.fills: set[int] = set()             # the storages of fills held as one element (FILL_WHOLE)
         self.assumed = 0                         # choices over unknown scores spread evenly (_spread)
         self.cast_ones = 0                       # integer tensors cast from unknown floats: all ones
 
     # ---- the table -----------------------------------------------------------------------------
     def put(self, t: torch.Tensor, value: torch.Tensor) -> None:
+        if type(t) is _Tensor and not t.is_meta:
+            # a real tensor is its own value (``value``): an entry would go stale at its next in-place
+            # write (a forward on meta making ``torch.zeros(2, 8)`` on the CPU and writing into it read
+            # its nonzero() from the zeros: 0 rows, not 1)
+            return
         if _small(value) and tuple(value.shape) == tuple(t.shape):
             key = id(t)
             self._drop(key)
@@ -173,7 +190,42 @@ class KnownValues:
                 ids.discard(key)
                 if not ids:
                     del self.shared[e[2]]
+                    self.fills.discard(e[2])
         return e
+
+    def _fill(self, t: torch.Tensor, fill) -> None:
+        """``t`` holds ``fill`` in every element: a whole tensor up to FILL_WHOLE elements, one element
+        expanded to ``t``'s shape above (no memory however large)."""
+        if not _small(t):
+            return
+        shape = tuple(t.shape)
+        with no_dispatch():
+            if t.numel() <= FILL_WHOLE:
+                self.put(t, torch.full(shape, fill, dtype=t.dtype))
+                return
+            value = torch.full((), fill, dtype=t.dtype).expand(shape)
+        self.put(t, value)
+        if self.value(t) is value:
+            self.fills.add(value.untyped_storage()._cdata)
+
+    def writable(self, t) -> torch.Tensor | None:
+        """The value of ``t`` to be written in place or viewed (where views of it, or the tensor it is a
+        view of, see a write), or None if unknown. A fill held as one element is made whole first (the
+        recorder makes it whole before its first view, so only the fill itself holds it); anything else
+        sharing one is forgotten with every tensor sharing it (unknown, never stale)."""
+        v = self.value(t)
+        if v is None:
+            return None
+        cdata = self.values[id(t)][2] if id(t) in self.values else None
+        if cdata is None or cdata not in self.fills:
+            return v
+        if self.shared.get(cdata) == {id(t)} and v.dim() > 0 and all(x == 0 for x in v.stride()):
+            with no_dispatch():
+                whole = v.contiguous()
+            self.put(t, whole)
+            return whole
+        self.forget(t)
+        return None
 
     def seed(self, t: torch.Tensor, real: torch.Tensor) -> None:
         """``t`` (a meta or fake tensor) stands for ``real``: carry its values if it is a small
@@ -390,7 +442,7 @@ class KnownValues:
         raise the real kernel's error where a known index is out of bounds (``check``)."""
         e = _INFO.get(id(func))
         info = e[1] if e is not None and e[0] is func else _info(func)
-        kind, writes = info
+        kind, writes, aliased = info
         if kind == _CHECK:
             self.check(func, args)
             kind = _COMPUTE
@@ -413,20 +465,25 @@ class KnownValues:
                             self.put(out, torch.ones(tuple(out.shape), dtype=out.dtype))
                         self.cast_ones += 1
                     return
-            self._compute(func, args, kwargs, out, writes)
+            self._compute(func, args, kwargs, out, writes, aliased)
         elif kind == _SKIP:
             if writes:
                 self._forget_written(args, writes)
         elif kind == _ROUTE:
             if self.value(args[0]) is not None:
-                self._compute(func, args, kwargs, out, writes)
+                self._compute(func, args, kwargs, out, writes, aliased)
             else:
                 self._spread(func, args, kwargs, out)
         elif kind == _FILLING:
             if _small(args[0]) and not isinstance(args[1] if len(args) > 1 else None, _Tensor):
-                with no_dispatch():
-                    fill = 0 if func is aten.zero_.default else args[1]
-                    self.put(args[0], torch.full(tuple(args[0].shape), fill, dtype=args[0].dtype))
+                fill = 0 if func is aten.zero_.default else args[1]
+                # in place where the value is known: a view's base sees the write (``x[:, :3] = 0``)
+                v = self.writable(args[0]) if id(args[0]) in self.values else None
+                if v is not None:
+                    with no_dispatch():
+                        v.fill_(fill)
+                else:
+                    self._fill(args[0], fill)
             else:
                 self.forget(args[0])
         elif kind == _COPYING:
@@ -434,16 +491,23 @@ class KnownValues:
             if src is None or not _small(args[0]):
                 self.forget(args[0])
             else:
+                v = self.writable(args[0]) if id(args[0]) in self.values else None
                 with no_dispatch():
-                    self.put(args[0], src.to(args[0].dtype).expand(tuple(args[0].shape)).clone())
+                    if v is not None:
+                        v.copy_(src)        # in place: a view's base sees the write
+                    else:
+                        self.put(args[0], src.to(args[0].dtype).expand(tuple(args[0].shape)).clone())
         elif kind == _LIKE_KIND:
             o = out
             fill = _LIKE[func](args)
             if isinstance(o, _Tensor) and _small(o) and not isinstance(fill, _Tensor):
-                with no_dispatch():
-                    self.put(o, torch.full(tuple(o.shape), fill, dtype=o.dtype))
+                self._fill(o, fill)
         elif kind == _FACTORY:
             if isinstance(out, _Tensor) and _small(out):
+                fill = _FACTORY_FILL[func](args) if func in _FACTORY_FILL else None
+                if fill is not None and not isinstance(fill, _Tensor):
+                    self._fill(out, fill)
+                    return
                 with no_dispatch():
                     real = func(*args, **_cpu_kwargs(dict(kwargs)))
                 self.put(out, real)
@@ -486,7 +550,7 @@ class KnownValues:
             if i < len(args):
                 self.forget(args[i])
 
-    def _compute(self, func, args, kwargs, out, writes) -> None:
+    def _compute(self, func, args, kwargs, out, writes, aliased=()) -> None:
         outs = out if isinstance(out, (tuple, list)) else (out,)
         o0 = outs[0] if outs else None
         if isinstance(o0, _Tensor) and not o0.is_meta and getattr(o0, "fake_mode", None) is None:
@@ -494,6 +558,9 @@ class KnownValues:
         if not all(_small(o) or not isinstance(o, _Tensor) for o in outs):
             self._forget_written(args, writes)
             return
+        for i in aliased:
+            if i < len(args) and isinstance(args[i], _Tensor) and id(args[i]) in self.values:
+                self.writable(args[i])       # a fill viewed or written in place made whole first
         reals = self._reals(args, kwargs)
         if reals is None:
             self._forget_written(args, writes)
