@@ -380,6 +380,7 @@ def test_writes_through_views_reach_their_base_on_meta(n):
     assert real == [(6, 2), (1, 2), (n, 2), (3 * n - 4, 2), (1, 2)]
     meta = ls.analyze(Writes(n), ids, device="meta")
     assert [tuple(r.outputs[0].shape) for r in meta.layers if r.type == "_Pick"] == real
+    assert meta.notes == ()             # every value read was known: nothing invented
 
 
 def test_a_large_fill_holds_one_element():
@@ -398,3 +399,146 @@ def test_a_large_fill_holds_one_element():
     small = torch.empty(16, device="meta")
     k._fill(small, 1.0)
     assert k.value(small).untyped_storage().nbytes() == 64
+
+
+def _fed(fn):
+    """Run ``fn()`` on meta tensors with a KnownValues table fed every op (as the recorder feeds it); the
+    table."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from layerscope.capture.known import KnownValues
+    table = KnownValues()
+
+    class Feed(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            table.after(func, args, kwargs or {}, out)
+            return out
+    with Feed():
+        fn(table)
+    return table
+
+
+_L = torch.long
+_N = 40_000        # 2 x 40,000 elements: a fill above FILL_WHOLE, held as one element
+
+
+def _out_add(d):
+    z = torch.zeros(2, _N, dtype=_L, device=d)
+    torch.add(torch.ones(2, _N, dtype=_L, device=d), 0, out=z)      # out= is a keyword argument
+    return z
+
+
+def _out_tril(d):
+    z = torch.zeros(300, 300, dtype=_L, device=d)
+    torch.tril(torch.ones(300, 300, dtype=_L, device=d), out=z)
+    return z
+
+
+def _t_then_row(d):
+    m = torch.zeros(300, 299, dtype=_L, device=d)
+    m.t_()                          # the shape changes in place: (299, 300)
+    m[0].fill_(1)
+    return m
+
+
+def _squeeze_then_column(d):
+    m = torch.ones(1, 300, 300, dtype=torch.bool, device=d)
+    m.squeeze_(0)
+    m[:, 0] = False
+    return m
+
+
+@pytest.mark.parametrize("make", [_out_add, _out_tril, _t_then_row, _squeeze_then_column],
+                         ids=["out-add", "out-tril", "t_", "squeeze_"])
+def test_large_fills_written_through_out_or_reshaped_in_place_keep_the_real_values(make):
+    # found by a reviewer helper: out= (a keyword) never made the one-element fill whole, nor did an in-place
+    # op that changes the shape; the real op then raised (the fill stayed, stale: 0 rows) or wrote every
+    # element into the one (tril: 90,000 rows)
+    real = make("cpu")
+    seen = {}
+    table = _fed(lambda k: seen.setdefault("t", make("meta")))
+    assert torch.equal(table.value(seen["t"]), real)
+
+
+def test_a_write_from_the_unknown_forgets_what_it_does_not_reach():
+    made = []
+
+    def run(k):
+        d = "meta"
+        # out= from a source without values: the target is unknown, not its old zeros
+        z = torch.zeros(2, 8, dtype=_L, device=d)
+        torch.add(torch.randint(1, 2, (2, 8), device=d), 0, out=z)
+        # a view taken while its base had no values, the base filled, then the view written: the view's new
+        # value does not share the base's, so the base is unknown, not left at its ones
+        m = torch.empty(2, 8, dtype=_L, device=d)
+        v = m[:, :3]
+        m.fill_(1)
+        v.fill_(0)
+        # a view of a known base written: the base sees it (6 of 16 elements zeroed)
+        b = torch.ones(2, 8, dtype=_L, device=d)
+        b[:, :3].fill_(0)
+        made.extend((z, m, v, b))
+    table = _fed(run)
+    z, m, v, b = made
+    assert not table.has(z) and not table.has(m) and table.value(v).tolist() == [[0, 0, 0]] * 2
+    assert int(table.value(b).sum()) == 10
+
+
+class _Unknowable(nn.Module):
+    """Reads values a meta run has no way to know: a branch on an uninitialised tensor, and its nonzero()."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.pick = _Pick()
+
+    def forward(self, x):
+        m = torch.empty(2, 8, device=self.lin.weight.device)
+        if (m > 0).any():
+            x = x * 2
+        return self.lin(x), self.pick(m), self.pick(m)
+
+
+def test_a_meta_run_says_what_it_read_without_values():
+    # the rule (values read as 1) was silent on meta; memory()'s simulation said it in its notes
+    rep = ls.analyze(_Unknowable(), torch.randn(2, 8), device="meta")
+    item, nonzero = rep.notes
+    assert item.startswith("on meta tensors a tensor's value (.item(), bool(tensor), int(tensor)) had no values "
+                           "(1 time, in (root)): read as 1")
+    assert nonzero.startswith("on meta tensors nonzero had no values (2 times, in pick (x2)): every element counted")
+    assert "Analyze on the CPU" in nonzero and "Note" in str(rep)
+    # on the CPU the same model reads real values: no note
+    assert ls.analyze(_Unknowable(), torch.randn(2, 8)).notes == ()
+
+
+class _Labels(nn.Module):
+    """transformers' label pattern: a shifted view taken, low labels masked to -100 through a boolean mask,
+    then the view written; and a view taken before a boolean-mask write that selects nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.pick = _Pick()
+
+    def forward(self, ids):
+        d = self.lin.weight.device
+        labels = ids.to(d).clone()
+        shifted = labels[:, 1:]
+        labels[labels < 3] = -100
+        shifted[:, :2] = 0
+        m = (ids.to(d) >= 0).long()
+        v = m[:, :3]
+        m[ids.to(d) > 100] = 0
+        v.fill_(0)
+        return self.pick(labels != -100), self.pick(labels), self.pick(m), self.lin(ids.float())
+
+
+def test_a_boolean_mask_write_keeps_the_views_it_reaches():
+    # the reviewer helper's case: x[mask] = v forgot x's views (meta read them all nonzero: 16 and 16
+    # rows, not 15 and 12); now written in place into the stored value, which the views share
+    ids = torch.arange(16).reshape(2, 8)
+    real = [tuple(t.shape) for t in _Labels()(ids)[:3]]
+    assert real == [(15, 2), (12, 2), (10, 2)]
+    meta = ls.analyze(_Labels(), ids, device="meta")
+    assert [tuple(r.outputs[0].shape) for r in meta.layers if r.type == "_Pick"] == real and meta.notes == ()

@@ -97,8 +97,30 @@ _ROUTING = frozenset((aten.topk.default, aten.argmax.default, aten.max.dim))
 _INFO: dict = {}
 
 
-def _info(func) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
-    writes = tuple(i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
+def _storage_key(t):
+    """The storage of a meta or fake tensor (views share it), or None (a real tensor, a subclass without
+    one)."""
+    if isinstance(t, _Tensor) and (t.is_meta or getattr(t, "fake_mode", None) is not None):
+        try:
+            return t.untyped_storage()._cdata
+        except (RuntimeError, NotImplementedError):
+            return None
+    return None
+
+
+def _targets(args, kwargs, pairs):
+    """The arguments at ``pairs`` ((position, name): see ``_info``), given by position or by name."""
+    for i, name in pairs:
+        if i < len(args):
+            yield args[i]
+        elif kwargs and name in kwargs:
+            yield kwargs[name]
+
+
+def _info(func) -> tuple[int, tuple, tuple]:
+    # (position, name) of the arguments written in place or through ``out=`` (a keyword: by its name)
+    writes = tuple((i, a.name) for i, a in enumerate(func._schema.arguments)
+                   if a.alias_info is not None and a.alias_info.is_write)
     if func in _NEVER or _SEEDED in func.tags:        # a draw (its value is not known), an empty tensor
         kind = _SKIP
     elif func in _FILL:
@@ -117,7 +139,7 @@ def _info(func) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
         kind = _COMPUTE
     # the inputs an output aliases or that are written (views and in-place ops): a fill held as one
     # element is made whole before it is viewed or written (KnownValues.writable)
-    aliased = tuple(i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None)
+    aliased = tuple((i, a.name) for i, a in enumerate(func._schema.arguments) if a.alias_info is not None)
     _INFO[id(func)] = (func, (kind, writes, aliased))
     return kind, writes, aliased
 
@@ -154,7 +176,7 @@ class KnownValues:
     """The known values of one run (see the module). ``value(t)``: the CPU tensor holding ``t``'s
     values, or None."""
 
-    __slots__ = ("values", "shared", "fills", "assumed", "cast_ones", "__weakref__")
+    __slots__ = ("values", "shared", "fills", "tensors", "assumed", "cast_ones", "__weakref__")
 
     def __init__(self) -> None:
         self.values: dict[int, tuple] = {}      # id(tensor) -> (weak reference, CPU value, its storage)
@@ -162,6 +184,10 @@ class KnownValues:
         # without a pass over the table (an optimizer step forgets one value per parameter: quadratic)
         self.shared: dict[int, set[int]] = {}
         self.fills: set[int] = set()             # the storages of fills held as one element (FILL_WHOLE)
+        # the meta/fake tensors' own storages -> ids with values: a write into one of them reaches every
+        # view of it in the run, and each known one whose value does not share the written value's storage
+        # is forgotten (``_unlink``)
+        self.tensors: dict[int, set[int]] = {}
         self.assumed = 0                         # choices over unknown scores spread evenly (_spread)
         self.cast_ones = 0                       # integer tensors cast from unknown floats: all ones
 
@@ -173,13 +199,19 @@ class KnownValues:
             # its nonzero() from the zeros: 0 rows, not 1)
             return
         if _small(value) and tuple(value.shape) == tuple(t.shape):
-            key = id(t)
-            self._drop(key)
-            # the entry goes when ``t`` dies: a value nobody can ask for any more holds no memory (a
-            # causal mask made in each of a 70B model's 80 layers held 1.5 GB to the end of the run)
-            self.values[key] = (_ref(t, functools.partial(_gone, _ref(self), key)), value,
-                                value.untyped_storage()._cdata)
-            self.shared.setdefault(self.values[key][2], set()).add(key)
+            self._set(t, value)
+
+    def _set(self, t: torch.Tensor, value: torch.Tensor) -> None:
+        key = id(t)
+        self._drop(key)
+        # the entry goes when ``t`` dies: a value nobody can ask for any more holds no memory (a
+        # causal mask made in each of a 70B model's 80 layers held 1.5 GB to the end of the run)
+        own = _storage_key(t)
+        self.values[key] = (_ref(t, functools.partial(_gone, _ref(self), key)), value,
+                            value.untyped_storage()._cdata, own)
+        self.shared.setdefault(self.values[key][2], set()).add(key)
+        if own is not None:
+            self.tensors.setdefault(own, set()).add(key)
 
     def _drop(self, key: int):
         """The table's entry for ``key`` out (and out of its storage's set); the entry, or None."""
@@ -191,7 +223,34 @@ class KnownValues:
                 if not ids:
                     del self.shared[e[2]]
                     self.fills.discard(e[2])
+            if e[3] is not None:
+                ids = self.tensors.get(e[3])
+                if ids is not None:
+                    ids.discard(key)
+                    if not ids:
+                        del self.tensors[e[3]]
         return e
+
+    def _unlink(self, t) -> None:
+        """``t`` is about to be written in place: every other known tensor on ``t``'s own storage (its
+        views, the tensor it is a view of) whose value does not share ``t``'s value's storage would not
+        see the write, and is forgotten (unknown, never stale: ``v = m[:, :3]`` taken while ``m`` had no
+        values, ``m.fill_(1)``, then ``v.fill_(0)``)."""
+        if type(t) in (list, tuple):
+            for x in t:
+                self._unlink(x)
+            return
+        own = _storage_key(t)
+        ids = self.tensors.get(own) if own is not None else None
+        if not ids or ids == {id(t)}:
+            return
+        e = self.values.get(id(t))
+        mine = e[2] if e is not None and e[0]() is t else None
+        for k in list(ids):
+            if k != id(t):
+                other = self.values.get(k)
+                if other is not None and other[2] != mine:
+                    self._drop(k)
 
     def _fill(self, t: torch.Tensor, fill) -> None:
         """``t`` holds ``fill`` in every element: a whole tensor up to FILL_WHOLE elements, one element
@@ -222,7 +281,9 @@ class KnownValues:
         if self.shared.get(cdata) == {id(t)} and v.dim() > 0 and all(x == 0 for x in v.stride()):
             with no_dispatch():
                 whole = v.contiguous()
-            self.put(t, whole)
+            # the entry itself, not put(): an in-place op that changes the shape (``t_``, ``squeeze_``,
+            # ``resize_``) has changed ``t``'s already, and its value follows when the op runs on it
+            self._set(t, whole)
             return whole
         self.forget(t)
         return None
@@ -405,18 +466,27 @@ class KnownValues:
 
     def _carry_put(self, func, args, kwargs, indices, out) -> None:
         """What ``index_put``/``index_put_`` wrote (``x[mask] = v`` on a tensor with known values): the
-        result's values, or, where the written values or an index are unknown, none (the tensor
-        written in place, and its views, are forgotten rather than left at their old values)."""
-        written = args[0] if func is aten.index_put_.default else out
-        reals = self._reals((args[0], list(indices), args[2]), {})    # None where one is unknown
+        result's values, written in place into the stored value for ``index_put_`` (its views see the
+        write), or, where the written values or an index are unknown, none (the tensor written in place,
+        and its views, are forgotten rather than left at their old values)."""
+        accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
         if func is aten.index_put_.default:
-            self.forget(args[0])
+            self._unlink(args[0])
+            base = self.writable(args[0]) if id(args[0]) in self.values else None
+            reals = self._reals((args[0], list(indices), args[2]), {}) if base is not None else None
+            if reals is None:
+                self.forget(args[0])
+                return
+            (_, idx, vals), _ = reals
+            with no_dispatch():
+                base.index_put_(tuple(idx), vals, accumulate)
+            return
+        reals = self._reals((args[0], list(indices), args[2]), {})    # None where one is unknown
         if reals is None:
             return
         (base, idx, vals), _ = reals
-        accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
         with no_dispatch():
-            self.put(written, base.clone().index_put_(tuple(idx), vals, accumulate))
+            self.put(out, base.clone().index_put_(tuple(idx), vals, accumulate))
 
     def _reals(self, args, kwargs):
         """``(args, kwargs)`` with every tensor replaced by its value; None if one is unknown. (No
@@ -443,6 +513,9 @@ class KnownValues:
         e = _INFO.get(id(func))
         info = e[1] if e is not None and e[0] is func else _info(func)
         kind, writes, aliased = info
+        if writes and self.tensors:
+            for t in _targets(args, kwargs, writes):
+                self._unlink(t)
         if kind == _CHECK:
             self.check(func, args)
             kind = _COMPUTE
@@ -451,12 +524,12 @@ class KnownValues:
             if type(out) is _Tensor or type(out) is not tuple and isinstance(out, _Tensor):
                 if out.numel() > LIMIT:
                     if writes:
-                        self._forget_written(args, writes)
+                        self._forget_written(args, kwargs, writes)
                     return
             for a in args:
                 if isinstance(a, _Tensor) and self.value(a) is None:
                     if writes:
-                        self._forget_written(args, writes)
+                        self._forget_written(args, kwargs, writes)
                     elif func is _TO_COPY and a.is_floating_point() and isinstance(out, _Tensor) and \
                             _small(out) and not out.is_floating_point() and out.dtype is not torch.bool:
                         # integers made from floats without values (durations, counts a model
@@ -468,7 +541,7 @@ class KnownValues:
             self._compute(func, args, kwargs, out, writes, aliased)
         elif kind == _SKIP:
             if writes:
-                self._forget_written(args, writes)
+                self._forget_written(args, kwargs, writes)
         elif kind == _ROUTE:
             if self.value(args[0]) is not None:
                 self._compute(func, args, kwargs, out, writes, aliased)
@@ -545,10 +618,9 @@ class KnownValues:
         self.put(idx, value)
         self.assumed += 1
 
-    def _forget_written(self, args, writes) -> None:
-        for i in writes:
-            if i < len(args):
-                self.forget(args[i])
+    def _forget_written(self, args, kwargs, writes) -> None:
+        for t in _targets(args, kwargs, writes):
+            self.forget(t)
 
     def _compute(self, func, args, kwargs, out, writes, aliased=()) -> None:
         outs = out if isinstance(out, (tuple, list)) else (out,)
@@ -556,20 +628,20 @@ class KnownValues:
         if isinstance(o0, _Tensor) and not o0.is_meta and getattr(o0, "fake_mode", None) is None:
             return                   # a real op on real tensors: its outputs are their own values
         if not all(_small(o) or not isinstance(o, _Tensor) for o in outs):
-            self._forget_written(args, writes)
+            self._forget_written(args, kwargs, writes)
             return
-        for i in aliased:
-            if i < len(args) and isinstance(args[i], _Tensor) and id(args[i]) in self.values:
-                self.writable(args[i])       # a fill viewed or written in place made whole first
+        for t in _targets(args, kwargs, aliased):
+            if isinstance(t, _Tensor) and id(t) in self.values:
+                self.writable(t)             # a fill viewed or written in place made whole first
         reals = self._reals(args, kwargs)
         if reals is None:
-            self._forget_written(args, writes)
+            self._forget_written(args, kwargs, writes)
             return
         try:
             with no_dispatch():
                 real = func(*reals[0], **_cpu_kwargs(dict(reals[1])))
         except Exception:        # the real op refuses what the fake one took: leave it unknown
-            self._forget_written(args, writes)
+            self._forget_written(args, kwargs, writes)
             return
         reals_out = real if isinstance(real, (tuple, list)) else (real,)
         for o, r in zip(outs, reals_out):

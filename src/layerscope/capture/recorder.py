@@ -12,6 +12,7 @@ import torch
 from .. import _compat
 from ..trace import FORWARD
 from .known import SHAPED_OPS
+from .simulation import note_meta_read
 
 __all__ = ["OpRecorder", "unknown_value", "FAKE_SIZE_FIXES"]
 
@@ -165,20 +166,28 @@ class OpRecorder:
             out = known.item(args[0])
         elif func is _LOCAL_SCALAR and (cap.simulated and unknown_value(args[0]) or args[0].is_meta):
             # A simulation or a meta run has no values: a value read back (.item(), bool(t)) reads
-            # as 1, so data-dependent branches take their "nonzero" side.
+            # as 1, so data-dependent branches take their "nonzero" side. (A simulation's reads are
+            # noted by its ValueReads, a meta run's here: the report says what was read so.)
+            if args[0].is_meta:
+                note_meta_read(cap, "item")
             out = _one_of(args[0].dtype)
         elif func is _REPEAT_INTERLEAVE and args[0].is_meta and kwargs.get("output_size") is None:
             # values read as 1 on meta: every repeat count is 1, so the output has one per count
+            note_meta_read(cap, "repeats")
             out = self._call(func, args, {**kwargs, "output_size": args[0].numel()})
         elif func is _NONZERO and args[0].is_meta:
             # values read as 1 on meta: every element is nonzero (what torch's meta kernel assumes
             # under a process-wide config flag, which another thread would see flipped)
+            note_meta_read(cap, "nonzero")
             out = torch.empty((args[0].numel(), args[0].dim()), dtype=torch.long, device="meta")
         elif func in _BOOL_INDEXED and args[0].is_meta and _has_mask(args[1]):
             # a boolean mask selects every element (values read as 1): its positions as index tensors
+            note_meta_read(cap, "mask")
             out = self._call(func, (args[0], _mask_positions(args[1]), *args[2:]), kwargs)
         elif func is _UNIQUE2 and (args[0].is_meta or cap.simulated and unknown_value(args[0])):
             # values read as 1 (meta, simulation): every element is the same: one unique value
+            if args[0].is_meta:
+                note_meta_read(cap, "unique")
             out = _unique2_of_ones(args[0], *args[1:], **kwargs)
         elif func is _compat.get("grouped_mm") and (args[0].is_meta or cap.simulated) and \
                 _grouped_mm_shape(args):

@@ -101,6 +101,7 @@ class Session:
         self.specs = SpecCache()     # TensorSpec per (shape, dtype): the same few recur in every call
         self.phase = FORWARD
         self.paused = False
+        self.meta_log = None        # what a meta run read without values (capture/simulation.py note_meta_read)
         # backward attribution (capture/backward.py), noted at every forward op: its lists appended
         # to directly in on_op
         self.owners = SeqOwners()
@@ -325,7 +326,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
                                  "device": "meta" if on_meta else str(model_device(model)),
                                  **({"costs": options.registry.name} if options.registry is not None else {}),
                                  **({"gpu": attention.gpu.name, "attention": attention.forced}
-                                    if attention is not None else {})})
+                                    if attention is not None else {}),
+                                 **({"notes": tuple(cap.meta_log.notes())} if cap.meta_log is not None else {})})
     return trace, output
 
 

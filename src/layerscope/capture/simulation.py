@@ -47,7 +47,7 @@ from .._compat import dispatch_mode, disable_current_modes, no_dispatch, profile
     tree_map_only
 from ..trace import BACKWARD, FORWARD
 
-__all__ = ["SimulationLog", "SimulationKernels", "ValueReads", "PROBE_LIMIT", "eager_paths"]
+__all__ = ["META_READS", "note_meta_read", "SimulationLog", "SimulationKernels", "ValueReads", "PROBE_LIMIT", "eager_paths"]
 
 PROBE_LIMIT = 256 * 2 ** 20   # bytes of real tensors a kernel probe may allocate
 PROBE_MACS = 500_000_000      # and the work it may do (multiply-accumulates, by layerscope's formulas):
@@ -118,9 +118,32 @@ class SimulationLog:
                 out.append(f"the simulation had no values for nonzero {_times(n)}, in {places}, and "
                            f"found every element nonzero (index tensors at their largest). Use "
                            f"simulate=False to track the real step")
+            elif kind == "meta":
+                # an analysis on meta tensors (``what``: what had no values, and the rule that stood in)
+                out.append(f"on meta tensors {what[0]} had no values ({_times(n)}, in {places}): {what[1]}. "
+                           f"Analyze on the CPU (device='cpu'), or pass the inputs whose values decide "
+                           f"it, for the real run's")
             else:
                 out.append(f"{what} ({_times(n)}, in {places})")
         return out
+
+
+# what a meta run reads without values, and the rule the recorder follows (capture/recorder.py)
+META_READS = {
+    "item": ("a tensor's value (.item(), bool(tensor), int(tensor))", "read as 1 (True), so a branch on "
+             "it may not be the real run's"),
+    "nonzero": ("nonzero", "every element counted nonzero (index tensors at their largest)"),
+    "mask": ("a boolean mask", "every element selected"),
+    "repeats": ("repeat_interleave's counts", "each read as 1"),
+    "unique": ("torch.unique's values", "read as one value"),
+}
+
+
+def note_meta_read(cap, key: str) -> None:
+    """A meta run read what it has no values for (``key`` in META_READS): noted on the session's log."""
+    if cap.meta_log is None:
+        cap.meta_log = SimulationLog()
+    cap.meta_log.add("meta", META_READS[key], _where(cap))
 
 
 def _where(cap) -> str:
