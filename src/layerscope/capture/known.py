@@ -179,7 +179,8 @@ class KnownValues:
     __slots__ = ("values", "shared", "fills", "tensors", "assumed", "cast_ones", "__weakref__")
 
     def __init__(self) -> None:
-        self.values: dict[int, tuple] = {}      # id(tensor) -> (weak reference, CPU value, its storage)
+        # id(tensor) -> (weak reference, CPU value, the value's storage, the tensor's own storage or None)
+        self.values: dict[int, tuple] = {}
         # the values' storages -> ids whose value lies in it (views of one storage): forget() finds them
         # without a pass over the table (an optimizer step forgets one value per parameter: quadratic)
         self.shared: dict[int, set[int]] = {}
