@@ -108,6 +108,21 @@ def _storage_key(t):
     return None
 
 
+def _span(t):
+    """The first and last element ``t`` reaches in its storage (None if it cannot be told)."""
+    try:
+        off = t.storage_offset()
+        if t.numel() == 0:
+            return (off, off - 1)
+        return (off, off + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())))
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _overlaps(a, b) -> bool:
+    return a is None or b is None or (a[0] <= b[1] and b[0] <= a[1])
+
+
 def _targets(args, kwargs, pairs):
     """The arguments at ``pairs`` ((position, name): see ``_info``), given by position or by name."""
     for i, name in pairs:
@@ -185,10 +200,10 @@ class KnownValues:
         # without a pass over the table (an optimizer step forgets one value per parameter: quadratic)
         self.shared: dict[int, set[int]] = {}
         self.fills: set[int] = set()             # the storages of fills held as one element (FILL_WHOLE)
-        # the meta/fake tensors' own storages -> ids with values: a write into one of them reaches every
-        # view of it in the run, and each known one whose value does not share the written value's storage
-        # is forgotten (``_unlink``)
-        self.tensors: dict[int, set[int]] = {}
+        # the meta/fake tensors' own storages -> {their values' storage -> ids}: a write into one of them
+        # reaches every view of it in the run, and each known one whose value does not share the written
+        # value's storage (and whose elements it may touch) is forgotten (``_unlink``)
+        self.tensors: dict[int, dict[int, set[int]]] = {}
         self.assumed = 0                         # choices over unknown scores spread evenly (_spread)
         self.cast_ones = 0                       # integer tensors cast from unknown floats: all ones
 
@@ -212,7 +227,7 @@ class KnownValues:
                             value.untyped_storage()._cdata, own)
         self.shared.setdefault(self.values[key][2], set()).add(key)
         if own is not None:
-            self.tensors.setdefault(own, set()).add(key)
+            self.tensors.setdefault(own, {}).setdefault(self.values[key][2], set()).add(key)
 
     def _drop(self, key: int):
         """The table's entry for ``key`` out (and out of its storage's set); the entry, or None."""
@@ -225,32 +240,43 @@ class KnownValues:
                     del self.shared[e[2]]
                     self.fills.discard(e[2])
             if e[3] is not None:
-                ids = self.tensors.get(e[3])
+                groups = self.tensors.get(e[3])
+                ids = groups.get(e[2]) if groups is not None else None
                 if ids is not None:
                     ids.discard(key)
                     if not ids:
-                        del self.tensors[e[3]]
+                        del groups[e[2]]
+                        if not groups:
+                            del self.tensors[e[3]]
         return e
 
     def _unlink(self, t) -> None:
-        """``t`` is about to be written in place: every other known tensor on ``t``'s own storage (its
-        views, the tensor it is a view of) whose value does not share ``t``'s value's storage would not
-        see the write, and is forgotten (unknown, never stale: ``v = m[:, :3]`` taken while ``m`` had no
-        values, ``m.fill_(1)``, then ``v.fill_(0)``)."""
+        """``t`` has just been written in place: every other known tensor on ``t``'s own storage (its
+        views, the tensor it is a view of) whose value does not share ``t``'s value's storage did not see
+        the write, and is forgotten where its elements may overlap ``t``'s (unknown, never stale:
+        ``v = m[:, :3]`` taken while ``m`` had no values, ``m.fill_(1)``, then ``v.fill_(0)``). The views
+        that share ``t``'s value saw the write: they are not walked (a loop writing each of K live rows
+        stays linear)."""
         if type(t) in (list, tuple):
             for x in t:
                 self._unlink(x)
             return
         own = _storage_key(t)
-        ids = self.tensors.get(own) if own is not None else None
-        if not ids or ids == {id(t)}:
+        groups = self.tensors.get(own) if own is not None else None
+        if not groups:
             return
         e = self.values.get(id(t))
         mine = e[2] if e is not None and e[0]() is t else None
-        for k in list(ids):
-            if k != id(t):
+        if len(groups) == 1 and mine in groups:
+            return
+        span = _span(t)
+        for vs in [g for g in groups if g != mine]:
+            for k in list(groups.get(vs, ())):
                 other = self.values.get(k)
-                if other is not None and other[2] != mine:
+                if other is None:
+                    continue
+                o = other[0]()
+                if o is None or span is None or _overlaps(span, _span(o)):
                     self._drop(k)
 
     def _fill(self, t: torch.Tensor, fill) -> None:
@@ -289,20 +315,50 @@ class KnownValues:
         self.forget(t)
         return None
 
-    def seed(self, t: torch.Tensor, real: torch.Tensor) -> None:
+    def seed(self, t: torch.Tensor, real: torch.Tensor, storages: dict | None = None) -> None:
         """``t`` (a meta or fake tensor) stands for ``real``: carry its values if it is a small
-        integer or boolean tensor with values (on the CPU or a GPU: a copy on the CPU)."""
+        integer or boolean tensor with values (on the CPU or a GPU: a copy on the CPU). ``storages``
+        (real storage -> its CPU copy): where given for ``real``'s storage, the value is a view of that
+        copy, as ``real`` is of its storage."""
         if isinstance(real, _Tensor) and real.device.type != "meta" and not real.is_floating_point() and \
                 not real.is_complex() and _small(real) and getattr(real, "fake_mode", None) is None:
             with no_dispatch():     # a real copy, also inside a FakeTensorMode
-                self.put(t, real.detach().to("cpu", copy=True))
+                copy = storages.get(real.untyped_storage()._cdata) if storages else None
+                if copy is not None:
+                    self.put(t, torch.empty(0, dtype=real.dtype).set_(copy, real.storage_offset(), real.size(),
+                                                                      real.stride()))
+                else:
+                    self.put(t, real.detach().to("cpu", copy=True))
 
     def seed_pairs(self, fakes, reals) -> None:
+        """``seed`` each pair. Inputs that share a real storage (``model(ids, labels=ids)``, a tensor and
+        a view of it) get views of one CPU copy of it: a write into one reaches the others, as in the real
+        run (each had a copy of its own, and a write into ``a`` left ``b`` at its old values)."""
         fakes, reals = list(fakes), list(reals)
-        if len(fakes) == len(reals):
-            for f, r in zip(fakes, reals):
-                if f is not r:
-                    self.seed(f, r)
+        if len(fakes) != len(reals):
+            return
+        seen: dict[int, int] = {}
+        for f, r in zip(fakes, reals):
+            if f is not r and isinstance(r, _Tensor) and r.device.type != "meta" and \
+                    getattr(r, "fake_mode", None) is None and r.layout is torch.strided:
+                key = r.untyped_storage()._cdata
+                seen[key] = seen.get(key, 0) + 1
+        storages = {}
+        for f, r in zip(fakes, reals):
+            if f is r or not isinstance(r, _Tensor) or r.device.type == "meta" or \
+                    getattr(r, "fake_mode", None) is not None or r.layout is not torch.strided:
+                continue
+            key = r.untyped_storage()._cdata
+            if seen.get(key, 0) > 1 and key not in storages and \
+                    r.untyped_storage().nbytes() <= LIMIT * r.element_size():
+                with no_dispatch():
+                    src = r.untyped_storage()
+                    copy = torch.UntypedStorage(src.nbytes())
+                    copy.copy_(src.cpu() if src.device.type != "cpu" else src)
+                storages[key] = copy
+        for f, r in zip(fakes, reals):
+            if f is not r:
+                self.seed(f, r, storages)
 
     def value(self, t) -> torch.Tensor | None:
         e = self.values.get(id(t))
@@ -471,23 +527,25 @@ class KnownValues:
         write), or, where the written values or an index are unknown, none (the tensor written in place,
         and its views, are forgotten rather than left at their old values)."""
         accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+        # aten's own index_put_: it takes None among the indices (``m[:, mask] = 0``), Tensor.index_put_ not
         if func is aten.index_put_.default:
-            self._unlink(args[0])
             base = self.writable(args[0]) if id(args[0]) in self.values else None
             reals = self._reals((args[0], list(indices), args[2]), {}) if base is not None else None
             if reals is None:
                 self.forget(args[0])
-                return
-            (_, idx, vals), _ = reals
-            with no_dispatch():
-                base.index_put_(tuple(idx), vals, accumulate)
+            else:
+                (_, idx, vals), _ = reals
+                with no_dispatch():
+                    aten.index_put_.default(base, list(idx), vals, accumulate)
+            if self.tensors:
+                self._unlink(args[0])
             return
         reals = self._reals((args[0], list(indices), args[2]), {})    # None where one is unknown
         if reals is None:
             return
         (base, idx, vals), _ = reals
         with no_dispatch():
-            self.put(out, base.clone().index_put_(tuple(idx), vals, accumulate))
+            self.put(out, aten.index_put.default(base, list(idx), vals, accumulate))
 
     def _reals(self, args, kwargs):
         """``(args, kwargs)`` with every tensor replaced by its value; None if one is unknown. (No
@@ -513,10 +571,17 @@ class KnownValues:
         raise the real kernel's error where a known index is out of bounds (``check``)."""
         e = _INFO.get(id(func))
         info = e[1] if e is not None and e[0] is func else _info(func)
+        try:
+            self._after(func, args, kwargs, out, info)
+        finally:
+            # once the write is carried (or forgotten), what shares the tensor but not its value did not
+            # see it (``set_`` has moved the tensor onto its source's storage by now: nothing to forget)
+            if info[1] and self.tensors:
+                for t in _targets(args, kwargs, info[1]):
+                    self._unlink(t)
+
+    def _after(self, func, args, kwargs, out, info) -> None:
         kind, writes, aliased = info
-        if writes and self.tensors:
-            for t in _targets(args, kwargs, writes):
-                self._unlink(t)
         if kind == _CHECK:
             self.check(func, args)
             kind = _COMPUTE
