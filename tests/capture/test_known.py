@@ -582,3 +582,30 @@ def test_second_review_round_cases_match_the_cpu_run(aliasing):
     assert real == [(0, 1), (8, 1), (6, 2), (8, 2), (10, 2)]
     meta = ls.analyze(_Second(), *inputs(), device="meta")
     assert [tuple(r.outputs[0].shape) for r in meta.layers if r.type == "_Pick"] == real and meta.notes == ()
+
+
+class _Strided(nn.Module):
+    """zeros_like of a transposed tensor keeps its strides: as_strided and view read its storage's order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.pick = _Pick()
+
+    def forward(self, ids):
+        d = self.lin.weight.device
+        z = torch.zeros_like(ids.to(d).t())          # (8, 2), strides (1, 8)
+        z[0, 1] = 3                                   # storage element 8
+        w = torch.zeros_like(ids.to(d).t())
+        w.t().view(-1)[3] = 1                         # legal on w's storage order only
+        return self.pick(z.as_strided((8,), (1,))), self.pick(w), self.lin(ids.float())
+
+
+def test_fill_values_keep_the_tensors_strides():
+    # real: storage elements 0..7 of z are its column 0, all zero: 0 rows; w has one element set: 1 row.
+    # Before, the values were row-major: as_strided read element 1 (3) and the view failed (w stale: 0)
+    ids = torch.arange(16).reshape(2, 8)
+    real = [tuple(t.shape) for t in _Strided()(ids)[:2]]
+    assert real == [(0, 1), (1, 2)]
+    meta = ls.analyze(_Strided(), ids, device="meta")
+    assert [tuple(r.outputs[0].shape) for r in meta.layers if r.type == "_Pick"] == real and meta.notes == ()

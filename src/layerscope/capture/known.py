@@ -119,6 +119,18 @@ def _span(t):
         return None
 
 
+def _whole_like(t, fill=None, src=None):
+    """A CPU tensor of ``t``'s shape and dtype with ``t``'s strides where ``t`` is dense (zeros_like of a
+    transposed tensor keeps its strides: ``as_strided`` and ``view`` then read the elements they read on
+    ``t``), else contiguous; filled with ``fill`` or copied from ``src``."""
+    shape, stride = tuple(t.shape), tuple(t.stride())
+    dense = all(st != 0 for n, st in zip(shape, stride) if n > 1) and \
+        sum((n - 1) * abs(st) for n, st in zip(shape, stride)) + 1 == max(t.numel(), 1)
+    out = torch.empty_strided(shape, stride, dtype=t.dtype) if dense and t.numel() else \
+        torch.empty(shape, dtype=t.dtype)
+    return out.fill_(fill) if src is None else out.copy_(src)
+
+
 def _overlaps(a, b) -> bool:
     return a is None or b is None or (a[0] <= b[1] and b[0] <= a[1])
 
@@ -287,7 +299,7 @@ class KnownValues:
         shape = tuple(t.shape)
         with no_dispatch():
             if t.numel() <= FILL_WHOLE:
-                self.put(t, torch.full(shape, fill, dtype=t.dtype))
+                self.put(t, _whole_like(t, fill))
                 return
             value = torch.full((), fill, dtype=t.dtype).expand(shape)
         self.put(t, value)
@@ -307,7 +319,9 @@ class KnownValues:
             return v
         if self.shared.get(cdata) == {id(t)} and v.dim() > 0 and all(x == 0 for x in v.stride()):
             with no_dispatch():
-                whole = v.contiguous()
+                # t's strides where its shape is the value's still (an in-place op that changes the shape
+                # has changed t's already: the op then runs on the value as it was)
+                whole = _whole_like(t, src=v) if tuple(t.shape) == tuple(v.shape) else v.contiguous()
             # the entry itself, not put(): an in-place op that changes the shape (``t_``, ``squeeze_``,
             # ``resize_``) has changed ``t``'s already, and its value follows when the op runs on it
             self._set(t, whole)
