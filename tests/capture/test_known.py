@@ -340,7 +340,22 @@ class _Pick(nn.Module):
         return m.nonzero()
 
 
-class Writes(nn.Module):
+class _Picked(nn.Module):
+    """A model whose ``pick`` calls (nonzero) show, by their output shapes, which values a run read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.pick = _Pick()
+
+
+def _meta_picks(model: nn.Module, *inputs):
+    """The output shapes of ``model``'s pick calls in a meta analysis, and the report's notes."""
+    rep = ls.analyze(model, *inputs, device="meta")
+    return [tuple(r.outputs[0].shape) for r in rep.layers if r.type == "_Pick"], rep.notes
+
+
+class Writes(_Picked):
     """Writes into tensors with known values through views, and what nonzero() then finds: a slice of a mask
     set to 0 and another copied into, one element of a fill of ``n`` written, a fill written whole in place
     then a row of it zeroed, ones added to then a slice zeroed, and a real CPU tensor made beside meta ones
@@ -348,8 +363,6 @@ class Writes(nn.Module):
 
     def __init__(self, n: int) -> None:
         super().__init__()
-        self.lin = nn.Linear(8, 8)
-        self.pick = _Pick()
         self.n = n
 
     def forward(self, ids):
@@ -378,9 +391,9 @@ def test_writes_through_views_reach_their_base_on_meta(n):
     ids = torch.arange(16).reshape(2, 8)
     real = [tuple(t.shape) for t in Writes(n)(ids)[0]]
     assert real == [(6, 2), (1, 2), (n, 2), (3 * n - 4, 2), (1, 2)]
-    meta = ls.analyze(Writes(n), ids, device="meta")
-    assert [tuple(r.outputs[0].shape) for r in meta.layers if r.type == "_Pick"] == real
-    assert meta.notes == ()             # every value read was known: nothing invented
+    picks, notes = _meta_picks(Writes(n), ids)
+    assert picks == real
+    assert notes == ()                  # every value read was known: nothing invented
 
 
 def test_a_large_fill_holds_one_element():
@@ -485,13 +498,8 @@ def test_a_write_from_the_unknown_forgets_what_it_does_not_reach():
     assert int(table.value(b).sum()) == 10
 
 
-class _Unknowable(nn.Module):
+class _Unknowable(_Picked):
     """Reads values a meta run has no way to know: a branch on an uninitialised tensor, and its nonzero()."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(8, 8)
-        self.pick = _Pick()
 
     def forward(self, x):
         m = torch.empty(2, 8, device=self.lin.weight.device)
@@ -512,14 +520,9 @@ def test_a_meta_run_says_what_it_read_without_values():
     assert ls.analyze(_Unknowable(), torch.randn(2, 8)).notes == ()
 
 
-class _Labels(nn.Module):
+class _Labels(_Picked):
     """transformers' label pattern: a shifted view taken, low labels masked to -100 through a boolean mask,
     then the view written; and a view taken before a boolean-mask write that selects nothing."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(8, 8)
-        self.pick = _Pick()
 
     def forward(self, ids):
         d = self.lin.weight.device
@@ -540,19 +543,13 @@ def test_a_boolean_mask_write_keeps_the_views_it_reaches():
     ids = torch.arange(16).reshape(2, 8)
     real = [tuple(t.shape) for t in _Labels()(ids)[:3]]
     assert real == [(15, 2), (12, 2), (10, 2)]
-    meta = ls.analyze(_Labels(), ids, device="meta")
-    assert [tuple(r.outputs[0].shape) for r in meta.layers if r.type == "_Pick"] == real and meta.notes == ()
+    assert _meta_picks(_Labels(), ids) == (real, ())
 
 
-class _Second(nn.Module):
+class _Second(_Picked):
     """Four more writes a second reviewer round found: rows of one tensor given values one by one, a
     tensor set_ onto another then the other written, a boolean mask after a slice (``m[:, mask] = 0``), and
     a write into the first input read through the second (the same tensor twice, or a view of it)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(8, 8)
-        self.pick = _Pick()
 
     def forward(self, ids, alias):
         d = self.lin.weight.device
@@ -580,17 +577,11 @@ def test_second_review_round_cases_match_the_cpu_run(aliasing):
         return ids, (ids if aliasing == "same-tensor" else ids[:, 1:])
     real = [tuple(t.shape) for t in _Second()(*inputs())[0]]
     assert real == [(0, 1), (8, 1), (6, 2), (8, 2), (10, 2)]
-    meta = ls.analyze(_Second(), *inputs(), device="meta")
-    assert [tuple(r.outputs[0].shape) for r in meta.layers if r.type == "_Pick"] == real and meta.notes == ()
+    assert _meta_picks(_Second(), *inputs()) == (real, ())
 
 
-class _Strided(nn.Module):
+class _Strided(_Picked):
     """zeros_like of a transposed tensor keeps its strides: as_strided and view read its storage's order."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(8, 8)
-        self.pick = _Pick()
 
     def forward(self, ids):
         d = self.lin.weight.device
@@ -607,5 +598,4 @@ def test_fill_values_keep_the_tensors_strides():
     ids = torch.arange(16).reshape(2, 8)
     real = [tuple(t.shape) for t in _Strided()(ids)[:2]]
     assert real == [(0, 1), (1, 2)]
-    meta = ls.analyze(_Strided(), ids, device="meta")
-    assert [tuple(r.outputs[0].shape) for r in meta.layers if r.type == "_Pick"] == real and meta.notes == ()
+    assert _meta_picks(_Strided(), ids) == (real, ())

@@ -24,6 +24,7 @@ as their tensors (weak references), in one object per run: nothing process-wide.
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import weakref
@@ -124,10 +125,10 @@ def _whole_like(t, fill=None, src=None):
     transposed tensor keeps its strides: ``as_strided`` and ``view`` then read the elements they read on
     ``t``), else contiguous; filled with ``fill`` or copied from ``src``."""
     shape, stride = tuple(t.shape), tuple(t.stride())
-    dense = all(st != 0 for n, st in zip(shape, stride) if n > 1) and \
-        sum((n - 1) * abs(st) for n, st in zip(shape, stride)) + 1 == max(t.numel(), 1)
-    out = torch.empty_strided(shape, stride, dtype=t.dtype) if dense and t.numel() else \
-        torch.empty(shape, dtype=t.dtype)
+    span = _span(t) if t.numel() else None
+    dense = span is not None and span[1] - span[0] + 1 == t.numel() and \
+        all(st != 0 for n, st in zip(shape, stride) if n > 1)
+    out = torch.empty_strided(shape, stride, dtype=t.dtype) if dense else torch.empty(shape, dtype=t.dtype)
     return out.fill_(fill) if src is None else out.copy_(src)
 
 
@@ -310,12 +311,15 @@ class KnownValues:
         """The value of ``t`` to be written in place or viewed (where views of it, or the tensor it is a
         view of, see a write), or None if unknown. A fill held as one element is made whole first (the
         recorder makes it whole before its first view, so only the fill itself holds it); anything else
-        sharing one is forgotten with every tensor sharing it (unknown, never stale)."""
+        sharing one is forgotten with every tensor sharing it (unknown, never stale). A tensor without an
+        entry (a real one is its own value) has none to write: None."""
+        if id(t) not in self.values:
+            return None
         v = self.value(t)
         if v is None:
             return None
-        cdata = self.values[id(t)][2] if id(t) in self.values else None
-        if cdata is None or cdata not in self.fills:
+        cdata = self.values[id(t)][2]
+        if cdata not in self.fills:
             return v
         if self.shared.get(cdata) == {id(t)} and v.dim() > 0 and all(x == 0 for x in v.stride()):
             with no_dispatch():
@@ -351,19 +355,13 @@ class KnownValues:
         fakes, reals = list(fakes), list(reals)
         if len(fakes) != len(reals):
             return
-        seen: dict[int, int] = {}
-        for f, r in zip(fakes, reals):
-            if f is not r and isinstance(r, _Tensor) and r.device.type != "meta" and \
-                    getattr(r, "fake_mode", None) is None and r.layout is torch.strided:
-                key = r.untyped_storage()._cdata
-                seen[key] = seen.get(key, 0) + 1
+        held = [r for f, r in zip(fakes, reals) if f is not r and isinstance(r, _Tensor) and
+                r.device.type != "meta" and getattr(r, "fake_mode", None) is None and r.layout is torch.strided]
+        seen = collections.Counter(r.untyped_storage()._cdata for r in held)
         storages = {}
-        for f, r in zip(fakes, reals):
-            if f is r or not isinstance(r, _Tensor) or r.device.type == "meta" or \
-                    getattr(r, "fake_mode", None) is not None or r.layout is not torch.strided:
-                continue
+        for r in held:
             key = r.untyped_storage()._cdata
-            if seen.get(key, 0) > 1 and key not in storages and \
+            if seen[key] > 1 and key not in storages and \
                     r.untyped_storage().nbytes() <= LIMIT * r.element_size():
                 with no_dispatch():
                     src = r.untyped_storage()
@@ -543,7 +541,7 @@ class KnownValues:
         accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
         # aten's own index_put_: it takes None among the indices (``m[:, mask] = 0``), Tensor.index_put_ not
         if func is aten.index_put_.default:
-            base = self.writable(args[0]) if id(args[0]) in self.values else None
+            base = self.writable(args[0])
             reals = self._reals((args[0], list(indices), args[2]), {}) if base is not None else None
             if reals is None:
                 self.forget(args[0])
@@ -631,7 +629,7 @@ class KnownValues:
             if _small(args[0]) and not isinstance(args[1] if len(args) > 1 else None, _Tensor):
                 fill = 0 if func is aten.zero_.default else args[1]
                 # in place where the value is known: a view's base sees the write (``x[:, :3] = 0``)
-                v = self.writable(args[0]) if id(args[0]) in self.values else None
+                v = self.writable(args[0])
                 if v is not None:
                     with no_dispatch():
                         v.fill_(fill)
@@ -644,7 +642,7 @@ class KnownValues:
             if src is None or not _small(args[0]):
                 self.forget(args[0])
             else:
-                v = self.writable(args[0]) if id(args[0]) in self.values else None
+                v = self.writable(args[0])
                 with no_dispatch():
                     if v is not None:
                         v.copy_(src)        # in place: a view's base sees the write
@@ -711,7 +709,7 @@ class KnownValues:
             self._forget_written(args, kwargs, writes)
             return
         for t in _targets(args, kwargs, aliased):
-            if isinstance(t, _Tensor) and id(t) in self.values:
+            if isinstance(t, _Tensor):
                 self.writable(t)             # a fill viewed or written in place made whole first
         reals = self._reals(args, kwargs)
         if reals is None:
