@@ -234,7 +234,7 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
             opt = _make_optimizer(optimizer, list(params.values()), foreach_default) \
                 if training and optimizer else None
             if composer is not None and opt is not None:
-                composer.trim_optimizer(opt, {id(p): n for n, p in params.items()})
+                composer.trim_optimizer(opt, run.param_names)
             model.train(training)
             _loop(run, model, named, (call, backward, routed), swap, (args, kwargs), params, buffers, opt, rng=rng,
                   simulate=simulate, training=training, autocast_dtype=autocast_dtype, device=device,
