@@ -12,19 +12,17 @@ import torch
 from torch import nn
 
 from ..capture.attention import resolve_gpu, router_for
-from ..capture.guard import gc_paused
 from ..capture.prepare import check_model, example_inputs, materialize_lazy
-from ..capture.storage import cuda_block_size
-from ..costs.cublas import workspace_rule
 from ..capture.inputs import iter_tensors
-from ..errors import ForwardError, InputError
+from ..errors import InputError
 from ..formats.exported import refuse_exported
-from ..options import MemoryOptions, ParallelConfig, dtype_short, optimizer_factory, optimizer_name
-from ..parallel.results import ESTIMATES, ParallelPlan, RankMemory, mesh_coords, rank_memory, roles
+from ..options import MemoryOptions, ParallelConfig, optimizer_factory, optimizer_name
+from ..parallel.results import ESTIMATES, ParallelPlan, RankMemory, mesh_coords
 from ..parallel.apply import checkpoint_blocks, no_kv_cache
-from ..parallel.simulate import meta_copy, simulate_rank
-from ..parallel.stages import simulate_stage_rank
-from ..progress import ProgressBar
+from ..parallel.simulate import meta_copy
+from ..parallel.timing import fractions, step_time
+from ..parallel.world import global_tokens, plan_of, simulate_world
+from ._search import search_report
 from ..render.units import parse_bytes
 from ..render.views import ParallelReport
 from ._memory import memory_with
@@ -39,13 +37,14 @@ def _local_batch(args: tuple, kwargs: dict) -> int | None:
 
 
 _RUN_OPTIONS = {"steps": 2, "loss_fn": None, "target": None, "input_size": None, "dtypes": None, "device": "cuda",
-                "progress": False, "forward_kwargs": None, "backend": None}
+                "progress": False, "forward_kwargs": None, "backend": None, "fractions": None, "search": False,
+                "time_budget": None}
 _BACKENDS = {"cuda": ("nccl", "fake"), "cpu": ("gloo", "fake")}
 
 
-def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = None, tp: int = 1, pp: int = 1,
-             ac: str = "none", optimizer="adamw", gpu=None, memory_limit=None, config: ParallelConfig | None = None,
-             **kwargs: Any) -> ParallelReport:
+def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = None, tp: int | None = None,
+             pp: int | None = None, ac: str | None = None, optimizer="adamw", gpu=None, memory_limit=None,
+             config: ParallelConfig | None = None, **kwargs: Any) -> ParallelReport:
     """What each of ``gpus`` ranks holds when they train ``model`` sharded: its peak, when, and by part
     (parameter shards, gathered parameters, gradients, optimizer state, activations, recompute,
     communication buffers, temporaries, and estimates of what a CPU cannot show), and the bytes of
@@ -72,17 +71,31 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     output once the loss is computed, as torchtitan's train step does. With every degree 1 nothing is
     wrapped, and the figures are ``memory(..., keep_output=False)``'s for the same model, dtypes and
     options.
+
+    On CUDA ranks the plan also has the predicted step time, tokens/s per GPU and MFU (parallel/timing.py;
+    ``fractions={"matmul": 0.6, ...}`` replaces the model's achievable fractions). ``search=True`` searches
+    the fastest configuration that fits instead (parallel/search.py): the degrees and options given as
+    keywords are held, ``global_batch`` (default: the input's batch x ``gpus``) is what every candidate
+    trains per step, ``time_budget`` (seconds, default 150) stops it simulating new candidates; the report
+    shows the chosen plan and has every candidate in ``report.search``.
     """
     run = {k: kwargs.pop(k, v) for k, v in _RUN_OPTIONS.items()}
     fields = {f.name for f in dataclasses.fields(ParallelConfig)} - {"local_batch"}
     given = {k: kwargs.pop(k) for k in list(kwargs) if k in fields}
     kwargs = {**kwargs, **(run["forward_kwargs"] or {})}
-    if config is None:
-        config = ParallelConfig(gpus=gpus, fsdp=fsdp, tp=tp, pp=pp, ac=ac, **given)
-    elif given or gpus != 1 or fsdp is not None or tp != 1 or pp != 1 or ac != "none":
+    search = run["search"]
+    held = {k: v for k, v in (("fsdp", fsdp), ("tp", tp), ("pp", pp), ("ac", ac)) if v is not None}
+    if search:
+        if config is not None:
+            raise InputError("search=True searches the configuration: give the degrees to hold fixed as keywords "
+                             "(tp=, pp=, ac=, ...), not config=")
+    elif config is None:
+        config = ParallelConfig(gpus=gpus, **{"tp": 1, "pp": 1, "ac": "none", **held}, **given)
+    elif given or gpus != 1 or held:
         raise InputError("give the configuration either as config= or as keywords, not both")
     steps, loss_fn, input_size, dtypes, device, progress, backend, target = (
         run[k] for k in ("steps", "loss_fn", "input_size", "dtypes", "device", "progress", "backend", "target"))
+    fracs = fractions(run["fractions"])
     if target is not None:
         if loss_fn is None or not isinstance(target, torch.Tensor):
             raise InputError("target= is a tensor of the local batch for a loss_fn(output, target)")
@@ -100,8 +113,8 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     args = example_inputs(args, kwargs, input_size, dtypes, None, torch.device("meta"), "parallel")
     materialize_lazy(model, args, kwargs)
     local = _local_batch(args, kwargs)
-    config = dataclasses.replace(config, local_batch=local) if local is not None and config.local_batch is None \
-        else config
+    if config is not None and local is not None and config.local_batch is None:
+        config = dataclasses.replace(config, local_batch=local)
     factory = optimizer_factory(optimizer)
     cuda = device == "cuda"
     named = resolve_gpu(gpu) if gpu is not None else None
@@ -113,13 +126,31 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     limit = parse_bytes(memory_limit) if memory_limit is not None else (named.memory if named is not None else None)
     options = {"device": device, "backend": backend, "gpu": named.name if named is not None else None,
                "optimizer": optimizer_name(factory), "steps": steps, "allocation_block": 512 if cuda else 1}
+    if search:
+        if not cuda:
+            raise InputError("the search ranks configurations by their predicted step time on GPUs: leave device at "
+                             "'cuda' and name the GPU (gpu='H100')")
+        if limit is None:
+            raise InputError("the search needs the memory a GPU has: name the GPU (gpu='H100') or give memory_limit=")
+        if target is not None:
+            raise InputError("target= is a tensor of one local batch, which the search changes: give loss_fn alone")
+
+        def simulate(m, a, k, c):
+            return simulate_world(m, a, k, c, factory, steps, loss_fn, cuda, backend, new_router, False, None)
+        return search_report(model, args, kwargs, gpus=gpus, held={**held, **given}, gpu=named or resolve_gpu(None),
+                             limit=limit, simulate=simulate, fracs=fracs, options=options, progress=progress,
+                             time_budget=run["time_budget"])
     notes: list[str] = []
     if config.trivial:
         plan, notes = _one_device(model, args, kwargs, config, factory, steps, loss_fn, cuda, gpu)
     else:
-        ranks, rr, roles_of, router = _simulate(model, args, kwargs, config, factory, steps, loss_fn, cuda,
-                                                backend, new_router, progress, target)
-        plan = _plan(config, ranks)
+        ranks, rr, roles_of, router, runs = simulate_world(model, args, kwargs, config, factory, steps, loss_fn, cuda,
+                                                      backend, new_router, progress, target)
+        plan = plan_of(config, ranks)
+        if cuda:
+            plan, more = _timed(plan, runs, config, named or resolve_gpu(None), global_tokens(args, kwargs, config),
+                                fracs)
+            notes += more
         if len(roles_of) == 1:
             notes.append(f"every rank holds the same shard sizes: rank 0 was simulated for all {config.world}")
         elif config.pp > 1:
@@ -162,70 +193,17 @@ def _with_target(loss_fn, target, output):
     return loss_fn(output, target)
 
 
-def _simulate(model, args, kwargs, config: ParallelConfig, factory, steps, loss_fn, cuda: bool, backend: str,
-              new_router, progress, target=None):
-    """Rank 0, then one rank for each other role its shard layouts reveal; every global rank's memory,
-    rank 0's run, the roles, and rank 0's SDPA router (what its notes say)."""
-    routers = []
-
-    def one(rank: int, bar):
-        routers.append(new_router())
-        simulate = simulate_rank if config.pp == 1 else functools.partial(simulate_stage_rank, target=target)
-        try:
-            return simulate(model, args, kwargs, config, rank, optimizer=factory, steps=steps, loss_fn=loss_fn,
-                            block_size=cuda_block_size if cuda else None, gloo=backend == "gloo",
-                            # torch's optimizers default to foreach on CUDA tensors only (offloaded: host ones)
-                            foreach_default=cuda and not config.offload, device_type="cuda" if cuda else "cpu",
-                            probe=not cuda, workspace=workspace_rule(routers[-1].gpu.capability) if cuda else None,
-                            attention=routers[-1], rng_state=0 if cuda else torch.get_rng_state().nbytes,
-                            on_step=(lambda s, w: bar.advance() if w == "end" else None) if bar else None)
-        except ForwardError as e:
-            raise ForwardError(f"{e} (simulating rank {rank} of {config.label()})", path=e.path,
-                               module_type=e.module_type, input_shapes=e.input_shapes) from e.__cause__
-
-    with gc_paused():
-        bar = ProgressBar(steps, "simulating rank 0") if progress else None
-        try:
-            first = one(0, bar)
-        finally:
-            if bar is not None:
-                bar.close()
-        runs = {0: first}
-        per_stage = config.world // config.pp
-        groups: dict[int, list[int]] = {}
-        for s in range(config.pp):
-            # each pipeline stage holds other parameters: its first rank is simulated, and its roles
-            # come from its own shard layouts
-            head = s * per_stage
-            if head not in runs:
-                runs[head] = one(head, None)
-            for members in roles(runs[head].layouts, config).values():
-                mine = [r for r in members if r // per_stage == s]
-                if mine:
-                    groups[mine[0]] = mine
-        for rep in groups:
-            if rep not in runs:
-                runs[rep] = one(rep, None)
-    memories = {rep: rank_memory(rr, config, rep, nccl=backend == "nccl") for rep, rr in runs.items()}
-    ranks: list = [None] * config.world
-    for rep, members in groups.items():
-        for r in members:
-            ranks[r] = memories[rep] if r == rep else \
-                dataclasses.replace(memories[rep], rank=r, coords=mesh_coords(config, r))
-    return tuple(ranks), first, groups, routers[0]
-
-
-def _plan(config: ParallelConfig, ranks: tuple[RankMemory, ...]) -> ParallelPlan:
-    peak = max(r.peak_bytes for r in ranks)
-    return ParallelPlan(
-        gpus=config.gpus, fsdp=config.fsdp, replicate=config.replicate, tp=config.tp, pp=config.pp,
-        ac=config.ac + (f":{config.ac_every}" if config.ac == "selective-layer" else ""),
-        microbatches=config.microbatches, accumulation=config.accumulation, local_batch=config.local_batch,
-        global_batch=config.global_batch, mixed_precision=config.mixed_precision,
-        reduce_dtype=dtype_short(config.reduce_dtype), model_dtype=dtype_short(config.model_dtype),
-        reshard_after_forward=config.reshard_after_forward, offload=config.offload, schedule=config.schedule,
-        stages=config.stages if config.pp > 1 else 1, fits=None, limit_bytes=None, peak_bytes=peak,
-        over_bytes=0, ranks=ranks)
+def _timed(plan: ParallelPlan, runs: dict, config: ParallelConfig, gpu, tokens: int | None, fracs):
+    """The plan with its predicted step time (parallel/timing.py), and what the prediction notes."""
+    st = step_time(runs, config, gpu, tokens=tokens, f=fracs)
+    plan = dataclasses.replace(plan, step_time=st.step_time,
+                               tokens_per_s=st.tokens_per_s / config.world if st.tokens_per_s else None,
+                               mfu=st.mfu, timing=st.to_dict())
+    notes = []
+    if st.uncounted_ops:
+        notes.append(f"step time: {st.uncounted_ops} op(s) of a rank's step have no cost formula and are priced at "
+                     f"one kernel launch ({st.fractions['launch_s'] * 1e6:g} us) each")
+    return plan, notes
 
 
 def _one_device(model, args, kwargs, config: ParallelConfig, factory, steps, loss_fn, cuda: bool, gpu):
@@ -252,4 +230,4 @@ def _one_device(model, args, kwargs, config: ParallelConfig, factory, steps, los
     notes = ["every degree is 1: one device, no sharding; these are memory()'s figures"
              + (f" with the blocks checkpointed ({config.ac})" if config.ac != "none" else "")
              + (" (mixed precision bf16 as autocast over fp32 weights)" if config.mixed_precision == "bf16" else "")]
-    return _plan(config, (r,)), notes + list(rep.notes)
+    return plan_of(config, (r,)), notes + list(rep.notes)

@@ -78,7 +78,7 @@ def arg_bandwidth(text: str) -> float:
 
 def arg_gpu(text: str):
     """--gpu NAME[,FIELD=VALUE...]: a row of the built-in GPU table with any figure replaced, e.g.
-    ``H100,capability=8.0,memory=40GiB,bandwidth=2TB/s,bfloat16=700e12``."""
+    ``H100,capability=8.0,memory=40GiB,bandwidth=2TB/s,bfloat16=700e12,network=25GB/s``."""
     from ..costs.gpus import gpu
     from ..errors import InputError
     from ..options import parse_bandwidth
@@ -99,7 +99,7 @@ def arg_gpu(text: str):
                 overrides[key] = (int(major), int(minor or 0))
             elif key == "memory":
                 overrides[key] = parse_bytes(value)
-            elif key == "bandwidth":
+            elif key in ("bandwidth", "nvlink", "network"):
                 overrides[key] = parse_bandwidth(value)
             else:
                 overrides[key] = float(value)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from .common import build_spec, emit, status
+from ..errors import InputError
+from .common import build_spec, emit, live, status
 
 
 def run_parallel(ns: argparse.Namespace) -> int:
@@ -15,12 +16,28 @@ def run_parallel(ns: argparse.Namespace) -> int:
     if ns.memory_limit is not None:
         from ..render.units import parse_bytes
         parse_bytes(ns.memory_limit)
+    fractions = _fractions(ns.fraction)
+    if ns.search:
+        if ns.run:
+            raise InputError("--run trains one configuration: run the one --search chose with its options")
+        model, args, kwargs = build_spec(ns, "meta")
+        held = {k: getattr(ns, k) for k in ("fsdp", "replicate", "tp", "pp", "schedule", "microbatches",
+                                            "accumulation", "global_batch", "ac", "reshard_after_forward")
+                if getattr(ns, k) is not None}
+        rep = parallel(model, *args, gpus=ns.gpus, gpus_per_node=ns.gpus_per_node, search=True,
+                       time_budget=ns.time_budget, optimizer=ns.optimizer, steps=ns.steps or 2, device=ns.device,
+                       gpu=ns.gpu, memory_limit=ns.memory_limit, fractions=fractions, forward_kwargs=kwargs,
+                       stages_per_rank=ns.stages_per_rank, mixed_precision=ns.mixed_precision,
+                       reduce_dtype=ns.reduce_dtype, model_dtype=ns.model_dtype or "fp32", offload=ns.offload,
+                       progress=live(ns), **held)
+        return emit(ns, rep)
     config = ParallelConfig(
-        gpus=ns.gpus, gpus_per_node=ns.gpus_per_node, fsdp=ns.fsdp, replicate=ns.replicate, tp=ns.tp, pp=ns.pp,
-        schedule=ns.schedule, stages_per_rank=ns.stages_per_rank, microbatches=ns.microbatches,
-        accumulation=ns.accumulation, global_batch=ns.global_batch, ac=ns.ac, mixed_precision=ns.mixed_precision,
-        reduce_dtype=ns.reduce_dtype, model_dtype=ns.model_dtype or "fp32",
-        reshard_after_forward=ns.reshard_after_forward, offload=ns.offload)
+        gpus=ns.gpus, gpus_per_node=ns.gpus_per_node, fsdp=ns.fsdp, replicate=ns.replicate or 1, tp=ns.tp or 1,
+        pp=ns.pp or 1, schedule=ns.schedule or "1f1b", stages_per_rank=ns.stages_per_rank,
+        microbatches=ns.microbatches, accumulation=ns.accumulation or 1, global_batch=ns.global_batch,
+        ac=ns.ac or "none", mixed_precision=ns.mixed_precision, reduce_dtype=ns.reduce_dtype,
+        model_dtype=ns.model_dtype or "fp32",
+        reshard_after_forward=ns.reshard_after_forward is not False, offload=ns.offload)
     model, args, kwargs = build_spec(ns, "meta")      # the simulation never needs the weights
     loss_fn = target = None
     if ns.run:
@@ -28,10 +45,26 @@ def run_parallel(ns: argparse.Namespace) -> int:
     with status(f"simulating {config.world} rank(s)", ns):
         rep = parallel(model, *args, config=config, optimizer=ns.optimizer, steps=ns.steps or 2, device=ns.device,
                        gpu=ns.gpu, memory_limit=ns.memory_limit, loss_fn=loss_fn, target=target,
-                       forward_kwargs=kwargs)
+                       forward_kwargs=kwargs, fractions=fractions)
     if ns.run:
         rep = _run(ns, rep, config)
     return emit(ns, rep)
+
+
+def _fractions(items: list[str] | None) -> dict | None:
+    """--fraction NAME=V, repeatable: the step-time model's overrides (checked by parallel())."""
+    if not items:
+        return None
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise InputError(f"--fraction takes NAME=NUMBER (matmul=0.6), got {item!r}") from None
+        if not eq:
+            raise InputError(f"--fraction takes NAME=NUMBER (matmul=0.6), got {item!r}")
+    return out
 
 
 def _check_run(ns: argparse.Namespace, args, kwargs):
@@ -40,7 +73,6 @@ def _check_run(ns: argparse.Namespace, args, kwargs):
     a pipeline's last stage takes it per micro-batch, the labels split alike). Returns (loss_fn, target)."""
     import torch.nn.functional as F
 
-    from ..errors import InputError
     if ns.device != "cpu":
         raise InputError("--run trains on this machine's CPU ranks (gloo): add --device cpu")
     if ns.input_ids is None or len(ns.input_ids) != 2:

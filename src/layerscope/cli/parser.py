@@ -163,25 +163,25 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"the ranks' GPU ({', '.join(GPUS)}): its memory is the limit")
     pl.add_argument("--memory-limit", help="per-rank limit such as 80GiB (default: --gpu's memory)")
     pl.add_argument("--fsdp", type=arg_count(1), help="FSDP2 shard degree (default: the ranks the others leave)")
-    pl.add_argument("--replicate", type=arg_count(1), default=1, help="HSDP: replicas of each shard group (default 1)")
-    pl.add_argument("--tp", type=arg_count(1), default=1, help="tensor-parallel degree (default 1)")
-    pl.add_argument("--pp", type=arg_count(1), default=1,
+    pl.add_argument("--replicate", type=arg_count(1), help="HSDP: replicas of each shard group (default 1)")
+    pl.add_argument("--tp", type=arg_count(1), help="tensor-parallel degree (default 1)")
+    pl.add_argument("--pp", type=arg_count(1),
                     help="pipeline stages: the uniform split of the blocks (default 1; the cost-balanced split: `split`)")
-    pl.add_argument("--schedule", default="1f1b",
+    pl.add_argument("--schedule",
                     help="pipeline schedule, gpipe, 1f1b, interleaved, zb or zbv (default 1f1b; with --pp); zb and zbv: "
                          "zero bubble, each backward split in the input's gradient and the weights'")
     pl.add_argument("--stages-per-rank", type=arg_count(2), default=2,
                     help="stages on each pipeline rank under --schedule interleaved or zb (default 2): pp x this many "
                          "stages; zbv puts exactly 2 on each rank, in a V")
     pl.add_argument("--microbatches", type=arg_count(1), help="micro-batches per local batch (default: pp; with --pp)")
-    pl.add_argument("--accumulation", type=arg_count(1), default=1, help="forward/backward passes per step (default 1)")
+    pl.add_argument("--accumulation", type=arg_count(1), help="forward/backward passes per step (default 1)")
     pl.add_argument("--global-batch", type=arg_count(1), help="must be local batch x data-parallel degree x accumulation")
-    pl.add_argument("--ac", default="none", metavar="MODE",
+    pl.add_argument("--ac", metavar="MODE",
                     help="activation checkpointing: none, full, selective-layer[:K], selective-op")
     pl.add_argument("--mixed-precision", choices=("bf16", "off"), default="bf16",
                     help="bf16 (default): fp32 master weights, bf16 compute; off: all in --model-dtype")
     pl.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default="fp32", help="gradient reduction dtype")
-    pl.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false",
+    pl.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_const", const=False,
                     help="keep gathered parameters from forward to backward (ZeRO-2-like)")
     pl.add_argument("--offload", action="store_true",
                     help="FSDP2's CPU offload: shards, reduced gradients and the optimizer step in host memory "
@@ -195,6 +195,15 @@ def build_parser() -> argparse.ArgumentParser:
                          "ranks; --device cpu) and compare each rank's peak and the losses")
     pl.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="the ranks' device: cuda (default) or cpu (gloo ranks)")
+    pl.add_argument("--search", action="store_true",
+                    help="search the fastest configuration that fits --gpu: FSDP/HSDP x tp x pp x --ac x\n"
+                         "resharding x micro-batches for --global-batch (default: the input's batch x --gpus);\n"
+                         "the degrees and options given are held fixed")
+    pl.add_argument("--time-budget", type=float, metavar="SECONDS",
+                    help="with --search: simulate no new candidate after this long (default 150)")
+    pl.add_argument("--fraction", action="append", metavar="NAME=V",
+                    help="step-time model: replace an achievable fraction (matmul, attention, memory, link)\n"
+                         "or a time (launch_s, nvlink_latency_s, network_latency_s); repeatable")
     _output_args(pl, formats=("table", "json", "csv"))
     pl.set_defaults(depth=None)
     pf = _sub(sub, "profile", "per-module forward (and backward) time, self and inclusive, achieved FLOP/s")

@@ -40,14 +40,15 @@ from .apply import canonical_name
 from .simulate import HOST_PART, PARTS, RankRun
 from .stages import model_name
 
-__all__ = ["Collective", "RankMemory", "ParallelPlan", "ESTIMATES", "NCCL_BYTES_PER_COMMUNICATOR", "rank_memory",
+__all__ = ["COLLECTIVES", "Collective", "RankMemory", "ParallelPlan", "ESTIMATES", "NCCL_BYTES_PER_COMMUNICATOR",
+           "rank_memory",
            "collectives_of", "mesh_coords", "local_numels", "roles", "ParallelRunResult", "measured_figures"]
 
 NCCL_BYTES_PER_COMMUNICATOR = 16 * 4 * 2**20      # 16 channels x NCCL_BUFFSIZE (4 MiB): an estimate
 ESTIMATES = ("NCCL buffers (estimate)", "gloo late free (estimate)")
 
 # collective op -> (kind, the mesh dimension its group is)
-_COLLECTIVES = {
+COLLECTIVES = {
     "c10d._allgather_base_": ("all-gather", "fsdp"),
     "c10d.allgather_into_tensor_coalesced_": ("all-gather", "fsdp"),
     "c10d._reduce_scatter_base_": ("reduce-scatter", "fsdp"),
@@ -101,8 +102,9 @@ class RankMemory:
 
 @dataclass(frozen=True, slots=True)
 class ParallelPlan:
-    """One configuration and what every rank holds. ``step_time``, ``tokens_per_s`` and ``mfu`` are
-    reserved for the step-time model; ``measured``: a real run's figures (``--run``)."""
+    """One configuration and what every rank holds. ``step_time`` (seconds), ``tokens_per_s`` (per GPU)
+    and ``mfu``: the step-time model's prediction on CUDA ranks (parallel/timing.py; None on CPU
+    ranks), its parts in ``timing``; ``measured``: a real run's figures (``--run``)."""
 
     gpus: int
     fsdp: int
@@ -130,6 +132,7 @@ class ParallelPlan:
     offload: bool = False          # FSDP2's CPU offload (the ranks' host_bytes hold what it moves)
     schedule: str = "1f1b"         # the pipeline schedule (with pp > 1)
     stages: int = 1                # pipeline stages: pp, or pp x stages per rank (interleaved)
+    timing: dict | None = None     # the step-time prediction's parts (parallel/timing.py StepTime.to_dict)
 
     @property
     def label(self) -> str:
@@ -188,22 +191,23 @@ def _group_size(config: ParallelConfig, group: str) -> int:
     return {"fsdp": config.fsdp, "replicate": config.replicate, "tp": config.tp}[group]
 
 
-def collectives_of(rr: RankRun, config: ParallelConfig) -> tuple[Collective, ...]:
-    """The collectives of the last simulated step (its passes' ops and the optimizer's)."""
+def collectives_of(rr: RankRun, config: ParallelConfig, micro: int | None = None) -> tuple[Collective, ...]:
+    """The collectives of the last simulated step (its passes' ops and the optimizer's); ``micro``: of
+    its first ``micro`` passes only."""
     last = max((p.step for p in rr.run.passes), default=0)
     acc: dict[str, list[int]] = {}
     for p in rr.run.passes:
-        if p.step != last:
+        if p.step != last or (micro is not None and p.micro >= micro):
             continue
         for op in p.trace.ops:
-            if op.op in _COLLECTIVES:
+            if op.op in COLLECTIVES:
                 a = acc.setdefault(op.op, [0, 0, 0])
                 a[0] += 1
                 a[1] += op.costs.bytes_read
                 a[2] += op.costs.bytes_written
     out = []
     for name, (calls, read, written) in acc.items():
-        kind, group = _COLLECTIVES[name]
+        kind, group = COLLECTIVES[name]
         n = _group_size(config, group)
         if n == 1 and group == "replicate":       # an all-reduce outside HSDP: the data-parallel group
             n = config.dp

@@ -15,9 +15,10 @@ from .table import Column, Fact, Table, flat_table
 
 __all__ = ["ParallelReport", "RoleRow", "PARALLEL_COLUMNS", "SCHEMA"]
 
-SCHEMA = 3      # the parallel JSON's own version (plans, ranks, measured; step_time reserved). 2: a rank's
-#                 breakdown has the estimate "gloo late free (estimate)"; 3: a rank's host_bytes, a plan's
-#                 offload (CPU offload), schedule and stages; nothing removed or renamed
+SCHEMA = 4      # the parallel JSON's own version (plans, ranks, measured). 2: a rank's breakdown has the
+#                 estimate "gloo late free (estimate)"; 3: a rank's host_bytes, a plan's offload (CPU
+#                 offload), schedule and stages; 4: a plan's step_time, tokens_per_s and mfu filled on
+#                 CUDA ranks, and its timing (their parts); nothing removed or renamed
 
 _SHORT = {"sharded parameters": "Params", "gathered parameters": "Gathered", "gradients": "Grads",
           "optimizer state": "Optim", "activations": "Activ", "recompute": "Recomp",
@@ -62,6 +63,54 @@ def _gib(n: int) -> str:
     return iec(n)
 
 
+def _step_line(p: ParallelPlan) -> str:
+    t = p.timing or {}
+    parts = [f"compute {t.get('compute', 0) * 1e3:,.1f} ms"]
+    if t.get("tp_comm"):
+        parts.append(f"TP communication {t['tp_comm'] * 1e3:,.1f} ms")
+    if t.get("exposed_comm"):
+        parts.append(f"exposed data-parallel/pipeline communication {t['exposed_comm'] * 1e3:,.1f} ms")
+    if t.get("bubble"):
+        parts.append(f"bubble {t['bubble']:.0%}")
+    rate = (f", {p.tokens_per_s:,.0f} tokens/s per GPU" if p.tokens_per_s else "") + \
+        (f", MFU {p.mfu:.1%}" if p.mfu is not None else "")
+    return f"{p.step_time * 1e3:,.1f} ms on the {t.get('gpu', 'GPU')}{rate} ({'; '.join(parts)})"
+
+
+_SHOWN_FITTING, _SHOWN_MISSES = 10, 5
+
+
+def _search_facts(search: dict | None) -> list[Fact]:
+    """The search's ranked plans (fitting by step time, then the nearest misses) and why each family lost."""
+    if not search:
+        return []
+    out = []
+    rows = search["candidates"]
+    fitting = [r for r in rows if r["status"] == "fits"]
+    for i, r in enumerate(fitting[:_SHOWN_FITTING], 1):
+        out.append(Fact(f"Plan {i}", f"{r['label']}: {r['step_time'] * 1e3:,.1f} ms"
+                        + (f", MFU {r['mfu']:.1%}" if r["mfu"] is not None else "")
+                        + f", peak {_gib(r['peak_bytes'])}"))
+    if len(fitting) > _SHOWN_FITTING:
+        out.append(Fact("Plans", f"{len(fitting) - _SHOWN_FITTING} more fit (the JSON lists them)"))
+    misses = [r for r in rows if r["status"] in ("oom", "oom-bound", "dominated")]
+    for r in misses[:_SHOWN_MISSES]:
+        over = r["over_bytes"]
+        amount = ("at least " if r["status"] != "oom" else "") + _gib(over) if over is not None else "?"
+        out.append(Fact("Out of memory", f"{r['label']}: over by {amount}"
+                        + (f" ({r['why']})" if r["status"] != "oom" else ""), alert=True))
+    later = [f["family"] for f in search["families"] if f["why"].startswith("not searched")]
+    for f in search["families"]:
+        if not f["why"].startswith("not searched"):
+            out.append(Fact("Family", f"{f['family']}: {f['why']}"))
+    if later:
+        pipes = sum(not k.endswith(", pp 1") for k in later)
+        what = f"{len(later)} famil{'y' if len(later) == 1 else 'ies'} ({pipes} with a pipeline)"
+        out.append(Fact("Not searched", f"{what}: the time budget ran out (--time-budget, or hold a degree "
+                        "fixed: --pp, --tp)"))
+    return out
+
+
 class ParallelReport(ReportRecord):
     """Per-rank memory of sharded-training configurations. ``plans``: one here (the search fills more);
     ``options``: what the simulation was run with; ``notes``: what it assumed or could not show."""
@@ -69,11 +118,13 @@ class ParallelReport(ReportRecord):
     kind = "parallel"
     json_rows = "roles"
 
-    def __init__(self, *, model_name: str, options: dict, plans: tuple[ParallelPlan, ...], notes=()) -> None:
+    def __init__(self, *, model_name: str, options: dict, plans: tuple[ParallelPlan, ...], notes=(),
+                 search: dict | None = None) -> None:
         self.model_name = model_name
         self.options = dict(options)
         self.plans = tuple(plans)
         self.notes = tuple(notes)
+        self.search = search          # the search's candidates and families (api/_search.py search_dict)
         self.schema = SCHEMA
 
     @property
@@ -122,6 +173,8 @@ class ParallelReport(ReportRecord):
             out.append(Fact(f"{c.kind} ({what}{c.group}, {c.group_size})",
                             f"{c.calls} per step, {c.bytes_written if c.kind == 'all-gather' else c.bytes_read:,} B "
                             f"of tensors, {c.ring_bytes:,} B through each rank by a ring"))
+        if p.step_time is not None:
+            out.append(Fact("Step time (predicted)", _step_line(p)))
         if p.measured is not None:
             m = p.measured
             for role in self.roles:
@@ -135,6 +188,7 @@ class ParallelReport(ReportRecord):
             out.append(Fact("Run", f"losses {'equal' if m['loss_equal'] else 'DIFFER from'} one process "
                                    f"(largest relative difference {m['max_rel_loss_diff']:.1e}); step "
                                    f"{m['step_time'] * 1e3:,.1f} ms", alert=not m["loss_equal"]))
+        out += _search_facts(self.search)
         out += [Fact("Note", n) for n in self.notes]
         return tuple(out)
 
@@ -144,5 +198,5 @@ class ParallelReport(ReportRecord):
                           footer=self._footer())
 
     def json_fields(self, **_: Any) -> tuple:
-        return ("schema", "model_name", "options", "plans", "notes",
+        return ("schema", "model_name", "options", "plans", "notes", "search",
                 ("roles", "roles", ("label", "ranks")))

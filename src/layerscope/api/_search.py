@@ -1,0 +1,93 @@
+"""parallel(..., search=True): the search (parallel/search.py) run from parallel()'s validated inputs, and
+its report: the chosen plan as parallel() shows one, the ranked candidates and why each family lost."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from torch import nn
+
+from ..capture.inputs import iter_tensors
+from ..errors import InputError
+from ..parallel.search import BLOCKS, SearchResult, family_of, label, search
+from ..render.views import ParallelReport
+
+__all__ = ["search_report", "SEARCHED"]
+
+# the fields the search varies unless held; every other ParallelConfig field is the same for all candidates
+SEARCHED = ("tp", "pp", "fsdp", "replicate", "ac", "reshard_after_forward", "schedule", "microbatches",
+            "accumulation")
+DEFAULT_BUDGET = 150.0     # seconds of search before no new candidate is simulated (the issue's 3 minutes, with room)
+_NOT_BASE = SEARCHED + ("global_batch", "gpus_per_node", "local_batch", "gpus")
+
+
+def _row(c) -> dict[str, Any]:
+    p = c.plan
+    return {"label": label(c.config), "family": family_of(c.config), "status": c.status, "why": c.why,
+            "by": c.by, "peak_bytes": c.peak_bytes, "over_bytes": c.over_bytes,
+            "step_time": p.step_time if p is not None else None,
+            "tokens_per_s": p.tokens_per_s if p is not None else None, "mfu": p.mfu if p is not None else None,
+            "config": {"tp": c.config.tp, "pp": c.config.pp, "fsdp": c.config.fsdp, "replicate": c.config.replicate,
+                       "ac": c.config.ac, "reshard_after_forward": c.config.reshard_after_forward,
+                       "schedule": c.config.schedule, "microbatches": c.config.microbatches,
+                       "accumulation": c.config.accumulation, "local_batch": c.config.local_batch}}
+
+
+def search_dict(res: SearchResult) -> dict[str, Any]:
+    counts: dict[str, int] = {}
+    for c in res.candidates:
+        counts[c.status] = counts.get(c.status, 0) + 1
+    return {"global_batch": res.global_batch, "limit_bytes": res.limit_bytes, "simulated": res.simulated,
+            "seconds": res.seconds, "counts": counts, "blocks_simulated": list(BLOCKS),
+            "candidates": [_row(c) for c in res.candidates],
+            "families": [{"family": f, "why": w} for f, w in res.families]}
+
+
+def command_line(c) -> str:
+    """The chosen configuration as `layerscope parallel` options."""
+    cfg = c.config
+    out = [f"--tp {cfg.tp}", f"--pp {cfg.pp}", f"--fsdp {cfg.fsdp}", f"--ac {cfg.ac}"]
+    if cfg.replicate > 1:
+        out.append(f"--replicate {cfg.replicate}")
+    if not cfg.reshard_after_forward:
+        out.append("--no-reshard-after-forward")
+    if cfg.pp > 1:
+        out += [f"--schedule {cfg.schedule}", f"--microbatches {cfg.microbatches}"]
+    else:
+        out.append(f"--accumulation {cfg.accumulation}")
+    out.append(f"--global-batch {cfg.global_batch}")
+    return " ".join(out)
+
+
+def search_report(model: nn.Module, args: tuple, kwargs: dict, *, gpus: int, held: Mapping[str, Any], gpu,
+                  limit: int, simulate: Callable, fracs, options: dict, progress: bool,
+                  time_budget: float | None) -> ParallelReport:
+    first = next(iter(iter_tensors((args, kwargs))), None)
+    if first is None or not first.dim():
+        raise InputError("the search needs an input with a batch dimension (token ids [B, S], images [B, C, H, W])")
+    batch0 = int(first.shape[0])
+    global_batch = held.get("global_batch") or batch0 * gpus
+    tokens = int(first.shape[1]) if first.dim() == 2 and not first.is_floating_point() else None
+    fixed = {k: held[k] for k in SEARCHED if k in held}
+    base = {k: v for k, v in held.items() if k not in _NOT_BASE}
+    res = search(model, args, kwargs, gpus=gpus, global_batch=global_batch, limit=limit, gpu=gpu, simulate=simulate,
+                 fixed=fixed, base=base, gpus_per_node=held.get("gpus_per_node", 8), fractions=fracs,
+                 tokens_per_sample=tokens, progress=progress,
+                 time_budget=DEFAULT_BUDGET if time_budget is None else time_budget)
+    best = res.best
+    shown = best or next((c for c in res.candidates if c.plan is not None), None)
+    if shown is None:
+        why = next((c.why for c in res.candidates if c.status in ("error", "oom-bound")), "nothing could be simulated")
+        raise InputError(f"no configuration of {gpus} GPUs could be simulated: {why}")
+    counts = search_dict(res)["counts"]
+    notes = [f"searched {len(res.candidates)} configurations of {gpus} GPUs for a global batch of {global_batch} "
+             f"in {res.seconds:.0f} s: simulated {res.simulated}, each on copies of the model with "
+             f"{BLOCKS[0]} and {BLOCKS[1]} blocks per pipeline stage, every figure extended linearly to its blocks; "
+             + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))]
+    if best is None:
+        notes.append("NO configuration fits: the plan shown is the nearest miss")
+    else:
+        notes.append(f"chosen: {label(best.config)}; simulate it whole with: layerscope parallel ... --gpus {gpus} "
+                     f"{command_line(best)}")
+    return ParallelReport(model_name=type(model).__name__, options=options, plans=(shown.plan,), notes=tuple(notes),
+                          search=search_dict(res))

@@ -1,0 +1,590 @@
+"""The fastest configuration that fits: a search over data parallel (FSDP2, HSDP) x tensor parallel x
+pipeline parallel x checkpointing x batch splits, each candidate's memory simulated and its step time
+predicted (parallel/timing.py).
+
+The space. For ``gpus`` ranks and a global batch of ``G`` samples: every ``tp`` that divides a node's
+GPUs and ``pp`` (at most the model's blocks) with ``dp = gpus / (tp x pp)`` dividing ``G``; the data
+parallel degree as FSDP over all of it, or as HSDP (FSDP within a node, replicas across nodes) where
+that differs; ``reshard_after_forward`` on and off; each checkpointing mode (``none``, ``selective-op``,
+``full``); the local batch ``G / dp`` split into micro-batches of every size that divides it (without a
+pipeline the rest is gradient accumulation; with one, at least ``pp`` micro-batches); each pipeline
+schedule searched (1F1B, interleaved 1F1B). What the caller fixes is not searched.
+
+A family is the candidates that share ``tp``, ``pp``, the data-parallel layout and the schedule. Its
+members differ in ``reshard_after_forward``, checkpointing and micro-batch size, and both models are
+monotone in those three (argued where each bound is used):
+
+* memory. Checkpointing less (``full`` < ``selective-op`` < ``none``), a larger micro-batch, and keeping
+  the gathered parameters (``reshard_after_forward`` off) each only add tensors a rank holds at once:
+  activations saved instead of recomputed, larger activations, parameters held from the forward to the
+  backward. So a member at least as large in all three as one that does not fit does not fit either
+  (``dominated``: it is reported with the one that proves it, not simulated);
+* step time. Checkpointing more adds recompute ops to the compute stream; resharding adds the
+  backward's all-gathers to the communication stream; without a pipeline, a smaller micro-batch runs the
+  same ops more often on smaller shapes, each op's roofline time ``max(a b + c, d b + e, launch)`` being
+  no less for ``n`` calls on ``b / n`` than for one on ``b``, and FSDP2 gathers and reduces once per
+  micro-batch. Neither stream's work gets smaller and program order is fixed, so the predicted step
+  cannot get shorter. A member at least as slow in all three as one that fits is not simulated
+  (``slower``). With a pipeline the micro-batch size changes the bubble both ways, so there only
+  members of the same micro-batch size dominate each other.
+
+Bounds across families. (1) Sharded state: every rank holds its shard of the parameters and of their
+gradients, at least ``P x (4 + 4) / gpus`` bytes on the average rank under bf16 mixed precision (fp32
+master weights and gradients; the model's dtype twice without it), so a configuration over the limit
+by that alone cannot fit (``oom``, "at least"), whatever the optimizer adds. (2) Step time: a family's
+first member is its fastest (no checkpointing, no resharding, the largest micro-batch), and its
+predicted step time bounds every member's from below; a family whose first member is no faster than
+the best fitting plan found is not searched further (``slower``). Nothing else is pruned.
+
+Each candidate is simulated on a copy of the model with few blocks: ``k`` and ``k + 1`` blocks per
+pipeline stage (``BLOCKS``), and its per-rank memory (every part of the breakdown, every collective)
+and its ranks' step seconds are extended linearly to the model's blocks. The blocks of a transformer
+repeat, so every figure past the first blocks grows by the same amount per block: checked on the
+70B Llama at 2 to 8 blocks (tp 8, full checkpointing: 213,942,272 B per block from 3 blocks on;
+selective-op: 1,185,943,552 B from 3 on), and against the simulation of the whole model in
+tests/parallel/test_search.py. A model whose blocks are not one list is simulated whole.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import nn
+
+from .. import _compat
+from ..capture.inputs import iter_tensors
+from ..errors import ForwardError, InputError
+from ..options import ParallelConfig, iec
+from ..progress import ProgressBar
+from .apply import find_blocks
+from .results import ParallelPlan, RankMemory, collectives_of
+from .stages import stage_blocks
+from .timing import FRACTIONS, RankSeconds, assemble, rank_seconds, send_bytes
+from .world import plan_of
+
+__all__ = ["BLOCKS", "AC_SEARCHED", "SCHEDULES_SEARCHED", "Candidate", "SearchResult", "search", "space"]
+
+BLOCKS = (3, 4)                          # blocks per stage of the two simulated copies
+AC_SEARCHED = ("none", "selective-op", "full")
+SCHEDULES_SEARCHED = ("1f1b", "interleaved")
+_AC_MEMORY = {"full": 0, "selective-layer": 1, "selective-op": 1, "none": 2}   # more: more activations held
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration of the space and what became of it. ``status``: "fits"; "oom" (simulated, over
+    the limit by ``over_bytes``); "oom-bound" (its sharded state alone is over: ``over_bytes`` at
+    least); "dominated" (holds at least what ``by`` held, which did not fit); "slower" (cannot be faster
+    than ``by``, which fits); "error" (the configuration cannot be built: ``why``)."""
+
+    config: ParallelConfig
+    status: str
+    why: str
+    plan: ParallelPlan | None = None      # simulated: per-rank memory and predicted step time
+    over_bytes: int | None = None
+    by: str | None = None                 # the candidate that proved a bound, by its label
+
+    @property
+    def step_time(self) -> float | None:
+        return self.plan.step_time if self.plan is not None else None
+
+    @property
+    def peak_bytes(self) -> int | None:
+        return self.plan.peak_bytes if self.plan is not None else None
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    candidates: tuple[Candidate, ...]     # fitting by step time, then the misses by excess, then the rest
+    families: tuple[tuple[str, str], ...]  # (family, one line why it lost) for each family but the best's
+    simulated: int                        # candidates simulated
+    seconds: float
+    global_batch: int
+    limit_bytes: int
+
+    @property
+    def best(self) -> Candidate | None:
+        return next((c for c in self.candidates if c.status == "fits"), None)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def label(c: ParallelConfig) -> str:
+    """A candidate's configuration in one line (degrees, batches, checkpointing, resharding)."""
+    dp = f"fsdp {c.fsdp}" + (f" x replicate {c.replicate}" if c.replicate > 1 else "")
+    pp = f"pp {c.pp}" + (f" {c.schedule}" if c.pp > 1 else "")
+    mbs = (c.local_batch or 0) // c.microbatches
+    batches = f"mbs {mbs}" + (f" x {c.microbatches} micro" if c.pp > 1 else f" x {c.accumulation} acc")
+    return f"tp {c.tp}, {dp}, {pp}, ac {c.ac}, {batches}" + ("" if c.reshard_after_forward else ", no reshard")
+
+
+def family_of(c: ParallelConfig) -> str:
+    dp = f"fsdp {c.fsdp}" + (f" x replicate {c.replicate}" if c.replicate > 1 else "")
+    return f"tp {c.tp}, {dp}, pp {c.pp}" + (f" {c.schedule}" if c.pp > 1 else "")
+
+
+def space(gpus: int, blocks: int, global_batch: int, *, gpus_per_node: int = 8, fixed: Mapping[str, Any] | None = None,
+          base: Mapping[str, Any] | None = None) -> list[ParallelConfig]:
+    """Every configuration of the space (module docstring), with ``fixed`` fields held; ``base``: the
+    other fields every candidate takes (precision, dtypes, offload). A combination ParallelConfig
+    refuses is left out."""
+    fixed = dict(fixed or {})
+    base = dict(base or {})
+    out = []
+    tps = [fixed["tp"]] if "tp" in fixed else [t for t in _divisors(gpus_per_node) if gpus % t == 0]
+    for tp in tps:
+        pps = [fixed["pp"]] if "pp" in fixed else [p for p in _divisors(gpus // tp) if p <= blocks]
+        for pp in pps:
+            if gpus % (tp * pp):
+                continue
+            dp = gpus // (tp * pp)
+            if global_batch % dp:
+                continue
+            local = global_batch // dp
+            node = max(1, gpus_per_node // tp)
+            layouts = [1] if dp <= node or dp % node else [1, dp // node]
+            if "replicate" in fixed:
+                layouts = [fixed["replicate"]]
+            if "fsdp" in fixed:
+                layouts = [r for r in layouts if dp // r == fixed["fsdp"]] or \
+                    ([dp // fixed["fsdp"]] if dp % fixed["fsdp"] == 0 else [])
+            schedules = [fixed.get("schedule", "1f1b")] if pp == 1 or "schedule" in fixed else list(SCHEDULES_SEARCHED)
+            for rep in layouts:
+                for sched in schedules:
+                    for reshard in ([fixed["reshard_after_forward"]] if "reshard_after_forward" in fixed
+                                    else [False, True]):
+                        for ac in [fixed["ac"]] if "ac" in fixed else list(AC_SEARCHED):
+                            for mbs in sorted(_divisors(local), reverse=True):
+                                m = local // mbs
+                                if pp > 1:
+                                    if m < pp or fixed.get("microbatches", m) != m:
+                                        continue
+                                    acc = 1
+                                else:
+                                    m, acc = 1, local // mbs
+                                    if fixed.get("accumulation", acc) != acc:
+                                        continue
+                                try:
+                                    cfg = ParallelConfig(gpus=gpus, gpus_per_node=gpus_per_node, tp=tp, pp=pp,
+                                                         replicate=rep, fsdp=dp // rep, schedule=sched, ac=ac,
+                                                         microbatches=m, accumulation=acc,
+                                                         local_batch=mbs * m, global_batch=global_batch,
+                                                         reshard_after_forward=reshard, **base)
+                                except InputError:
+                                    continue
+                                if pp > 1 and not _simulable(cfg.stages, blocks):
+                                    continue
+                                out.append(cfg)
+    return out
+
+
+WHOLE_BLOCKS = 8       # a model of at most this many blocks is simulated whole in any pipeline
+
+
+def _simulable(stages: int, blocks: int) -> bool:
+    """A pipeline whose every stage holds more than the copies' blocks (so its figures can be extended
+    from them), or a small model (simulated whole): a deep pipeline of a large model with a block or two
+    per stage would be simulated whole, stage by stage and micro-batch by micro-batch (minutes each)."""
+    return stages <= blocks and (stages * BLOCKS[1] < blocks or blocks <= WHOLE_BLOCKS)
+
+
+def _work(c: ParallelConfig) -> int:
+    """What simulating ``c`` costs, in stage x micro-batch passes of a block (the budget's estimate)."""
+    return c.stages * max(c.microbatches, min(c.accumulation, 2)) * (BLOCKS[0] + BLOCKS[1])
+
+
+def _resized(args: tuple, kwargs: dict, batch0: int, batch: int) -> tuple[tuple, dict]:
+    """The example inputs with every tensor whose first dimension is the given batch resized to ``batch``
+    (meta tensors: shapes only)."""
+    def one(t):
+        if t.dim() and t.shape[0] == batch0:
+            return torch.empty((batch, *t.shape[1:]), dtype=t.dtype, device="meta")
+        return t
+    return _compat.tree_map_only(torch.Tensor, one, args), _compat.tree_map_only(torch.Tensor, one, kwargs)
+
+
+def _shrunk(model: nn.Module, n: int) -> nn.Module:
+    """A copy of ``model`` (its parameters shared, nothing copied: they are meta) with the first ``n`` of
+    its blocks; the config's layer count follows where the model has one."""
+    blocks = find_blocks(model)
+    path = blocks[0][0].rpartition(".")[0]
+    memo = {id(t): t for t in model.parameters()}
+    memo.update({id(t): t for t in model.buffers()})
+    for _, b in blocks[n:]:
+        memo[id(b)] = None
+    small = copy.deepcopy(model, memo)
+    parent = small.get_submodule(path)
+    kept = [m for m in parent if m is not None][:n]
+    parent_of, _, name = path.rpartition(".")
+    holder = small.get_submodule(parent_of) if parent_of else small
+    setattr(holder, name, nn.ModuleList(kept))
+    cfg = getattr(small, "config", None)       # the copy's own (deepcopy made it; its modules share it)
+    if cfg is not None and hasattr(cfg, "num_hidden_layers"):
+        cfg.num_hidden_layers = n
+    return small
+
+
+def _rank_blocks(config: ParallelConfig, rank: int, per_stage_blocks: list[int]) -> int:
+    """Blocks the pipeline rank of global ``rank`` holds (its stages' sum)."""
+    c = rank // (config.world // config.pp)
+    return sum(per_stage_blocks[s] for s in range(c, config.stages, config.pp))
+
+
+def _line(a: float, b: float, x1: float, x2: float, x: float) -> float:
+    return a + (b - a) * (x - x1) / (x2 - x1)
+
+
+def _extend_memory(r1: RankMemory, r2: RankMemory, x1: int, x2: int, x: int) -> RankMemory:
+    def e(a, b):
+        return max(0, round(_line(a, b, x1, x2, x)))
+    return dataclasses.replace(r2, peak_bytes=e(r1.peak_bytes, r2.peak_bytes),
+                               simulated_peak_bytes=e(r1.simulated_peak_bytes, r2.simulated_peak_bytes),
+                               peak_layer=None, breakdown={k: e(r1.breakdown.get(k, 0), v) for k, v in r2.breakdown.items()},
+                               collectives=_extend_collectives(r1.collectives, r2.collectives, x1, x2, x),
+                               host_bytes=e(r1.host_bytes, r2.host_bytes))
+
+
+def _extend_seconds(s1: RankSeconds, s2: RankSeconds, x1: int, x2: int, x: int) -> RankSeconds:
+    vals = {f.name: _line(getattr(s1, f.name), getattr(s2, f.name), x1, x2, x) for f in dataclasses.fields(RankSeconds)}
+    vals["uncounted_ops"] = max(0, round(vals["uncounted_ops"]))
+    vals["forward_flops"] = max(0, round(vals["forward_flops"]))
+    return RankSeconds(**vals)
+
+
+def _extend_collectives(c1: tuple, c2: tuple, x1: int, x2: int, x: int) -> tuple:
+    if [c.op for c in c1] != [c.op for c in c2]:
+        return c2
+
+    def e(a, b):
+        return max(0, round(_line(a, b, x1, x2, x)))
+    return tuple(dataclasses.replace(b, calls=e(a.calls, b.calls), bytes_read=e(a.bytes_read, b.bytes_read),
+                                     bytes_written=e(a.bytes_written, b.bytes_written),
+                                     ring_bytes=e(a.ring_bytes, b.ring_bytes)) for a, b in zip(c1, c2))
+
+
+class _Evaluator:
+    """Simulates one candidate on the shrunk copies and extends its figures to the whole model; an
+    accumulation of ``A`` micro-steps is simulated with ``min(A, 2)``: from the second micro-step on, a
+    rank holds what it held in the second (FSDP2 reduce-scatters each micro-step's gradients into the
+    same sharded ones), and each further micro-step adds what the second added to the step's seconds and
+    collectives."""
+
+    def __init__(self, model, args, kwargs, *, batch0: int, simulate: Callable, gpu, limit: int, fracs, tokens_of):
+        self.model, self.args, self.kwargs, self.batch0 = model, args, kwargs, batch0
+        self.simulate, self.gpu, self.limit, self.f, self.tokens_of = simulate, gpu, limit, fracs, tokens_of
+        blocks = find_blocks(model)
+        self.blocks = len(blocks)
+        self.shrinkable = len({p.rpartition(".")[0] for p, _ in blocks}) == 1
+        self._models: dict[int, nn.Module] = {}
+        self.count = 0
+        self.seconds = 0.0
+
+    def _model(self, n: int) -> nn.Module:
+        if n >= self.blocks or not self.shrinkable:
+            return self.model
+        if n not in self._models:
+            self._models[n] = _shrunk(self.model, n)
+        return self._models[n]
+
+    def _one(self, model: nn.Module, c: ParallelConfig, args, kwargs):
+        """(per-rank memory, per-role seconds, a pipeline transfer's bytes) of ``c`` on ``model``."""
+        acc = c.accumulation
+        sim = dataclasses.replace(c, accumulation=min(acc, 2), global_batch=None)
+        ranks, _, _, _, runs = self.simulate(model, args, kwargs, sim)
+        secs = {r: rank_seconds(rr, sim, self.gpu, self.f) for r, rr in runs.items()}
+        if acc > 2:
+            one = {r: rank_seconds(rr, sim, self.gpu, self.f, micro=1) for r, rr in runs.items()}
+            secs = {r: _extend_seconds(one[r], secs[r], 1, 2, acc) for r in secs}
+            colls = {r: _extend_collectives(collectives_of(rr, sim, micro=1), collectives_of(rr, sim), 1, 2, acc)
+                     for r, rr in runs.items()}
+            ranks = tuple(dataclasses.replace(m, collectives=colls.get(m.simulated_as, m.collectives)) for m in ranks)
+        return ranks, secs, send_bytes(runs)
+
+    def __call__(self, c: ParallelConfig) -> ParallelPlan:
+        t0 = time.perf_counter()
+        self.count += 1
+        try:
+            return self._evaluate(c)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _evaluate(self, c: ParallelConfig) -> ParallelPlan:
+        args, kwargs = _resized(self.args, self.kwargs, self.batch0, c.local_batch)
+        counts = [len(r) for r in stage_blocks(self.blocks, c.stages)]
+        points = [k for k in BLOCKS if k * c.stages < self.blocks] if self.shrinkable else []
+        if len(points) < 2:                 # small enough to simulate whole
+            ranks, secs, send = self._one(self.model, c, args, kwargs)
+        else:
+            (ra, sa, send), (rb, sb, _) = (self._one(self._model(k * c.stages), c, args, kwargs) for k in points)
+            spr = c.stages // c.pp
+            x1, x2 = points[0] * spr, points[1] * spr
+            ranks = tuple(_extend_memory(a, b, x1, x2, _rank_blocks(c, a.rank, counts)) for a, b in zip(ra, rb))
+            secs = {r: _extend_seconds(sa[r], sb[r], x1, x2, _rank_blocks(c, r, counts)) for r in sb if r in sa}
+        st = assemble(secs, send, c, self.gpu, tokens=self.tokens_of(c), f=self.f)
+        plan = plan_of(c, ranks)
+        over = max(0, plan.peak_bytes - self.limit)
+        return dataclasses.replace(plan, limit_bytes=self.limit, fits=over == 0, over_bytes=over,
+                                   step_time=st.step_time,
+                                   tokens_per_s=st.tokens_per_s / c.world if st.tokens_per_s else None,
+                                   mfu=st.mfu, timing=st.to_dict())
+
+
+def _mem_ge(v: ParallelConfig, u: ParallelConfig) -> bool:
+    """v holds at least what u holds (same family): as much or less checkpointing, as large or larger
+    micro-batches, as much or more resharding off."""
+    return (_AC_MEMORY[v.ac] >= _AC_MEMORY[u.ac] and _mbs(v) >= _mbs(u)
+            and (not v.reshard_after_forward or u.reshard_after_forward))
+
+
+def _time_ge(v: ParallelConfig, u: ParallelConfig) -> bool:
+    """v's predicted step is no shorter than u's (same family; module docstring)."""
+    mbs_ok = _mbs(v) <= _mbs(u) if v.pp == 1 else _mbs(v) == _mbs(u)
+    return (_AC_MEMORY[v.ac] <= _AC_MEMORY[u.ac] and mbs_ok
+            and (v.reshard_after_forward or not u.reshard_after_forward))
+
+
+def _mbs(c: ParallelConfig) -> int:
+    return (c.local_batch or 0) // c.microbatches
+
+
+def _state_bound(params: int, c: ParallelConfig) -> int:
+    """Bytes the average rank holds in parameter and gradient shards alone (bound 1)."""
+    per = 8 if c.mixed_precision == "bf16" else 2 * torch.empty((), dtype=c.model_dtype).element_size()
+    return params * per // c.world
+
+
+def _why(plan: ParallelPlan, best: ParallelPlan) -> str:
+    t = getattr(plan, "timing", None) or {}
+    slower = plan.step_time / best.step_time - 1 if best.step_time else 0.0
+    parts = {"communication-bound (TP collectives on the critical path)": t.get("tp_comm", 0.0),
+             "communication-bound (exposed data-parallel/pipeline communication)": t.get("exposed_comm", 0.0),
+             "pipeline bubble": (t.get("bubble", 0.0) or 0.0) * plan.step_time,
+             "compute (recompute included)": t.get("compute", 0.0) - (getattr(best, "timing", None) or {}).get("compute", 0.0)}
+    reason = max(parts, key=parts.get)
+    return f"{slower:+.0%} step time; {reason}"
+
+
+class _Walk:
+    """The search through one family after another, sharing the best plan found (module docstring)."""
+
+    def __init__(self, ev: _Evaluator, limit: int, params: int, t0: float, budget: float | None,
+                 result: dict[int, Candidate]) -> None:
+        self.ev, self.limit, self.params, self.t0, self.budget, self.result = ev, limit, params, t0, budget, result
+        self.best: Candidate | None = None
+        self.timed: list[Candidate] = []        # every simulated candidate (a predicted step time)
+        self.rate = 0.0                         # seconds per unit of _work, the most seen
+        self.fits: dict[str, list[Candidate]] = {}
+        self.ooms: dict[str, list[Candidate]] = {}
+
+    def _judge(self, c: ParallelConfig, fits: list, ooms: list) -> Candidate:
+        """Bound 1, then the family's dominance, then a simulation (within the time budget)."""
+        bound = _state_bound(self.params, c)
+        if bound > self.limit:
+            return Candidate(c, "oom-bound", f"its parameter and gradient shards alone take {iec(bound)} on the "
+                             "average rank", over_bytes=bound - self.limit)
+        dom = next((o for o in ooms if _mem_ge(c, o.config)), None)
+        if dom is not None:
+            return Candidate(c, "dominated", f"holds at least what {label(dom.config)} holds, which does not fit",
+                             by=label(dom.config), over_bytes=dom.over_bytes)
+        slow = next((x for x in fits if _time_ge(c, x.config)), None)
+        if slow is not None:
+            return Candidate(c, "slower", f"no faster than {label(slow.config)}, which fits", by=label(slow.config))
+        best = self.best.plan.step_time if self.best is not None else None
+        fam = family_of(c)
+        slow = next((x for x in self.timed if best is not None and x.plan.step_time >= best
+                     and family_of(x.config) == fam and _time_ge(c, x.config)), None)
+        if slow is not None:          # bound 2: no faster than a member that is no faster than the best
+            return Candidate(c, "slower", f"no faster than {label(slow.config)}, which predicts "
+                             f"{slow.plan.step_time * 1e3:,.1f} ms, no faster than the best found",
+                             by=label(self.best.config))
+        if self.budget is not None:
+            left = self.budget - (time.perf_counter() - self.t0)
+            if left <= 0 or self.rate * _work(c) > left:
+                return Candidate(c, "unsearched", "the search's time budget ran out before it" if left <= 0 else
+                                 f"its simulation would take about {self.rate * _work(c):,.0f} s, more than the "
+                                 f"{max(left, 0):,.0f} s left of the time budget")
+        t = time.perf_counter()
+        try:
+            plan = self.ev(c)
+        except (InputError, ForwardError) as e:
+            return Candidate(c, "error", str(e).splitlines()[0])
+        self.rate = max(self.rate, (time.perf_counter() - t) / _work(c))
+        if plan.fits:
+            return Candidate(c, "fits", "", plan=plan)
+        return Candidate(c, "oom", f"over the limit by {iec(plan.over_bytes)}", plan=plan, over_bytes=plan.over_bytes)
+
+    def _take(self, c: ParallelConfig, fits: list, ooms: list) -> Candidate:
+        if id(c) in self.result:
+            return self.result[id(c)]
+        cand = self._judge(c, fits, ooms)
+        self.result[id(c)] = cand
+        if cand.plan is not None:
+            self.timed.append(cand)
+        if cand.status == "fits":
+            fits.append(cand)
+            if self.best is None or cand.plan.step_time < self.best.plan.step_time:
+                self.best = cand
+        elif cand.status in ("oom", "oom-bound"):
+            ooms.append(cand)
+        return cand
+
+    def lists(self, fam: list[ParallelConfig]) -> tuple[list, list]:
+        key = family_of(fam[0])
+        return self.fits.setdefault(key, []), self.ooms.setdefault(key, [])
+
+    def head(self, fam: list[ParallelConfig]) -> Candidate:
+        """The family's fastest member (no checkpointing, no resharding, the largest micro-batch)."""
+        return self._take(fam[0], *self.lists(fam))
+
+    def family(self, fam: list[ParallelConfig]) -> None:
+        """After its head: bound 2 on the head, its leanest member (does anything fit?), then per
+        checkpointing mode and resharding, fastest first, the largest micro-batch that fits, found by
+        bisection (memory grows with the micro-batch); with a pipeline every smaller micro-batch that fits
+        too (its bubble shrinks)."""
+        fits, ooms = self.lists(fam)
+        first = self.result[id(fam[0])]
+        if first.status == "error":
+            for c in fam[1:]:
+                self.result[id(c)] = Candidate(c, "error", first.why)
+            return
+        if first.plan is not None and self.best is not None and self.best is not first and \
+                first.plan.step_time >= self.best.plan.step_time:
+            for c in fam[1:]:       # bound 2: nothing in the family is faster than its fastest member
+                self.result.setdefault(id(c), Candidate(
+                    c, "slower", f"its family's fastest member ({label(fam[0])}) predicts "
+                    f"{first.plan.step_time * 1e3:,.1f} ms, no faster than the best found", by=label(self.best.config)))
+            return
+        lean = min(fam, key=lambda c: (_AC_MEMORY[c.ac], not c.reshard_after_forward, _mbs(c)))
+        if self._take(lean, fits, ooms).status in ("oom", "oom-bound"):
+            for c in fam:           # every member holds at least what the leanest holds
+                self._take(c, fits, ooms)
+            return
+        combos: dict[tuple, list[ParallelConfig]] = {}
+        for c in fam:               # fam is fastest first: so are the combinations and their members
+            combos.setdefault((c.ac, c.reshard_after_forward), []).append(c)
+        for members in combos.values():
+            head = self._take(members[0], fits, ooms)
+            if head.status in ("fits", "slower") or len(members) == 1:
+                continue
+            lo, hi = 1, len(members) - 1          # members[hi] is the smallest micro-batch
+            while lo < hi:                        # the first (largest micro-batch) that fits
+                mid = (lo + hi) // 2
+                st = self._take(members[mid], fits, ooms).status
+                if st == "fits":
+                    hi = mid
+                elif st in ("oom", "oom-bound", "dominated"):
+                    lo = mid + 1
+                else:
+                    break
+            got = self._take(members[lo], fits, ooms)
+            if got.status == "fits" and members[lo].pp > 1:
+                for c in members[lo + 1:]:        # a smaller micro-batch: a smaller bubble, maybe faster
+                    self._take(c, fits, ooms)
+        for c in fam:
+            self._take(c, fits, ooms)
+
+
+def walk_space(cands: list[ParallelConfig], evaluate: Callable[[ParallelConfig], ParallelPlan], *, limit: int,
+               params: int, t0: float | None = None, time_budget: float | None = None, progress: bool = False):
+    """The search over ``cands`` with ``evaluate(config) -> plan`` (fits, over_bytes, step_time): the
+    candidates ranked (fitting by step time, the misses by excess, the rest), each family's line why
+    it lost, and how many were evaluated."""
+    t0 = time.perf_counter() if t0 is None else t0
+    count = [0]
+
+    def ev(c):
+        count[0] += 1
+        return evaluate(c)
+    families: dict[str, list[ParallelConfig]] = {}
+    for c in cands:
+        families.setdefault(family_of(c), []).append(c)
+    # each family fastest first (no checkpointing, no resharding, the largest micro-batch): its first is its bound
+    for fam in families.values():
+        fam.sort(key=lambda c: (-_AC_MEMORY[c.ac], c.reshard_after_forward, -_mbs(c)))
+    # without a pipeline first, then the pipelines cheapest to simulate first (the time budget's order)
+    order = sorted(families, key=lambda k: (families[k][0].pp > 1, _work(families[k][0]), families[k][0].tp,
+                                            families[k][0].replicate))
+    result: dict[int, Candidate] = {}
+    fam_why: dict[str, str] = {}
+    walk = _Walk(ev, limit, params, t0, time_budget, result)
+    bar = ProgressBar(len(order), "searching configurations") if progress else None
+    try:
+        # every family's head first (its lower bound, memory aside), then the families in the order of
+        # their heads' step times: the best plan is found early and bound 2 cuts the rest
+        # (without a pipeline, then the pipelines: their simulations cost the most, so the time budget
+        # reaches them last)
+        for group in ([k for k in order if families[k][0].pp == 1], [k for k in order if families[k][0].pp > 1]):
+            heads = {key: walk.head(families[key]) for key in group}
+            timed = sorted(group, key=lambda k: (heads[k].plan is None,
+                                                 heads[k].plan.step_time if heads[k].plan is not None else 0.0))
+            for key in timed:
+                walk.family(families[key])
+                if bar is not None:
+                    bar.advance()
+    finally:
+        if bar is not None:
+            bar.close()
+    best = walk.best
+    out = [result.get(id(c)) or Candidate(c, "unsearched", "not reached") for c in cands]
+    fitting = sorted((c for c in out if c.status == "fits"), key=lambda c: c.plan.step_time)
+    misses = sorted((c for c in out if c.status in ("oom", "oom-bound", "dominated")),
+                    key=lambda c: (c.over_bytes is None, c.over_bytes or 0))
+    rest = [c for c in out if c.status not in ("fits", "oom", "oom-bound", "dominated")]
+    for key, fam in families.items():
+        if best is not None and family_of(best.config) == key:
+            continue
+        mine = [result[id(c)] for c in fam if id(c) in result]
+        fit = [c for c in mine if c.status == "fits"]
+        if fit and best is not None:
+            fam_why[key] = _why(min(fit, key=lambda c: c.plan.step_time).plan, best.plan)
+        elif mine and all(c.status in ("oom", "oom-bound", "dominated") for c in mine):
+            least = min((c for c in mine if c.status == "oom"), key=lambda c: c.over_bytes, default=None)
+            fam_why[key] = (f"out of memory: its leanest simulated member ({label(least.config)}) is over by "
+                            f"{iec(least.over_bytes)}" if least is not None else "out of memory")
+        elif any(c.status == "slower" for c in mine) and best is not None:
+            head = result.get(id(fam[0]))
+            if head is not None and head.plan is not None and head.plan.step_time >= best.plan.step_time:
+                fam_why[key] = "its fastest member, memory aside: " + _why(head.plan, best.plan)
+            else:
+                over = f" (its fastest over by {iec(head.over_bytes)})" if head is not None and head.over_bytes else ""
+                fam_why[key] = f"its members faster than the best do not fit{over}; the rest are no faster"
+        elif any(c.status == "error" for c in mine):
+            fam_why[key] = next(c.why for c in mine if c.status == "error")
+        else:
+            fam_why[key] = "not searched (time budget)"
+    return tuple(fitting + misses + rest), tuple(fam_why.items()), count[0]
+
+
+def search(model: nn.Module, args: tuple, kwargs: dict, *, gpus: int, global_batch: int, limit: int, gpu,
+           simulate: Callable, fixed: Mapping[str, Any] | None = None, base: Mapping[str, Any] | None = None,
+           gpus_per_node: int = 8, fractions: Mapping[str, float] | None = None, tokens_per_sample: int | None = None,
+           progress: bool = False, time_budget: float | None = None) -> SearchResult:
+    """The search (module docstring). ``args``/``kwargs``: a template of the inputs (their first dimension
+    is replaced by each candidate's local batch); ``simulate(model, args, kwargs, config)`` runs
+    parallel.world.simulate_world for one configuration; ``limit``: a rank's memory in bytes;
+    ``tokens_per_sample``: for tokens/s. ``time_budget``: seconds after which no new candidate is
+    simulated (each left is reported as such); None: no limit."""
+    t0 = time.perf_counter()
+    first = next(iter(iter_tensors((args, kwargs))), None)
+    if first is None or not first.dim():
+        raise InputError("the search needs an input with a batch dimension (token ids [B, S], images [B, C, H, W])")
+    batch0 = int(first.shape[0])
+    blocks = len(find_blocks(model))
+    cands = space(gpus, blocks, global_batch, gpus_per_node=gpus_per_node, fixed=fixed, base=base)
+    if not cands:
+        raise InputError(f"no configuration of {gpus} GPUs splits a global batch of {global_batch} (every data-parallel "
+                         "degree must divide it) with what was fixed")
+    f = fractions or FRACTIONS
+    params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    ev = _Evaluator(model, args, kwargs, batch0=batch0, simulate=simulate, gpu=gpu, limit=limit, fracs=f,
+                    tokens_of=lambda c: tokens_per_sample * global_batch if tokens_per_sample else None)
+    ranked, why, count = walk_space(cands, ev, limit=limit, params=params, t0=t0, time_budget=time_budget,
+                                    progress=progress)
+    return SearchResult(ranked, why, count, time.perf_counter() - t0, global_batch, limit)

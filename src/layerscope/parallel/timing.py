@@ -1,0 +1,295 @@
+"""The step time of a sharded-training configuration on GPUs, predicted from its simulated ranks.
+
+Compute: every op a simulated rank ran (its last step: forward, loss, backward, the recompute of
+checkpointed blocks in the backward, each micro-batch of an accumulation or a pipeline) is priced by a
+roofline, ``max(FLOPs / (peak x fraction), bytes moved / (HBM bandwidth x fraction))``, with a floor of
+one kernel launch. The peaks are the GPU table's (costs/gpus.py) for the dtype the configuration
+computes in (bf16 under mixed precision; float32 matmuls without TF32 otherwise); the fractions are
+what such kernels reach, by op class (``FRACTIONS``, overridable per run):
+
+* ``matmul`` 0.75 -- contractions (every op with multiply-accumulates: mm, addmm, bmm, linear,
+  convolution), large bf16 GEMMs on an H100 run at 700-800 of its 989 TFLOP/s;
+* ``attention`` 0.50 -- SDPA's fused kernels (flash, cuDNN, memory-efficient), forward and backward:
+  FlashAttention-2 on an H100 runs at about 35-50% of the peak, FlashAttention-3 and cuDNN's 50-75%;
+* ``memory`` 0.80 -- of the HBM bandwidth, for everything else (elementwise, norms, copies, the
+  optimizer's foreach updates): well-written elementwise kernels stream at 80-90% of it;
+* ``link`` 0.80 -- of a link's bandwidth, for collectives: NCCL's bus bandwidth on NVLink and
+  InfiniBand reaches 75-90% of the wire at the message sizes of a training step;
+* ``launch_s`` 4 us -- the least a kernel takes (launch and tail), so thousands of small ops are not free.
+
+An op that no cost formula counts (``status`` "uncounted") costs one launch: its count is in the
+result (``uncounted_ops``) and a note, never a silent zero.
+
+Communication: a collective's seconds are what a ring moves through each rank (``results.Collective``:
+(n - 1) / n of the gathered or reduced bytes, twice that for an all-reduce) over the group's slowest
+link, plus ``n - 1`` hops of latency: NVLink (``GPU.nvlink``) when the group lies within a node, the
+network (``GPU.network``) when it spans nodes. The mesh is ``[pp, replicate, fsdp, tp]`` with tp
+innermost, so a group of stride ``s`` and size ``n`` lies within a node when ``s x n`` is at most
+``gpus_per_node``.
+
+Overlap, per rank, as two streams over the ops in program order (the order the CPU issues them):
+* compute runs every op in order;
+* FSDP2's all-gathers run on a communication stream, each issued when the compute of the block before
+  its block starts (FSDP2's prefetch of the next block, forward and backward), and the block's compute
+  waits for it; its reduce-scatters (and HSDP's all-reduce across replicas) run on the same stream after
+  the block's backward, the compute going on; the optimizer waits for every one;
+* tensor parallel's collectives are on the critical path: the compute waits for each.
+The exposed communication is the step time less the compute.
+
+Pipeline (pp > 1): each stage's forward and backward seconds per micro-batch (its stage rank's ops,
+including its tensor parallel's collectives, divided by the micro-batches), the send of a
+micro-batch's activation across each cut (``Collective`` "send" bytes over the pp link), and after
+its last backward each rank's exposed FSDP communication (its all-gathers beyond its compute, its
+reduce-scatters after the last backward, as torch's schedule reduces) and its optimizer step go
+through the schedule's own simulation (pipeline/schedule.py ``simulate``), which gives the bubble.
+Where a rank holds several stages (interleaved schedules) its seconds are shared among them evenly.
+
+The optimizer: AdamW-like updates are memory-bound: the rank's parameter, gradient and state bytes
+read and its parameter and state bytes written, at the ``memory`` fraction of the bandwidth.
+
+MFU: the model's FLOPs per step (three times the forward's contractions and attention: the backward's
+two, no recompute, as PaLM's MFU counts them) over the step time and the world's peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
+from ..costs.gpus import GPU
+from ..errors import InputError
+from ..options import ParallelConfig
+from ..trace import BACKWARD, FORWARD, LOSS
+from .results import COLLECTIVES
+
+__all__ = ["FRACTIONS", "RankSeconds", "StepTime", "assemble", "collective_seconds", "fractions", "link_of",
+           "op_seconds", "rank_seconds", "send_bytes", "step_time"]
+
+FRACTIONS: Mapping[str, float] = MappingProxyType({"matmul": 0.75, "attention": 0.50, "memory": 0.80,
+                                                   "link": 0.80, "launch_s": 4e-6, "nvlink_latency_s": 3e-6,
+                                                   "network_latency_s": 8e-6})
+
+_FSDP_GATHER = frozenset(k for k, (kind, group) in COLLECTIVES.items() if group == "fsdp" and kind == "all-gather")
+_BEHIND = frozenset(k for k, (kind, group) in COLLECTIVES.items()
+                    if group in ("fsdp", "replicate") and kind != "all-gather")     # reduce-scatter, HSDP all-reduce
+_INLINE = frozenset(k for k, (_, group) in COLLECTIVES.items() if group == "tp")
+
+
+def fractions(overrides: Mapping[str, float] | None = None) -> Mapping[str, float]:
+    """``FRACTIONS`` with any entry replaced (a fraction in (0, 1], a time or latency >= 0)."""
+    out = dict(FRACTIONS)
+    for k, v in (overrides or {}).items():
+        if k not in FRACTIONS:
+            raise InputError(f"unknown step-time fraction {k!r}; known: {', '.join(FRACTIONS)}")
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (
+            0 <= v if k.endswith("_s") else 0 < v <= 1)
+        if not ok:
+            raise InputError(f"step-time fraction {k} must be " + ("a number of seconds >= 0" if k.endswith("_s")
+                                                                    else "in (0, 1]") + f", got {v!r}")
+        out[k] = float(v)
+    return MappingProxyType(out)
+
+
+def _compute_dtype(config: ParallelConfig) -> str:
+    if config.mixed_precision == "bf16":
+        return "bfloat16"
+    import torch
+    return {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(config.model_dtype, "float32")
+
+
+def op_seconds(op, gpu: GPU, dtype: str, f: Mapping[str, float]) -> float:
+    """One op's roofline seconds (0 for a view or other free op)."""
+    if op.status == "free" or op.op.startswith("profiler."):     # views; the profiler's record_function marks
+        return 0.0
+    c = op.costs
+    name = op.op
+    memory = c.bytes_moved / (gpu.bandwidth * f["memory"])
+    if "attention" in name or "flash" in name:
+        compute = c.flops / (gpu.peak(dtype) * f["attention"])
+    elif c.macs:
+        compute = c.flops / (gpu.peak(dtype) * f["matmul"])
+    else:
+        compute = c.flops / gpu.peak("float32")
+    return max(compute, memory, f["launch_s"])
+
+
+def link_of(config: ParallelConfig, group: str) -> tuple[str, int]:
+    """("nvlink", 1) when every group of this mesh dimension lies within a node; else ("network", g),
+    ``g`` the group's members on each node (each with its own NIC)."""
+    inner = {"tp": 1, "fsdp": config.tp, "replicate": config.tp * config.fsdp,
+             "pp": config.tp * config.fsdp * config.replicate}[group]
+    size = {"tp": config.tp, "fsdp": config.fsdp, "replicate": config.replicate, "pp": 2}[group]
+    if inner * size <= config.gpus_per_node:
+        return "nvlink", 1
+    return "network", max(1, config.gpus_per_node // inner)
+
+
+def collective_seconds(ring_bytes: float, n: int, link, gpu: GPU, f: Mapping[str, float]) -> float:
+    """A ring collective of ``n`` ranks moving ``ring_bytes`` through each rank over ``link`` (``link_of``'s
+    pair, or a link's name). Across nodes, what enters a node from outside enters it once, through the
+    NICs of the group's members there, and goes on within the node over NVLink (NCCL's rings over the
+    rails of one NIC per GPU): ``g`` members a node share the ring's bytes over ``g`` NICs, up to NVLink's
+    own bandwidth."""
+    if n <= 1:
+        return 0.0
+    name, per_node = (link, 1) if isinstance(link, str) else link
+    bw = gpu.nvlink if name == "nvlink" else gpu.network
+    if bw <= 0:
+        raise InputError(f"the GPU {gpu.name} has no {name} bandwidth in the table: give it (gpu={gpu.name!r} "
+                         f"with {name}=bytes/s)")
+    if name == "network":
+        bw = min(bw * per_node, gpu.nvlink or bw * per_node)
+    return ring_bytes / (bw * f["link"]) + (n - 1) * f[f"{name}_latency_s"]
+
+
+def _one_collective(op, config: ParallelConfig, gpu: GPU, f) -> float:
+    kind, group = COLLECTIVES[op.op]
+    n = {"fsdp": config.fsdp, "replicate": config.replicate, "tp": config.tp}[group]
+    if n == 1 and group == "replicate":
+        n = config.dp
+    if group == "replicate" and config.replicate == 1:
+        group = "fsdp"
+    whole = op.costs.bytes_written if kind == "all-gather" else op.costs.bytes_read
+    ring = whole * (n - 1) / max(n, 1) * (2 if kind == "all-reduce" else 1)
+    return collective_seconds(ring, n, link_of(config, group), gpu, f)
+
+
+@dataclass(frozen=True, slots=True)
+class RankSeconds:
+    """One simulated rank's last step: seconds by what they went to."""
+
+    forward: float            # compute of forward ops (and the loss), every micro-batch
+    backward: float           # compute of backward ops (recompute included)
+    tp: float                 # tensor parallel's collectives (on the critical path)
+    fsdp: float               # FSDP's (and HSDP's) collectives, all of them
+    exposed_fsdp: float       # of those, what the compute did not hide
+    optimizer: float
+    end: float                # the two streams' end, before the optimizer
+    uncounted_ops: int
+    forward_flops: int        # FLOPs of the forward's contractions and attention (not the recompute)
+
+
+def rank_seconds(rr, config: ParallelConfig, gpu: GPU, f: Mapping[str, float], *, micro: int | None = None
+                 ) -> RankSeconds:
+    """The two-stream walk over one simulated rank's last step (the module docstring); ``micro``: only
+    its first ``micro`` passes (micro-steps of an accumulation), the optimizer still after them."""
+    dtype = _compute_dtype(config)
+    run = rr.run
+    last = max((p.step for p in run.passes), default=0)
+    tc = tn = issue = 0.0
+    fwd = bwd = tp = fsdp = 0.0
+    uncounted = 0
+    fflops = 0
+    for p in run.passes:
+        if p.step != last or (micro is not None and p.micro >= micro):
+            continue
+        for op in p.trace.ops:
+            if op.op in COLLECTIVES:
+                d = _one_collective(op, config, gpu, f)
+                if op.op in _INLINE:
+                    tc += d
+                    tp += d
+                elif op.op in _FSDP_GATHER:
+                    start = max(tn, issue)
+                    tn = start + d
+                    tc = max(tc, tn)
+                    issue = tc
+                    fsdp += d
+                elif op.op in _BEHIND:
+                    tn = max(tn, tc) + d
+                    fsdp += d
+                continue
+            if op.status == "uncounted" and not op.op.startswith("profiler."):
+                uncounted += 1
+            d = op_seconds(op, gpu, dtype, f)
+            tc += d
+            if op.phase in (FORWARD, LOSS):
+                fwd += d
+                if op.phase == FORWARD and (op.costs.macs or "attention" in op.op or "flash" in op.op):
+                    fflops += op.costs.flops
+            elif op.phase == BACKWARD:
+                bwd += d
+    end = max(tc, tn)
+    state = sum(run.param_bytes.values()) + sum(run.optimizer_bytes.values()) + run.optimizer_other_bytes
+    grads = sum(run.grad_bytes.values())
+    opt = (2 * state + grads) / (gpu.bandwidth * f["memory"]) if state else 0.0
+    exposed = max(0.0, end - (fwd + bwd + tp))
+    return RankSeconds(fwd, bwd, tp, fsdp, exposed, opt, end, uncounted, fflops)
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """A configuration's predicted step: seconds, and where they went on the slowest rank."""
+
+    step_time: float
+    compute: float            # forward + backward (recompute included) + the optimizer
+    tp_comm: float            # tensor parallel's collectives, on the critical path
+    exposed_comm: float       # FSDP/HSDP communication the compute did not hide, and pipeline sends
+    bubble: float             # a pipeline's idle share of its ranks' time (0 without one)
+    tokens_per_s: float | None
+    mfu: float | None
+    uncounted_ops: int
+    gpu: str
+    fractions: Mapping[str, float]
+
+    def to_dict(self) -> dict:
+        return {"step_time": self.step_time, "compute": self.compute, "tp_comm": self.tp_comm,
+                "exposed_comm": self.exposed_comm, "bubble": self.bubble, "tokens_per_s": self.tokens_per_s,
+                "mfu": self.mfu, "uncounted_ops": self.uncounted_ops, "gpu": self.gpu,
+                "fractions": dict(self.fractions)}
+
+
+def send_bytes(runs: Mapping[int, object]) -> float:
+    """The largest bytes one pipeline transfer carries (0 without a pipeline)."""
+    return max((rr.p2p[0] / rr.p2p[2] for rr in runs.values() if rr.p2p is not None and rr.p2p[2]), default=0.0)
+
+
+def step_time(runs: Mapping[int, object], config: ParallelConfig, gpu: GPU, *, tokens: int | None,
+              f: Mapping[str, float] | None = None) -> StepTime:
+    """The step time of ``config`` from its simulated ranks (``runs``: representative global rank ->
+    RankRun; ranks of one pipeline stage are in lock step with their collectives, so a stage is its
+    slowest role). ``tokens``: tokens of the global batch per step (None: no tokens/s)."""
+    f = f or FRACTIONS
+    return assemble({r: rank_seconds(rr, config, gpu, f) for r, rr in runs.items()}, send_bytes(runs), config, gpu,
+                    tokens=tokens, f=f)
+
+
+def assemble(secs: Mapping[int, RankSeconds], send: float, config: ParallelConfig, gpu: GPU, *, tokens: int | None,
+             f: Mapping[str, float]) -> StepTime:
+    """The step from each role's seconds (``rank_seconds``) and a pipeline transfer's bytes."""
+    world_flops = gpu.peak(_compute_dtype(config)) * config.world
+    uncounted = max((x.uncounted_ops for x in secs.values()), default=0)
+    if config.pp == 1:
+        s = max(secs.values(), key=lambda x: x.end + x.optimizer)
+        total = s.end + s.optimizer
+        model_flops = 3 * s.forward_flops * config.world
+        return StepTime(total, s.forward + s.backward + s.optimizer, s.tp, s.exposed_fsdp, 0.0,
+                        tokens / total if tokens and total else None,
+                        model_flops / (total * world_flops) if total else None, uncounted, gpu.name, f)
+    from ..pipeline.schedule import simulate
+    per_stage = config.world // config.pp
+    stage_of: dict[int, RankSeconds] = {}
+    for r, s in secs.items():                   # each pipeline rank: its slowest role
+        c = r // per_stage
+        if c not in stage_of or s.end > stage_of[c].end:
+            stage_of[c] = s
+    k = config.stages
+    spr = k // config.pp
+    m = config.microbatches
+    fw, bw, opt = [0.0] * k, [0.0] * k, [0.0] * k
+    for c, s in stage_of.items():
+        busy = max(s.forward + s.backward, 1e-30)
+        for st in (c + i * config.pp for i in range(spr)):     # stage st on rank st % pp
+            fw[st] = (s.forward + s.tp * s.forward / busy) / (m * spr)
+            bw[st] = (s.backward + s.tp * s.backward / busy) / (m * spr)
+        opt[c] = s.exposed_fsdp + s.optimizer
+    hop = collective_seconds(send, 2, link_of(config, "pp"), gpu, f) if send else 0.0
+    tl = simulate(config.schedule, fw, bw, m, send=[hop] * (k - 1), optimizer=opt, stages_per_rank=spr)
+    total = tl.step_time
+    slowest = max(stage_of.values(), key=lambda x: x.forward + x.backward)
+    model_flops = 3 * sum(x.forward_flops for x in stage_of.values()) * per_stage
+    return StepTime(total, max(x.forward + x.backward + x.optimizer for x in stage_of.values()), slowest.tp,
+                    max(x.exposed_fsdp for x in stage_of.values()) + hop * 2 * m, tl.bubble,
+                    tokens / total if tokens and total else None,
+                    model_flops / (total * world_flops) if total else None, uncounted, gpu.name, f)

@@ -1,0 +1,142 @@
+"""The configuration search (parallel/search.py): its pruning never loses the optimum (against brute
+force over synthetic, monotone memory and time), the space it enumerates, and on a transformers Llama
+the chosen plan's figures, extended from copies with 3 and 4 blocks, equal a simulation of the whole."""
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import layerscope
+from layerscope.parallel.search import _AC_MEMORY, family_of, label, space, walk_space
+
+AC_TIME = {"none": 0.0, "selective-op": 0.1, "full": 0.33}
+
+
+def _synthetic(seed: int):
+    """A monotone world: memory grows with the micro-batch, less checkpointing and no resharding; time
+    shrinks with them (pp 1), per family its own constants."""
+    rng = random.Random(seed)
+    fam = {}
+
+    def evaluate(c):
+        k = family_of(c)
+        if k not in fam:
+            fam[k] = (rng.uniform(5, 40), rng.uniform(1, 8), rng.uniform(0.5, 1.5), rng.uniform(0.1, 0.6))
+        state, act, comp, comm = fam[k]
+        mbs = c.local_batch // c.microbatches
+        mem = state + act * mbs * (1 + _AC_MEMORY[c.ac]) + (0 if c.reshard_after_forward else 3)
+        t = comp * (1 + AC_TIME[c.ac]) + comm * c.accumulation * (2 if c.reshard_after_forward else 1)
+        return SimpleNamespace(fits=mem <= 60, over_bytes=max(0, round(mem - 60)), peak_bytes=mem, step_time=t)
+    return evaluate
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_pruning_keeps_the_optimum(seed):
+    cands = space(32, 48, 256, gpus_per_node=8, fixed={"pp": 1})
+    evaluate = _synthetic(seed)
+    truth = {label(c): evaluate(c) for c in cands}
+    fitting = {k: v for k, v in truth.items() if v.fits}
+    ranked, why, count = walk_space(cands, _synthetic(seed), limit=60, params=0)
+    assert count < len(cands)                   # it pruned
+    best = ranked[0]
+    if not fitting:
+        assert best.status != "fits"
+        return
+    assert best.status == "fits"
+    assert best.plan.step_time == pytest.approx(min(v.step_time for v in fitting.values()))
+    for c in ranked:                            # every bound it used is true
+        t = truth[label(c.config)]
+        if c.status in ("dominated", "oom", "oom-bound"):
+            assert not t.fits, label(c.config)
+        if c.status == "slower":
+            assert t.step_time >= best.plan.step_time - 1e-12, label(c.config)
+    assert all(c.status != "unsearched" for c in ranked)
+
+
+def test_space():
+    # 64 GPUs, 80 blocks, global batch 64, nothing fixed: tp 1..8; pipelines whose stages hold more than 4
+    # blocks (16 x 4 < 80; interleaved, 2 stages a rank, up to pp 8); HSDP where a node's data-parallel
+    # ranks leave replicas; the local batch split every way
+    cands = space(64, 80, 64)
+    assert {c.tp for c in cands} == {1, 2, 4, 8} and {c.pp for c in cands} == {1, 2, 4, 8, 16}
+    assert max(c.pp for c in cands if c.schedule == "interleaved") == 8
+    assert all(c.world == 64 and c.global_batch == 64 and c.local_batch * c.dp * c.accumulation == 64 for c in cands)
+    assert all(c.microbatches >= c.pp for c in cands if c.pp > 1)
+    tp8 = [c for c in cands if c.tp == 8 and c.pp == 1]
+    assert {c.replicate for c in tp8} == {1, 8}          # fsdp 8 over 8 nodes, or one replica per node
+    assert {(c.local_batch // c.microbatches, c.accumulation) for c in tp8} == {(8, 1), (4, 2), (2, 4), (1, 8)}
+    # what is fixed is not searched
+    fixed = space(64, 80, 64, fixed={"tp": 8, "ac": "full", "pp": 1})
+    assert {(c.tp, c.ac, c.pp) for c in fixed} == {(8, "full", 1)}
+
+
+def _llama(layers=6):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+    with torch.device("meta"):
+        return LlamaForCausalLM(cfg)
+
+
+def test_search_on_a_llama_matches_the_whole_simulation():
+    m = _llama()
+    ids = torch.zeros((1, 32), dtype=torch.long, device="meta")
+    limit = 137_600_000      # the tp 1 head fits (137,496,064 B), the tp 2 one (137,704,448 B) does not
+    rep = layerscope.parallel(m, ids, gpus=2, gpu="H100", memory_limit=limit, search=True, global_batch=4, pp=1,
+                              time_budget=1e9)
+    s = rep.search
+    assert s["global_batch"] == 4 and s["simulated"] >= 2
+    best = s["candidates"][0]
+    assert best["status"] == "fits" and rep.plan.fits
+    assert [r["step_time"] for r in s["candidates"] if r["status"] == "fits"] == \
+        sorted(r["step_time"] for r in s["candidates"] if r["status"] == "fits")
+    c = best["config"]
+    x = torch.zeros((c["local_batch"], 32), dtype=torch.long, device="meta")
+    whole = layerscope.parallel(m, x, gpus=2, gpu="H100", memory_limit=limit, tp=c["tp"], fsdp=c["fsdp"],
+                                replicate=c["replicate"], ac=c["ac"], accumulation=c["accumulation"],
+                                reshard_after_forward=c["reshard_after_forward"]).plan
+    # the copies with 3 and 4 blocks extended to 6: every rank's peak, by part, and the step time
+    assert [r.peak_bytes for r in rep.plan.ranks] == [r.peak_bytes for r in whole.ranks]
+    assert rep.plan.ranks[0].breakdown == whole.ranks[0].breakdown
+    assert rep.plan.step_time == pytest.approx(whole.step_time, rel=1e-9)
+    assert any("chosen:" in n for n in rep.notes)
+    text = rep.to_text() if hasattr(rep, "to_text") else str(rep)
+    assert "Plan 1" in text
+
+
+def test_accumulation_is_extended_from_two_micro_steps():
+    """An accumulation of 4 is simulated with 2 micro-steps and the rest extended: the same peak, step
+    time and collectives as the simulation of all 4 on the whole model."""
+    m = _llama()
+    ids = torch.zeros((1, 32), dtype=torch.long, device="meta")
+    rep = layerscope.parallel(m, ids, gpus=2, gpu="H100", search=True, global_batch=8, tp=2, ac="full",
+                              accumulation=4, reshard_after_forward=True, time_budget=1e9)
+    (row,) = [r for r in rep.search["candidates"] if r["status"] == "fits"]
+    assert row["config"]["accumulation"] == 4 and row["config"]["local_batch"] == 2
+    x = torch.zeros((2, 32), dtype=torch.long, device="meta")
+    whole = layerscope.parallel(m, x, gpus=2, gpu="H100", tp=2, ac="full", accumulation=4).plan
+    assert rep.plan.peak_bytes == whole.peak_bytes
+    assert rep.plan.step_time == pytest.approx(whole.step_time, rel=1e-9)
+    assert rep.plan.ranks[0].collectives == whole.ranks[0].collectives
+
+
+def test_cli_search(capsys):
+    import json
+
+    from layerscope.cli import main
+    argv = ["parallel", "hf:LlamaConfig", "--head", "causal-lm", "--set", "num_hidden_layers=2", "--set",
+            "hidden_size=64", "--set", "intermediate_size=128", "--set", "num_attention_heads=4", "--set",
+            "num_key_value_heads=2", "--set", "vocab_size=256", "--input-ids", "1,32", "--gpus", "2", "--gpu", "H100",
+            "--search", "--pp", "1", "--ac", "full", "-q"]
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Plan 1 " in out and "Step time (predicted)" in out and "chosen: tp " in out
+    assert main(argv + ["--format", "json", "--fraction", "matmul=0.5"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    s = d["search"]
+    assert s["global_batch"] == 2 and {r["config"]["ac"] for r in s["candidates"]} == {"full"}
+    assert d["plans"][0]["timing"]["fractions"]["matmul"] == 0.5
+    assert main(argv + ["--fraction", "matmul"]) == 1
+    assert "NAME=NUMBER" in capsys.readouterr().err

@@ -1,0 +1,124 @@
+"""The step-time model (parallel/timing.py): each formula against a hand derivation, and the two-stream
+overlap of FSDP's collectives on a hand-made op sequence."""
+
+from types import MappingProxyType, SimpleNamespace
+
+import pytest
+
+from layerscope.costs.gpus import GPU, gpu
+from layerscope.errors import InputError
+from layerscope.options import ParallelConfig
+from layerscope.parallel.timing import (FRACTIONS, assemble, collective_seconds, fractions, link_of, op_seconds,
+                                        rank_seconds)
+from layerscope.trace import Costs
+
+
+def _op(name, status="counted", macs=0, flops=0, read=0, written=0, phase="forward", micro=0):
+    return SimpleNamespace(op=name, status=status, costs=Costs(macs, flops, read, written), phase=phase)
+
+
+H100 = gpu("H100")
+
+
+def test_matmul_roofline_by_hand():
+    # [4096, 8192] @ [8192, 8192] in bf16: 2 * 4096 * 8192 * 8192 = 549,755,813,888 FLOPs at 989.4e12 x 0.75
+    # = 0.740862 ms; its bytes, (4096*8192 + 8192*8192 + 4096*8192) * 2 = 268,435,456, at 3.35e12 x 0.8 take
+    # 0.100163 ms: compute-bound
+    macs = 4096 * 8192 * 8192
+    op = _op("aten.mm", macs=macs, flops=2 * macs, read=(4096 * 8192 + 8192 * 8192) * 2, written=4096 * 8192 * 2)
+    assert op_seconds(op, H100, "bfloat16", FRACTIONS) == pytest.approx(549_755_813_888 / (989.4e12 * 0.75))
+    # the same in float32 without TF32: 67e12 x 0.75
+    assert op_seconds(op, H100, "float32", FRACTIONS) == pytest.approx(549_755_813_888 / (67e12 * 0.75))
+
+
+def test_memory_bound_attention_launch_and_free():
+    # an elementwise add of two 64 MiB bf16 tensors: 192 MiB moved at 3.35e12 x 0.8 = 75.12 us
+    add = _op("aten.add", flops=2**25, read=2**27, written=2**26)
+    assert op_seconds(add, H100, "bfloat16", FRACTIONS) == pytest.approx(3 * 2**26 / (3.35e12 * 0.8))
+    # SDPA: its FLOPs at the attention fraction, 0.5
+    sdpa = _op("aten._scaled_dot_product_flash_attention", flops=10**12, read=10**6)
+    assert op_seconds(sdpa, H100, "bfloat16", FRACTIONS) == pytest.approx(1e12 / (989.4e12 * 0.5))
+    # a tiny op costs one launch; a view and the profiler's marks nothing
+    assert op_seconds(_op("aten.neg", flops=1, read=4, written=4), H100, "bfloat16", FRACTIONS) == 4e-6
+    assert op_seconds(_op("aten.view", status="free"), H100, "bfloat16", FRACTIONS) == 0.0
+    assert op_seconds(_op("profiler._record_function_exit", status="uncounted"), H100, "bfloat16", FRACTIONS) == 0.0
+
+
+def test_collectives_by_link():
+    # all-gather of 1 GiB over 8 ranks within a node: 7/8 GiB through each rank at 450e9 x 0.8, plus 7 hops of 3 us
+    ring = 2**30 * 7 / 8
+    assert collective_seconds(ring, 8, "nvlink", H100, FRACTIONS) == pytest.approx(ring / 360e9 + 7 * 3e-6)
+    # across nodes: 50e9 x 0.8 and 8 us a hop
+    assert collective_seconds(ring, 8, "network", H100, FRACTIONS) == pytest.approx(ring / 40e9 + 7 * 8e-6)
+    assert collective_seconds(ring, 1, "network", H100, FRACTIONS) == 0.0
+    # the mesh [pp, replicate, fsdp, tp], tp innermost, 8 GPUs a node
+    c = ParallelConfig(gpus=64, tp=8)                       # fsdp 8 spans 8 nodes, one member on each
+    assert (link_of(c, "tp"), link_of(c, "fsdp")) == (("nvlink", 1), ("network", 1))
+    c = ParallelConfig(gpus=64, tp=2, replicate=16)         # fsdp 2 x tp 2 within a node, replicas across
+    assert (link_of(c, "fsdp"), link_of(c, "replicate")) == (("nvlink", 1), ("network", 2))
+    # FSDP 64 alone: 8 members a node, whose 8 NICs carry what enters the node: 8 x 50e9 = 400e9 (under
+    # NVLink's 450e9), x 0.8; 63 hops of 8 us. With a faster network, NVLink's 450e9 caps it
+    c = ParallelConfig(gpus=64)
+    assert link_of(c, "fsdp") == ("network", 8)
+    assert collective_seconds(ring, 64, link_of(c, "fsdp"), H100, FRACTIONS) == pytest.approx(
+        ring / (400e9 * 0.8) + 63 * 8e-6)
+    assert collective_seconds(ring, 64, ("network", 8), gpu("H100", network=100e9), FRACTIONS) == pytest.approx(
+        ring / (450e9 * 0.8) + 63 * 8e-6)
+
+
+def test_fractions_override_and_refusals():
+    f = fractions({"matmul": 0.5})
+    assert f["matmul"] == 0.5 and f["memory"] == FRACTIONS["memory"]
+    with pytest.raises(InputError, match="unknown step-time fraction 'gemm'"):
+        fractions({"gemm": 0.5})
+    with pytest.raises(InputError, match=r"in \(0, 1\]"):
+        fractions({"matmul": 1.5})
+
+
+# a device where bytes are seconds: 1e9 B/s everywhere, every fraction 1, no latency or launch floor
+UNIT = GPU("unit", 80 << 30, (9, 0), 1e9, MappingProxyType({"float32": 1e12, "bfloat16": 1e12}), 1e9, 1e9)
+UNIT_F = fractions({"matmul": 1, "attention": 1, "memory": 1, "link": 1, "launch_s": 0, "nvlink_latency_s": 0,
+                    "network_latency_s": 0})
+
+
+def _run(ops, config):
+    trace = SimpleNamespace(ops=ops)
+    run = SimpleNamespace(passes=[SimpleNamespace(step=1, micro=0, trace=trace)], param_bytes={}, optimizer_bytes={},
+                          optimizer_other_bytes=0, grad_bytes={})
+    return SimpleNamespace(run=run, p2p=None)
+
+
+def test_fsdp_overlap_two_streams_by_hand():
+    """FSDP 2 (one node): all-gathers of 2 GB gathered (1 GB through a rank: 1 s), compute ops of 2 s, a
+    reduce-scatter of 2 GB (1 s). Program order: AG0, C0, AG1, C1, RS1. By hand: AG0 0-1 s, C0 waits, 1-3 s;
+    AG1 is issued when C0 starts (1 s), runs 1-2 s, hidden; C1 3-5 s; RS1 after C1, 5-6 s. The step: 6 s,
+    4 s of compute, 2 s of FSDP communication exposed (AG0 and RS1); TP none."""
+    c = ParallelConfig(gpus=2)
+    ag = dict(written=2 * 10**9)
+    ops = [_op("c10d._allgather_base_", **ag), _op("aten.add", read=2 * 10**9),
+           _op("c10d._allgather_base_", **ag), _op("aten.add", read=2 * 10**9, phase="backward"),
+           _op("c10d._reduce_scatter_base_", read=2 * 10**9, phase="backward")]
+    s = rank_seconds(_run(ops, c), c, UNIT, UNIT_F)
+    assert (s.end, s.forward, s.backward, s.fsdp, s.exposed_fsdp, s.tp) == pytest.approx((6, 2, 2, 3, 2, 0))
+    st = assemble({0: s}, 0.0, c, UNIT, tokens=12, f=UNIT_F)
+    assert st.step_time == pytest.approx(6) and st.tokens_per_s == pytest.approx(2)
+
+
+def test_tp_collectives_are_on_the_critical_path():
+    """TP 2: a compute op of 1 s, an all-reduce of 1 GB (2 x 1/2 GB through a rank: 1 s), a compute op
+    of 1 s: 3 s, nothing hidden."""
+    c = ParallelConfig(gpus=2, tp=2)
+    ops = [_op("aten.add", read=10**9), _op("_c10d_functional.all_reduce", read=10**9), _op("aten.add", read=10**9)]
+    s = rank_seconds(_run(ops, c), c, UNIT, UNIT_F)
+    assert (s.end, s.tp) == pytest.approx((3, 1))
+
+
+def test_pipeline_goes_through_the_schedule():
+    """pp 2, 1F1B, 2 micro-batches, each stage 1 s forward and 2 s backward per micro-batch, no sends: by
+    hand (stage 0: F0 0-1, F1 1-2; stage 1: F0 1-2, B0 2-4, F1 4-5, B1 5-7; stage 0: B0 4-6, B1 7-9): 9 s;
+    busy 6 s each of 2 x 9 s: bubble 1/3."""
+    c = ParallelConfig(gpus=2, pp=2, microbatches=2)
+    s = SimpleNamespace(forward=2.0, backward=4.0, tp=0.0, fsdp=0.0, exposed_fsdp=0.0, optimizer=0.0, end=6.0,
+                        uncounted_ops=0, forward_flops=0)
+    st = assemble({0: s, 1: s}, 0.0, c, UNIT, tokens=None, f=UNIT_F)
+    assert st.step_time == pytest.approx(9) and st.bubble == pytest.approx(1 / 3)
