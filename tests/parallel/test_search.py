@@ -17,14 +17,9 @@ AC_TIME = {"none": 0.0, "selective-op": 0.1, "full": 0.33}
 def _synthetic(seed: int):
     """A monotone world: memory grows with the micro-batch, less checkpointing and no resharding; time
     shrinks with them (pp 1), per family its own constants."""
-    rng = random.Random(seed)
-    fam = {}
-
     def evaluate(c):
-        k = family_of(c)
-        if k not in fam:
-            fam[k] = (rng.uniform(5, 40), rng.uniform(1, 8), rng.uniform(0.5, 1.5), rng.uniform(0.1, 0.6))
-        state, act, comp, comm = fam[k]
+        rng = random.Random(f"{seed} {family_of(c)}")     # each family's constants, whatever the order asked
+        state, act, comp, comm = rng.uniform(5, 40), rng.uniform(1, 8), rng.uniform(0.5, 1.5), rng.uniform(0.1, 0.6)
         mbs = c.local_batch // c.microbatches
         mem = state + act * mbs * (1 + _AC_MEMORY[c.ac]) + (0 if c.reshard_after_forward else 3)
         t = comp * (1 + AC_TIME[c.ac]) + comm * c.accumulation * (2 if c.reshard_after_forward else 1)
@@ -53,6 +48,41 @@ def test_pruning_keeps_the_optimum(seed):
         if c.status == "slower":
             assert t.step_time >= best.plan.step_time - 1e-12, label(c.config)
     assert all(c.status != "unsearched" for c in ranked)
+
+
+def _piped(seed: int):
+    """Pipelines too, where a stage holds 1 / pp of the model (so pipelines are what fits): memory grows
+    with the micro-batch; a pipeline's step has a bubble, (pp - 1) / m of its compute, and a cost per
+    micro-batch, so neither the largest nor the smallest micro-batch is always fastest."""
+    def evaluate(c):
+        rng = random.Random(f"{seed} {family_of(c)}")
+        state, act, comp, per = rng.uniform(40, 160), rng.uniform(1, 8), rng.uniform(0.9, 1.1), rng.uniform(0.001, 0.02)
+        state /= c.pp                                   # a stage holds its share of the model: pipelines fit
+        mbs = c.local_batch // c.microbatches
+        mem = state + act * mbs * (1 + _AC_MEMORY[c.ac]) + (0 if c.reshard_after_forward else 3)
+        work = comp * (1 + AC_TIME[c.ac]) * (1.1 if c.reshard_after_forward else 1)
+        if c.pp > 1:
+            t = work * (1 + (c.pp - 1) / (c.microbatches * c.stages // c.pp)) + per * c.microbatches
+        else:
+            t = work + per * 4 * c.accumulation
+        return SimpleNamespace(fits=mem <= 60, over_bytes=max(0, round(mem - 60)), peak_bytes=mem, step_time=t)
+    return evaluate
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pruning_keeps_the_optimum_with_pipelines(seed):
+    cands = space(16, 48, 64, gpus_per_node=8)
+    assert {c.pp for c in cands} >= {1, 2, 4, 8}
+    truth = {label(c): _piped(seed)(c) for c in cands}
+    ranked, _, count = walk_space(cands, _piped(seed), limit=60, params=0)
+    fitting = [v.step_time for v in truth.values() if v.fits]
+    assert count < len(cands)
+    if fitting:
+        assert ranked[0].status == "fits" and ranked[0].plan.step_time == pytest.approx(min(fitting))
+    for c in ranked:
+        t = truth[label(c.config)]
+        assert not (c.status in ("dominated", "oom", "oom-bound") and t.fits), label(c.config)
+        assert not (c.status == "slower" and t.step_time < ranked[0].plan.step_time - 1e-12), label(c.config)
 
 
 def test_space():

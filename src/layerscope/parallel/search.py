@@ -31,10 +31,12 @@ monotone in those three (argued where each bound is used):
 Bounds across families. (1) Sharded state: every rank holds its shard of the parameters and of their
 gradients, at least ``P x (4 + 4) / gpus`` bytes on the average rank under bf16 mixed precision (fp32
 master weights and gradients; the model's dtype twice without it), so a configuration over the limit
-by that alone cannot fit (``oom``, "at least"), whatever the optimizer adds. (2) Step time: a family's
-first member is its fastest (no checkpointing, no resharding, the largest micro-batch), and its
-predicted step time bounds every member's from below; a family whose first member is no faster than
-the best fitting plan found is not searched further (``slower``). Nothing else is pruned.
+by that alone cannot fit (``oom``, "at least"), whatever the optimizer adds. (2) Step time: without a
+pipeline a family's first member is its fastest (no checkpointing, no resharding, the largest
+micro-batch), and its predicted step time bounds every member's from below; such a family whose first
+member is no faster than the best fitting plan found is not searched further (``slower``); within any
+family, a member no faster than one whose step is no faster than the best is not simulated. Nothing
+else is pruned.
 
 Each candidate is simulated on a copy of the model with few blocks: ``k`` and ``k + 1`` blocks per
 pipeline stage (``BLOCKS``), and its per-rank memory (every part of the breakdown, every collective)
@@ -246,7 +248,8 @@ def _extend_memory(r1: RankMemory, r2: RankMemory, x1: int, x2: int, x: int) -> 
         return max(0, round(_line(a, b, x1, x2, x)))
     return dataclasses.replace(r2, peak_bytes=e(r1.peak_bytes, r2.peak_bytes),
                                simulated_peak_bytes=e(r1.simulated_peak_bytes, r2.simulated_peak_bytes),
-                               peak_layer=None, breakdown={k: e(r1.breakdown.get(k, 0), v) for k, v in r2.breakdown.items()},
+                               peak_layer=None,
+                               breakdown={k: e(r1.breakdown.get(k, 0), v) for k, v in r2.breakdown.items()},
                                collectives=_extend_collectives(r1.collectives, r2.collectives, x1, x2, x),
                                host_bytes=e(r1.host_bytes, r2.host_bytes))
 
@@ -366,7 +369,8 @@ def _why(plan: ParallelPlan, best: ParallelPlan) -> str:
     parts = {"communication-bound (TP collectives on the critical path)": t.get("tp_comm", 0.0),
              "communication-bound (exposed data-parallel/pipeline communication)": t.get("exposed_comm", 0.0),
              "pipeline bubble": (t.get("bubble", 0.0) or 0.0) * plan.step_time,
-             "compute (recompute included)": t.get("compute", 0.0) - (getattr(best, "timing", None) or {}).get("compute", 0.0)}
+             "compute (recompute included)":
+                 t.get("compute", 0.0) - (getattr(best, "timing", None) or {}).get("compute", 0.0)}
     reason = max(parts, key=parts.get)
     return f"{slower:+.0%} step time; {reason}"
 
@@ -444,19 +448,21 @@ class _Walk:
         return self._take(fam[0], *self.lists(fam))
 
     def family(self, fam: list[ParallelConfig]) -> None:
-        """After its head: bound 2 on the head, its leanest member (does anything fit?), then per
-        checkpointing mode and resharding, fastest first, the largest micro-batch that fits, found by
-        bisection (memory grows with the micro-batch); with a pipeline every smaller micro-batch that fits
-        too (its bubble shrinks)."""
+        """After its head: bound 2 on the head (without a pipeline), its leanest member (does anything
+        fit?), then per checkpointing mode and resharding, fastest first, the largest micro-batch that fits,
+        found by bisection (memory grows with the micro-batch); with a pipeline every smaller micro-batch
+        that fits too (its bubble shrinks)."""
         fits, ooms = self.lists(fam)
         first = self.result[id(fam[0])]
         if first.status == "error":
             for c in fam[1:]:
                 self.result[id(c)] = Candidate(c, "error", first.why)
             return
-        if first.plan is not None and self.best is not None and self.best is not first and \
+        if first.plan is not None and self.best is not None and self.best is not first and fam[0].pp == 1 and \
                 first.plan.step_time >= self.best.plan.step_time:
-            for c in fam[1:]:       # bound 2: nothing in the family is faster than its fastest member
+            # bound 2: nothing in the family is faster than its fastest member (without a pipeline: with one,
+            # more micro-batches may shrink the bubble more than they cost, so the head bounds nothing)
+            for c in fam[1:]:
                 self.result.setdefault(id(c), Candidate(
                     c, "slower", f"its family's fastest member ({label(fam[0])}) predicts "
                     f"{first.plan.step_time * 1e3:,.1f} ms, no faster than the best found", by=label(self.best.config)))
@@ -579,8 +585,8 @@ def search(model: nn.Module, args: tuple, kwargs: dict, *, gpus: int, global_bat
     blocks = len(find_blocks(model))
     cands = space(gpus, blocks, global_batch, gpus_per_node=gpus_per_node, fixed=fixed, base=base)
     if not cands:
-        raise InputError(f"no configuration of {gpus} GPUs splits a global batch of {global_batch} (every data-parallel "
-                         "degree must divide it) with what was fixed")
+        raise InputError(f"no configuration of {gpus} GPUs splits a global batch of {global_batch} (every "
+                         "data-parallel degree must divide it) with what was fixed")
     f = fractions or FRACTIONS
     params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     ev = _Evaluator(model, args, kwargs, batch0=batch0, simulate=simulate, gpu=gpu, limit=limit, fracs=f,
