@@ -54,7 +54,8 @@ _EXAMPLES = {
     "parallel": """examples:
   layerscope parallel hf:LlamaConfig --head causal-lm --input-ids 2,4096 --gpus 64 --tp 8 --ac full --gpu H100
   layerscope parallel hf:llama-2-70b --input-ids 1,4096 --gpus 64 --replicate 8 --ac selective-op --format json
-  layerscope parallel hf:GPT2Config --head causal-lm --input-ids 8,1024 --gpus 8 --mixed-precision off""",
+  layerscope parallel hf:GPT2Config --head causal-lm --input-ids 8,1024 --gpus 8 --mixed-precision off
+  layerscope parallel hf:llama-2-13b --input-ids 1,4096 --gpus 16 --gpu H100 --search --pp 1""",
     "profile": """examples:
   layerscope profile layerscope.examples:tiny_gpt --backward --repeats 50
   layerscope profile hf:GPT2Config --set n_layer=2 --input-ids 1,128 --roofline measure --trace gpt2.json""",
