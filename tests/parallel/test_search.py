@@ -170,3 +170,32 @@ def test_cli_search(capsys):
     assert d["plans"][0]["timing"]["fractions"]["matmul"] == 0.5
     assert main(argv + ["--fraction", "matmul"]) == 1
     assert "NAME=NUMBER" in capsys.readouterr().err
+
+
+def test_cli_search_run_trains_the_chosen_plan(capsys):
+    """--search --run: the chosen configuration trained under torchrun (gloo, 2 CPU ranks) as one
+    process trains it, each rank's measured peak beside the CPU ranks' prediction."""
+    from layerscope.cli import main
+    argv = ["parallel", "hf:LlamaConfig", "--head", "causal-lm", "--set", "num_hidden_layers=2", "--set",
+            "hidden_size=64", "--set", "intermediate_size=128", "--set", "num_attention_heads=4", "--set",
+            "num_key_value_heads=2", "--set", "vocab_size=256", "--input-ids", "1,32", "--gpus", "2", "--gpu", "H100",
+            "--search", "--pp", "1", "--ac", "full", "--run", "-q"]
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "losses equal one process" in out and "Measured, ranks 0-1" in out and "--search chose" in out
+    assert "Plan 1 tp 1, fsdp 2" in out
+
+
+def test_search_refusals():
+    from layerscope.errors import InputError
+    from layerscope.options import ParallelConfig
+    m = _llama(2)
+    ids = torch.zeros((1, 32), dtype=torch.long, device="meta")
+    cases = [(dict(gpu="H100", config=ParallelConfig(gpus=2)), "not config="),
+             (dict(gpus=2, device="cpu"), "leave device at 'cuda'"),
+             (dict(gpus=2), "needs the memory a GPU has"),
+             (dict(gpus=2, gpu="H100", loss_fn=lambda o, t: o.logits.sum(), target=ids), "give loss_fn alone"),
+             (dict(gpus=2, gpu="H100", tp=1, pp=1, global_batch=3), "no configuration of 2 GPUs splits a global batch of 3")]
+    for kw, needle in cases:
+        with pytest.raises(InputError, match=needle):
+            layerscope.parallel(m, ids, search=True, **kw)

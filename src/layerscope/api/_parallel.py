@@ -96,6 +96,8 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     steps, loss_fn, input_size, dtypes, device, progress, backend, target = (
         run[k] for k in ("steps", "loss_fn", "input_size", "dtypes", "device", "progress", "backend", "target"))
     fracs = fractions(run["fractions"])
+    if search and target is not None:
+        raise InputError("target= is a tensor of one local batch, which the search changes: give loss_fn alone")
     if target is not None:
         if loss_fn is None or not isinstance(target, torch.Tensor):
             raise InputError("target= is a tensor of the local batch for a loss_fn(output, target)")
@@ -132,8 +134,6 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
                              "'cuda' and name the GPU (gpu='H100')")
         if limit is None:
             raise InputError("the search needs the memory a GPU has: name the GPU (gpu='H100') or give memory_limit=")
-        if target is not None:
-            raise InputError("target= is a tensor of one local batch, which the search changes: give loss_fn alone")
 
         def simulate(m, a, k, c):
             return simulate_world(m, a, k, c, factory, steps, loss_fn, cuda, backend, new_router, False, None)

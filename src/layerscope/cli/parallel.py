@@ -18,8 +18,8 @@ def run_parallel(ns: argparse.Namespace) -> int:
         parse_bytes(ns.memory_limit)
     fractions = _fractions(ns.fraction)
     if ns.search:
-        if ns.run:
-            raise InputError("--run trains one configuration: run the one --search chose with its options")
+        if ns.run and (ns.input_ids is None or len(ns.input_ids) != 2):
+            raise InputError("--run needs --input-ids B,S (token ids: the run draws its own of that shape)")
         model, args, kwargs = build_spec(ns, "meta")
         held = {k: getattr(ns, k) for k in ("fsdp", "replicate", "tp", "pp", "schedule", "microbatches",
                                             "accumulation", "global_batch", "ac", "reshard_after_forward")
@@ -30,6 +30,8 @@ def run_parallel(ns: argparse.Namespace) -> int:
                        stages_per_rank=ns.stages_per_rank, mixed_precision=ns.mixed_precision,
                        reduce_dtype=ns.reduce_dtype, model_dtype=ns.model_dtype or "fp32", offload=ns.offload,
                        progress=live(ns), **held)
+        if ns.run:
+            rep = _run_chosen(ns, model, rep, fractions)
         return emit(ns, rep)
     config = ParallelConfig(
         gpus=ns.gpus, gpus_per_node=ns.gpus_per_node, fsdp=ns.fsdp, replicate=ns.replicate or 1, tp=ns.tp or 1,
@@ -84,6 +86,41 @@ def _check_run(ns: argparse.Namespace, args, kwargs):
         logits = getattr(out, "logits", out[0] if isinstance(out, (tuple, list)) else out)
         return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(0, 1))
     return loss_fn, labels
+
+
+def _run_chosen(ns: argparse.Namespace, model, found, fractions):
+    """--search --run: the chosen configuration simulated for this machine's CPU ranks (gloo) and trained
+    for real under torchrun, the search's ranking kept beside it. The memory compared is the CPU ranks'
+    (the search's is the GPU's); the step time measured here is the CPU's, which the GPU model does not
+    predict."""
+    import torch
+
+    from ..api import parallel
+    from ..options import ParallelConfig
+    best = next((r for r in found.search["candidates"] if r["status"] == "fits"), None)
+    if best is None:
+        raise InputError("--run: no configuration the search found fits, so there is none to run")
+    c = best["config"]
+    chosen = found.plan
+    config = ParallelConfig(gpus=ns.gpus, gpus_per_node=ns.gpus_per_node, tp=c["tp"], pp=c["pp"], fsdp=c["fsdp"],
+                            replicate=c["replicate"], ac=c["ac"], reshard_after_forward=c["reshard_after_forward"],
+                            schedule=c["schedule"], microbatches=c["microbatches"], accumulation=c["accumulation"],
+                            stages_per_rank=ns.stages_per_rank, mixed_precision=ns.mixed_precision,
+                            reduce_dtype=ns.reduce_dtype, model_dtype=ns.model_dtype or "fp32",
+                            global_batch=chosen.global_batch)
+    ns.input_ids = [c["local_batch"], ns.input_ids[1]]
+    ns.device = "cpu"
+    loss_fn, target = _check_run(ns, None, None)
+    ids = torch.zeros(tuple(ns.input_ids), dtype=torch.long, device="meta")
+    with status("simulating the chosen configuration on CPU ranks", ns):
+        rep = parallel(model, ids, config=config, optimizer=ns.optimizer, steps=ns.steps or 2, device="cpu",
+                       loss_fn=loss_fn, target=target, fractions=fractions)
+    rep = _run(ns, rep, config)
+    rep.search = found.search
+    rep.notes = (f"--search chose this configuration for {found.options.get('gpu')} GPUs ({chosen.step_time * 1e3:,.1f} "
+                 "ms a step predicted there); --run trained it here on CPU ranks (gloo): the memory above is "
+                 "predicted for CPU ranks, beside what each rank measured",) + tuple(rep.notes)
+    return rep
 
 
 def _run(ns: argparse.Namespace, rep, config):

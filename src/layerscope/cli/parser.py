@@ -192,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "the first two are not measured)")
     pl.add_argument("--run", action="store_true",
                     help="also train the configuration for real under torchrun on this machine (gloo, CPU\n"
-                         "ranks; --device cpu) and compare each rank's peak and the losses")
+                         "ranks; --device cpu) and compare each rank's peak and the losses; with --search,\n"
+                         "the configuration it chose")
     pl.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="the ranks' device: cuda (default) or cpu (gloo ranks)")
     pl.add_argument("--search", action="store_true",
