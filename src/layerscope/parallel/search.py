@@ -69,7 +69,8 @@ from .stages import stage_blocks
 from .timing import FRACTIONS, RankSeconds, assemble, rank_seconds, send_bytes
 from .world import plan_of
 
-__all__ = ["BLOCKS", "AC_SEARCHED", "SCHEDULES_SEARCHED", "Candidate", "SearchResult", "search", "space"]
+__all__ = ["BLOCKS", "AC_SEARCHED", "SCHEDULES_SEARCHED", "Candidate", "SearchResult", "family_of", "label", "search",
+           "space", "walk_space"]
 
 BLOCKS = (3, 4)                          # blocks per stage of the two simulated copies
 AC_SEARCHED = ("none", "selective-op", "full")
@@ -286,8 +287,6 @@ class _Evaluator:
         self.blocks = len(blocks)
         self.shrinkable = len({p.rpartition(".")[0] for p, _ in blocks}) == 1
         self._models: dict[int, nn.Module] = {}
-        self.count = 0
-        self.seconds = 0.0
 
     def _model(self, n: int) -> nn.Module:
         if n >= self.blocks or not self.shrinkable:
@@ -311,14 +310,6 @@ class _Evaluator:
         return ranks, secs, send_bytes(runs)
 
     def __call__(self, c: ParallelConfig) -> ParallelPlan:
-        t0 = time.perf_counter()
-        self.count += 1
-        try:
-            return self._evaluate(c)
-        finally:
-            self.seconds += time.perf_counter() - t0
-
-    def _evaluate(self, c: ParallelConfig) -> ParallelPlan:
         args, kwargs = _resized(self.args, self.kwargs, self.batch0, c.local_batch)
         counts = [len(r) for r in stage_blocks(self.blocks, c.stages)]
         points = [k for k in BLOCKS if k * c.stages < self.blocks] if self.shrinkable else []
