@@ -40,7 +40,7 @@ from .apply import canonical_name
 from .simulate import HOST_PART, PARTS, RankRun
 from .stages import model_name
 
-__all__ = ["COLLECTIVES", "Collective", "RankMemory", "ParallelPlan", "ESTIMATES", "NCCL_BYTES_PER_COMMUNICATOR",
+__all__ = ["COLLECTIVES", "Collective", "collective_group", "RankMemory", "ParallelPlan", "ESTIMATES", "NCCL_BYTES_PER_COMMUNICATOR",
            "rank_memory",
            "collectives_of", "mesh_coords", "local_numels", "roles", "ParallelRunResult", "measured_figures"]
 
@@ -191,6 +191,16 @@ def _group_size(config: ParallelConfig, group: str) -> int:
     return {"fsdp": config.fsdp, "replicate": config.replicate, "tp": config.tp}[group]
 
 
+def collective_group(name: str, read: int, written: int, config: ParallelConfig) -> tuple[str, str, int, int]:
+    """A collective op's kind, its mesh dimension, its group's size and the bytes of the whole tensor it
+    gathers or reduces (what it writes for an all-gather, what it reads otherwise)."""
+    kind, group = COLLECTIVES[name]
+    n = _group_size(config, group)
+    if n == 1 and group == "replicate":       # an all-reduce outside HSDP: the data-parallel group
+        n = config.dp
+    return kind, group, n, written if kind == "all-gather" else read
+
+
 def collectives_of(rr: RankRun, config: ParallelConfig, micro: int | None = None) -> tuple[Collective, ...]:
     """The collectives of the last simulated step (its passes' ops and the optimizer's); ``micro``: of
     its first ``micro`` passes only."""
@@ -207,11 +217,7 @@ def collectives_of(rr: RankRun, config: ParallelConfig, micro: int | None = None
                 a[2] += op.costs.bytes_written
     out = []
     for name, (calls, read, written) in acc.items():
-        kind, group = COLLECTIVES[name]
-        n = _group_size(config, group)
-        if n == 1 and group == "replicate":       # an all-reduce outside HSDP: the data-parallel group
-            n = config.dp
-        whole = written if kind == "all-gather" else read
+        kind, group, n, whole = collective_group(name, read, written, config)
         ring = whole * (n - 1) // n * (2 if kind == "all-reduce" else 1)
         out.append(Collective(name, kind, group, n, calls, read, written, ring))
     if rr.p2p is not None:

@@ -119,18 +119,16 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def label(c: ParallelConfig) -> str:
-    """A candidate's configuration in one line (degrees, batches, checkpointing, resharding)."""
-    dp = f"fsdp {c.fsdp}" + (f" x replicate {c.replicate}" if c.replicate > 1 else "")
-    pp = f"pp {c.pp}" + (f" {c.schedule}" if c.pp > 1 else "")
-    mbs = (c.local_batch or 0) // c.microbatches
-    batches = f"mbs {mbs}" + (f" x {c.microbatches} micro" if c.pp > 1 else f" x {c.accumulation} acc")
-    return f"tp {c.tp}, {dp}, {pp}, ac {c.ac}, {batches}" + ("" if c.reshard_after_forward else ", no reshard")
-
-
 def family_of(c: ParallelConfig) -> str:
+    """The family a candidate belongs to: its degrees, data-parallel layout and schedule."""
     dp = f"fsdp {c.fsdp}" + (f" x replicate {c.replicate}" if c.replicate > 1 else "")
     return f"tp {c.tp}, {dp}, pp {c.pp}" + (f" {c.schedule}" if c.pp > 1 else "")
+
+
+def label(c: ParallelConfig) -> str:
+    """A candidate's configuration in one line (its family, checkpointing, batches, resharding)."""
+    batches = f"mbs {_mbs(c)}" + (f" x {c.microbatches} micro" if c.pp > 1 else f" x {c.accumulation} acc")
+    return f"{family_of(c)}, ac {c.ac}, {batches}" + ("" if c.reshard_after_forward else ", no reshard")
 
 
 def space(gpus: int, blocks: int, global_batch: int, *, gpus_per_node: int = 8, fixed: Mapping[str, Any] | None = None,
@@ -244,9 +242,13 @@ def _line(a: float, b: float, x1: float, x2: float, x: float) -> float:
     return a + (b - a) * (x - x1) / (x2 - x1)
 
 
+def _extend_int(a: int, b: int, x1: int, x2: int, x: int) -> int:
+    return max(0, round(_line(a, b, x1, x2, x)))
+
+
 def _extend_memory(r1: RankMemory, r2: RankMemory, x1: int, x2: int, x: int) -> RankMemory:
     def e(a, b):
-        return max(0, round(_line(a, b, x1, x2, x)))
+        return _extend_int(a, b, x1, x2, x)
     return dataclasses.replace(r2, peak_bytes=e(r1.peak_bytes, r2.peak_bytes),
                                simulated_peak_bytes=e(r1.simulated_peak_bytes, r2.simulated_peak_bytes),
                                peak_layer=None,
@@ -257,8 +259,8 @@ def _extend_memory(r1: RankMemory, r2: RankMemory, x1: int, x2: int, x: int) -> 
 
 def _extend_seconds(s1: RankSeconds, s2: RankSeconds, x1: int, x2: int, x: int) -> RankSeconds:
     vals = {f.name: _line(getattr(s1, f.name), getattr(s2, f.name), x1, x2, x) for f in dataclasses.fields(RankSeconds)}
-    vals["uncounted_ops"] = max(0, round(vals["uncounted_ops"]))
-    vals["forward_flops"] = max(0, round(vals["forward_flops"]))
+    for k in ("uncounted_ops", "forward_flops"):
+        vals[k] = _extend_int(getattr(s1, k), getattr(s2, k), x1, x2, x)
     return RankSeconds(**vals)
 
 
@@ -267,7 +269,7 @@ def _extend_collectives(c1: tuple, c2: tuple, x1: int, x2: int, x: int) -> tuple
         return c2
 
     def e(a, b):
-        return max(0, round(_line(a, b, x1, x2, x)))
+        return _extend_int(a, b, x1, x2, x)
     return tuple(dataclasses.replace(b, calls=e(a.calls, b.calls), bytes_read=e(a.bytes_read, b.bytes_read),
                                      bytes_written=e(a.bytes_written, b.bytes_written),
                                      ring_bytes=e(a.ring_bytes, b.ring_bytes)) for a, b in zip(c1, c2))

@@ -61,7 +61,7 @@ from ..costs.gpus import GPU
 from ..errors import InputError
 from ..options import ParallelConfig
 from ..trace import BACKWARD, FORWARD, LOSS
-from .results import COLLECTIVES
+from .results import COLLECTIVES, collective_group
 
 __all__ = ["FRACTIONS", "RankSeconds", "StepTime", "assemble", "collective_seconds", "fractions", "link_of",
            "op_seconds", "rank_seconds", "send_bytes", "step_time"]
@@ -144,13 +144,9 @@ def collective_seconds(ring_bytes: float, n: int, link, gpu: GPU, f: Mapping[str
 
 
 def _one_collective(op, config: ParallelConfig, gpu: GPU, f) -> float:
-    kind, group = COLLECTIVES[op.op]
-    n = {"fsdp": config.fsdp, "replicate": config.replicate, "tp": config.tp}[group]
-    if n == 1 and group == "replicate":
-        n = config.dp
-    if group == "replicate" and config.replicate == 1:
+    kind, group, n, whole = collective_group(op.op, op.costs.bytes_read, op.costs.bytes_written, config)
+    if group == "replicate" and config.replicate == 1:     # outside HSDP the data-parallel ranks are FSDP's
         group = "fsdp"
-    whole = op.costs.bytes_written if kind == "all-gather" else op.costs.bytes_read
     ring = whole * (n - 1) / max(n, 1) * (2 if kind == "all-reduce" else 1)
     return collective_seconds(ring, n, link_of(config, group), gpu, f)
 
