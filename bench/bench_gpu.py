@@ -1,8 +1,8 @@
 """What only a GPU can show: layerscope's predictions against the CUDA allocator and kernels.
 
-  python bench/bench_gpu.py [--out DIR] [--only memory,sdpa,fsdp,stages] [--model Llama|GPT-2]   # with a CUDA GPU
+  python bench/bench_gpu.py [--out DIR] [--only memory,sdpa,fsdp,stages,time,fractions] [--model NAME]   # a CUDA GPU
 
-Nothing here runs in the suite (CI has no GPU). Four parts, each a table; the figures of the last run
+Nothing here runs in the suite (CI has no GPU). Six parts, each a table; the figures of the last run
 are in docs/benchmarks.md ("On a GPU").
 
 1. memory: memory() of one training step twice over (the optimizer state exists from the first step
@@ -21,6 +21,11 @@ are in docs/benchmarks.md ("On a GPU").
 4. stages: the same for pipeline stages (``pp`` 2, alone and with FSDP, GPipe and 1F1B, with full
    checkpointing): the first and the last stage's first rank run by torch's ``PipelineStage`` and
    schedule on this GPU (parallel.real.measure_stage_rank), P2P on the fake backend too.
+5. time: the step-time model (parallel/timing.py) for an H100 against rank 0's steps on this GPU, its
+   collectives on the fake backend (so the GPU runs the rank's compute alone), and the profiler's kernel
+   time by op class against the model's own split (matmul, attention, memory).
+6. fractions: what single kernels (bf16 GEMMs, SDPA forward and backward, elementwise adds, a tiny op's
+   launch) reach here, against the step-time model's table of fractions.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "src"))
 
 import layerscope as ls  # noqa: E402
 
-ROWS: dict[str, list] = {"memory": [], "sdpa": [], "fsdp": [], "stages": []}
+ROWS: dict[str, list] = {"memory": [], "sdpa": [], "fsdp": [], "stages": [], "time": [], "fractions": []}
 
 
 def _cuda(x):
@@ -317,26 +322,317 @@ def part_stages(only: str | None = None) -> None:
         ROWS["stages"].append(r)
 
 
+# 5. time: the step-time model (parallel/timing.py) against the steps themselves. A 0.5B Llama (the size a
+# GPU runs near its roofline) in five configurations, and the smaller Llama and GPT-2 of parts 3-4 (where
+# launches and the host count). The fake backend's collectives move nothing, so what the GPU runs is the
+# rank's compute: it is checked against the model's compute (forward + backward + optimizer), and the
+# step with NVLink's communication is printed beside it.
+_LLAMA_05B = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 8, "num_attention_heads": 16,
+              "num_key_value_heads": 8, "vocab_size": 32000}
+TIME_MODELS = {
+    "Llama-0.5B": ("hf:LlamaConfig", _LLAMA_05B),
+    **FSDP_MODELS,
+    # held out: measured only after the fractions and host costs were set from the rows above
+    "Llama-0.5B S4096": ("hf:LlamaConfig", _LLAMA_05B),
+    "Llama-1B": ("hf:LlamaConfig", {**_LLAMA_05B, "num_hidden_layers": 16, "hidden_size": 2560,
+                                    "intermediate_size": 6912, "num_attention_heads": 20, "num_key_value_heads": 4}),
+    "GPT-2 large": ("hf:GPT2Config", {"n_layer": 12, "n_embd": 1280, "n_head": 20, "vocab_size": 50304,
+                                      "n_positions": 1024}),
+}
+TIME_BATCH = {"Llama-0.5B": (4, 2048), "Llama": FSDP_BATCH, "GPT-2": FSDP_BATCH, "Llama-0.5B S4096": (2, 4096),
+              "Llama-1B": (2, 2048), "GPT-2 large": (8, 1024)}
+TIME_CONFIGS = [("Llama-0.5B", dict(gpus=8)), ("Llama-0.5B", dict(gpus=8, ac="full")),
+                ("Llama-0.5B", dict(gpus=8, ac="selective-op")), ("Llama-0.5B", dict(gpus=8, tp=2)),
+                ("Llama-0.5B", dict(gpus=8, mixed_precision="off")),
+                ("Llama", dict(gpus=8)), ("GPT-2", dict(gpus=8)), ("GPT-2", dict(gpus=8, tp=2)),
+                ("Llama-0.5B S4096", dict(gpus=8)), ("Llama-0.5B S4096", dict(gpus=8, tp=2, ac="full")),
+                ("Llama-1B", dict(gpus=8, ac="full")), ("Llama-1B", dict(gpus=8, ac="selective-op")),
+                ("GPT-2 large", dict(gpus=8)), ("GPT-2 large", dict(gpus=8, ac="full"))]
+TIME_STEPS = (3, 10)        # warm-up steps, timed steps
+_MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addmv", "aten::mv", "aten::matmul",
+               "aten::linear", "aten::convolution", "aten::_convolution", "aten::cudnn_convolution", "aten::_scaled_mm")
+
+
+def _measured_class(name: str) -> str:
+    """The class (parallel/timing.py's op_class) of the ATen op that launched a kernel, by its name."""
+    if "attention" in name or "flash" in name or "cudnn_attention" in name:
+        return "attention"
+    return "matmul" if name in _MATMUL_OPS else "memory"
+
+
+def _predicted_classes(runs, config, gpu) -> dict:
+    """Rank 0's last step, its compute seconds by op class (the step-time model's own pricing)."""
+    from layerscope.parallel.results import COLLECTIVES
+    from layerscope.parallel.timing import FRACTIONS, _compute_dtype, op_class, op_seconds
+
+    run = runs[0].run
+    last = max(p.step for p in run.passes)
+    out = dict.fromkeys(("matmul", "attention", "memory"), 0.0)
+    n = 0
+    for p in run.passes:
+        if p.step != last:
+            continue
+        for op in p.trace.ops:
+            k = op_class(op)
+            if op.op in COLLECTIVES or k == "free":
+                continue
+            out[k] += op_seconds(op, gpu, _compute_dtype(config), FRACTIONS)
+            n += 1
+    out["ops"] = n
+    return out
+
+
+def time_one_rank(build, config, ids, labels, device: str):
+    """Rank 0 of ``config`` trained on this device, collectives on the fake backend: the median of the timed
+    steps (each synchronized), and one more step under the profiler: the kernels' own time by class."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from layerscope.parallel.apply import amp_context, build_mesh, loss_context, no_kv_cache, parallelize
+    from layerscope.parallel.real import _optimizer, training_loss
+    from layerscope.parallel.simulate import fake_world
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    with fake_world(0, config.world):
+        torch.manual_seed(0)
+        model = build()
+        no_kv_cache(model)
+        model.train()
+        dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+        model.to(dev)
+        ids, labels = ids.to(dev), labels.to(dev)
+        parallelize(model, config, build_mesh(config, device))
+        opt = _optimizer("adamw", [p for p in model.parameters() if p.requires_grad], 1e-4)
+
+        def step():
+            with loss_context(config), amp_context(config, device):
+                loss = training_loss(model, ids, labels)
+                loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        warm, timed = TIME_STEPS
+        for _ in range(warm):
+            step()
+        sync()
+        times = []
+        for _ in range(timed):
+            t0 = time.perf_counter()
+            step()
+            sync()
+            times.append(time.perf_counter() - t0)
+        host = []                   # the host's time to issue a step (the GPU may still be running it)
+        for _ in range(5):
+            t0 = time.perf_counter()
+            step()
+            host.append(time.perf_counter() - t0)
+            sync()
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        with profile(activities=acts, acc_events=True) as prof:
+            step()
+            sync()
+        # a kernel's time is its own entry's (device type CUDA) and, once more, the self time of the ATen op
+        # that launched it (device type CPU): the classes from the ops, the total from the kernels
+        kernels = dict.fromkeys(("matmul", "attention", "memory"), 0.0)
+        ops, total, launched, cpu_ops = [], 0.0, 0, 0
+        for e in prof.key_averages():
+            us = getattr(e, "self_device_time_total", None)
+            if us is None:
+                us = getattr(e, "self_cuda_time_total", 0)
+            if str(e.device_type).endswith("CPU"):
+                cpu_ops += e.count
+                if us:
+                    kernels[_measured_class(e.key)] += us * 1e-6
+                    ops.append((e.key, e.count, us))
+            else:
+                total += us * 1e-6
+                launched += e.count
+        ops.sort(key=lambda x: -x[2])
+        peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
+    return dict(times=times, host=host, kernels=kernels, kernel_total=total, kernel_count=launched, cpu_ops=cpu_ops,
+                top_ops=ops[:40], peak=peak)
+
+
+def _predicted_ops(runs, config) -> list:
+    """Rank 0's last step: (op, count, predicted seconds) by op name, the 40 dearest."""
+    from layerscope.costs.gpus import GPUS
+    from layerscope.parallel.results import COLLECTIVES
+    from layerscope.parallel.timing import FRACTIONS, _compute_dtype, op_class, op_seconds
+
+    run = runs[0].run
+    last = max(p.step for p in run.passes)
+    agg: dict = {}
+    for p in (p for p in run.passes if p.step == last):
+        for op in (o for o in p.trace.ops if o.op not in COLLECTIVES and op_class(o) != "free"):
+            n, sec = agg.get(op.op, (0, 0.0))
+            agg[op.op] = (n + 1, sec + op_seconds(op, GPUS["H100"], _compute_dtype(config), FRACTIONS))
+    return sorted(((k, n, sec) for k, (n, sec) in agg.items()), key=lambda x: -x[2])[:40]
+
+
+def one_time(i: int, device: str = "cuda") -> dict:
+    import layerscope.api._parallel as api_parallel
+    from layerscope.costs.gpus import GPUS, gpu
+    from layerscope.options import ParallelConfig
+    from layerscope.parallel.timing import fractions, step_time
+    from layerscope.specs import build_model
+
+    name, kw = TIME_CONFIGS[i]
+    spec, over = TIME_MODELS[name]
+    b, s = TIME_BATCH[name]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, over["vocab_size"], (b, s), generator=g)
+    labels = torch.randint(0, over["vocab_size"], (b, s), generator=g)
+    config = ParallelConfig(**kw)
+
+    def loss_fn(out):
+        return F.cross_entropy(out.logits.flatten(0, 1).float(), labels.to(out.logits.device).flatten(0, 1))
+    seen = {}
+    real_step_time = api_parallel.step_time
+
+    def tap(runs, *a, **k):      # the simulated ranks the prediction priced, for the by-class split
+        seen["runs"] = runs
+        return real_step_time(runs, *a, **k)
+    api_parallel.step_time = tap
+    try:
+        t0 = time.perf_counter()
+        rep = ls.parallel(build_model(spec, "meta", over, "causal-lm").model, ids, config=config, device="cuda",
+                          gpu="H100", backend="fake", steps=2, loss_fn=loss_fn)
+        seconds = time.perf_counter() - t0
+    finally:
+        api_parallel.step_time = real_step_time
+    plan = rep.plan
+    # what the fake backend runs: the same ranks with communication free (NVLink unbounded, no latency)
+    free = step_time(seen["runs"], config, gpu("H100", nvlink=1e18), tokens=None,
+                     f=fractions({"nvlink_latency_s": 0})).to_dict()
+    classes = _predicted_classes(seen["runs"], config, GPUS["H100"])
+    top = _predicted_ops(seen["runs"], config)
+    # the optimizer is priced apart from the ops (its foreach updates stream memory): in the memory class
+    classes["memory"] += plan.timing["compute"] - sum(classes[k] for k in ("matmul", "attention", "memory"))
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    m = time_one_rank(lambda: build_model(spec, "cpu", over, "causal-lm").model, config, ids, labels, device)
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return dict(model=name, config=config.label(), kw=kw, tokens=b * s, timing=plan.timing, no_comm=free, predicted_ops=top,
+                predicted_peak=plan.ranks[0].peak_bytes, predicted_classes=classes, sim_seconds=seconds, **m)
+
+
+def part_time(only: str | None = None, device: str = "cuda") -> None:
+    import statistics
+    print("\n5. Step time: parallel()'s prediction for an H100 (parallel/timing.py, default fractions) vs rank 0 "
+          "trained on this GPU, collectives on torch's fake backend (they move nothing: the GPU runs the rank's "
+          f"compute). AdamW; {TIME_STEPS[0]} warm-up steps, median of {TIME_STEPS[1]} synchronized steps; "
+          "'kernels': the sum of the CUDA kernels' own time in one profiled step; 'step': predicted with "
+          "NVLink communication")
+    for name, (spec, over) in TIME_MODELS.items():
+        print(f"{name}: {over}, local batch {TIME_BATCH[name]}")
+    print(f"{'configuration':40} {'predicted':>9} {'measured':>9} {'diff':>7} {'kernels':>9} {'NVLink':>9}   "
+          "'predicted': compute + host wait, communication free; by class: predicted / kernels (ms) matmul, "
+          "attention, memory")
+    for name, kw, r in _run_cases(TIME_CONFIGS, lambda i: one_time(i, device), "time", only, 40):
+        t = r["timing"]
+        measured = statistics.median(r["times"])
+        kern = r["kernel_total"]
+        r["host_median"] = statistics.median(r["host"])
+        d = 100.0 * (r["no_comm"]["step_time"] - measured) / measured
+        r.update(measured=measured, diff=d, kernel_seconds=kern)
+        ROWS["time"].append(r)
+        _save()
+        pc, kc = r["predicted_classes"], r["kernels"]
+        split = ", ".join(f"{pc[k] * 1e3:.1f}/{kc[k] * 1e3:.1f}" for k in ("matmul", "attention", "memory"))
+        label = f"{name} " + r["config"].replace(", pp 1", "") + (" (mp off)" if "mixed_precision" in kw else "")
+        print(f"{label[:40]:40} {r['no_comm']['step_time'] * 1e3:8.2f}ms {measured * 1e3:8.2f}ms {d:+6.1f}% "
+              f"{kern * 1e3:8.2f}ms "
+              f"{t['step_time'] * 1e3:8.2f}ms   {split}  ({pc['ops']} ops predicted, {r['kernel_count']} kernels, "
+              f"{r['cpu_ops']} CPU ops, host {r['host_median'] * 1e3:.1f} ms, predicted host wait "
+              f"{r['no_comm']['host_wait'] * 1e3:.1f} ms; peak {r['predicted_peak']:,} / {r['peak'] or 0:,} B)", flush=True)
+
+
+def part_fractions() -> None:
+    """The fraction of the H100's peaks single kernels reach here, against the table's (FRACTIONS)."""
+    from layerscope.costs.gpus import GPUS
+    from layerscope.parallel.timing import FRACTIONS
+    gpu = GPUS["H100"]
+    print("\n6. What single kernels reach on this GPU, as fractions of the table's H100 peaks "
+          f"(bf16 {gpu.peak('bfloat16') / 1e12:.0f} TFLOP/s, {gpu.bandwidth / 1e12:.2f} TB/s), against FRACTIONS")
+
+    def bench(fn, n=20):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(n):
+            fn()
+        z.record()
+        torch.cuda.synchronize()
+        return a.elapsed_time(z) / n * 1e-3
+
+    bf = torch.bfloat16
+    rows = []
+    for m, k, n in ((8192, 8192, 8192), (8192, 2048, 5632), (8192, 5632, 2048), (8192, 2048, 2048),
+                    (8192, 2048, 32000), (4096, 1024, 2816)):
+        a = torch.randn(m, k, device="cuda", dtype=bf)
+        b = torch.randn(k, n, device="cuda", dtype=bf)
+        s = bench(lambda: a @ b)
+        rows.append(("matmul", f"{m}x{k} @ {k}x{n}", 2 * m * k * n / s / gpu.peak("bfloat16"), FRACTIONS["matmul"]))
+    for bsz, h, sq, d in ((4, 16, 2048, 128), (4, 16, 1024, 64)):
+        q, k_, v = (torch.randn(bsz, h, sq, d, device="cuda", dtype=bf, requires_grad=True) for _ in range(3))
+        fl = 4 * bsz * h * sq * sq * d / 2          # causal: half the score matrix
+        s = bench(lambda: F.scaled_dot_product_attention(q, k_, v, is_causal=True))
+        rows.append(("attention", f"SDPA fwd causal {bsz}x{h}x{sq}x{d}", fl / s / gpu.peak("bfloat16"),
+                     FRACTIONS["attention"]))
+        o = F.scaled_dot_product_attention(q, k_, v, is_causal=True)
+        go = torch.randn_like(o)
+        s = bench(lambda: torch.autograd.grad(o, (q, k_, v), go, retain_graph=True))
+        rows.append(("attention", f"SDPA bwd causal {bsz}x{h}x{sq}x{d}", 2.5 * fl / s / gpu.peak("bfloat16"),
+                     FRACTIONS["attention"]))
+    for numel, dt in ((1 << 28, bf), (1 << 26, torch.float32), (1 << 20, bf)):
+        x = torch.randn(numel, device="cuda", dtype=dt)
+        y = torch.randn(numel, device="cuda", dtype=dt)
+        s = bench(lambda: x + y)
+        rows.append(("memory", f"add {numel:,} {str(dt)[6:]}", 3 * numel * x.element_size() / s / gpu.bandwidth,
+                     FRACTIONS["memory"]))
+    x = torch.randn(1, device="cuda")
+    s = bench(lambda: x.add_(1), n=2000)
+    rows.append(("launch_s", "x.add_(1), eager, 2,000 in a row (s per op)", s, FRACTIONS["launch_s"]))
+    for kind, what, got, table in rows:
+        print(f"  {kind:9} {what:44} {got:8.3g}  (table {table:g})")
+        ROWS["fractions"].append(dict(kind=kind, what=what, measured=got, table=table))
+
+
+OUT_DIR = "."
+
+
+def _save() -> None:
+    with open(os.path.join(OUT_DIR, "bench_gpu.json"), "w") as f:
+        json.dump({"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                   "torch": torch.__version__, **ROWS}, f, indent=1, default=str)
+
+
 def main() -> None:
+    global OUT_DIR
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--only", default="memory,sdpa,fsdp,stages")
+    ap.add_argument("--only", default="memory,sdpa,fsdp,stages,time,fractions")
     ap.add_argument("--model", help="parts 3 and 4: only this model's configurations (Llama, GPT-2), or with "
                                     "'offload' the CPU-offload ones, with 'zero-bubble' part 4's zb and zbv ones")
     ns = ap.parse_args()
+    OUT_DIR = ns.out
     if not torch.cuda.is_available():
         sys.exit("bench_gpu.py needs a CUDA GPU")
     import transformers
     print(f"{torch.cuda.get_device_name()} sm {torch.cuda.get_device_capability()}, torch {torch.__version__}, "
           f"transformers {transformers.__version__}, cuDNN {torch.backends.cudnn.version()}")
-    parts = {"memory": part_memory, "sdpa": part_sdpa, "fsdp": part_fsdp, "stages": part_stages}
+    parts = {"memory": part_memory, "sdpa": part_sdpa, "fsdp": part_fsdp, "stages": part_stages, "time": part_time,
+             "fractions": part_fractions}
     for name in ns.only.split(","):
         t0 = time.perf_counter()
-        parts[name](ns.model) if name in ("fsdp", "stages") else parts[name]()
+        try:
+            parts[name](ns.model) if name in ("fsdp", "stages", "time") else parts[name]()
+        except Exception:  # noqa: BLE001 - one failing part must not lose the others
+            traceback.print_exc(limit=8)
         print(f"  ({name}: {time.perf_counter() - t0:.0f} s)")
-        with open(os.path.join(ns.out, "bench_gpu.json"), "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, **ROWS}, f, indent=1,
-                      default=str)
+        _save()
 
 
 if __name__ == "__main__":

@@ -128,6 +128,7 @@ class OpEvent:
     costs: Costs
     producers: tuple[int, ...]     # per tensor input: index of the op that produced it, or PRODUCER_*
     window: Window | None = None
+    executed: float = 1.0          # the share of costs.flops a masked-work-skipping kernel runs (OpCost.executed)
 
 
 @_quick_init

@@ -53,6 +53,9 @@ def test_flash_forward_causal_unmasked_aligns_bottom_right():
     # flash-attention 2 aligns the causal diagonal bottom right: row i keeps keys j <= i + 10 - 4,
     # 7 + 8 + 9 + 10 = 34 scores (top-left would keep 1 + 2 + 3 + 4 = 10): 34 * 16 = 544 MACs
     assert op_costs(f, q, k, name="aten._flash_attention_forward", causal="unmasked").macs == 544
+    # counted dense, the op carries the share the kernel runs: 34 / 40
+    rep = ls.analyze(Fn(f), q, k)
+    assert [o for o in rep.trace.ops if o.op == "aten._flash_attention_forward"][0].executed == pytest.approx(34 / 40)
 
 
 def test_flash_forward_sliding_window_unmasked():

@@ -141,6 +141,13 @@ def test_causal_unmasked_rectangular():
     f = lambda a, b: F.scaled_dot_product_attention(a, b, b, is_causal=True)  # noqa: E731
     assert costs(f, q, k).totals.macs == 120
     assert costs(f, q, k, causal="unmasked").totals.macs == 48
+    # counted dense, the op says a tiled kernel runs the kept share, 6 / 15 (the step-time model prices
+    # that); counted unmasked, or without a mask, all of it
+    op = [o for o in costs(f, q, k).trace.ops if o.costs.macs][0]
+    assert op.executed == pytest.approx(6 / 15)
+    assert [o for o in costs(f, q, k, causal="unmasked").trace.ops if o.costs.macs][0].executed == 1.0
+    assert [o for o in costs(lambda a, b: F.scaled_dot_product_attention(a, b, b), q, k).trace.ops
+            if o.costs.macs][0].executed == 1.0
 
 
 def test_explicit_attention_and_mha():

@@ -137,8 +137,10 @@ def test_search_on_a_llama_matches_the_whole_simulation():
 
 
 def test_accumulation_is_extended_from_two_micro_steps():
-    """An accumulation of 4 is simulated with 2 micro-steps and the rest extended: the same peak, step
-    time and collectives as the simulation of all 4 on the whole model."""
+    """An accumulation of 4 is simulated with 2 micro-steps and the rest extended: the same peak and
+    collectives as the simulation of all 4 on the whole model, and its step time to 0.1%: the GPU's wait
+    for the host (an eager step's issue time) need not grow by the same amount with each micro-step (it
+    is 128 us, two ops' issue, of this host-bound 729 ms step)."""
     m = _llama()
     ids = torch.zeros((1, 32), dtype=torch.long, device="meta")
     rep = layerscope.parallel(m, ids, gpus=2, gpu="H100", search=True, global_batch=8, tp=2, ac="full",
@@ -148,7 +150,7 @@ def test_accumulation_is_extended_from_two_micro_steps():
     x = torch.zeros((2, 32), dtype=torch.long, device="meta")
     whole = layerscope.parallel(m, x, gpus=2, gpu="H100", tp=2, ac="full", accumulation=4).plan
     assert rep.plan.peak_bytes == whole.peak_bytes
-    assert rep.plan.step_time == pytest.approx(whole.step_time, rel=1e-9)
+    assert rep.plan.step_time == pytest.approx(whole.step_time, rel=1e-3)
     assert rep.plan.ranks[0].collectives == whole.ranks[0].collectives
 
 

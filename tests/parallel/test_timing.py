@@ -8,13 +8,14 @@ import pytest
 from layerscope.costs.gpus import GPU, gpu
 from layerscope.errors import InputError
 from layerscope.options import ParallelConfig
-from layerscope.parallel.timing import (FRACTIONS, assemble, collective_seconds, fractions, link_of, op_seconds,
-                                        rank_seconds)
+from layerscope.parallel.timing import (FRACTIONS, assemble, collective_seconds, fractions, host_op_seconds,
+                                        link_of, op_seconds, rank_seconds)
 from layerscope.trace import Costs
 
 
-def _op(name, status="counted", macs=0, flops=0, read=0, written=0, phase="forward", micro=0):
-    return SimpleNamespace(op=name, status=status, costs=Costs(macs, flops, read, written), phase=phase)
+def _op(name, status="counted", macs=0, flops=0, read=0, written=0, phase="forward", micro=0, executed=1.0):
+    return SimpleNamespace(op=name, status=status, costs=Costs(macs, flops, read, written), phase=phase,
+                           executed=executed)
 
 
 H100 = gpu("H100")
@@ -35,9 +36,11 @@ def test_memory_bound_attention_launch_and_free():
     # an elementwise add of two 64 MiB bf16 tensors: 192 MiB moved at 3.35e12 x 0.8 = 75.12 us
     add = _op("aten.add", flops=2**25, read=2**27, written=2**26)
     assert op_seconds(add, H100, "bfloat16", FRACTIONS) == pytest.approx(3 * 2**26 / (3.35e12 * 0.8))
-    # SDPA: its FLOPs at the attention fraction, 0.5
+    # SDPA: its FLOPs at the attention fraction, 0.4; causal, counted dense, the kernel runs the kept share
     sdpa = _op("aten._scaled_dot_product_flash_attention", flops=10**12, read=10**6)
-    assert op_seconds(sdpa, H100, "bfloat16", FRACTIONS) == pytest.approx(1e12 / (989.4e12 * 0.5))
+    assert op_seconds(sdpa, H100, "bfloat16", FRACTIONS) == pytest.approx(1e12 / (989.4e12 * 0.4))
+    sdpa = _op("aten._scaled_dot_product_flash_attention", flops=10**12, read=10**6, executed=0.5)
+    assert op_seconds(sdpa, H100, "bfloat16", FRACTIONS) == pytest.approx(0.5e12 / (989.4e12 * 0.4))
     # a tiny op costs one launch; a view and the profiler's marks nothing
     assert op_seconds(_op("aten.neg", flops=1, read=4, written=4), H100, "bfloat16", FRACTIONS) == 4e-6
     assert op_seconds(_op("aten.view", status="free"), H100, "bfloat16", FRACTIONS) == 0.0
@@ -78,13 +81,13 @@ def test_fractions_override_and_refusals():
 # a device where bytes are seconds: 1e9 B/s everywhere, every fraction 1, no latency or launch floor
 UNIT = GPU("unit", 80 << 30, (9, 0), 1e9, MappingProxyType({"float32": 1e12, "bfloat16": 1e12}), 1e9, 1e9)
 UNIT_F = fractions({"matmul": 1, "attention": 1, "memory": 1, "link": 1, "launch_s": 0, "nvlink_latency_s": 0,
-                    "network_latency_s": 0})
+                    "network_latency_s": 0, "host_op_s": 0, "host_tp_op_s": 0, "host_sac_op_s": 0})
 
 
-def _run(ops, config):
+def _run(ops, config, param_bytes=None, optimizer_bytes=None):
     trace = SimpleNamespace(ops=ops)
-    run = SimpleNamespace(passes=[SimpleNamespace(step=1, micro=0, trace=trace)], param_bytes={}, optimizer_bytes={},
-                          optimizer_other_bytes=0, grad_bytes={})
+    run = SimpleNamespace(passes=[SimpleNamespace(step=1, micro=0, trace=trace)], param_bytes=param_bytes or {},
+                          optimizer_bytes=optimizer_bytes or {}, optimizer_other_bytes=0, grad_bytes={})
     return SimpleNamespace(run=run, p2p=None)
 
 
@@ -118,7 +121,46 @@ def test_pipeline_goes_through_the_schedule():
     hand (stage 0: F0 0-1, F1 1-2; stage 1: F0 1-2, B0 2-4, F1 4-5, B1 5-7; stage 0: B0 4-6, B1 7-9): 9 s;
     busy 6 s each of 2 x 9 s: bubble 1/3."""
     c = ParallelConfig(gpus=2, pp=2, microbatches=2)
-    s = SimpleNamespace(forward=2.0, backward=4.0, tp=0.0, fsdp=0.0, exposed_fsdp=0.0, optimizer=0.0, end=6.0,
-                        uncounted_ops=0, forward_flops=0)
+    s = SimpleNamespace(forward=2.0, backward=4.0, host_forward=0.0, host_backward=0.0, tp=0.0, fsdp=0.0,
+                        exposed_fsdp=0.0, optimizer=0.0, end=6.0, uncounted_ops=0, forward_flops=0)
     st = assemble({0: s, 1: s}, 0.0, c, UNIT, tokens=None, f=UNIT_F)
     assert st.step_time == pytest.approx(9) and st.bubble == pytest.approx(1 / 3)
+
+
+def test_the_gpu_waits_for_the_host_by_hand():
+    """The host issues every op, a view too, at host_op_s each (here 1 s); a kernel starts once issued.
+    Ops: add (0.5 s), view, add (0.5 s), add (0.5 s). By hand: the host issues them at 1, 2, 3, 4 s; the
+    GPU runs 1-1.5, 3-3.5, 4-4.5: 4.5 s, 1.5 s of compute, 3 s waiting for the host (1 + 1.5 + 0.5)."""
+    c = ParallelConfig(gpus=2)
+    f = fractions({**UNIT_F, "host_op_s": 1.0})
+    half = dict(read=5 * 10**8)
+    ops = [_op("aten.add", **half), _op("aten.view", status="free"), _op("aten.add", **half),
+           _op("aten.add", phase="backward", **half)]
+    s = rank_seconds(_run(ops, c), c, UNIT, f)
+    assert (s.end, s.forward, s.backward, s.host_forward, s.host_backward, s.exposed_fsdp) == pytest.approx(
+        (4.5, 1.0, 0.5, 2.5, 0.5, 0))
+    st = assemble({0: s}, 0.0, c, UNIT, tokens=None, f=f)
+    assert (st.step_time, st.compute, st.host_wait) == pytest.approx((4.5, 1.5, 3.0))
+    # the GPU slower than the host: no wait (2 s a kernel, 1 s an issue: 1-3, 3-5, 5-7 after the first)
+    slow = dict(read=2 * 10**9)
+    s = rank_seconds(_run([_op("aten.add", **slow)] * 3, c), c, UNIT, f)
+    assert (s.end, s.host_forward) == pytest.approx((7, 1))
+
+
+def test_host_cost_per_op_by_configuration():
+    f = FRACTIONS
+    assert host_op_seconds(ParallelConfig(gpus=8), f) == f["host_op_s"]
+    assert host_op_seconds(ParallelConfig(gpus=8, ac="full"), f) == f["host_op_s"]
+    assert host_op_seconds(ParallelConfig(gpus=8, ac="selective-op"), f) == f["host_sac_op_s"]
+    assert host_op_seconds(ParallelConfig(gpus=8, tp=2), f) == f["host_tp_op_s"]
+
+
+def test_optimizer_passes_by_hand():
+    """torch's foreach updates, parameter-sized passes a step: AdamW's lerp_ (m, g -> m: 3), mul_ (v: 2),
+    addcmul_ (v, g -> v: 3), sqrt (v -> t: 2), div_ (t: 2), add_ (t: 2), addcdiv_ (p, m, t -> p: 4) and the
+    weight decay's mul_ (p: 2) = 20; SGD with momentum's mul_ (2), add_ (3) and the update's add_ (3) = 8;
+    plain SGD's add_ = 3. 1 GB of parameters at 1e9 B/s: 20, 8 and 3 s."""
+    c = ParallelConfig(gpus=2)
+    for state, seconds in ((2 * 10**9, 20), (10**9, 8), (0, 3)):
+        run = _run([], c, param_bytes={"w": 10**9}, optimizer_bytes={"w": state} if state else {})
+        assert rank_seconds(run, c, UNIT, UNIT_F).optimizer == pytest.approx(seconds)

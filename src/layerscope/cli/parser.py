@@ -204,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --search: simulate no new candidate after this long (default 150)")
     pl.add_argument("--fraction", action="append", metavar="NAME=V",
                     help="step-time model: replace an achievable fraction (matmul, attention, memory, link)\n"
-                         "or a time (launch_s, nvlink_latency_s, network_latency_s); repeatable")
+                         "or a time (launch_s, nvlink_latency_s, network_latency_s, host_op_s, host_tp_op_s,\n"
+                         "host_sac_op_s); repeatable")
     _output_args(pl, formats=("table", "json", "csv"))
     pl.set_defaults(depth=None)
     pf = _sub(sub, "profile", "per-module forward (and backward) time, self and inclusive, achieved FLOP/s")

@@ -24,6 +24,9 @@ Their masks: flash ``is_causal`` and efficient ``custom_mask_type`` 2 align the 
 bottom right (row i keeps keys j <= i + Sk - Sq), efficient type 1 to the top left; flash
 ``window_size_left/right`` and efficient ``window_size`` (keys i - window_size < j <= i) restrict it
 further. Like SDPA, by default every score is counted; causal="unmasked" counts the kept ones.
+Counted dense, a masked op also says what share of its FLOPs a tiled kernel runs (``OpCost.executed``,
+the kept scores over all): the step-time model prices that (flash, cuDNN and the efficient kernel skip
+the tiles the mask drops).
 An additive bias (efficient ``bias``, flash ``alibi_slopes``) is the 1 mask FLOP per score; dropout and
 the FP8 descales of the quantized variants are not counted (like matmul's alpha).
 """
@@ -49,6 +52,13 @@ def attention_cost(scores: int, d: int, dv: int, *, bias: bool, backward: bool =
     return contraction(macs, per_score * scores)
 
 
+class _Unmasked:
+    causal = "unmasked"
+
+
+_UNMASKED = _Unmasked()
+
+
 def _kept_scores(sq: int, sk: int, causal: bool, options) -> int:
     if causal and options.causal == "unmasked":
         full_rows = max(0, sq - sk)  # rows i >= sk - 1 keep every key
@@ -62,7 +72,10 @@ def _sdpa(q, k, v, causal: bool, has_mask: bool, backward: bool, options) -> OpC
     batch, sq, d = prod(qs[:-2]), qs[-2], qs[-1]
     sk, dv = shape(k)[-2], vs[-1]
     scores = batch * _kept_scores(sq, sk, causal, options)
-    return attention_cost(scores, d, dv, bias=has_mask, backward=backward)
+    cost = attention_cost(scores, d, dv, bias=has_mask, backward=backward)
+    if causal and options.causal != "unmasked":      # counted dense; a tiled kernel skips the masked tiles
+        cost = cost._replace(executed=_kept_scores(sq, sk, True, _UNMASKED) / max(sq * sk, 1))
+    return cost
 
 
 @register("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
@@ -186,13 +199,16 @@ def _fused(c: OpCall, *, backward: bool, flash: bool) -> OpCost:
         right = min(right, 0)
     masked = causal or left != _NO_LIMIT or right != _NO_LIMIT
     unmasked = masked and c.options.causal == "unmasked"
-    scores = 0
+    scores = kept = 0
     for sq, sk in _pairs(c, q, k, cu_q, cu_k, used_k):
-        if unmasked:
-            scores += _window_scores(sq, sk, offset=sk - sq if bottom_right else 0, left=left, right=right)
-        else:
-            scores += sq * sk
-    return attention_cost(scores * heads, d, dv, bias=bias, backward=backward)
+        dense = sq * sk
+        scores += dense
+        kept += _window_scores(sq, sk, offset=sk - sq if bottom_right else 0, left=left, right=right) \
+            if masked else dense
+    if unmasked:
+        return attention_cost(kept * heads, d, dv, bias=bias, backward=backward)
+    return attention_cost(scores * heads, d, dv, bias=bias, backward=backward)._replace(
+        executed=kept / scores if scores else 1.0)
 
 
 @register("_flash_attention_forward", "_flash_attention_forward_no_dropout_inplace")

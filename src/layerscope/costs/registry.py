@@ -42,6 +42,9 @@ class OpCost(NamedTuple):
     bytes_read: int | None = None      # None: every tensor input, read once
     bytes_written: int | None = None   # None: every tensor output, written once
     window: Window | None = None
+    # the share of ``flops`` a kernel that skips masked work runs: a causal or windowed attention counted
+    # dense (the convention) is timed by its kept scores (parallel/timing.py); 1 for every other op
+    executed: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

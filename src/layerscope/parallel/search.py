@@ -362,6 +362,7 @@ def _why(plan: ParallelPlan, best: ParallelPlan) -> str:
     parts = {"communication-bound (TP collectives on the critical path)": t.get("tp_comm", 0.0),
              "communication-bound (exposed data-parallel/pipeline communication)": t.get("exposed_comm", 0.0),
              "pipeline bubble": (t.get("bubble", 0.0) or 0.0) * plan.step_time,
+             "host-bound (the GPU waits for eager dispatch)": t.get("host_wait", 0.0),
              "compute (recompute included)":
                  t.get("compute", 0.0) - (getattr(best, "timing", None) or {}).get("compute", 0.0)}
     reason = max(parts, key=parts.get)

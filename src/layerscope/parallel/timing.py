@@ -5,17 +5,28 @@ checkpointed blocks in the backward, each micro-batch of an accumulation or a pi
 roofline, ``max(FLOPs / (peak x fraction), bytes moved / (HBM bandwidth x fraction))``, with a floor of
 one kernel launch. The peaks are the GPU table's (costs/gpus.py) for the dtype the configuration
 computes in (bf16 under mixed precision; float32 matmuls without TF32 otherwise); the fractions are
-what such kernels reach, by op class (``FRACTIONS``, overridable per run):
+what such kernels reach, by op class (``FRACTIONS``, overridable per run; the H100 figures were
+measured by bench/bench_gpu.py, torch 2.11, docs/benchmarks.md):
 
 * ``matmul`` 0.75 -- contractions (every op with multiply-accumulates: mm, addmm, bmm, linear,
-  convolution), large bf16 GEMMs on an H100 run at 700-800 of its 989 TFLOP/s;
-* ``attention`` 0.50 -- SDPA's fused kernels (flash, cuDNN, memory-efficient), forward and backward:
-  FlashAttention-2 on an H100 runs at about 35-50% of the peak, FlashAttention-3 and cuDNN's 50-75%;
-* ``memory`` 0.80 -- of the HBM bandwidth, for everything else (elementwise, norms, copies, the
-  optimizer's foreach updates): well-written elementwise kernels stream at 80-90% of it;
+  convolution): bf16 GEMMs of a 0.5B Llama's shapes ran at 0.73-0.79 of an H100's 989 TFLOP/s (a
+  4096 x 1024 x 2816 one at 0.50);
+* ``attention`` 0.40 -- SDPA's fused kernels (flash, cuDNN, memory-efficient), forward and backward,
+  of the FLOPs the kernel runs: a causal mask counted dense (the cost convention) is priced by its kept
+  scores (``OpEvent.executed``), since the kernels skip the masked tiles. cuDNN's kernels at head dim 128
+  ran at 0.48 (forward) and 0.34-0.36 (backward); at head dim 64 at 0.24 and 0.18, so a model with such
+  heads (GPT-2) wants ``attention=0.2``;
+* ``memory`` 0.80 -- of the HBM bandwidth, for everything else (elementwise, norms, copies): an add
+  of 64-256 Mi elements streamed at 0.90-0.91, the mix of a training step's elementwise ops at about 0.7;
 * ``link`` 0.80 -- of a link's bandwidth, for collectives: NCCL's bus bandwidth on NVLink and
   InfiniBand reaches 75-90% of the wire at the message sizes of a training step;
-* ``launch_s`` 4 us -- the least a kernel takes (launch and tail), so thousands of small ops are not free.
+* ``launch_s`` 4 us -- the least a kernel takes (launch and tail), so thousands of small ops are not free;
+* ``host_op_s`` 27 us, ``host_tp_op_s`` 64 us, ``host_sac_op_s`` 48 us -- the host's time to issue one op
+  (a view too) in eager mode: plain dispatch with FSDP2's hooks and transformers' modules; every op
+  under tensor parallel (DTensor's dispatch); every op under selective checkpointing (its policy's
+  dispatch mode). Measured as an eager step's issue time over its op count on the H100's host (Llama
+  rows: 27-29 us plain and with full checkpointing, 48 selective, 60-64 with TP 2; GPT-2's ran at 35-52
+  and 68-78). Under torch.compile, fewer and fused kernels: set them lower.
 
 An op that no cost formula counts (``status`` "uncounted") costs one launch: its count is in the
 result (``uncounted_ops``) and a note, never a silent zero.
@@ -28,6 +39,8 @@ innermost, so a group of stride ``s`` and size ``n`` lies within a node when ``s
 ``gpus_per_node``.
 
 Overlap, per rank, as two streams over the ops in program order (the order the CPU issues them):
+* the host issues every op in order, one ``host_op_seconds`` each; no kernel or collective starts
+  before it is issued, so a step of small kernels is the host's (``host_wait``: the GPU idle waiting);
 * compute runs every op in order;
 * FSDP2's all-gathers run on a communication stream, each issued when the compute of the block before
   its block starts (FSDP2's prefetch of the next block, forward and backward), and the block's compute
@@ -44,8 +57,11 @@ reduce-scatters after the last backward, as torch's schedule reduces) and its op
 through the schedule's own simulation (pipeline/schedule.py ``simulate``), which gives the bubble.
 Where a rank holds several stages (interleaved schedules) its seconds are shared among them evenly.
 
-The optimizer: AdamW-like updates are memory-bound: the rank's parameter, gradient and state bytes
-read and its parameter and state bytes written, at the ``memory`` fraction of the bandwidth.
+The optimizer: torch's foreach updates (its default on CUDA) are memory-bound passes over
+parameter-sized tensors, at the ``memory`` fraction of the bandwidth: AdamW's eight foreach ops read and
+write 20 of them (lerp_ 3, mul_ 2, addcmul_ 3, sqrt 2, div_ 2, add_ 2, addcdiv_ 4, the weight decay's
+mul_ 2), SGD with momentum's three 8, plain SGD's one 3 (chosen by the state's tensors per parameter).
+On the H100 AdamW's foreach kernels of a 66M-parameter shard took 2.03 ms; this prices 1.98 ms.
 
 MFU: the model's FLOPs per step (three times the forward's contractions and attention: the backward's
 two, no recompute, as PaLM's MFU counts them) over the step time and the world's peak.
@@ -64,11 +80,16 @@ from ..trace import BACKWARD, FORWARD, LOSS
 from .results import COLLECTIVES, collective_group
 
 __all__ = ["FRACTIONS", "RankSeconds", "StepTime", "assemble", "collective_seconds", "fractions", "link_of",
-           "op_seconds", "rank_seconds", "send_bytes", "step_time"]
+           "host_op_seconds", "op_class",
+           "op_seconds", "optimizer_seconds", "rank_seconds", "send_bytes", "step_time"]
 
-FRACTIONS: Mapping[str, float] = MappingProxyType({"matmul": 0.75, "attention": 0.50, "memory": 0.80,
+FRACTIONS: Mapping[str, float] = MappingProxyType({"matmul": 0.75, "attention": 0.40, "memory": 0.80,
                                                    "link": 0.80, "launch_s": 4e-6, "nvlink_latency_s": 3e-6,
-                                                   "network_latency_s": 8e-6})
+                                                   "network_latency_s": 8e-6, "host_op_s": 27e-6,
+                                                   "host_tp_op_s": 64e-6, "host_sac_op_s": 48e-6})
+# torch's foreach optimizers (their default on CUDA) stream parameter-sized tensors this many times per
+# step, by the optimizer's state tensors per parameter (the module docstring counts them)
+_OPTIMIZER_PASSES = {0: 3, 1: 8, 2: 20}
 
 _FSDP_GATHER = frozenset(k for k, (kind, group) in COLLECTIVES.items() if group == "fsdp" and kind == "all-gather")
 _BEHIND = frozenset(k for k, (kind, group) in COLLECTIVES.items()
@@ -98,20 +119,46 @@ def _compute_dtype(config: ParallelConfig) -> str:
     return {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(config.model_dtype, "float32")
 
 
+def op_class(op) -> str:
+    """The class an op is priced as: "free" (a view, a profiler mark), "attention" (SDPA's fused
+    kernels), "matmul" (an op with multiply-accumulates) or "memory" (the rest)."""
+    if op.status == "free" or op.op.startswith("profiler."):     # views; the profiler's record_function marks
+        return "free"
+    if "attention" in op.op or "flash" in op.op:
+        return "attention"
+    return "matmul" if op.costs.macs else "memory"
+
+
 def op_seconds(op, gpu: GPU, dtype: str, f: Mapping[str, float]) -> float:
     """One op's roofline seconds (0 for a view or other free op)."""
-    if op.status == "free" or op.op.startswith("profiler."):     # views; the profiler's record_function marks
+    kind = op_class(op)
+    if kind == "free":
         return 0.0
     c = op.costs
-    name = op.op
     memory = c.bytes_moved / (gpu.bandwidth * f["memory"])
-    if "attention" in name or "flash" in name:
-        compute = c.flops / (gpu.peak(dtype) * f["attention"])
-    elif c.macs:
-        compute = c.flops / (gpu.peak(dtype) * f["matmul"])
-    else:
+    if kind == "memory":
         compute = c.flops / gpu.peak("float32")
+    else:               # a masked attention counted dense: its kernel runs the kept scores (op.executed)
+        compute = c.flops * op.executed / (gpu.peak(dtype) * f[kind])
     return max(compute, memory, f["launch_s"])
+
+
+def host_op_seconds(config: ParallelConfig, f: Mapping[str, float]) -> float:
+    """The host's time to issue one op (a view too) in eager mode: DTensor's dispatch under tensor
+    parallel, selective checkpointing's policy on every op, or plain dispatch with FSDP2's hooks."""
+    if config.tp > 1:
+        return max(f["host_tp_op_s"], f["host_sac_op_s"] if config.ac == "selective-op" else 0.0)
+    return f["host_sac_op_s"] if config.ac == "selective-op" else f["host_op_s"]
+
+
+def optimizer_seconds(run, gpu: GPU, f: Mapping[str, float]) -> float:
+    """The optimizer step of a rank: ``_OPTIMIZER_PASSES`` parameter-sized passes (by its state tensors
+    per parameter) at the memory fraction of the bandwidth."""
+    params = sum(run.param_bytes.values())
+    if not params:
+        return 0.0
+    k = round(sum(run.optimizer_bytes.values()) / params)
+    return _OPTIMIZER_PASSES.get(k, 4 + 8 * k) * params / (gpu.bandwidth * f["memory"])
 
 
 def link_of(config: ParallelConfig, group: str) -> tuple[str, int]:
@@ -157,6 +204,8 @@ class RankSeconds:
 
     forward: float            # compute of forward ops (and the loss), every micro-batch
     backward: float           # compute of backward ops (recompute included)
+    host_forward: float       # the GPU idle, waiting for the host to issue ops, in the forward
+    host_backward: float      # and in the backward
     tp: float                 # tensor parallel's collectives (on the critical path)
     fsdp: float               # FSDP's (and HSDP's) collectives, all of them
     exposed_fsdp: float       # of those, what the compute did not hide
@@ -173,45 +222,52 @@ def rank_seconds(rr, config: ParallelConfig, gpu: GPU, f: Mapping[str, float], *
     dtype = _compute_dtype(config)
     run = rr.run
     last = max((p.step for p in run.passes), default=0)
-    tc = tn = issue = 0.0
+    per_op = host_op_seconds(config, f)
+    tc = tn = issue = host = 0.0
     fwd = bwd = tp = fsdp = 0.0
+    wait = {FORWARD: 0.0, BACKWARD: 0.0}
     uncounted = 0
     fflops = 0
     for p in run.passes:
         if p.step != last or (micro is not None and p.micro >= micro):
             continue
         for op in p.trace.ops:
+            host += per_op              # the host issues every op, a view too, in program order
             if op.op in COLLECTIVES:
                 d = _one_collective(op, config, gpu, f)
                 if op.op in _INLINE:
+                    if host > tc:
+                        wait[BACKWARD if op.phase == BACKWARD else FORWARD] += host - tc
+                        tc = host
                     tc += d
                     tp += d
                 elif op.op in _FSDP_GATHER:
-                    start = max(tn, issue)
+                    start = max(tn, issue, host)
                     tn = start + d
                     tc = max(tc, tn)
                     issue = tc
                     fsdp += d
                 elif op.op in _BEHIND:
-                    tn = max(tn, tc) + d
+                    tn = max(tn, tc, host) + d
                     fsdp += d
                 continue
             if op.status == "uncounted" and not op.op.startswith("profiler."):
                 uncounted += 1
             d = op_seconds(op, gpu, dtype, f)
+            if d and host > tc:         # the GPU waits for the host to issue this kernel
+                wait[BACKWARD if op.phase == BACKWARD else FORWARD] += host - tc
+                tc = host
             tc += d
             if op.phase in (FORWARD, LOSS):
                 fwd += d
-                if op.phase == FORWARD and (op.costs.macs or "attention" in op.op or "flash" in op.op):
+                if op.phase == FORWARD and op_class(op) in ("matmul", "attention"):
                     fflops += op.costs.flops
             elif op.phase == BACKWARD:
                 bwd += d
     end = max(tc, tn)
-    state = sum(run.param_bytes.values()) + sum(run.optimizer_bytes.values()) + run.optimizer_other_bytes
-    grads = sum(run.grad_bytes.values())
-    opt = (2 * state + grads) / (gpu.bandwidth * f["memory"]) if state else 0.0
-    exposed = max(0.0, end - (fwd + bwd + tp))
-    return RankSeconds(fwd, bwd, tp, fsdp, exposed, opt, end, uncounted, fflops)
+    opt = optimizer_seconds(run, gpu, f)
+    exposed = max(0.0, end - (fwd + bwd + tp + wait[FORWARD] + wait[BACKWARD]))
+    return RankSeconds(fwd, bwd, wait[FORWARD], wait[BACKWARD], tp, fsdp, exposed, opt, end, uncounted, fflops)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +276,7 @@ class StepTime:
 
     step_time: float
     compute: float            # forward + backward (recompute included) + the optimizer
+    host_wait: float          # the GPU idle, waiting for the host to issue the next op (eager dispatch)
     tp_comm: float            # tensor parallel's collectives, on the critical path
     exposed_comm: float       # FSDP/HSDP communication the compute did not hide, and pipeline sends
     bubble: float             # a pipeline's idle share of its ranks' time (0 without one)
@@ -230,7 +287,8 @@ class StepTime:
     fractions: Mapping[str, float]
 
     def to_dict(self) -> dict:
-        return {"step_time": self.step_time, "compute": self.compute, "tp_comm": self.tp_comm,
+        return {"step_time": self.step_time, "compute": self.compute, "host_wait": self.host_wait,
+                "tp_comm": self.tp_comm,
                 "exposed_comm": self.exposed_comm, "bubble": self.bubble, "tokens_per_s": self.tokens_per_s,
                 "mfu": self.mfu, "uncounted_ops": self.uncounted_ops, "gpu": self.gpu,
                 "fractions": dict(self.fractions)}
@@ -260,7 +318,8 @@ def assemble(secs: Mapping[int, RankSeconds], send: float, config: ParallelConfi
         s = max(secs.values(), key=lambda x: x.end + x.optimizer)
         total = s.end + s.optimizer
         model_flops = 3 * s.forward_flops * config.world
-        return StepTime(total, s.forward + s.backward + s.optimizer, s.tp, s.exposed_fsdp, 0.0,
+        return StepTime(total, s.forward + s.backward + s.optimizer, s.host_forward + s.host_backward, s.tp,
+                        s.exposed_fsdp, 0.0,
                         tokens / total if tokens and total else None,
                         model_flops / (total * world_flops) if total else None, uncounted, gpu.name, f)
     from ..pipeline.schedule import simulate
@@ -277,15 +336,16 @@ def assemble(secs: Mapping[int, RankSeconds], send: float, config: ParallelConfi
     for c, s in stage_of.items():
         busy = max(s.forward + s.backward, 1e-30)
         for st in (c + i * config.pp for i in range(spr)):     # stage st on rank st % pp
-            fw[st] = (s.forward + s.tp * s.forward / busy) / (m * spr)
-            bw[st] = (s.backward + s.tp * s.backward / busy) / (m * spr)
+            fw[st] = (s.forward + s.host_forward + s.tp * s.forward / busy) / (m * spr)
+            bw[st] = (s.backward + s.host_backward + s.tp * s.backward / busy) / (m * spr)
         opt[c] = s.exposed_fsdp + s.optimizer
     hop = collective_seconds(send, 2, link_of(config, "pp"), gpu, f) if send else 0.0
     tl = simulate(config.schedule, fw, bw, m, send=[hop] * (k - 1), optimizer=opt, stages_per_rank=spr)
     total = tl.step_time
     slowest = max(stage_of.values(), key=lambda x: x.forward + x.backward)
     model_flops = 3 * sum(x.forward_flops for x in stage_of.values()) * per_stage
-    return StepTime(total, max(x.forward + x.backward + x.optimizer for x in stage_of.values()), slowest.tp,
+    return StepTime(total, max(x.forward + x.backward + x.optimizer for x in stage_of.values()),
+                    max(x.host_forward + x.host_backward for x in stage_of.values()), slowest.tp,
                     max(x.exposed_fsdp for x in stage_of.values()) + hop * 2 * m, tl.bubble,
                     tokens / total if tokens and total else None,
                     model_flops / (total * world_flops) if total else None, uncounted, gpu.name, f)

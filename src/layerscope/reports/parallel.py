@@ -15,10 +15,11 @@ from .table import Column, Fact, Table, flat_table
 
 __all__ = ["ParallelReport", "RoleRow", "PARALLEL_COLUMNS", "SCHEMA"]
 
-SCHEMA = 4      # the parallel JSON's own version (plans, ranks, measured). 2: a rank's breakdown has the
+SCHEMA = 5      # the parallel JSON's own version (plans, ranks, measured). 2: a rank's breakdown has the
 #                 estimate "gloo late free (estimate)"; 3: a rank's host_bytes, a plan's offload (CPU
 #                 offload), schedule and stages; 4: a plan's step_time, tokens_per_s and mfu filled on
-#                 CUDA ranks, and its timing (their parts); nothing removed or renamed
+#                 CUDA ranks, and its timing (their parts); 5: timing's host_wait; nothing removed or
+#                 renamed
 
 _SHORT = {"sharded parameters": "Params", "gathered parameters": "Gathered", "gradients": "Grads",
           "optimizer state": "Optim", "activations": "Activ", "recompute": "Recomp",
@@ -66,6 +67,8 @@ def _gib(n: int) -> str:
 def _step_line(p: ParallelPlan) -> str:
     t = p.timing or {}
     parts = [f"compute {t.get('compute', 0) * 1e3:,.1f} ms"]
+    if t.get("host_wait"):
+        parts.append(f"GPU waiting for the host {t['host_wait'] * 1e3:,.1f} ms")
     if t.get("tp_comm"):
         parts.append(f"TP communication {t['tp_comm'] * 1e3:,.1f} ms")
     if t.get("exposed_comm"):
