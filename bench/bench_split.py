@@ -2,7 +2,12 @@
 on the first and last stage: torchtitan's default), the min-max split and the step-time split,
 each trained under torchrun (gloo, CPU, one process per rank), predicted against measured.
 
-  python bench/bench_split.py [--repeats 3] [--steps 6] [--only gpt2,cnn] [--schedules zb,zbv]
+  python bench/bench_split.py [--repeats 3] [--steps 6] [--only gpt2,cnn,wait,wait-wide] [--schedules zb,zbv]
+
+``wait`` and ``wait-wide`` (bench/pipeline_models.py ``wait_chain``): eight units whose forward and
+backward are calibrated waits (an operator that sleeps, kept by torch.export), on 1 MiB and 4 MiB
+micro-batch activations. A waiting rank holds no core, so the two ranks never contend and the machine's
+speed does not enter: what is left to check is the schedule, the sends and their overlap.
 
 Per model and schedule: the unit times are measured once here (forward and backward of every split
 unit, ``partition(by="latency")``) with one thread, as each rank will run with (2 ranks on the 2
@@ -41,7 +46,9 @@ from layerscope.torchrun import launch  # noqa: E402
 GPT2 = ("hf:GPT2Config", {"n_layer": 6, "n_embd": 128, "n_head": 4, "vocab_size": 8000, "n_positions": 128,
                           "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "bos_token_id": 0, "eos_token_id": 0})
 CNN = ("bench/pipeline_models.py:stem_cnn", {})
-MODELS = {"gpt2": GPT2, "cnn": CNN}
+# calibrated waits in place of compute (issue 37 item 5a): schedule, sends and overlap alone
+WAIT = ("bench/pipeline_models.py:wait_chain", {})
+MODELS = {"gpt2": GPT2, "cnn": CNN, "wait": WAIT, "wait-wide": ("bench/pipeline_models.py:wait_chain_wide", {})}
 HEAD = {"hf:GPT2Config": "causal-lm"}     # the LM head (and its vocabulary-sized matmul) on the last stage
 # (schedule, stages): 2 ranks each
 SCHEDULES = [("1f1b", 2), ("gpipe", 2), ("interleaved", 4), ("zb", 4), ("zbv", 4)]

@@ -311,6 +311,34 @@ def test_timing_units_leaves_the_model_alone():
     assert_unchanged(before, m)
 
 
+def test_zero_bubble_weight_shares_measured_with_latency():
+    """by="latency" under zero bubble times each unit's backward again with the parameters frozen (the
+    input gradients alone): W's share is what that leaves. Structure only (no wall-clock values): a
+    unit without parameters has none; a first unit fed token ids has no input gradient, so its backward
+    is all W (an embedding's is); a parameter the user froze stays frozen, and the model comes out as it
+    went in."""
+    from ..helpers import assert_unchanged, snapshot
+    m = tiny_gpt().train()
+    ids = torch.randint(0, 1000, (8, 32))
+    frozen = next(iter(m.parameters()))
+    frozen.requires_grad_(False)
+    before = snapshot(m)
+    plan = ls.partition(m, ids, stages=4, microbatches=4, by="latency", latency_repeats=2, schedule="zb",
+                        stages_per_rank=2)
+    us = plan.units.units
+    assert all(u.measured_weight_share is not None and 0.0 <= u.weight_share <= 1.0 for u in us)
+    assert all(u.weight_share == 0.0 for u in us if not u.grad_bytes)
+    assert us[0].weight_share == 1.0           # token and position embeddings: no input gradient
+    assert any("measured" in n for n in plan.notes)
+    assert_unchanged(before, m)
+    assert not frozen.requires_grad
+    # relu-only units of a float-input model: no parameters, no W
+    seq = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU())
+    plan = ls.partition(seq, torch.randn(8, 64), stages=4, microbatches=2, by="latency", latency_repeats=2,
+                        schedule="zb", stages_per_rank=2)
+    assert [u.weight_share for u in plan.units.units][1::2] == [0.0, 0.0]
+
+
 def test_zero_bubble_weight_and_deferred_estimates():
     # Linear(64, 64), ReLU, Linear(64, 64), LayerNorm(64); 2 micro-batches of 4 rows (fp32):
     # - each Linear's addmm: 2 x 4 x 64 x 64 + 4 x 64 (bias) = 33,024 forward FLOPs, and its weight

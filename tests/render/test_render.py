@@ -29,7 +29,7 @@ def test_rich_table_renders(cnn_report):
 
 def test_json_schema(cnn_report):
     data = json.loads(cnn_report.to_json())
-    assert data["schema_version"] == "1.4"
+    assert data["schema_version"] == "1.5"
     assert set(data) == {"schema_version", "kind", "model", "totals", "layers", "coverage", "context", "columns"}
     assert [c["key"] for c in data["columns"]][:3] == ["input_shape", "output_shape", "params"]
     assert data["context"][0] == {"label": "Inputs", "value": "[1, 3, 32, 32] float32", "unit": "text"}

@@ -12,7 +12,7 @@ from ..capture.guard import exclusive, gc_paused
 from ..capture.prepare import check_model, example_inputs, is_fake_model, micro_batch
 from ..errors import InputError
 from ..options import LAUNCHER_FIELDS, PartitionOptions, entry_options
-from ..pipeline.units import units_from_memory, with_latencies, with_work
+from ..pipeline.units import units_from_memory, with_latencies, with_weight_shares, with_work
 from ..render.views import Report, view
 from ._memory import memory
 
@@ -72,7 +72,8 @@ def partition(model_or_report, *args: Any, stages: int | None = None, by=None, s
                                  stages=stages, by=by, schedule=schedule, microbatches=microbatches,
                                  memory_limit=memory_limit, optimizer=optimizer)
     from ..render.views import MemoryReport
-    from ..pipeline.unit_timing import unit_latencies, unit_work_bytes
+    from ..pipeline.schedule import ZERO_BUBBLE
+    from ..pipeline.unit_timing import unit_latencies, unit_weight_shares, unit_work_bytes
     from ..pipeline.units import split_units
     from ..reports.plan_build import build_plan
 
@@ -126,6 +127,13 @@ def partition(model_or_report, *args: Any, stages: int | None = None, by=None, s
                 lat = unit_latencies(model, units, mb_args, mb_kwargs, repeats=o.latency_repeats,
                                      loss_fn=o.loss_fn)
             units = with_latencies(units, lat)
+            if o.schedule in ZERO_BUBBLE:
+                with gc_paused():
+                    shares = unit_weight_shares(model, units, mb_args, mb_kwargs, repeats=o.latency_repeats,
+                                                loss_fn=o.loss_fn)
+                units = with_weight_shares(units, shares)
+                notes.append("zero bubble: each unit's weights' share of its backward (W) measured: its backward "
+                             "timed again with the parameters frozen, the input gradients (I) alone")
         recorded.update(optimizer=rep.options.get("optimizer"), autocast=rep.options.get("autocast"),
                         device=rep.options.get("device"))
     count_inputs = o.count_inputs

@@ -139,9 +139,12 @@ def plan_split(units: SplitUnits, options: PartitionOptions, notes=()) -> PlanRe
                             optimizer=[st.optimizer_time for st in out], stages_per_rank=stages_per_rank,
                             weight=[st.weight_time for st in out] if zero_bubble else None)
         if zero_bubble:
+            measured = all(u.measured_weight_share is not None for u in units.units)
             notes.append("zero bubble: each unit's backward is split into the input's gradient (I) and the "
-                         "weights' (W) by FLOPs (a weight gradient costs the forward FLOPs of the ops that read "
-                         "the weight); the first stage's whole backward is W, as torch runs it")
+                         "weights' (W) " + ("as measured (below)" if measured else
+                                            "by FLOPs (a weight gradient costs the forward FLOPs of the ops "
+                                            "that read the weight)")
+                         + "; the first stage's whole backward is W, as torch runs it")
     rank_bytes = None
     if kind.multi:
         orders = rank_orders(schedule, stages, microbatches, stages_per_rank)

@@ -11,14 +11,15 @@ import torch
 from torch.autograd.profiler import record_function
 from torch.nn.parameter import is_lazy
 
-from ..capture.inputs import map_tensors
+from ..capture.hooks import forward_hook, remove_all
+from ..capture.inputs import iter_tensors, map_tensors
 from ..capture.measure import profile_events
 from ..capture.repeats import time_calls
 from ..capture.state import StateGuard, model_device
 from ..capture.step import default_loss
 from ..capture.tracker import ModuleTracker, tracked_modules
 
-__all__ = ["unit_latencies", "unit_work_bytes"]
+__all__ = ["unit_latencies", "unit_weight_shares", "unit_work_bytes"]
 
 
 def _hooked_steps(model: torch.nn.Module, units, args: tuple, kwargs: dict, fire,
@@ -129,6 +130,55 @@ def unit_latencies(model: torch.nn.Module, units, args: tuple, kwargs: dict,
         f, b = out[last]
         out[last] = (f + statistics.median(loss_f[1:]), b + statistics.median(loss_b[1:]))
     return out
+
+
+def unit_weight_shares(model: torch.nn.Module, units, args: tuple, kwargs: dict,
+                       repeats: int = 5, loss_fn=None) -> dict[str, float]:
+    """Each unit's share of its backward that computes the weights' gradients (zero bubble's W), timed:
+    the units' backward seconds (``time_calls``, as ``unit_latencies``) with the parameters as they are,
+    then with every parameter frozen, where autograd computes the input gradients alone (what zero
+    bubble's I runs); the share is 1 - frozen / whole, within [0, 1]. Frozen, a floating-point input
+    of the model requires grad, so that the first unit's input gradient runs too; where there is none
+    (token ids), the first unit's modules' outputs do, and its backward counts as weights' alone (an
+    embedding's is). The loss's own backward, an input gradient, is in neither. The parameters'
+    ``requires_grad`` is given back, also on error."""
+    dev = model_device(model)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+
+    def loss_of(out):
+        for p in model.parameters():
+            p.grad = None
+        return (loss_fn or default_loss)(out)
+
+    def backward_of(calls) -> dict[str, float]:
+        return {u.name: statistics.median(sum(c.backward[r] for c in calls if c.path in u.paths)
+                                          for r in range(repeats)) for u in units.units}
+
+    def leaf(t):
+        return t.detach().requires_grad_() if t.is_floating_point() else t
+
+    guard = StateGuard(model, inputs=(args, kwargs))
+    handles: list = []
+    try:
+        calls, _, _ = time_calls(model, lambda: model(*args, **kwargs), loss_of, device=dev, warmup=1,
+                                 repeats=repeats)
+        whole = backward_of(calls)
+        for p in trainable:
+            p.requires_grad_(False)
+        a2, k2 = map_tensors((args, kwargs), leaf)
+        if not any(t.is_floating_point() for t in iter_tensors((a2, k2))) and units.units:
+            for path in units.units[0].paths:
+                handles.append(forward_hook(model.get_submodule(path), lambda m, i, out: map_tensors(out, leaf)))
+        calls, _, _ = time_calls(model, lambda: model(*a2, **k2), loss_of, device=dev, warmup=1, repeats=repeats)
+        frozen = backward_of(calls)
+    finally:
+        remove_all(handles)
+        for p in trainable:
+            p.requires_grad_(True)
+        guard.restore()
+    # a unit without a gradient of its own has no W: 0, not what the noise between the two timings says
+    return {name: min(1.0, max(0.0, 1.0 - frozen[name] / b)) if b > 0 and u.grad_bytes else 0.0
+            for u, (name, b) in zip(units.units, whole.items())}
 
 
 def unit_work_bytes(model: torch.nn.Module, units, args: tuple, kwargs: dict,

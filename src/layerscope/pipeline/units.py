@@ -26,7 +26,7 @@ from ..trace import BACKWARD, FORWARD, PRODUCER_INPUT, PRODUCER_STATE, Costs, Tr
 # measured on the device (api.py imports them from here)
 
 __all__ = ["Unit", "Tie", "SplitUnits", "owner_of", "split_units", "units_from_memory", "with_work", "with_latencies",
-           "roofline_times"]
+           "with_weight_shares", "roofline_times"]
 
 _FLOAT = ("float16", "bfloat16", "float32", "float64")
 
@@ -65,10 +65,14 @@ class Unit:
     deferred_bytes: int = 0        # zero bubble: the gradients of those ops' outputs, which the
                                    # backward for the input (I) computes and keeps for the weights'
                                    # (W), per micro-batch (the bytes the ops wrote)
+    measured_weight_share: float | None = None   # W's share of the backward, timed (unit_timing.py)
 
     @property
     def weight_share(self) -> float:
-        """The share of the backward that computes the weights' gradients (zero bubble's W)."""
+        """The share of the backward that computes the weights' gradients (zero bubble's W): measured
+        where the units were timed for zero bubble, else their FLOPs' share."""
+        if self.measured_weight_share is not None:
+            return self.measured_weight_share
         if self.backward.flops <= 0:
             return 0.0
         return min(1.0, self.weight_flops / self.backward.flops)
@@ -627,6 +631,13 @@ def with_latencies(units, latencies: dict):
         f, b = latencies.get(u.name, (None, None))
         return dataclasses.replace(u, latency=None if f is None else f + b, forward_time=f, backward_time=b)
     return dataclasses.replace(units, units=tuple(timed(u) for u in units.units))
+
+
+def with_weight_shares(units, shares: dict):
+    """The units with their measured weight-gradient shares (``shares``: unit name -> fraction)."""
+    import dataclasses
+    return dataclasses.replace(units, units=tuple(
+        dataclasses.replace(u, measured_weight_share=shares.get(u.name)) for u in units.units))
 
 
 def roofline_times(units, roof) -> dict[str, tuple[float, float]]:

@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEMA_VERSION", "report_json", "record_json", "plain", "table_meta"]
 
-SCHEMA_VERSION = "1.4"   # 1.1: every report names its kind; 1.2: context and columns; 1.3: plan step times;
-#                          1.4: zero bubble's weight_time (stages), weight_flops and deferred_bytes (units)
+SCHEMA_VERSION = "1.5"   # 1.1: every report names its kind; 1.2: context and columns; 1.3: plan step times;
+#                          1.4: zero bubble's weight_time (stages), weight_flops and deferred_bytes (units);
+#                          1.5: a unit's measured_weight_share
 #                          (docs/json.md)
 
 
