@@ -360,26 +360,30 @@ def _measured_class(name: str) -> str:
     return "matmul" if name in _MATMUL_OPS else "memory"
 
 
-def _predicted_classes(runs, config, gpu) -> dict:
-    """Rank 0's last step, its compute seconds by op class (the step-time model's own pricing)."""
+def _predicted(runs, config) -> tuple[dict, list]:
+    """Rank 0's last step priced by the step-time model for an H100: its compute seconds by op class
+    (with "ops", how many), and (op, count, seconds) by op name, the 40 dearest."""
+    from layerscope.costs.gpus import GPUS
     from layerscope.parallel.results import COLLECTIVES
     from layerscope.parallel.timing import FRACTIONS, _compute_dtype, op_class, op_seconds
 
     run = runs[0].run
     last = max(p.step for p in run.passes)
-    out = dict.fromkeys(("matmul", "attention", "memory"), 0.0)
+    classes = dict.fromkeys(("matmul", "attention", "memory"), 0.0)
+    agg: dict = {}
     n = 0
-    for p in run.passes:
-        if p.step != last:
-            continue
+    for p in (p for p in run.passes if p.step == last):
         for op in p.trace.ops:
             k = op_class(op)
             if op.op in COLLECTIVES or k == "free":
                 continue
-            out[k] += op_seconds(op, gpu, _compute_dtype(config), FRACTIONS)
+            sec = op_seconds(op, GPUS["H100"], _compute_dtype(config), FRACTIONS)
+            classes[k] += sec
+            count, total = agg.get(op.op, (0, 0.0))
+            agg[op.op] = (count + 1, total + sec)
             n += 1
-    out["ops"] = n
-    return out
+    classes["ops"] = n
+    return classes, sorted(((k, c, t) for k, (c, t) in agg.items()), key=lambda x: -x[2])[:40]
 
 
 def time_one_rank(build, config, ids, labels, device: str):
@@ -451,25 +455,9 @@ def time_one_rank(build, config, ids, labels, device: str):
                 top_ops=ops[:40], peak=peak)
 
 
-def _predicted_ops(runs, config) -> list:
-    """Rank 0's last step: (op, count, predicted seconds) by op name, the 40 dearest."""
-    from layerscope.costs.gpus import GPUS
-    from layerscope.parallel.results import COLLECTIVES
-    from layerscope.parallel.timing import FRACTIONS, _compute_dtype, op_class, op_seconds
-
-    run = runs[0].run
-    last = max(p.step for p in run.passes)
-    agg: dict = {}
-    for p in (p for p in run.passes if p.step == last):
-        for op in (o for o in p.trace.ops if o.op not in COLLECTIVES and op_class(o) != "free"):
-            n, sec = agg.get(op.op, (0, 0.0))
-            agg[op.op] = (n + 1, sec + op_seconds(op, GPUS["H100"], _compute_dtype(config), FRACTIONS))
-    return sorted(((k, n, sec) for k, (n, sec) in agg.items()), key=lambda x: -x[2])[:40]
-
-
 def one_time(i: int, device: str = "cuda") -> dict:
     import layerscope.api._parallel as api_parallel
-    from layerscope.costs.gpus import GPUS, gpu
+    from layerscope.costs.gpus import gpu
     from layerscope.options import ParallelConfig
     from layerscope.parallel.timing import fractions, step_time
     from layerscope.specs import build_model
@@ -502,8 +490,7 @@ def one_time(i: int, device: str = "cuda") -> dict:
     # what the fake backend runs: the same ranks with communication free (NVLink unbounded, no latency)
     free = step_time(seen["runs"], config, gpu("H100", nvlink=1e18), tokens=None,
                      f=fractions({"nvlink_latency_s": 0})).to_dict()
-    classes = _predicted_classes(seen["runs"], config, GPUS["H100"])
-    top = _predicted_ops(seen["runs"], config)
+    classes, top = _predicted(seen["runs"], config)
     # the optimizer is priced apart from the ops (its foreach updates stream memory): in the memory class
     classes["memory"] += plan.timing["compute"] - sum(classes[k] for k in ("matmul", "attention", "memory"))
     if device == "cuda":

@@ -52,30 +52,25 @@ def attention_cost(scores: int, d: int, dv: int, *, bias: bool, backward: bool =
     return contraction(macs, per_score * scores)
 
 
-class _Unmasked:
-    causal = "unmasked"
-
-
-_UNMASKED = _Unmasked()
-
-
-def _kept_scores(sq: int, sk: int, causal: bool, options) -> int:
-    if causal and options.causal == "unmasked":
-        full_rows = max(0, sq - sk)  # rows i >= sk - 1 keep every key
-        partial = min(sq, sk)
-        return partial * (partial + 1) // 2 + full_rows * sk
-    return sq * sk
+def _causal_scores(sq: int, sk: int) -> int:
+    """The scores the top-left causal mask keeps: sum over query rows i of min(i + 1, Sk)."""
+    full_rows = max(0, sq - sk)  # rows i >= sk - 1 keep every key
+    partial = min(sq, sk)
+    return partial * (partial + 1) // 2 + full_rows * sk
 
 
 def _sdpa(q, k, v, causal: bool, has_mask: bool, backward: bool, options) -> OpCost:
     qs, vs = shape(q), shape(v)
     batch, sq, d = prod(qs[:-2]), qs[-2], qs[-1]
     sk, dv = shape(k)[-2], vs[-1]
-    scores = batch * _kept_scores(sq, sk, causal, options)
-    cost = attention_cost(scores, d, dv, bias=has_mask, backward=backward)
-    if causal and options.causal != "unmasked":      # counted dense; a tiled kernel skips the masked tiles
-        cost = cost._replace(executed=_kept_scores(sq, sk, True, _UNMASKED) / max(sq * sk, 1))
-    return cost
+    if not causal:
+        return attention_cost(batch * sq * sk, d, dv, bias=has_mask, backward=backward)
+    kept = _causal_scores(sq, sk)
+    if options.causal == "unmasked":
+        return attention_cost(batch * kept, d, dv, bias=has_mask, backward=backward)
+    # counted dense; a tiled kernel skips the masked tiles
+    return attention_cost(batch * sq * sk, d, dv, bias=has_mask, backward=backward)._replace(
+        executed=kept / max(sq * sk, 1))
 
 
 @register("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
