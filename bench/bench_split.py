@@ -19,7 +19,13 @@ when they compute at once than alone (they share the 2 cores: ``RunResult.corun`
 step is the plan's simulation with that slowdown, the one "ranks alone" without it (on CPU the run times its steps after the memory-measured ones, without
 the profiler: steady state). The same runs also time the whole model alone before their steps: its
 time over the units' sum (``RunResult.speed``) is how fast the machine is at the run against when
-the units were timed, and the last columns predict with that too. Sends across cuts are priced at the
+the units were timed, and the next columns predict with that too. The speed the steps themselves computed
+at (``RunResult.step_speed``: in the run's median step, all its actions' durations against the same sum
+in the plan's simulated step) is a speed measured during the steps rather than before them; predicting with
+it leaves to the model the split's balance, the schedule, the ranks' sharing of the cores and the sends.
+The last column is issue 37's item 5c: over the repeats (each run's median step), a preferred split
+fails when its median is more than 5% above uniform's and their ranges do not overlap; ``--raw FILE``
+keeps every run's figures (JSON lines). Sends across cuts are priced at the
 bandwidth of one gloo send measured here first (bench/_gloo_bandwidth.py). Prints a markdown table
 and writes it to bench/results/split_MODELS.md (docs/benchmarks.md quotes it).
 """
@@ -101,12 +107,24 @@ def measured_steps(res) -> list[float]:
     return per_step if res.warm or steps == 1 else per_step[1:]
 
 
+def verdict(preferred: list[float], default: list[float]) -> str:
+    """Issue 37 item 5c, over the repeats (each run's median step; the runs interleaved): a preferred
+    split fails when its median is more than 5% above the default's and their min-max ranges do not
+    overlap."""
+    slower = statistics.median(preferred) > 1.05 * statistics.median(default)
+    apart = min(preferred) > max(default)
+    return ("SLOWER" if slower and apart else "ok" + (" (median >5% above, ranges overlap)" if slower else "")) + \
+        f" {statistics.median(default) / statistics.median(preferred):.2f}x [{min(preferred) * 1e3:.0f}-" \
+        f"{max(preferred) * 1e3:.0f} vs {min(default) * 1e3:.0f}-{max(default) * 1e3:.0f} ms]"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--only", default="gpt2,cnn")
     ap.add_argument("--schedules", default="1f1b,gpipe,interleaved,zb,zbv")
+    ap.add_argument("--raw", help="append every run's figures to this file (JSON lines)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     link = link_bandwidth()
@@ -115,8 +133,9 @@ def main() -> None:
              "| predicted step | measured step: median [min-max] | predicted / measured median (ranks alone) "
              "| schedule replayed with the run's action times / the run's last action end "
              "| machine at the run / when the units were timed | predicted at the run's speed / measured "
-             "| throughput vs uniform (medians) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| throughput vs uniform (medians) | compute speed in the steps / when the units were timed "
+             "| predicted at the steps' speed / measured | preferred vs default (5c) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in a.only.split(","):
         spec, overrides = MODELS[name]
         for schedule, stages in SCHEDULES:
@@ -124,11 +143,14 @@ def main() -> None:
                 continue
             ps = plans(spec, overrides, schedule, stages, link)
             runs = {k: [] for k in ps}
+            medians = {k: [] for k in ps}   # each run's median step (5c compares the repeats)
             pred = {k: [] for k in ps}    # the prediction with each run's measured co-run slowdown
             coruns = {k: [] for k in ps}
             replays = {k: [] for k in ps}   # the schedule simulated with the run's own action times
             speeds = {k: [] for k in ps}    # the machine's speed at the run against when the units were timed
             at_speed = {k: [] for k in ps}  # the prediction with it
+            step_speeds = {k: [] for k in ps}  # the speed the run's own steps computed at
+            at_steps = {k: [] for k in ps}     # the prediction with it
             for _ in range(a.repeats):
                 for k, p in ps.items():
                     t0 = time.perf_counter()
@@ -136,15 +158,29 @@ def main() -> None:
                                  batch_size=BATCH, steps=a.steps, optimizer="sgd", head=HEAD.get(spec),
                                  partition_options={"cuts": list(p.split_points)})
                     runs[k] += measured_steps(res)
+                    medians[k].append(statistics.median(measured_steps(res)))
                     pred[k].append(res.predict(p).step_time)
                     coruns[k].append(res.corun)
                     speeds[k].append(res.speed(p) or 1.0)
                     at_speed[k].append(res.predict(p, at_run_speed=True).step_time)
+                    step_speeds[k].append(res.step_speed(p) or 1.0)
+                    at_steps[k].append(res.predict(p, at_step_speed=True).step_time)
+                    if a.raw:
+                        import json
+                        with open(a.raw, "a") as f:
+                            f.write(json.dumps({"model": name, "schedule": schedule, "split": k,
+                                                "cuts": list(p.split_points), "steps": measured_steps(res),
+                                                "alone": p.step_time,
+                                                "predicted": pred[k][-1], "corun": res.corun,
+                                                "speed": speeds[k][-1], "at_speed": at_speed[k][-1],
+                                                "step_speed": step_speeds[k][-1], "at_steps": at_steps[k][-1],
+                                                "replay": list(res.replay() or ())}) + "\n")
                     sim, end = res.replay()
                     replays[k].append(sim / end)
                     print(f"{name} {schedule} {k}: {[round(x * 1e3) for x in measured_steps(res)]} ms, co-run "
                           f"x{res.corun:.2f}, predicted {res.predict(p).step_time * 1e3:.0f} ms, machine "
-                          f"x{speeds[k][-1]:.2f} ({at_speed[k][-1] * 1e3:.0f} ms) "
+                          f"x{speeds[k][-1]:.2f} ({at_speed[k][-1] * 1e3:.0f} ms), steps x{step_speeds[k][-1]:.2f} "
+                          f"({at_steps[k][-1] * 1e3:.0f} ms) "
                           f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
             base = statistics.median(runs["uniform"])
             for k, p in ps.items():
@@ -155,7 +191,9 @@ def main() -> None:
                              f"{m * 1e3:.0f} ms [{lo * 1e3:.0f}-{max(runs[k]) * 1e3:.0f}, "
                              f"{len(runs[k])} steps] | {pc / m:.2f} ({p.step_time / m:.2f}) | "
                              f"{statistics.median(replays[k]):.2f} | x{statistics.median(speeds[k]):.2f} | "
-                             f"{statistics.median(at_speed[k]) / m:.2f} | {base / m:.2f}x |")
+                             f"{statistics.median(at_speed[k]) / m:.2f} | {base / m:.2f}x | "
+                             f"x{statistics.median(step_speeds[k]):.2f} | {statistics.median(at_steps[k]) / m:.2f} | "
+                             f"{verdict(medians[k], medians['uniform']) if k != 'uniform' else '--'} |")
             print("\n".join(lines[-3:]), flush=True)
     text = "\n".join(lines) + "\n"
     print(text)

@@ -110,3 +110,18 @@ def test_memory_footer_says_what_total_sums_when_it_exceeds_the_peak():
             return getattr(rep, name)
     facts = {f.label: f for f in memory_footer(Lower())}
     assert "not a peak" in str(facts["Total column"].value)
+
+
+def test_a_reader_that_closed_the_pipe_is_not_an_internal_error():
+    """`layerscope ... | true`: the reader is gone before the report is written. Like cat or grep,
+    nothing on stderr and the status a shell gives a program SIGPIPE ended (128 + 13), not "internal
+    error"."""
+    import os
+    import subprocess
+    import sys
+    r, w = os.pipe()
+    os.close(r)                                 # nobody will read
+    with open(w, "wb") as out:
+        done = subprocess.run([sys.executable, "-m", "layerscope.cli", "summary", "layerscope.examples:small_cnn", "-q"],
+                              stdout=out, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 141 and done.stderr == "", done.stderr

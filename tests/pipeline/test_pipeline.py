@@ -443,6 +443,31 @@ def test_run_speed_scales_the_prediction():
     assert "Machine speed" not in gpu.table()
 
 
+def test_step_speed_is_the_steps_own_compute_against_the_plans():
+    import dataclasses
+
+    from layerscope.torchrun import RunResult
+    # the plan above: 2 stages of one unit each, 1 s forward and 2 s backward per micro-batch, 2
+    # micro-batches: 2 x 2 x (1 + 2) = 12 s of actions in a step. The run's median step (of steps 2-4,
+    # after the first: 30, 20 and 25 s, so step 4) has every action twice as long: 24 s, a speed of
+    # 2.0, taken from that step alone (steps 2 and 3, 3x and 1.5x, do not count)
+    us = tuple(dataclasses.replace(_unit(i, 1), latency=3.0, forward_time=1.0, backward_time=2.0) for i in range(2))
+    plan = build_plan(SplitUnits("m", us), stages=2, by="latency", memory_limit=None, schedule="1f1b",
+                      microbatches=2)
+
+    def blocks(stage, k):
+        return [[stage, kind, mb, 0.0, k * t] for kind, t in (("F", 1.0), ("B", 2.0)) for mb in range(2)]
+    ranks = tuple({"rank": i, "stages": [i], "corun": 1.0, "times": [9.0, 30.0, 20.0, 25.0], "busy": [1.0] * 4,
+                   "blocks": [blocks(i, k) for k in (1.0, 3.0, 1.5, 2.0)], "steady": False,
+                   "peak_bytes": 1, "predicted_bytes": 1} for i in range(2))
+    res = RunResult(plan=plan, ranks=ranks, reference=(1.0,), losses=(1.0,), path="ownership")
+    assert res.step_speed(plan) == 2.0
+    assert res.predict(plan, at_step_speed=True).pipeline_time == 2 * res.predict(plan).pipeline_time
+    # no per-action times: none
+    bare = dataclasses.replace(res, ranks=tuple({k: v for k, v in r.items() if k != "blocks"} for r in ranks))
+    assert bare.step_speed(plan) is None
+
+
 def test_torchrun_honours_head_input_ids_and_memory_limit():
     from layerscope.torchrun import launch
     cfg = {k: v for k, v in GPT2_RUN.items()}

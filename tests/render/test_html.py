@@ -286,3 +286,75 @@ def test_plan_schedule_timeline_renders(tmp_path):
     assert "rank 1 (stages 1,3)" in dom and "Step time" in dom
     assert "data-errors" not in dom and 'data-clipped="0"' in dom and 'data-overlaps="0"' in dom
     assert [line for line in res.stderr.splitlines() if "CONSOLE" in line] == []
+
+
+@pytest.fixture(scope="module")
+def searched():
+    """A search on 2 H100s with a limit between the plans: tp 1 fits (136,792,576 B at its peak), tp 2
+    does not (136,833,536 B)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+    with torch.device("meta"):
+        m = LlamaForCausalLM(cfg)
+    ids = torch.zeros((1, 32), dtype=torch.long, device="meta")
+    return ls.parallel(m, ids, gpus=2, gpu="H100", memory_limit=136_810_000, search=True, global_batch=4, pp=1,
+                       ac="full", time_budget=1e9)
+
+
+def test_parallel_page_data(searched):
+    """The sharded-training section reads the report's JSON: the same from the report and its saved
+    file; the chosen plan's roles with their parts, the step's parts, the plans fitting first."""
+    from layerscope.render.html import page_data
+    data = page_data(parallel=searched)
+    assert page_data(parallel=json.loads(searched.to_json())) == data
+    q, p = data["parallel"], searched.plan
+    assert q["heading"] == "Sharded training: 2 GPUs: " + p.label
+    # each role's parts are the simulated rank's breakdown, adding up to its peak
+    (role,) = q["roles"]
+    assert role["label"] == "ranks 0-1" and sum(role["parts"].values()) == role["value"] == p.peak_bytes
+    # the step's parts are timing's, in the order the step sums them: compute, the host's wait,
+    # TP's collectives, the exposed data-parallel communication (no pipeline here: nothing left over)
+    t = p.timing
+    want = [(name, t[k]) for k, name in (("compute", "compute"), ("host_wait", "GPU waiting for the host"),
+                                         ("tp_comm", "TP communication"),
+                                         ("exposed_comm", "exposed data-parallel/pipeline communication")) if t[k]]
+    assert [(x["label"], x["value"]) for x in q["step"]["parts"]] == want
+    assert sum(x["value"] for x in q["step"]["parts"]) == pytest.approx(p.step_time, rel=1e-12)
+    # the plans: those that fit by step time, then the misses by their excess; the first is the chosen
+    rows = q["plans"]["rows"]
+    fits = [r for r in rows if r["fits"]]
+    assert rows[:len(fits)] == fits and fits[0]["label"] == searched.search["candidates"][0]["label"]
+    assert fits[0]["step"] == p.step_time
+    assert [r["step"] for r in fits] == sorted(r["step"] for r in fits)
+    misses = [r for r in rows if not r["fits"]]
+    assert misses and all(r["label"].startswith("tp 2") for r in misses)
+    assert all(r["over"] > 0 and r["status"].startswith("over by") for r in misses)
+    assert q["limit"] == 136_810_000 and any(c[0] == "Plans that fit" for c in data["cards"])
+    # after --run, the run's own figures under the prediction
+    d = json.loads(searched.to_json())
+    d["plans"][0]["measured"] = {"loss_equal": True, "max_rel_loss_diff": 2e-4, "step_time": 0.0123,
+                                 "ranks": [{"peak_bytes": 3 << 20}, {"peak_bytes": 5 << 19}]}
+    assert page_data(parallel=d)["parallel"]["measured"] == (
+        "Run for real: losses equal one process (largest relative difference 2.0e-04); step 12.30 ms; "
+        "peaks rank 0 3.00 MiB, rank 1 2.50 MiB.")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (make test installs Debian's chromium)")
+def test_parallel_page_renders_in_chromium(searched, tmp_path):
+    """`parallel --format html` and `report` of its saved JSON: the plans, the chosen plan's ranks and
+    its step drawn, every chart text inside its chart and none over another."""
+    from layerscope.cli import main
+    path = tmp_path / "parallel.html"
+    searched.save_html(str(path))
+    res = _browser(path, "--dump-dom")
+    dom = res.stdout
+    assert 'data-rendered="3"' in dom, res.stderr[-1500:]
+    assert re.search(r'class="chart plans"[^>]*data-bars="\d+"', dom) and 'class="chart ranks"' in dom
+    assert "data-errors" not in dom and 'data-clipped="0"' in dom and 'data-overlaps="0"' in dom
+    assert [line for line in res.stderr.splitlines() if "CONSOLE" in line] == []
+    saved = tmp_path / "p.json"
+    searched.to_json(str(saved))
+    out = tmp_path / "again.html"
+    assert main(["report", str(saved), "-o", str(out)]) == 0
+    assert out.read_text() == path.read_text()

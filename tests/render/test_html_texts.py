@@ -94,5 +94,5 @@ def test_coverage_texts():
 def test_page_data_is_versioned():
     data = page_data(latency={"model": {"name": "m", "options": {}}, "totals": {"runs": 1}, "notes": [],
                               "layers": [], "context": []})
-    assert data["page_schema"] == PAGE_SCHEMA == 2
+    assert data["page_schema"] == PAGE_SCHEMA == 3
     assert data["cards"] == [["Forward time", "--", "median of 1 repeats"]]

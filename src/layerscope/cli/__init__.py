@@ -11,7 +11,7 @@ from typing import Sequence
 from ..errors import LayerscopeError
 from .helptext import _EXAMPLES
 from .onnx import run_onnx, run_onnx_tile
-from .parser import EXIT_ERROR, EXIT_INTERNAL, EXIT_USAGE, build_parser
+from .parser import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_INTERNAL, EXIT_USAGE, build_parser
 from .report import run_compare, run_list_presets, run_report
 from .split import run_split
 from .parallel import run_parallel
@@ -71,6 +71,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("layerscope: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`| true`, a pager quit early): nothing more to say, and nothing more
+        # to write: stdout goes to devnull so that the interpreter's own flush at exit cannot fail too
+        import os
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):     # a stdout with no file descriptor (a test's capture)
+            pass
+        return EXIT_BROKEN_PIPE
     except Exception as e:  # never a traceback for the user; the message says what broke
         print(f"layerscope: internal error: {type(e).__name__}: {e} (please report this)", file=sys.stderr)
         return EXIT_INTERNAL

@@ -14,6 +14,7 @@ from .helptext import _EXAMPLES, _SPEC_HELP, HelpFormatter
 # every bad input exits 1 (a malformed command line too: one line, as for any other bad input); an
 # internal error 3
 EXIT_USAGE, EXIT_ERROR, EXIT_INTERNAL = 1, 1, 3
+EXIT_BROKEN_PIPE = 141      # the reader closed the pipe: what a shell reports for a program SIGPIPE ended (cat, grep)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -206,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="step-time model: replace an achievable fraction (matmul, attention, memory, link)\n"
                          "or a time (launch_s, nvlink_latency_s, network_latency_s, host_op_s, host_tp_op_s,\n"
                          "host_sac_op_s); repeatable")
-    _output_args(pl, formats=("table", "json", "csv"))
+    _output_args(pl)
     pl.set_defaults(depth=None)
     pf = _sub(sub, "profile", "per-module forward (and backward) time, self and inclusive, achieved FLOP/s")
     _model_args(pf)

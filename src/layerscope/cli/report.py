@@ -29,7 +29,7 @@ def _load_json(path: str) -> dict:
     return data
 
 
-_PART = {"summary": "summary", "memory": "memory", "latency": "latency", "stage_plan": "plan"}
+_PART = {"summary": "summary", "memory": "memory", "latency": "latency", "stage_plan": "plan", "parallel": "parallel"}
 
 
 def _wrote(ns: argparse.Namespace, code: int) -> int:

@@ -109,9 +109,10 @@ class Views:
         """The rows as a pandas DataFrame (needs the ``pandas`` extra)."""
         return dataframe(table_rows(self._full_table()))
 
-    def to_html(self, *, summary=None, memory=None, latency=None, plan=None, title: str | None = None) -> str:
+    def to_html(self, *, summary=None, memory=None, latency=None, plan=None, parallel=None,
+                title: str | None = None) -> str:
         from .html import html_page
-        parts = {"summary": summary, "memory": memory, "latency": latency, "plan": plan}
+        parts = {"summary": summary, "memory": memory, "latency": latency, "plan": plan, "parallel": parallel}
         parts[self._html_part] = self
         return html_page(title, **{k: v for k, v in parts.items() if v is not None})
 
@@ -239,9 +240,6 @@ class ParallelReport(Views, _parallel.ParallelReport):
 
     def print(self, file: TextIO | None = None, columns=None, **_: Any) -> None:
         self._print(file, None, columns, True)
-
-    def to_html(self, **others) -> str:
-        raise InputError("a parallel report has no HTML page yet: use its table, to_json() or to_csv()")
 
 
 _VIEW_OF: dict[type, type] = {_summary.Report: Report, _memory.MemoryReport: MemoryReport,

@@ -120,6 +120,7 @@ class ParallelReport(ReportRecord):
 
     kind = "parallel"
     json_rows = "roles"
+    _html_part = "parallel"
 
     def __init__(self, *, model_name: str, options: dict, plans: tuple[ParallelPlan, ...], notes=(),
                  search: dict | None = None) -> None:

@@ -60,16 +60,44 @@ class RunResult:
         total = sum(u.forward_time + u.backward_time for u in units)
         return xs[len(xs) // 2] / total if total > 0 else None
 
-    def predict(self, plan, at_run_speed: bool = False):
+    def step_speed(self, plan) -> float | None:
+        """How much longer the run's own steps took to compute than ``plan`` predicts: in the median
+        step (the one ``replay`` takes), every rank's forward and backward actions added up, over the
+        same sum in the plan's simulated step with this run's co-run slowdown (``predict(plan)``).
+        Measured during the steps, so it holds the machine's speed at that moment; what it leaves to
+        the prediction is how the work splits between the stages, the schedule, the ranks' sharing of
+        the cores and the sends. None without per-action times or unit times."""
+        if not all(r.get("blocks") for r in self.ranks):
+            return None
+        tl = self.predict(plan)
+        if tl is None:
+            return None
+        i = self._median_step()
+        measured = sum(b - a for r in self.ranks for *_, a, b in r["blocks"][i])
+        predicted = sum(b.end - b.start for b in tl.blocks)
+        return measured / predicted if predicted > 0 else None
+
+    def _median_step(self) -> int:
+        """The index of the median timed step (the slowest rank's seconds; after the first unless
+        every step came after others)."""
+        steps = min(len(r["blocks"]) for r in self.ranks)
+        per_step = [max(r["times"][i] for r in self.ranks) for i in range(steps)]
+        pool = list(range(steps)) if self.warm or steps == 1 else list(range(1, steps))
+        return sorted(pool, key=lambda j: per_step[j])[len(pool) // 2]
+
+    def predict(self, plan, at_run_speed: bool = False, at_step_speed: bool = False):
         """``plan``'s simulated step (a plan of these cuts with unit times, e.g. made before the
         run) with the co-run slowdown measured in this run; None where the plan has no times.
         ``at_run_speed``: its compute times also scaled by ``speed(plan)`` (the machine's speed
-        when the run began, against when the units were timed)."""
+        when the run began, against when the units were timed). ``at_step_speed``: scaled instead by
+        ``step_speed(plan)``, the speed the run's steps computed at."""
         if getattr(plan, "timeline", None) is None:
             return None
         from ..pipeline.schedule import simulate
         st = plan.stages
         k = (self.speed(plan) or 1.0) if at_run_speed else 1.0
+        if at_step_speed:
+            k = self.step_speed(plan) or 1.0
         w = [s.weight_time or 0.0 for s in plan.stages] if schedule_of(plan.schedule).zero_bubble else None
         return simulate(plan.schedule, [k * s.forward_time for s in st], [k * s.backward_time for s in st],
                         plan.microbatches, send=[s.send_time for s in st[:-1]],
@@ -85,10 +113,7 @@ class RunResult:
         if not all(r.get("blocks") for r in self.ranks):
             return None
         from ..pipeline.schedule import simulate
-        steps = min(len(r["blocks"]) for r in self.ranks)
-        per_step = [max(r["times"][i] for r in self.ranks) for i in range(steps)]
-        pool = list(range(steps)) if self.warm or steps == 1 else list(range(1, steps))
-        i = sorted(pool, key=lambda j: per_step[j])[len(pool) // 2]
+        i = self._median_step()
         durs: dict = {}
         for r in self.ranks:
             for st, kind, _, a, b in r["blocks"][i]:

@@ -25,11 +25,13 @@ from ..fold import roles
 from ..json import report_json
 from ..layout import grid
 from ..units import fmt
-from .texts import cards, coverage_texts, memory_axis, memory_sentence, plan_texts, rest_note
+from .texts import (cards, coverage_texts, memory_axis, memory_sentence, parallel_cards, parallel_texts, plan_texts,
+                    rest_note)
 
 __all__ = ["html_page", "page_data", "MAX_POINTS", "TOP", "PAGE_SCHEMA"]
 
-PAGE_SCHEMA = 2          # 2: the shown texts come built (cards, axis, sentences); the script formats no number
+PAGE_SCHEMA = 3          # 2: the shown texts come built (cards, axis, sentences); the script formats no number;
+#                          3: a sharded-training section (``parallel``)
 
 MAX_POINTS = 1500        # memory timeline points kept
 TOP = 20                 # bars per chart
@@ -155,13 +157,13 @@ def _as_dict(x) -> dict | None:
     return report_json(x) if hasattr(x, "table_model") else x   # a record
 
 
-def page_data(summary=None, memory=None, latency=None, plan=None) -> dict[str, Any]:
+def page_data(summary=None, memory=None, latency=None, plan=None, parallel=None) -> dict[str, Any]:
     """What the page embeds, from the reports (objects, their ``to_dict()`` or their saved JSON)."""
-    summary, memory, latency, plan = (_as_dict(x) for x in (summary, memory, latency, plan))
+    summary, memory, latency, plan, parallel = (_as_dict(x) for x in (summary, memory, latency, plan, parallel))
     data: dict[str, Any] = {"page_schema": PAGE_SCHEMA}
-    present = [d for d in (summary, memory, latency, plan) if d is not None]
+    present = [d for d in (summary, memory, latency, plan, parallel) if d is not None]
     data["context"] = _context(present)
-    data["cards"] = cards(summary, memory, latency, plan)
+    data["cards"] = cards(summary, memory, latency, plan) + (parallel_cards(parallel) if parallel is not None else [])
     tree_parts = []
     if summary is not None:
         tree_parts.append(("summary", summary, [c["key"] for c in summary.get("columns", []) if c.get("default")]))
@@ -216,19 +218,23 @@ def page_data(summary=None, memory=None, latency=None, plan=None) -> dict[str, A
              "params_text": fmt("params", st["params"]), "units": st["units"], "units_text": str(st["units"]),
              "limit_text": fmt("bytes", st["limit_bytes"]) if st.get("limit_bytes") else "--"}
             for st in plan["stages"]]
+    if parallel is not None:
+        data["parallel"] = parallel_texts(parallel)
+        data["parallel"]["model"] = parallel["model_name"]
     if not present:
         return {}
     return data
 
 
 def html_page(title: str | None = None, **reports) -> str:
-    """The whole page for the given reports (summary=, memory=, latency=, plan=: report objects,
-    their ``to_dict()`` or saved JSON)."""
+    """The whole page for the given reports (summary=, memory=, latency=, plan=, parallel=: report
+    objects, their ``to_dict()`` or saved JSON)."""
     data = page_data(**reports)
     if not data:
         from ...errors import InputError
-        raise InputError("an HTML report needs at least one of summary, memory, latency, plan")
-    first = next(d for d in (data.get("summary"), data.get("memory"), data.get("latency"), data.get("plan")) if d)
+        raise InputError("an HTML report needs at least one of summary, memory, latency, plan, parallel")
+    first = next(d for d in (data.get("summary"), data.get("memory"), data.get("latency"), data.get("plan"),
+                             data.get("parallel")) if d)
     name = first["model"]["name"] if isinstance(first["model"], dict) else first["model"]
     data["name"] = name
     template = Template(resources.files(__name__).joinpath("report.html").read_text(encoding="utf-8"))
