@@ -33,6 +33,7 @@ and writes it to bench/results/split_MODELS.md (docs/benchmarks.md quotes it).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -64,7 +65,6 @@ BATCH, MICRO = 16, 4
 def link_bandwidth() -> float:
     """Bytes per second of one gloo send between two processes here, for a 4 MiB tensor (the
     median of 6 round trips; bench/_gloo_bandwidth.py under torchrun)."""
-    import json
     import subprocess
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
@@ -166,7 +166,6 @@ def main() -> None:
                     step_speeds[k].append(res.step_speed(p) or 1.0)
                     at_steps[k].append(res.predict(p, at_step_speed=True).step_time)
                     if a.raw:
-                        import json
                         with open(a.raw, "a") as f:
                             f.write(json.dumps({"model": name, "schedule": schedule, "split": k,
                                                 "cuts": list(p.split_points), "steps": measured_steps(res),
