@@ -157,27 +157,28 @@ def main() -> None:
                     res = launch(spec, overrides=overrides, stages=stages, schedule=schedule, microbatches=MICRO,
                                  batch_size=BATCH, steps=a.steps, optimizer="sgd", head=HEAD.get(spec),
                                  partition_options={"cuts": list(p.split_points)})
-                    runs[k] += measured_steps(res)
-                    medians[k].append(statistics.median(measured_steps(res)))
+                    got = measured_steps(res)
+                    runs[k] += got
+                    medians[k].append(statistics.median(got))
                     pred[k].append(res.predict(p).step_time)
                     coruns[k].append(res.corun)
                     speeds[k].append(res.speed(p) or 1.0)
                     at_speed[k].append(res.predict(p, at_run_speed=True).step_time)
+                    sim, end = res.replay()
+                    replays[k].append(sim / end)
                     step_speeds[k].append(res.step_speed(p) or 1.0)
                     at_steps[k].append(res.predict(p, at_step_speed=True).step_time)
                     if a.raw:
                         with open(a.raw, "a") as f:
                             f.write(json.dumps({"model": name, "schedule": schedule, "split": k,
-                                                "cuts": list(p.split_points), "steps": measured_steps(res),
+                                                "cuts": list(p.split_points), "steps": got,
                                                 "alone": p.step_time,
                                                 "predicted": pred[k][-1], "corun": res.corun,
                                                 "speed": speeds[k][-1], "at_speed": at_speed[k][-1],
                                                 "step_speed": step_speeds[k][-1], "at_steps": at_steps[k][-1],
-                                                "replay": list(res.replay() or ())}) + "\n")
-                    sim, end = res.replay()
-                    replays[k].append(sim / end)
-                    print(f"{name} {schedule} {k}: {[round(x * 1e3) for x in measured_steps(res)]} ms, co-run "
-                          f"x{res.corun:.2f}, predicted {res.predict(p).step_time * 1e3:.0f} ms, machine "
+                                                "replay": [sim, end]}) + "\n")
+                    print(f"{name} {schedule} {k}: {[round(x * 1e3) for x in got]} ms, co-run "
+                          f"x{res.corun:.2f}, predicted {pred[k][-1] * 1e3:.0f} ms, machine "
                           f"x{speeds[k][-1]:.2f} ({at_speed[k][-1] * 1e3:.0f} ms), steps x{step_speeds[k][-1]:.2f} "
                           f"({at_steps[k][-1] * 1e3:.0f} ms) "
                           f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)

@@ -13,7 +13,7 @@ from ..parallel.simulate import PARTS
 from .base import ReportRecord
 from .table import Column, Fact, Table, flat_table
 
-__all__ = ["ParallelReport", "RoleRow", "PARALLEL_COLUMNS", "SCHEMA"]
+__all__ = ["ParallelReport", "RoleRow", "PARALLEL_COLUMNS", "SCHEMA", "STEP_PARTS"]
 
 SCHEMA = 5      # the parallel JSON's own version (plans, ranks, measured). 2: a rank's breakdown has the
 #                 estimate "gloo late free (estimate)"; 3: a rank's host_bytes, a plan's offload (CPU
@@ -64,15 +64,15 @@ def _gib(n: int) -> str:
     return iec(n)
 
 
+# the predicted step's parts (``timing``'s keys) in the order they add up, with their names; the
+# terminal's step line and the HTML page's step bar both read it
+STEP_PARTS = (("compute", "compute"), ("host_wait", "GPU waiting for the host"), ("tp_comm", "TP communication"),
+              ("exposed_comm", "exposed data-parallel/pipeline communication"))
+
+
 def _step_line(p: ParallelPlan) -> str:
     t = p.timing or {}
-    parts = [f"compute {t.get('compute', 0) * 1e3:,.1f} ms"]
-    if t.get("host_wait"):
-        parts.append(f"GPU waiting for the host {t['host_wait'] * 1e3:,.1f} ms")
-    if t.get("tp_comm"):
-        parts.append(f"TP communication {t['tp_comm'] * 1e3:,.1f} ms")
-    if t.get("exposed_comm"):
-        parts.append(f"exposed data-parallel/pipeline communication {t['exposed_comm'] * 1e3:,.1f} ms")
+    parts = [f"{name} {t.get(k, 0) * 1e3:,.1f} ms" for k, name in STEP_PARTS if k == "compute" or t.get(k)]
     if t.get("bubble"):
         parts.append(f"bubble {t['bubble']:.0%}")
     rate = (f", {p.tokens_per_s:,.0f} tokens/s per GPU" if p.tokens_per_s else "") + \

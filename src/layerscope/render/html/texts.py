@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...reports.parallel import STEP_PARTS
 from ..units import decimals, fmt, iec, params, percent, seconds, si
 
 __all__ = ["cards", "memory_axis", "memory_sentence", "plan_texts", "coverage_texts", "rest_note", "AXIS",
@@ -118,12 +119,10 @@ def rest_note(roles: int, layers: int, text: str) -> str:
     return f"and {roles} more role(s) in {layers} layer(s), {text} together"
 
 
-_STEP_PARTS = (("compute", "compute"), ("host_wait", "GPU waiting for the host"), ("tp_comm", "TP communication"),
-               ("exposed_comm", "exposed data-parallel/pipeline communication"))
 _SHOWN_PLANS, _SHOWN_MISSES = 12, 6      # the plan chart's rows: the fastest that fit, the nearest misses
 
 
-def _roles(par: dict) -> list[dict]:
+def _rank_roles(par: dict) -> list[dict]:
     """The memory chart's rows: per role (ranks that hold the same bytes), the parts of its peak."""
     ranks = par["plans"][0]["ranks"]
     out = []
@@ -169,7 +168,7 @@ def parallel_texts(par: dict) -> dict[str, Any]:
     lost, the largest rank's collectives, and the run's measurement beside the prediction."""
     p = par["plans"][0]
     label = next((f["value"] for f in par.get("context", []) if f["label"] == "Configuration"), "")
-    out: dict[str, Any] = {"heading": f"Sharded training: {label}", "roles": _roles(par), "notes": list(par["notes"]),
+    out: dict[str, Any] = {"heading": f"Sharded training: {label}", "roles": _rank_roles(par), "notes": list(par["notes"]),
                            "limit": p["limit_bytes"], "limit_text": iec(p["limit_bytes"]) if p["limit_bytes"] else None}
     # the columns the terminal shows, less those no role has a byte in
     cols = [c for c in par.get("columns", []) if c["unit"] != "bytes" or c["key"] == "peak_bytes"
@@ -179,7 +178,7 @@ def parallel_texts(par: dict) -> dict[str, Any]:
                              for r in par["roles"]]}
     t = p.get("timing")
     if t:
-        parts = [{"label": name, "value": t[k], "text": seconds(t[k])} for k, name in _STEP_PARTS if t.get(k)]
+        parts = [{"label": name, "value": t[k], "text": seconds(t[k])} for k, name in STEP_PARTS if t.get(k)]
         rest = t["step_time"] - sum(x["value"] for x in parts)
         if rest > 1e-9 * t["step_time"]:
             parts.append({"label": "pipeline bubble and the rest", "value": rest, "text": seconds(rest)})
