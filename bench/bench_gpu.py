@@ -26,6 +26,11 @@ are in docs/benchmarks.md ("On a GPU").
    time by op class against the model's own split (matmul, attention, memory).
 6. fractions: what single kernels (bf16 GEMMs, SDPA forward and backward, elementwise adds, a tiny op's
    launch) reach here, against the step-time model's table of fractions.
+7. kernels: the raw seconds of a grid of single kernels (SDPA by head dim, length and mask; GEMMs by size;
+   elementwise ops, norms and casts by size), read where the step-time model's table is set.
+
+Part 5 can measure on the GPU alone (``--measure-only``) and be priced on any machine later
+(``--predict bench_gpu.json``: fake tensors, no GPU), so a lent GPU's minutes go to measuring.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "src"))
 
 import layerscope as ls  # noqa: E402
 
-ROWS: dict[str, list] = {"memory": [], "sdpa": [], "fsdp": [], "stages": [], "time": [], "fractions": []}
+ROWS: dict[str, list] = {"memory": [], "sdpa": [], "fsdp": [], "stages": [], "time": [], "fractions": [],
+                         "kernels": []}
 
 
 def _cuda(x):
@@ -338,16 +344,22 @@ TIME_MODELS = {
                                     "intermediate_size": 6912, "num_attention_heads": 20, "num_key_value_heads": 4}),
     "GPT-2 large": ("hf:GPT2Config", {"n_layer": 12, "n_embd": 1280, "n_head": 20, "vocab_size": 50304,
                                       "n_positions": 1024}),
+    # held out from the head-dim and memory-class corrections (2026-11-26 evening): heads of 64 and 96
+    "Llama d64": ("hf:LlamaConfig", {**_LLAMA_05B, "hidden_size": 1024, "intermediate_size": 2816,
+                                     "num_hidden_layers": 12}),
+    "Llama d96": ("hf:LlamaConfig", {**_LLAMA_05B, "hidden_size": 1536, "intermediate_size": 4096}),
 }
 TIME_BATCH = {"Llama-0.5B": (4, 2048), "Llama": FSDP_BATCH, "GPT-2": FSDP_BATCH, "Llama-0.5B S4096": (2, 4096),
-              "Llama-1B": (2, 2048), "GPT-2 large": (8, 1024)}
+              "Llama-1B": (2, 2048), "GPT-2 large": (8, 1024), "Llama d64": (8, 2048), "Llama d96": (4, 2048)}
 TIME_CONFIGS = [("Llama-0.5B", dict(gpus=8)), ("Llama-0.5B", dict(gpus=8, ac="full")),
                 ("Llama-0.5B", dict(gpus=8, ac="selective-op")), ("Llama-0.5B", dict(gpus=8, tp=2)),
                 ("Llama-0.5B", dict(gpus=8, mixed_precision="off")),
                 ("Llama", dict(gpus=8)), ("GPT-2", dict(gpus=8)), ("GPT-2", dict(gpus=8, tp=2)),
                 ("Llama-0.5B S4096", dict(gpus=8)), ("Llama-0.5B S4096", dict(gpus=8, tp=2, ac="full")),
                 ("Llama-1B", dict(gpus=8, ac="full")), ("Llama-1B", dict(gpus=8, ac="selective-op")),
-                ("GPT-2 large", dict(gpus=8)), ("GPT-2 large", dict(gpus=8, ac="full"))]
+                ("GPT-2 large", dict(gpus=8)), ("GPT-2 large", dict(gpus=8, ac="full")),
+                ("Llama d64", dict(gpus=8)), ("Llama d64", dict(gpus=8, ac="full")), ("Llama d96", dict(gpus=8))]
+MEASURE_ONLY = False        # --measure-only: part 5 measures on the GPU; --predict FILE prices its rows later
 TIME_STEPS = (3, 10)        # warm-up steps, timed steps
 _MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addmv", "aten::mv", "aten::matmul",
                "aten::linear", "aten::convolution", "aten::_convolution", "aten::cudnn_convolution", "aten::_scaled_mm")
@@ -362,7 +374,7 @@ def _measured_class(name: str) -> str:
 
 def _predicted(runs, config) -> tuple[dict, list]:
     """Rank 0's last step priced by the step-time model for an H100: its compute seconds by op class
-    (with "ops", how many), and (op, count, seconds) by op name, the 40 dearest."""
+    (with "ops", how many), and (op, count, seconds) by op name, dearest first."""
     from layerscope.costs.gpus import GPUS
     from layerscope.parallel.results import COLLECTIVES
     from layerscope.parallel.timing import FRACTIONS, _compute_dtype, op_class, op_seconds
@@ -383,7 +395,7 @@ def _predicted(runs, config) -> tuple[dict, list]:
             agg[op.op] = (count + 1, total + sec)
             n += 1
     classes["ops"] = n
-    return classes, sorted(((k, c, t) for k, (c, t) in agg.items()), key=lambda x: -x[2])[:40]
+    return classes, sorted(((k, c, t) for k, (c, t) in agg.items()), key=lambda x: -x[2])
 
 
 def time_one_rank(build, config, ids, labels, device: str):
@@ -434,10 +446,14 @@ def time_one_rank(build, config, ids, labels, device: str):
             step()
             sync()
         # a kernel's time is its own entry's (device type CUDA) and, once more, the self time of the ATen op
-        # that launched it (device type CPU): the classes from the ops, the total from the kernels
+        # that launched it (device type CPU): the classes from the ops, the total from the kernels. A
+        # record_function range (the optimizer's step, FSDP's all-gathers) also has a device entry, which
+        # spans the kernels in it: counted, the total held those kernels twice (13 ms of 88 on the 0.5B Llama)
         kernels = dict.fromkeys(("matmul", "attention", "memory"), 0.0)
         ops, total, launched, cpu_ops = [], 0.0, 0, 0
-        for e in prof.key_averages():
+        averages = prof.key_averages()
+        cpu_keys = {e.key for e in averages if str(e.device_type).endswith("CPU")}
+        for e in averages:
             us = getattr(e, "self_device_time_total", None)
             if us is None:
                 us = getattr(e, "self_cuda_time_total", 0)
@@ -446,29 +462,36 @@ def time_one_rank(build, config, ids, labels, device: str):
                 if us:
                     kernels[_measured_class(e.key)] += us * 1e-6
                     ops.append((e.key, e.count, us))
-            else:
+            elif e.key not in cpu_keys and not getattr(e, "is_user_annotation", False):
                 total += us * 1e-6
                 launched += e.count
         ops.sort(key=lambda x: -x[2])
         peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
     return dict(times=times, host=host, kernels=kernels, kernel_total=total, kernel_count=launched, cpu_ops=cpu_ops,
-                top_ops=ops[:40], peak=peak)
+                top_ops=ops, peak=peak)
 
 
-def one_time(i: int, device: str = "cuda") -> dict:
-    import layerscope.api._parallel as api_parallel
-    from layerscope.costs.gpus import gpu
+def _time_case(i: int):
+    """Row ``i`` of TIME_CONFIGS: (name, keywords, spec, overrides, config, ids, labels), seeded."""
     from layerscope.options import ParallelConfig
-    from layerscope.parallel.timing import fractions, step_time
-    from layerscope.specs import build_model
-
     name, kw = TIME_CONFIGS[i]
     spec, over = TIME_MODELS[name]
     b, s = TIME_BATCH[name]
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, over["vocab_size"], (b, s), generator=g)
     labels = torch.randint(0, over["vocab_size"], (b, s), generator=g)
-    config = ParallelConfig(**kw)
+    return name, kw, spec, over, ParallelConfig(**kw), ids, labels
+
+
+def predict_time(i: int) -> dict:
+    """Row ``i``'s prediction for an H100: parallel()'s timing, the same ranks with communication free (what
+    the fake backend runs), and the compute by class and by op. Runs on any machine (fake tensors)."""
+    import layerscope.api._parallel as api_parallel
+    from layerscope.costs.gpus import gpu
+    from layerscope.parallel.timing import fractions, step_time
+    from layerscope.specs import build_model
+
+    name, kw, spec, over, config, ids, labels = _time_case(i)
 
     def loss_fn(out):
         return F.cross_entropy(out.logits.flatten(0, 1).float(), labels.to(out.logits.device).flatten(0, 1))
@@ -493,18 +516,49 @@ def one_time(i: int, device: str = "cuda") -> dict:
     classes, top = _predicted(seen["runs"], config)
     # the optimizer is priced apart from the ops (its foreach updates stream memory): in the memory class
     classes["memory"] += plan.timing["compute"] - sum(classes[k] for k in ("matmul", "attention", "memory"))
+    return dict(timing=plan.timing, no_comm=free, predicted_ops=top, predicted_peak=plan.ranks[0].peak_bytes,
+                predicted_classes=classes, sim_seconds=seconds)
+
+
+def one_time(i: int, device: str = "cuda") -> dict:
+    from layerscope.specs import build_model
+    name, kw, spec, over, config, ids, labels = _time_case(i)
+    pred = {} if MEASURE_ONLY else predict_time(i)
     if device == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     m = time_one_rank(lambda: build_model(spec, "cpu", over, "causal-lm").model, config, ids, labels, device)
     if device == "cuda":
         torch.cuda.empty_cache()
-    return dict(model=name, config=config.label(), kw=kw, tokens=b * s, timing=plan.timing, no_comm=free, predicted_ops=top,
-                predicted_peak=plan.ranks[0].peak_bytes, predicted_classes=classes, sim_seconds=seconds, **m)
+    return dict(index=i, model=name, config=config.label(), kw=kw, tokens=ids.numel(), **pred, **m)
 
 
-def part_time(only: str | None = None, device: str = "cuda") -> None:
+def _time_row(name: str, kw: dict, r: dict) -> None:
+    """One row of part 5's table (the measured figures alone where there is no prediction yet)."""
     import statistics
+    measured = statistics.median(r["times"])
+    kern = r["kernel_total"]
+    r.update(measured=measured, kernel_seconds=kern, host_median=statistics.median(r["host"]))
+    label = f"{name} " + r["config"].replace(", pp 1", "") + (" (mp off)" if "mixed_precision" in kw else "")
+    kc = r["kernels"]
+    if "no_comm" not in r:
+        print(f"{label[:40]:40} {'':>9} {measured * 1e3:8.2f}ms {'':>7} {kern * 1e3:8.2f}ms   kernels (ms): "
+              + ", ".join(f"{kc[k] * 1e3:.1f}" for k in ("matmul", "attention", "memory"))
+              + f"  ({r['kernel_count']} kernels, {r['cpu_ops']} CPU ops, host {r['host_median'] * 1e3:.1f} ms; "
+              f"peak {r['peak'] or 0:,} B)", flush=True)
+        return
+    t, pc = r["timing"], r["predicted_classes"]
+    d = 100.0 * (r["no_comm"]["step_time"] - measured) / measured
+    r["diff"] = d
+    split = ", ".join(f"{pc[k] * 1e3:.1f}/{kc[k] * 1e3:.1f}" for k in ("matmul", "attention", "memory"))
+    print(f"{label[:40]:40} {r['no_comm']['step_time'] * 1e3:8.2f}ms {measured * 1e3:8.2f}ms {d:+6.1f}% "
+          f"{kern * 1e3:8.2f}ms "
+          f"{t['step_time'] * 1e3:8.2f}ms   {split}  ({pc['ops']} ops predicted, {r['kernel_count']} kernels, "
+          f"{r['cpu_ops']} CPU ops, host {r['host_median'] * 1e3:.1f} ms, predicted host wait "
+          f"{r['no_comm']['host_wait'] * 1e3:.1f} ms; peak {r['predicted_peak']:,} / {r['peak'] or 0:,} B)", flush=True)
+
+
+def _time_header() -> None:
     print("\n5. Step time: parallel()'s prediction for an H100 (parallel/timing.py, default fractions) vs rank 0 "
           "trained on this GPU, collectives on torch's fake backend (they move nothing: the GPU runs the rank's "
           f"compute). AdamW; {TIME_STEPS[0]} warm-up steps, median of {TIME_STEPS[1]} synchronized steps; "
@@ -515,23 +569,30 @@ def part_time(only: str | None = None, device: str = "cuda") -> None:
     print(f"{'configuration':40} {'predicted':>9} {'measured':>9} {'diff':>7} {'kernels':>9} {'NVLink':>9}   "
           "'predicted': compute + host wait, communication free; by class: predicted / kernels (ms) matmul, "
           "attention, memory")
+
+
+def part_time(only: str | None = None, device: str = "cuda") -> None:
+    _time_header()
     for name, kw, r in _run_cases(TIME_CONFIGS, lambda i: one_time(i, device), "time", only, 40):
-        t = r["timing"]
-        measured = statistics.median(r["times"])
-        kern = r["kernel_total"]
-        r["host_median"] = statistics.median(r["host"])
-        d = 100.0 * (r["no_comm"]["step_time"] - measured) / measured
-        r.update(measured=measured, diff=d, kernel_seconds=kern)
         ROWS["time"].append(r)
+        _time_row(name, kw, r)
         _save()
-        pc, kc = r["predicted_classes"], r["kernels"]
-        split = ", ".join(f"{pc[k] * 1e3:.1f}/{kc[k] * 1e3:.1f}" for k in ("matmul", "attention", "memory"))
-        label = f"{name} " + r["config"].replace(", pp 1", "") + (" (mp off)" if "mixed_precision" in kw else "")
-        print(f"{label[:40]:40} {r['no_comm']['step_time'] * 1e3:8.2f}ms {measured * 1e3:8.2f}ms {d:+6.1f}% "
-              f"{kern * 1e3:8.2f}ms "
-              f"{t['step_time'] * 1e3:8.2f}ms   {split}  ({pc['ops']} ops predicted, {r['kernel_count']} kernels, "
-              f"{r['cpu_ops']} CPU ops, host {r['host_median'] * 1e3:.1f} ms, predicted host wait "
-              f"{r['no_comm']['host_wait'] * 1e3:.1f} ms; peak {r['predicted_peak']:,} / {r['peak'] or 0:,} B)", flush=True)
+
+
+def predict_saved(path: str) -> None:
+    """--predict FILE: part 5's rows measured on a GPU (``--measure-only``) priced here by today's model,
+    the table printed and FILE's rows given their predictions (written to --out's bench_gpu.json)."""
+    with open(path) as f:
+        saved = json.load(f)
+    ROWS.update({k: v for k, v in saved.items() if k in ROWS})
+    _time_header()
+    for r in ROWS["time"]:
+        if "error" in r:
+            continue
+        name, kw = TIME_CONFIGS[r["index"]]
+        r.update(predict_time(r["index"]))
+        _time_row(name, kw, r)
+    _save(saved.get("device"), saved.get("torch"))
 
 
 def part_fractions() -> None:
@@ -542,18 +603,7 @@ def part_fractions() -> None:
     print("\n6. What single kernels reach on this GPU, as fractions of the table's H100 peaks "
           f"(bf16 {gpu.peak('bfloat16') / 1e12:.0f} TFLOP/s, {gpu.bandwidth / 1e12:.2f} TB/s), against FRACTIONS")
 
-    def bench(fn, n=20):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(n):
-            fn()
-        z.record()
-        torch.cuda.synchronize()
-        return a.elapsed_time(z) / n * 1e-3
-
+    bench = _bench
     bf = torch.bfloat16
     rows = []
     for m, k, n in ((8192, 8192, 8192), (8192, 2048, 5632), (8192, 5632, 2048), (8192, 2048, 2048),
@@ -587,31 +637,114 @@ def part_fractions() -> None:
         ROWS["fractions"].append(dict(kind=kind, what=what, measured=got, table=table))
 
 
+def _bench(fn, n: int = 20) -> float:
+    """Seconds a call of ``fn`` takes on the GPU: CUDA events around ``n`` calls in a row, after 3 warm-ups."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(n):
+        fn()
+    z.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(z) / n * 1e-3
+
+
+def part_kernels() -> None:
+    """7. kernels: the raw seconds of a grid of single kernels, for the step-time model's table (what an
+    op class reaches by size and shape): SDPA forward and backward by head dim (64-256), sequence length
+    (512-4,096) and mask; bf16 GEMMs (F.linear, as a model's layers call it) of 1,024-16,384 rows and
+    1,024-8,192 in and out features, two fp32 ones without TF32; elementwise ops, norms and casts of
+    4 Ki-256 Mi elements. Each row keeps its shapes, so its FLOPs and bytes are counted where it is read."""
+    from torch.profiler import ProfilerActivity, profile
+    rows = ROWS["kernels"]
+    bf = torch.bfloat16
+    t0 = time.perf_counter()
+    for causal in (True, False):
+        for d in (64, 80, 96, 128, 256):
+            for sq in (512, 1024, 2048, 4096):
+                bsz, h = max(1, 8192 // sq), 16
+                row = dict(kind="sdpa", b=bsz, h=h, s=sq, d=d, causal=causal)
+                try:
+                    q, k, v = (torch.randn(bsz, h, sq, d, device="cuda", dtype=bf, requires_grad=True)
+                               for _ in range(3))
+                    row["fwd"] = _bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+                    o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    go = torch.randn_like(o)
+                    row["bwd"] = _bench(lambda: torch.autograd.grad(o, (q, k, v), go, retain_graph=True))
+                    if sq == 2048:
+                        with profile(activities=[ProfilerActivity.CPU]) as prof:
+                            F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                        row["kernel"] = next((_ATEN[e.key] for e in prof.key_averages() if e.key in _ATEN), None)
+                except Exception as e:  # noqa: BLE001 - one shape no kernel takes must not lose the grid
+                    row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                rows.append(row)
+                q = k = v = o = go = None
+    print(f"  sdpa: {sum(r['kind'] == 'sdpa' for r in rows)} shapes, {time.perf_counter() - t0:.0f} s", flush=True)
+    for m in (1024, 2048, 4096, 8192, 16384):
+        for k in (1024, 2048, 4096, 8192):
+            for n in (1024, 2048, 4096, 8192):
+                x = torch.randn(m, k, device="cuda", dtype=bf)
+                w = torch.randn(n, k, device="cuda", dtype=bf)
+                rows.append(dict(kind="linear", m=m, k=k, n=n, dtype="bfloat16", seconds=_bench(lambda: F.linear(x, w))))
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for m, k, n in ((4096, 4096, 4096), (8192, 2048, 5632)):
+        x = torch.randn(m, k, device="cuda")
+        w = torch.randn(n, k, device="cuda")
+        rows.append(dict(kind="linear", m=m, k=k, n=n, dtype="float32", seconds=_bench(lambda: F.linear(x, w), 10)))
+    del x, w
+    print(f"  linear: {sum(r['kind'] == 'linear' for r in rows)} shapes, {time.perf_counter() - t0:.0f} s", flush=True)
+    for e in range(12, 29, 2):
+        n = 1 << e
+        x, y = torch.randn(n, device="cuda", dtype=bf), torch.randn(n, device="cuda", dtype=bf)
+        xf, yf = x.float(), y.float()
+        rows2d = x.view(-1, 2048) if n >= 2048 else x.view(1, -1)
+        wn = torch.ones(rows2d.shape[-1], device="cuda", dtype=bf)
+        cases = {"add bf16": (lambda: x + y, 6 * n), "add fp32": (lambda: xf + yf, 12 * n),
+                 "mul_ scalar bf16": (lambda: x.mul_(1.0), 4 * n), "copy_ bf16": (lambda: y.copy_(x), 4 * n),
+                 "to fp32": (lambda: x.float(), 6 * n), "silu bf16": (lambda: F.silu(x), 4 * n),
+                 "rms_norm bf16": (lambda: F.rms_norm(rows2d, (rows2d.shape[-1],), wn), 4 * n),
+                 "softmax fp32": (lambda: torch.softmax(xf.view(rows2d.shape), -1), 8 * n)}
+        for what, (fn, nbytes) in cases.items():
+            rows.append(dict(kind="memory", op=what, numel=n, bytes=nbytes, seconds=_bench(fn, 50 if n < 1 << 22 else 20)))
+        del x, y, xf, yf, rows2d
+    print(f"  memory: {sum(r['kind'] == 'memory' for r in rows)} shapes, {time.perf_counter() - t0:.0f} s", flush=True)
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
 OUT_DIR = "."
 
 
-def _save() -> None:
+def _save(device: str | None = None, version: str | None = None) -> None:
     with open(os.path.join(OUT_DIR, "bench_gpu.json"), "w") as f:
-        json.dump({"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-                   "torch": torch.__version__, **ROWS}, f, indent=1, default=str)
+        json.dump({"device": device or (torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"),
+                   "torch": version or torch.__version__, **ROWS}, f, indent=1, default=str)
 
 
 def main() -> None:
     global OUT_DIR
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--only", default="memory,sdpa,fsdp,stages,time,fractions")
+    ap.add_argument("--only", default="memory,sdpa,fsdp,stages,time,fractions,kernels")
+    ap.add_argument("--measure-only", action="store_true", help="part 5: measure on the GPU, predict later")
+    ap.add_argument("--predict", metavar="FILE", help="price the rows of a --measure-only run here (no GPU needed)")
     ap.add_argument("--model", help="parts 3 and 4: only this model's configurations (Llama, GPT-2), or with "
                                     "'offload' the CPU-offload ones, with 'zero-bubble' part 4's zb and zbv ones")
     ns = ap.parse_args()
     OUT_DIR = ns.out
+    if ns.predict:
+        return predict_saved(ns.predict)
+    global MEASURE_ONLY
+    MEASURE_ONLY = ns.measure_only
     if not torch.cuda.is_available():
         sys.exit("bench_gpu.py needs a CUDA GPU")
     import transformers
     print(f"{torch.cuda.get_device_name()} sm {torch.cuda.get_device_capability()}, torch {torch.__version__}, "
           f"transformers {transformers.__version__}, cuDNN {torch.backends.cudnn.version()}")
     parts = {"memory": part_memory, "sdpa": part_sdpa, "fsdp": part_fsdp, "stages": part_stages, "time": part_time,
-             "fractions": part_fractions}
+             "fractions": part_fractions, "kernels": part_kernels}
     for name in ns.only.split(","):
         t0 = time.perf_counter()
         try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 
 __all__ = [
-    "Costs", "TensorSpec", "ParamSpec", "Window", "ReceptiveField", "OpEvent", "LayerRecord",
+    "Costs", "TensorSpec", "ParamSpec", "Window", "AttentionShape", "ReceptiveField", "OpEvent", "LayerRecord",
     "UncountedOp", "Coverage", "Totals", "Trace", "FORWARD", "BACKWARD",
     "PRODUCER_INPUT", "PRODUCER_STATE", "PRODUCER_UNKNOWN", "LOSS", "OPTIMIZER",
 ]
@@ -109,6 +109,19 @@ class Window:
 
 @_quick_init
 @dataclass(frozen=True, slots=True)
+class AttentionShape:
+    """What a fused attention kernel's speed depends on beyond its FLOPs: its query rows (batch and heads
+    included), the head dims of Q/K and of V, and whether it is the backward. Set by the attention cost
+    formulas (costs/attention.py), read by the step-time model (parallel/timing.py)."""
+
+    rows: int
+    head_dim: int
+    value_dim: int
+    backward: bool
+
+
+@_quick_init
+@dataclass(frozen=True, slots=True)
 class ReceptiveField:
     """Spatial receptive field of a tensor w.r.t. the model input, per spatial dim."""
 
@@ -129,6 +142,7 @@ class OpEvent:
     producers: tuple[int, ...]     # per tensor input: index of the op that produced it, or PRODUCER_*
     window: Window | None = None
     executed: float = 1.0          # the share of costs.flops a masked-work-skipping kernel runs (OpCost.executed)
+    attention: AttentionShape | None = None     # a fused attention kernel's shape (OpCost.attention)
 
 
 @_quick_init

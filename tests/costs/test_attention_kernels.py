@@ -115,6 +115,28 @@ def test_flash_varlen_readable_lengths_are_summed_per_sequence():
     assert flash_forward(_varlen_call(cu, causal=True, mode="unmasked")).macs == 8_640
 
 
+def test_attention_shape_for_the_step_time_model():
+    """Each fused kernel hands the step-time model its query rows (batch and heads included) and head
+    dims (OpEvent.attention), which its speed depends on beyond its FLOPs."""
+    from layerscope.costs.attention import flash_forward
+    from layerscope.trace import AttentionShape
+    # heads-third flash on [B 2, S 16, H 4, D 8]: 2 * 16 * 4 = 128 query rows
+    q = torch.empty(2, 16, 4, 8, **META)
+    rep = ls.analyze(Fn(flash_fwd), q, q, q)
+    op = [o for o in rep.trace.ops if o.op == "aten._flash_attention_forward"][0]
+    assert op.attention == AttentionShape(rows=128, head_dim=8, value_dim=8, backward=False)
+    # packed sequences of 5 and 15 tokens, 4 heads: 20 * 4 = 80 rows
+    c = flash_forward(_varlen_call(torch.tensor([0, 5, 20], dtype=torch.int32)))
+    assert c.attention == AttentionShape(80, 8, 8, False)
+    # SDPA on [B 2, H 3, S 5, D 8] (CPU's flash kernel): 2 * 3 * 5 = 30 rows; its backward, V of 6
+    q = torch.randn(2, 3, 5, 8)
+    rep = ls.analyze(Fn(lambda a: torch.nn.functional.scaled_dot_product_attention(a, a, a, is_causal=True)), q)
+    assert [o.attention for o in rep.trace.ops if "attention" in o.op] == [AttentionShape(30, 8, 8, False)]
+    from layerscope.costs.attention import _sdpa
+    c = _sdpa(q, q, torch.empty(2, 3, 5, 6), True, False, True, CostOptions())
+    assert c.attention == AttentionShape(30, 8, 6, True)
+
+
 def test_flash_varlen_on_meta_is_uncounted_not_guessed():
     q = torch.empty(20, 4, 8, **META)
     cu = torch.tensor([0, 5, 20], dtype=torch.int32).to("meta")   # no values: lengths unknowable

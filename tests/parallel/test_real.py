@@ -61,7 +61,9 @@ def test_cli_run_puts_the_measurement_beside_the_prediction(capsys):
 
     from layerscope.cli import main
     sets = [x for k, v in LLAMA.items() for x in ("--set", f"{k}={v}")]
-    argv = ["parallel", "hf:LlamaConfig", "--head", "causal-lm", *sets, "--input-ids", "2,16", "--gpus", "2",
+    # no --head: --run trains a causal LM, and the simulation builds the same (it built the bare model,
+    # whose output has no logits, and the loss failed as an internal error)
+    argv = ["parallel", "hf:LlamaConfig", *sets, "--input-ids", "2,16", "--gpus", "2",
             "--device", "cpu", "--mixed-precision", "bf16", "--run", "--steps", "3", "-q"]
     assert main(argv + ["--format", "json"]) == 0
     plan = json.loads(capsys.readouterr().out)["plans"][0]

@@ -361,7 +361,8 @@ class Composer:
         for kind, (a, z) in ((_F, reg.f[b]), (_B, reg.b[b])):
             for op in cap.ops[a:z]:
                 out.append(("op", kind, op.index - a, op.op, c_rel(op.layer), op.phase, op.status, op.costs,
-                            tuple(t_rel(p) if p >= 0 else p for p in op.producers), op.window, op.executed))
+                            tuple(t_rel(p) if p >= 0 else p for p in op.producers), op.window, op.executed,
+                            op.attention))
         head = cap.calls[reg.top[b]].path
         for i in range(reg.top[b], reg.end[b]):
             c = cap.calls[i]
@@ -432,7 +433,7 @@ class Composer:
                         *(w.time(p, src, k) if p >= 0 else p for p in op.producers))
             for k, (t, layer, *producers) in _copies(fields, R if src == REP else 1):
                 ops[t] = OpEvent(t, op.op, layer, op.phase, op.status, op.costs, tuple(producers), op.window,
-                                 op.executed)
+                                 op.executed, op.attention)
         if any(o is None for o in ops):
             raise NotComposable("the widened pass has gaps")
         # calls

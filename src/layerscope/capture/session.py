@@ -209,7 +209,7 @@ class Session:
         for t in ins:
             e = known.get(id(t))
             producers.append(e[1] if e is not None and e[0]() is t else PRODUCER_UNKNOWN)
-        window, executed = None, 1.0
+        window, executed, attention = None, 1.0, None
         if fn is None:
             status, costs = "uncounted", _NO_COSTS
         elif fn is FREE:
@@ -224,7 +224,7 @@ class Session:
                 if type(c) is not OpCost:  # a user's formula (analyze(costs=...)) gone wrong: say so
                     raise RegistryError(f"the cost formula of {func._schema.name} returned "
                                         f"{type(c).__name__}, not an OpCost")
-                status, window, executed = "counted", c.window, c.executed
+                status, window, executed, attention = "counted", c.window, c.executed, c.attention
                 br = c.bytes_read
                 if br is None:
                     br = 0
@@ -238,7 +238,7 @@ class Session:
                 costs = Costs(int(c.macs), int(c.flops), int(br), int(bw))
         ops = self.ops
         index = len(ops)
-        ops.append(OpEvent(index, name, layer, phase, status, costs, tuple(producers), window, executed))
+        ops.append(OpEvent(index, name, layer, phase, status, costs, tuple(producers), window, executed, attention))
         for o in outs:
             known[id(o)] = (_ref(o), index)
         storage = self.storage

@@ -17,6 +17,8 @@ def run_parallel(ns: argparse.Namespace) -> int:
         from ..render.units import parse_bytes
         parse_bytes(ns.memory_limit)
     fractions = _fractions(ns.fraction)
+    if ns.run and ns.head is None:
+        ns.head = "causal-lm"       # what the run trains (a loss on logits): the simulation builds the same
     if ns.search:
         if ns.run and (ns.input_ids is None or len(ns.input_ids) != 2):
             raise InputError("--run needs --input-ids B,S (token ids: the run draws its own of that shape)")
@@ -134,7 +136,7 @@ def _run(ns: argparse.Namespace, rep, config):
     with status(f"running {config.world} rank(s) under torchrun", ns):
         real = launch_parallel(ns.spec, dataclasses.replace(config, local_batch=None),
                                input_ids=(b * config.dp * config.accumulation, s), steps=ns.steps or 4,
-                               optimizer=ns.optimizer, overrides=parse_overrides(ns.set), head=ns.head or "causal-lm")
+                               optimizer=ns.optimizer, overrides=parse_overrides(ns.set), head=ns.head)
     plan = dataclasses.replace(rep.plan, measured=measured_figures(real))
     rep.plans = (plan,) + tuple(rep.plans[1:])
     return rep

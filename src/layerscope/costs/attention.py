@@ -37,19 +37,24 @@ from ._util import prod, shape
 from .elementwise import SOFTMAX as SOFTMAX_FWD
 from .elementwise import SOFTMAX_BACKWARD as SOFTMAX_BWD
 from .matmul import contraction
+from ..trace import AttentionShape
 from .registry import OpCall, OpCost, register
 
 
-def attention_cost(scores: int, d: int, dv: int, *, bias: bool, backward: bool = False) -> OpCost:
+def attention_cost(scores: int, d: int, dv: int, *, bias: bool, backward: bool = False,
+                   rows: int | None = None) -> OpCost:
     """Attention over ``scores`` query-key pairs (heads and batch included) with head dims d (Q, K)
-    and dv (V): the formulas above, shared by every kernel here and ONNX Attention (costs/onnx.py)."""
+    and dv (V): the formulas above, shared by every kernel here and ONNX Attention (costs/onnx.py).
+    ``rows``, the query rows (heads and batch included) of a fused kernel, goes with its head dims into
+    ``OpCost.attention`` for the step-time model."""
     if backward:
         macs = scores * (3 * d + 2 * dv)
         per_score = 1 + SOFTMAX_FWD + SOFTMAX_BWD + 1 + int(bias)
     else:
         macs = scores * (d + dv)
         per_score = 1 + SOFTMAX_FWD + int(bias)
-    return contraction(macs, per_score * scores)
+    cost = contraction(macs, per_score * scores)
+    return cost if rows is None else cost._replace(attention=AttentionShape(rows, d, dv, backward))
 
 
 def _causal_scores(sq: int, sk: int) -> int:
@@ -63,13 +68,14 @@ def _sdpa(q, k, v, causal: bool, has_mask: bool, backward: bool, options) -> OpC
     qs, vs = shape(q), shape(v)
     batch, sq, d = prod(qs[:-2]), qs[-2], qs[-1]
     sk, dv = shape(k)[-2], vs[-1]
+    rows = batch * sq
     if not causal:
-        return attention_cost(batch * sq * sk, d, dv, bias=has_mask, backward=backward)
+        return attention_cost(batch * sq * sk, d, dv, bias=has_mask, backward=backward, rows=rows)
     kept = _causal_scores(sq, sk)
     if options.causal == "unmasked":
-        return attention_cost(batch * kept, d, dv, bias=has_mask, backward=backward)
+        return attention_cost(batch * kept, d, dv, bias=has_mask, backward=backward, rows=rows)
     # counted dense; a tiled kernel skips the masked tiles
-    return attention_cost(batch * sq * sk, d, dv, bias=has_mask, backward=backward)._replace(
+    return attention_cost(batch * sq * sk, d, dv, bias=has_mask, backward=backward, rows=rows)._replace(
         executed=kept / max(sq * sk, 1))
 
 
@@ -194,15 +200,16 @@ def _fused(c: OpCall, *, backward: bool, flash: bool) -> OpCost:
         right = min(right, 0)
     masked = causal or left != _NO_LIMIT or right != _NO_LIMIT
     unmasked = masked and c.options.causal == "unmasked"
-    scores = kept = 0
+    scores = kept = rows = 0
     for sq, sk in _pairs(c, q, k, cu_q, cu_k, used_k):
         dense = sq * sk
         scores += dense
+        rows += sq
         kept += _window_scores(sq, sk, offset=sk - sq if bottom_right else 0, left=left, right=right) \
             if masked else dense
     if unmasked:
-        return attention_cost(kept * heads, d, dv, bias=bias, backward=backward)
-    return attention_cost(scores * heads, d, dv, bias=bias, backward=backward)._replace(
+        return attention_cost(kept * heads, d, dv, bias=bias, backward=backward, rows=rows * heads)
+    return attention_cost(scores * heads, d, dv, bias=bias, backward=backward, rows=rows * heads)._replace(
         executed=kept / scores if scores else 1.0)
 
 

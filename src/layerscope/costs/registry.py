@@ -29,7 +29,7 @@ import torch
 
 from .. import _compat
 from ..errors import RegistryError
-from ..trace import Window
+from ..trace import AttentionShape, Window
 
 __all__ = ["OpCost", "OpCall", "CostOptions", "CostRegistry", "default_registry", "register",
            "register_free", "lookup", "FREE", "registered_names", "NodeCall", "OnnxOps", "ShapeUnknown",
@@ -45,6 +45,8 @@ class OpCost(NamedTuple):
     # the share of ``flops`` a kernel that skips masked work runs: a causal or windowed attention counted
     # dense (the convention) is timed by its kept scores (parallel/timing.py); 1 for every other op
     executed: float = 1.0
+    # a fused attention kernel's rows and head dims, which its speed depends on (parallel/timing.py)
+    attention: AttentionShape | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,13 +11,18 @@ measured by bench/bench_gpu.py, torch 2.11, docs/benchmarks.md):
 * ``matmul`` 0.75 -- contractions (every op with multiply-accumulates: mm, addmm, bmm, linear,
   convolution): bf16 GEMMs of a 0.5B Llama's shapes ran at 0.73-0.79 of an H100's 989 TFLOP/s (a
   4096 x 1024 x 2816 one at 0.50);
-* ``attention`` 0.40 -- SDPA's fused kernels (flash, cuDNN, memory-efficient), forward and backward,
-  of the FLOPs the kernel runs: a causal mask counted dense (the cost convention) is priced by its kept
-  scores (``OpEvent.executed``), since the kernels skip the masked tiles. cuDNN's kernels at head dim 128
-  ran at 0.48 (forward) and 0.34-0.36 (backward); at head dim 64 at 0.24 and 0.18, so a model with such
-  heads (GPT-2) wants ``attention=0.2``;
-* ``memory`` 0.80 -- of the HBM bandwidth, for everything else (elementwise, norms, copies): an add
-  of 64-256 Mi elements streamed at 0.90-0.91, the mix of a training step's elementwise ops at about 0.7;
+* ``attention`` 0.70 -- SDPA's fused kernels (flash, cuDNN, memory-efficient), forward and backward:
+  the fraction of the peak forward kernels at a head-dim tile of 128 reach on their padded work, the rest
+  scaled by what each tile measured (``attention_seconds``): a kernel runs the scores its mask keeps (a
+  causal mask counted dense, the cost convention, is priced by its kept scores, ``OpEvent.executed``)
+  plus a fixed cost per query row, each at the head dims of its tile (80 and 96 run as 128). cuDNN's
+  kernels on an H100 over 40 shapes (head dims 64-256, 512-4,096 tokens, causal or not) are within
+  5-7% rms of this (at most 20% off, at 512 tokens); a flat fraction of the FLOPs missed heads of 64
+  and short sequences by up to 2x;
+* ``memory`` 0.68 -- of the HBM bandwidth, for everything else (elementwise, norms, casts, copies): a
+  large add streams at 0.91, but a training step's mix of them (broadcast multiplies, mixed-dtype ops,
+  casts at 0.59, norms at 0.83) at 0.65-0.78 (0.675 the median of 13 bf16 whole steps' memory-bound
+  kernels over their bytes, Llamas and GPT-2s on an H100; 3 held-out Llamas at 0.67-0.68);
 * ``link`` 0.80 -- of a link's bandwidth, for collectives: NCCL's bus bandwidth on NVLink and
   InfiniBand reaches 75-90% of the wire at the message sizes of a training step;
 * ``launch_s`` 4 us -- the least a kernel takes (launch and tail), so thousands of small ops are not free;
@@ -61,7 +66,8 @@ The optimizer: torch's foreach updates (its default on CUDA) are memory-bound pa
 parameter-sized tensors, at the ``memory`` fraction of the bandwidth: AdamW's eight foreach ops read and
 write 20 of them (lerp_ 3, mul_ 2, addcmul_ 3, sqrt 2, div_ 2, add_ 2, addcdiv_ 4, the weight decay's
 mul_ 2), SGD with momentum's three 8, plain SGD's one 3 (chosen by the state's tensors per parameter).
-On the H100 AdamW's foreach kernels of a 66M-parameter shard took 2.03 ms; this prices 1.98 ms.
+On the H100 AdamW's foreach kernels of a 66M-parameter shard took 2.03 ms; this prices 2.33 ms (they
+stream at 0.78, faster than the step's mix).
 
 MFU: the model's FLOPs per step (three times the forward's contractions and attention: the backward's
 two, no recompute, as PaLM's MFU counts them) over the step time and the world's peak.
@@ -79,14 +85,28 @@ from ..options import ParallelConfig
 from ..trace import BACKWARD, FORWARD, LOSS
 from .results import COLLECTIVES, collective_group
 
-__all__ = ["FRACTIONS", "RankSeconds", "StepTime", "assemble", "collective_seconds", "fractions", "link_of",
+__all__ = ["FRACTIONS", "RankSeconds", "StepTime", "assemble", "attention_seconds", "collective_seconds",
+           "fractions", "link_of",
            "host_op_seconds", "op_class",
            "op_seconds", "optimizer_seconds", "rank_seconds", "send_bytes", "step_time"]
 
-FRACTIONS: Mapping[str, float] = MappingProxyType({"matmul": 0.75, "attention": 0.40, "memory": 0.80,
+FRACTIONS: Mapping[str, float] = MappingProxyType({"matmul": 0.75, "attention": 0.70, "memory": 0.68,
                                                    "link": 0.80, "launch_s": 4e-6, "nvlink_latency_s": 3e-6,
                                                    "network_latency_s": 8e-6, "host_op_s": 27e-6,
                                                    "host_tp_op_s": 64e-6, "host_sac_op_s": 48e-6})
+# Fused attention (cuDNN's SDPA kernels on an H100, bf16, torch 2.11: bench/bench_gpu.py part 7, 40 shapes,
+# head dims 64-256, lengths 512-4,096, causal and not, forward and backward). A kernel's time is its padded
+# work: the scores it runs (the kept ones, op.executed) plus a fixed cost per query row, in scores
+# (_ATTENTION_ROWS: the tile loop's prologue and epilogue, and under a causal mask the diagonal tiles it
+# runs whole), each score at the head dims of the kernel's tile (_tile: a head of 80 or 96 runs as 128).
+# That work runs at the attention fraction of the peak (0.70: forward at tile 128) times its tile's
+# measured rate relative to that (_ATTENTION_SCALE: forward 0.475 / 0.70 / 0.745 of the peak at tiles 64 /
+# 128 / 256, backward 0.455 / 0.615 / 0.46). Against the 40 shapes: 5.6% rms and at most 20% off
+# (forward), 6.7% and 17% (backward); the largest misses at 512 tokens.
+_ATTENTION_ROWS = {(False, False): 160, (False, True): 320, (True, False): 448, (True, True): 544}
+_ATTENTION_SCALE = {(False, 64): 0.68, (False, 128): 1.0, (False, 256): 1.06,
+                    (True, 64): 0.65, (True, 128): 0.88, (True, 256): 0.66}
+
 # torch's foreach optimizers (their default on CUDA) stream parameter-sized tensors this many times per
 # step, by the optimizer's state tensors per parameter (the module docstring counts them)
 _OPTIMIZER_PASSES = {0: 3, 1: 8, 2: 20}
@@ -129,6 +149,31 @@ def op_class(op) -> str:
     return "matmul" if op.costs.macs else "memory"
 
 
+def _tile(d: int) -> int:
+    """The head dim a fused attention kernel computes at: its tile's (64, 128, 256; then whole 64s)."""
+    return 64 if d <= 64 else 128 if d <= 128 else 256 if d <= 256 else -(-d // 64) * 64
+
+
+def attention_seconds(op, gpu: GPU, dtype: str, f: Mapping[str, float]) -> float:
+    """A fused attention kernel's seconds: its padded work (the model above ``_ATTENTION_ROWS``) at the
+    attention fraction of the peak, scaled by its tile's measured rate, plus a launch. Without its shape
+    (an op whose formula gives none), its executed FLOPs at the rate of head dim 128."""
+    a = op.attention
+    backward = a.backward if a is not None else op.phase == BACKWARD
+    if a is None:
+        work = op.costs.flops * op.executed
+        scale = _ATTENTION_SCALE[backward, 128]
+    else:
+        per_score = 3 * a.head_dim + 2 * a.value_dim if backward else a.head_dim + a.value_dim
+        scores = op.costs.macs / per_score if per_score else 0.0
+        masked = op.executed < 1.0
+        kept = scores * op.executed + a.rows * _ATTENTION_ROWS[backward, masked]
+        dp, dvp = _tile(a.head_dim), _tile(a.value_dim)
+        work = 2 * kept * ((3 * dp + 2 * dvp) if backward else (dp + dvp))
+        scale = _ATTENTION_SCALE[backward, min(_tile(max(a.head_dim, a.value_dim)), 256)]
+    return work / (gpu.peak(dtype) * f["attention"] * scale) + f["launch_s"]
+
+
 def op_seconds(op, gpu: GPU, dtype: str, f: Mapping[str, float]) -> float:
     """One op's roofline seconds (0 for a view or other free op)."""
     kind = op_class(op)
@@ -138,8 +183,10 @@ def op_seconds(op, gpu: GPU, dtype: str, f: Mapping[str, float]) -> float:
     memory = c.bytes_moved / (gpu.bandwidth * f["memory"])
     if kind == "memory":
         compute = c.flops / gpu.peak("float32")
-    else:               # a masked attention counted dense: its kernel runs the kept scores (op.executed)
-        compute = c.flops * op.executed / (gpu.peak(dtype) * f[kind])
+    elif kind == "attention":
+        return max(attention_seconds(op, gpu, dtype, f), memory)
+    else:
+        compute = c.flops / (gpu.peak(dtype) * f[kind])
     return max(compute, memory, f["launch_s"])
 
 
