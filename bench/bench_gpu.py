@@ -590,6 +590,8 @@ def predict_saved(path: str) -> None:
         if "error" in r:
             continue
         name, kw = TIME_CONFIGS[r["index"]]
+        if (name, kw) != (r["model"], r["kw"]):     # TIME_CONFIGS changed since the measurement
+            sys.exit(f"row {r['index']} was measured as {r['model']} {r['kw']}; TIME_CONFIGS has {name} {kw} there")
         r.update(predict_time(r["index"]))
         _time_row(name, kw, r)
     _save(saved.get("device"), saved.get("torch"))

@@ -111,13 +111,17 @@ class Window:
 @dataclass(frozen=True, slots=True)
 class AttentionShape:
     """What a fused attention kernel's speed depends on beyond its FLOPs: its query rows (batch and heads
-    included), the head dims of Q/K and of V, and whether it is the backward. Set by the attention cost
-    formulas (costs/attention.py), read by the step-time model (parallel/timing.py)."""
+    included), the head dims of Q/K and of V, whether it is the backward, whether a mask (causal, a
+    window) makes it skip tiles and run diagonal ones whole, and whether it drops out (a random number
+    per score). Set by the attention cost formulas (costs/attention.py), read by the step-time model
+    (parallel/timing.py)."""
 
     rows: int
     head_dim: int
     value_dim: int
     backward: bool
+    masked: bool = False
+    dropout: bool = False
 
 
 @_quick_init

@@ -128,13 +128,18 @@ def test_attention_shape_for_the_step_time_model():
     # packed sequences of 5 and 15 tokens, 4 heads: 20 * 4 = 80 rows
     c = flash_forward(_varlen_call(torch.tensor([0, 5, 20], dtype=torch.int32)))
     assert c.attention == AttentionShape(80, 8, 8, False)
-    # SDPA on [B 2, H 3, S 5, D 8] (CPU's flash kernel): 2 * 3 * 5 = 30 rows; its backward, V of 6
+    # SDPA on [B 2, H 3, S 5, D 8] (CPU's flash kernel), causal: 2 * 3 * 5 = 30 rows, masked; its backward,
+    # V of 6
     q = torch.randn(2, 3, 5, 8)
     rep = ls.analyze(Fn(lambda a: torch.nn.functional.scaled_dot_product_attention(a, a, a, is_causal=True)), q)
-    assert [o.attention for o in rep.trace.ops if "attention" in o.op] == [AttentionShape(30, 8, 8, False)]
+    assert [o.attention for o in rep.trace.ops if "attention" in o.op] == [AttentionShape(30, 8, 8, False, True)]
     from layerscope.costs.attention import _sdpa
     c = _sdpa(q, q, torch.empty(2, 3, 5, 6), True, False, True, CostOptions())
-    assert c.attention == AttentionShape(30, 8, 6, True)
+    assert c.attention == AttentionShape(30, 8, 6, True, masked=True)
+    # counted "unmasked", the causal kernel is still masked (its rows cost as a masked kernel's); with
+    # dropout_p it draws a random number per score
+    c = _sdpa(q, q, q, True, False, False, CostOptions("unmasked"), dropout=True)
+    assert c.attention == AttentionShape(30, 8, 8, False, masked=True, dropout=True) and c.executed == 1.0
 
 
 def test_flash_varlen_on_meta_is_uncounted_not_guessed():

@@ -25,7 +25,7 @@ H100 = gpu("H100")
 def test_matmul_roofline_by_hand():
     # [4096, 8192] @ [8192, 8192] in bf16: 2 * 4096 * 8192 * 8192 = 549,755,813,888 FLOPs at 989.4e12 x 0.75
     # = 0.740862 ms; its bytes, (4096*8192 + 8192*8192 + 4096*8192) * 2 = 268,435,456, at 3.35e12 x 0.68 take
-    # 0.100163 ms: compute-bound
+    # 0.117838 ms: compute-bound
     macs = 4096 * 8192 * 8192
     op = _op("aten.mm", macs=macs, flops=2 * macs, read=(4096 * 8192 + 8192 * 8192) * 2, written=4096 * 8192 * 2)
     assert op_seconds(op, H100, "bfloat16", FRACTIONS) == pytest.approx(549_755_813_888 / (989.4e12 * 0.75))
@@ -51,10 +51,11 @@ def test_memory_bound_attention_launch_and_free():
     assert op_seconds(_op("profiler._record_function_exit", status="uncounted"), H100, "bfloat16", FRACTIONS) == 0.0
 
 
-def _sdpa(batch_heads, s, d, causal, backward):
+def _sdpa(batch_heads, s, d, causal, backward, dropout=False):
     """The op the cost formula gives for SDPA on [batch_heads, s, d] (heads of d for Q, K and V)."""
     from layerscope.costs.attention import _causal_scores, attention_cost
-    c = attention_cost(batch_heads * s * s, d, d, bias=False, backward=backward, rows=batch_heads * s)
+    c = attention_cost(batch_heads * s * s, d, d, bias=False, backward=backward, rows=batch_heads * s,
+                       masked=causal, dropout=dropout)
     executed = _causal_scores(s, s) / (s * s) if causal else 1.0
     return _op("aten._scaled_dot_product_cudnn_attention" + "_backward" * backward, macs=c.macs, flops=c.flops,
                read=4 * batch_heads * s * d * 2, phase="backward" if backward else "forward", executed=executed,
@@ -90,6 +91,37 @@ def test_attention_against_h100_kernels(bh, s, d, causal, fwd_us, bwd_us):
     for backward, us in ((False, fwd_us), (True, bwd_us)):
         got = op_seconds(_sdpa(bh, s, d, causal, backward), H100, "bfloat16", FRACTIONS)
         assert got == pytest.approx(us * 1e-6, rel=0.16), (backward, got * 1e6, us)
+
+
+# the same kernels with dropout_p 0.1, on another lent H100 (same image, 2026-11-26): (batch x heads,
+# length, head dim, causal, forward us, backward us; without dropout there: 76.1 / 257.2, 212.4 / 702.5,
+# 255.6 / 787.6)
+H100_SDPA_DROPOUT = [(160, 1024, 64, True, 165.3, 302.3), (64, 2048, 128, False, 487.0, 923.2),
+                     (32, 4096, 128, True, 539.2, 962.9)]
+
+
+@pytest.mark.parametrize("bh, s, d, causal, fwd_us, bwd_us", H100_SDPA_DROPOUT)
+def test_attention_dropout_against_h100_kernels(bh, s, d, causal, fwd_us, bwd_us):
+    # a random number per kept score doubles the forward: priced without it, these were 53-57% under
+    # (backward 17-26%)
+    for backward, us in ((False, fwd_us), (True, bwd_us)):
+        got = op_seconds(_sdpa(bh, s, d, causal, backward, dropout=True), H100, "bfloat16", FRACTIONS)
+        assert got == pytest.approx(us * 1e-6, rel=0.12), (backward, got * 1e6, us)
+
+
+def test_attention_dropout_by_hand():
+    # 64 heads of 1,024 tokens at d 128, not masked, forward, dropout: scores 67,108,864 + 160 x 65,536 rows =
+    # 77,594,624 at 2 x 256 FLOPs = 39,728,447,488 at 989.4e12 x 0.70 x 1.0 (57.36 us), plus the 67,108,864
+    # kept scores' random numbers at 69 FLOPs each on the float32 peak, 4,630,511,616 / 67e12 (69.11 us: 1.03
+    # ps a score), plus a 4 us launch
+    op = _sdpa(64, 1024, 128, False, False, dropout=True)
+    assert op_seconds(op, H100, "bfloat16", FRACTIONS) == pytest.approx(
+        39_728_447_488 / (989.4e12 * 0.7) + 4_630_511_616 / 67e12 + 4e-6)
+    # --fraction attention=1 prices a tile of 256 at the peak, not above it (its measured scale is 1.06)
+    op = _sdpa(64, 1024, 256, False, False)
+    one = fractions({"attention": 1.0})
+    assert op_seconds(op, H100, "bfloat16", one) == pytest.approx(
+        2 * (64 * 1024 * 1024 + 160 * 65_536) * 512 / 989.4e12 + 4e-6)
 
 
 def test_collectives_by_link():

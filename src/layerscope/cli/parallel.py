@@ -17,8 +17,10 @@ def run_parallel(ns: argparse.Namespace) -> int:
         from ..render.units import parse_bytes
         parse_bytes(ns.memory_limit)
     fractions = _fractions(ns.fraction)
-    if ns.run and ns.head is None:
-        ns.head = "causal-lm"       # what the run trains (a loss on logits): the simulation builds the same
+    if ns.run and ns.head is None and ns.spec.startswith("hf:") and ":" not in ns.spec[3:]:
+        # a config alone builds the bare model, whose output has no logits: the run trains the causal LM,
+        # and the simulation builds the same (a named class, or a spec's own model, is taken as it is)
+        ns.head = "causal-lm"
     if ns.search:
         if ns.run and (ns.input_ids is None or len(ns.input_ids) != 2):
             raise InputError("--run needs --input-ids B,S (token ids: the run draws its own of that shape)")

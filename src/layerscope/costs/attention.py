@@ -42,11 +42,11 @@ from .registry import OpCall, OpCost, register
 
 
 def attention_cost(scores: int, d: int, dv: int, *, bias: bool, backward: bool = False,
-                   rows: int | None = None) -> OpCost:
+                   rows: int | None = None, masked: bool = False, dropout: bool = False) -> OpCost:
     """Attention over ``scores`` query-key pairs (heads and batch included) with head dims d (Q, K)
     and dv (V): the formulas above, shared by every kernel here and ONNX Attention (costs/onnx.py).
-    ``rows``, the query rows (heads and batch included) of a fused kernel, goes with its head dims into
-    ``OpCost.attention`` for the step-time model."""
+    ``rows``, the query rows (heads and batch included) of a fused kernel, goes with its head dims,
+    whether it is masked and whether it drops out into ``OpCost.attention`` for the step-time model."""
     if backward:
         macs = scores * (3 * d + 2 * dv)
         per_score = 1 + SOFTMAX_FWD + SOFTMAX_BWD + 1 + int(bias)
@@ -54,7 +54,7 @@ def attention_cost(scores: int, d: int, dv: int, *, bias: bool, backward: bool =
         macs = scores * (d + dv)
         per_score = 1 + SOFTMAX_FWD + int(bias)
     cost = contraction(macs, per_score * scores)
-    return cost if rows is None else cost._replace(attention=AttentionShape(rows, d, dv, backward))
+    return cost if rows is None else cost._replace(attention=AttentionShape(rows, d, dv, backward, masked, dropout))
 
 
 def _causal_scores(sq: int, sk: int) -> int:
@@ -64,19 +64,22 @@ def _causal_scores(sq: int, sk: int) -> int:
     return partial * (partial + 1) // 2 + full_rows * sk
 
 
-def _sdpa(q, k, v, causal: bool, has_mask: bool, backward: bool, options) -> OpCost:
+def _sdpa(q, k, v, causal: bool, has_mask: bool, backward: bool, options, dropout: bool = False) -> OpCost:
     qs, vs = shape(q), shape(v)
     batch, sq, d = prod(qs[:-2]), qs[-2], qs[-1]
     sk, dv = shape(k)[-2], vs[-1]
-    rows = batch * sq
+    kw = dict(bias=has_mask, backward=backward, rows=batch * sq, masked=causal, dropout=dropout)
     if not causal:
-        return attention_cost(batch * sq * sk, d, dv, bias=has_mask, backward=backward, rows=rows)
+        return attention_cost(batch * sq * sk, d, dv, **kw)
     kept = _causal_scores(sq, sk)
     if options.causal == "unmasked":
-        return attention_cost(batch * kept, d, dv, bias=has_mask, backward=backward, rows=rows)
+        return attention_cost(batch * kept, d, dv, **kw)
     # counted dense; a tiled kernel skips the masked tiles
-    return attention_cost(batch * sq * sk, d, dv, bias=has_mask, backward=backward, rows=rows)._replace(
-        executed=kept / max(sq * sk, 1))
+    return attention_cost(batch * sq * sk, d, dv, **kw)._replace(executed=kept / max(sq * sk, 1))
+
+
+def _dropout(c: OpCall) -> bool:
+    return float(c.arg("dropout_p", 0.0) or 0.0) > 0
 
 
 @register("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
@@ -84,7 +87,7 @@ def _sdpa(q, k, v, causal: bool, has_mask: bool, backward: bool, options) -> OpC
           "_scaled_dot_product_fused_attention_overrideable", "_scaled_dot_product_attention_math_for_mps")
 def sdpa_forward(c: OpCall) -> OpCost:
     return _sdpa(c.args[0], c.args[1], c.args[2], bool(c.arg("is_causal", False)), _has_mask(c), False,
-                 c.options)
+                 c.options, _dropout(c))
 
 
 def _has_mask(c: OpCall) -> bool:
@@ -99,7 +102,7 @@ def _has_mask(c: OpCall) -> bool:
           "_scaled_dot_product_fused_attention_overrideable_backward")
 def sdpa_backward(c: OpCall) -> OpCost:
     return _sdpa(c.args[1], c.args[2], c.args[3], bool(c.arg("is_causal", False)), _has_mask(c), True,
-                 c.options)
+                 c.options, _dropout(c))
 
 
 @register("_native_multi_head_attention")
@@ -207,10 +210,10 @@ def _fused(c: OpCall, *, backward: bool, flash: bool) -> OpCost:
         rows += sq
         kept += _window_scores(sq, sk, offset=sk - sq if bottom_right else 0, left=left, right=right) \
             if masked else dense
+    kw = dict(bias=bias, backward=backward, rows=rows * heads, masked=masked, dropout=_dropout(c))
     if unmasked:
-        return attention_cost(kept * heads, d, dv, bias=bias, backward=backward, rows=rows * heads)
-    return attention_cost(scores * heads, d, dv, bias=bias, backward=backward, rows=rows * heads)._replace(
-        executed=kept / scores if scores else 1.0)
+        return attention_cost(kept * heads, d, dv, **kw)
+    return attention_cost(scores * heads, d, dv, **kw)._replace(executed=kept / scores if scores else 1.0)
 
 
 @register("_flash_attention_forward", "_flash_attention_forward_no_dropout_inplace")

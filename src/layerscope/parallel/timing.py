@@ -13,12 +13,15 @@ measured by bench/bench_gpu.py, torch 2.11, docs/benchmarks.md):
   4096 x 1024 x 2816 one at 0.50);
 * ``attention`` 0.70 -- SDPA's fused kernels (flash, cuDNN, memory-efficient), forward and backward:
   the fraction of the peak forward kernels at a head-dim tile of 128 reach on their padded work, the rest
-  scaled by what each tile measured (``attention_seconds``): a kernel runs the scores its mask keeps (a
-  causal mask counted dense, the cost convention, is priced by its kept scores, ``OpEvent.executed``)
-  plus a fixed cost per query row, each at the head dims of its tile (80 and 96 run as 128). cuDNN's
-  kernels on an H100 over 40 shapes (head dims 64-256, 512-4,096 tokens, causal or not) are within
-  5-7% rms of this (at most 20% off, at 512 tokens); a flat fraction of the FLOPs missed heads of 64
-  and short sequences by up to 2x;
+  scaled by what each tile measured (``attention_seconds``; until 2026-11-26 this was a flat fraction of
+  the executed FLOPs, 0.40: an override of 0.2, once advised for GPT-2, now prices attention 3.5 times
+  slower than the default, so drop it): a kernel runs the scores its mask keeps (a causal mask counted
+  dense, the cost convention, is priced by its kept scores, ``OpEvent.executed``)
+  plus a fixed cost per query row, each at the head dims of its tile (80 and 96 run as 128), and with
+  dropout a random number per kept score. cuDNN's kernels on an H100 over 40 shapes (head dims 64-256,
+  512-4,096 tokens, causal or not) are within 5-7% rms of this (at most 20% off, at 512 tokens), and 10
+  more with dropout within 10%; a flat fraction of the FLOPs missed heads of 64 and short sequences by
+  up to 3x, and dropout's forwards by half;
 * ``memory`` 0.68 -- of the HBM bandwidth, for everything else (elementwise, norms, casts, copies): a
   large add streams at 0.91, but a training step's mix of them (broadcast multiplies, mixed-dtype ops,
   casts at 0.59, norms at 0.83) at 0.65-0.78 (0.675 the median of 13 bf16 whole steps' memory-bound
@@ -97,15 +100,24 @@ FRACTIONS: Mapping[str, float] = MappingProxyType({"matmul": 0.75, "attention": 
 # Fused attention (cuDNN's SDPA kernels on an H100, bf16, torch 2.11: bench/bench_gpu.py part 7, 40 shapes,
 # head dims 64-256, lengths 512-4,096, causal and not, forward and backward). A kernel's time is its padded
 # work: the scores it runs (the kept ones, op.executed) plus a fixed cost per query row, in scores
-# (_ATTENTION_ROWS: the tile loop's prologue and epilogue, and under a causal mask the diagonal tiles it
-# runs whole), each score at the head dims of the kernel's tile (_tile: a head of 80 or 96 runs as 128).
+# (_ATTENTION_ROWS, by backward and masked: the tile loop's prologue and epilogue, and under a causal mask
+# the diagonal tiles it runs whole), each score at the head dims of the kernel's tile (_tile: a head of 80
+# or 96 runs as 128; heads of 32, 160 or 192 were not timed, and run at the tiles around them).
 # That work runs at the attention fraction of the peak (0.70: forward at tile 128) times its tile's
 # measured rate relative to that (_ATTENTION_SCALE: forward 0.475 / 0.70 / 0.745 of the peak at tiles 64 /
-# 128 / 256, backward 0.455 / 0.615 / 0.46). Against the 40 shapes: 5.6% rms and at most 20% off
-# (forward), 6.7% and 17% (backward); the largest misses at 512 tokens.
+# 128 / 256, backward 0.455 / 0.615 / 0.46; the product is at most 1, the peak). Against the 40 shapes:
+# 5.6% rms and at most 20% off (forward), 6.7% and 17% (backward); the largest misses at 512 tokens.
+# Timed on cuDNN's kernels, which an H100 runs; flash (an A100's) and the memory-efficient kernel are
+# priced alike, untimed.
 _ATTENTION_ROWS = {(False, False): 160, (False, True): 320, (True, False): 448, (True, True): 544}
 _ATTENTION_SCALE = {(False, 64): 0.68, (False, 128): 1.0, (False, 256): 1.06,
                     (True, 64): 0.65, (True, 128): 0.88, (True, 256): 0.66}
+# Dropout in the kernel (a random number per kept score; GPT-2's attention trains with 0.1): 1.03 ps a
+# score forward (0.91-1.18) and 0.66 backward (0.49-0.82) more on the H100, whatever the head dim (10
+# shapes, heads of 64 and 128, 1,024-4,096 tokens, causal or not), which doubles a forward. Kept here as
+# the work of that many FLOPs at the H100's float32 peak (67e12: the CUDA cores draw them, not the
+# tensor cores), so a GPU's own float32 peak scales it
+_DROPOUT_WORK = {False: 69.0, True: 44.2}
 
 # torch's foreach optimizers (their default on CUDA) stream parameter-sized tensors this many times per
 # step, by the optimizer's state tensors per parameter (the module docstring counts them)
@@ -156,8 +168,9 @@ def _tile(d: int) -> int:
 
 def attention_seconds(op, gpu: GPU, dtype: str, f: Mapping[str, float]) -> float:
     """A fused attention kernel's seconds: its padded work (the model above ``_ATTENTION_ROWS``) at the
-    attention fraction of the peak, scaled by its tile's measured rate, plus a launch. Without its shape
-    (an op whose formula gives none), its executed FLOPs at the rate of head dim 128."""
+    attention fraction of the peak, scaled by its tile's measured rate, plus a launch; with dropout, its
+    random numbers (``_DROPOUT_WORK``). Without its shape (an op whose formula gives none, such as
+    nn.MultiheadAttention's fused inference op), its executed FLOPs at the rate of head dim 128."""
     a = op.attention
     backward = a.backward if a is not None else op.phase == BACKWARD
     if a is None:
@@ -166,12 +179,14 @@ def attention_seconds(op, gpu: GPU, dtype: str, f: Mapping[str, float]) -> float
     else:
         per_score = 3 * a.head_dim + 2 * a.value_dim if backward else a.head_dim + a.value_dim
         scores = op.costs.macs / per_score if per_score else 0.0
-        masked = op.executed < 1.0
-        kept = scores * op.executed + a.rows * _ATTENTION_ROWS[backward, masked]
+        kept = scores * op.executed + a.rows * _ATTENTION_ROWS[backward, a.masked]
         dp, dvp = _tile(a.head_dim), _tile(a.value_dim)
         work = 2 * kept * ((3 * dp + 2 * dvp) if backward else (dp + dvp))
         scale = _ATTENTION_SCALE[backward, min(_tile(max(a.head_dim, a.value_dim)), 256)]
-    return work / (gpu.peak(dtype) * f["attention"] * scale) + f["launch_s"]
+        if a.dropout:       # random numbers on the CUDA cores: at the float32 (not tensor-core) peak
+            extra = scores * op.executed * _DROPOUT_WORK[backward] / gpu.peak("float32")
+            return work / (gpu.peak(dtype) * min(1.0, f["attention"] * scale)) + extra + f["launch_s"]
+    return work / (gpu.peak(dtype) * min(1.0, f["attention"] * scale)) + f["launch_s"]
 
 
 def op_seconds(op, gpu: GPU, dtype: str, f: Mapping[str, float]) -> float:
