@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 
 __all__ = [
-    "Costs", "TensorSpec", "ParamSpec", "Window", "AttentionShape", "ReceptiveField", "OpEvent", "LayerRecord",
-    "UncountedOp", "Coverage", "Totals", "Trace", "FORWARD", "BACKWARD",
+    "Costs", "TensorSpec", "ParamSpec", "Window", "AttentionShape", "ReceptiveField", "OpEvent",
+    "LayerRecord", "UncountedOp", "Coverage", "Totals", "Trace", "FORWARD", "BACKWARD",
     "PRODUCER_INPUT", "PRODUCER_STATE", "PRODUCER_UNKNOWN", "LOSS", "OPTIMIZER",
 ]
 

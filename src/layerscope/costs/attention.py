@@ -33,11 +33,11 @@ the FP8 descales of the quantized variants are not counted (like matmul's alpha)
 
 from __future__ import annotations
 
+from ..trace import AttentionShape
 from ._util import prod, shape
 from .elementwise import SOFTMAX as SOFTMAX_FWD
 from .elementwise import SOFTMAX_BACKWARD as SOFTMAX_BWD
 from .matmul import contraction
-from ..trace import AttentionShape
 from .registry import OpCall, OpCost, register
 
 
@@ -54,7 +54,9 @@ def attention_cost(scores: int, d: int, dv: int, *, bias: bool, backward: bool =
         macs = scores * (d + dv)
         per_score = 1 + SOFTMAX_FWD + int(bias)
     cost = contraction(macs, per_score * scores)
-    return cost if rows is None else cost._replace(attention=AttentionShape(rows, d, dv, backward, masked, dropout))
+    if rows is None:
+        return cost
+    return cost._replace(attention=AttentionShape(rows, d, dv, backward, masked, dropout))
 
 
 def _causal_scores(sq: int, sk: int) -> int:

@@ -45,7 +45,8 @@ class OpCost(NamedTuple):
     # the share of ``flops`` a kernel that skips masked work runs: a causal or windowed attention counted
     # dense (the convention) is timed by its kept scores (parallel/timing.py); 1 for every other op
     executed: float = 1.0
-    # a fused attention kernel's rows and head dims, which its speed depends on (parallel/timing.py)
+    # a fused attention kernel's rows, head dims, mask and dropout, which its speed depends on beyond its
+    # FLOPs (trace.AttentionShape, priced by parallel/timing.py)
     attention: AttentionShape | None = None
 
 

@@ -16,8 +16,8 @@ measured by bench/bench_gpu.py, torch 2.11, docs/benchmarks.md):
   scaled by what each tile measured (``attention_seconds``; until 2026-11-26 this was a flat fraction of
   the executed FLOPs, 0.40: an override of 0.2, once advised for GPT-2, now prices attention 3.5 times
   slower than the default, so drop it): a kernel runs the scores its mask keeps (a causal mask counted
-  dense, the cost convention, is priced by its kept scores, ``OpEvent.executed``)
-  plus a fixed cost per query row, each at the head dims of its tile (80 and 96 run as 128), and with
+  dense, the cost convention, is priced by its kept scores, ``OpEvent.executed``) plus a fixed cost per
+  query row, each at the head dims of its tile (80 and 96 run as 128), and with
   dropout a random number per kept score. cuDNN's kernels on an H100 over 40 shapes (head dims 64-256,
   512-4,096 tokens, causal or not) are within 5-7% rms of this (at most 20% off, at 512 tokens), and 10
   more with dropout within 10%; a flat fraction of the FLOPs missed heads of 64 and short sequences by
@@ -89,9 +89,8 @@ from ..trace import BACKWARD, FORWARD, LOSS
 from .results import COLLECTIVES, collective_group
 
 __all__ = ["FRACTIONS", "RankSeconds", "StepTime", "assemble", "attention_seconds", "collective_seconds",
-           "fractions", "link_of",
-           "host_op_seconds", "op_class",
-           "op_seconds", "optimizer_seconds", "rank_seconds", "send_bytes", "step_time"]
+           "fractions", "host_op_seconds", "link_of", "op_class", "op_seconds", "optimizer_seconds",
+           "rank_seconds", "send_bytes", "step_time"]
 
 FRACTIONS: Mapping[str, float] = MappingProxyType({"matmul": 0.75, "attention": 0.70, "memory": 0.68,
                                                    "link": 0.80, "launch_s": 4e-6, "nvlink_latency_s": 3e-6,
