@@ -605,34 +605,33 @@ def part_fractions() -> None:
     print("\n6. What single kernels reach on this GPU, as fractions of the table's H100 peaks "
           f"(bf16 {gpu.peak('bfloat16') / 1e12:.0f} TFLOP/s, {gpu.bandwidth / 1e12:.2f} TB/s), against FRACTIONS")
 
-    bench = _bench
     bf = torch.bfloat16
     rows = []
     for m, k, n in ((8192, 8192, 8192), (8192, 2048, 5632), (8192, 5632, 2048), (8192, 2048, 2048),
                     (8192, 2048, 32000), (4096, 1024, 2816)):
         a = torch.randn(m, k, device="cuda", dtype=bf)
         b = torch.randn(k, n, device="cuda", dtype=bf)
-        s = bench(lambda: a @ b)
+        s = _bench(lambda: a @ b)
         rows.append(("matmul", f"{m}x{k} @ {k}x{n}", 2 * m * k * n / s / gpu.peak("bfloat16"), FRACTIONS["matmul"]))
     for bsz, h, sq, d in ((4, 16, 2048, 128), (4, 16, 1024, 64)):
         q, k_, v = (torch.randn(bsz, h, sq, d, device="cuda", dtype=bf, requires_grad=True) for _ in range(3))
         fl = 4 * bsz * h * sq * sq * d / 2          # causal: half the score matrix
-        s = bench(lambda: F.scaled_dot_product_attention(q, k_, v, is_causal=True))
+        s = _bench(lambda: F.scaled_dot_product_attention(q, k_, v, is_causal=True))
         rows.append(("attention", f"SDPA fwd causal {bsz}x{h}x{sq}x{d}", fl / s / gpu.peak("bfloat16"),
                      FRACTIONS["attention"]))
         o = F.scaled_dot_product_attention(q, k_, v, is_causal=True)
         go = torch.randn_like(o)
-        s = bench(lambda: torch.autograd.grad(o, (q, k_, v), go, retain_graph=True))
+        s = _bench(lambda: torch.autograd.grad(o, (q, k_, v), go, retain_graph=True))
         rows.append(("attention", f"SDPA bwd causal {bsz}x{h}x{sq}x{d}", 2.5 * fl / s / gpu.peak("bfloat16"),
                      FRACTIONS["attention"]))
     for numel, dt in ((1 << 28, bf), (1 << 26, torch.float32), (1 << 20, bf)):
         x = torch.randn(numel, device="cuda", dtype=dt)
         y = torch.randn(numel, device="cuda", dtype=dt)
-        s = bench(lambda: x + y)
+        s = _bench(lambda: x + y)
         rows.append(("memory", f"add {numel:,} {str(dt)[6:]}", 3 * numel * x.element_size() / s / gpu.bandwidth,
                      FRACTIONS["memory"]))
     x = torch.randn(1, device="cuda")
-    s = bench(lambda: x.add_(1), n=2000)
+    s = _bench(lambda: x.add_(1), n=2000)
     rows.append(("launch_s", "x.add_(1), eager, 2,000 in a row (s per op)", s, FRACTIONS["launch_s"]))
     for kind, what, got, table in rows:
         print(f"  {kind:9} {what:44} {got:8.3g}  (table {table:g})")

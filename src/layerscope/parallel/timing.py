@@ -172,6 +172,7 @@ def attention_seconds(op, gpu: GPU, dtype: str, f: Mapping[str, float]) -> float
     nn.MultiheadAttention's fused inference op), its executed FLOPs at the rate of head dim 128."""
     a = op.attention
     backward = a.backward if a is not None else op.phase == BACKWARD
+    extra = 0.0
     if a is None:
         work = op.costs.flops * op.executed
         scale = _ATTENTION_SCALE[backward, 128]
@@ -184,8 +185,7 @@ def attention_seconds(op, gpu: GPU, dtype: str, f: Mapping[str, float]) -> float
         scale = _ATTENTION_SCALE[backward, min(_tile(max(a.head_dim, a.value_dim)), 256)]
         if a.dropout:       # random numbers on the CUDA cores: at the float32 (not tensor-core) peak
             extra = scores * op.executed * _DROPOUT_WORK[backward] / gpu.peak("float32")
-            return work / (gpu.peak(dtype) * min(1.0, f["attention"] * scale)) + extra + f["launch_s"]
-    return work / (gpu.peak(dtype) * min(1.0, f["attention"] * scale)) + f["launch_s"]
+    return work / (gpu.peak(dtype) * min(1.0, f["attention"] * scale)) + extra + f["launch_s"]
 
 
 def op_seconds(op, gpu: GPU, dtype: str, f: Mapping[str, float]) -> float:
