@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import layerscope
+from layerscope.parallel.bounds import PipelineBounds
 from layerscope.parallel.search import _AC_MEMORY, family_of, label, space, walk_space
 
 AC_TIME = {"none": 0.0, "selective-op": 0.1, "full": 0.33}
@@ -83,6 +84,31 @@ def test_pruning_keeps_the_optimum_with_pipelines(seed):
         t = truth[label(c.config)]
         assert not (c.status in ("dominated", "oom", "oom-bound") and t.fits), label(c.config)
         assert not (c.status == "slower" and t.step_time < ranked[0].plan.step_time - 1e-12), label(c.config)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pipeline_bounds_keep_the_optimum(seed):
+    """With a pipeline's lower bounds (parallel/bounds.py; here 90% of its true peak and step), the walk
+    simulates fewer pipelines, keeps the optimum, and every candidate a bound rules out is truly over
+    the limit or no faster than the best."""
+    cands = space(16, 48, 64, gpus_per_node=8)
+    evaluate = _piped(seed)
+    truth = {label(c): evaluate(c) for c in cands}
+    asked = []
+
+    def bounds(c, may_simulate):
+        asked.append(may_simulate)
+        t = truth[label(c)]
+        return PipelineBounds(peak_bytes=0.9 * t.peak_bytes, step_time=0.9 * t.step_time, rank=0)
+    plain = walk_space(cands, evaluate, limit=60, params=0)
+    ranked, _, count = walk_space(cands, evaluate, limit=60, params=0, bounds=bounds)
+    assert count < plain[2] and asked and all(asked)
+    assert [label(c.config) for c in ranked[:1]] == [label(c.config) for c in plain[0][:1]]
+    by_bound = [c for c in ranked if c.config.pp > 1 and c.plan is None and c.status in ("oom-bound", "slower")]
+    assert by_bound
+    for c in by_bound:
+        t = truth[label(c.config)]
+        assert (not t.fits) if c.status == "oom-bound" else t.step_time >= ranked[0].plan.step_time, label(c.config)
 
 
 def test_space():

@@ -25,7 +25,7 @@ def _row(c) -> dict[str, Any]:
     p = c.plan
     return {"label": label(c.config), "family": family_of(c.config), "status": c.status, "why": c.why,
             "by": c.by, "peak_bytes": c.peak_bytes, "over_bytes": c.over_bytes,
-            "step_time": p.step_time if p is not None else None,
+            "step_time": p.step_time if p is not None else None, "step_time_at_least": c.bound,
             "tokens_per_s": p.tokens_per_s if p is not None else None, "mfu": p.mfu if p is not None else None,
             "config": {"tp": c.config.tp, "pp": c.config.pp, "fsdp": c.config.fsdp, "replicate": c.config.replicate,
                        "ac": c.config.ac, "reshard_after_forward": c.config.reshard_after_forward,
@@ -38,6 +38,7 @@ def search_dict(res: SearchResult) -> dict[str, Any]:
     for c in res.candidates:
         counts[c.status] = counts.get(c.status, 0) + 1
     return {"global_batch": res.global_batch, "limit_bytes": res.limit_bytes, "simulated": res.simulated,
+            "simulated_for_bounds": res.for_bounds,
             "seconds": res.seconds, "counts": counts, "blocks_simulated": list(BLOCKS),
             "candidates": [_row(c) for c in res.candidates],
             "families": [{"family": f, "why": w} for f, w in res.families]}
@@ -82,7 +83,8 @@ def search_report(model: nn.Module, args: tuple, kwargs: dict, *, gpus: int, hel
     counts = search_dict(res)["counts"]
     notes = [f"searched {len(res.candidates)} configurations of {gpus} GPUs for a global batch of {global_batch} "
              f"in {res.seconds:.0f} s: simulated {res.simulated}, each on copies of the model with "
-             f"{BLOCKS[0]} and {BLOCKS[1]} blocks per pipeline stage, every figure extended linearly to its blocks; "
+             f"{BLOCKS[0]} and {BLOCKS[1]} blocks per pipeline stage, every figure extended linearly to its blocks"
+             + (f" (and {res.for_bounds} on two blocks for the pipelines' bounds)" if res.for_bounds else "") + "; "
              + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))]
     if best is None:
         notes.append("NO configuration fits: the plan shown is the nearest miss")

@@ -35,8 +35,19 @@ by that alone cannot fit (``oom``, "at least"), whatever the optimizer adds. (2)
 pipeline a family's first member is its fastest (no checkpointing, no resharding, the largest
 micro-batch), and its predicted step time bounds every member's from below; such a family whose first
 member is no faster than the best fitting plan found is not searched further (``slower``); within any
-family, a member no faster than one whose step is no faster than the best is not simulated. Nothing
-else is pruned.
+family, a member no faster than one whose step is no faster than the best is not simulated. (3) and (4),
+pipelines only (parallel/bounds.py, where each is argued): a lower bound on the peak of a pipeline rank
+(its parameter shards and their optimizer state, with FSDP and no resharding its gathered stage, its
+unsharded gradients once it has run a backward, and the activations of the micro-batches the schedule
+holds in flight), over the limit (``oom-bound``, "at least"); a lower bound on its predicted step (its
+blocks' compute and tensor-parallel collectives through the schedule's own simulation and its
+optimizer step, or the host's issue of their ops), no shorter than the best found (``slower``). Both
+come from one block's figures without a pipeline on the same micro-batch: those of a candidate the
+search simulated, else the line through those of two smaller micro-batches, else micro-batches 1 and 2
+simulated for them alone on a copy with two blocks (until 10% past the time budget, ``BOUNDS_SHARE``;
+after it, the figures made before).
+A pipeline whose bounds rule nothing out is simulated whole, the families in the order of their
+bounds. Nothing else is pruned.
 
 Each candidate is simulated on a copy of the model with few blocks: ``k`` and ``k + 1`` blocks per
 pipeline stage (``BLOCKS``), and its per-rank memory (every part of the breakdown, every collective)
@@ -64,7 +75,9 @@ from ..errors import ForwardError, InputError
 from ..options import ParallelConfig, iec
 from ..progress import ProgressBar
 from .apply import find_blocks
-from .results import ParallelPlan, RankMemory, collectives_of
+from .bounds import (BlockFigures, PipelineBounds, block_figures, figures_at, pipeline_bounds, proxy_config,
+                     stage_numels)
+from .results import ESTIMATES, ParallelPlan, RankMemory, collectives_of
 from .stages import stage_blocks
 from .timing import FRACTIONS, RankSeconds, assemble, rank_seconds, send_bytes
 from .world import plan_of
@@ -91,6 +104,7 @@ class Candidate:
     plan: ParallelPlan | None = None      # simulated: per-rank memory and predicted step time
     over_bytes: int | None = None
     by: str | None = None                 # the candidate that proved a bound, by its label
+    bound: float | None = None            # a pipeline not simulated whole: its step is no shorter (seconds)
 
     @property
     def step_time(self) -> float | None:
@@ -109,6 +123,7 @@ class SearchResult:
     seconds: float
     global_batch: int
     limit_bytes: int
+    for_bounds: int = 0                   # configurations simulated on two blocks for the pipelines' bounds
 
     @property
     def best(self) -> Candidate | None:
@@ -187,6 +202,10 @@ def space(gpus: int, blocks: int, global_batch: int, *, gpus_per_node: int = 8, 
 
 
 WHOLE_BLOCKS = 8       # a model of at most this many blocks is simulated whole in any pipeline
+# the pipelines' bounds may still simulate the configuration they need (on two blocks: about 1 s on the 70B
+# Llama) until this share of the time budget, past it (their figures, once made, serve every pipeline of
+# that micro-batch, tensor parallel degree and checkpointing); after that, only the figures made before
+BOUNDS_SHARE = 1.10
 
 
 def _simulable(stages: int, blocks: int) -> bool:
@@ -289,6 +308,9 @@ class _Evaluator:
         self.blocks = len(blocks)
         self.shrinkable = len({p.rpartition(".")[0] for p, _ in blocks}) == 1
         self._models: dict[int, nn.Module] = {}
+        self.figures: dict[tuple, BlockFigures | None] = {}    # block figures by _figure_key
+        self._numels: dict[int, list[int]] = {}
+        self.proxies = 0                                        # configurations simulated for bounds alone
 
     def _model(self, n: int) -> nn.Module:
         if n >= self.blocks or not self.shrinkable:
@@ -298,10 +320,13 @@ class _Evaluator:
         return self._models[n]
 
     def _one(self, model: nn.Module, c: ParallelConfig, args, kwargs):
-        """(per-rank memory, per-role seconds, a pipeline transfer's bytes) of ``c`` on ``model``."""
+        """(per-rank memory, per-role seconds, a pipeline transfer's bytes) of ``c`` on ``model``; without a
+        pipeline, its blocks' figures kept for the pipelines' bounds (parallel/bounds.py)."""
         acc = c.accumulation
         sim = dataclasses.replace(c, accumulation=min(acc, 2), global_batch=None)
-        ranks, _, _, _, runs = self.simulate(model, args, kwargs, sim)
+        ranks, _, groups, _, runs = self.simulate(model, args, kwargs, sim)
+        if c.pp == 1:
+            self._keep_figures(model, sim, ranks, groups, runs)
         secs = {r: rank_seconds(rr, sim, self.gpu, self.f) for r, rr in runs.items()}
         if acc > 2:
             one = {r: rank_seconds(rr, sim, self.gpu, self.f, micro=1) for r, rr in runs.items()}
@@ -310,6 +335,60 @@ class _Evaluator:
                      for r, rr in runs.items()}
             ranks = tuple(dataclasses.replace(m, collectives=colls.get(m.simulated_as, m.collectives)) for m in ranks)
         return ranks, secs, send_bytes(runs)
+
+    @staticmethod
+    def _figure_key(c: ParallelConfig) -> tuple:
+        return c.tp, c.cp, c.ac, c.ac_every, _mbs(c), c.dp > 1
+
+    def _keep_figures(self, model, c: ParallelConfig, ranks, groups, runs) -> None:
+        key = self._figure_key(c)
+        if self.figures.get(key) is not None or 0 not in runs:
+            return
+        paths = [p for p, _ in find_blocks(model)]
+        fig = block_figures(runs[0], c, self.gpu, self.f, paths, nccl=ranks[0].breakdown.get(ESTIMATES[0], 0) > 0,
+                            one_role=len(groups) == 1)
+        if fig is not None:
+            self.figures[key] = fig
+
+    def bounds(self, c: ParallelConfig, simulate: bool = True) -> PipelineBounds | None:
+        """Pipeline candidate ``c``'s lower bounds (parallel/bounds.py), from the block figures of a
+        configuration without a pipeline on its micro-batch (the same tensor parallel degree, checkpointing
+        and data parallelism or none): one the search simulated; or else the line through those of the two
+        largest smaller micro-batches (``figures_at``: a block's seconds and bytes are convex in the batch,
+        and near linear where its ops are compute-bound), with ``simulate`` first simulating, on a copy with
+        two blocks, micro-batches 1 and 2 where fewer than two are known; or else those of one smaller
+        micro-batch. None: no figures, or their simulations failed."""
+        if c.pp == 1 or c.ac == "selective-layer":      # its blocks are not alike: no one block bounds them
+            return None
+        mbs = _mbs(c)
+        q = proxy_config(c, mbs)
+        if q is None:
+            return None
+        key = self._figure_key(q)
+
+        def known() -> list:       # (micro-batch, figures) of this key's kind, up to this micro-batch
+            return sorted((k[4], f) for k, f in self.figures.items() if f is not None and k[:4] == key[:4]
+                          and k[5] == key[5] and k[4] <= mbs)
+        have = known()
+        if not (have and have[-1][0] == mbs) and len(have) < 2 and simulate:
+            for b in sorted({1, min(2, mbs)}):     # the two least micro-batches: their line bounds the rest
+                kb = key[:4] + (b,) + key[5:]
+                if kb in self.figures:
+                    continue
+                self.figures[kb] = None
+                args, kwargs = _resized(self.args, self.kwargs, self.batch0, b)
+                try:
+                    self._one(self._model(2), proxy_config(c, b), args, kwargs)
+                except (InputError, ForwardError):
+                    pass
+                self.proxies += 1
+            have = known()
+        return self._bounds_from(c, figures_at(have, mbs)) if have else None
+
+    def _bounds_from(self, c: ParallelConfig, fig: BlockFigures) -> PipelineBounds:
+        if self._numels.get(c.stages) is None:
+            self._numels[c.stages] = stage_numels(self.model, c.stages)
+        return pipeline_bounds(c, fig, self._numels[c.stages], self.blocks, self.f)
 
     def __call__(self, c: ParallelConfig) -> ParallelPlan:
         args, kwargs = _resized(self.args, self.kwargs, self.batch0, c.local_batch)
@@ -346,6 +425,11 @@ def _time_ge(v: ParallelConfig, u: ParallelConfig) -> bool:
             and (v.reshard_after_forward or not u.reshard_after_forward))
 
 
+def _seconds(c: Candidate) -> float | None:
+    """A candidate's predicted step, or else its lower bound (a pipeline not simulated whole)."""
+    return c.plan.step_time if c.plan is not None else c.bound
+
+
 def _mbs(c: ParallelConfig) -> int:
     return (c.local_batch or 0) // c.microbatches
 
@@ -372,9 +456,11 @@ def _why(plan: ParallelPlan, best: ParallelPlan) -> str:
 class _Walk:
     """The search through one family after another, sharing the best plan found (module docstring)."""
 
-    def __init__(self, ev: _Evaluator, limit: int, params: int, t0: float, budget: float | None,
-                 result: dict[int, Candidate]) -> None:
+    def __init__(self, ev: Callable[[ParallelConfig], ParallelPlan], limit: int, params: int, t0: float,
+                 budget: float | None, result: dict[int, Candidate],
+                 bounds: Callable[[ParallelConfig, bool], PipelineBounds | None] | None = None) -> None:
         self.ev, self.limit, self.params, self.t0, self.budget, self.result = ev, limit, params, t0, budget, result
+        self.bounds = bounds
         self.best: Candidate | None = None
         self.timed: list[Candidate] = []        # every simulated candidate (a predicted step time)
         self.rate = 0.0                         # seconds per unit of _work, the most seen
@@ -395,6 +481,16 @@ class _Walk:
         if slow is not None:
             return Candidate(c, "slower", f"no faster than {label(slow.config)}, which fits", by=label(slow.config))
         best = self.best.plan.step_time if self.best is not None else None
+        b = self.bounds(c, not self._out_of_time(BOUNDS_SHARE)) if self.bounds is not None and c.pp > 1 else None
+        if b is not None:         # bounds 3 and 4 (parallel/bounds.py): a pipeline not simulated whole
+            if b.peak_bytes > self.limit:
+                return Candidate(c, "oom-bound", f"its pipeline rank {b.rank} holds at least {iec(b.peak_bytes)} "
+                                 "(parameter shards, optimizer state and the activations of the micro-batches "
+                                 "in flight)", over_bytes=b.peak_bytes - self.limit, bound=b.step_time)
+            if best is not None and b.step_time is not None and b.step_time >= best:
+                return Candidate(c, "slower", f"its step takes at least {b.step_time * 1e3:,.1f} ms (its blocks' "
+                                 "compute through the schedule, or the host's issue of their kernels), no faster "
+                                 "than the best found", by=label(self.best.config), bound=b.step_time)
         fam = family_of(c)
         slow = next((x for x in self.timed if best is not None and x.plan.step_time >= best
                      and family_of(x.config) == fam and _time_ge(c, x.config)), None)
@@ -405,9 +501,11 @@ class _Walk:
         if self.budget is not None:
             left = self.budget - (time.perf_counter() - self.t0)
             if left <= 0 or self.rate * _work(c) > left:
-                return Candidate(c, "unsearched", "the search's time budget ran out before it" if left <= 0 else
+                at_least = f"; its step takes at least {b.step_time * 1e3:,.1f} ms" if b and b.step_time else ""
+                return Candidate(c, "unsearched", ("the search's time budget ran out before it" if left <= 0 else
                                  f"its simulation would take about {self.rate * _work(c):,.0f} s, more than the "
-                                 f"{max(left, 0):,.0f} s left of the time budget")
+                                 f"{max(left, 0):,.0f} s left of the time budget") + at_least,
+                                 bound=b.step_time if b else None)
         t = time.perf_counter()
         try:
             plan = self.ev(c)
@@ -417,6 +515,9 @@ class _Walk:
         if plan.fits:
             return Candidate(c, "fits", "", plan=plan)
         return Candidate(c, "oom", f"over the limit by {iec(plan.over_bytes)}", plan=plan, over_bytes=plan.over_bytes)
+
+    def _out_of_time(self, share: float = 1.0) -> bool:
+        return self.budget is not None and time.perf_counter() - self.t0 >= self.budget * share
 
     def _take(self, c: ParallelConfig, fits: list, ooms: list) -> Candidate:
         if id(c) in self.result:
@@ -492,10 +593,11 @@ class _Walk:
 
 
 def walk_space(cands: list[ParallelConfig], evaluate: Callable[[ParallelConfig], ParallelPlan], *, limit: int,
-               params: int, t0: float | None = None, time_budget: float | None = None, progress: bool = False):
-    """The search over ``cands`` with ``evaluate(config) -> plan`` (fits, over_bytes, step_time): the
-    candidates ranked (fitting by step time, the misses by excess, the rest), each family's line why
-    it lost, and how many were evaluated."""
+               params: int, t0: float | None = None, time_budget: float | None = None, progress: bool = False,
+               bounds: Callable[[ParallelConfig, bool], PipelineBounds | None] | None = None):
+    """The search over ``cands`` with ``evaluate(config) -> plan`` (fits, over_bytes, step_time) and
+    ``bounds(config, may_simulate)``, a pipeline's lower bounds or None: the candidates ranked (fitting by step time,
+    the misses by excess, the rest), each family's line why it lost, and how many were evaluated."""
     t0 = time.perf_counter() if t0 is None else t0
     count = [0]
 
@@ -513,7 +615,7 @@ def walk_space(cands: list[ParallelConfig], evaluate: Callable[[ParallelConfig],
                                             families[k][0].replicate))
     result: dict[int, Candidate] = {}
     fam_why: dict[str, str] = {}
-    walk = _Walk(ev, limit, params, t0, time_budget, result)
+    walk = _Walk(ev, limit, params, t0, time_budget, result, bounds)
     bar = ProgressBar(len(order), "searching configurations") if progress else None
     try:
         # every family's head first (its lower bound, memory aside), then the families in the order of
@@ -522,8 +624,7 @@ def walk_space(cands: list[ParallelConfig], evaluate: Callable[[ParallelConfig],
         # reaches them last)
         for group in ([k for k in order if families[k][0].pp == 1], [k for k in order if families[k][0].pp > 1]):
             heads = {key: walk.head(families[key]) for key in group}
-            timed = sorted(group, key=lambda k: (heads[k].plan is None,
-                                                 heads[k].plan.step_time if heads[k].plan is not None else 0.0))
+            timed = sorted(group, key=lambda k: (_seconds(heads[k]) is None, _seconds(heads[k]) or 0.0))
             for key in timed:
                 walk.family(families[key])
                 if bar is not None:
@@ -540,7 +641,7 @@ def walk_space(cands: list[ParallelConfig], evaluate: Callable[[ParallelConfig],
     for key, fam in families.items():
         if best is not None and family_of(best.config) == key:
             continue
-        mine = [result[id(c)] for c in fam if id(c) in result]
+        mine = [result.get(id(c)) or Candidate(c, "unsearched", "not reached") for c in fam]
         fit = [c for c in mine if c.status == "fits"]
         if fit and best is not None:
             fam_why[key] = _why(min(fit, key=lambda c: c.plan.step_time).plan, best.plan)
@@ -548,6 +649,12 @@ def walk_space(cands: list[ParallelConfig], evaluate: Callable[[ParallelConfig],
             least = min((c for c in mine if c.status == "oom"), key=lambda c: c.over_bytes, default=None)
             fam_why[key] = (f"out of memory: its leanest simulated member ({label(least.config)}) is over by "
                             f"{iec(least.over_bytes)}" if least is not None else "out of memory")
+        elif any(c.status == "unsearched" for c in mine):
+            left = [c for c in mine if c.status == "unsearched"]
+            least = min((c.bound for c in left if c.bound is not None), default=None)
+            fam_why[key] = (f"{len(left)} of its {len(fam)} members not simulated within the time budget"
+                            + (f" (the least of their lower bounds: {least * 1e3:,.1f} ms)" if least is not None
+                               else ""))
         elif any(c.status == "slower" for c in mine) and best is not None:
             head = result.get(id(fam[0]))
             if head is not None and head.plan is not None and head.plan.step_time >= best.plan.step_time:
@@ -586,5 +693,5 @@ def search(model: nn.Module, args: tuple, kwargs: dict, *, gpus: int, global_bat
     ev = _Evaluator(model, args, kwargs, batch0=batch0, simulate=simulate, gpu=gpu, limit=limit, fracs=f,
                     tokens_of=lambda c: tokens_per_sample * global_batch if tokens_per_sample else None)
     ranked, why, count = walk_space(cands, ev, limit=limit, params=params, t0=t0, time_budget=time_budget,
-                                    progress=progress)
-    return SearchResult(ranked, why, count, time.perf_counter() - t0, global_batch, limit)
+                                    progress=progress, bounds=ev.bounds)
+    return SearchResult(ranked, why, count, time.perf_counter() - t0, global_batch, limit, ev.proxies)
