@@ -108,3 +108,20 @@ def test_bounds_never_above_the_whole_simulation(tp, pp, fsdp, ac, schedule, mbs
     b = pipeline_bounds(c, fig, stage_numels(model, c.stages), 4, FRACTIONS)
     assert 0.6 * peak < b.peak_bytes <= peak
     assert 0 < b.step_time <= step
+
+
+def test_frozen_parameters_and_autocast():
+    c = ParallelConfig(gpus=4, tp=1, pp=2, fsdp=2, ac="none", schedule="1f1b", microbatches=4, local_batch=4,
+                       reshard_after_forward=False)
+    # frozen parameters get no gradients: rank 1 loses its 8,000 (24,364 by hand above): 16,364, and rank 0
+    # its 4,000: 8,864
+    frozen = pipeline_bounds(c, FIG, [1000, 2000], 8, FRACTIONS, [0, 0])
+    assert (frozen.peak_bytes, frozen.rank) == (16364, 1)
+    # without data parallelism bf16 runs under one autocast region whose casts of the weights the
+    # micro-batches share (a reviewer measured a 70B tp 8 x pp 8 bound at 1.24x the peak when each
+    # micro-batch in flight counted them): one micro-batch's saved bytes at a time. Rank 0, 2,000 elements,
+    # no FSDP: 2,000 x 4 x 3 = 24,000 of state, its gradients 2,000 x 4 = 8,000 from B0, one micro-batch
+    # of its 4 blocks 400 (not 800), 64: 32,464; rank 1: 12,000 + 4,000 + 300 + 64 = 16,364
+    solo = dataclasses.replace(c, gpus=2, fsdp=1)
+    b = pipeline_bounds(solo, FIG, [2000, 1000], 8, FRACTIONS)
+    assert (b.peak_bytes, b.rank) == (32464, 0)

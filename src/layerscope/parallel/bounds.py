@@ -28,11 +28,15 @@ its schedule runs before a backward frees them (``pipeline.schedule.rank_orders`
   forward to the last backward;
 * for each micro-batch forwarded and not yet backwarded, every block of its stage holding the block's
   activation bytes (one block fewer on the last stage: the model's last block, whose output the final
-  norm may save in a copy of its own);
-* once a stage has run a (whole) backward, the gradients of its parameters, unsharded (at least
-  ``numel / tp`` elements) in the reduce dtype or the model's, the smaller, with FSDP (every backward
-  of a pipeline runs with gradient sync off: FSDP2 accumulates them unsharded and reduce-scatters after
-  the last), in the model's dtype without it;
+  norm may save in a copy of its own); for one such micro-batch only under bf16 without data
+  parallelism, whose one autocast region over the step makes the casts of the weights the micro-batches
+  share, and which the block's figures count among its saved bytes;
+* under a schedule of one stage per rank and whole backwards (1F1B, GPipe), between its stage's first
+  backward and its last, the gradients of its parameters, unsharded (at least ``numel / tp`` elements)
+  in the reduce dtype or the model's, the smaller, with FSDP (every backward of a pipeline runs with
+  gradient sync off: FSDP2 accumulates them unsharded and reduce-scatters after the last), in the
+  model's dtype without it (torch's runtime schedules, interleaved and zero bubble, reduce and let go
+  of a stage's gradients on their own terms: not counted there);
 * the cuBLAS workspaces the block's rank held, and the estimate of NCCL's buffers (16 channels x 4 MiB
   per communicator, one per mesh dimension), which a simulated rank's peak adds as well.
 
@@ -96,7 +100,7 @@ class BlockFigures:
 
 @dataclass(frozen=True)
 class PipelineBounds:
-    peak_bytes: int         # no rank's simulated peak is below this
+    peak_bytes: int         # the largest simulated peak among the ranks at that pipeline coordinate is no lower
     step_time: float | None  # the predicted step is no shorter (None: no bound, uneven shards)
     rank: int               # the pipeline coordinate whose memory gives the bound
 
@@ -204,9 +208,9 @@ def figures_at(known: list[tuple[int, BlockFigures]], batch: int) -> BlockFigure
                                saved=int(line(f1.saved, f2.saved)))
 
 
-def stage_numels(model: nn.Module, stages: int) -> list[int]:
+def stage_numels(model: nn.Module, stages: int, *, trainable: bool = False) -> list[int]:
     """Parameter elements each pipeline stage of the uniform split owns (a parameter shared within a stage
-    once; one tied across stages in each stage that holds a copy)."""
+    once; one tied across stages in each stage that holds a copy); ``trainable``: those that get gradients."""
     plan = stage_plan(model, stages)
     units = plan.units.units
     out = []
@@ -215,7 +219,8 @@ def stage_numels(model: nn.Module, stages: int) -> list[int]:
         for u in units[st.first:st.last + 1]:
             for path in u.paths:
                 for p in model.get_submodule(path).parameters():
-                    seen[id(p)] = p.numel()
+                    if p.requires_grad or not trainable:
+                        seen[id(p)] = p.numel()
         out.append(sum(seen.values()))
     return out
 
@@ -224,9 +229,15 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def pipeline_bounds(c: ParallelConfig, fig: BlockFigures, numels: list[int], blocks: int, f) -> PipelineBounds:
+def pipeline_bounds(c: ParallelConfig, fig: BlockFigures, numels: list[int], blocks: int, f,
+                    trainable: list[int] | None = None) -> PipelineBounds:
     """The lower bounds of the module docstring for pipeline candidate ``c`` (``numels``: per stage, from
-    ``stage_numels``; ``blocks``: the model's; ``f``: the step-time model's fractions)."""
+    ``stage_numels``, and ``trainable`` those of them that get gradients (None: all); ``blocks``: the
+    model's; ``f``: the step-time model's fractions)."""
+    trainable = numels if trainable is None else trainable
+    # bf16 without data parallelism runs under one autocast region over the step, whose casts of the weights
+    # the micro-batches share: the block's saved bytes (one micro-batch, casts included) count once at a time
+    autocast = c.dp == 1 and c.mixed_precision == "bf16"
     k = c.stages
     spr = k // c.pp
     m = c.microbatches
@@ -241,7 +252,6 @@ def pipeline_bounds(c: ParallelConfig, fig: BlockFigures, numels: list[int], blo
     grad = min(_itemsize(c.reduce_dtype), master) if c.dp > 1 else master
     peak, worst = 0, 0
     for r, acts in enumerate(orders):
-        graded: set = set()
         mine = sorted({a.stage for a in acts})
         state = 0
         for st in mine:
@@ -251,19 +261,23 @@ def pipeline_bounds(c: ParallelConfig, fig: BlockFigures, numels: list[int], blo
             if c.fsdp > 1 and not c.reshard_after_forward and spr == 1:
                 state += numels[st] // c.tp * compute
         held: set = set()
-        most = live = 0
+        most = grads = 0
+        backwards = {st: sum(1 for a in acts if a.stage == st and a.kind == "B") for st in mine}
+        done = dict.fromkeys(mine, 0)
         for a in acts:
             key = (a.stage, a.microbatch)
             if a.kind == "F":
                 held.add(key)
-                live += counts[a.stage] * fig.saved
-            elif key in held:
+            else:
                 held.discard(key)
-                live -= counts[a.stage] * fig.saved
-            if a.kind == "B" and a.stage not in graded:
-                graded.add(a.stage)
-                live += numels[a.stage] // c.tp * grad
-            most = max(most, live)
+            if a.kind == "B" and spr == 1:
+                done[a.stage] += 1
+                if done[a.stage] == 1 < backwards[a.stage]:         # from its first backward to its last
+                    grads += trainable[a.stage] // c.tp * grad
+                elif done[a.stage] == backwards[a.stage] > 1:
+                    grads -= trainable[a.stage] // c.tp * grad
+            each = [counts[st] * fig.saved for st, _ in held]
+            most = max(most, grads + (max(each, default=0) if autocast else sum(each)))
         total = fixed + state + most
         if total > peak:
             peak, worst = total, r

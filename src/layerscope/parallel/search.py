@@ -309,7 +309,7 @@ class _Evaluator:
         self.shrinkable = len({p.rpartition(".")[0] for p, _ in blocks}) == 1
         self._models: dict[int, nn.Module] = {}
         self.figures: dict[tuple, BlockFigures | None] = {}    # block figures by _figure_key
-        self._numels: dict[int, list[int]] = {}
+        self._numels: dict[int, tuple[list[int], list[int]]] = {}
         self.proxies = 0                                        # configurations simulated for bounds alone
 
     def _model(self, n: int) -> nn.Module:
@@ -342,8 +342,8 @@ class _Evaluator:
 
     def _keep_figures(self, model, c: ParallelConfig, ranks, groups, runs) -> None:
         key = self._figure_key(c)
-        if self.figures.get(key) is not None or 0 not in runs:
-            return
+        if self.figures.get(key) is not None or 0 not in runs or c.reshard_after_forward:
+            return          # resharding adds ops to a block (the host's bound counts them): as the stand-ins, none
         paths = [p for p, _ in find_blocks(model)]
         fig = block_figures(runs[0], c, self.gpu, self.f, paths, nccl=ranks[0].breakdown.get(ESTIMATES[0], 0) > 0,
                             one_role=len(groups) == 1)
@@ -358,8 +358,8 @@ class _Evaluator:
         and near linear where its ops are compute-bound), with ``simulate`` first simulating, on a copy with
         two blocks, micro-batches 1 and 2 where fewer than two are known; or else those of one smaller
         micro-batch. None: no figures, or their simulations failed."""
-        if c.pp == 1 or c.ac == "selective-layer":      # its blocks are not alike: no one block bounds them
-            return None
+        if c.pp == 1 or c.ac == "selective-layer" or c.cp > 1:   # selective-layer: its blocks are not alike;
+            return None                                           # context parallel: not checked
         mbs = _mbs(c)
         q = proxy_config(c, mbs)
         if q is None:
@@ -387,8 +387,10 @@ class _Evaluator:
 
     def _bounds_from(self, c: ParallelConfig, fig: BlockFigures) -> PipelineBounds:
         if self._numels.get(c.stages) is None:
-            self._numels[c.stages] = stage_numels(self.model, c.stages)
-        return pipeline_bounds(c, fig, self._numels[c.stages], self.blocks, self.f)
+            self._numels[c.stages] = (stage_numels(self.model, c.stages),
+                                      stage_numels(self.model, c.stages, trainable=True))
+        numels, trainable = self._numels[c.stages]
+        return pipeline_bounds(c, fig, numels, self.blocks, self.f, trainable)
 
     def __call__(self, c: ParallelConfig) -> ParallelPlan:
         args, kwargs = _resized(self.args, self.kwargs, self.batch0, c.local_batch)
@@ -484,9 +486,10 @@ class _Walk:
         b = self.bounds(c, not self._out_of_time(BOUNDS_SHARE)) if self.bounds is not None and c.pp > 1 else None
         if b is not None:         # bounds 3 and 4 (parallel/bounds.py): a pipeline not simulated whole
             if b.peak_bytes > self.limit:
-                return Candidate(c, "oom-bound", f"its pipeline rank {b.rank} holds at least {iec(b.peak_bytes)} "
-                                 "(parameter shards, optimizer state and the activations of the micro-batches "
-                                 "in flight)", over_bytes=b.peak_bytes - self.limit, bound=b.step_time)
+                return Candidate(c, "oom-bound", f"a rank at pipeline coordinate {b.rank} holds at least "
+                                 f"{iec(b.peak_bytes)} (parameter shards, optimizer state, gathered parameters, "
+                                 "gradients and the activations of the micro-batches in flight)",
+                                 over_bytes=b.peak_bytes - self.limit, bound=b.step_time)
             if best is not None and b.step_time is not None and b.step_time >= best:
                 return Candidate(c, "slower", f"its step takes at least {b.step_time * 1e3:,.1f} ms (its blocks' "
                                  "compute through the schedule, or the host's issue of their kernels), no faster "
@@ -660,7 +663,8 @@ def walk_space(cands: list[ParallelConfig], evaluate: Callable[[ParallelConfig],
             if head is not None and head.plan is not None and head.plan.step_time >= best.plan.step_time:
                 fam_why[key] = "its fastest member, memory aside: " + _why(head.plan, best.plan)
             else:
-                over = f" (its fastest over by {iec(head.over_bytes)})" if head is not None and head.over_bytes else ""
+                over = (f" (its fastest over by {'at least ' if head.status == 'oom-bound' else ''}"
+                        f"{iec(head.over_bytes)})" if head is not None and head.over_bytes else "")
                 fam_why[key] = f"its members faster than the best do not fit{over}; the rest are no faster"
         elif any(c.status == "error" for c in mine):
             fam_why[key] = next(c.why for c in mine if c.status == "error")
