@@ -121,6 +121,20 @@ def fake_world(rank: int, world: int):
             clear()                 # nor one of this world for a later one's (a user's real run)
 
 
+@contextlib.contextmanager
+def simulation_warnings():
+    """While a rank is simulated (a stage's too), torch's warnings about the simulation's own machinery,
+    not about the user's model, filtered (the module docstring's departure)."""
+    with warnings.catch_warnings():
+        # the simulation's own CPU mesh
+        warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+        # torch 2.14: the simulation's own saved-tensor hook (it marks what autograd saves) around a
+        # selective-checkpoint region
+        warnings.filterwarnings("ignore", message="A saved_tensors_hooks context .* selective activation checkpoint")
+        yield
+
+
 def meta_copy(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
     """A copy of ``model`` whose parameters and buffers are on the meta device (nothing copied), floating
     ones cast to ``dtype``; ties and requires_grad kept. The user's model is never touched."""
@@ -427,13 +441,7 @@ def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelC
     device = torch.device("cpu")
     host = config.offload and device_type != "cpu"
     tracker = RankTracker(block_size, gloo=gloo, workspace=workspace, cuda=device_type == "cuda")
-    with fake_world(rank, config.world), warnings.catch_warnings():
-        # torch's warnings about the simulation's own CPU mesh, not about the user's model
-        warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
-        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
-        # torch 2.14: the simulation's own saved-tensor hook (it marks what autograd saves) around a
-        # selective-checkpoint region
-        warnings.filterwarnings("ignore", message="A saved_tensors_hooks context .* selective activation checkpoint")
+    with fake_world(rank, config.world), simulation_warnings():
         private = meta_copy(model, dtype)
         no_kv_cache(private)                  # as training runs (and as the real runs do)
         mesh = build_mesh(config, device.type)

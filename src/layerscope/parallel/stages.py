@@ -96,7 +96,7 @@ from ..pipeline.stages import build_stage_module
 from ..pipeline.units import owner_of
 from .apply import canonical_name, checkpoint_blocks, find_blocks, local_tensor as _local, no_kv_cache, parallelize
 from .simulate import (PIPELINE, RankRun, RankTracker, fake_world, meta_copy, param_layouts, prepare_offload,
-                       train_fake, watch_checkpoint_rng, watch_fsdp)
+                       simulation_warnings, train_fake, watch_checkpoint_rng, watch_fsdp)
 
 __all__ = ["stage_blocks", "stage_plan", "stage_ties", "stage_module", "parallelize_stage", "stage_config",
            "split_micro", "simulate_stage_rank", "stage_coords", "rank_stages", "as_module", "model_name",
@@ -664,7 +664,7 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
         # torch's runtime schedules all-gather an FSDP stage's parameters ahead (UNSHARD), reshard it after
         # (RESHARD) and reduce each stage's gradients right after its last backward (REDUCE_GRAD)
         actions = _compat.runtime_lowered(actions, config.microbatches)
-    with fake_world(rank, config.world):
+    with fake_world(rank, config.world), simulation_warnings():
         privates = {}
         for stage in mine:
             privates[stage] = meta_copy(model, dtype)
