@@ -229,9 +229,11 @@ def test_search_refusals():
             layerscope.parallel(m, ids, search=True, **kw)
 
 
-def test_the_model_comes_out_of_a_search_unchanged():
-    """The search shrinks copies of the model (its blocks and its config's layer count): the user's model,
-    with real weights, keeps its blocks, config, hooks, mode and state, and the RNG is not drawn from."""
+@pytest.mark.parametrize("pp", [1, 2])
+def test_the_model_comes_out_of_a_search_unchanged(pp):
+    """The search shrinks copies of the model (its blocks and its config's layer count; with pipelines, the
+    two-block copies of their bounds too): the user's model, with real weights, keeps its blocks, config,
+    hooks, mode and state, and the RNG is not drawn from."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from ..helpers import assert_unchanged, snapshot
@@ -241,7 +243,7 @@ def test_the_model_comes_out_of_a_search_unchanged():
     ids = torch.randint(0, 128, (1, 32))
     before = snapshot(m)
     rng = torch.get_rng_state()
-    layerscope.parallel(m, ids, gpus=2, gpu="H100", search=True, tp=1, pp=1, ac="full", time_budget=1e9)
+    layerscope.parallel(m, ids, gpus=2, gpu="H100", search=True, tp=1, pp=pp, ac="full", time_budget=1e9)
     assert_unchanged(before, m)
     assert len(m.model.layers) == 6 and m.config.num_hidden_layers == 6 and m.config.use_cache
     assert torch.equal(torch.get_rng_state(), rng)

@@ -241,8 +241,8 @@ def pipeline_bounds(c: ParallelConfig, fig: BlockFigures, numels: list[int], blo
     k = c.stages
     spr = k // c.pp
     m = c.microbatches
-    counts = [len(r) for r in stage_blocks(blocks, k)]
-    counts[-1] = max(0, counts[-1] - 1)         # the model's last block: its output may be the norm's to save
+    full = [len(r) for r in stage_blocks(blocks, k)]
+    counts = full[:-1] + [max(0, full[-1] - 1)]     # the model's last block: its output may be the norm's to save
     orders = rank_orders(c.schedule, k, m, spr)
     master = _itemsize(c.model_dtype)
     compute = _itemsize(c.param_dtype or c.model_dtype)
@@ -283,7 +283,6 @@ def pipeline_bounds(c: ParallelConfig, fig: BlockFigures, numels: list[int], blo
             peak, worst = total, r
     step = None
     if fig.one_role:
-        full = [len(rg) for rg in stage_blocks(blocks, k)]
         fw, bw, opt = [0.0] * k, [0.0] * k, [0.0] * k
         for c0 in range(c.pp):                     # stage st on rank st % pp, as timing.assemble has it
             on = [c0 + i * c.pp for i in range(spr)]
