@@ -1,8 +1,9 @@
-"""The pipeline bounds (parallel/bounds.py) against the whole simulation of each pipeline they stand for:
-a transformers Llama of 8 layers (width 512, 256 tokens, vocabulary 8,000) on fake ranks, eight
-configurations (1F1B and interleaved, FSDP, HSDP, TP, checkpointing, resharding). Prints each peak and
-predicted step beside its bounds, and their ratios (docs/benchmarks.md, "Pipelines ruled out by lower
-bounds"). Run by hand: python bench/bench_bounds.py (about 2 minutes)."""
+"""The search's lower bounds (parallel/bounds.py) against the whole simulation of each configuration
+they stand for: a transformers Llama of 8 layers (width 512, 256 tokens, vocabulary 8,000) on fake
+ranks, eight pipelines (1F1B and interleaved, FSDP, HSDP, TP, checkpointing, resharding) and eight
+configurations without one (the same, with gradient accumulation). Prints each peak and predicted step
+beside its bounds, and their ratios (docs/benchmarks.md, "Pipelines ruled out by lower bounds" and the
+section after it). Run by hand: python bench/bench_bounds.py (about 3 minutes)."""
 
 import time
 
@@ -22,7 +23,12 @@ CONFIGS = [  # tp, pp, fsdp, replicate, ac, schedule, micro-batch size, micro-ba
     (2, 2, 2, 1, "none", "1f1b", 2, 4, False), (2, 2, 2, 1, "full", "1f1b", 2, 4, False),
     (2, 2, 2, 1, "selective-op", "1f1b", 1, 4, True), (1, 4, 2, 1, "none", "1f1b", 1, 4, False),
     (2, 2, 2, 1, "none", "interleaved", 1, 4, False), (2, 2, 2, 1, "full", "interleaved", 2, 2, True),
-    (2, 4, 1, 1, "none", "1f1b", 1, 8, False), (1, 2, 2, 2, "none", "1f1b", 2, 2, False)]
+    (2, 4, 1, 1, "none", "1f1b", 1, 8, False), (1, 2, 2, 2, "none", "1f1b", 2, 2, False),
+    # without a pipeline: the micro-batches are gradient accumulation's micro-steps
+    (2, 1, 1, 1, "none", "1f1b", 4, 1, False), (1, 1, 2, 1, "none", "1f1b", 2, 1, False),
+    (2, 1, 2, 1, "full", "1f1b", 2, 2, False), (2, 1, 2, 1, "selective-op", "1f1b", 1, 4, True),
+    (1, 1, 2, 2, "none", "1f1b", 2, 1, False), (4, 1, 2, 1, "none", "1f1b", 2, 1, True),
+    (2, 1, 1, 2, "full", "1f1b", 2, 1, False), (2, 1, 1, 1, "selective-op", "1f1b", 2, 3, False)]
 
 
 def simulate(model, batch, c):
@@ -41,10 +47,11 @@ def main() -> None:
     small = _shrunk(model, 2)
     paths = [p for p, _ in find_blocks(small)]
     for tp, pp, fsdp, rep, ac, schedule, mbs, m, reshard in CONFIGS:
+        batches = dict(microbatches=m, local_batch=mbs * m) if pp > 1 else dict(accumulation=m, local_batch=mbs)
         c = ParallelConfig(gpus=tp * pp * fsdp * rep, tp=tp, pp=pp, fsdp=fsdp, replicate=rep, ac=ac,
-                           schedule=schedule, microbatches=m, local_batch=mbs * m, reshard_after_forward=reshard)
+                           schedule=schedule, reshard_after_forward=reshard, **batches)
         t = time.perf_counter()
-        ranks, _, _, _, runs = simulate(model, mbs * m, c)
+        ranks, _, _, _, runs = simulate(model, c.local_batch, c)
         whole = time.perf_counter() - t
         peak = max(r.peak_bytes for r in ranks)
         step = step_time(runs, c, H100, tokens=None, f=FRACTIONS).step_time

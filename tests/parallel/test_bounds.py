@@ -1,6 +1,7 @@
-"""The pipeline bounds (parallel/bounds.py): by hand on a synthetic block, and never above the whole
-simulation of a pipeline (a shrunk transformers Llama, 1F1B and interleaved, with and without FSDP, TP
-and checkpointing) that they let the search skip."""
+"""The search's lower bounds (parallel/bounds.py): by hand on a synthetic block, and never above the
+whole simulation of a configuration (a shrunk transformers Llama; pipelines under 1F1B and interleaved,
+and without a pipeline, with gradient accumulation; with and without FSDP, TP and checkpointing) that
+they let the search skip."""
 
 import dataclasses
 
@@ -50,6 +51,22 @@ def test_pipeline_bounds_by_hand():
     assert timed.step_time == pytest.approx(62.0)
 
 
+def test_bounds_without_a_pipeline_by_hand():
+    c = ParallelConfig(gpus=2, tp=1, pp=1, fsdp=2, ac="none", accumulation=3, local_batch=1,
+                       reshard_after_forward=False)
+    b = pipeline_bounds(c, FIG, [3000], 8, FRACTIONS)
+    # one stage of 8 blocks, the last not counted: 7 x 100 B for the one micro-step in flight; 64 B of
+    # cuBLAS; 3,000 elements in shards of 1,500 at 4 B with AdamW's 2 B a byte (x 3): 18,000; not resharded
+    # after the forward, all gathered in bf16: 6,000; no unsharded gradients (FSDP2 reduce-scatters each
+    # micro-step's): 64 + 18,000 + 6,000 + 700 = 24,764
+    assert (b.peak_bytes, b.rank) == (24764, 0)
+    # the step: 3 micro-steps of 8 blocks x (1 + 2) s = 72 s; with the optimizer at 1 ms a byte of the
+    # 1,500 x 4 B shards, 6 s more: 78 s
+    assert b.step_time == pytest.approx(72.0)
+    timed = pipeline_bounds(c, dataclasses.replace(FIG, optimizer_per_byte=1e-3), [3000], 8, FRACTIONS)
+    assert timed.step_time == pytest.approx(78.0)
+
+
 def test_the_host_bound_and_uneven_shards():
     c = ParallelConfig(gpus=4, tp=1, pp=2, fsdp=2, ac="none", schedule="1f1b", microbatches=4, local_batch=4)
     fast = dataclasses.replace(FIG, forward=1e-6, backward=2e-6)
@@ -85,19 +102,23 @@ def _simulate(model, batch: int, c: ParallelConfig):
                           None)
 
 
-CONFIGS = [  # tp, pp, fsdp, ac, schedule, micro-batch size, micro-batches, reshard after forward
+CONFIGS = [  # tp, pp, fsdp, ac, schedule, micro-batch size, micro-batches (accumulation without pp), reshard
     (2, 2, 2, "none", "1f1b", 1, 4, False),
     (1, 2, 2, "full", "interleaved", 2, 4, True),
     (2, 2, 1, "selective-op", "1f1b", 2, 2, False),
+    (2, 1, 2, "full", "1f1b", 1, 3, False),
+    (2, 1, 1, "none", "1f1b", 2, 1, False),
+    (1, 1, 2, "selective-op", "1f1b", 2, 2, True),
 ]
 
 
 @pytest.mark.parametrize("tp, pp, fsdp, ac, schedule, mbs, m, reshard", CONFIGS)
 def test_bounds_never_above_the_whole_simulation(tp, pp, fsdp, ac, schedule, mbs, m, reshard):
     model = _llama(4)
-    c = ParallelConfig(gpus=tp * pp * fsdp, tp=tp, pp=pp, fsdp=fsdp, ac=ac, schedule=schedule, microbatches=m,
-                       local_batch=mbs * m, reshard_after_forward=reshard)
-    ranks, _, _, _, runs = _simulate(model, mbs * m, c)
+    batches = dict(microbatches=m, local_batch=mbs * m) if pp > 1 else dict(accumulation=m, local_batch=mbs)
+    c = ParallelConfig(gpus=tp * pp * fsdp, tp=tp, pp=pp, fsdp=fsdp, ac=ac, schedule=schedule,
+                       reshard_after_forward=reshard, **batches)
+    ranks, _, _, _, runs = _simulate(model, c.local_batch, c)
     peak = max(r.peak_bytes for r in ranks)
     step = step_time(runs, c, H100, tokens=None, f=FRACTIONS).step_time
     small = _shrunk(model, 2)

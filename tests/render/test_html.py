@@ -290,8 +290,8 @@ def test_plan_schedule_timeline_renders(tmp_path):
 
 @pytest.fixture(scope="module")
 def searched():
-    """A search on 2 H100s with a limit between the plans: tp 1 fits (136,792,576 B at its peak), tp 2
-    does not (136,833,536 B)."""
+    """A search on 2 H100s (tp 1, the checkpointing modes) with a limit between the plans: full
+    checkpointing fits (136,792,576 B at its peak), selective-op does not (136,817,152 B)."""
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
@@ -299,7 +299,7 @@ def searched():
         m = LlamaForCausalLM(cfg)
     ids = torch.zeros((1, 32), dtype=torch.long, device="meta")
     return ls.parallel(m, ids, gpus=2, gpu="H100", memory_limit=136_810_000, search=True, global_batch=4, pp=1,
-                       ac="full", time_budget=1e9)
+                       tp=1, time_budget=1e9)
 
 
 def test_parallel_page_data(searched):
@@ -328,7 +328,8 @@ def test_parallel_page_data(searched):
     assert fits[0]["step"] == p.step_time
     assert [r["step"] for r in fits] == sorted(r["step"] for r in fits)
     misses = [r for r in rows if not r["fits"]]
-    assert misses and all(r["label"].startswith("tp 2") for r in misses)
+    assert misses and all(r["label"].startswith("tp 1") and "ac full, mbs 2 x 1 acc" not in r["label"]
+                          for r in misses)
     assert all(r["over"] > 0 and r["status"].startswith("over by") for r in misses)
     assert q["limit"] == 136_810_000 and any(c[0] == "Plans that fit" for c in data["cards"])
     # after --run, the run's own figures under the prediction

@@ -84,7 +84,7 @@ def search_report(model: nn.Module, args: tuple, kwargs: dict, *, gpus: int, hel
     notes = [f"searched {len(res.candidates)} configurations of {gpus} GPUs for a global batch of {global_batch} "
              f"in {res.seconds:.0f} s: simulated {res.simulated}, each on copies of the model with "
              f"{BLOCKS[0]} and {BLOCKS[1]} blocks per pipeline stage, every figure extended linearly to its blocks"
-             + (f" (and {res.for_bounds} on two blocks for the pipelines' bounds)" if res.for_bounds else "") + "; "
+             + (f" (and {res.for_bounds} on two blocks for the lower bounds)" if res.for_bounds else "") + "; "
              + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))]
     if best is None:
         notes.append("NO configuration fits: the plan shown is the nearest miss")

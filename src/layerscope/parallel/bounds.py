@@ -1,6 +1,8 @@
-"""Lower bounds on a pipeline candidate's peak memory and predicted step time, from one block's figures
-simulated without a pipeline: what lets the search (parallel/search.py) rule out a pipeline
-configuration without simulating it whole (its stages' every micro-batch, minutes each on a 70B model).
+"""Lower bounds on a candidate's peak memory and predicted step time, from one block's figures
+simulated without a pipeline: what lets the search (parallel/search.py) rule out a configuration
+without simulating it (a pipeline's stages' every micro-batch, minutes each on a 70B model; seconds
+without one). A configuration without a pipeline is taken as a pipeline of one stage whose
+micro-batches are its gradient accumulation's micro-steps (one in flight at a time).
 
 The block's figures come from a configuration without a pipeline that runs the same block on the same
 micro-batch: the same tensor parallel degree, checkpointing mode and micro-batch size, with or without
@@ -31,16 +33,22 @@ its schedule runs before a backward frees them (``pipeline.schedule.rank_orders`
   norm may save in a copy of its own); for one such micro-batch only under bf16 without data
   parallelism, whose one autocast region over the step makes the casts of the weights the micro-batches
   share, and which the block's figures count among its saved bytes;
-* under a schedule of one stage per rank and whole backwards (1F1B, GPipe), between its stage's first
-  backward and its last, the gradients of its parameters, unsharded (at least ``numel / tp`` elements)
+* in a pipeline under a schedule of one stage per rank and whole backwards (1F1B, GPipe), between its
+  stage's first backward and its last, the gradients of its parameters, unsharded (at least ``numel / tp`` elements)
   in the reduce dtype or the model's, the smaller, with FSDP (every backward of a pipeline runs with
   gradient sync off: FSDP2 accumulates them unsharded and reduce-scatters after the last), in the
   model's dtype without it (torch's runtime schedules, interleaved and zero bubble, reduce and let go
-  of a stage's gradients on their own terms: not counted there);
+  of a stage's gradients on their own terms: not counted there; nor without a pipeline, where FSDP2
+  reduce-scatters each micro-step's gradients);
 * the cuBLAS workspaces the block's rank held, and the estimate of NCCL's buffers (16 channels x 4 MiB
   per communicator, one per mesh dimension), which a simulated rank's peak adds as well.
 
-Step time. The search's step-time model gives a pipeline's step by the schedule's simulation
+Step time. Without a pipeline the step-time model's step is its rank's two-stream walk's end plus its
+optimizer step (``timing.assemble``); the walk puts every compute op and tensor-parallel collective of
+every micro-step on one stream in program order, and no op before the host has issued it, so that end
+is no earlier than the sum of its blocks' compute and TP collectives over the micro-steps, nor than the
+host's issue of their ops: the two bounds below with one stage. With a pipeline, the search's step-time
+model gives the step by the schedule's simulation
 (``timing.assemble``) from each stage's seconds per micro-batch: its rank's compute, its host's waits
 and its tensor-parallel collectives over the micro-batches, shared among the rank's stages, then its
 exposed FSDP communication and optimizer step. A rank's compute over ``m`` micro-batches is at least ``m`` times
@@ -231,16 +239,16 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 def pipeline_bounds(c: ParallelConfig, fig: BlockFigures, numels: list[int], blocks: int, f,
                     trainable: list[int] | None = None) -> PipelineBounds:
-    """The lower bounds of the module docstring for pipeline candidate ``c`` (``numels``: per stage, from
-    ``stage_numels``, and ``trainable`` those of them that get gradients (None: all); ``blocks``: the
-    model's; ``f``: the step-time model's fractions)."""
+    """The lower bounds of the module docstring for candidate ``c``, with or without a pipeline
+    (``numels``: per stage, from ``stage_numels``, and ``trainable`` those of them that get gradients
+    (None: all); ``blocks``: the model's; ``f``: the step-time model's fractions)."""
     trainable = numels if trainable is None else trainable
     # bf16 without data parallelism runs under one autocast region over the step, whose casts of the weights
     # the micro-batches share: the block's saved bytes (one micro-batch, casts included) count once at a time
     autocast = c.dp == 1 and c.mixed_precision == "bf16"
     k = c.stages
     spr = k // c.pp
-    m = c.microbatches
+    m = c.microbatches if c.pp > 1 else c.accumulation     # without a pipeline: its micro-steps, one at a time
     full = [len(r) for r in stage_blocks(blocks, k)]
     counts = full[:-1] + [max(0, full[-1] - 1)]     # the model's last block: its output may be the norm's to save
     orders = rank_orders(c.schedule, k, m, spr)
@@ -270,7 +278,7 @@ def pipeline_bounds(c: ParallelConfig, fig: BlockFigures, numels: list[int], blo
                 held.add(key)
             else:
                 held.discard(key)
-            if a.kind == "B" and spr == 1:
+            if a.kind == "B" and spr == 1 and c.pp > 1:
                 done[a.stage] += 1
                 if done[a.stage] == 1 < backwards[a.stage]:         # from its first backward to its last
                     grads += trainable[a.stage] // c.tp * grad

@@ -18,7 +18,10 @@ monotone in those three (argued where each bound is used):
   the gathered parameters (``reshard_after_forward`` off) each only add tensors a rank holds at once:
   activations saved instead of recomputed, larger activations, parameters held from the forward to the
   backward. So a member at least as large in all three as one that does not fit does not fit either
-  (``dominated``: it is reported with the one that proves it, not simulated);
+  (``dominated``: it is reported with the one that proves it, not simulated), provided it accumulates
+  gradients if that one does: a second micro-step's forward runs beside the gradients of the first,
+  which a step of one micro-step never holds (so a smaller micro-batch with accumulation can peak above
+  a larger one without);
 * step time. Checkpointing more adds recompute ops to the compute stream; resharding adds the
   backward's all-gathers to the communication stream; without a pipeline, a smaller micro-batch runs the
   same ops more often on smaller shapes, each op's roofline time ``max(a b + c, d b + e, launch)`` being
@@ -35,19 +38,22 @@ by that alone cannot fit (``oom``, "at least"), whatever the optimizer adds. (2)
 pipeline a family's first member is its fastest (no checkpointing, no resharding, the largest
 micro-batch), and its predicted step time bounds every member's from below; such a family whose first
 member is no faster than the best fitting plan found is not searched further (``slower``); within any
-family, a member no faster than one whose step is no faster than the best is not simulated. (3) and (4),
-pipelines only (parallel/bounds.py, where each is argued): a lower bound on the peak of a pipeline rank
-(its parameter shards and their optimizer state, with FSDP and no resharding its gathered stage, its
-unsharded gradients once it has run a backward, and the activations of the micro-batches the schedule
-holds in flight), over the limit (``oom-bound``, "at least"); a lower bound on its predicted step (its
-blocks' compute and tensor-parallel collectives through the schedule's own simulation and its
-optimizer step, or the host's issue of their ops), no shorter than the best found (``slower``). Both
+family, a member no faster than one whose step is no faster than the best is not simulated; the head's
+lower bound (4) serves as well as its predicted step. (3) and (4), every candidate before it is
+simulated (parallel/bounds.py, where each is argued; without a pipeline, as one stage): a lower bound
+on the peak of a rank (its parameter shards and their optimizer state, with FSDP and no resharding its
+gathered stage, in a pipeline its unsharded gradients once it has run a backward, and the activations
+of the micro-batches the schedule holds in flight), over the limit (``oom-bound``, "at least"); a
+lower bound on its predicted step (its blocks' compute and tensor-parallel collectives through the
+schedule's own simulation and its optimizer step, or the host's issue of their ops), no shorter than
+the best found (``slower``). Both
 come from one block's figures without a pipeline on the same micro-batch: those of a candidate the
 search simulated, else the line through those of two smaller micro-batches, else micro-batches 1 and 2
 simulated for them alone on a copy with two blocks (until 10% past the time budget, ``BOUNDS_SHARE``;
 after it, the figures made before).
-A pipeline whose bounds rule nothing out is simulated whole, the families in the order of their
-bounds. Nothing else is pruned.
+A candidate whose bounds rule nothing out is simulated, the families in the order of their heads'
+predicted steps or bounds. Nothing else is pruned. When the bounds rule out every candidate (all
+options held, say), the one with the least excess is simulated anyway, to show it with its own.
 
 Each candidate is simulated on a copy of the model with few blocks: ``k`` and ``k + 1`` blocks per
 pipeline stage (``BLOCKS``), and its per-rank memory (every part of the breakdown, every collective)
@@ -104,7 +110,7 @@ class Candidate:
     plan: ParallelPlan | None = None      # simulated: per-rank memory and predicted step time
     over_bytes: int | None = None
     by: str | None = None                 # the candidate that proved a bound, by its label
-    bound: float | None = None            # a pipeline not simulated whole: its step is no shorter (seconds)
+    bound: float | None = None            # not simulated: its step is no shorter (seconds; parallel/bounds.py)
 
     @property
     def step_time(self) -> float | None:
@@ -123,7 +129,7 @@ class SearchResult:
     seconds: float
     global_batch: int
     limit_bytes: int
-    for_bounds: int = 0                   # configurations simulated on two blocks for the pipelines' bounds
+    for_bounds: int = 0                   # configurations simulated on two blocks for the bounds alone
 
     @property
     def best(self) -> Candidate | None:
@@ -351,15 +357,15 @@ class _Evaluator:
             self.figures[key] = fig
 
     def bounds(self, c: ParallelConfig, simulate: bool = True) -> PipelineBounds | None:
-        """Pipeline candidate ``c``'s lower bounds (parallel/bounds.py), from the block figures of a
+        """Candidate ``c``'s lower bounds (parallel/bounds.py), from the block figures of a
         configuration without a pipeline on its micro-batch (the same tensor parallel degree, checkpointing
         and data parallelism or none): one the search simulated; or else the line through those of the two
         largest smaller micro-batches (``figures_at``: a block's seconds and bytes are convex in the batch,
         and near linear where its ops are compute-bound), with ``simulate`` first simulating, on a copy with
         two blocks, micro-batches 1 and 2 where fewer than two are known; or else those of one smaller
         micro-batch. None: no figures, or their simulations failed."""
-        if c.pp == 1 or c.ac == "selective-layer" or c.cp > 1:   # selective-layer: its blocks are not alike;
-            return None                                           # context parallel: not checked
+        if c.ac == "selective-layer" or c.cp > 1:   # selective-layer: its blocks are not alike;
+            return None                             # context parallel: not checked
         mbs = _mbs(c)
         q = proxy_config(c, mbs)
         if q is None:
@@ -415,9 +421,12 @@ class _Evaluator:
 
 def _mem_ge(v: ParallelConfig, u: ParallelConfig) -> bool:
     """v holds at least what u holds (same family): as much or less checkpointing, as large or larger
-    micro-batches, as much or more resharding off."""
+    micro-batches, as much or more resharding off; and accumulating if u accumulates (from its second
+    micro-step on a rank holds the gradients the first left while it runs the next forward, which one
+    micro-step never does: a tiny Llama's 2 x 1 peaked 89,088 B under its 1 x 2)."""
     return (_AC_MEMORY[v.ac] >= _AC_MEMORY[u.ac] and _mbs(v) >= _mbs(u)
-            and (not v.reshard_after_forward or u.reshard_after_forward))
+            and (not v.reshard_after_forward or u.reshard_after_forward)
+            and (v.accumulation > 1 or u.accumulation == 1))
 
 
 def _time_ge(v: ParallelConfig, u: ParallelConfig) -> bool:
@@ -483,12 +492,14 @@ class _Walk:
         if slow is not None:
             return Candidate(c, "slower", f"no faster than {label(slow.config)}, which fits", by=label(slow.config))
         best = self.best.plan.step_time if self.best is not None else None
-        b = self.bounds(c, not self._out_of_time(BOUNDS_SHARE)) if self.bounds is not None and c.pp > 1 else None
-        if b is not None:         # bounds 3 and 4 (parallel/bounds.py): a pipeline not simulated whole
+        b = self.bounds(c, not self._out_of_time(BOUNDS_SHARE)) if self.bounds is not None else None
+        if b is not None:         # bounds 3 and 4 (parallel/bounds.py): a candidate not simulated
             if b.peak_bytes > self.limit:
-                return Candidate(c, "oom-bound", f"a rank at pipeline coordinate {b.rank} holds at least "
-                                 f"{iec(b.peak_bytes)} (parameter shards, optimizer state, gathered parameters, "
-                                 "gradients and the activations of the micro-batches in flight)",
+                where = f"a rank at pipeline coordinate {b.rank}" if c.pp > 1 else "a rank"
+                held = ("gradients and the activations of the micro-batches in flight" if c.pp > 1 else
+                        "and the activations of one micro-batch")
+                return Candidate(c, "oom-bound", f"{where} holds at least {iec(b.peak_bytes)} (parameter shards, "
+                                 f"optimizer state, gathered parameters, {held})",
                                  over_bytes=b.peak_bytes - self.limit, bound=b.step_time)
             if best is not None and b.step_time is not None and b.step_time >= best:
                 return Candidate(c, "slower", f"its step takes at least {b.step_time * 1e3:,.1f} ms (its blocks' "
@@ -509,6 +520,9 @@ class _Walk:
                                  f"its simulation would take about {self.rate * _work(c):,.0f} s, more than the "
                                  f"{max(left, 0):,.0f} s left of the time budget") + at_least,
                                  bound=b.step_time if b else None)
+        return self.simulate(c)
+
+    def simulate(self, c: ParallelConfig) -> Candidate:
         t = time.perf_counter()
         try:
             plan = self.ev(c)
@@ -556,14 +570,17 @@ class _Walk:
             for c in fam[1:]:
                 self.result[id(c)] = Candidate(c, "error", first.why)
             return
-        if first.plan is not None and self.best is not None and self.best is not first and fam[0].pp == 1 and \
-                first.plan.step_time >= self.best.plan.step_time:
+        head = _seconds(first)
+        if head is not None and self.best is not None and self.best is not first and fam[0].pp == 1 and \
+                head >= self.best.plan.step_time:
             # bound 2: nothing in the family is faster than its fastest member (without a pipeline: with one,
-            # more micro-batches may shrink the bubble more than they cost, so the head bounds nothing)
+            # more micro-batches may shrink the bubble more than they cost, so the head bounds nothing); the
+            # head's predicted step, or else its lower bound
+            what = "predicts" if first.plan is not None else "takes at least"
             for c in fam[1:]:
                 self.result.setdefault(id(c), Candidate(
-                    c, "slower", f"its family's fastest member ({label(fam[0])}) predicts "
-                    f"{first.plan.step_time * 1e3:,.1f} ms, no faster than the best found", by=label(self.best.config)))
+                    c, "slower", f"its family's fastest member ({label(fam[0])}) {what} "
+                    f"{head * 1e3:,.1f} ms, no faster than the best found", by=label(self.best.config)))
             return
         lean = min(fam, key=lambda c: (_AC_MEMORY[c.ac], not c.reshard_after_forward, _mbs(c)))
         if self._take(lean, fits, ooms).status in ("oom", "oom-bound"):
@@ -632,6 +649,13 @@ def walk_space(cands: list[ParallelConfig], evaluate: Callable[[ParallelConfig],
                 walk.family(families[key])
                 if bar is not None:
                     bar.advance()
+        if not walk.timed:     # all ruled out by bounds: the nearest miss simulated, to show it and its excess
+            near = min((c for c in result.values() if c.status == "oom-bound"), key=lambda c: c.over_bytes,
+                       default=None)
+            if near is not None:
+                got = walk.simulate(near.config)
+                if got.plan is not None:
+                    result[id(near.config)] = got
     finally:
         if bar is not None:
             bar.close()
@@ -650,8 +674,11 @@ def walk_space(cands: list[ParallelConfig], evaluate: Callable[[ParallelConfig],
             fam_why[key] = _why(min(fit, key=lambda c: c.plan.step_time).plan, best.plan)
         elif mine and all(c.status in ("oom", "oom-bound", "dominated") for c in mine):
             least = min((c for c in mine if c.status == "oom"), key=lambda c: c.over_bytes, default=None)
+            bound = min((c for c in mine if c.status == "oom-bound"), key=lambda c: c.over_bytes, default=None)
             fam_why[key] = (f"out of memory: its leanest simulated member ({label(least.config)}) is over by "
-                            f"{iec(least.over_bytes)}" if least is not None else "out of memory")
+                            f"{iec(least.over_bytes)}" if least is not None else
+                            f"out of memory: every member over by at least {iec(bound.over_bytes)} (the lower "
+                            f"bound of {label(bound.config)})" if bound is not None else "out of memory")
         elif any(c.status == "unsearched" for c in mine):
             left = [c for c in mine if c.status == "unsearched"]
             least = min((c.bound for c in left if c.bound is not None), default=None)
@@ -662,6 +689,10 @@ def walk_space(cands: list[ParallelConfig], evaluate: Callable[[ParallelConfig],
             head = result.get(id(fam[0]))
             if head is not None and head.plan is not None and head.plan.step_time >= best.plan.step_time:
                 fam_why[key] = "its fastest member, memory aside: " + _why(head.plan, best.plan)
+            elif fam[0].pp == 1 and head is not None and head.status == "slower" and head.bound is not None and \
+                    not any(c.status in ("oom", "oom-bound", "dominated") for c in mine):
+                fam_why[key] = (f"no faster than the best: its fastest member's step takes at least "
+                                f"{head.bound * 1e3:,.1f} ms (a lower bound)")
             else:
                 over = (f" (its fastest over by {'at least ' if head.status == 'oom-bound' else ''}"
                         f"{iec(head.over_bytes)})" if head is not None and head.over_bytes else "")
