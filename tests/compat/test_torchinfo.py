@@ -139,7 +139,7 @@ class TwoInputs(nn.Module):
 def test_dtypes_as_tensor_types_as_torchinfos_tests_pass_them():
     # 2 x (1 x 30 x 5) MACs = 300; inputs 30 x 4 B + 30 x 8 B = 360 B
     stats = summary(TwoInputs(), [(1, 30), (1, 30)], dtypes=[torch.FloatTensor, torch.LongTensor], verbose=0)
-    assert (stats.total_mult_adds, stats.total_input, stats.input_size) == (300, 360, [[1, 30], [1, 30]])
+    assert (stats.total_mult_adds, stats.total_input, stats.input_size) == (300, 360, [(1, 30), (1, 30)])
     with pytest.raises(ls.InputError, match="dtypes takes"):
         summary(TwoInputs(), [(1, 30), (1, 30)], dtypes=["float"], verbose=0)
 
@@ -295,12 +295,17 @@ def test_container_readme_example():
     stats = summary(ContainerModule(), (1, 5), col_names=("output_size", "num_params", "mult_adds"), verbose=0)
     assert (stats.total_params, stats.total_mult_adds) == (150, 275)
     rows = [(i.class_name, i.depth, i.is_recursive) for i in stats.summary_list]
-    # one row per call; depth is where the call was made (the loops call _sequential's layers from the
-    # child directly); the ModuleList, never called, has no row (torchinfo adds one)
-    assert len(rows) == 15 and ("ModuleList", 1, False) not in rows
-    assert sum(r[2] for r in rows) == 7 and rows[3] == ("Sequential", 2, False)
+    # one row per call, at its module's depth in the tree, and torchinfo's rows for the containers that
+    # never ran themselves: the ModuleList above its members, the Sequential again above the layers the
+    # child's loop calls without it (a repeat: its parameters counted once), as its README's 17 rows
+    assert len(rows) == 17 and rows[1] == ("ModuleList", 1, False) and rows[4] == ("Sequential", 3, False)
+    assert rows[8] == ("Sequential", 3, True) and sum(r[2] for r in rows) == 8
     text = str(stats)
-    assert "│    │    └─Linear: 3-1" in text and "Total params: 150" in text
+    assert "│    │    └─Sequential: 3-3              --" in text and "Total params: 150" in text
+    # at the depth limit (3) each row shows its subtree's MACs, the layers its loops call included:
+    # 25 + 50 + 25 + 50 + (50 + 50) + 25 = 275, the total
+    shown = [i for i in stats.summary_list if i.depth <= 3]
+    assert sum(i.macs if i.depth == 3 or i.is_leaf_layer else i.self_macs for i in shown) == 275
 
 
 def test_report_methods_without_a_forward_say_so():
@@ -311,12 +316,13 @@ def test_report_methods_without_a_forward_say_so():
 
 
 def test_batch_dim():
-    # input_size without the batch dimension: a batch of 1 is inserted; 1 x 3 x 2 = 6 MACs
+    # input_size without the batch dimension: a batch of 1 is inserted, and shown (torchinfo 1.8 prints
+    # the shapes that ran: its lstm_custom_batch_size golden, [100, 1] at batch_dim 1); 1 x 3 x 2 = 6 MACs
     stats = summary(nn.Linear(3, 2), (3,), batch_dim=0, verbose=0)
-    assert (stats.input_size, stats.total_mult_adds, stats.summary_list[0].output_size) == ([[1, 3]], 6, [2])
-    # with input_data, batch_dim only leaves that dimension out of the sizes shown; 4 x 3 x 2 = 24 MACs
+    assert (stats.input_size, stats.total_mult_adds, stats.summary_list[0].output_size) == ([(3,)], 6, [1, 2])
+    # with input_data, batch_dim changes nothing shown; 4 x 3 x 2 = 24 MACs
     stats = summary(nn.Linear(3, 2), input_data=torch.randn(4, 3), batch_dim=0, verbose=0)
-    assert (stats.total_mult_adds, stats.summary_list[0].output_size) == (24, [2])
+    assert (stats.total_mult_adds, stats.summary_list[0].output_size) == (24, [4, 2])
 
 
 def test_ls_summary_takes_layerscope_and_torchinfo_columns_and_refuses_others():
@@ -324,3 +330,37 @@ def test_ls_summary_takes_layerscope_and_torchinfo_columns_and_refuses_others():
     assert stats.formatting.col_names == ("groups", "mult_adds") and stats.totals.flops == 2 * 6 + 2
     with pytest.raises(ls.InputError, match="unknown column 'bogus'"):
         ls.summary(nn.Linear(3, 2), input_size=(1, 3), col_names=("bogus",), verbose=0)
+
+
+class _ReadmeLSTMNet(nn.Module):
+    """torchinfo's README example: Embedding(20, 300), a 2-layer LSTM of 512, Linear(512, 20), returning
+    the logits and the LSTM's state (3,784,580 parameters)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(20, 300)
+        self.encoder = nn.LSTM(300, 512, num_layers=2, batch_first=True)
+        self.decoder = nn.Linear(512, 20)
+
+    def forward(self, x):
+        out, hidden = self.encoder(self.embedding(x))
+        out = self.decoder(out)
+        return out.view(-1, out.size(2)), hidden
+
+
+def test_compat_doc_quotes_what_the_front_end_prints():
+    """docs/compat.md's figures for torchinfo's README LSTMNet are the ones summary() prints (they had
+    drifted: the doc said 15.79 MB where the front end printed 33.69). MACs by hand: the LSTM's two
+    layers, 100 steps, 4 gates of 512: 100 x 4 x 512 x (300 + 512) + 100 x 4 x 512 x (512 + 512) =
+    166,297,600 + 209,715,200 = 376,012,800; the Linear 100 x 512 x 20 = 1,024,000; 377,036,800."""
+    import pathlib
+    import re
+    torch.manual_seed(0)
+    stats = summary(_ReadmeLSTMNet(), (1, 100), dtypes=[torch.long], verbose=0)
+    assert (stats.total_params, stats.total_mult_adds) == (3_784_580, 377_036_800)
+    text = str(stats)
+    fwd = re.search(r"Forward/backward pass size \(MB\): ([\d.]+)", text).group(1)
+    total = re.search(r"Estimated Total Size \(MB\): ([\d.]+)", text).group(1)
+    doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "compat.md").read_text()
+    assert "377,036,800 = LSTM 376,012,800 + Linear 1,024,000" in doc
+    assert f"(README LSTMNet: {fwd} MB)" in doc and f"the simulated step peak itself ({total} MB)" in doc

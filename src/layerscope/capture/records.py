@@ -174,6 +174,8 @@ def param_totals(module: nn.Module) -> tuple[int, int, int]:
     ``param_bytes``), for front ends where no forward ran and for a submodule's own count."""
     numel = trainable = nbytes = 0
     for p in held_tensors(list(module.modules()), "_parameters"):
+        if isinstance(p, nn.parameter.UninitializedParameter):
+            continue            # a lazy module's before its first forward: no elements yet
         n = int(p.numel())
         numel += n
         nbytes += n * p.element_size()

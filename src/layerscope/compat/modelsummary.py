@@ -26,7 +26,7 @@ from torch import nn
 
 from ..errors import InputError
 from ..render.modelsummary import Totals, layer_line, statistics_text
-from . import torchinfo as _ti
+from .torchinfo import torchinfo as _ti
 
 __all__ = ["Statistics", "LayerInfo"]
 
@@ -114,7 +114,7 @@ class Statistics:
             self._stats = _ti.build(model, input_size=input_size, input_data=tensors, device=device,
                                     dtypes=dtypes, mode="eval", verbose=0, depth=-1, kwargs=kwargs)
             infos = self._stats.summary_list[1:]     # torchModelSummary lists the submodules only
-            self.input_size = self._stats.input_size
+            self.input_size = self._stats.input_shapes
             self.total_input = sum(int(torch.Size(s).numel()) for s in self.input_size)
         by_id: dict[int, LayerInfo] = {}
         for i in infos:

@@ -38,6 +38,8 @@ class FormattingOptions:
         self.show_var_name = "var_names" in row_settings
         self.show_depth = "depth" in row_settings
         self.hide_recursive_layers = "hide_recursive_layers" in row_settings
+        self.params_units = ""          # torchinfo's Units values: "" (none), "auto", "M", "G", "T"
+        self.macs_units = "auto"
 
     @staticmethod
     def str_(val: Any) -> str:
@@ -105,13 +107,13 @@ def statistics_text(stats) -> str:
     non_trainable = stats.total_params - stats.trainable_params
     text = (f"{divider}\n{fmt.header_row()}{divider}\n"
             f"{fmt.layers_to_str(stats.summary_list, stats.total_params)}{divider}\n"
-            f"Total params{torchinfo_number(stats.total_params, auto=False)}\n"
-            f"Trainable params{torchinfo_number(stats.trainable_params, auto=False)}\n"
-            f"Non-trainable params{torchinfo_number(non_trainable, auto=False)}\n")
+            f"Total params{torchinfo_number(stats.total_params, units=fmt.params_units)}\n"
+            f"Trainable params{torchinfo_number(stats.trainable_params, units=fmt.params_units)}\n"
+            f"Non-trainable params{torchinfo_number(non_trainable, units=fmt.params_units)}\n")
     if stats.input_size:
         out = stats.total_output_bytes
         total = stats.estimated_total_size
-        text += (f"Total mult-adds{torchinfo_number(stats.total_mult_adds, auto=True)}\n{divider}\n"
+        text += (f"Total mult-adds{torchinfo_number(stats.total_mult_adds, units=fmt.macs_units)}\n{divider}\n"
                  f"Input size (MB): {megabytes(stats.total_input)}\n"
                  f"Forward/backward pass size (MB): {megabytes(out)}\n"
                  f"Params size (MB): {megabytes(stats.total_param_bytes)}\n"

@@ -109,11 +109,18 @@ def digits(n: int) -> str:
     return f"{int(n)}"
 
 
-def torchinfo_number(n: int, auto: bool) -> str:
-    """torchinfo 1.8's format_output_num: ': 1,234', or with auto units ' (M): 376.85' (T, G, else M)."""
+TORCHINFO_UNITS = {"T": 1e12, "G": 1e9, "M": 1e6}
+
+
+def torchinfo_number(n: int, auto: bool = False, units: str | None = None) -> str:
+    """torchinfo 1.8's format_output_num: ': 1,234', or with auto units ' (M): 376.85' (T, G, else M);
+    ``units`` (its Units values: "auto", "T", "G", "M", "" for none) overrides ``auto``."""
+    units = ("auto" if auto else "") if units is None else str.__str__(units)     # a Units member: its value
     unit, value = "", float(n)
-    if auto:
-        unit, value = next(((u, n / f) for u, f in (("T", 1e12), ("G", 1e9)) if n >= f), ("M", n / 1e6))
+    if units == "auto":
+        unit, value = next(((u, n / f) for u, f in TORCHINFO_UNITS.items() if n >= f and u != "M"), ("M", n / 1e6))
+    elif units:
+        unit, value = units, n / TORCHINFO_UNITS[units]
     shown = f"{int(value):,d}" if value.is_integer() else f"{value:,.2f}"
     return f"{f' ({unit})' if unit else ''}: {shown}"
 

@@ -1,48 +1,25 @@
-"""torchinfo's ``summary()`` with layerscope's numbers underneath.
-
-    from layerscope.compat.torchinfo import summary      # was: from torchinfo import summary
-    stats = summary(model, (1, 3, 224, 224), col_names=["input_size", "output_size", "num_params",
-                    "mult_adds"], depth=2, row_settings=["var_names"], verbose=0)
-    stats.total_params, stats.total_mult_adds, stats.summary_list[3].output_size
-    print(stats)                                           # torchinfo's layout
-
-The arguments, their defaults, the returned ``ModelStatistics`` attributes and the printed layout
-follow torchinfo (1.8: the "(MB)" footer its README shows). The numbers come from
-``layerscope.analyze`` and differ from torchinfo's where torchinfo guesses (see docs/compat.md):
-
-- ``total_mult_adds`` and each row's Mult-Adds are the MACs of the ops that really ran (aten level),
-  not ``params x output positions``; an embedding lookup has no MACs, an LSTM counts its matmuls.
-  A container shows the MACs of the ops it ran itself (functional matmuls, attention), so the rows
-  shown add up to the total; torchinfo shows ``--`` and leaves those out of its total.
-- "Forward/backward pass size" is the peak of a simulated forward + backward step (no optimizer)
-  minus the parameters and the inputs: activations kept for backward, gradients and temporaries,
-  instead of ``2 x output bytes of layers with parameters``. "Estimated Total Size" is then the
-  simulated peak itself. If that simulation cannot run (e.g. integer outputs, nothing to
-  differentiate), a forward-only simulation is used and ``memory_basis`` says so.
-- ``depth=-1`` shows every depth (torchinfo prints an empty table); ``cache_forward_pass`` is
-  accepted and has no effect (layerscope keeps no global cache); the model is never moved:
-  ``device`` only places inputs built from ``input_size`` and must match the model's device.
-- Modules that were never called (an unused branch) have no row; a module called twice has a
-  ``(recursive)`` row per later call, as in torchinfo.
-"""
+"""torchinfo's ``torchinfo.torchinfo``: ``summary()`` and the ``ModelStatistics`` it returns, with
+layerscope's numbers (the package's documentation says where they differ from torchinfo's)."""
 
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import torch
 from torch import nn
 
-from ..capture.records import param_totals
-from ..errors import InputError, LayerscopeError
-from ..render.torchinfo import HEADER_TITLES, FormattingOptions, statistics_text
-from ..render.views import Report
-from ..trace import Coverage
-from .torchinfo_rows import LayerInfo, layers_from_module, layers_from_report
+from ...capture.records import param_totals
+from ...errors import InputError, LayerscopeError
+from ...render.torchinfo import HEADER_TITLES, FormattingOptions, statistics_text
+from ...render.units import TORCHINFO_UNITS, torchinfo_number
+from ...render.views import Report
+from ...trace import Coverage
+from .enums import Units
+from .layer_info import LayerInfo, layers_from_module, layers_from_report, pruned_totals
 
 __all__ = ["summary", "layerscope_summary", "ModelStatistics", "LayerInfo", "FormattingOptions", "COLUMN_NAMES",
-           "ROW_SETTINGS"]
+           "ROW_SETTINGS", "clear_cached_forward_pass"]
 
 COLUMN_NAMES = tuple(HEADER_TITLES)
 ROW_SETTINGS = ("depth", "var_names", "ascii_only", "hide_recursive_layers")
@@ -54,11 +31,16 @@ REQUIRES_INPUT = {"input_size", "output_size", "mult_adds"}
 
 def parameter_totals(report: Report | None, model: nn.Module | None) -> tuple[int, int, int]:
     """(params, trainable params, param bytes): the Report's totals where a forward ran, else the same
-    sums over the model's distinct tensors (``capture.records.param_totals``); zeros without either."""
+    sums over the model's distinct tensors (``capture.records.param_totals``); zeros without either.
+    Elements a pruning mask zeroes are left out, as torchinfo counts them (``layer_info.pruned_away``)."""
     if report is not None:
         t = report.totals
-        return t.params, t.trainable_params, t.param_bytes
-    return param_totals(model) if model is not None else (0, 0, 0)
+        totals = (t.params, t.trainable_params, t.param_bytes)
+    else:
+        totals = param_totals(model) if model is not None else (0, 0, 0)
+    if model is None:
+        return totals
+    return tuple(a - b for a, b in zip(totals, pruned_totals(model)))
 
 
 
@@ -78,6 +60,7 @@ class ModelStatistics(Report):
         self.report = report
         self.summary_list = summary_list
         self.input_size = input_size
+        self.input_shapes: list = []          # each input tensor's shape (the batch included)
         self.formatting = formatting
         self.total_input = total_input_size
         # parameters as torchinfo counts them: each tensor once (tied weights counted once)
@@ -132,7 +115,7 @@ class ModelStatistics(Report):
             self._memory = (None, None)
             model = self._model() if self._model is not None else None
             if model is not None and self._memory_inputs is not None:
-                from ..api import memory
+                from ...api import memory
                 args, kwargs, mode, input_size, dtypes, batch_dim = self._memory_inputs
                 for training, basis in ((True, "forward+backward step"), (False, "forward only")):
                     try:
@@ -172,6 +155,28 @@ class ModelStatistics(Report):
         return statistics_text(self)
 
     __str__ = __repr__
+
+    # torchinfo's static helpers
+    @staticmethod
+    def float_to_megabytes(num: int) -> float:
+        """``num`` float32 values in megabytes (4 bytes each, 1e6 bytes a megabyte)."""
+        return num * 4 / 1e6
+
+    @staticmethod
+    def to_megabytes(num: int) -> float:
+        return num / 1e6
+
+    @staticmethod
+    def to_readable(num: int, units: str = "auto") -> tuple[Units, float]:
+        """(the unit, ``num`` in it): "auto" picks T, G or else M, as the printed totals do."""
+        units = Units(str.__str__(units))
+        if units is Units.AUTO:
+            units = next((Units(u) for u, f in TORCHINFO_UNITS.items() if num >= f and u != "M"), Units.MEGABYTES)
+        return units, num / TORCHINFO_UNITS.get(units.value, 1)
+
+    @staticmethod
+    def format_output_num(num: int, units: str) -> str:
+        return torchinfo_number(num, units=units)
 
 
 class _mode:
@@ -214,13 +219,23 @@ def split_input_data(input_data) -> tuple[tuple, dict]:
     """torchinfo's input_data: a tensor, a list/tuple of positional inputs, or a dict of kwargs."""
     if input_data is None:
         return (), {}
-    if isinstance(input_data, torch.Tensor):
+    if isinstance(input_data, torch.Tensor) or _is_array(input_data):     # a NumPy array: passed as it is
         return (input_data,), {}
     if isinstance(input_data, dict):
         return (), dict(input_data)
     if isinstance(input_data, (list, tuple)):
         return tuple(input_data), {}
-    raise InputError(f"input_data must be a tensor, a list/tuple or a dict, got {type(input_data).__name__}")
+    raise InputError(f"input_data must be a tensor, a NumPy array, a list/tuple or a dict, got "
+                     f"{type(input_data).__name__}")
+
+
+def _is_array(x) -> bool:
+    return hasattr(x, "__array__") and hasattr(x, "shape") and not isinstance(x, (str, bytes))
+
+
+def _name(v) -> str:
+    """An option as its string: torchinfo's enum members (ColumnSettings.NUM_PARAMS) by their value."""
+    return str.__str__(v) if isinstance(v, str) else str(v)
 
 
 def check_columns(col_names, input_given: bool) -> tuple[str, ...]:
@@ -228,7 +243,7 @@ def check_columns(col_names, input_given: bool) -> tuple[str, ...]:
         return DEFAULT_COLUMN_NAMES if input_given else ("num_params",)
     if isinstance(col_names, str):
         col_names = (col_names,)
-    cols = tuple(str(c) for c in col_names)
+    cols = tuple(_name(c) for c in col_names)
     for c in cols:
         if c not in HEADER_TITLES:
             raise InputError(f"unknown column {c!r}; torchinfo's columns are {', '.join(COLUMN_NAMES)}")
@@ -242,7 +257,7 @@ def check_rows(row_settings) -> set[str]:
         return {"depth"}
     if isinstance(row_settings, str):
         row_settings = (row_settings,)
-    rows = {str(r) for r in row_settings}
+    rows = {_name(r) for r in row_settings}
     bad = sorted(rows - set(ROW_SETTINGS))
     if bad:
         raise InputError(f"unknown row setting {bad[0]!r}; torchinfo's row settings are {', '.join(ROW_SETTINGS)}")
@@ -253,12 +268,21 @@ def build(model: nn.Module, input_size=None, input_data=None, batch_dim: int | N
           col_names=None, col_width: int = 25, depth: int = 3, device=None, dtypes=None,
           mode: str = "same", row_settings=None, verbose: int = 1, kwargs: dict | None = None) -> ModelStatistics:
     """The ModelStatistics of one summary, without printing."""
-    from ..api import analyze
-    from ..capture.prepare import check_model
+    from ...api import analyze
+    from ...capture.prepare import check_model
     check_model(model)
     kwargs = dict(kwargs or {})
     if input_size is not None and input_data is not None:
-        raise InputError("give either input_size or input_data, not both")
+        raise _RuntimeInputError("give either input_size or input_data, not both")
+    if device is not None and not isinstance(device, torch.device):
+        try:
+            torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise _RuntimeInputError(f"device {device!r} is not a torch device: {e}") from None
+    if input_size is not None and not isinstance(input_size, (list, tuple)):
+        raise _TypeInputError(f"input_size must be a shape like (1, 3, 224, 224) or a list of shapes, got "
+                              f"{type(input_size).__name__} {input_size!r}")
+    mode = "eval" if mode is None else _name(mode)         # torchinfo 1.8's default: eval
     if mode not in ("same", "train", "eval"):
         raise InputError(f"mode must be 'train', 'eval' or 'same', got {mode!r}")
     if verbose not in (0, 1, 2):
@@ -278,24 +302,55 @@ def build(model: nn.Module, input_size=None, input_data=None, batch_dim: int | N
         return ModelStatistics(layers_from_module(model), [], 0, formatting, model=model)
     args, data_kwargs = split_input_data(input_data)
     kwargs = {**data_kwargs, **kwargs}
-    # with input_data, batch_dim only takes that dimension out of the sizes shown (as torchinfo)
+    # with input_data, batch_dim changes nothing: its tensors have their batch
     rep = analyze(model, *args, input_size=input_size, dtypes=as_dtypes(dtypes),
                   batch_dim=batch_dim if input_size is not None else None, device=device, mode=mode,
                   forward_kwargs=kwargs)
     if input_size is not None:
-        from ..capture.inputs import make_inputs
+        from ...capture.inputs import make_inputs
         sizes = [list(t.shape) for t in make_inputs(input_size, as_dtypes(dtypes), batch_dim, torch.device("meta"))]
     else:
-        from ..capture import iter_tensors
+        from ...capture import iter_tensors
         sizes = [list(t.shape) for t in iter_tensors((args, data_kwargs))]
     infos = layers_from_report(rep, model, batch_dim)
-    return ModelStatistics(infos, sizes, rep.totals.input_bytes, formatting, report=rep, model=model,
-                           memory_inputs=(args, kwargs, mode, input_size, as_dtypes(dtypes), batch_dim))
+    stats = ModelStatistics(infos, given_sizes(input_size) if input_size is not None else data_sizes(input_data),
+                            rep.totals.input_bytes, formatting, report=rep, model=model,
+                            memory_inputs=(args, kwargs, mode, input_size, as_dtypes(dtypes), batch_dim))
+    stats.input_shapes = sizes
+    return stats
+
+
+def given_sizes(input_size) -> list:
+    """torchinfo's ``input_size`` attribute for an ``input_size`` argument: a list of the sizes (one
+    size, a list of them or a tuple of tuples), as given."""
+    if isinstance(input_size, list) and input_size and isinstance(input_size[0], int):
+        return [tuple(input_size)]
+    if isinstance(input_size, list):
+        return input_size
+    if isinstance(input_size, tuple) and input_size and isinstance(input_size[0], (tuple, list)):
+        return list(input_size)
+    return [input_size]
+
+
+def data_sizes(data):
+    """torchinfo's ``input_size`` attribute for ``input_data``: the same structure, each tensor (or
+    NumPy array) replaced by its torch.Size."""
+    if isinstance(data, torch.Tensor):
+        return data.size()
+    if _is_array(data):
+        return torch.Size(data.shape)
+    if isinstance(data, Mapping):
+        return type(data)({k: data_sizes(v) for k, v in data.items()})
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(data_sizes(v) for v in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(data_sizes(v) for v in data)
+    return data
 
 
 def summary(model: nn.Module, input_size=None, input_data=None, batch_dim: int | None = None,
             cache_forward_pass: bool | None = None, col_names: Iterable[str] | None = None,
-            col_width: int = 25, depth: int = 3, device=None, dtypes=None, mode: str = "same",
+            col_width: int = 25, depth: int = 3, device=None, dtypes=None, mode: str | None = None,
             row_settings: Iterable[str] | None = None, verbose: int | None = None,
             **kwargs: Any) -> ModelStatistics:
     """torchinfo.summary with layerscope's numbers: prints torchinfo's table (verbose 1 or 2) and
@@ -309,6 +364,19 @@ def summary(model: nn.Module, input_size=None, input_data=None, batch_dim: int |
     if verbose:
         print(stats)
     return stats
+
+
+class _RuntimeInputError(InputError, RuntimeError):
+    """Bad input where torchinfo raises RuntimeError (its callers catch that)."""
+
+
+class _TypeInputError(InputError, TypeError):
+    """Bad input where torchinfo raises TypeError."""
+
+
+def clear_cached_forward_pass() -> None:
+    """torchinfo's cache of forward passes (``cache_forward_pass=True``): layerscope keeps none, so
+    there is nothing to clear."""
 
 
 # ``layerscope.summary`` (re-exported by the package): here, above api, so that api never imports
@@ -325,7 +393,7 @@ def layerscope_summary(model: nn.Module, input_size=None, input_data=None, batch
     or a dict of kwargs; other kwargs go to ``forward``. ``receptive_field`` adds that column to the
     printed table (torchscan's argument); ``cache_forward_pass`` is accepted and ignored. For
     torchinfo's printed layout too, import ``layerscope.compat.torchinfo.summary``."""
-    from ..reports.summary import COLUMNS, DEFAULT_COLUMNS
+    from ...reports.summary import COLUMNS, DEFAULT_COLUMNS
     del cache_forward_pass
     known = {c.key for c in COLUMNS} | {a for c in COLUMNS for a in c.aliases}
     cols = col_names.split(",") if isinstance(col_names, str) else col_names

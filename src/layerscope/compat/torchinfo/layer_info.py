@@ -6,15 +6,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from ..reports.summary import Report
+    from ...reports.summary import Report
 
 __all__ = ["LayerInfo", "layers_from_report", "layers_from_module"]
 
 
 # ---- LayerInfo -----------------------------------------------------------------------------------
+
+def _class_name(module: nn.Module) -> str:
+    """The module's class name; a scripted module's is its original class's (``original_name``)."""
+    if isinstance(module, torch.jit.ScriptModule):
+        return getattr(module, "original_name", None) or module._get_name()
+    return module._get_name()
+
 
 class LayerInfo:
     """One row of torchinfo's ``summary_list``: one call of one module (torchinfo's LayerInfo
@@ -24,7 +32,7 @@ class LayerInfo:
                  parent_info: "LayerInfo | None" = None, class_name: str | None = None) -> None:
         self.layer_id = id(module) if module is not None else None
         self.module = module
-        self.class_name = class_name or (module._get_name() if module is not None else "?")
+        self.class_name = class_name or (_class_name(module) if module is not None else "?")
         self.inner_layers: dict[str, dict[str, str]] = {}
         self.depth = depth
         self.depth_index: int | None = None
@@ -47,8 +55,9 @@ class LayerInfo:
         self.macs = 0            # forward MACs of this call's whole subtree (layerscope's count)
         self.self_macs = 0       # MACs of the ops this call ran itself (shown for containers)
         self.flops = 0
-        self.leftover_params_count = 0   # params held directly (counted at this row)
         self.record = None       # the layerscope LayerRecord behind this row (None without a forward)
+        self.path = ""           # the module's dotted path in the model
+        self.adopted = False     # placed under a module that ran, which did not call it (its tree parent)
 
     # torchModelSummary's names for the same numbers
     @property
@@ -82,7 +91,16 @@ class LayerInfo:
         return name
 
     def leftover_params(self) -> int:
-        return self.leftover_params_count
+        """Its subtree's parameters not shown on its descendants' rows (a leaf's, a container's
+        leftover; repeated calls not again), as torchinfo has it: so that the column adds up to the
+        total, also with parameters held outside any module that runs (a ParameterList, the root's)."""
+        return self.num_params - sum(c.num_params if c.is_leaf_layer else c.leftover_params()
+                                     for c in self._descendants() if not c.is_recursive)
+
+    def _descendants(self):
+        for c in self.children:
+            yield c
+            yield from c._descendants()
 
     def num_params_to_str(self, reached_max_depth: bool) -> str:
         if self.num_params == 0:
@@ -119,7 +137,9 @@ class LayerInfo:
         self.num_params = self.trainable_params = self.param_bytes = 0
         final = ""
         for name, p in module.named_parameters():
-            n = p.numel()
+            if isinstance(p, nn.parameter.UninitializedParameter):
+                continue            # a lazy module's before its first forward: no elements yet (as torchinfo)
+            n = p.numel() - pruned_away(module, name, p)
             self.num_params += n
             self.param_bytes += n * p.element_size()
             if p.requires_grad:
@@ -132,7 +152,38 @@ class LayerInfo:
                 final = name
         if final:
             self.inner_layers[final]["num_params"] = "└─" + self.inner_layers[final]["num_params"][2:]
-        self.leftover_params_count = sum(p.numel() for p in module.parameters(recurse=False))
+
+
+def pruned_away(module: nn.Module, name: str, p: torch.Tensor) -> int:
+    """Elements of parameter ``name`` that a pruning mask zeroes (torch.nn.utils.prune keeps the weight as
+    ``weight_orig`` beside a 0/1 ``weight_mask``): torchinfo counts a pruned parameter as its mask's
+    ones. 0 when there is no such mask, or it has no values (meta)."""
+    path, _, attr = name.rpartition(".")
+    if not attr.endswith("_orig"):
+        return 0
+    try:
+        owner = module.get_submodule(path) if path else module
+    except (AttributeError, RuntimeError):
+        return 0
+    mask = getattr(owner, attr[:-len("_orig")] + "_mask", None)
+    if not isinstance(mask, torch.Tensor) or mask.shape != p.shape or mask.is_meta:
+        return 0
+    return p.numel() - int(torch.count_nonzero(mask))
+
+
+def pruned_totals(model: nn.Module) -> tuple[int, int, int]:
+    """(elements, trainable elements, bytes) that pruning masks zero across the model's distinct
+    parameters (``pruned_away``)."""
+    n = trainable = nbytes = 0
+    for name, p in model.named_parameters():
+        k = pruned_away(model, name, p)
+        if not k:
+            continue
+        n += k
+        nbytes += k * p.element_size()
+        if p.requires_grad:
+            trainable += k
+    return n, trainable, nbytes
 
 
 def _kernel_size(module: nn.Module | None):
@@ -158,26 +209,23 @@ def layers_from_report(report: "Report", model: nn.Module | None, batch_dim: int
     """One LayerInfo per module call of a layerscope Report, in call order."""
     infos: list[LayerInfo] = []
     seen_modules: set[int] = set()
+    # by path from named_modules (ScriptModules have no get_submodule)
+    modules = dict(model.named_modules(remove_duplicate=False)) if model is not None else {}
     for rec in report.layers:
-        module = None
-        if model is not None:
-            try:
-                module = model.get_submodule(rec.path)
-            except AttributeError:
-                module = None
+        module = modules.get(rec.path)
         parent = infos[rec.parent] if rec.parent is not None and rec.parent < len(infos) else None
-        var = rec.path.rpartition(".")[-1] if rec.path else (module._get_name() if module is not None else rec.type)
+        var = rec.path.rpartition(".")[-1] if rec.path else (_class_name(module) if module is not None else rec.type)
         info = LayerInfo(var, module, rec.depth, parent, class_name=None if module is not None else rec.type)
         info.record = rec
+        info.path = rec.path
         info.executed = True
         if module is not None:
             info._fill_params(module, root=parent is None)
-            if id(module) in seen_modules and info.num_params:
+            if id(module) in seen_modules:      # called before (its parameters counted there)
                 info.is_recursive = True
             seen_modules.add(id(module))
         else:
             info.num_params = rec.subtree_params
-            info.leftover_params_count = rec.num_params
             info.trainable_params = rec.trainable_params
             info.param_bytes = sum(p.nbytes for p in rec.params)
             info.is_leaf_layer = rec.is_leaf
@@ -189,20 +237,72 @@ def layers_from_report(report: "Report", model: nn.Module | None, batch_dim: int
         info.macs = rec.forward_total.macs
         info.self_macs = rec.forward.macs
         info.flops = rec.forward_total.flops
-        if parent is not None:
-            parent.children.append(info)
         infos.append(info)
+    infos = _with_containers(infos, modules)
     _number(infos)
     return infos
 
 
+def _with_containers(infos: list[LayerInfo], modules: dict[str, nn.Module]) -> list[LayerInfo]:
+    """The rows with torchinfo's rows for containers that never ran themselves (a ModuleList, a
+    ModuleDict): a module called by an ancestor further up its tree than its parent (a block of a
+    ModuleList called by the model) sits under a row for each module between them, at its depth in
+    the tree, as torchinfo lists it; such a row opens once per run of its members, and again (as a
+    repeat) when its members are called again later. Each row's children are then the rows under
+    it; a container's MACs are its children's."""
+    out: list[LayerInfo] = []
+    current: dict[int, LayerInfo] = {}     # the last row at each depth
+    seen: set[int] = set()
+    for info in infos:
+        parent = info.parent_info
+        path = info.record.path if info.record is not None else ""
+        base = parent.record.path if parent is not None and parent.record is not None else ""
+        between: list[str] = []
+        if parent is not None and (not base or path.startswith(base + ".")):
+            rest = path[len(base) + 1:] if base else path
+            parts = rest.split(".")
+            between = [".".join(filter(None, [base, *parts[:i]])) for i in range(1, len(parts))]
+        depth = parent.depth + 1 if parent is not None else 0
+        for anc in between:
+            row = current.get(depth)
+            if row is None or row.path != anc:      # its last row at this depth is not that module's
+                module = modules.get(anc)
+                row = LayerInfo(anc.rpartition(".")[-1], module, depth, parent)
+                row.path = anc
+                if module is not None:
+                    row._fill_params(module, root=False)
+                    row.is_recursive = id(module) in seen
+                    seen.add(id(module))
+                out.append(row)
+                if parent is not None:
+                    parent.children.append(row)
+                current[depth] = row
+                for d in [d for d in current if d > depth]:
+                    del current[d]
+            parent, depth = row, depth + 1
+        info.adopted = parent is not None and parent is not info.parent_info and parent.record is not None
+        info.parent_info, info.depth = parent, depth
+        if info.module is not None:
+            seen.add(id(info.module))
+        if parent is not None:
+            parent.children.append(info)
+        out.append(info)
+        current[depth] = info
+        for d in [d for d in current if d > depth]:
+            del current[d]
+    for row in reversed(out):     # children first: a row at the depth limit shows its subtree's MACs
+        if row.record is None:
+            row.macs = sum(c.macs for c in row.children)
+        else:                     # a module that ran, plus its members called without it (adopted)
+            row.macs += sum(c.macs for c in row.children if c.adopted)
+    return out
+
+
 def _size(specs, batch_dim: int | None) -> list[int]:
-    if not specs:
-        return []
-    shape = list(specs[0].shape)
-    if batch_dim is not None and 0 <= batch_dim < len(shape):
-        del shape[batch_dim]
-    return shape
+    """The first tensor's shape as it ran, the batch dimension included (torchinfo 1.8 prints the batch
+    of 1 that ``input_size`` with ``batch_dim`` inserts, and input_data's own batch)."""
+    del batch_dim
+    return list(specs[0].shape) if specs else []
 
 
 def layers_from_module(model: nn.Module) -> list[LayerInfo]:
@@ -214,15 +314,16 @@ def layers_from_module(model: nn.Module) -> list[LayerInfo]:
     def walk(module: nn.Module, var: str, depth: int, parent: LayerInfo | None) -> None:
         info = LayerInfo(var, module, depth, parent)
         info._fill_params(module, root=parent is None)
-        if id(module) in seen and info.num_params:
+        if id(module) in seen:
             info.is_recursive = True
         seen.add(id(module))
         if parent is not None:
             parent.children.append(info)
         infos.append(info)
-        for name, child in module.named_children():
-            walk(child, name, depth + 1, info)
+        for name, child in module._modules.items():     # a child held twice: a row each (as torchinfo)
+            if child is not None:
+                walk(child, name, depth + 1, info)
 
-    walk(model, model._get_name(), 0, None)
+    walk(model, _class_name(model), 0, None)
     _number(infos)
     return infos

@@ -1,0 +1,5 @@
+"""torchinfo's ``torchinfo.model_statistics``: the ``ModelStatistics`` a summary returns."""
+
+from .torchinfo import ModelStatistics
+
+__all__ = ["ModelStatistics"]
