@@ -364,3 +364,88 @@ def test_compat_doc_quotes_what_the_front_end_prints():
     doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "compat.md").read_text()
     assert "377,036,800 = LSTM 376,012,800 + Linear 1,024,000" in doc
     assert f"(README LSTMNet: {fwd} MB)" in doc and f"the simulated step peak itself ({total} MB)" in doc
+
+
+def _column_sum(text: str, title: str) -> int:
+    """The sum of a printed column (torchinfo's own test helper reads it the same way)."""
+    table = text.replace("=", "").split("\n\n")
+    at = table[0].strip().find(title)
+    total = 0
+    for line in table[1].split("\n"):
+        cell = line[at:].split(" ")[0]
+        if cell and cell not in ("--", "(recursive)") and not cell.startswith(("└─", "├─")):
+            total += int(cell.replace(",", "").strip("()"))
+    return total
+
+
+class _Interleaved(nn.Module):          # list members called between calls of another module
+    def __init__(self):
+        super().__init__()
+        self.l = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+        self.m = nn.Linear(4, 4)
+
+    def forward(self, x):
+        for layer in self.l:
+            x = self.m(layer(x))
+        return x
+
+
+class _Holder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.sub, self.other = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.list = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+
+    def forward(self, x):
+        return self.list[0](self.other(x))
+
+
+class _FromOutside(nn.Module):          # members called by the root, before and after their holder
+    def __init__(self):
+        super().__init__()
+        self.a = _Holder()
+        self.b = nn.Linear(4, 4)
+        self.b.weight = self.a.sub.weight   # tied
+
+    def forward(self, x):
+        x = self.a(self.a.sub(x))
+        return self.b(self.a.list[1](x))
+
+
+@pytest.mark.parametrize("model, params, macs", [
+    # 4 Linear(4, 4) of 20: 80; 6 calls of 2 x 4 x 4 = 32 MACs: 192
+    (_Interleaved, 80, 192),
+    # 5 Linear(4, 4) (sub, other, list[0], list[1], b), b's weight tied to sub's: 5 x 20 - 16 = 84;
+    # 5 calls of 32 MACs: 160
+    (_FromOutside, 84, 160),
+])
+def test_columns_add_up_whatever_the_calls_order(model, params, macs):
+    """Each parameter on one row and each call's MACs once, at every depth: members called in
+    interleaved order, a member called before its holder runs, one called by the root from inside
+    another's container, and a tied weight (a reviewer's cases)."""
+    torch.manual_seed(0)
+    m = model()
+    for depth in (1, 2, 3, -1):
+        stats = summary(m, input_size=(2, 4), depth=depth, col_names=("num_params", "mult_adds"), verbose=0)
+        assert (stats.total_params, stats.total_mult_adds) == (params, macs)
+        text = str(stats)
+        assert (_column_sum(text, "Param #"), _column_sum(text, "Mult-Adds")) == (params, macs), depth
+
+
+def test_pruned_parameters_count_their_mask_once_shared_or_not():
+    """A pruned weight counts as its mask's ones (torchinfo's convention), whichever name of a shared
+    tensor the pruning used; an x_orig beside an x_mask of the user's own is no pruning."""
+    from torch.nn.utils import prune
+    torch.manual_seed(0)
+    emb, head = nn.Embedding(10, 4), nn.Linear(4, 10, bias=False)
+    prune.l1_unstructured(head, "weight", 0.5)     # 40 elements, 20 kept
+    emb.weight = head.weight_orig                   # the same tensor under another name
+    stats = summary(nn.ModuleDict({"emb": emb, "head": head}), verbose=0)
+    assert stats.total_params == 20
+
+    class Own(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale_orig = nn.Parameter(torch.ones(3))
+            self.register_buffer("scale_mask", torch.tensor([1.0, 0.0, 0.0]))
+    assert summary(Own(), verbose=0).total_params == 3

@@ -79,8 +79,8 @@ class FormattingOptions:
             "groups": self.str_(info.groups),
             "input_size": self.str_(info.input_size),
             "output_size": self.str_(info.output_size),
-            "num_params": info.num_params_to_str(reached_max_depth),
-            "params_percent": info.params_percent(total_params, reached_max_depth),
+            "num_params": info.num_params_to_str(reached_max_depth, max_depth=self.max_depth),
+            "params_percent": info.params_percent(total_params, reached_max_depth, max_depth=self.max_depth),
             "mult_adds": info.macs_to_str(reached_max_depth),
             "trainable": self.str_(info.trainable),
         }

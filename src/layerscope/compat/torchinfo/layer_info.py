@@ -57,7 +57,8 @@ class LayerInfo:
         self.flops = 0
         self.record = None       # the layerscope LayerRecord behind this row (None without a forward)
         self.path = ""           # the module's dotted path in the model
-        self.adopted = False     # placed under a module that ran, which did not call it (its tree parent)
+        self.call_parent: LayerInfo | None = None   # the row of the call that made this one
+        self._rows: _Rows | None = None             # the table this row belongs to
 
     # torchModelSummary's names for the same numbers
     @property
@@ -102,9 +103,21 @@ class LayerInfo:
             yield c
             yield from c._descendants()
 
-    def num_params_to_str(self, reached_max_depth: bool) -> str:
+    def shown_params(self, max_depth: int) -> tuple[int, int]:
+        """(parameters, trainable ones) this row shows when the table goes down to ``max_depth``: each
+        distinct parameter once, on the first of the deepest rows shown that hold it (``_Rows``), so
+        the column adds up to the total whatever the calls' order, sharing or containers."""
+        rows = self._rows
+        return rows.shown(max_depth).get(id(self), (0, 0)) if rows is not None else (0, 0)
+
+    def num_params_to_str(self, reached_max_depth: bool, max_depth: int | None = None) -> str:
         if self.num_params == 0:
             return "--"
+        if max_depth is not None and self._rows is not None:
+            n, trainable = self.shown_params(max_depth)
+            if n == 0:
+                return "(recursive)" if self.is_recursive else "--"
+            return f"{n:,}" if trainable or not (reached_max_depth or self.is_leaf_layer) else f"({n:,})"
         if self.is_recursive:
             return "(recursive)"
         if reached_max_depth or self.is_leaf_layer:
@@ -119,14 +132,20 @@ class LayerInfo:
         n = self.macs if (reached_max_depth or self.is_leaf_layer) else self.self_macs
         return f"{n:,}" if n > 0 else "--"
 
-    def params_percent(self, total_params: int, reached_max_depth: bool, precision: int = 2) -> str:
+    def params_percent(self, total_params: int, reached_max_depth: bool, precision: int = 2,
+                       max_depth: int | None = None) -> str:
         spacing = 5
         zero = f"{' ' * spacing}--"
         if total_params == 0:
             return zero
-        if self.is_recursive:
+        if max_depth is not None and self._rows is not None:
+            params = self.shown_params(max_depth)[0]
+            if params == 0 and self.is_recursive and self.num_params:
+                return "(recursive)"
+        elif self.is_recursive:
             return "(recursive)"
-        params = self.num_params if reached_max_depth or self.is_leaf_layer else self.leftover_params()
+        else:
+            params = self.num_params if reached_max_depth or self.is_leaf_layer else self.leftover_params()
         if params == 0:
             return zero
         return f"{params / total_params:>{precision + spacing}.{precision}%}"
@@ -156,8 +175,10 @@ class LayerInfo:
 
 def pruned_away(module: nn.Module, name: str, p: torch.Tensor) -> int:
     """Elements of parameter ``name`` that a pruning mask zeroes (torch.nn.utils.prune keeps the weight as
-    ``weight_orig`` beside a 0/1 ``weight_mask``): torchinfo counts a pruned parameter as its mask's
-    ones. 0 when there is no such mask, or it has no values (meta)."""
+    ``weight_orig`` beside a 0/1 ``weight_mask`` and recomputes the weight in a forward pre-hook):
+    torchinfo counts a pruned parameter as its mask's ones. 0 when no pruning hook of torch's
+    recomputes that weight (an ``x_orig`` and an ``x_mask`` of the user's own are plain tensors), or
+    the mask has no values (meta)."""
     path, _, attr = name.rpartition(".")
     if not attr.endswith("_orig"):
         return 0
@@ -165,7 +186,12 @@ def pruned_away(module: nn.Module, name: str, p: torch.Tensor) -> int:
         owner = module.get_submodule(path) if path else module
     except (AttributeError, RuntimeError):
         return 0
-    mask = getattr(owner, attr[:-len("_orig")] + "_mask", None)
+    from torch.nn.utils.prune import BasePruningMethod
+    base = attr[:-len("_orig")]
+    if not any(isinstance(h, BasePruningMethod) and getattr(h, "_tensor_name", None) == base
+               for h in owner._forward_pre_hooks.values()):
+        return 0
+    mask = getattr(owner, base + "_mask", None)
     if not isinstance(mask, torch.Tensor) or mask.shape != p.shape or mask.is_meta:
         return 0
     return p.numel() - int(torch.count_nonzero(mask))
@@ -173,12 +199,13 @@ def pruned_away(module: nn.Module, name: str, p: torch.Tensor) -> int:
 
 def pruned_totals(model: nn.Module) -> tuple[int, int, int]:
     """(elements, trainable elements, bytes) that pruning masks zero across the model's distinct
-    parameters (``pruned_away``)."""
+    parameters (``param_counts``: a mask on any module holding a parameter applies)."""
+    counts = param_counts(model)
     n = trainable = nbytes = 0
-    for name, p in model.named_parameters():
-        k = pruned_away(model, name, p)
-        if not k:
+    for p in model.parameters():
+        if id(p) not in counts:
             continue
+        k = p.numel() - counts[id(p)][0]
         n += k
         nbytes += k * p.element_size()
         if p.requires_grad:
@@ -196,6 +223,53 @@ def _kernel_size(module: nn.Module | None):
 
 
 # ---- building the summary_list ---------------------------------------------------------------------
+
+class _Rows:
+    """One table's rows and its parameters: which row shows which parameter at a given depth."""
+
+    def __init__(self, rows: list[LayerInfo], model: nn.Module | None) -> None:
+        self.rows = rows
+        self.counts = param_counts(model) if model is not None else {}
+        self.held: dict[int, set[int]] = {}
+        for r in rows:
+            r._rows = self
+            if r.module is not None:
+                self.held[id(r)] = {id(p) for p in r.module.parameters() if id(p) in self.counts}
+        self._cache: dict[int, dict[int, tuple[int, int]]] = {}
+
+    def shown(self, max_depth: int) -> dict[int, tuple[int, int]]:
+        if max_depth not in self._cache:
+            owner: dict[int, LayerInfo] = {}
+            for r in self.rows:           # in order: the first of the deepest rows shown that hold it
+                if r.depth > max_depth:
+                    continue
+                for pid in self.held.get(id(r), ()):
+                    o = owner.get(pid)
+                    if o is None or r.depth > o.depth:
+                        owner[pid] = r
+            out: dict[int, tuple[int, int]] = {}
+            for pid, r in owner.items():
+                n, trainable = self.counts[pid][:2]
+                a, b = out.get(id(r), (0, 0))
+                out[id(r)] = (a + n, b + trainable)
+            self._cache[max_depth] = out
+        return self._cache[max_depth]
+
+
+def param_counts(model: nn.Module) -> dict[int, tuple[int, int, int]]:
+    """Each distinct parameter's (elements, trainable elements, bytes) as torchinfo counts them: a
+    pruned one (a mask on any module holding it) as its mask's ones; an uninitialized one left out."""
+    out: dict[int, tuple[int, int, int]] = {}
+    for mname, m in model.named_modules(remove_duplicate=False):
+        for name, p in m.named_parameters(recurse=False):
+            if isinstance(p, nn.parameter.UninitializedParameter):
+                continue
+            n = p.numel() - pruned_away(m, name, p)
+            old = out.get(id(p))
+            if old is None or n < old[0]:
+                out[id(p)] = (n, n if p.requires_grad else 0, n * p.element_size())
+    return out
+
 
 def _number(summary_list: list[LayerInfo]) -> None:
     """torchinfo's "depth-index": a counter per depth, in call order over the whole model."""
@@ -240,6 +314,7 @@ def layers_from_report(report: "Report", model: nn.Module | None, batch_dim: int
         infos.append(info)
     infos = _with_containers(infos, modules)
     _number(infos)
+    _Rows(infos, model)
     return infos
 
 
@@ -280,7 +355,7 @@ def _with_containers(infos: list[LayerInfo], modules: dict[str, nn.Module]) -> l
                 for d in [d for d in current if d > depth]:
                     del current[d]
             parent, depth = row, depth + 1
-        info.adopted = parent is not None and parent is not info.parent_info and parent.record is not None
+        info.call_parent = info.parent_info
         info.parent_info, info.depth = parent, depth
         if info.module is not None:
             seen.add(id(info.module))
@@ -290,11 +365,18 @@ def _with_containers(infos: list[LayerInfo], modules: dict[str, nn.Module]) -> l
         current[depth] = info
         for d in [d for d in current if d > depth]:
             del current[d]
-    for row in reversed(out):     # children first: a row at the depth limit shows its subtree's MACs
-        if row.record is None:
-            row.macs = sum(c.macs for c in row.children)
-        else:                     # a module that ran, plus its members called without it (adopted)
-            row.macs += sum(c.macs for c in row.children if c.adopted)
+    seen_ids: set[int] = set()
+    for row in out:               # a repeat: its module had a row before (inserted or called)
+        if row.module is not None:
+            row.is_recursive = id(row.module) in seen_ids
+            seen_ids.add(id(row.module))
+    for row in out:
+        # at the depth limit a row shows the MACs of the calls under it made from outside it (each
+        # call's MACs include those it made itself): every call is counted once at each depth
+        under = list(row._descendants())
+        inside = {id(row)} | {id(c) for c in under}
+        row.macs = sum(x.record.forward_total.macs for x in [row, *under]
+                       if x.record is not None and (x is row or id(x.call_parent) not in inside))
     return out
 
 
@@ -326,4 +408,5 @@ def layers_from_module(model: nn.Module) -> list[LayerInfo]:
 
     walk(model, _class_name(model), 0, None)
     _number(infos)
+    _Rows(infos, model)
     return infos
