@@ -92,9 +92,9 @@ class LayerInfo:
         return name
 
     def leftover_params(self) -> int:
-        """Its subtree's parameters not shown on its descendants' rows (a leaf's, a container's
-        leftover; repeated calls not again), as torchinfo has it: so that the column adds up to the
-        total, also with parameters held outside any module that runs (a ParameterList, the root's)."""
+        """torchinfo's leftover: its subtree's parameters not on its descendants' rows (a leaf's, a
+        container's leftover; repeats not again). The printed column uses ``shown_params``, which
+        also adds up where calls interleave or modules are shared."""
         return self.num_params - sum(c.num_params if c.is_leaf_layer else c.leftover_params()
                                      for c in self._descendants() if not c.is_recursive)
 
@@ -197,10 +197,11 @@ def pruned_away(module: nn.Module, name: str, p: torch.Tensor) -> int:
     return p.numel() - int(torch.count_nonzero(mask))
 
 
-def pruned_totals(model: nn.Module) -> tuple[int, int, int]:
+def pruned_totals(model: nn.Module, counts: dict | None = None) -> tuple[int, int, int]:
     """(elements, trainable elements, bytes) that pruning masks zero across the model's distinct
-    parameters (``param_counts``: a mask on any module holding a parameter applies)."""
-    counts = param_counts(model)
+    parameters (``param_counts``, or ``counts`` already made from it: a mask on any module holding a
+    parameter applies)."""
+    counts = param_counts(model) if counts is None else counts
     n = trainable = nbytes = 0
     for p in model.parameters():
         if id(p) not in counts:
@@ -260,7 +261,7 @@ def param_counts(model: nn.Module) -> dict[int, tuple[int, int, int]]:
     """Each distinct parameter's (elements, trainable elements, bytes) as torchinfo counts them: a
     pruned one (a mask on any module holding it) as its mask's ones; an uninitialized one left out."""
     out: dict[int, tuple[int, int, int]] = {}
-    for mname, m in model.named_modules(remove_duplicate=False):
+    for _, m in model.named_modules(remove_duplicate=False):
         for name, p in m.named_parameters(recurse=False):
             if isinstance(p, nn.parameter.UninitializedParameter):
                 continue
@@ -282,7 +283,6 @@ def _number(summary_list: list[LayerInfo]) -> None:
 def layers_from_report(report: "Report", model: nn.Module | None, batch_dim: int | None = None) -> list[LayerInfo]:
     """One LayerInfo per module call of a layerscope Report, in call order."""
     infos: list[LayerInfo] = []
-    seen_modules: set[int] = set()
     # by path from named_modules (ScriptModules have no get_submodule)
     modules = dict(model.named_modules(remove_duplicate=False)) if model is not None else {}
     for rec in report.layers:
@@ -295,9 +295,6 @@ def layers_from_report(report: "Report", model: nn.Module | None, batch_dim: int
         info.executed = True
         if module is not None:
             info._fill_params(module, root=parent is None)
-            if id(module) in seen_modules:      # called before (its parameters counted there)
-                info.is_recursive = True
-            seen_modules.add(id(module))
         else:
             info.num_params = rec.subtree_params
             info.trainable_params = rec.trainable_params
@@ -324,10 +321,10 @@ def _with_containers(infos: list[LayerInfo], modules: dict[str, nn.Module]) -> l
     ModuleList called by the model) sits under a row for each module between them, at its depth in
     the tree, as torchinfo lists it; such a row opens once per run of its members, and again (as a
     repeat) when its members are called again later. Each row's children are then the rows under
-    it; a container's MACs are its children's."""
+    it; a row is a repeat when its module had a row before (inserted or called); its MACs at the
+    depth limit are those of the calls under it made from outside it."""
     out: list[LayerInfo] = []
     current: dict[int, LayerInfo] = {}     # the last row at each depth
-    seen: set[int] = set()
     for info in infos:
         parent = info.parent_info
         path = info.record.path if info.record is not None else ""
@@ -346,8 +343,6 @@ def _with_containers(infos: list[LayerInfo], modules: dict[str, nn.Module]) -> l
                 row.path = anc
                 if module is not None:
                     row._fill_params(module, root=False)
-                    row.is_recursive = id(module) in seen
-                    seen.add(id(module))
                 out.append(row)
                 if parent is not None:
                     parent.children.append(row)
@@ -357,8 +352,6 @@ def _with_containers(infos: list[LayerInfo], modules: dict[str, nn.Module]) -> l
             parent, depth = row, depth + 1
         info.call_parent = info.parent_info
         info.parent_info, info.depth = parent, depth
-        if info.module is not None:
-            seen.add(id(info.module))
         if parent is not None:
             parent.children.append(info)
         out.append(info)

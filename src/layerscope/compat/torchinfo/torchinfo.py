@@ -29,7 +29,8 @@ REQUIRES_INPUT = {"input_size", "output_size", "mult_adds"}
 
 # ---- ModelStatistics -----------------------------------------------------------------------------
 
-def parameter_totals(report: Report | None, model: nn.Module | None) -> tuple[int, int, int]:
+def parameter_totals(report: Report | None, model: nn.Module | None, counts: dict | None = None
+                     ) -> tuple[int, int, int]:
     """(params, trainable params, param bytes): the Report's totals where a forward ran, else the same
     sums over the model's distinct tensors (``capture.records.param_totals``); zeros without either.
     Elements a pruning mask zeroes are left out, as torchinfo counts them (``layer_info.pruned_away``)."""
@@ -40,7 +41,7 @@ def parameter_totals(report: Report | None, model: nn.Module | None) -> tuple[in
         totals = param_totals(model) if model is not None else (0, 0, 0)
     if model is None:
         return totals
-    return tuple(a - b for a, b in zip(totals, pruned_totals(model)))
+    return tuple(a - b for a, b in zip(totals, pruned_totals(model, counts)))
 
 
 
@@ -64,7 +65,9 @@ class ModelStatistics(Report):
         self.formatting = formatting
         self.total_input = total_input_size
         # parameters as torchinfo counts them: each tensor once (tied weights counted once)
-        self.total_params, self.trainable_params, self.total_param_bytes = parameter_totals(report, model)
+        rows = summary_list[0]._rows if summary_list else None     # its parameter counts, made once
+        self.total_params, self.trainable_params, self.total_param_bytes = parameter_totals(
+            report, model, rows.counts if rows is not None and model is not None else None)
         self.total_mult_adds = report.totals.macs if report is not None else 0
         self._memory_inputs = memory_inputs
         self._memory: tuple[int | None, str | None] | None = None
