@@ -425,11 +425,13 @@ def test_columns_add_up_whatever_the_calls_order(model, params, macs):
     another's container, and a tied weight (a reviewer's cases)."""
     torch.manual_seed(0)
     m = model()
+    before = state(m)
     for depth in (1, 2, 3, -1):
         stats = summary(m, input_size=(2, 4), depth=depth, col_names=("num_params", "mult_adds"), verbose=0)
         assert (stats.total_params, stats.total_mult_adds) == (params, macs)
         text = str(stats)
         assert (_column_sum(text, "Param #"), _column_sum(text, "Mult-Adds")) == (params, macs), depth
+    assert same_state(before, state(m))
 
 
 def test_pruned_parameters_count_their_mask_once_shared_or_not():
@@ -440,8 +442,14 @@ def test_pruned_parameters_count_their_mask_once_shared_or_not():
     emb, head = nn.Embedding(10, 4), nn.Linear(4, 10, bias=False)
     prune.l1_unstructured(head, "weight", 0.5)     # 40 elements, 20 kept
     emb.weight = head.weight_orig                   # the same tensor under another name
-    stats = summary(nn.ModuleDict({"emb": emb, "head": head}), verbose=0)
+    model = nn.ModuleDict({"emb": emb, "head": head})
+    before, rng = state(model), torch.get_rng_state()
+    stats = summary(model, verbose=0)
     assert stats.total_params == 20
+    # with a forward too (the head alone, 2 x 4 x 10 = 80 MACs of the dense kernel); the model, its
+    # pruning hook and mask, mode, requires_grad and the RNG come out as they went in
+    assert summary(head, input_size=(2, 4), verbose=0).total_mult_adds == 80
+    assert same_state(before, state(model)) and torch.equal(rng, torch.get_rng_state())
 
     class Own(nn.Module):
         def __init__(self):
