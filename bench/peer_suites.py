@@ -41,10 +41,13 @@ for cls in (e.Units, e.ColumnSettings, e.RowSettings, e.Mode):
 """
 
 SUITES = {
-    # outputs: where a test's golden output lives (its name without "test_"), and the pytest option that
-    # makes the suite write what it printed there instead of comparing
-    "torchinfo": dict(url="https://github.com/TylerYep/torchinfo", tag="v1.8.0", package="torchinfo",
-                      front="layerscope.compat.torchinfo", tests="tests", real_plugin=PY310_ENUMS,
+    # rev: the tag (or commit) checked out; package: the peer's own package in the checkout, removed for the
+    # front end's run (None: keep it, only the aliased modules are replaced); alias: peer module -> front end
+    # module (each aliased module's submodules follow); outputs: where a test's golden output lives (its name
+    # without "test_"), and overwrite the pytest option that makes the suite write what it printed there
+    # instead of comparing (None: the suite has no printed goldens); python: the interpreter (default this one)
+    "torchinfo": dict(url="https://github.com/TylerYep/torchinfo", rev="v1.8.0", package="torchinfo",
+                      alias={"torchinfo": "layerscope.compat.torchinfo"}, tests="tests", real_plugin=PY310_ENUMS,
                       outputs="tests/test_output/{}.out", overwrite="--overwrite"),
 }
 
@@ -53,24 +56,30 @@ SUITES = {
 ALIAS = '''\
 import importlib, pkgutil, sys
 
-PEER, FRONT = {peer!r}, {front!r}
-front = importlib.import_module(FRONT)
-sys.modules[PEER] = front
-for info in pkgutil.iter_modules(getattr(front, "__path__", [])):
-    sys.modules[PEER + "." + info.name] = importlib.import_module(FRONT + "." + info.name)
+for peer, front in {alias!r}.items():
+    mod = importlib.import_module(front)
+    sys.modules[peer] = mod
+    parent, _, leaf = peer.rpartition(".")
+    if parent:                      # a submodule of a package kept real: its attribute too
+        setattr(importlib.import_module(parent), leaf, mod)
+    for info in pkgutil.iter_modules(getattr(mod, "__path__", [])):
+        sys.modules[peer + "." + info.name] = importlib.import_module(front + "." + info.name)
 '''
 
 
-def checkout(name: str, source: str, tag: str, dest: pathlib.Path) -> None:
-    subprocess.run(["git", "clone", "--quiet", "--branch", tag, source, str(dest)], check=True,
+def checkout(source: str, rev: str, dest: pathlib.Path) -> None:
+    subprocess.run(["git", "clone", "--quiet", "--no-checkout", source, str(dest)], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    subprocess.run(["git", "-C", str(dest), "checkout", "--quiet", rev], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def run_pytest(where: pathlib.Path, tests: str, plugin: str | None, verbose: bool, *extra: str) -> dict[str, str]:
+def run_pytest(python: str, where: pathlib.Path, tests: str, plugin: str | None, verbose: bool,
+               *extra: str) -> dict[str, str]:
     """Each test's outcome (passed, failed, error, skipped) by its id, from pytest's JUnit XML; the
     failures' messages in ``messages[where]``."""
     xml = where / "_results.xml"
-    cmd = [sys.executable, "-m", "pytest", tests, "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
+    cmd = [python, "-m", "pytest", *tests.split(), "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
            "-o", "junit_family=xunit1", "--no-header", "-rN", "--continue-on-collection-errors", *extra]
     if plugin:
         cmd[3:3] = ["-p", plugin]
@@ -161,30 +170,34 @@ def main() -> None:
             for d in (real, front):
                 if d.exists():
                     shutil.rmtree(d)
-                checkout(name, sources.get(name, s["url"]), s["tag"], d)
-            shutil.rmtree(front / s["package"])         # the front end's run must not find the real one
-            (front / "_layerscope_alias.py").write_text(ALIAS.format(peer=s["package"], front=s["front"]))
+                checkout(sources.get(name, s["url"]), s["rev"], d)
+            if s["package"]:
+                shutil.rmtree(front / s["package"])     # the front end's run must not find the real one
+            (front / "_layerscope_alias.py").write_text(ALIAS.format(alias=s["alias"]))
+            python = s.get("python", sys.executable)
+            fronts = ", ".join(s["alias"].values())
             plugin = None
             if s.get("real_plugin"):
                 (real / "_as_written.py").write_text(s["real_plugin"])
                 plugin = "_as_written"
-            print(f"{name} {s['tag']}: running the real package's suite", file=sys.stderr, flush=True)
-            r = run_pytest(real, s["tests"], plugin, a.verbose)
-            print(f"{name} {s['tag']}: running it against {s['front']}", file=sys.stderr, flush=True)
-            f = run_pytest(front, s["tests"], "_layerscope_alias", a.verbose)
+            print(f"{name} {s['rev']}: running the real package's suite", file=sys.stderr, flush=True)
+            r = run_pytest(python, real, s["tests"], plugin, a.verbose)
+            print(f"{name} {s['rev']}: running it against {fronts}", file=sys.stderr, flush=True)
+            f = run_pytest(python, front, s["tests"], "_layerscope_alias", a.verbose)
             # again, each test's printed output written where its golden one was (not compared): a test
             # that passes so, and whose output equals the golden one but for documented figures, differs
             # only by those numbers
-            g = run_pytest(front, s["tests"], "_layerscope_alias", a.verbose, s["overwrite"])
+            g = (run_pytest(python, front, s["tests"], "_layerscope_alias", a.verbose, s["overwrite"])
+                 if s.get("overwrite") else {})
             tests, figures = documented(name)
             passed = sorted(t for t, o in r.items() if o == "passed")
             verdict: dict[str, str] = {}
             for t in passed:
-                out = s["outputs"].format(short(t).replace("test_", "", 1))
+                out = s["outputs"].format(short(t).replace("test_", "", 1)) if s.get("outputs") else "-"
                 reason, own, value = tests.get(short(t), ("", set(), ""))
                 mine = figures.keys() | own
                 theirs = ours = want = got = None
-                if (real / out).exists() and (front / out).exists():
+                if s.get("outputs") and (real / out).exists() and (front / out).exists():
                     theirs, ours = (real / out).read_text(), (front / out).read_text()
                     want, got = masked(theirs, mine), masked(ours, mine)
                 same = None if want is None else want == got   # the same but for documented figures
@@ -210,7 +223,7 @@ def main() -> None:
                     verdict[t] = f"fails: {f.get(t, 'not run')}" + (" (also with its output not compared)"
                                                                      if g.get(t) != "passed" else "")
             n = {k: sum(1 for v in verdict.values() if v.startswith(k)) for k in ("passes", "documented", "fails")}
-            print(f"\n{name} {s['tag']}: {len(r)} tests; the real package passes {len(passed)}; the front end "
+            print(f"\n{name} {s['rev']}: {len(r)} tests; the real package passes {len(passed)}; the front end "
                   f"passes {n['passes']} of them, {n['documented']} more differ only by a documented number, "
                   f"{n['fails']} fail")
             for kind in ("fails", "documented"):

@@ -6,7 +6,8 @@ from torch import nn
 
 import layerscope as ls
 from layerscope.capture.records import param_totals
-from layerscope.compat import deepspeed, modelsummary, torchinfo, torchscan
+from layerscope.compat import deepspeed, modelsummary, torchinfo
+from layerscope.compat import torchscan01 as torchscan
 
 from .models import FrozenTied
 

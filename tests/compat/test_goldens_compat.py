@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 import layerscope as ls
-from layerscope.compat import deepspeed, modelsummary, torchinfo, torchscan
+from layerscope.compat import deepspeed, modelsummary, torchinfo
+from layerscope.compat import torchscan01 as torchscan
 from layerscope.examples import SmallCNN, TinyGPT
 
 from ..reports.test_goldens import check_golden, dataframe_text, hand_made_latency

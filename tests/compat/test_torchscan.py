@@ -1,11 +1,11 @@
-"""layerscope.compat.torchscan: torchscan 0.1's crawl_module / summary (issue 21). Values by hand."""
+"""layerscope.compat.torchscan01: torchscan 0.1's crawl_module / summary (issue 21). Values by hand."""
 
 import pytest
 import torch
 from torch import nn
 
 import layerscope as ls
-from layerscope.compat.torchscan import aggregate_info, crawl_module, summary
+from layerscope.compat.torchscan01 import aggregate_info, crawl_module, summary
 
 from .models import same_state, state, vgg_like
 

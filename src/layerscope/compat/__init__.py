@@ -1,7 +1,8 @@
 """Front ends with other tools' names, so that switching is a one-line import change:
 
     from layerscope.compat.torchinfo import summary          # torchinfo.summary
-    from layerscope.compat.torchscan import summary, crawl_module
+    from layerscope.compat.torchscan import summary, crawl_module      # torchscan 0.2
+    from layerscope.compat.torchscan01 import summary, crawl_module    # torchscan 0.1
     from layerscope.compat.deepspeed import get_model_profile, FlopsProfiler
     from layerscope.compat.modelsummary import Statistics    # torchModelSummary
 
@@ -12,7 +13,7 @@ are imported on first use so that ``import layerscope`` stays light.
 
 import importlib
 
-__all__ = ["torchinfo", "torchscan", "deepspeed", "modelsummary"]
+__all__ = ["torchinfo", "torchscan", "torchscan01", "deepspeed", "modelsummary"]
 
 
 def __getattr__(name):
