@@ -49,6 +49,13 @@ SUITES = {
     "torchinfo": dict(url="https://github.com/TylerYep/torchinfo", rev="v1.8.0", package="torchinfo",
                       alias={"torchinfo": "layerscope.compat.torchinfo"}, tests="tests", real_plugin=PY310_ENUMS,
                       outputs="tests/test_output/{}.out", overwrite="--overwrite"),
+    # torchscan 0.2: the repository has no v0.2.0 tag (2026-11-27); its newest commit of main, 0.2.0.dev0
+    # ("Unreleased (0.2.0)" in its changelog). pip's 0.2.0 wheel passes 148 of the 149 tests this
+    # commit's own package passes. Its package reads its version from the installed metadata: the
+    # real run gets a dist-info for it.
+    "torchscan": dict(url="https://github.com/frgfm/torch-scan", rev="6431b493ae7293e52f22e475f2f591760b559ecd",
+                      package="torchscan", alias={"torchscan": "layerscope.compat.torchscan"}, tests="tests",
+                      metadata=("torchscan", "0.2.0.dev0")),
 }
 
 # A pytest plugin, loaded with -p in the front end's run: the peer's import name and its submodules
@@ -176,6 +183,10 @@ def main() -> None:
             (front / "_layerscope_alias.py").write_text(ALIAS.format(alias=s["alias"]))
             python = s.get("python", sys.executable)
             fronts = ", ".join(s["alias"].values())
+            if s.get("metadata"):
+                dist = real / "{}-{}.dist-info".format(*s["metadata"])
+                dist.mkdir()
+                (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: {}\nVersion: {}\n".format(*s["metadata"]))
             plugin = None
             if s.get("real_plugin"):
                 (real / "_as_written.py").write_text(s["real_plugin"])
