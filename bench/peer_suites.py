@@ -49,6 +49,8 @@ SUITES = {
     "torchinfo": dict(url="https://github.com/TylerYep/torchinfo", rev="v1.8.0", package="torchinfo",
                       alias={"torchinfo": "layerscope.compat.torchinfo"}, tests="tests", real_plugin=PY310_ENUMS,
                       outputs="tests/test_output/{}.out", overwrite="--overwrite"),
+    "torchscan-0.1": dict(url="https://github.com/frgfm/torch-scan", rev="v0.1.2", package="torchscan",
+                          alias={"torchscan": "layerscope.compat.torchscan01"}, tests="tests"),
 }
 
 # A pytest plugin, loaded with -p in the front end's run: the peer's import name and its submodules
