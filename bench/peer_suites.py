@@ -49,6 +49,8 @@ SUITES = {
     "torchinfo": dict(url="https://github.com/TylerYep/torchinfo", rev="v1.8.0", package="torchinfo",
                       alias={"torchinfo": "layerscope.compat.torchinfo"}, tests="tests", real_plugin=PY310_ENUMS,
                       outputs="tests/test_output/{}.out", overwrite="--overwrite"),
+    "torchscan-0.1": dict(url="https://github.com/frgfm/torch-scan", rev="v0.1.2", package="torchscan",
+                          alias={"torchscan": "layerscope.compat.torchscan01"}, tests="tests"),
     # torchscan 0.2: the repository has no v0.2.0 tag (2026-11-27); its newest commit of main, 0.2.0.dev0
     # ("Unreleased (0.2.0)" in its changelog). pip's 0.2.0 wheel passes 148 of the 149 tests this
     # commit's own package passes. Its package reads its version from the installed metadata: the
