@@ -43,7 +43,7 @@ for cls in (e.Units, e.ColumnSettings, e.RowSettings, e.Mode):
 SUITES = {
     # rev: the tag (or commit) checked out; package: the peer's own package in the checkout, removed for the
     # front end's run (None: keep it, only the aliased modules are replaced); alias: peer module -> front end
-    # module (each aliased module's submodules follow); outputs: where a test's golden output lives (its name
+    # module (each aliased module's submodules follow, at every depth); outputs: where a test's golden output lives (its name
     # without "test_"), and overwrite the pytest option that makes the suite write what it printed there
     # instead of comparing (None: the suite has no printed goldens); python: the interpreter (default this one)
     "torchinfo": dict(url="https://github.com/TylerYep/torchinfo", rev="v1.8.0", package="torchinfo",
@@ -71,8 +71,8 @@ for peer, front in {alias!r}.items():
     parent, _, leaf = peer.rpartition(".")
     if parent:                      # a submodule of a package kept real: its attribute too
         setattr(importlib.import_module(parent), leaf, mod)
-    for info in pkgutil.iter_modules(getattr(mod, "__path__", [])):
-        sys.modules[peer + "." + info.name] = importlib.import_module(front + "." + info.name)
+    for info in pkgutil.walk_packages(getattr(mod, "__path__", []), prefix=front + "."):
+        sys.modules[peer + info.name[len(front):]] = importlib.import_module(info.name)
 '''
 
 
@@ -127,9 +127,12 @@ def documented(suite: str) -> tuple[dict[str, tuple[str, set[str]]], dict[str, s
             continue
         name = cells[1].strip("`")
         if name.startswith("test_"):
-            value = re.search(r"\d[\d,.]*", cells[3])     # layerscope's value: the failure must show it
-            tests[name] = (cells[-1], set(re.findall(r"`([^`]+)`", cells[2])),
-                           value.group().replace(",", "").rstrip(".") if value else "")
+            # layerscope's value, which the failure must show: the cell's first word in backticks (a
+            # status: `complete`), else its first number
+            word = re.search(r"`([^`]+)`", cells[3])
+            value = word.group(1) if word else (m.group().replace(",", "").rstrip(".")
+                                                if (m := re.search(r"\d[\d,.]*", cells[3])) else "")
+            tests[name] = (cells[-1], set(re.findall(r"`([^`]+)`", cells[2])), value)
         else:
             figures[name] = cells[-1]
     return tests, figures

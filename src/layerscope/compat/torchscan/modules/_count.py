@@ -1,4 +1,7 @@
-"""One module call counted by layerscope (the module comes out as it went in)."""
+"""One forward of a module on the inputs torchscan's per-module functions receive, counted by
+layerscope (``analyze(..., mode="same")``: the module's flags as they are; weights, buffers such as
+BatchNorm's running statistics, hooks and the RNG restored afterwards). The inputs run as copies,
+so an in-place module does not overwrite the caller's tensors."""
 
 from __future__ import annotations
 
@@ -8,25 +11,42 @@ from typing import Any
 import torch
 from torch import nn
 
+from ....errors import InputError
 
-def counted(module: Any, inputs: tuple, what: str):
-    """The Report of ``module(*inputs)`` in the mode the module is in, or None (with torchscan's
-    "Module type not supported" warning) when it cannot run on them; a warning names the ops without a
-    formula (the count is then a lower bound)."""
+
+def _args(inputs: Any) -> tuple:
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    if not isinstance(inputs, (tuple, list)) or not inputs:
+        raise InputError("the module's input must be a tensor or a non-empty tuple of its positional inputs "
+                         f"(what its forward hook receives), got {type(inputs).__name__}")
+    return tuple(inputs)
+
+
+def run(fn: str, module: Any, inputs: Any):
+    """The Report of ``module``'s forward on ``inputs``, or None (with torchscan's UserWarning) for a
+    module that has no forward of its own: no op runs, nothing can be counted, torchscan's 0 stands."""
     from ....api import analyze
-    from ....errors import LayerscopeError
-    name = type(module).__name__
-    args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-    if not isinstance(module, nn.Module) or not any(isinstance(a, torch.Tensor) for a in args):
-        warnings.warn(f"Module type not supported: {name} (layerscope counts the ops a module runs: "
-                      f"give it the tensors it takes)", stacklevel=3)
+    from ....capture.inputs import map_tensors
+    if not isinstance(module, nn.Module):
+        raise InputError(f"{fn}: expected a torch.nn.Module, got {type(module).__name__}")
+    if type(module).forward is nn.Module.forward:
+        warnings.warn(f"Module type not supported: {type(module).__name__} (it has no forward to count)",
+                      UserWarning, stacklevel=3)
         return None
-    try:
-        rep = analyze(module, *args, mode="same")
-    except LayerscopeError as e:
-        warnings.warn(f"Module type not supported: {name} ({what} needs its forward to run: {e})", stacklevel=3)
-        return None
-    missing = sorted({u.op for u in getattr(rep.coverage, "uncounted", ()) or ()})
+    args = map_tensors(_args(inputs), lambda t: t.detach().clone())
+    rep = analyze(module, *args, mode="same")
+    missing = ", ".join(u.op for u in rep.coverage.uncounted)
     if missing:
-        warnings.warn(f"{name}: no formula for {', '.join(missing)}; {what} counts the other ops", stacklevel=3)
+        warnings.warn(f"{fn}: layerscope has no cost formula for {missing} (counted as 0)", UserWarning,
+                      stacklevel=3)
     return rep
+
+
+def element_size(module: nn.Module, inputs: Any) -> int:
+    """The size of one element for DMAs: the module's floating-point parameters', else its first
+    floating-point input's, else 4 bytes (float32)."""
+    for t in (*module.parameters(), *(_args(inputs) if inputs is not None else ())):
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            return t.element_size()
+    return 4

@@ -1,17 +1,23 @@
-"""torchscan 0.2's ``module_dmas(module, inp, out)``: layerscope's traffic of ``module(inp)``."""
+"""torchscan's ``module_dmas``: layerscope's memory traffic of the module's forward, in elements."""
 
 from __future__ import annotations
 
-from ._count import counted
+from typing import Any
+
+from torch import nn
+
+from ._count import element_size, run
 
 __all__ = ["module_dmas"]
 
 
-def module_dmas(module, inp, out) -> int:
-    """The elements read and written by the module's forward on ``inp``: layerscope's bytes moved divided
-    by the input's element size (each tensor an op reads or writes, once per op)."""
-    rep = counted(module, inp, "module_dmas")
+def module_dmas(module: nn.Module, inp: Any, out: Any = None) -> int:
+    """Direct memory accesses of ``module(inp)``: layerscope's bytes read + written by the ops that
+    ran (every tensor an op reads, weights included, and every one it writes; views move nothing)
+    divided by the element size (the module's floating-point parameters', else the input's, else 4),
+    as ``crawl_module``'s ``dmas``. ``out`` is not used. A module without a forward of its own: 0 and
+    a UserWarning, as torchscan."""
+    rep = run("module_dmas", module, inp)
     if rep is None:
         return 0
-    first = inp[0] if isinstance(inp, (tuple, list)) else inp
-    return rep.totals.forward.bytes_moved // first.element_size()
+    return int(rep.totals.forward.bytes_moved // element_size(module, inp))
