@@ -316,8 +316,8 @@ def test_report_methods_without_a_forward_say_so():
 
 
 def test_batch_dim():
-    # input_size without the batch dimension: a batch of 1 is inserted, and shown (torchinfo 1.8 prints
-    # the shapes that ran: its lstm_custom_batch_size golden, [100, 1] at batch_dim 1); 1 x 3 x 2 = 6 MACs
+    # input_size without the batch dimension: a batch of 1 is inserted, and shown (a tensor output's
+    # shape as it ran, as torchinfo 1.8 prints it); 1 x 3 x 2 = 6 MACs
     stats = summary(nn.Linear(3, 2), (3,), batch_dim=0, verbose=0)
     assert (stats.input_size, stats.total_mult_adds, stats.summary_list[0].output_size) == ([(3,)], 6, [1, 2])
     # with input_data, batch_dim changes nothing shown; 4 x 3 x 2 = 24 MACs
@@ -457,3 +457,110 @@ def test_pruned_parameters_count_their_mask_once_shared_or_not():
             self.scale_orig = nn.Parameter(torch.ones(3))
             self.register_buffer("scale_mask", torch.tensor([1.0, 0.0, 0.0]))
     assert summary(Own(), verbose=0).total_params == 3
+
+
+# ---- torchinfo's Output Shape of a structure (its reduction of a dict, a tuple, an array) ----------------
+
+class _ReturnsDict(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(3, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.a(x)
+        return {"hidden": h, "out": self.b(h)}
+
+
+class _ReturnsTuple(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x):                       # x (5, 1, 3): flattened to (5, 2), then the input
+        return self.fc(x).view(-1, 2), x
+
+
+class _ReturnsArray(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.fc(torch.from_numpy(x)).detach().numpy()
+
+
+def test_output_shape_of_a_structure_is_torchinfos():
+    """The root's Output Shape when the model returns a structure, as torchinfo 1.8 computes it (only
+    the display: the MACs and the bytes stay layerscope's)."""
+    m = _ReturnsDict()
+    before = state(m)
+    # a dict: its last value's shape, (2, 3) -> a -> (2, 4) -> b -> (2, 2): [2, 2] (the first tensor, a's
+    # (2, 4), was shown before); MACs 2 x 3 x 4 + 2 x 4 x 2 = 40
+    stats = summary(m, input_size=(2, 3), verbose=0)
+    assert (stats.summary_list[0].output_size, stats.total_mult_adds) == ([2, 2], 40)
+    # with batch_dim 0 (input (1, 3) built from (3,)): the batch entry set to 1, inside a list, printed
+    # [[1, 2]]; the Linear rows keep their tensors' shapes, [1, 4] and [1, 2]
+    stats = summary(m, input_size=(3,), batch_dim=0, verbose=0)
+    assert [r.output_size for r in stats.summary_list] == [[[1, 2]], [1, 4], [1, 2]]
+    assert "_ReturnsDict                             [[1, 2]]" in str(stats)
+    assert same_state(before, state(m))
+    # a tuple under batch_dim: its first tensor's shape, the entry at batch_dim set to 1: the input
+    # (5, 3) with a batch of 1 inserted at 1 is (5, 1, 3), fc gives (5, 1, 2), viewed as (5, 2) -> [5, 1];
+    # without batch_dim the shape as it ran, [5, 2]. MACs 5 x 3 x 2 = 30 either way
+    stats = summary(_ReturnsTuple(), input_size=(5, 3), batch_dim=1, verbose=0)
+    assert [r.output_size for r in stats.summary_list] == [[5, 1], [5, 1, 2]] and stats.total_mult_adds == 30
+    stats = summary(_ReturnsTuple(), input_data=torch.randn(5, 1, 3), verbose=0)
+    assert stats.summary_list[0].output_size == [5, 2] and stats.total_mult_adds == 30
+
+
+def test_output_shape_of_a_numpy_array():
+    np = pytest.importorskip("numpy")
+    # the array's shape: (4, 3) -> fc -> (4, 2), returned as an array: [4, 2] (no tensor: -- before)
+    stats = summary(_ReturnsArray(), input_data=np.ones((4, 3), dtype=np.float32), verbose=0)
+    assert [r.output_size for r in stats.summary_list] == [[4, 2], [4, 2]]
+
+
+def test_layerscope_summary_keeps_the_shapes_that_ran():
+    """layerscope.summary's ModelStatistics shows the first output tensor's shape, whatever the
+    structure: a's (2, 4) for the dict of _ReturnsDict."""
+    stats = ls.summary(_ReturnsDict(), input_size=(2, 3), verbose=0)
+    assert stats.summary_list[0].output_size == [2, 4]
+
+
+class _Passes(nn.Module):
+    def forward(self, x):
+        return x
+
+
+class _ReturnsOther(nn.Module):
+    def __init__(self, what):
+        super().__init__()
+        self.fc, self.inner, self.what = nn.Linear(3, 3), _Passes(), what
+
+    def forward(self, x):
+        return self.inner(self.what if self.what is not None else self.fc(x))
+
+
+@pytest.mark.parametrize("what, said", [("text", "returned str 'text'"),
+                                        (nn.Linear, "returned the class Linear")])
+def test_a_layer_returning_no_tensor_structure_is_torchinfos_runtime_error(what, said):
+    """torchinfo raises RuntimeError when a layer's output is not a tensor, an array, a list, a tuple,
+    a dict or None (its own test_incorrect_model_forward): so does its front end, in one line naming
+    the layer; the model comes out as it went in (its hooks too)."""
+    m = _ReturnsOther(what)
+    before = state(m)
+    with pytest.raises(RuntimeError) as e:
+        summary(m, input_size=(1, 3), verbose=0)
+    msg = str(e.value)
+    assert isinstance(e.value, ls.InputError) and "\n" not in msg
+    assert msg.startswith(f"layer inner {said}: torchinfo's summary shows") and same_state(before, state(m))
+    # layerscope's own summary does describe it (the layer ran): no output tensor, no shape
+    assert ls.summary(m, input_size=(1, 3), verbose=0).summary_list[-1].output_size == []
+    assert same_state(before, state(m))
+
+
+def test_scripted_model_shows_the_shapes_that_ran():
+    """torchinfo prints -- for a scripted model's shapes (its hooks do not run inside TorchScript);
+    the front end shows those that ran (docs/compat.md: test_jit). Linear(3, 2) on (4, 3): [4, 2]."""
+    stats = summary(torch.jit.script(nn.Sequential(nn.Linear(3, 2))), input_data=torch.randn(4, 3), verbose=0)
+    assert stats.summary_list[0].output_size == [4, 2]

@@ -25,6 +25,9 @@ follow torchinfo (1.8: the "(MB)" footer its README shows). The numbers come fro
 - Modules that were never called (an unused branch) have no row; a container that never ran itself
   (a ModuleList) gets a row above its members, as in torchinfo; a module called twice has a
   ``(recursive)`` row per later call, as in torchinfo.
+- Output shapes are torchinfo's: a layer returning a dict, tuple or NumPy array shows torchinfo's
+  reduction of it to one shape, and one returning a string or a class raises its RuntimeError; a
+  scripted model shows the shapes that ran (torchinfo: ``--``, its hooks do not run in TorchScript).
 
 The package has torchinfo's modules too, so that code importing them works after the swap:
 ``enums`` (ColumnSettings, RowSettings, Mode, Units, Verbosity), ``formatting`` (HEADER_TITLES,

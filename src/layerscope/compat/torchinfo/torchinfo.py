@@ -3,6 +3,7 @@ layerscope's numbers (the package's documentation says where they differ from to
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Any, Iterable, Mapping
 
@@ -16,7 +17,7 @@ from ...render.units import TORCHINFO_UNITS, torchinfo_number
 from ...render.views import Report
 from ...trace import Coverage
 from .enums import Units
-from .layer_info import LayerInfo, layers_from_module, layers_from_report, pruned_totals
+from .layer_info import LayerInfo, PeerShapes, layers_from_module, layers_from_report, pruned_totals
 
 __all__ = ["summary", "layerscope_summary", "ModelStatistics", "LayerInfo", "FormattingOptions", "COLUMN_NAMES",
            "ROW_SETTINGS", "clear_cached_forward_pass"]
@@ -269,8 +270,12 @@ def check_rows(row_settings) -> set[str]:
 
 def build(model: nn.Module, input_size=None, input_data=None, batch_dim: int | None = None,
           col_names=None, col_width: int = 25, depth: int = 3, device=None, dtypes=None,
-          mode: str = "same", row_settings=None, verbose: int = 1, kwargs: dict | None = None) -> ModelStatistics:
-    """The ModelStatistics of one summary, without printing."""
+          mode: str = "same", row_settings=None, verbose: int = 1, kwargs: dict | None = None,
+          peer_shapes: bool = False) -> ModelStatistics:
+    """The ModelStatistics of one summary, without printing. ``peer_shapes``: torchinfo's Output Shape
+    for each call (``layer_info.peer_size``: its reduction of a dict, tuple or array output to one
+    shape), and its RuntimeError for a layer whose output it has no shape for (a string, a class);
+    else the first output tensor's shape as it ran, whatever the layer returned."""
     from ...api import analyze
     from ...capture.prepare import check_model
     check_model(model)
@@ -294,6 +299,8 @@ def build(model: nn.Module, input_size=None, input_data=None, batch_dim: int | N
         raise InputError(f"col_width must be a positive int, got {col_width!r}")
     if not isinstance(depth, int):
         raise InputError(f"depth must be an int, got {depth!r}")
+    if batch_dim is not None and not isinstance(batch_dim, int):
+        raise InputError(f"batch_dim must be an int or None, got {batch_dim!r}")
     given = input_size is not None or input_data is not None
     cols = check_columns(col_names, given)
     rows = check_rows(row_settings)
@@ -305,17 +312,24 @@ def build(model: nn.Module, input_size=None, input_data=None, batch_dim: int | N
         return ModelStatistics(layers_from_module(model), [], 0, formatting, model=model)
     args, data_kwargs = split_input_data(input_data)
     kwargs = {**data_kwargs, **kwargs}
-    # with input_data, batch_dim changes nothing: its tensors have their batch
-    rep = analyze(model, *args, input_size=input_size, dtypes=as_dtypes(dtypes),
-                  batch_dim=batch_dim if input_size is not None else None, device=device, mode=mode,
-                  forward_kwargs=kwargs)
+    # with input_data, batch_dim builds nothing (its tensors have their batch); torchinfo's shapes of
+    # structures (PeerShapes) still set that entry to 1
+    shapes = PeerShapes(model, batch_dim) if peer_shapes else None
+    with shapes if shapes is not None else contextlib.nullcontext():
+        rep = analyze(model, *args, input_size=input_size, dtypes=as_dtypes(dtypes),
+                      batch_dim=batch_dim if input_size is not None else None, device=device, mode=mode,
+                      forward_kwargs=kwargs)
+    if shapes is not None and shapes.unsized is not None:
+        path, what = shapes.unsized
+        raise _RuntimeInputError(f"layer {path} returned {what}: torchinfo's summary shows a layer's output "
+                                 "only if it is a tensor, a NumPy array, a list, a tuple, a dict or None")
     if input_size is not None:
         from ...capture.inputs import make_inputs
         sizes = [list(t.shape) for t in make_inputs(input_size, as_dtypes(dtypes), batch_dim, torch.device("meta"))]
     else:
         from ...capture import iter_tensors
         sizes = [list(t.shape) for t in iter_tensors((args, data_kwargs))]
-    infos = layers_from_report(rep, model, batch_dim)
+    infos = layers_from_report(rep, model, batch_dim, shapes)
     stats = ModelStatistics(infos, given_sizes(input_size) if input_size is not None else data_sizes(input_data),
                             rep.totals.input_bytes, formatting, report=rep, model=model,
                             memory_inputs=(args, kwargs, mode, input_size, as_dtypes(dtypes), batch_dim))
@@ -363,7 +377,7 @@ def summary(model: nn.Module, input_size=None, input_data=None, batch_dim: int |
     if verbose is None:
         verbose = 0 if getattr(sys, "ps1", None) else 1
     stats = build(model, input_size, input_data, batch_dim, col_names, col_width, depth, device, dtypes,
-                  mode, row_settings, verbose, kwargs)
+                  mode, row_settings, verbose, kwargs, peer_shapes=True)
     if verbose:
         print(stats)
     return stats
