@@ -73,11 +73,16 @@ def _defaults(module: nn.Module) -> tuple[torch.device, torch.dtype]:
 
 
 def _generated(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A batch of 1: True for booleans, 0 for integers (torchscan's), else uniform values drawn from a
+    generator of its own (the process's random state is not touched)."""
     if dtype == torch.bool:
         return torch.ones(1, *shape, dtype=dtype, device=device)
     if not (dtype.is_floating_point or dtype.is_complex):
         return torch.zeros(1, *shape, dtype=dtype, device=device)
-    return torch.rand(1, *shape, device=device).to(dtype)
+    if device.type == "meta":
+        return torch.empty(1, *shape, dtype=dtype, device=device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    return torch.rand(1, *shape, device=device, generator=generator).to(dtype)
 
 
 def _prepare_inputs(module, input_shape, dtype, args, kwargs, device):

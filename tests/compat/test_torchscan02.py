@@ -1,0 +1,128 @@
+"""layerscope.compat.torchscan: torch-scan 0.2's crawler, report, measure_flops and utils with
+layerscope's counts (issue 38). Values by hand in the comments; compare_reports and
+measure_peak_memory are in test_torchscan02_compare_process.py."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from ..helpers import assert_unchanged, snapshot
+from layerscope.compat import torchscan
+from layerscope.compat.torchscan import IncompleteAnalysisError, crawl_module, measure_flops
+
+
+@torch.library.custom_op("lstest_torchscan::double", mutates_args=())
+def _double(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@_double.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def _total(report, name):
+    return report["totals"][name]["value"]
+
+
+def test_crawl_linear_relu_linear_totals_layers_and_state():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
+    model[2].requires_grad_(False)
+    before = snapshot(model)
+    report = crawl_module(model, (8,))
+    assert_unchanged(before, model)          # also the process's RNG: the input comes from its own generator
+    # Linear(8, 4) on (1, 8): 32 MACs, 2 x 32 + 4 bias adds = 68 FLOPs; ReLU 4; Linear(4, 2): 8 MACs, 16 + 2 = 18
+    assert _total(report, "module_flops") == 68 + 4 + 18 == 90
+    assert _total(report, "macs") == 32 + 8
+    # elements read + written: 8 + 32 + 4 in, 4 out = 48; ReLU 4 + 4; 4 + 8 + 2 in, 2 out = 16
+    assert _total(report, "dmas") == 48 + 8 + 16
+    for name in ("module_flops", "macs", "dmas"):
+        assert _total(report, name) == sum(layer["metrics"][name]["value"] for layer in report["layers"]
+                                           if name in layer["metrics"])
+    assert [(layer["path"], "module_flops" in layer["metrics"]) for layer in report["layers"]] == [
+        ("", False), ("0", True), ("1", True), ("2", True)]   # the container ran no op of its own
+    assert (_total(report, "trainable_parameters"), _total(report, "frozen_parameters")) == (36, 10)
+    assert report["operator_flops"]["by_operator"] == {"aten.addmm": 68 + 18, "aten.relu": 4}
+    assert report["operator_flops"]["ignored_operators"] == {
+        "aten.t": {"calls": 2, "reason": "Metadata-only tensor view."}}
+    assert report["operator_flops"]["by_module"] == {"Sequential": 90, "Sequential.0": 68, "Sequential.1": 4,
+                                                     "Sequential.2": 18}
+    assert report["diagnostics"] == []
+    assert json.loads(json.dumps(report)) == report
+
+
+def test_a_container_s_own_ops_are_its_row():
+    class Residual(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4, bias=False)
+
+        def forward(self, x):
+            return x + self.lin(x)
+
+    report = crawl_module(Residual(), args=(torch.ones(2, 4),))
+    root, lin = report["layers"]
+    # the residual add: 2 x 4 = 8 FLOPs in the root's own forward; the Linear 2 x 4 x 4 = 32 MACs, 64 FLOPs
+    assert root["metrics"]["module_flops"]["value"] == 8
+    assert lin["metrics"]["module_flops"]["value"] == 64
+    assert _total(report, "module_flops") == _total(report, "operator_flops") == 72
+
+
+def test_an_op_without_formula_is_partial_and_strict_refuses_it():
+    class Doubler(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3, bias=False)
+
+        def forward(self, x):
+            return torch.ops.lstest_torchscan.double(self.lin(x))
+
+    report = crawl_module(Doubler(), args=(torch.ones(1, 3),))
+    flops = report["totals"]["module_flops"]
+    # the Linear's 9 MACs = 18 FLOPs are known; the custom op has no formula: a lower bound, never 0
+    assert (flops["status"], flops["value"], flops["known_value"]) == ("partial", None, 18)
+    assert report["operator_flops"]["total"]["status"] == "partial"
+    assert {d["operator"] for d in report["diagnostics"]} == {"lstest_torchscan.double"}
+    with pytest.raises(IncompleteAnalysisError, match="module_flops"):
+        crawl_module(Doubler(), args=(torch.ones(1, 3),), strict=True)
+
+
+def test_measure_flops_custom_mapping_and_workload_errors():
+    x = torch.ones(5)
+
+    def sin_flops(input_shape, *, out_shape):
+        torch.cos(torch.ones(1))           # a formula's own ops are not the workload's
+        assert input_shape == out_shape == (5,)
+        return 3 * out_shape[0]
+
+    report = measure_flops(lambda: torch.sin(x), custom_mapping={torch.ops.aten.sin: sin_flops})
+    assert report["by_operator"] == {"aten.sin": 15}          # 3 per element, the formula given
+    assert report["total"]["value"] == 15 and report["diagnostics"] == []
+    with pytest.raises(TypeError, match="operator packets"):
+        measure_flops(lambda: None, custom_mapping={torch.ops.aten.sin.default: sin_flops})
+
+    calls, error = [], ValueError("the workload's own")
+
+    def fails():
+        calls.append(1)
+        raise error
+
+    with pytest.raises(ValueError) as caught:
+        measure_flops(fails)
+    assert caught.value is error and calls == [1]
+
+
+def test_summary_prints_and_returns_the_report(capsys):
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
+    report = torchscan.summary(model, (3, 32, 32), max_depth=1)
+    out = capsys.readouterr().out
+    # Conv2d(3, 8, 3) on 32 x 32: 7,200 outputs x 27 = 194,400 MACs, x 2 + 7,200 bias adds = 396,000; ReLU 7,200
+    assert "Module-formula forward FLOPs: 403.20 kFLOPs" in out
+    assert "Multiply-Accumulations: 194.40 kMACs" in out
+    assert "Total params: 224" in out and "├─0" in out
+    assert _total(report, "module_flops") == 396_000 + 7_200
+    with pytest.raises(ValueError, match="cannot be higher"):
+        torchscan.utils.aggregate_info(report, 3)
