@@ -56,11 +56,15 @@ SUITES = {
     # `sequential` (every flops-profiler test but the DistributedTest class; DeepSpeed's CI runs them in
     # a second pass), -m "" runs them all. children: the alias also in the suite's subprocesses
     # (DistributedTest runs each test in a forkserver child, which imports the test module afresh).
+    # installed: the checkout's copy of the package removed from both runs, so that the one pip installed
+    # (bench/requirements-peers.txt's pin) is the one imported (the checkout's root is on sys.path, put
+    # there by the harness and by DeepSpeed's tests/conftest.py, and its source has no built ops).
     # deselect: tests left out of the counts of both runs (by the end of their id, exactly: pytest's own
     # --deselect takes a prefix, and TestFlopsProfiler::test is one of its other tests' ids), with the reason.
     "deepspeed": dict(url="https://github.com/deepspeedai/DeepSpeed", rev="v0.19.8", package=None,
                       alias={"deepspeed.profiling.flops_profiler": "layerscope.compat.deepspeed"},
                       tests="tests/unit/profiling/flops_profiler", args=["-m", ""], children=True,
+                      installed="deepspeed",
                       python=str(ROOT / "bench" / ".venv-peers" / "bin" / "python"),
                       deselect={"TestFlopsProfiler::test": "deepspeed.initialize: a real engine's fp16 training "
                                 "steps (out of scope, issue 38; skipped on CPU either way: no fp16)"}),
@@ -190,6 +194,8 @@ def main() -> None:
                 checkout(sources.get(name, s["url"]), s["rev"], d)
             if s["package"]:
                 shutil.rmtree(front / s["package"])     # the front end's run must not find the real one
+            for d in (real, front) if s.get("installed") else ():
+                shutil.rmtree(d / s["installed"], ignore_errors=True)
             (front / "_layerscope_alias.py").write_text(ALIAS.format(alias=s["alias"]))
             if s.get("children"):     # run at start-up by every Python the suite starts (PYTHONPATH has it)
                 (front / "sitecustomize.py").write_text(ALIAS.format(alias=s["alias"]))
