@@ -10,8 +10,10 @@ another way, with the reason) or a failure to fix.
 
 Run by hand, not by CI. ``--source`` names a clone or mirror of the repository (default: the peer's
 GitHub address); the tag is checked out from it, nothing is vendored. Both runs use this interpreter
-(the project's .venv: torch, numpy, pytest); tests that need what it lacks (a GPU, torchvision, the
-network) fail or skip alike on both sides and are not counted.
+(the project's .venv: torch, numpy, pytest) or the suite's own (deepspeed: bench/.venv-peers, made by
+bench/peers.py); tests that need what it lacks (a GPU, torchvision, the network) fail or skip alike on
+both sides and are not counted; a suite's ``deselect`` leaves out of both runs what needs more than the
+front end offers (a DeepSpeed engine), each with its reason, printed with the counts.
 """
 
 from __future__ import annotations
@@ -58,6 +60,23 @@ SUITES = {
     "torchscan": dict(url="https://github.com/frgfm/torch-scan", rev="6431b493ae7293e52f22e475f2f591760b559ecd",
                       package="torchscan", alias={"torchscan": "layerscope.compat.torchscan"}, tests="tests",
                       metadata=("torchscan", "0.2.0.dev0")),
+    # DeepSpeed's own package stays (an engine, its accelerator, the test helpers need it); only the
+    # profiler module is the front end. args: tests/pytest.ini's addopts leave out the tests marked
+    # `sequential` (every flops-profiler test but the DistributedTest class; DeepSpeed's CI runs them in
+    # a second pass), -m "" runs them all. children: the alias also in the suite's subprocesses
+    # (DistributedTest runs each test in a forkserver child, which imports the test module afresh).
+    # installed: the checkout's copy of the package removed from both runs, so that the one pip installed
+    # (bench/requirements-peers.txt's pin) is the one imported (the checkout's root is on sys.path, put
+    # there by the harness and by DeepSpeed's tests/conftest.py, and its source has no built ops).
+    # deselect: tests left out of the counts of both runs (by the end of their id, exactly: pytest's own
+    # --deselect takes a prefix, and TestFlopsProfiler::test is one of its other tests' ids), with the reason.
+    "deepspeed": dict(url="https://github.com/deepspeedai/DeepSpeed", rev="v0.19.8", package=None,
+                      alias={"deepspeed.profiling.flops_profiler": "layerscope.compat.deepspeed"},
+                      tests="tests/unit/profiling/flops_profiler", args=["-m", ""], children=True,
+                      installed="deepspeed",
+                      python=str(ROOT / "bench" / ".venv-peers" / "bin" / "python"),
+                      deselect={"TestFlopsProfiler::test": "deepspeed.initialize: a real engine's fp16 training "
+                                "steps (out of scope, issue 38; skipped on CPU either way: no fp16)"}),
 }
 
 # A pytest plugin, loaded with -p in the front end's run: the peer's import name and its submodules
@@ -66,11 +85,13 @@ ALIAS = '''\
 import importlib, pkgutil, sys
 
 for peer, front in {alias!r}.items():
+    parent, _, leaf = peer.rpartition(".")
+    if parent:                      # a submodule of a package kept real: the package first, whole (its own
+        importlib.import_module(parent)     # imports of the submodule get the real one), then its attribute
     mod = importlib.import_module(front)
     sys.modules[peer] = mod
-    parent, _, leaf = peer.rpartition(".")
-    if parent:                      # a submodule of a package kept real: its attribute too
-        setattr(importlib.import_module(parent), leaf, mod)
+    if parent:
+        setattr(sys.modules[parent], leaf, mod)
     for info in pkgutil.walk_packages(getattr(mod, "__path__", []), prefix=front + "."):
         sys.modules[peer + info.name[len(front):]] = importlib.import_module(info.name)
 '''
@@ -185,7 +206,12 @@ def main() -> None:
                 checkout(sources.get(name, s["url"]), s["rev"], d)
             if s["package"]:
                 shutil.rmtree(front / s["package"])     # the front end's run must not find the real one
+            for d in (real, front) if s.get("installed") else ():
+                shutil.rmtree(d / s["installed"], ignore_errors=True)
             (front / "_layerscope_alias.py").write_text(ALIAS.format(alias=s["alias"]))
+            if s.get("children"):     # run at start-up by every Python the suite starts (PYTHONPATH has it)
+                (front / "sitecustomize.py").write_text(ALIAS.format(alias=s["alias"]))
+            extra = list(s.get("args", ()))
             python = s.get("python", sys.executable)
             fronts = ", ".join(s["alias"].values())
             if s.get("metadata"):
@@ -197,14 +223,17 @@ def main() -> None:
                 (real / "_as_written.py").write_text(s["real_plugin"])
                 plugin = "_as_written"
             print(f"{name} {s['rev']}: running the real package's suite", file=sys.stderr, flush=True)
-            r = run_pytest(python, real, s["tests"], plugin, a.verbose)
+            r = run_pytest(python, real, s["tests"], plugin, a.verbose, *extra)
             print(f"{name} {s['rev']}: running it against {fronts}", file=sys.stderr, flush=True)
-            f = run_pytest(python, front, s["tests"], "_layerscope_alias", a.verbose)
+            f = run_pytest(python, front, s["tests"], "_layerscope_alias", a.verbose, *extra)
             # again, each test's printed output written where its golden one was (not compared): a test
             # that passes so, and whose output equals the golden one but for documented figures, differs
             # only by those numbers
-            g = (run_pytest(python, front, s["tests"], "_layerscope_alias", a.verbose, s["overwrite"])
+            g = (run_pytest(python, front, s["tests"], "_layerscope_alias", a.verbose, *extra, s["overwrite"])
                  if s.get("overwrite") else {})
+            for res in (r, f, g):
+                for t in [t for t in res if any(t.endswith(d) for d in s.get("deselect", {}))]:
+                    del res[t]
             tests, figures = documented(name)
             passed = sorted(t for t, o in r.items() if o == "passed")
             verdict: dict[str, str] = {}
@@ -246,6 +275,8 @@ def main() -> None:
                 for t, v in verdict.items():
                     if v.startswith(kind):
                         print(f"  {short(t)}: {v}")
+            for t, why in s.get("deselect", {}).items():
+                print(f"  left out of both counts: {t}: {why}")
             for t in sorted(set(tests) - {short(t) for t, v in verdict.items() if v.startswith("documented")}):
                 print(f"  documented in docs/compat.md but not failing here: {t}")
     finally:

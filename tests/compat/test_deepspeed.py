@@ -112,3 +112,114 @@ def test_profiler_report_inside_the_loop_keeps_the_open_step():
         assert p.report().totals["flops"] == FLOPS
         m(torch.randn(2, 3, 8, 8))
     assert p.steps == 3 and [len(s[0]) for s in p._steps] == [6, 6, 6]   # 6 module calls per forward
+
+
+# ---- FlopsProfiler as DeepSpeed's: counts over every forward since start_profile; ds_engine's sizes --
+
+# nn.Linear(8, 4) on (batch, 8): MACs batch x 8 x 4; FLOPs 2 x MACs + batch x 4 bias adds.
+#   batch 2: 64 MACs, 128 + 8 = 136 FLOPs;  batch 3: 96 MACs, 192 + 12 = 204 FLOPs.
+
+
+def test_flops_profiler_adds_up_every_forward_since_start():
+    m = nn.Linear(8, 4)
+    before = state(m)
+    prof = FlopsProfiler(m)
+    prof.start_profile()
+    for b in (2, 2, 3):
+        m(torch.randn(b, 8))
+    assert (prof.get_total_macs(), prof.get_total_flops()) == (64 + 64 + 96, 136 + 136 + 204)   # 224, 476
+    assert prof.get_total_duration() > 0
+    prof.stop_profile()
+    m(torch.randn(2, 8))                         # not counted: stopped, the counts kept
+    assert prof.get_total_macs() == 224
+    prof.start_profile()                          # starts again from zero
+    assert prof.get_total_macs() == 0
+    m(torch.randn(3, 8))
+    assert (prof.get_total_macs(), prof.get_total_flops()) == (96, 204)
+    prof.reset_profile()
+    m(torch.randn(2, 8))
+    assert prof.get_total_macs() == 64
+    prof.end_profile()
+    assert same_state(before, state(m))
+
+
+def test_repeated_profiles_do_not_add_up():
+    # SDPA on q, k, v of (2, 4, 16, 8): scores 2 x 4 x 16 x 16 = 2,048; Q.K^T and P.V 2,048 x 8 MACs each
+    # = 32,768; FLOPs 2 x 32,768 + 2,048 x (1 scale + 5 softmax) = 77,824 (DeepSpeed: the matmuls only,
+    # 65,536)
+    class Attention(nn.Module):
+        def forward(self, q, k, v):
+            return nn.functional.scaled_dot_product_attention(q, k, v)
+
+    m, qkv = Attention(), [torch.randn(2, 4, 16, 8) for _ in range(3)]
+    prof = FlopsProfiler(m)
+    seen = []
+    for _ in range(3):
+        prof.start_profile()
+        m(*qkv)
+        prof.stop_profile()
+        seen.append((prof.get_total_flops(), prof.get_total_macs()))
+        prof.end_profile()
+    assert seen == [(77_824, 32_768)] * 3
+
+
+def _engine(**kw):
+    from types import SimpleNamespace
+    e = dict(world_size=8, dp_world_size=None, seq_dp_world_size=4, mp_world_size=2, has_moe_layers=False,
+             train_micro_batch_size_per_gpu=lambda: 2, wall_clock_breakdown=lambda: False)
+    return SimpleNamespace(**{**e, **kw})
+
+
+def _line(name, value):
+    return f"{name:<70}  {value:<8}"
+
+
+def test_print_model_profile_reads_the_engine_set_afterwards(capsys):
+    m = nn.Linear(8, 4)                        # 36 params; one forward on (2, 8): 64 MACs, 136 FLOPs
+    prof = FlopsProfiler(m)
+    prof.ds_engine = _engine()                 # dp_world_size None: the sequence-data-parallel size shows
+    prof.start_profile()
+    m(torch.randn(2, 8))
+    prof.print_model_profile(detailed=False)
+    prof.end_profile()
+    out = capsys.readouterr().out.splitlines()
+    for name, value in (("world size: ", 8), ("data parallel size: ", 4), ("model parallel size: ", 2),
+                        ("batch size per GPU: ", 2), ("params per GPU: ", "36"),
+                        ("params of model = params per GPU * mp_size: ", "72"),       # 36 x 2
+                        ("fwd flops of model = fwd flops per GPU * mp_size: ", "272 ")):  # 136 x 2
+        assert _line(name, value) in out
+    assert (prof.flops, prof.macs, prof.params) == (136, 64, 36)
+
+
+def test_print_model_profile_with_the_engine_timers(capsys):
+    class Timer:
+        def __init__(self, ms):
+            self.ms = ms
+
+        def elapsed(self, reset):
+            return self.ms
+
+    ms = {"fwd": 10.0, "bwd": 20.0, "step": 5.0}
+    m = nn.Linear(8, 4)
+    prof = FlopsProfiler(m, ds_engine=_engine(mp_world_size=1, wall_clock_breakdown=lambda: True,
+                                              timers=lambda name: Timer(ms[name])))
+    prof.start_profile()
+    m(torch.randn(2, 8))                       # 136 FLOPs
+    prof.print_model_profile(detailed=False)
+    prof.end_profile()
+    out = capsys.readouterr().out.splitlines()
+    for name, value in (("fwd latency: ", "10 ms"),
+                        ("fwd FLOPS per GPU = fwd flops per GPU / fwd latency: ", "13.6 KFLOPS"),    # 136 / 0.01
+                        ("bwd latency: ", "20 ms"),
+                        ("bwd FLOPS per GPU = 2 * fwd flops per GPU / bwd latency: ", "13.6 KFLOPS"),  # 272 / 0.02
+                        ("fwd+bwd FLOPS per GPU = 3 * fwd flops per GPU / (fwd+bwd latency): ", "13.6 KFLOPS"),
+                        ("step latency: ", "5 ms"), ("iter latency: ", "35 ms"),
+                        ("FLOPS per GPU = 3 * fwd flops per GPU / iter latency: ", "11.66 KFLOPS"),  # 408 / 0.035
+                        ("samples/second: ", 457.14)):                 # 2 per GPU x 8 GPUs / 0.035 s
+        assert _line(name, value) in out
+
+
+def test_aggregated_profile_needs_a_started_profile(capsys):
+    prof = FlopsProfiler(nn.Linear(8, 4))
+    prof.print_model_aggregated_profile()
+    assert "call this function after start_profile" in capsys.readouterr().out

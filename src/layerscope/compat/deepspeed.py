@@ -10,14 +10,17 @@
     prof.print_model_profile(profile_step=1)
     prof.end_profile()
 
-Same names, defaults, return values and printed sections as DeepSpeed. Where the numbers differ
+Same names, defaults, return values and printed sections as DeepSpeed; as there, FlopsProfiler's
+getters add up every forward since ``start_profile``, and a ``ds_engine`` (or an object with its
+attributes, given or set later) has its world sizes printed. Where the numbers differ
 (docs/compat.md): MACs and FLOPs come from the aten ops that ran (DeepSpeed patches
 ``torch.nn.functional`` and misses whatever else runs: an LSTM's matmuls, ``@``, SDPA kernels);
 FLOPs are 2 x MACs plus every other op's arithmetic by layerscope's per-op table (DeepSpeed: its own
-table, e.g. no FLOPs for a bias inside ``F.linear``); latencies are layerscope's hooked forward
-times (``get_model_profile``: one timed run after ``warm_up`` runs, as DeepSpeed); "params of
-model" is params per GPU x mp_size with mp_size 1 (DeepSpeed prints 0 without an engine). The model is never patched: no
-``__flops__`` attributes, no monkey-patched functionals, and it comes out as it went in.
+table, e.g. no FLOPs for a bias inside ``F.linear``, none for SDPA's scale and softmax); latencies
+are layerscope's hooked forward times (``get_model_profile``: one timed run after ``warm_up`` runs,
+as DeepSpeed); "params of model" is params per GPU x mp_size, mp_size 1 without an engine (DeepSpeed
+prints 0 then). The model is never patched: no ``__flops__`` attributes, no monkey-patched
+functionals, and it comes out as it went in.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..capture import hooks
 from ..errors import InputError
 from ..render.deepspeed import (DEFAULT_PRECISION, ModuleProfile, aggregated_profile, module_params,  # noqa: F401
                                 to_output_file, bytes_to_string, duration_to_string, flops_to_string,
@@ -35,17 +39,25 @@ __all__ = ["FlopsProfiler", "get_model_profile", "number_to_string", "macs_to_st
 
 
 class FlopsProfiler:
-    """DeepSpeed's FlopsProfiler(model, ds_engine=None, recompute_fwd_factor=0.0) over
-    ``layerscope.Profiler``: start_profile / stop_profile / reset_profile / end_profile,
-    get_total_flops / macs / params / duration (``as_string``), print_model_profile,
-    print_model_aggregated_profile. A step is one top-level forward."""
+    """DeepSpeed's FlopsProfiler(model, ds_engine=None, recompute_fwd_factor=0.0): start_profile /
+    stop_profile / reset_profile / end_profile, get_total_flops / macs / params / duration
+    (``as_string``), print_model_profile, print_model_aggregated_profile.
+
+    As DeepSpeed's, the getters cover every forward of the model since start_profile (or
+    reset_profile): MACs and FLOPs added up over the forwards (each forward analysed by
+    ``layerscope.analyze`` on meta copies of its inputs; forwards with the same input shapes once),
+    the duration the sum of their times (``layerscope.Profiler``'s hooks, a step per forward).
+    stop_profile stops counting and keeps the counts; end_profile forgets them. ``ds_engine``
+    (here or set as the attribute later; a DeepSpeed engine or any object with its attributes):
+    its world sizes, batch size and timers are printed as DeepSpeed prints them."""
 
     def __init__(self, model: nn.Module, ds_engine=None, recompute_fwd_factor: float = 0.0) -> None:
         from ..profiler import Profiler
-        if ds_engine is not None:
-            raise InputError("ds_engine is not supported: layerscope profiles one process's model")
         self.model, self.ds_engine, self.recompute_fwd_factor = model, ds_engine, recompute_fwd_factor
-        self._prof = Profiler(model, step_on="forward", warmup_steps=0)
+        self._prof = Profiler(model, step_on="forward", warmup_steps=0, costs=False)
+        self._handles: list = []
+        self._forwards: list[tuple] = []      # (key, meta args, meta kwargs, training) per forward
+        self._reports: dict = {}              # key -> that forward's Report
         self.started = False
         self.flops = self.macs = self.params = None
 
@@ -54,13 +66,16 @@ class FlopsProfiler:
             raise InputError("ignore_list is not supported: layerscope counts every module (coverage "
                              "lists what it cannot count)")
         self.reset_profile()
+        self._hook()
         self._prof.start_profile()
         self.started = True
 
     def stop_profile(self) -> None:
         self._prof.stop_profile()
+        hooks.remove_all(self._handles)
 
     def reset_profile(self) -> None:
+        self._forwards, self._reports = [], {}
         running = self._prof.running
         self._prof.end_profile()
         if running:
@@ -69,31 +84,111 @@ class FlopsProfiler:
     def end_profile(self) -> None:
         if not self.started:
             return
-        self._prof.end_profile()
+        self.stop_profile()
+        self.reset_profile()
         self.started = False
 
     def get_total_flops(self, as_string: bool = False):
-        return self._prof.get_total_flops(as_string)
+        n = sum(r.totals.flops for r in self._costs())
+        return number_to_string(n) if as_string else n
 
     def get_total_macs(self, as_string: bool = False):
-        return self._prof.get_total_macs(as_string)
+        n = sum(r.totals.macs for r in self._costs())
+        return macs_to_string(n) if as_string else n
 
     def get_total_params(self, as_string: bool = False):
-        return self._prof.get_total_params(as_string)
+        n = module_params(self.model)
+        return params_to_string(n) if as_string else n
 
     def get_total_duration(self, as_string: bool = False):
-        return self._prof.get_total_duration(as_string)
+        n = self._durations().get("", 0.0)
+        return duration_to_string(n) if as_string else n
 
     def print_model_profile(self, profile_step=1, module_depth=-1, top_modules=1, detailed=True,
                             output_file=None) -> None:
         if not self.started:
             return
-        self.flops, self.macs, self.params = (self.get_total_flops(), self.get_total_macs(),
-                                              self.get_total_params())
-        self._prof.print_model_profile(profile_step, module_depth, top_modules, detailed, output_file)
+        prof = self._module_profile()
+        self.flops, self.macs, self.params = prof.total_flops, prof.total_macs, prof.total_params
+        text = model_profile_text(prof, profile_step, module_depth, top_modules, detailed, engine=self.ds_engine,
+                                  recompute_fwd_factor=self.recompute_fwd_factor)
+        with to_output_file(output_file) as f:
+            f.write(text)
 
     def print_model_aggregated_profile(self, module_depth=-1, top_modules=1) -> None:
-        print(aggregated_profile(self._prof._module_profile(), module_depth, top_modules), end="")
+        if not self.started:
+            print("no __flops__ attribute in the model, call this function after start_profile and before "
+                  "end_profile")
+            return
+        print(aggregated_profile(self._module_profile(), module_depth, top_modules), end="")
+
+    # ---- the forwards since start_profile -------------------------------------------------------
+    def _hook(self) -> None:
+        if not self._handles:
+            self._handles.append(hooks.forward_pre_hook(self.model, self._record, with_kwargs=True))
+
+    def _record(self, module, args, kwargs) -> None:
+        from ..profiler import _meta
+        example = (_meta(args), _meta(kwargs), module.training)
+        self._forwards.append((_signature(example), *example))
+
+    def _sync(self):
+        """Hooks off (the profiler's open step closed, so that the forward just run is in its steps)
+        while the getters read or analyse; back on after, where they were."""
+        hooked, running = bool(self._handles), self._prof.running
+        self.stop_profile()
+        return hooked, running
+
+    def _resume(self, hooked: bool, running: bool) -> None:
+        if hooked:
+            self._hook()
+        if running:
+            self._prof.start_profile()
+
+    def _costs(self) -> list:
+        """Each forward's Report, in order (one analysis per distinct input signature)."""
+        from ..api import analyze
+        state = self._sync()
+        try:
+            for key, args, kwargs, training in self._forwards:
+                if key not in self._reports:
+                    self._reports[key] = analyze(self.model, *args, device="meta", forward_kwargs=kwargs,
+                                                 mode="train" if training else "eval")
+        finally:
+            self._resume(*state)
+        return [self._reports[f[0]] for f in self._forwards]
+
+    def _durations(self) -> dict[str, float]:
+        """Seconds by module path, summed over its calls in every forward (DeepSpeed's __duration__)."""
+        state = self._sync()
+        try:
+            out: dict[str, float] = {}
+            for calls, *_ in self._prof._steps:       # a step per forward (step_on="forward")
+                for c in calls:
+                    out[c.path] = out.get(c.path, 0.0) + sum(c.forward)
+            return out
+        finally:
+            self._resume(*state)
+
+    def _module_profile(self) -> ModuleProfile:
+        return ModuleProfile(self.model, self._costs(), durations=self._durations())
+
+
+_PLAIN = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def _signature(obj):
+    """A key equal for two forwards whose inputs give the same analysis (tensors by shape, dtype and
+    requires_grad; plain values by value); any other object makes the forward its own key."""
+    if isinstance(obj, torch.Tensor):
+        return ("T", tuple(obj.shape), obj.dtype, obj.requires_grad)
+    if isinstance(obj, _PLAIN):
+        return (type(obj).__name__, obj)
+    if type(obj) in (list, tuple, torch.Size):
+        return (type(obj).__name__, *(_signature(v) for v in obj))
+    if type(obj) is dict:
+        return ("dict", *((_signature(k), _signature(v)) for k, v in obj.items()))
+    return ("object", object())
 
 
 def get_model_profile(model: nn.Module, input_shape=None, args=[], kwargs={}, print_profile=True,  # noqa: B006

@@ -53,32 +53,40 @@ def duration_to_string(duration, units=None, precision=DEFAULT_PRECISION) -> str
 class ModuleProfile:
     """Per module (by path), over every call of the profiled forward: ``macs`` and ``flops`` of the
     module and everything nested in it (DeepSpeed's get_module_macs/flops), ``duration`` the sum of
-    its calls' forward times (DeepSpeed's __duration__), ``params`` its subtree's parameters."""
+    its calls' forward times (DeepSpeed's __duration__), ``params`` its subtree's parameters.
 
-    def __init__(self, model: nn.Module, costs, latency=None) -> None:
+    ``costs``: the forward's Report, or a list of Reports, one per forward, added up (DeepSpeed's
+    counters accumulate every forward since start_profile). ``durations``: seconds by module path,
+    in place of ``latency``'s medians (the sum over several forwards)."""
+
+    def __init__(self, model: nn.Module, costs, latency=None, durations: dict[str, float] | None = None) -> None:
         self.model = model
         self.macs: dict[str, int] = {}
         self.flops: dict[str, int] = {}
         self.duration: dict[str, float] = {}
-        records = costs.layers if costs is not None else ()
+        reports = [] if costs is None else list(costs) if isinstance(costs, (list, tuple)) else [costs]
         for path, _ in model.named_modules(remove_duplicate=False):
             self.macs.setdefault(path, 0)
             self.flops.setdefault(path, 0)
             self.duration.setdefault(path, 0.0)
-        for r in records:          # self costs of every call, added to the call's module and its ancestors
-            for p in _ancestors(r.path):
+        for r in (r for rep in reports for r in rep.layers):   # self costs of every call, added to the
+            for p in _ancestors(r.path):                          # call's module and its ancestors
                 if p in self.macs:
                     self.macs[p] += r.forward.macs
                     self.flops[p] += r.forward.flops
-        if latency is not None:
+        if durations is not None:
+            for path, seconds in durations.items():
+                if path in self.duration:
+                    self.duration[path] += seconds
+        elif latency is not None:
             for lay in latency.layers:
                 if lay.path in self.duration:
                     self.duration[lay.path] += lay.forward.median
-        self.total_macs = costs.totals.macs if costs is not None else 0
-        self.total_flops = costs.totals.flops if costs is not None else 0
+        self.total_macs = sum(rep.totals.macs for rep in reports)
+        self.total_flops = sum(rep.totals.flops for rep in reports)
         self.total_duration = self.duration.get("", 0.0)
         # the Report's total where there is one (the same sum: capture.records.param_totals)
-        self.total_params = costs.totals.params if costs is not None else module_params(model)
+        self.total_params = reports[0].totals.params if reports else module_params(model)
 
     def params(self, path: str) -> int:
         return module_params(self.model.get_submodule(path))
@@ -115,24 +123,58 @@ _NOTE = ("\nNote: 1. A module can have torch.nn.module or torch.nn.functional to
 
 
 def model_profile_text(prof: ModuleProfile, profile_step=1, module_depth=-1, top_modules=1,
-                       detailed=True, fwd_latency: float | None = None) -> str:
-    """DeepSpeed's print_model_profile output, as text."""
+                       detailed=True, fwd_latency: float | None = None, engine=None,
+                       recompute_fwd_factor: float = 0.0) -> str:
+    """DeepSpeed's print_model_profile output, as text. ``engine``: DeepSpeed's engine, or any object
+    with its attributes (``world_size``, ``dp_world_size`` (None: ``seq_dp_world_size``),
+    ``mp_world_size``, ``has_moe_layers``, ``train_micro_batch_size_per_gpu()``,
+    ``wall_clock_breakdown()`` and, where that is true, ``timers(name).elapsed(False)`` in ms), read as
+    DeepSpeed reads it: its sizes printed, the model's params and flops = per GPU x mp_size, and its
+    forward, backward and step timers in place of the measured forward latency."""
     out = io.StringIO()
     p = lambda *a: print(*a, file=out)  # noqa: E731
     line = "{:<70}  {:<8}"
     flops, macs, params = prof.total_flops, prof.total_macs, prof.total_params
     latency = prof.total_duration if fwd_latency is None else fwd_latency
+    mp = engine.mp_world_size if engine else 1
+    timed = bool(engine) and engine.wall_clock_breakdown()
+    if timed:
+        latency = engine.timers("fwd").elapsed(False) / 1000.0
     p("\n-------------------------- DeepSpeed Flops Profiler --------------------------")
     p(f"Profile Summary at step {profile_step}:")
     p(_NOTATIONS)
+    if engine:
+        dp = engine.dp_world_size
+        p(line.format("world size: ", engine.world_size))
+        p(line.format("data parallel size: ", engine.seq_dp_world_size if dp is None else dp))
+        p(line.format("model parallel size: ", mp))
+        p(line.format("batch size per GPU: ", engine.train_micro_batch_size_per_gpu()))
+        if engine.has_moe_layers:
+            p(line.format("expert tensor parallelism enabled: ", mp > 1 and _expert_tensor_parallel(prof.model)))
     p(line.format("params per GPU: ", params_to_string(params)))
-    p(line.format("params of model = params per GPU * mp_size: ", params_to_string(params)))
+    p(line.format("params of model = params per GPU * mp_size: ", params_to_string(params * mp)))
     p(line.format("fwd MACs per GPU: ", macs_to_string(macs)))
     p(line.format("fwd flops per GPU: ", number_to_string(flops)))
-    p(line.format("fwd flops of model = fwd flops per GPU * mp_size: ", number_to_string(flops)))
+    p(line.format("fwd flops of model = fwd flops per GPU * mp_size: ", number_to_string(flops * mp)))
     p(line.format("fwd latency: ", duration_to_string(latency)))
     p(line.format("fwd FLOPS per GPU = fwd flops per GPU / fwd latency: ",
                   flops_to_string(flops / latency if latency else 0)))
+    if timed:
+        factor = 2 + recompute_fwd_factor
+        bwd = engine.timers("bwd").elapsed(False) / 1000.0
+        step = engine.timers("step").elapsed(False) / 1000.0
+        per = lambda n, s: flops_to_string(n / s if s else 0)  # noqa: E731
+        p(line.format("bwd latency: ", duration_to_string(bwd)))
+        p(line.format(f"bwd FLOPS per GPU = {factor:g} * fwd flops per GPU / bwd latency: ", per(factor * flops, bwd)))
+        p(line.format(f"fwd+bwd FLOPS per GPU = {factor + 1:g} * fwd flops per GPU / (fwd+bwd latency): ",
+                      per((factor + 1) * flops, latency + bwd)))
+        p(line.format("step latency: ", duration_to_string(step)))
+        it = latency + bwd + step
+        p(line.format("iter latency: ", duration_to_string(it)))
+        p(line.format(f"FLOPS per GPU = {factor + 1:g} * fwd flops per GPU / iter latency: ",
+                      per((factor + 1) * flops, it)))
+        samples = engine.train_micro_batch_size_per_gpu() * engine.world_size
+        p(line.format("samples/second: ", round(samples / it, DEFAULT_PRECISION) if it else 0))
     p("\n----------------------------- Aggregated Profile per GPU -----------------------------")
     out.write(aggregated_profile(prof, module_depth, top_modules))
     if detailed:
@@ -144,6 +186,14 @@ def model_profile_text(prof: ModuleProfile, profile_step=1, module_depth=-1, top
         p(_module_repr(prof, prof.model, ""))
     p("------------------------------------------------------------------------------")
     return out.getvalue()
+
+
+def _expert_tensor_parallel(model: nn.Module) -> bool:
+    """DeepSpeed's is_expert_tensor_parallelism_enabled: the first MoE layer's setting."""
+    for m in model.modules():
+        if type(m).__name__ == "MoE" and hasattr(m, "enable_expert_tensor_parallelism"):
+            return bool(m.enable_expert_tensor_parallelism)
+    return False
 
 
 def aggregated_profile(prof: ModuleProfile, module_depth: int, top_modules: int) -> str:
