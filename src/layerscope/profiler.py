@@ -24,7 +24,6 @@ medians over steps do not grow with the number of steps or with reuse of the pro
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 import torch
 from torch import nn
@@ -32,6 +31,7 @@ from torch import nn
 from .analyses.latency import timing
 from .capture import hooks
 from .capture.records import param_totals
+from .capture.inputs import meta_copies
 from .capture.timing import CallTimes, Recorder, merge_steps
 from .errors import InputError
 
@@ -202,12 +202,16 @@ class Profiler:
     def steps(self) -> int:
         return len(self._steps)
 
+    def step_calls(self) -> list[list[CallTimes]]:
+        """Each recorded step's module calls with their times (warm-up steps included)."""
+        return [step[0] for step in self._steps]
+
     # hooks -----------------------------------------------------------------------------------
     def _root_pre(self, module, args, kwargs) -> None:
         if self.step_on == "forward" and self._rec.calls and self._rec.calls[0].f1 is not None:
             self._next_step()                   # no other marker: a step per top-level forward
         if self._example is None:
-            self._example = (_meta(args), _meta(kwargs), module.training)
+            self._example = (meta_copies(args), meta_copies(kwargs), module.training)
 
     def _opt_pre(self, opt, args, kwargs) -> None:
         self._rec.mark("optimizer")
@@ -264,17 +268,6 @@ class Profiler:
             notes.append(f"no costs (FLOPs, bytes): the analysis of the first step's inputs failed: {e}")
             return None
 
-
-def _meta(obj: Any) -> Any:
-    """Meta copies of the tensors in args/kwargs (shapes and dtypes kept, nothing held alive)."""
-    if isinstance(obj, torch.Tensor):
-        return torch.empty_like(obj, device="meta").requires_grad_(obj.requires_grad) \
-            if obj.is_floating_point() or obj.is_complex() else torch.empty_like(obj, device="meta")
-    if isinstance(obj, dict):
-        return {k: _meta(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return type(obj)(_meta(v) for v in obj)
-    return obj
 
 
 def _step_totals(calls: list[CallTimes], steps) -> dict[str, float]:

@@ -11,7 +11,7 @@ import torch
 from ..errors import InputError
 from ..trace import TensorSpec
 
-__all__ = ["make_inputs", "iter_tensors", "tensor_specs", "SpecCache", "map_tensors", "dtype_name"]
+__all__ = ["make_inputs", "iter_tensors", "tensor_specs", "SpecCache", "map_tensors", "meta_copies", "dtype_name"]
 
 _MAX_DEPTH = 32
 
@@ -174,3 +174,16 @@ def make_inputs(input_size: Any, dtypes: Any = None, batch_dim: int | None = Non
         else:
             out.append(torch.randint(0, 2, shape, dtype=dtype, device=device, generator=gen))
     return out
+
+
+def meta_copies(obj: Any) -> Any:
+    """Meta copies of the tensors in args/kwargs (shapes, dtypes and a floating tensor's requires_grad
+    kept, nothing held alive); dicts, lists and plain tuples rebuilt, anything else as it is."""
+    if isinstance(obj, torch.Tensor):
+        copy = torch.empty_like(obj, device="meta")
+        return copy.requires_grad_(obj.requires_grad) if obj.is_floating_point() or obj.is_complex() else copy
+    if isinstance(obj, dict):
+        return {k: meta_copies(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(meta_copies(v) for v in obj)
+    return obj

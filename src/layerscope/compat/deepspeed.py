@@ -128,8 +128,8 @@ class FlopsProfiler:
             self._handles.append(hooks.forward_pre_hook(self.model, self._record, with_kwargs=True))
 
     def _record(self, module, args, kwargs) -> None:
-        from ..profiler import _meta
-        example = (_meta(args), _meta(kwargs), module.training)
+        from ..capture.inputs import meta_copies
+        example = (meta_copies(args), meta_copies(kwargs), module.training)
         self._forwards.append((_signature(example), *example))
 
     def _sync(self):
@@ -163,7 +163,7 @@ class FlopsProfiler:
         state = self._sync()
         try:
             out: dict[str, float] = {}
-            for calls, *_ in self._prof._steps:       # a step per forward (step_on="forward")
+            for calls in self._prof.step_calls():       # a step per forward (step_on="forward")
                 for c in calls:
                     out[c.path] = out.get(c.path, 0.0) + sum(c.forward)
             return out
