@@ -126,3 +126,46 @@ def test_summary_prints_and_returns_the_report(capsys):
     assert _total(report, "module_flops") == 396_000 + 7_200
     with pytest.raises(ValueError, match="cannot be higher"):
         torchscan.utils.aggregate_info(report, 3)
+
+
+def test_measure_flops_runs_the_workload_as_written():
+    torch.manual_seed(0)
+    lin, x = nn.Linear(4, 4), torch.rand(2, 4)
+    rng = torch.get_rng_state()
+    report = measure_flops(lambda: (lin(x).sum().backward(), torch.rand(1)), modules=lin)
+    assert lin.weight.grad is not None                       # gradients as the caller has them
+    assert not torch.equal(rng, torch.get_rng_state())       # its random draws are its own
+    # forward: addmm 2 x 4 x 4 = 32 MACs, 64 + 8 bias adds = 72; sum 8; backward: the weight's and the
+    # input-free bias's gradients: mm 2 x 4 x 4 = 32 MACs = 64 (no grad for x), sum over the batch 8
+    assert report["by_operator"] == {"aten.addmm": 72, "aten.mm": 64, "aten.sum": 16}
+    assert report["by_module"] == {"Linear": 72}             # forward ops only
+
+
+def test_by_module_adds_up_every_call():
+    class Shared(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.l(self.l(x)) + x
+
+    m, x = Shared(), torch.rand(2, 4)
+    # each call of l: 72 (above); the residual add 8
+    assert measure_flops(lambda: m(x), modules=m)["by_module"] == {"Shared": 152, "Shared.l": 144}
+    assert crawl_module(m, args=(x,))["operator_flops"]["by_module"] == {"Shared": 152, "Shared.l": 144}
+
+
+def test_a_scripted_child_s_ops_are_its_caller_s_row():
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.jit.script(nn.Linear(4, 4, bias=False))
+
+        def forward(self, x):
+            return self.inner(x)
+
+    report = crawl_module(Outer(), args=(torch.ones(1, 4),))
+    # TorchScript takes no hooks: its 16 MACs (32 FLOPs) show on the root's row, and the rows add up
+    assert [(layer["path"], layer["metrics"]["module_flops"]["value"]) for layer in report["layers"]] == [("", 32)]
+    assert _total(report, "module_flops") == _total(report, "operator_flops") == 32

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import platform
+import threading
 from collections.abc import Iterable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -24,8 +25,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .flops import flop_report
+from .flops import Op, flop_report
 from .modules import module_dmas, module_flops, module_macs, module_rf  # noqa: F401 (torchscan's crawler names)
+from .modules._count import element_size
 from .report import AnalysisReport, Diagnostic, IncompleteAnalysisError, LayerReport, MetricResult, metric_result
 from .utils import aggregate_info, format_info
 
@@ -104,10 +106,14 @@ def _prepare_inputs(module, input_shape, dtype, args, kwargs, device):
     shapes = input_shape if isinstance(input_shape, list) else [input_shape]
     if not shapes or any(not isinstance(s, tuple) for s in shapes):
         raise TypeError("input_shape must be a tuple or a non-empty list of tuples.")
-    if any(not isinstance(d, int) for s in shapes for d in s):
+    if any(not isinstance(d, int) or isinstance(d, bool) for s in shapes for d in s):
         raise TypeError("Every input_shape dimension must be an integer.")
+    if any(d < 0 for s in shapes for d in s):
+        raise ValueError(f"input_shape dimensions must be >= 0, got {input_shape!r}.")
     where, default = _defaults(module)
     where = where if device is None else torch.device(device)
+    if isinstance(dtype, (str, bytes)) or not (dtype is None or isinstance(dtype, (torch.dtype, Iterable))):
+        raise TypeError(f"dtype must be a torch.dtype or an iterable of them, got {dtype!r}.")
     if dtype is None or isinstance(dtype, torch.dtype):
         dtypes = [dtype or default] * len(shapes)
     else:
@@ -116,7 +122,10 @@ def _prepare_inputs(module, input_shape, dtype, args, kwargs, device):
             raise ValueError("dtype length must match the number of input shapes.")
         if any(not isinstance(d, torch.dtype) for d in dtypes):
             raise TypeError("Every dtype value must be a torch.dtype.")
-    call_args = tuple(_generated(s, d, where) for s, d in zip(shapes, dtypes))
+    try:
+        call_args = tuple(_generated(s, d, where) for s, d in zip(shapes, dtypes))
+    except RuntimeError as e:
+        raise ValueError(f"cannot make the inputs on {where}: {str(e).splitlines()[0]}") from None
     return call_args, {}, {"source": "generated", **_describe_call(call_args, {})}
 
 
@@ -145,7 +154,10 @@ def crawl_module(module: nn.Module, input_shape: list[tuple[int, ...]] | tuple[i
                  strict: bool = False) -> AnalysisReport:
     """The report of one inference forward (eval mode, no gradients; the module comes out as it went in)."""
     from ...api import analyze
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"crawl_module analyses a torch.nn.Module, got {type(module).__name__}.")
     call_args, call_kwargs, inputs = _prepare_inputs(module, input_shape, dtype, args, kwargs, device)
+    owner = threading.get_ident()      # a call from another thread is not this forward's (nor recorded)
     layers: list[LayerReport] = []
     pending: dict[int, list[int]] = {}
     calls: dict[int, int] = {}
@@ -154,6 +166,8 @@ def crawl_module(module: nn.Module, input_shape: list[tuple[int, ...]] | tuple[i
 
     def register(current: nn.Module, path: str) -> None:
         def pre(hooked, hook_args, hook_kwargs):
+            if threading.get_ident() != owner:
+                return
             index = calls.get(id(hooked), 0)
             calls[id(hooked)] = index + 1
             held = dict(trainable=0, frozen=0, bytes=0, shared=False)
@@ -184,7 +198,8 @@ def crawl_module(module: nn.Module, input_shape: list[tuple[int, ...]] | tuple[i
             pending.setdefault(id(hooked), []).append(len(layers) - 1)
 
         def post(hooked, hook_args, hook_kwargs, output):
-            layers[pending[id(hooked)].pop()]["output"] = describe(output)
+            if threading.get_ident() == owner and pending.get(id(hooked)):
+                layers[pending[id(hooked)].pop()]["output"] = describe(output)
 
         handles.append(current.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(current.register_forward_hook(post, with_kwargs=True))
@@ -193,7 +208,8 @@ def crawl_module(module: nn.Module, input_shape: list[tuple[int, ...]] | tuple[i
     flags = [(m, m.training) for m in module.modules()]
     try:
         for path, current in targets:
-            register(current, path)
+            if not isinstance(current, torch.jit.ScriptModule):    # TorchScript takes no hooks
+                register(current, path)
         with torch.no_grad():
             rep = analyze(module, *call_args, forward_kwargs=call_kwargs, mode="eval")
     finally:
@@ -203,29 +219,53 @@ def crawl_module(module: nn.Module, input_shape: list[tuple[int, ...]] | tuple[i
             m.training = t
 
     trace = rep.trace
-    first = next((p for p in module.parameters() if p.is_floating_point()), None)
-    itemsize = first.element_size() if first is not None else 4
+    itemsize = element_size(module, call_args)
     uncounted: dict[int, list[str]] = {}
     for e in trace.ops:
         if e.phase == "forward" and e.status == "uncounted":
             uncounted.setdefault(e.layer, []).append(e.op)
     by_key = {(r.path, r.call_index): r for r in rep.layers}
-    transformer = isinstance(module, nn.Transformer)
+    row_of = {}                             # record index -> its row
+    for layer in layers:
+        r = by_key.get((layer["path"], layer["call_index"]))
+        if r is not None:
+            row_of[r.index] = layer
+    # each call's own ops go to its row; a call without a row (a TorchScript module takes no hooks; an
+    # nn.Transformer root is one row) to its nearest caller that has one, so the rows add up to the forward
+    records = {r.index: r for r in rep.layers}
+    own: dict[int, list] = {}               # row's record index -> [flops, macs, bytes, ops without formula]
+    for r in rep.layers:
+        target = r
+        while target.index not in row_of and target.parent is not None:
+            target = records[target.parent]
+        if target.index not in row_of:
+            continue
+        acc = own.setdefault(target.index, [0, 0, 0, set()])
+        acc[0] += r.forward.flops
+        acc[1] += r.forward.macs
+        acc[2] += r.forward.bytes_moved
+        acc[3].update(uncounted.get(r.index, ()))
     diagnostics: list[Diagnostic] = []
     for layer in layers:
         r = by_key.get((layer["path"], layer["call_index"]))
-        if r is None:
-            continue
-        c = (r.forward_total if transformer else r.forward)
-        missing = sorted(set(uncounted.get(r.index, [])))
-        leaf = transformer or not r.children
-        if not leaf and not missing and c.flops == 0 and c.macs == 0 and c.bytes_moved == 0:
-            continue                # a container that ran no op of its own
         m = layer["metrics"]
-        m["module_flops"] = _metric(c.flops, bool(missing), "FLOPs")
-        m["macs"] = _metric(c.macs, bool(missing), "MACs")
-        m["dmas"] = _metric(c.bytes_moved // itemsize, bool(missing), "DMAs")
-        for op in missing:
+        if r is None:           # a call the hooks saw and layerscope's recorder did not: say so, count nothing
+            for metric, unit in (("module_flops", "FLOPs"), ("macs", "MACs"), ("dmas", "DMAs")):
+                m[metric] = metric_result(status="unavailable", unit=unit, scope="module_call", method=METHOD)
+                diagnostics.append(dict(code="unrecorded_call", severity="warning", metric=metric,
+                                        path=layer["path"], message="layerscope's recorder has no record of "
+                                        "this call: its ops are not counted here."))
+            continue
+        flops, macs, moved, missing = own.get(r.index, (0, 0, 0, set()))
+        if r.children and r.index in own and not (flops or macs or moved or missing) and \
+                not isinstance(module, nn.Transformer):
+            continue                # a container that ran no op of its own
+        if r.children and r.index not in own:
+            continue
+        m["module_flops"] = _metric(flops, bool(missing), "FLOPs")
+        m["macs"] = _metric(macs, bool(missing), "MACs")
+        m["dmas"] = _metric(moved // itemsize, bool(missing), "DMAs")
+        for op in sorted(missing):
             for metric in ("module_flops", "macs", "dmas"):
                 diagnostics.append(dict(code="uncounted_operator", severity="warning", metric=metric,
                                         path=layer["path"], operator=op,
@@ -237,11 +277,12 @@ def crawl_module(module: nn.Module, input_shape: list[tuple[int, ...]] | tuple[i
                        if v is None else metric_result(status="complete", value=float(v[0]), unit="elements",
                                                        scope="module_call", method=METHOD))
 
-    ops = [e for e in trace.ops if e.phase == "forward"]
-    inclusive = {r.index: r.forward_total.flops for r in rep.layers}
-    names = {r.index: type(module).__name__ + (f".{r.path}" if r.path else "") for r in rep.layers
-             if r.call_index == 0}
-    flops = flop_report(ops, names, inclusive, "workload")
+    ops = [Op(e.op, e.status, e.costs.flops) for e in trace.ops if e.phase == "forward"]
+    by_module: dict[str, int] = {}
+    for r in rep.layers:                  # every call of a module added up, as FlopCounterMode's names
+        name = type(module).__name__ + (f".{r.path}" if r.path else "")
+        by_module[name] = by_module.get(name, 0) + r.forward_total.flops
+    flops = flop_report(ops, by_module, "workload")
     diagnostics.extend(flops["diagnostics"])
     params, buffers = list(module.parameters()), list(module.buffers())
     trainable = sum(p.numel() for p in params if p.requires_grad)

@@ -1,17 +1,20 @@
 """torchscan 0.2's ``measure_flops(workload, *, modules=None, custom_mapping=None)`` with layerscope's
-op counts: the workload runs once under layerscope's op recorder; every aten op it ran is counted by
-layerscope's formulas (its conventions: a bias add or an activation is arithmetic too, where torch's
-FlopCounterMode, which torchscan uses, counts contractions only). An op with no formula makes the total
-partial, with one diagnostic per op; an op that does no arithmetic (a view, a copy, a creation) is
-listed in ``ignored_operators``. ``by_module`` has the modules given in ``modules`` (their class name,
-then their submodules' paths), inclusive of their children, as FlopCounterMode names them; modules the
-workload runs but ``modules`` does not name are not seen (layerscope hooks only the modules it is
-given, never every module of the process). ``custom_mapping`` takes FlopCounterMode's formulas
-(``f(*input_shapes, out_shape=..., **kwargs) -> flops``) per op packet.
+op counts: the workload runs once, as written (gradients as the caller has them, its random draws and
+state changes its own), under a dispatch mode of this front end that prices every aten op it runs,
+forward and backward, by layerscope's formulas (its conventions: a bias add or an activation is
+arithmetic too, where torch's FlopCounterMode, which torchscan uses, counts contractions only). An op
+with no formula makes the total partial, with one diagnostic per op; an op that does no arithmetic (a
+view, a copy, a creation) is listed in ``ignored_operators``. ``by_module`` has the modules given in
+``modules`` (their class name, then their submodules' paths), each the FLOPs of the forward ops that
+ran inside its calls, all calls added up; modules the workload runs but ``modules`` does not name are
+not seen (layerscope hooks only modules it is given, never every module of the process), and backward
+ops count in the total only. ``custom_mapping`` takes FlopCounterMode's formulas (``f(*input_shapes,
+out_shape=..., **kwargs) -> flops``) per op packet; a formula's error is the caller's to see.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, TypedDict
@@ -19,6 +22,8 @@ from typing import Any, TypedDict
 import torch
 from torch import nn
 
+from ... import _compat
+from ...costs import FREE, CostOptions, OpCall
 from .report import Diagnostic, MetricResult, metric_result
 
 __all__ = ["FlopReport", "measure_flops"]
@@ -41,25 +46,13 @@ class FlopReport(TypedDict):
     diagnostics: list[Diagnostic]
 
 
-class WorkloadFailed(Exception):
-    """The workload raised: ``.error`` is its exception, re-raised unchanged by the caller."""
+class Op:
+    """One op as flop_report reads it (the fields of layerscope's OpEvent it uses)."""
 
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
+    __slots__ = ("op", "status", "flops")
 
-
-class _Workload(nn.Module):
-    def __init__(self, workload: Callable[[], Any], modules: list[nn.Module]) -> None:
-        super().__init__()
-        self.workload = workload
-        self.tracked = nn.ModuleList(modules)
-
-    def forward(self, _unused):
-        try:
-            return self.workload()
-        except BaseException as e:    # the workload's own error, handed back as it was raised
-            raise WorkloadFailed(e) from None
+    def __init__(self, op: str, status: str, flops: int) -> None:
+        self.op, self.status, self.flops = op, status, flops
 
 
 def _shapes(x):
@@ -70,18 +63,80 @@ def _shapes(x):
     return x
 
 
-def _registry(mapping: Mapping[Any, Callable[..., int | float]]):
-    """layerscope's default cost table with FlopCounterMode-style formulas put over the ops named."""
-    from ...costs.registry import OpCost, default_registry
-    reg = default_registry().copy("torchscan custom_mapping")
-    for packet, formula in mapping.items():
-        def cost(call, formula=formula):
-            with torch._C._DisableTorchDispatch():      # a formula's own tensor ops are not the workload's
-                flops = formula(*_shapes(call.args), out_shape=_shapes(call.out),
-                                **{k: _shapes(v) for k, v in call.kwargs.items()})
-            return OpCost(flops=int(flops))
-        reg.override(packet, cost)
-    return reg
+@_compat.dispatch_mode
+class _Counter:
+    """Prices each op the workload runs (in this thread) and adds it to the modules whose calls are
+    open; a custom formula is called with shapes, FlopCounterMode's way."""
+
+    def __init__(self, custom: dict[str, Callable[..., Any]]) -> None:
+        super().__init__()
+        self.options = CostOptions()
+        self.custom = custom
+        self.ops: list[Op] = []
+        self.open: list[str] = []             # the names of the module calls running, outermost first
+        self.by_module: Counter[str] = Counter()
+        self.cache: dict[Any, Any] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if torch.is_inference_mode_enabled() and _compat.has_composite_kernel(func.name()):
+            # a composite op reaches the mode whole under inference mode: count its parts, as autograd
+            # would have decomposed it
+            with self:
+                return func._op_dk(_compat.composite_implicit_key(), *args, **kwargs)
+        out = func(*args, **kwargs)
+        name = f"{func.namespace}.{func._opname}"
+        formula = self.custom.get(name)
+        if formula is not None:
+            status, flops = "counted", int(formula(*_shapes(args), out_shape=_shapes(out),
+                                                   **{k: _shapes(v) for k, v in kwargs.items()}))
+        else:
+            fn = self.cache.get(func, _MISSING)
+            if fn is _MISSING:
+                fn = self.cache[func] = self.options.lookup(func)
+            if fn is None:
+                status, flops = "uncounted", 0
+            elif fn is FREE:
+                status, flops = "free", 0
+            else:
+                try:
+                    flops = int(fn(OpCall(func, args, kwargs, out, self.options)).flops)
+                    status = "counted"
+                except Exception:   # a formula that cannot read these arguments: uncounted, never a crash
+                    status, flops = "uncounted", 0
+        self.ops.append(Op(name, status, flops))
+        for m in set(self.open):              # a module called inside itself counts the op once
+            self.by_module[m] += flops
+        return out
+
+
+_MISSING = object()
+
+
+def _track(counter, modules: list[nn.Module]) -> list:
+    """Hooks that keep ``counter.open`` the module calls running in this thread (each module named as
+    FlopCounterMode names it: its class, then its submodules' paths)."""
+    owner = threading.get_ident()
+    handles = []
+    seen: set[int] = set()
+    for root in modules:
+        for path, m in root.named_modules():
+            if id(m) in seen or isinstance(m, torch.jit.ScriptModule):
+                continue
+            seen.add(id(m))
+            name = ".".join(filter(None, (type(root).__name__, path)))
+
+            def pre(mod, args, name=name):
+                if threading.get_ident() == owner:
+                    counter.open.append(name)
+
+            def post(mod, args, out, name=name):
+                if threading.get_ident() == owner and counter.open and counter.open[-1] == name:
+                    counter.open.pop()
+
+            handles.append(m.register_forward_pre_hook(pre))
+            handles.append(m.register_forward_hook(post, always_call=True))
+    return handles
 
 
 def _why_free(name: str) -> str:
@@ -101,26 +156,33 @@ def _why_free(name: str) -> str:
     return "Data movement is excluded from FLOPs."
 
 
-def check_mapping(mapping: Mapping[Any, Any]) -> None:
-    if any(getattr(op, "_overloadpacket", op) is not op for op in mapping):
-        raise TypeError("custom_mapping keys must be operator packets such as torch.ops.aten.sin, "
-                        "not overloads such as torch.ops.aten.sin.default.")
+def _custom(mapping: Mapping[Any, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
+    """The formulas by op name ("aten.sin"); keys must be op packets (``torch.ops.aten.sin``)."""
+    out = {}
+    for op, formula in mapping.items():
+        if getattr(op, "_overloadpacket", op) is not op:
+            raise TypeError("custom_mapping keys must be operator packets such as torch.ops.aten.sin, "
+                            "not overloads such as torch.ops.aten.sin.default.")
+        name = getattr(op, "_qualified_op_name", None)
+        if not isinstance(name, str) or not callable(formula):
+            raise TypeError(f"custom_mapping maps an operator packet (torch.ops.aten.sin) to a formula, got "
+                            f"{op!r}: {type(formula).__name__}")
+        out[name.replace("::", ".")] = formula
+    return out
 
 
-def flop_report(ops, names: Mapping[int, str] | None, inclusive: Mapping[int, int] | None,
-                scope: str, custom: frozenset[str] = frozenset()) -> FlopReport:
-    """A FlopReport of a trace's forward ops; ``names``: layer index -> by_module name, with ``inclusive``
-    its flops (the layer's and its children's)."""
+def flop_report(ops, by_module: Mapping[str, int], scope: str, custom: frozenset[str] = frozenset()) -> FlopReport:
+    """A FlopReport of ops (each with ``op``, ``status`` and ``flops``)."""
     by_operator: Counter[str] = Counter()
     free: Counter[str] = Counter()
     uncounted: Counter[str] = Counter()
     for e in ops:
         if e.status == "uncounted":
             uncounted[e.op] += 1
-        elif (e.status == "free" or e.costs.flops == 0) and e.op not in custom:
+        elif (e.status == "free" or e.flops == 0) and e.op not in custom:
             free[e.op] += 1
         else:
-            by_operator[e.op] += e.costs.flops
+            by_operator[e.op] += e.flops
     for op in list(free):
         if op in by_operator:          # some calls did arithmetic, others none: it is counted
             del free[op]
@@ -136,52 +198,26 @@ def flop_report(ops, names: Mapping[int, str] | None, inclusive: Mapping[int, in
         schema_version=1,
         context=dict(torch_version=torch.__version__, method=METHOD),
         total=total,
-        by_module=dict(sorted((names[i], int(inclusive[i])) for i in names)) if names else {},
+        by_module=dict(sorted((k, int(v)) for k, v in by_module.items())),
         by_operator=dict(sorted(by_operator.items())),
         ignored_operators={op: dict(calls=n, reason=_why_free(op)) for op, n in sorted(free.items())},
         diagnostics=diagnostics)
 
 
-def inclusive_flops(trace) -> dict[int, int]:
-    """Each layer's forward FLOPs with its children's (every op counted once, in the layer it ran in
-    and in each layer above)."""
-    own: Counter[int] = Counter()
-    for e in trace.ops:
-        if e.phase == "forward":
-            own[e.layer] += e.costs.flops
-    total = {r.index: own[r.index] for r in trace.layers}
-    for r in sorted(trace.layers, key=lambda r: -r.depth):
-        if r.parent is not None:
-            total[r.parent] += total[r.index]
-    return total
-
-
 def measure_flops(workload: Callable[[], Any], *, modules: nn.Module | list[nn.Module] | None = None,
                   custom_mapping: Mapping[Any, Callable[..., int | float]] | None = None) -> FlopReport:
     """The FLOPs of one call of ``workload`` (a function of no arguments), op by op, by layerscope's
-    formulas; the workload's own exception propagates unchanged."""
-    from ...api import analyze
-    mapping = dict(custom_mapping or {})
-    check_mapping(mapping)
+    formulas; the workload runs as written and its own exception propagates unchanged."""
+    custom = _custom(custom_mapping or {})
     tracked = [] if modules is None else [modules] if isinstance(modules, nn.Module) else list(modules)
-    wrapper = _Workload(workload, tracked)
-    extra = {"costs": _registry(mapping)} if mapping else {}
+    if any(not isinstance(m, nn.Module) for m in tracked):
+        raise TypeError("modules must be a torch.nn.Module or a list of them.")
+    counter = _Counter(custom)
+    handles = _track(counter, tracked)
     try:
-        rep = analyze(wrapper, torch.zeros(()), mode="same", **extra)
-    except Exception as e:
-        cause = e
-        while cause is not None and not isinstance(cause, WorkloadFailed):
-            cause = cause.__cause__ or cause.__context__
-        if cause is not None:
-            raise cause.error from None
-        raise
-    trace = rep.trace
-    inclusive = inclusive_flops(trace)
-    names: dict[int, str] = {}
-    for r in trace.layers:
-        parts = r.path.split(".")
-        if len(parts) >= 2 and parts[0] == "tracked":       # tracked.<i>[.sub...]
-            root = type(tracked[int(parts[1])]).__name__
-            names[r.index] = ".".join([root, *parts[2:]])
-    custom = frozenset(getattr(op, "_qualified_op_name", str(op)).replace("::", ".") for op in mapping)
-    return flop_report([e for e in trace.ops if e.phase == "forward"], names, inclusive, "workload", custom)
+        with counter:
+            workload()
+    finally:
+        for h in handles:
+            h.remove()
+    return flop_report(counter.ops, dict(counter.by_module), "workload", frozenset(custom))
