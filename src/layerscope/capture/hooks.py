@@ -18,9 +18,9 @@ def forward_pre_hook(module: nn.Module, fn: Callable, *, with_kwargs: bool = Fal
     return module.register_forward_pre_hook(fn, with_kwargs=with_kwargs, prepend=prepend)
 
 
-def forward_hook(module: nn.Module, fn: Callable, *, with_kwargs: bool = False):
-    """``module.register_forward_hook(fn, ...)``: its handle."""
-    return module.register_forward_hook(fn, with_kwargs=with_kwargs)
+def forward_hook(module: nn.Module, fn: Callable, *, with_kwargs: bool = False, always_call: bool = False):
+    """``module.register_forward_hook(fn, ...)``: its handle (``always_call``: also when the forward raises)."""
+    return module.register_forward_hook(fn, with_kwargs=with_kwargs, always_call=always_call)
 
 
 def remove_all(handles: list) -> None:

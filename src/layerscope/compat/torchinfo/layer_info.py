@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ...capture import hooks
+
 if TYPE_CHECKING:
     from ...reports.summary import Report
 
@@ -510,8 +512,8 @@ class PeerShapes:
                 if isinstance(m, torch.jit.ScriptModule):
                     continue
                 self._paths[id(m)] = path
-                self._handles.append(nn.Module.register_forward_pre_hook(m, self._pre))
-                self._handles.append(nn.Module.register_forward_hook(m, self._post))
+                self._handles.append(hooks.forward_pre_hook(m, self._pre))
+                self._handles.append(hooks.forward_hook(m, self._post))
         except BaseException:
             self.__exit__()
             raise

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...capture import hooks
 from .flops import Op, flop_report
 from .modules import module_dmas, module_flops, module_macs, module_rf  # noqa: F401 (torchscan's crawler names)
 from .modules._count import element_size
@@ -201,8 +202,8 @@ def crawl_module(module: nn.Module, input_shape: list[tuple[int, ...]] | tuple[i
             if threading.get_ident() == owner and pending.get(id(hooked)):
                 layers[pending[id(hooked)].pop()]["output"] = describe(output)
 
-        handles.append(current.register_forward_pre_hook(pre, with_kwargs=True))
-        handles.append(current.register_forward_hook(post, with_kwargs=True))
+        handles.append(hooks.forward_pre_hook(current, pre, with_kwargs=True))
+        handles.append(hooks.forward_hook(current, post, with_kwargs=True))
 
     targets = [("", module)] if isinstance(module, nn.Transformer) else list(module.named_modules())
     flags = [(m, m.training) for m in module.modules()]

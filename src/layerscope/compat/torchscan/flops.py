@@ -17,33 +17,19 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any, TypedDict
+from typing import Any
 
 import torch
 from torch import nn
 
 from ... import _compat
+from ...capture import hooks
 from ...costs import FREE, CostOptions, OpCall
-from .report import Diagnostic, MetricResult, metric_result
+from .report import Diagnostic, FlopReport, metric_result
 
 __all__ = ["FlopReport", "measure_flops"]
 
 METHOD = "layerscope"
-
-
-class IgnoredOperator(TypedDict):
-    calls: int
-    reason: str
-
-
-class FlopReport(TypedDict):
-    schema_version: int
-    context: dict[str, str]
-    total: MetricResult
-    by_module: dict[str, int]
-    by_operator: dict[str, int]
-    ignored_operators: dict[str, IgnoredOperator]
-    diagnostics: list[Diagnostic]
 
 
 class Op:
@@ -134,8 +120,8 @@ def _track(counter, modules: list[nn.Module]) -> list:
                 if threading.get_ident() == owner and counter.open and counter.open[-1] == name:
                     counter.open.pop()
 
-            handles.append(m.register_forward_pre_hook(pre))
-            handles.append(m.register_forward_hook(post, always_call=True))
+            handles.append(hooks.forward_pre_hook(m, pre))
+            handles.append(hooks.forward_hook(m, post, always_call=True))
     return handles
 
 

@@ -8,10 +8,7 @@ own rule for uncounted ops (never a silent zero) in torchscan's words.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
-
-if TYPE_CHECKING:
-    from .flops import FlopReport
+from typing import Any, Literal, NotRequired, TypedDict
 
 __all__ = ["AnalysisReport", "Diagnostic", "IncompleteAnalysisError", "LayerReport", "MetricResult",
            "metric_result"]
@@ -35,6 +32,21 @@ class Diagnostic(TypedDict):
     message: str
     path: NotRequired[str]
     operator: NotRequired[str]
+
+
+class IgnoredOperator(TypedDict):
+    calls: int
+    reason: str
+
+
+class FlopReport(TypedDict):
+    schema_version: int
+    context: dict[str, str]
+    total: MetricResult
+    by_module: dict[str, int]
+    by_operator: dict[str, int]
+    ignored_operators: dict[str, IgnoredOperator]
+    diagnostics: list[Diagnostic]
 
 
 class LayerReport(TypedDict):
