@@ -169,3 +169,15 @@ def test_a_scripted_child_s_ops_are_its_caller_s_row():
     # TorchScript takes no hooks: its 16 MACs (32 FLOPs) show on the root's row, and the rows add up
     assert [(layer["path"], layer["metrics"]["module_flops"]["value"]) for layer in report["layers"]] == [("", 32)]
     assert _total(report, "module_flops") == _total(report, "operator_flops") == 32
+
+
+def test_keyword_inputs_and_the_element_size_of_dmas():
+    class KeywordOnly(nn.Module):
+        def forward(self, *, x):
+            return torch.relu(x)
+
+    x = torch.ones(2, 4, dtype=torch.float16)
+    report = crawl_module(KeywordOnly(), kwargs={"x": x})
+    # no parameters: DMAs in the input's 2-byte elements: relu reads 8 and writes 8 = 16
+    assert _total(report, "dmas") == 16 and _total(report, "module_flops") == 8
+    assert report["inputs"]["kwargs"]["x"]["shape"] == [2, 4]

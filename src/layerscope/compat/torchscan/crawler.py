@@ -26,9 +26,9 @@ import torch
 from torch import nn
 
 from ...capture import hooks
+from ...capture.inputs import iter_tensors
 from .flops import Op, flop_report
 from .modules import module_dmas, module_flops, module_macs, module_rf  # noqa: F401 (torchscan's crawler names)
-from .modules._count import element_size
 from .report import AnalysisReport, Diagnostic, IncompleteAnalysisError, LayerReport, MetricResult, metric_result
 from .utils import aggregate_info, format_info
 
@@ -220,7 +220,10 @@ def crawl_module(module: nn.Module, input_shape: list[tuple[int, ...]] | tuple[i
             m.training = t
 
     trace = rep.trace
-    itemsize = element_size(module, call_args)
+    # DMAs count elements of the model's floating-point parameters' size, else its inputs', else float32's
+    first = next((t for t in (*module.parameters(), *iter_tensors((call_args, call_kwargs))) if t.is_floating_point()),
+                 None)
+    itemsize = first.element_size() if first is not None else 4
     uncounted: dict[int, list[str]] = {}
     for e in trace.ops:
         if e.phase == "forward" and e.status == "uncounted":
