@@ -45,9 +45,11 @@ for cls in (e.Units, e.ColumnSettings, e.RowSettings, e.Mode):
 SUITES = {
     # rev: the tag (or commit) checked out; package: the peer's own package in the checkout, removed for the
     # front end's run (None: keep it, only the aliased modules are replaced); alias: peer module -> front end
-    # module (each aliased module's submodules follow, at every depth); outputs: where a test's golden output lives (its name
-    # without "test_"), and overwrite the pytest option that makes the suite write what it printed there
-    # instead of comparing (None: the suite has no printed goldens); python: the interpreter (default this one)
+    # module (each aliased module's submodules follow, at every depth); outputs: where a test's golden output
+    # lives (its name without "test_"), and overwrite the pytest option that makes the suite write what it
+    # printed there instead of comparing (None: the suite has no printed goldens); python: the interpreter
+    # (default this one); metadata: (name, version) of a dist-info the real run needs (a package that reads
+    # its own version)
     "torchinfo": dict(url="https://github.com/TylerYep/torchinfo", rev="v1.8.0", package="torchinfo",
                       alias={"torchinfo": "layerscope.compat.torchinfo"}, tests="tests", real_plugin=PY310_ENUMS,
                       outputs="tests/test_output/{}.out", overwrite="--overwrite"),
@@ -254,7 +256,8 @@ def main() -> None:
                 elif short(t) in tests and same is not False and (g.get(t) == "passed" or shows):
                     verdict[t] = "documented: " + reason
                 elif short(t) in tests:
-                    verdict[t] = (f"fails: named in docs/compat.md, but {'its output differs' if same is False else 'its failure does not show ' + repr(value)}")
+                    why = "its output differs" if same is False else f"its failure does not show {value!r}"
+                    verdict[t] = f"fails: named in docs/compat.md, but {why}"
                 elif g.get(t) == "passed" and same is not None:
                     if same:
                         differ = [x for x in sorted(figures)

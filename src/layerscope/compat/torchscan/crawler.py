@@ -261,11 +261,8 @@ def crawl_module(module: nn.Module, input_shape: list[tuple[int, ...]] | tuple[i
                                         "this call: its ops are not counted here."))
             continue
         flops, macs, moved, missing = own.get(r.index, (0, 0, 0, set()))
-        if r.children and r.index in own and not (flops or macs or moved or missing) and \
-                not isinstance(module, nn.Transformer):
+        if r.children and not (flops or macs or moved or missing):
             continue                # a container that ran no op of its own
-        if r.children and r.index not in own:
-            continue
         m["module_flops"] = _metric(flops, bool(missing), "FLOPs")
         m["macs"] = _metric(macs, bool(missing), "MACs")
         m["dmas"] = _metric(moved // itemsize, bool(missing), "DMAs")
@@ -286,8 +283,8 @@ def crawl_module(module: nn.Module, input_shape: list[tuple[int, ...]] | tuple[i
     for r in rep.layers:                  # every call of a module added up, as FlopCounterMode's names
         name = type(module).__name__ + (f".{r.path}" if r.path else "")
         by_module[name] = by_module.get(name, 0) + r.forward_total.flops
-    flops = flop_report(ops, by_module, "workload")
-    diagnostics.extend(flops["diagnostics"])
+    op_report = flop_report(ops, by_module, "workload")
+    diagnostics.extend(op_report["diagnostics"])
     params, buffers = list(module.parameters()), list(module.buffers())
     trainable = sum(p.numel() for p in params if p.requires_grad)
     frozen = sum(p.numel() for p in params if not p.requires_grad)
@@ -305,7 +302,7 @@ def crawl_module(module: nn.Module, input_shape: list[tuple[int, ...]] | tuple[i
                      devices=sorted({str(t.device) for t in tensors}), dtypes=sorted({str(t.dtype) for t in tensors})),
         inputs=inputs,
         layers=layers,
-        operator_flops=flops,
+        operator_flops=op_report,
         totals=dict(
             parameters=model_total(trainable + frozen, "elements"),
             trainable_parameters=model_total(trainable, "elements"),
@@ -314,7 +311,7 @@ def crawl_module(module: nn.Module, input_shape: list[tuple[int, ...]] | tuple[i
             buffer_elements=model_total(sum(b.numel() for b in buffers), "elements"),
             buffer_bytes=model_total(sum(b.numel() * b.element_size() for b in buffers), "bytes"),
             module_flops=_aggregate_metric(layers, "module_flops", "FLOPs"),
-            operator_flops=flops["total"],
+            operator_flops=op_report["total"],
             macs=_aggregate_metric(layers, "macs", "MACs"),
             dmas=_aggregate_metric(layers, "dmas", "DMAs")),
         diagnostics=diagnostics)

@@ -136,8 +136,8 @@ def _why_free(name: str) -> str:
         return "No arithmetic: layerscope's formula for it gives 0 FLOPs."
     if any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
         return "Metadata-only tensor view."
-    if (op.endswith("_like") or op.startswith(("new_", "empty", "full", "zeros", "ones", "arange", "rand", "scalar_tensor"))
-            or not any("Tensor" in str(a.type) for a in schema.arguments)):
+    made = ("new_", "empty", "full", "zeros", "ones", "arange", "rand", "scalar_tensor")
+    if op.endswith("_like") or op.startswith(made) or not any("Tensor" in str(a.type) for a in schema.arguments):
         return "Tensor allocation and workload setup are not model arithmetic."
     return "Data movement is excluded from FLOPs."
 
