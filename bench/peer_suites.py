@@ -53,6 +53,15 @@ SUITES = {
     "torchinfo": dict(url="https://github.com/TylerYep/torchinfo", rev="v1.8.0", package="torchinfo",
                       alias={"torchinfo": "layerscope.compat.torchinfo"}, tests="tests", real_plugin=PY310_ENUMS,
                       outputs="tests/test_output/{}.out", overwrite="--overwrite"),
+    # torchinfo's tests that need torchvision (and transformers, compressai), in the torch 2.14.1 +
+    # torchvision 0.29.1 environment of `make test-torch214`, made for the harness in bench/.venv-xl;
+    # table: the rows of docs/compat.md's torchinfo table apply
+    "torchinfo-xl": dict(url="https://github.com/TylerYep/torchinfo", rev="v1.8.0", package="torchinfo",
+                         alias={"torchinfo": "layerscope.compat.torchinfo"}, tests="tests/torchinfo_xl_test.py",
+                         real_plugin=PY310_ENUMS, outputs="tests/test_output/{}.out", overwrite="--overwrite",
+                         table="torchinfo", python=str(ROOT / "bench" / ".venv-xl" / "bin" / "python"),
+                         venv=["torch==2.14.1", "torchvision==0.29.1", "transformers", "compressai", "numpy",
+                               "packaging", "pytest", "-e", str(ROOT)]),
     "torchscan-0.1": dict(url="https://github.com/frgfm/torch-scan", rev="v0.1.2", package="torchscan",
                           alias={"torchscan": "layerscope.compat.torchscan01"}, tests="tests"),
     # torchscan 0.2: the repository has no v0.2.0 tag (2026-11-27); its newest commit of main, 0.2.0.dev0
@@ -97,6 +106,14 @@ for peer, front in {alias!r}.items():
     for info in pkgutil.walk_packages(getattr(mod, "__path__", []), prefix=front + "."):
         sys.modules[peer + info.name[len(front):]] = importlib.import_module(info.name)
 '''
+
+
+def make_venv(where: pathlib.Path, packages: list[str]) -> None:
+    """A virtual environment for a suite that needs packages the project's own does not have."""
+    print(f"setting up {where} (once): {' '.join(packages)}", file=sys.stderr, flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
+    subprocess.run([str(where / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                    *packages], check=True)
 
 
 def checkout(source: str, rev: str, dest: pathlib.Path) -> None:
@@ -215,6 +232,8 @@ def main() -> None:
                 (front / "sitecustomize.py").write_text(ALIAS.format(alias=s["alias"]))
             extra = list(s.get("args", ()))
             python = s.get("python", sys.executable)
+            if s.get("venv") and not pathlib.Path(python).exists():
+                make_venv(pathlib.Path(python).parents[1], s["venv"])
             fronts = ", ".join(s["alias"].values())
             if s.get("metadata"):
                 dist = real / "{}-{}.dist-info".format(*s["metadata"])
@@ -236,7 +255,7 @@ def main() -> None:
             for res in (r, f, g):
                 for t in [t for t in res if any(t.endswith(d) for d in s.get("deselect", {}))]:
                     del res[t]
-            tests, figures = documented(name)
+            tests, figures = documented(s.get("table", name))
             passed = sorted(t for t, o in r.items() if o == "passed")
             verdict: dict[str, str] = {}
             for t in passed:

@@ -223,3 +223,30 @@ def test_aggregated_profile_needs_a_started_profile(capsys):
     prof = FlopsProfiler(nn.Linear(8, 4))
     prof.print_model_aggregated_profile()
     assert "call this function after start_profile" in capsys.readouterr().out
+
+
+def test_a_training_loop_s_figures_agree_with_get_model_profile():
+    # DeepSpeed's tutorial form: profile one step of a training loop (forward, backward, optimizer step)
+    # of a model in train mode, and get_model_profile (eval mode) on the same model. The Linear(4, 3) on
+    # (2, 4): 24 MACs, 48 + 6 bias adds = 54 FLOPs in both modes. BatchNorm1d(3) on its (2, 3) output, 6
+    # elements: in train mode with the batch's statistics, 6 x (4 statistics + 2 normalise + weight +
+    # bias) = 48, + 1 for num_batches_tracked = 49; in eval with the running ones, 6 x (2 + 2) = 24.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    prof = FlopsProfiler(model)
+    flops = []
+    for step in range(3):
+        if step == 1:
+            prof.start_profile()
+        loss = model(torch.randn(2, 4)).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if step == 1:
+            flops.append((prof.get_total_flops(), prof.get_total_macs()))
+            prof.end_profile()
+    assert flops == [(54 + 49, 24)]
+    model.eval()
+    assert get_model_profile(model, input_shape=(2, 4), print_profile=False, as_string=False)[:2] == (54 + 24, 24)
+    assert model.training is False
