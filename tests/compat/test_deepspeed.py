@@ -250,3 +250,49 @@ def test_a_training_loop_s_figures_agree_with_get_model_profile():
     model.eval()
     assert get_model_profile(model, input_shape=(2, 4), print_profile=False, as_string=False)[:2] == (54 + 24, 24)
     assert model.training is False
+
+
+def test_the_profiler_counts_the_forwards_as_they_ran():
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 64)
+
+        def forward(self, x):
+            return self.a(x) if x.sum() > 0 else self.b(x)
+
+    m = Branchy()
+    before = state(m)
+    prof = FlopsProfiler(m)
+    prof.start_profile()
+    m(torch.ones(2, 8))                 # a: 2 x 8 x 8 = 128 MACs
+    m(-torch.ones(2, 8))                # the same shapes, the other branch, b: 2 x 8 x 64 = 1,024
+    ls.analyze(m, torch.ones(2, 8))     # layerscope's own analysis of the model: not the user's forward
+    get_model_profile(m, input_shape=(2, 8), print_profile=False)
+    assert prof.get_total_macs() == 128 + 1_024
+    prof.end_profile()
+    assert same_state(before, state(m))
+
+
+def test_the_profiler_names_ops_without_a_formula(tmp_path):
+    @torch.library.custom_op("lstest_deepspeed::twice", mutates_args=())
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4, bias=False)
+
+        def forward(self, x):
+            return twice(self.lin(x))
+
+    m = Model()
+    prof = FlopsProfiler(m)
+    prof.start_profile()
+    m(torch.ones(1, 4))
+    assert prof.get_total_macs() == 16           # the Linear's; the custom op has no formula
+    prof.print_model_profile(output_file=str(tmp_path / "p.txt"))
+    prof.end_profile()
+    assert "ops without a FLOP formula (not in MACs or flops):" in (tmp_path / "p.txt").read_text()
+    assert "lstest_deepspeed.twice x1" in (tmp_path / "p.txt").read_text()

@@ -15,7 +15,7 @@ from torch.nn.parameter import is_lazy
 
 from .inputs import iter_tensors, map_tensors
 
-__all__ = ["exclusive", "gc_paused", "holds_inference_tensors", "any_held", "normal_tensors"]
+__all__ = ["exclusive", "analysing", "gc_paused", "holds_inference_tensors", "any_held", "normal_tensors"]
 
 
 # One lock per model object: an analysis sets a model's flags (eval/train) and swaps its tensors
@@ -24,6 +24,15 @@ _MODEL_LOCKS: "weakref.WeakKeyDictionary[nn.Module, threading.RLock]" = weakref.
 
 
 _LOCKS_GUARD = threading.Lock()
+
+# how many analyses this thread is inside (an entry point that calls another counts twice)
+_RUNNING = threading.local()
+
+
+def analysing() -> bool:
+    """Whether this thread is inside one of layerscope's analyses: a forward it runs is the analysis's,
+    not the user's (a profiler counting the user's forwards leaves it out)."""
+    return getattr(_RUNNING, "depth", 0) > 0
 
 
 def exclusive(fn):
@@ -48,7 +57,11 @@ def exclusive(fn):
                 if lock is None:
                     lock = _MODEL_LOCKS[model] = threading.RLock()
             with lock:
-                return fn(model, *args, **kwargs)
+                _RUNNING.depth = getattr(_RUNNING, "depth", 0) + 1
+                try:
+                    return fn(model, *args, **kwargs)
+                finally:
+                    _RUNNING.depth -= 1
     return wrapper
 
 

@@ -25,10 +25,16 @@ functionals, and it comes out as it went in.
 
 from __future__ import annotations
 
+import functools
+import threading
+import time
+
 import torch
 from torch import nn
 
 from ..capture import hooks
+from ..capture.counter import OpCounter
+from ..capture.guard import analysing
 from ..errors import InputError
 from ..render.deepspeed import (DEFAULT_PRECISION, ModuleProfile, aggregated_profile, module_params,  # noqa: F401
                                 to_output_file, bytes_to_string, duration_to_string, flops_to_string,
@@ -43,23 +49,27 @@ class FlopsProfiler:
     stop_profile / reset_profile / end_profile, get_total_flops / macs / params / duration
     (``as_string``), print_model_profile, print_model_aggregated_profile.
 
-    As DeepSpeed's, the getters cover every forward of the model since start_profile (or
-    reset_profile): MACs and FLOPs added up over the forwards (each forward analysed by
-    ``layerscope.analyze`` on meta copies of its inputs; forwards with the same input shapes once),
-    the duration the sum of their times (``layerscope.Profiler``'s hooks, a step per forward).
-    stop_profile stops counting and keeps the counts; end_profile forgets them. ``ds_engine``
-    (here or set as the attribute later; a DeepSpeed engine or any object with its attributes):
-    its world sizes, batch size and timers are printed as DeepSpeed prints them."""
+    As DeepSpeed's, it counts during the model's own forwards since start_profile (or reset_profile),
+    each added up: every aten op the forward runs is priced by layerscope's formulas as it runs (a
+    dispatch mode entered for the outermost call of the model, in the calling thread) and added to the
+    innermost module call running; each module call is timed by hooks. Nothing is run again, nothing
+    of the inputs is kept, the forward runs as written (its mode, values, gradients). A forward run by
+    one of layerscope's own analyses is not counted, nor a call of the model inside its own forward
+    twice. An op without a formula is named in the printed profile (the FLOPs leave it out).
+    stop_profile stops counting and keeps the counts; end_profile forgets them. ``ds_engine`` (here or
+    set as the attribute later; a DeepSpeed engine or any object with its attributes): its world sizes,
+    batch size and timers are printed as DeepSpeed prints them."""
 
     def __init__(self, model: nn.Module, ds_engine=None, recompute_fwd_factor: float = 0.0) -> None:
-        from ..profiler import Profiler
+        if not isinstance(model, nn.Module) or isinstance(model, torch.jit.ScriptModule):
+            raise InputError("FlopsProfiler profiles a torch.nn.Module (a TorchScript module takes no hooks), "
+                             f"got {type(model).__name__}")
         self.model, self.ds_engine, self.recompute_fwd_factor = model, ds_engine, recompute_fwd_factor
-        self._prof = Profiler(model, step_on="forward", warmup_steps=0, costs=False)
         self._handles: list = []
-        self._forwards: list[tuple] = []      # (key, meta args, meta kwargs, training) per forward
-        self._reports: dict = {}              # key -> that forward's Report
+        self._local = threading.local()        # per thread: the module calls running, the open counter
         self.started = False
         self.flops = self.macs = self.params = None
+        self.reset_profile()
 
     def start_profile(self, ignore_list=None) -> None:
         if ignore_list:
@@ -67,19 +77,15 @@ class FlopsProfiler:
                              "lists what it cannot count)")
         self.reset_profile()
         self._hook()
-        self._prof.start_profile()
         self.started = True
 
     def stop_profile(self) -> None:
-        self._prof.stop_profile()
         hooks.remove_all(self._handles)
 
     def reset_profile(self) -> None:
-        self._forwards, self._reports = [], {}
-        running = self._prof.running
-        self._prof.end_profile()
-        if running:
-            self._prof.start_profile()
+        self._own: dict[str, list] = {}       # module path -> [MACs, FLOPs] of the ops run in its calls
+        self._seconds: dict[str, float] = {}  # module path -> its calls' time
+        self._uncounted: dict[str, int] = {}  # op -> calls without a formula
 
     def end_profile(self) -> None:
         if not self.started:
@@ -89,11 +95,11 @@ class FlopsProfiler:
         self.started = False
 
     def get_total_flops(self, as_string: bool = False):
-        n = sum(r.totals.flops for r in self._costs())
+        n = sum(v[1] for v in self._own.values())
         return number_to_string(n) if as_string else n
 
     def get_total_macs(self, as_string: bool = False):
-        n = sum(r.totals.macs for r in self._costs())
+        n = sum(v[0] for v in self._own.values())
         return macs_to_string(n) if as_string else n
 
     def get_total_params(self, as_string: bool = False):
@@ -101,7 +107,7 @@ class FlopsProfiler:
         return params_to_string(n) if as_string else n
 
     def get_total_duration(self, as_string: bool = False):
-        n = self._durations().get("", 0.0)
+        n = self._seconds.get("", 0.0)
         return duration_to_string(n) if as_string else n
 
     def print_model_profile(self, profile_step=1, module_depth=-1, top_modules=1, detailed=True,
@@ -122,73 +128,61 @@ class FlopsProfiler:
             return
         print(aggregated_profile(self._module_profile(), module_depth, top_modules), end="")
 
-    # ---- the forwards since start_profile -------------------------------------------------------
+    # ---- counting during the model's own forwards ----------------------------------------------
     def _hook(self) -> None:
-        if not self._handles:
-            self._handles.append(hooks.forward_pre_hook(self.model, self._record, with_kwargs=True))
+        if self._handles:
+            return
+        seen: set[int] = set()
+        for path, m in self.model.named_modules():
+            if id(m) in seen or isinstance(m, torch.jit.ScriptModule):   # TorchScript takes no hooks
+                continue
+            seen.add(id(m))
+            self._handles.append(hooks.forward_pre_hook(m, functools.partial(self._pre, path)))
+            self._handles.append(hooks.forward_hook(m, functools.partial(self._post, path), always_call=True))
 
-    def _record(self, module, args, kwargs) -> None:
-        from ..capture.inputs import meta_copies
-        example = (meta_copies(args), meta_copies(kwargs), module.training)
-        self._forwards.append((_signature(example), *example))
+    def _pre(self, path: str, module, args) -> None:
+        local = self._local
+        calls = getattr(local, "calls", None)
+        if calls is None:
+            calls = local.calls = []
+        if not calls:
+            if analysing():              # one of layerscope's own analyses runs the model: not the user's
+                return
+            local.counter = OpCounter(self._on_op)
+            local.counter.__enter__()
+        calls.append((path, _now(module)))
 
-    def _sync(self):
-        """Hooks off (the profiler's open step closed, so that the forward just run is in its steps)
-        while the getters read or analyse; back on after, where they were."""
-        hooked, running = bool(self._handles), self._prof.running
-        self.stop_profile()
-        return hooked, running
+    def _post(self, path: str, module, args, out) -> None:
+        calls = getattr(self._local, "calls", None)
+        if not calls or calls[-1][0] != path:
+            return
+        _, start = calls.pop()
+        if not any(p == path for p, _ in calls):       # a module running inside itself: timed once
+            self._seconds[path] = self._seconds.get(path, 0.0) + _now(module) - start
+        if not calls:
+            counter, self._local.counter = self._local.counter, None
+            counter.__exit__(None, None, None)
 
-    def _resume(self, hooked: bool, running: bool) -> None:
-        if hooked:
-            self._hook()
-        if running:
-            self._prof.start_profile()
-
-    def _costs(self) -> list:
-        """Each forward's Report, in order (one analysis per distinct input signature)."""
-        from ..api import analyze
-        state = self._sync()
-        try:
-            for key, args, kwargs, training in self._forwards:
-                if key not in self._reports:
-                    self._reports[key] = analyze(self.model, *args, device="meta", forward_kwargs=kwargs,
-                                                 mode="train" if training else "eval")
-        finally:
-            self._resume(*state)
-        return [self._reports[f[0]] for f in self._forwards]
-
-    def _durations(self) -> dict[str, float]:
-        """Seconds by module path, summed over its calls in every forward (DeepSpeed's __duration__)."""
-        state = self._sync()
-        try:
-            out: dict[str, float] = {}
-            for calls in self._prof.step_calls():       # a step per forward (step_on="forward")
-                for c in calls:
-                    out[c.path] = out.get(c.path, 0.0) + sum(c.forward)
-            return out
-        finally:
-            self._resume(*state)
+    def _on_op(self, name: str, status: str, macs: int, flops: int) -> None:
+        calls = self._local.calls
+        own = self._own.setdefault(calls[-1][0] if calls else "", [0, 0])
+        own[0] += macs
+        own[1] += flops
+        if status == "uncounted":
+            self._uncounted[name] = self._uncounted.get(name, 0) + 1
 
     def _module_profile(self) -> ModuleProfile:
-        return ModuleProfile(self.model, self._costs(), durations=self._durations())
+        return ModuleProfile(self.model, None, durations=self._seconds,
+                             own={k: tuple(v) for k, v in self._own.items()}, uncounted=self._uncounted)
 
 
-_PLAIN = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
-
-
-def _signature(obj):
-    """A key equal for two forwards whose inputs give the same analysis (tensors by shape, dtype and
-    requires_grad; plain values by value); any other object makes the forward its own key."""
-    if isinstance(obj, torch.Tensor):
-        return ("T", tuple(obj.shape), obj.dtype, obj.requires_grad)
-    if isinstance(obj, _PLAIN):
-        return (type(obj).__name__, obj)
-    if type(obj) in (list, tuple, torch.Size):
-        return (type(obj).__name__, *(_signature(v) for v in obj))
-    if type(obj) is dict:
-        return ("dict", *((_signature(k), _signature(v)) for k, v in obj.items()))
-    return ("object", object())
+def _now(module: nn.Module) -> float:
+    """A time stamp after the module's device has finished its work (DeepSpeed synchronises the
+    accelerator in its hooks too)."""
+    p = next(module.parameters(), None)
+    if p is not None and p.device.type == "cuda":
+        torch.cuda.synchronize(p.device)
+    return time.perf_counter()
 
 
 def get_model_profile(model: nn.Module, input_shape=None, args=[], kwargs={}, print_profile=True,  # noqa: B006

@@ -55,11 +55,14 @@ class ModuleProfile:
     module and everything nested in it (DeepSpeed's get_module_macs/flops), ``duration`` the sum of
     its calls' forward times (DeepSpeed's __duration__), ``params`` its subtree's parameters.
 
-    ``costs``: the forward's Report, or a list of Reports, one per forward, added up (DeepSpeed's
-    counters accumulate every forward since start_profile). ``durations``: seconds by module path,
-    in place of ``latency``'s medians (the sum over several forwards)."""
+    ``costs``: the forward's Report, or a list of Reports, one per forward, added up; or ``own``: the
+    (MACs, FLOPs) of the ops run in each module path's own calls, counted as the forwards ran (the
+    training-loop profiler). ``durations``: seconds by module path, in place of ``latency``'s medians.
+    ``uncounted``: calls by op of the ops without a formula (their FLOPs are not in the figures); with
+    ``costs``, the Reports' coverage."""
 
-    def __init__(self, model: nn.Module, costs, latency=None, durations: dict[str, float] | None = None) -> None:
+    def __init__(self, model: nn.Module, costs, latency=None, durations: dict[str, float] | None = None,
+                 own: dict[str, tuple[int, int]] | None = None, uncounted: dict[str, int] | None = None) -> None:
         self.model = model
         self.macs: dict[str, int] = {}
         self.flops: dict[str, int] = {}
@@ -69,11 +72,16 @@ class ModuleProfile:
             self.macs.setdefault(path, 0)
             self.flops.setdefault(path, 0)
             self.duration.setdefault(path, 0.0)
-        for r in (r for rep in reports for r in rep.layers):   # self costs of every call, added to the
-            for p in _ancestors(r.path):                          # call's module and its ancestors
+        if own is None:     # self costs of every call, added to the call's module and its ancestors
+            own = {}
+            for r in (r for rep in reports for r in rep.layers):
+                m, f = own.get(r.path, (0, 0))
+                own[r.path] = (m + r.forward.macs, f + r.forward.flops)
+        for path, (macs, flops) in own.items():
+            for p in _ancestors(path):
                 if p in self.macs:
-                    self.macs[p] += r.forward.macs
-                    self.flops[p] += r.forward.flops
+                    self.macs[p] += macs
+                    self.flops[p] += flops
         if durations is not None:
             for path, seconds in durations.items():
                 if path in self.duration:
@@ -82,11 +90,17 @@ class ModuleProfile:
             for lay in latency.layers:
                 if lay.path in self.duration:
                     self.duration[lay.path] += lay.forward.median
-        self.total_macs = sum(rep.totals.macs for rep in reports)
-        self.total_flops = sum(rep.totals.flops for rep in reports)
+        self.total_macs = sum(m for m, _ in own.values())
+        self.total_flops = sum(f for _, f in own.values())
         self.total_duration = self.duration.get("", 0.0)
         # the Report's total where there is one (the same sum: capture.records.param_totals)
         self.total_params = reports[0].totals.params if reports else module_params(model)
+        if uncounted is None:
+            uncounted = {}
+            for rep in reports:
+                for u in rep.coverage.uncounted:
+                    uncounted[u.op] = uncounted.get(u.op, 0) + u.count
+        self.uncounted = uncounted
 
     def params(self, path: str) -> int:
         return module_params(self.model.get_submodule(path))
@@ -155,6 +169,9 @@ def model_profile_text(prof: ModuleProfile, profile_step=1, module_depth=-1, top
     p(line.format("params of model = params per GPU * mp_size: ", params_to_string(params * mp)))
     p(line.format("fwd MACs per GPU: ", macs_to_string(macs)))
     p(line.format("fwd flops per GPU: ", number_to_string(flops)))
+    if prof.uncounted:      # never a silent zero: the ops without a formula, which the figures leave out
+        p(line.format("ops without a FLOP formula (not in MACs or flops): ",
+                      ", ".join(f"{op} x{n}" for op, n in sorted(prof.uncounted.items()))))
     p(line.format("fwd flops of model = fwd flops per GPU * mp_size: ", number_to_string(flops * mp)))
     p(line.format("fwd latency: ", duration_to_string(latency)))
     p(line.format("fwd FLOPS per GPU = fwd flops per GPU / fwd latency: ",

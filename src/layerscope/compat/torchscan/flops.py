@@ -22,9 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ... import _compat
 from ...capture import hooks
-from ...costs import FREE, CostOptions, OpCall
+from ...capture.counter import OpCounter
 from .report import Diagnostic, FlopReport, metric_result
 
 __all__ = ["FlopReport", "measure_flops"]
@@ -41,65 +40,21 @@ class Op:
         self.op, self.status, self.flops = op, status, flops
 
 
-def _shapes(x):
-    if isinstance(x, torch.Tensor):
-        return tuple(x.shape)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_shapes(v) for v in x)
-    return x
+class _Tally:
+    """The ops of one workload and the FLOPs of the forward ops run inside each tracked module's calls."""
 
-
-@_compat.dispatch_mode
-class _Counter:
-    """Prices each op the workload runs (in this thread) and adds it to the modules whose calls are
-    open; a custom formula is called with shapes, FlopCounterMode's way."""
-
-    def __init__(self, custom: dict[str, Callable[..., Any]]) -> None:
-        super().__init__()
-        self.options = CostOptions()
-        self.custom = custom
+    def __init__(self) -> None:
         self.ops: list[Op] = []
         self.open: list[str] = []             # the names of the module calls running, outermost first
         self.by_module: Counter[str] = Counter()
-        self.cache: dict[Any, Any] = {}
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if torch.is_inference_mode_enabled() and _compat.has_composite_kernel(func.name()):
-            # a composite op reaches the mode whole under inference mode: count its parts, as autograd
-            # would have decomposed it
-            with self:
-                return func._op_dk(_compat.composite_implicit_key(), *args, **kwargs)
-        out = func(*args, **kwargs)
-        name = f"{func.namespace}.{func._opname}"
-        formula = self.custom.get(name)
-        if formula is not None:
-            status, flops = "counted", int(formula(*_shapes(args), out_shape=_shapes(out),
-                                                   **{k: _shapes(v) for k, v in kwargs.items()}))
-        else:
-            fn = self.cache.get(func, _MISSING)
-            if fn is _MISSING:
-                fn = self.cache[func] = self.options.lookup(func)
-            if fn is None:
-                status, flops = "uncounted", 0
-            elif fn is FREE:
-                status, flops = "free", 0
-            else:
-                try:
-                    flops = int(fn(OpCall(func, args, kwargs, out, self.options)).flops)
-                    status = "counted"
-                except Exception:   # a formula that cannot read these arguments: uncounted, never a crash
-                    status, flops = "uncounted", 0
+    def on_op(self, name: str, status: str, macs: int, flops: int) -> None:
         self.ops.append(Op(name, status, flops))
         for m in set(self.open):              # a module called inside itself counts the op once
             self.by_module[m] += flops
-        return out
 
 
-_MISSING = object()
-
-
-def _track(counter, modules: list[nn.Module]) -> list:
+def _track(counter: _Tally, modules: list[nn.Module]) -> list:
     """Hooks that keep ``counter.open`` the module calls running in this thread (each module named as
     FlopCounterMode names it: its class, then its submodules' paths)."""
     owner = threading.get_ident()
@@ -198,12 +153,11 @@ def measure_flops(workload: Callable[[], Any], *, modules: nn.Module | list[nn.M
     tracked = [] if modules is None else [modules] if isinstance(modules, nn.Module) else list(modules)
     if any(not isinstance(m, nn.Module) for m in tracked):
         raise TypeError("modules must be a torch.nn.Module or a list of them.")
-    counter = _Counter(custom)
-    handles = _track(counter, tracked)
+    tally = _Tally()
+    handles = _track(tally, tracked)
     try:
-        with counter:
+        with OpCounter(tally.on_op, custom):
             workload()
     finally:
-        for h in handles:
-            h.remove()
-    return flop_report(counter.ops, dict(counter.by_module), "workload", frozenset(custom))
+        hooks.remove_all(handles)
+    return flop_report(tally.ops, dict(tally.by_module), "workload", frozenset(custom))
