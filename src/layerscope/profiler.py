@@ -202,10 +202,6 @@ class Profiler:
     def steps(self) -> int:
         return len(self._steps)
 
-    def step_calls(self) -> list[list[CallTimes]]:
-        """Each recorded step's module calls with their times (warm-up steps included)."""
-        return [step[0] for step in self._steps]
-
     # hooks -----------------------------------------------------------------------------------
     def _root_pre(self, module, args, kwargs) -> None:
         if self.step_on == "forward" and self._rec.calls and self._rec.calls[0].f1 is not None:
