@@ -32,7 +32,7 @@ from .._compat import profiler_event_tree
 from ..errors import InputError
 
 __all__ = ["Measured", "measure_cpu", "measure_cuda", "state_bytes", "profile_events", "count_cpu_allocations",
-           "read_counted"]
+           "read_counted", "kineto_quiet"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +82,7 @@ def quiet_safe_threads(threads):
 
 
 @contextlib.contextmanager
-def _kineto_quiet():
+def kineto_quiet():
     """Hold back what the profiler's C++ side writes to stderr as it starts and stops (torch 2.13's
     kineto logs "USDT: ... profiler_start" lines whatever the log level): fd 2 goes to a temporary
     file for the duration, and any other line written there is passed on. fd 2 is the process's:
@@ -123,12 +123,12 @@ def profile_events(run: Callable, cuda: bool = False, prefix: str = "layerscope.
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     prof = profile(activities=activities, profile_memory=True)
-    with _kineto_quiet():
+    with kineto_quiet():
         prof.__enter__()
     try:
         run()
     finally:
-        with _kineto_quiet():
+        with kineto_quiet():
             prof.__exit__(None, None, None)
     tree = profiler_event_tree(prof)   # kineto's event tree is not public API (_compat)
     allocations: list[tuple] = []

@@ -11,7 +11,7 @@ from typing import Sequence
 from ..errors import InputError
 from .units import decimals, params, torchscan_amount
 
-__all__ = ["HEADERS", "MAX_WIDTHS", "Row", "Totals", "summary_text", "wrap_name"]
+__all__ = ["HEADERS", "MAX_WIDTHS", "Row", "Totals", "summary_text", "tree_name", "wrap_name"]
 
 HEADERS = ("Layer", "Type", "Output Shape", "Param #", "Receptive field", "Effective stride", "Effective padding")
 MAX_WIDTHS = (27, 20, 25, 15, 15, 16, 17)     # torchscan's cap on each column's width
@@ -45,7 +45,8 @@ class Totals:
     dmas: float
 
 
-def _tree(name: str, depth: int) -> str:
+def tree_name(name: str, depth: int) -> str:
+    """torchscan's format_name: a layer's name with its tree prefix."""
     if depth == 0:
         return name
     if depth == 1:
@@ -53,15 +54,15 @@ def _tree(name: str, depth: int) -> str:
     return f"{'|    ' * (depth - 1)}└─{name}"
 
 
-def wrap_name(s: str, max_len: int, mode: str | None) -> str:
+def wrap_name(s: str, max_len: int, mode: str | None, delimiter: str = ".", wrap: str = _WRAP) -> str:
     """torchscan's wrap_string: a name longer than ``max_len`` cut at its end ("end") or in its
-    middle, keeping its last dotted part ("mid"); ``None`` leaves it whole."""
+    middle, keeping its last ``delimiter`` part ("mid"); ``None`` leaves it whole."""
     if len(s) <= max_len or mode is None:
         return s
     if mode == "end":
-        return s[: max_len - len(_WRAP)] + _WRAP
+        return s[: max_len - len(wrap)] + wrap
     if mode == "mid":
-        end = f"{_WRAP}.{s.rpartition('.')[-1]}"
+        end = f"{wrap}.{s.rpartition(delimiter)[-1]}"
         return s[: max_len - len(end)] + end
     raise InputError(f"wrap_mode must be 'mid', 'end' or None, got {mode!r}")
 
@@ -74,7 +75,7 @@ def _cells(row: Row, col_w: Sequence[int] | None, wrap_mode: str | None, n: int)
     """The first ``n`` cells of a row; unsized (``col_w`` None) when measuring."""
     widths = list(col_w) if col_w else [None] * len(HEADERS)
     max_len = widths[0] + 3 if isinstance(widths[0], int) else 100
-    texts = (lambda: wrap_name(_tree(row.name, row.depth), max_len, wrap_mode), lambda: row.type,
+    texts = (lambda: wrap_name(tree_name(row.name, row.depth), max_len, wrap_mode), lambda: row.type,
              lambda: str(row.output_shape), lambda: params(row.count), lambda: decimals(row.rf, 0),
              lambda: decimals(row.stride, 0), lambda: decimals(row.padding, 0))
     return [_cell(texts[i](), widths[i]) for i in range(n)]

@@ -9,6 +9,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from ...render.torchscan import tree_name, wrap_name
+from ...render.units import torchscan_scale
 from .report import AnalysisReport, LayerReport, MetricResult
 
 __all__ = ["aggregate_info", "format_info", "format_line_str", "format_name", "format_s", "unit_scale",
@@ -22,24 +24,17 @@ MARGIN = 4
 
 def format_name(name: str, depth: int = 0) -> str:
     """A layer's name with its tree prefix."""
-    return name if depth == 0 else f"├─{name}" if depth == 1 else "|    " * (depth - 1) + f"└─{name}"
+    return tree_name(name, depth)
 
 
-def wrap_string(s: str, max_len: int, delimiter: str = ".", wrap: str = "[...]", mode: str = "end") -> str:
-    """``s`` cut to ``max_len``: at its end ("end") or before its last ``delimiter`` part ("mid")."""
-    if len(s) <= max_len or mode is None:
-        return s
-    if mode == "end":
-        return s[:max_len - len(wrap)] + wrap
-    if mode == "mid":
-        tail = f"{wrap}.{s.rpartition(delimiter)[-1]}"
-        return s[:max_len - len(tail)] + tail
-    raise ValueError("received an unexpected value of argument `mode`")
+def wrap_string(s: str, max_len: int, delimiter: str = ".", wrap: str = "[...]", mode: str | None = "end") -> str:
+    """``s`` cut to ``max_len``: at its end ("end") or before its last ``delimiter`` part ("mid"); as it
+    is when it fits or ``mode`` is None (a ValueError for any other mode)."""
+    return wrap_name(s, max_len, mode, delimiter, wrap)
 
 
 def unit_scale(val: float) -> tuple[float, str]:
     """``val`` in T, G, M or k, or as it is."""
-    from ...render.units import torchscan_scale
     return torchscan_scale(val)
 
 

@@ -7,35 +7,9 @@ from typing import Any
 
 from ...errors import InputError
 from ...render.torchscan import Row, Totals, summary_text
-from ...render.units import torchscan_scale
+from ..torchscan.utils import format_name, unit_scale, wrap_string  # noqa: F401 (0.1's and 0.2's are the same)
 
 __all__ = ["aggregate_info", "format_info", "format_name", "unit_scale", "wrap_string"]
-
-
-def format_name(name: str, depth: int = 0) -> str:
-    """``name`` behind the tree prefix of its depth: as it is at 0, "├─" at 1, then one "|    " per
-    level above 1 and "└─"."""
-    if depth <= 0:
-        return name
-    return ("├─" if depth == 1 else "|    " * (depth - 1) + "└─") + name
-
-
-def wrap_string(s: str, max_len: int, delimiter: str = ".", wrap: str = "[...]", mode: str | None = "end") -> str:
-    """``s`` cut to ``max_len`` characters: its head and ``wrap`` ("end"), or its head, ``wrap`` and its
-    last ``delimiter``-separated part ("mid"); as it is when it fits or ``mode`` is None."""
-    if mode is None or len(s) <= max_len:
-        return s
-    if mode == "end":
-        return s[:max_len - len(wrap)] + wrap
-    if mode == "mid":
-        tail = wrap + delimiter + s.rpartition(delimiter)[2]
-        return s[:max_len - len(tail)] + tail
-    raise InputError(f"wrap_string: mode must be 'end', 'mid' or None, got {mode!r}")
-
-
-def unit_scale(val: float) -> tuple[float, str]:
-    """``val`` in T, G, M or k (the largest it reaches), or as it is below 1000: (value, prefix)."""
-    return torchscan_scale(val)
 
 
 def aggregate_info(info: dict[str, Any], max_depth: int) -> dict[str, Any]:

@@ -29,21 +29,19 @@ deprecated in torch 2.13 (the warning is not passed on); a torch without it rais
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
-import os
-import sys
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .... import _compat
+from ....capture.measure import kineto_quiet
 
 __all__ = ["measure_peak_memory"]
 
@@ -64,35 +62,6 @@ def _unimplemented(device: torch.device, missing: list[str]) -> NotImplementedEr
 
 
 # --- CPU ---------------------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def _profiler_lines_held_back() -> Iterator[None]:
-    """While the profiler starts or stops, kineto's C++ side writes "USDT: ... profiler_start/stop"
-    lines to the process's stderr (fd 2): fd 2 goes to a temporary file meanwhile and any other line
-    is passed on. With other Python threads alive (which could write to stderr meanwhile), or without
-    a real fd 2, nothing is held back."""
-    if threading.active_count() > 1:
-        yield
-        return
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError, AttributeError):
-        yield
-        return
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            held.seek(0)
-            other = [line for line in held.read().decode(errors="replace").splitlines(keepends=True)
-                     if "USDT:" not in line and "ActivityProfilerHandler" not in line]
-            if other:
-                sys.stderr.write("".join(other))
-
 
 def _timeline_peak(events: list[list[int]]) -> tuple[int, int]:
     """(baseline, peak) from the raw timeline: [time ns, action, signed bytes, category] per event, time
@@ -121,12 +90,12 @@ def _measure_cpu(workload: Callable[[], object], device: torch.device) -> Stats:
     try:
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
                                       record_shapes=True, with_stack=True)
-        with _profiler_lines_held_back():
+        with kineto_quiet():
             prof.__enter__()
         try:
             workload()
         finally:
-            with _profiler_lines_held_back():
+            with kineto_quiet():
                 prof.__exit__(None, None, None)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*export_memory_timeline.*deprecated", category=FutureWarning)
