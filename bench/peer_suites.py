@@ -85,7 +85,8 @@ SUITES = {
                       alias={"deepspeed.profiling.flops_profiler": "layerscope.compat.deepspeed"},
                       tests="tests/unit/profiling/flops_profiler", args=["-m", ""], children=True,
                       installed="deepspeed",
-                      python=str(ROOT / "bench" / ".venv-peers" / "bin" / "python"),
+                      python=str(ROOT / "bench" / ".venv-peers" / "bin" / "python"),   # bench/peers.py's
+                      venv=["torch==2.13.0", "-r", str(ROOT / "bench" / "requirements-peers.txt"), "-e", str(ROOT)],
                       deselect={"TestFlopsProfiler::test": "deepspeed.initialize: a real engine's fp16 training "
                                 "steps (out of scope, issue 38; skipped on CPU either way: no fp16)"}),
 }
