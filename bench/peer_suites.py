@@ -6,12 +6,17 @@ tests the real package passes, those the front end passes too, and those it fail
 in docs/compat.md's table of documented differences (its only difference a number layerscope counts
 another way, with the reason) or a failure to fix.
 
-  python bench/peer_suites.py [--only torchinfo] [--source torchinfo=PATH_OR_URL] [--keep DIR] [-v]
+  python bench/peer_suites.py [--only torchinfo,torchinfo-xl,torchscan,torchscan-0.1,deepspeed]
+                              [--source NAME=PATH_OR_URL] [--keep DIR] [-v]
 
-Run by hand, not by CI. ``--source`` names a clone or mirror of the repository (default: the peer's
-GitHub address); the tag is checked out from it, nothing is vendored. Both runs use this interpreter
-(the project's .venv: torch, numpy, pytest) or the suite's own (deepspeed: bench/.venv-peers, made by
-bench/peers.py); tests that need what it lacks (a GPU, torchvision, the network) fail or skip alike on
+Suites: torchinfo (v1.8.0), torchinfo-xl (its tests that need torchvision), torchscan (torch-scan 0.2:
+the newest commit of its main branch, there being no v0.2.0 tag), torchscan-0.1 (v0.1.2), deepspeed
+(v0.19.8's flops-profiler tests). Run by hand, not by CI. ``--source`` names a clone or mirror of the
+repository (default: the peer's GitHub address); the revision is checked out from it, nothing is
+vendored. Both runs use this interpreter (the project's .venv: torch, numpy, pytest) or the suite's own
+environment, made on first use (deepspeed: bench/.venv-peers, as bench/peers.py makes it;
+torchinfo-xl: bench/.venv-xl, torch 2.14.1 + torchvision 0.29.1 as `make test-torch214`, with
+transformers and compressai); tests that need what it lacks (a GPU, the network) fail or skip alike on
 both sides and are not counted; a suite's ``deselect`` leaves out of both runs what needs more than the
 front end offers (a DeepSpeed engine), each with its reason, printed with the counts.
 """
