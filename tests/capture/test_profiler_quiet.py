@@ -20,16 +20,16 @@ def _run(code: str) -> str:
 def test_held_back_with_a_spinner_thread_only():
     code = """
         import os, threading, time
-        from layerscope.capture.measure import _kineto_quiet, quiet_safe_threads
+        from layerscope.capture.measure import kineto_quiet, quiet_safe_threads
         stop = threading.Event()
         t = threading.Thread(target=stop.wait, daemon=True)
         t.start()
         def kineto_and_other():
             os.write(2, b"USDT:2026 x SyncActivityProfilerHandler.cpp:52] profiler_start\\n")
             os.write(2, b"kept line\\n")
-        with _kineto_quiet():                   # an unknown thread runs: nothing is held back
+        with kineto_quiet():                   # an unknown thread runs: nothing is held back
             kineto_and_other()
-        with quiet_safe_threads([t]), _kineto_quiet():
+        with quiet_safe_threads([t]), kineto_quiet():
             kineto_and_other()
         stop.set()
     """
