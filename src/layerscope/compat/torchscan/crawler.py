@@ -27,14 +27,13 @@ from torch import nn
 
 from ...capture import hooks
 from ...capture.inputs import iter_tensors
-from .flops import Op, flop_report
+from .flops import METHOD, Op, flop_report
 from .modules import module_dmas, module_flops, module_macs, module_rf  # noqa: F401 (torchscan's crawler names)
 from .report import AnalysisReport, Diagnostic, IncompleteAnalysisError, LayerReport, MetricResult, metric_result
 from .utils import aggregate_info, format_info
 
 __all__ = ["crawl_module", "summary"]
 
-METHOD = "layerscope"
 
 
 def _package_version() -> str:
