@@ -67,7 +67,7 @@ def test_spread_and_over_roof_are_flagged():
     assert "1.60 ms   1.60 ms" in row["fc:"] and "!" not in row["fc:"]
     assert "122.50% ?" in row["fc:"]
     assert "spread (IQR/median) 2,056.7% ! over 25%" in text
-    assert "Unreliable   the forward's spread (IQR/median over the repeats) is 2,056.7%, over the 25% limit" in text
+    assert "Unreliable   spread (IQR/median over the repeats) the forward's 2,056.7%, over the 25% limit" in text
     assert "!            1 call whose time spreads over 25% of its median" in text
     over = next(ln for ln in lines if ln.startswith("Over roof"))
     assert "1 call above 100% of the roof (fc 122.5%)" in over and "the peaks are (given: 1.00 GFLOP/s" in over

@@ -167,8 +167,8 @@ def latency_warnings(rep: "LatencyReport") -> list[tuple[str, str]]:
     out = []
     bad = wide_totals(rep.totals)
     if bad:
-        out.append(("Unreliable", ", ".join(f"the {ph}'s spread (IQR/median over the repeats) is {100 * v:,.1f}%"
-                                            for ph, v in bad.items())
+        spreads = [f"the {ph}'s {100 * v:,.1f}%" for ph, v in bad.items()]
+        out.append(("Unreliable", "spread (IQR/median over the repeats) " + " and ".join(spreads)
                     + f", over the {100 * SPREAD_LIMIT:g}% limit: the machine was busy or the run too short to "
                     "time, so no time here is a reliable figure (re-run on a quiet machine, or with more "
                     "repeats)"))
