@@ -147,7 +147,8 @@ def latency_context(rep: "LatencyReport") -> tuple[Fact, ...]:
 
 def _spread(t, phase: str) -> str:
     v = t[f"{phase}_spread"]
-    return f"; spread (IQR/median) {100 * v:,.1f}%" + (f" {WIDE} over {100 * SPREAD_LIMIT:g}%" if v > SPREAD_LIMIT else "")
+    flag = f" {WIDE} over {100 * SPREAD_LIMIT:g}%" if v > SPREAD_LIMIT else ""
+    return f"; spread (IQR/median) {100 * v:,.1f}%{flag}"
 
 
 def latency_title(rep: "LatencyReport") -> str:
