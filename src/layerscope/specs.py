@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .capture.inputs import make_inputs
+from .capture.measure import available_bytes
 from .errors import SpecError
 from .options import DTYPES
 
@@ -441,27 +442,6 @@ def weight_bytes(model: nn.Module) -> int:
         seen.add(key)
         total += t.numel() * t.element_size()
     return total
-
-
-def available_bytes(device: "str | torch.device") -> int | None:
-    """Memory free for new allocations on ``device``: MemAvailable from /proc/meminfo for the CPU,
-    torch.cuda.mem_get_info for a GPU; None where it cannot be read (other systems, meta)."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        try:
-            return int(torch.cuda.mem_get_info(dev)[0])
-        except Exception:  # noqa: BLE001 - no driver: nothing to compare with
-            return None
-    if dev.type != "cpu":
-        return None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def check_fits(need: int, device: "str | torch.device", what: str, hint: str) -> None:

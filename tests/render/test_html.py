@@ -104,7 +104,9 @@ def test_timeline_keeps_the_peak():
 def test_notebook_tables(reports):
     for r in reports:
         html = r._repr_html_()
-        assert html.startswith("<div><b>layerscope") and "TinyGPT</b><table>" in html and "<script" not in html
+        # a profile's title ends with a warning where its real timings spread widely (issue 58)
+        assert html.startswith("<div><b>layerscope") and "<script" not in html
+        assert "TinyGPT</b><table>" in html or "TinyGPT -- UNRELIABLE TIMES: " in html
     rep = reports[0]
     # one body row per layer shown at depth 3, the context's and the footer's lines around them
     t = rep.table_model(3)

@@ -17,7 +17,15 @@ from ..capture.repeats import half_width
 from ..capture.timing import CallTimes
 from .roofline import Roofline
 
-__all__ = ["Timing", "timing", "LatencyLayer", "latency_layers", "latency_totals"]
+__all__ = ["Timing", "timing", "LatencyLayer", "latency_layers", "latency_totals", "SPREAD_LIMIT", "wide",
+           "wide_totals", "over_roof"]
+
+# A time is flagged when the interquartile range of its repeats is over this share of its median
+# (issue 58: on a busy machine a profile printed a spread of 2,317% and a "% of roof" of 122.6%
+# without a word). Repeats of one call on a quiet machine spread by a few percent (the goldens' hand-
+# made timings: 20%); beyond a quarter of the median the quartiles disagree about the time by more
+# than the differences a profile is read for, so its median is not a figure to act on.
+SPREAD_LIMIT = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +116,26 @@ class LatencyLayer:
     def roof_fraction(self, roof: Roofline | None) -> float | None:
         """Achieved forward FLOP/s over the roof's attainable FLOP/s at this intensity."""
         return roof.fraction(self.flops, self.bytes_moved, self.forward.median) if roof is not None else None
+
+
+def wide(t: Timing | None) -> bool:
+    """Whether a time's spread (IQR over median) is over ``SPREAD_LIMIT``."""
+    return t is not None and t.spread > SPREAD_LIMIT
+
+
+def wide_totals(totals) -> dict[str, float]:
+    """The whole run's spreads over ``SPREAD_LIMIT``, by phase ("forward", "backward", "step")."""
+    return {ph: v for ph in ("forward", "backward", "step")
+            if (v := totals.get(f"{ph}_spread")) is not None and v > SPREAD_LIMIT}
+
+
+def over_roof(layers, roof: Roofline | None) -> list[tuple[LatencyLayer, float]]:
+    """The calls whose achieved FLOP/s is over what the roofline allows at their intensity (% of roof
+    over 100%), with that fraction: a time below the roofline's floor, which cannot be where the time
+    and the peaks are right."""
+    if roof is None:
+        return []
+    return [(r, f) for r in layers if (f := r.roof_fraction(roof)) is not None and f > 1.0]
 
 
 def _self_times(calls: list[CallTimes], phase: str) -> list[list[float]]:

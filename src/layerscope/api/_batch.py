@@ -11,11 +11,12 @@ from torch import nn
 from ..capture.guard import exclusive
 from ..capture.prepare import is_fake_model
 from ..capture import model_device
+from ..capture.measure import state_bytes
 from ..errors import InputError
 from ..progress import ProgressBar
 from ..options import MemoryOptions, entry_options
 from ..render.units import iec, parse_bytes
-from ._memory import memory_with
+from ._memory import host_shortfall, memory_with
 
 __all__ = ["BatchFit", "max_batch_size", "real_step_bound"]
 
@@ -31,6 +32,8 @@ class BatchFit:
         self.report = report            # the MemoryReport at batch_size (None when nothing fits)
         # (batch size, measured peak) of the real steps that checked the answer (none: not checked)
         self.measured: tuple[tuple[int, int], ...] = ()
+        # what the answer rests on where it is not what it seems (a real step the host could not hold)
+        self.notes: tuple[str, ...] = ()
 
     @property
     def real_steps(self) -> int:
@@ -57,7 +60,10 @@ def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_
     step at the answer is then measured with the allocator (``BatchFit.measured``); where it does not
     fit, real steps bisect below it (at most ceil(log2(answer)) + 2 of them, ``BatchFit.real_steps``),
     so scratch the simulation cannot see (oneDNN convolution workspace) never makes the answer too
-    large. ``progress=True`` shows a bar on stderr for those real steps.
+    large. A real step runs only where its simulated peak, less the weights held, with
+    ``capture.measure.REAL_STEP_MARGIN`` fits in the memory the device has available; above that the
+    answer is the simulation's and ``BatchFit.notes`` says so (issue 58: the host was asked for 80 GiB
+    and the kernel killed the process). ``progress=True`` shows a bar on stderr for those real steps.
 
     The steps are ``memory()``'s: its options as keywords (``optimizer=``, ``training=``, ...) or in
     ``options=MemoryOptions(...)``, not both ways; ``batch_dim`` is the dimension the batch is resized
@@ -76,7 +82,8 @@ def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_
 
     def peak(b: int) -> int:
         if b not in reports:
-            reports[b] = memory_with(model, args, kwargs, dataclasses.replace(opts, batch_size=b))
+            # simulated only: the real steps are _checked's, each within what the host can hold
+            reports[b] = memory_with(model, args, kwargs, dataclasses.replace(opts, batch_size=b, measure=False))
         return reports[b].peak_bytes
 
     def result(b: int) -> BatchFit:
@@ -179,11 +186,17 @@ def _checked(fit: BatchFit, model, args, kwargs, opts: MemoryOptions, limit_byte
     device = opts.device
     if here.type not in ("cpu", "cuda") or (device is not None and torch.device(device) != here):
         return fit
+    held = state_bytes([*model.parameters(), *model.buffers()])
     measured: dict[int, int] = {}
+    refused: list[str] = []
     budget = real_step_bound(b)
     bar = ProgressBar(budget, f"measuring real steps below batch {b}") if progress else None
 
     def fits(k: int) -> bool:
+        why = _host_room(k, reports, held, here)
+        if why is not None:            # not run: counted as not shown to fit, so never the answer
+            refused.append(why)
+            return False
         rep = memory_with(model, args, kwargs, dataclasses.replace(opts, batch_size=k, measure=True))
         measured[k] = rep.measured.peak_bytes
         if bar is not None:
@@ -195,6 +208,12 @@ def _checked(fit: BatchFit, model, args, kwargs, opts: MemoryOptions, limit_byte
 
     try:
         lo, hi = (b, b + 1) if fits(b) else (0, b)
+        if refused:
+            # the host cannot hold a real step at the answer: it is the simulation's (issue 58)
+            fit.notes = (f"the simulation's answer, not checked by a real step: {refused[0]}; scratch that "
+                         "kernels allocate inside themselves (oneDNN convolution workspace) is not in the "
+                         "simulation, so the largest batch that really fits may be smaller",)
+            return fit
         while hi - lo > 1:
             left = budget - len(measured)         # >= _clog2(hi - lo): bisection alone fits in it
             k = _predict(lo, hi, measured, reports, limit_bytes)
@@ -210,7 +229,23 @@ def _checked(fit: BatchFit, model, args, kwargs, opts: MemoryOptions, limit_byte
     samples = sorted((k, r.peak_bytes) for k, r in reports.items())
     out = BatchFit(lo, reports[lo].peak_bytes if lo else None, limit_bytes, samples, reports.get(lo))
     out.measured = tuple(sorted(measured.items()))
+    if refused:     # the first, and how many more (each lower batch was tried as bisection went on)
+        more = f"; {len(refused) - 1} more batches below it were not run either" if len(refused) > 1 else ""
+        out.notes = (f"{refused[0]}, so it was not run{more}, and the answer may be smaller than the "
+                     "largest batch that fits",)
     return out
+
+
+def _host_room(k: int, reports: dict, held: int, device: torch.device) -> str | None:
+    """Why a real step at batch ``k`` must not run (None: it may): its simulated peak (that of the
+    smallest batch simulated at or above ``k``: the peak grows with the batch), less ``held`` (the
+    weights, already allocated), with its margin, is more than ``device`` has available
+    (``host_shortfall``). Nothing simulated at or above ``k``: None (``memory_with`` refuses the
+    step itself)."""
+    above = [b for b in reports if b >= k]
+    if not above:
+        return None
+    return host_shortfall(reports[min(above)].peak_bytes - held, device, f"batch {k}'s real step")
 
 
 def _predict(lo: int, hi: int, measured: dict, reports: dict, limit: int) -> int | None:
@@ -220,7 +255,9 @@ def _predict(lo: int, hi: int, measured: dict, reports: dict, limit: int) -> int
     slope (batches 1 and 2), which kernel scratch growing with the batch makes an underestimate of
     the answer, so it tends to bracket it. None: no line to predict from."""
     fails = sorted(k for k in measured if k >= hi)
-    if lo in measured:
+    if hi not in measured and len(fails) < 2:
+        return None                   # hi was not run (the host could not hold it): no line through it
+    if lo in measured and hi in measured:
         (a, pa), (z, pz) = (lo, measured[lo]), (hi, measured[hi])
     elif len(fails) >= 2:
         (a, pa), (z, pz) = (fails[0], measured[fails[0]]), (fails[1], measured[fails[1]])

@@ -13,7 +13,8 @@ from ..capture import iter_tensors, model_device
 from ..capture.attention import resolve_gpu, router_for
 from ..capture.composed import composed_steps
 from ..capture.guard import exclusive, gc_paused
-from ..capture.measure import measure_cpu, measure_cuda, state_bytes
+from ..capture import measure as measure_mod
+from ..capture.measure import measure_cpu, measure_cuda, real_step_need, state_bytes
 from ..capture.prepare import as_device, check_model, example_inputs, is_fake_model, materialize_lazy, rebatch
 from ..capture.step import run_steps
 from ..capture.storage import StorageTracker, cuda_block_size
@@ -23,10 +24,10 @@ from ..errors import ForwardError, InputError
 from ..formats.exported import refuse_exported
 from ..options import MemoryOptions, entry_options, optimizer_name
 from ..progress import ProgressBar
-from ..render.units import parse_bytes
+from ..render.units import iec, parse_bytes
 from ..render.views import MemoryReport
 
-__all__ = ["memory", "memory_with"]
+__all__ = ["memory", "memory_with", "host_shortfall"]
 
 
 @exclusive
@@ -107,7 +108,8 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
     args = example_inputs(args, kwargs, opts.input_size, opts.dtypes, opts.batch_dim, in_device, "memory")
     materialize_lazy(model, args, kwargs)
     if opts.batch_size is not None:
-        args, kwargs = rebatch(args, kwargs, opts.batch_dim or 0, opts.batch_size)
+        args, kwargs = rebatch(args, kwargs, opts.batch_dim or 0, opts.batch_size,
+                               simulated=opts.simulate and not measure)
     # where the simulation runs: fake tensors that claim the target device
     sim_device = target
     if target.type == "meta":
@@ -176,11 +178,17 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
             if bar is not None:
                 bar.close()
         tracker = run.tracker
+        results = memory_results(run, model, options=options)
         measured = None
         if measure:
             own = [*model.parameters(), *model.buffers(), *iter_tensors((args, kwargs))]
             # on CUDA what the allocator counts: the device's storages, in its 512-byte blocks
             before = state_bytes(own, here, cuda_block_size) if here.type == "cuda" else state_bytes(own)
+            if opts.simulate:
+                why = host_shortfall(results["totals"]["peak_bytes"] - before, here, "the real step" +
+                                     (f" at batch {opts.batch_size}" if opts.batch_size else ""))
+                if why is not None:
+                    raise InputError(f"measure=True refused: {why}; leave measure off, or a smaller batch")
 
             real_kw = {k: v for k, v in step_kw.items() if k not in ("device", "foreach_default", "probe_kernels")}
 
@@ -199,7 +207,21 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
         if tracker.untracked:
             notes.append(f"{tracker.untracked} tensors without a plain storage (sparse, nested) were "
                          "not tracked")
-        return MemoryReport(**memory_results(run, model, options=options, measured=measured, notes=notes))
+        return MemoryReport(**{**results, "measured": measured, "notes": tuple(notes)})
+
+
+def host_shortfall(added: int, device: torch.device, what: str) -> str | None:
+    """Why a real step that adds ``added`` bytes (its simulated peak less what is already held) must
+    not run on ``device``: that with ``REAL_STEP_MARGIN`` exceeds what the device has available (issue
+    58: a measured step the host cannot hold is killed by the kernel, not refused). None: it may run,
+    or the available memory cannot be read."""
+    need, free = real_step_need(added), measure_mod.available_bytes(device)
+    if free is None or need <= free:
+        return None
+    ratio, fixed = measure_mod.REAL_STEP_MARGIN
+    where = "the host has" if device.type == "cpu" else f"{device} has"
+    return (f"{what} would need {iec(need)} (its predicted {iec(max(0, added))} + {ratio:.0%} + {iec(fixed)} "
+            f"for what the simulation cannot see) and {where} {iec(free)} available")
 
 
 def _advance(bar):

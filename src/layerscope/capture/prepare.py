@@ -3,6 +3,7 @@ re-batched, cut into micro-batches, moved to meta. No model runs here."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -12,6 +13,7 @@ from torch.nn.parameter import is_lazy
 from ..errors import InputError
 from .guard import any_held
 from .inputs import iter_tensors, make_inputs, map_tensors
+from .known import LIMIT
 from .state import model_device, non_leaf
 
 __all__ = ["check_model", "as_device", "prepare_inputs", "example_inputs", "rebatch", "micro_batch",
@@ -85,9 +87,13 @@ def example_inputs(args: tuple, kwargs: dict, input_size, dtypes, batch_dim, dev
     return tuple(args)
 
 
-def rebatch(args: tuple, kwargs: dict, batch_dim: int, size: int):
+def rebatch(args: tuple, kwargs: dict, batch_dim: int, size: int, simulated: bool = False):
     """The same inputs with ``size`` along ``batch_dim``: every tensor whose batch dimension matches
-    the first tensor's is cut or repeated (real values repeat; meta/fake tensors have none)."""
+    the first tensor's is cut or repeated (real values repeat; meta/fake tensors have none).
+    ``simulated``: the inputs are only for a simulation, which carries the values of small integer
+    and boolean tensors alone (capture/known.py): a real tensor whose values it would not carry
+    (floating, or over ``known.LIMIT`` elements) is made on meta instead of repeated for real
+    (issue 58: a batch-size search allocated its inputs at every batch it simulated)."""
     first = next((t for t in iter_tensors((args, kwargs)) if t.dim() > batch_dim), None)
     if first is None:
         raise InputError(f"batch_size needs an input tensor with a dimension {batch_dim}")
@@ -96,9 +102,12 @@ def rebatch(args: tuple, kwargs: dict, batch_dim: int, size: int):
     def fix(t: torch.Tensor) -> torch.Tensor:
         if t.dim() <= batch_dim or t.shape[batch_dim] != old or old == size:
             return t
+        shape = list(t.shape)
+        shape[batch_dim] = size
+        if simulated and t.device.type != "meta" and getattr(t, "fake_mode", None) is None and \
+                (t.is_floating_point() or t.is_complex() or math.prod(shape) > LIMIT):
+            return torch.empty(shape, dtype=t.dtype, device="meta")
         if t.device.type == "meta" or old == 0:
-            shape = list(t.shape)
-            shape[batch_dim] = size
             return torch.empty(shape, dtype=t.dtype, device=t.device)
         idx = torch.arange(size, device=t.device) % old
         return t.index_select(batch_dim, idx)

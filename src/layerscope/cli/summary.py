@@ -87,6 +87,8 @@ def run_memory(ns: argparse.Namespace) -> int:
         real = f" and {fit.real_steps} real step{'s' if fit.real_steps != 1 else ''}" if fit.real_steps else ""
         n = len(fit.samples)
         say(where + peak + f", from {n} simulation{'' if n == 1 else 's'}{real}")
+        for note in fit.notes:
+            say(f"  note: {note}")
     return code
 
 

@@ -6,14 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..analyses.latency import LatencyLayer, latency_layers, latency_totals
+from ..analyses.latency import (SPREAD_LIMIT, LatencyLayer, latency_layers, latency_totals, over_roof, wide,
+                                wide_totals)
 from ..analyses.roofline import Roofline
 from ..capture.repeats import AUTO_MAX, AUTO_MIN, CALL_SHARE, TOL_CALL, TOL_TOTAL
 from ..errors import InputError
 from .base import ReportRecord, Totals
 from .table import Column, Fact, Table, select_columns, tree_table
 
-__all__ = ["LatencyLayer", "LatencyReport", "LatencyTotals", "latency_layers", "latency_totals", "latency_columns"]
+__all__ = ["LatencyLayer", "LatencyReport", "LatencyTotals", "latency_layers", "latency_totals", "latency_columns",
+           "latency_title", "latency_warnings"]
 
 
 def _med(phase: str):
@@ -28,14 +30,23 @@ _T = {"fold": False, "fold_with": "median"}   # times differ from block to block
 
 
 def _imprecise(phase: str):
-    """The mark after a time whose median is less precise than profile()'s stopping rule asks: a call
-    over CALL_SHARE of the whole whose 95% interval is wider than +-TOL_CALL (issue 34)."""
+    """The marks after a time: `` ~`` where its median is less precise than profile()'s stopping rule
+    asks (a call over CALL_SHARE of the whole whose 95% interval is wider than +-TOL_CALL, issue 34),
+    ``!`` where its spread is over SPREAD_LIMIT (issue 58)."""
     def mark(r, rep) -> str:
-        return IMPRECISE if imprecise(r, rep, phase) else ""
+        tilde = IMPRECISE if imprecise(r, rep, phase) else ""
+        return tilde + (("" if tilde else " ") + WIDE if wide(getattr(r, phase)) else "")
     return mark
 
 
 IMPRECISE = " ~"
+WIDE = "!"          # after a time whose spread (IQR/median) is over SPREAD_LIMIT
+OVER_ROOF = " ?"    # after a % of roof over 100%
+
+
+def _over_roof(r, rep) -> str:
+    f = r.roof_fraction(rep.roofline)
+    return OVER_ROOF if f is not None and f > 1.0 else ""
 
 
 def imprecise(r, rep, phase: str) -> bool:
@@ -55,7 +66,8 @@ def latency_columns(rep: "LatencyReport") -> tuple[Column, ...]:
         Column("output_shape", "Output shape", "shape", lambda r, rep: r.output_shapes, drop=3),
         Column("params", "Params", "params", lambda r, rep: r.params, drop=2),
         Column("forward", "Fwd", "seconds", _med("forward"), suffix=_imprecise("forward"), **_T,
-               description="median inclusive time (~: known less precisely than +-5%)"),
+               description=f"median inclusive time (~: known less precisely than +-5%; {WIDE}: spread "
+                           f"(IQR/median) over {100 * SPREAD_LIMIT:g}%)"),
         Column("forward_self", "Fwd self", "seconds", _med("forward_self"), **_T,
                description="inclusive minus the direct children's"),
         Column("self_percent", "% self", "percent", lambda r, rep: r.forward_self.median / total, **_T,
@@ -64,7 +76,8 @@ def latency_columns(rep: "LatencyReport") -> tuple[Column, ...]:
         Column("forward_p75", "Fwd p75", "seconds", _q("forward", "p75"), **_T, drop=6, default=False),
     ]
     if rep.options.get("backward"):
-        cols += [Column("backward", "Bwd", "seconds", _med("backward"), suffix=_imprecise("backward"), **_T),
+        cols += [Column("backward", "Bwd", "seconds", _med("backward"), suffix=_imprecise("backward"), **_T,
+                        description=f"median inclusive backward time (~ and {WIDE} as for Fwd)"),
                  Column("backward_self", "Bwd self", "seconds", _med("backward_self"), **_T, drop=1)]
     cols += [Column("flops", "FLOPs", "count", lambda r, rep: r.flops, drop=6, default=False),
              Column("bytes_moved", "Bytes", "bytes", lambda r, rep: r.bytes_moved, drop=6, default=False),
@@ -73,7 +86,9 @@ def latency_columns(rep: "LatencyReport") -> tuple[Column, ...]:
     if roof is not None:
         cols += [Column("bound", "Bound", "text", lambda r, rep: r.bound(roof), drop=5),
                  Column("roof_fraction", "% of roof", "percent", lambda r, rep: r.roof_fraction(roof),
-                        **_T, drop=5)]
+                        suffix=_over_roof, **_T, drop=5,
+                        description="achieved / attainable FLOP/s at the call's intensity (?: over 100%, "
+                                    "which cannot be: see the Over roof line)")]
     return tuple(cols)
 
 
@@ -130,6 +145,55 @@ def latency_context(rep: "LatencyReport") -> tuple[Fact, ...]:
     return tuple(facts)
 
 
+def _spread(t, phase: str) -> str:
+    v = t[f"{phase}_spread"]
+    flag = f" {WIDE} over {100 * SPREAD_LIMIT:g}%" if v > SPREAD_LIMIT else ""
+    return f"; spread (IQR/median) {100 * v:,.1f}%{flag}"
+
+
+def latency_title(rep: "LatencyReport") -> str:
+    """The table's first line: the model, and a warning where the whole run's times spread over
+    SPREAD_LIMIT (issue 58)."""
+    title = f"layerscope profile: {rep.model_name}"
+    bad = wide_totals(rep.totals)
+    if bad:
+        title += (" -- UNRELIABLE TIMES: " + ", ".join(f"{ph} spread {100 * v:,.1f}%" for ph, v in bad.items())
+                  + f" (over {100 * SPREAD_LIMIT:g}%)")
+    return title
+
+
+def latency_warnings(rep: "LatencyReport") -> list[tuple[str, str]]:
+    """(label, sentence) for every figure of the report not to take at face value: the whole run's
+    spread, calls whose times spread over SPREAD_LIMIT, and % of roof over 100% (issue 58)."""
+    out = []
+    bad = wide_totals(rep.totals)
+    if bad:
+        spreads = [f"the {ph}'s {100 * v:,.1f}%" for ph, v in bad.items()]
+        out.append(("Unreliable", "spread (IQR/median over the repeats) " + " and ".join(spreads)
+                    + f", over the {100 * SPREAD_LIMIT:g}% limit: the machine was busy or the run too short to "
+                    "time, so no time here is a reliable figure (re-run on a quiet machine, or with more "
+                    "repeats)"))
+    rows = {r.name for r in rep.layers for ph in ("forward", "backward") if wide(getattr(r, ph))}
+    if rows:
+        out.append((WIDE, f"{len(rows)} call{'s' if len(rows) != 1 else ''} whose time spreads over "
+                    f"{100 * SPREAD_LIMIT:g}% of its median (IQR over the repeats): not a reliable figure"))
+    over = over_roof(rep.layers, rep.roofline)
+    if over:
+        r = rep.roofline
+        names = ", ".join(f"{x.name} {100 * f:,.1f}%" for x, f in over[:3]) + (", ..." if len(over) > 3 else "")
+        spread = sum(1 for x, _ in over if wide(x.forward))
+        why = (f"{spread} of them spread over {100 * SPREAD_LIMIT:g}%, so their times are unreliable; "
+               if spread else "")
+        source = {"measured": "measured here, which a busy machine makes too low",
+                  "table": "a datasheet's, for a device that may not be this one"}.get(r.source, "given")
+        out.append(("Over roof", f"{len(over)} call{'s' if len(over) != 1 else ''} above 100% of the roof "
+                    f"({names}): a time below the roofline's floor cannot be right, so either the time is "
+                    f"wrong ({why}timing hooks and short calls distort it) or the peaks are ({source}: "
+                    f"{r.peak_flops / 1e9:,.2f} GFLOP/s, {r.peak_bandwidth / 1e9:,.2f} GB/s); the figures "
+                    "are shown as computed"))
+    return out
+
+
 def latency_footer(rep: "LatencyReport", top: int = 3) -> tuple[Fact, ...]:
     t = rep.totals
     if rep.options.get("unit") == "step":
@@ -138,10 +202,10 @@ def latency_footer(rep: "LatencyReport", top: int = 3) -> tuple[Fact, ...]:
                                _ms(t["other"]), ", of which ", _ms(t["graph_hooks"]),
                                f" the profiler's graph hooks; spread (IQR/median) {100 * t['step_spread']:.1f}%"))]
     else:
-        lines = [Fact("Forward", _phase_line(t, "forward") + (
-            f"; spread (IQR/median) {100 * t['forward_spread']:.1f}%",))]
+        lines = [Fact("Forward", _phase_line(t, "forward") + (_spread(t, "forward"),))]
         if rep.options.get("backward"):
-            lines.append(Fact("Backward", _phase_line(t, "backward")))
+            lines.append(Fact("Backward", _phase_line(t, "backward") +
+                              ((_spread(t, "backward"),) if t.get("backward_spread") is not None else ())))
     if rep.options.get("stopped"):
         lines.append(Fact("Repeats", repeats_line(rep.options)))
     marked = [r.name for r in rep.layers for ph in ("forward", "backward") if imprecise(r, rep, ph)]
@@ -151,6 +215,7 @@ def latency_footer(rep: "LatencyReport", top: int = 3) -> tuple[Fact, ...]:
         lines.append(Fact("~", f"{calls}: {runs} repeats give no 95% interval of a median ({AUTO_MIN} do)"
                           if runs < AUTO_MIN else f"{calls} whose median's 95% interval is wider than "
                           f"+-{100 * TOL_CALL:g}% (more repeats would narrow it)"))
+    lines += [Fact(label, text) for label, text in latency_warnings(rep)]
     if rep.roofline is not None:
         r = rep.roofline
         lines.append(Fact("Roofline", (f"{r.name}: ", (r.peak_flops, "rate"), "FLOP/s, ", (r.peak_bandwidth, "rate"),
@@ -179,7 +244,9 @@ _LAYER_JSON = (
 LATENCY_JSON = (
     ("model", lambda rep, _: {"name": rep.model_name, "device": rep.device, "options": dict(rep.options)}),
     "totals", ("roofline", lambda rep, _: rep.roofline.to_dict() if rep.roofline else None),
-    ("layers", "layers", _LAYER_JSON), "notes",
+    ("layers", "layers", _LAYER_JSON),
+    # the report's notes, then what the footer warns of (issue 58), as "label: sentence"
+    ("notes", lambda rep, _: [*rep.notes, *(f"{label}: {text}" for label, text in latency_warnings(rep))]),
 )
 
 
@@ -245,7 +312,7 @@ class LatencyReport(ReportRecord):
     def table_model(self, depth: int | None = None, columns=None, top: int = 3, **_: Any) -> Table:
         cols = latency_columns(self)
         cols = cols if columns == "all" else select_columns(cols, columns, InputError)
-        return tree_table("latency", f"layerscope profile: {self.model_name}", self, self.layers, cols, depth,
+        return tree_table("latency", latency_title(self), self, self.layers, cols, depth,
                           context=latency_context(self), footer=latency_footer(self, top))
 
     def __repr__(self) -> str:
