@@ -112,3 +112,14 @@ def test_rebatch_for_a_simulation_allocates_nothing_it_would_not_carry():
     assert over.is_meta
     (real,), _ = rebatch((x,), {}, 0, 4)
     assert not real.is_meta and torch.equal(real, x.expand(4, 3))
+
+
+def test_an_answer_at_the_search_ceiling_says_at_least(small_host, capsys):
+    # --limit 1e12 (931 GiB): small_cnn's 536,616 B per sample fits 1.86 million samples, above the
+    # search's ceiling max_batch = 2**20 = 1,048,576: the answer is that ceiling, and a larger batch
+    # may fit too, so the CLI says "at least" (it printed a plain 1048576 before)
+    fit = ls.max_batch_size(small_cnn(), torch.randn(1, 3, 32, 32), limit="1e12")
+    assert fit.batch_size == 1 << 20 and fit.capped
+    assert main(["memory", "layerscope.examples:small_cnn", "--limit", "1e12"]) == 0
+    assert "largest batch that fits 931.32 GiB: at least 1048576 (the search's ceiling)" in capsys.readouterr().out
+    assert not ls.max_batch_size(small_cnn(), torch.randn(1, 3, 32, 32), limit="80GiB").capped

@@ -34,6 +34,8 @@ class BatchFit:
         self.measured: tuple[tuple[int, int], ...] = ()
         # what the answer rests on where it is not what it seems (a real step the host could not hold)
         self.notes: tuple[str, ...] = ()
+        # the answer is the search's ceiling (max_batch): the largest batch that fits may be larger
+        self.capped = False
 
     @property
     def real_steps(self) -> int:
@@ -88,8 +90,9 @@ def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_
 
     def result(b: int) -> BatchFit:
         samples = sorted((k, r.peak_bytes) for k, r in reports.items())
-        return BatchFit(b, reports[b].peak_bytes if b else None, limit_bytes, samples,
-                        reports.get(b))
+        fit = BatchFit(b, reports[b].peak_bytes if b else None, limit_bytes, samples, reports.get(b))
+        fit.capped = b >= max_batch
+        return fit
 
     def done(b: int) -> BatchFit:
         return _checked(result(b), model, args, kwargs, opts, limit_bytes, reports, progress)
@@ -229,6 +232,7 @@ def _checked(fit: BatchFit, model, args, kwargs, opts: MemoryOptions, limit_byte
     samples = sorted((k, r.peak_bytes) for k, r in reports.items())
     out = BatchFit(lo, reports[lo].peak_bytes if lo else None, limit_bytes, samples, reports.get(lo))
     out.measured = tuple(sorted(measured.items()))
+    out.capped = fit.capped and lo == fit.batch_size
     if refused:     # the first, and how many more (each lower batch was tried as bisection went on)
         more = f"; {len(refused) - 1} more batches below it were not run either" if len(refused) > 1 else ""
         out.notes = (f"{refused[0]}, so it was not run{more}, and the answer may be smaller than the "

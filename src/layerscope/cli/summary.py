@@ -82,6 +82,8 @@ def run_memory(ns: argparse.Namespace) -> int:
             say(f"largest batch that fits: not found ({e})")
             return code
         where = f"largest batch that fits {iec(fit.limit_bytes)}: {fit.batch_size}"
+        if fit.capped:     # the search stopped at its ceiling: a larger batch may fit too
+            where = f"largest batch that fits {iec(fit.limit_bytes)}: at least {fit.batch_size} (the search's ceiling)"
         peak = f" (predicted peak {iec(fit.peak_bytes)})" if fit.peak_bytes is not None else \
             " (even batch 1 does not fit)"
         real = f" and {fit.real_steps} real step{'s' if fit.real_steps != 1 else ''}" if fit.real_steps else ""
