@@ -1,0 +1,338 @@
+"""Bounds of values too large to carry beside a run without values (issue 58, item 1).
+
+capture/known.py carries the values of tensors up to ``LIMIT`` elements, so an index op checks its
+bounds as the real kernel does. Past the limit (GPT-2 given 4,194,305 tokens: its ``arange``
+positions) the values were dropped, and an index out of range passed silently: the summary priced
+positions 1,024 .. 4,194,304 of a 1,024-row table. Here such tensors keep a range instead, two
+numbers ``(lo, hi)`` that hold every element: ``arange``'s ends, the min and max of the ids given,
+fills, and what ops that preserve or transform values (views, copies, gathers, ``cat``,
+``+``/``-``/``*``, ``cumsum``, ``clamp``, ``where``...) make of them, conservatively (an interval
+that may be wider than the values, never narrower). An index op whose indices have a range checks it
+as it checks values; one whose indices came from such values but whose range is not known here
+(``TAINTED``: an op without a rule) cannot check them, and the report says so (``unchecked``).
+Tensors that never had values (meta placeholders given as inputs) stay as before: not checked, not
+noted, the same as a meta run of any size.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import weakref
+
+import torch
+
+from .._compat import no_dispatch
+
+__all__ = ["ValueRanges", "TAINTED", "ABSENT"]
+
+aten = torch.ops.aten
+_Tensor = torch.Tensor
+TAINTED = None          # derived from values too large to carry, the range unknown: bounds not checked
+ABSENT = ()             # never had values (a placeholder): nothing to check, nothing to note
+
+
+class _NoRange(Exception):
+    pass
+
+
+def _gone(table_ref, key: int, ref) -> None:
+    table = table_ref()
+    if table is not None:
+        e = table.table.get(key)
+        if e is not None and e[0] is ref:
+            table.drop(key)
+
+
+def _own_storage(t):
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return None
+
+
+def _fits(r, dtype):
+    """``r`` where the dtype holds it (an integer cast that wraps has no range here), else TAINTED."""
+    if r is TAINTED or dtype.is_floating_point or dtype.is_complex:
+        return r
+    if dtype is torch.bool:
+        return (0, 1)
+    info = torch.iinfo(dtype)
+    return r if info.min <= r[0] and r[1] <= info.max else TAINTED
+
+
+# ---- rules: the range of an op's outputs from its inputs' ranges (``r(x)``) -----------------------
+def _first(r, args, kwargs):
+    return r(args[0])
+
+
+def _union(rs):
+    rs = list(rs)
+    if not rs:
+        raise _NoRange
+    return (min(x[0] for x in rs), max(x[1] for x in rs))
+
+
+def _cat(r, args, kwargs):
+    return _union(r(x) for x in args[0])
+
+
+def _add(sign):
+    def rule(r, args, kwargs):
+        a, b = r(args[0]), r(args[1])
+        alpha = args[2] if len(args) > 2 else kwargs.get("alpha", 1)
+        if isinstance(alpha, _Tensor):
+            raise _NoRange
+        b = (b[0] * alpha * sign, b[1] * alpha * sign)
+        return (a[0] + min(b), a[1] + max(b))
+    return rule
+
+
+def _mul(r, args, kwargs):
+    a, b = r(args[0]), r(args[1])
+    p = [x * y for x in a for y in b]
+    return (min(p), max(p))
+
+
+def _neg(r, args, kwargs):
+    a = r(args[0])
+    return (-a[1], -a[0])
+
+
+def _rsub(r, args, kwargs):
+    # rsub(x, other, alpha): other - alpha * x
+    a, b = r(args[0]), r(args[1])
+    alpha = args[2] if len(args) > 2 else kwargs.get("alpha", 1)
+    p = (a[0] * alpha, a[1] * alpha)
+    return (b[0] - max(p), b[1] - min(p))
+
+
+def _clamp(r, args, kwargs):
+    a = r(args[0])
+    lo = args[1] if len(args) > 1 else kwargs.get("min")
+    hi = args[2] if len(args) > 2 else kwargs.get("max")
+    lo = r(lo)[0] if lo is not None else None
+    hi = r(hi)[1] if hi is not None else None
+    out = (a[0] if lo is None else max(a[0], lo), a[1] if hi is None else min(a[1], hi))
+    # clamp(min > max) gives max everywhere
+    return out if out[0] <= out[1] else (hi, hi)
+
+
+def _clamp_min(r, args, kwargs):
+    a, b = r(args[0]), r(args[1])
+    return (max(a[0], b[0]), max(a[1], b[1]))
+
+
+def _clamp_max(r, args, kwargs):
+    a, b = r(args[0]), r(args[1])
+    return (min(a[0], b[0]), min(a[1], b[1]))
+
+
+def _where(r, args, kwargs):
+    return _union((r(args[1]), r(args[2])))
+
+
+def _masked_fill(r, args, kwargs):
+    return _union((r(args[0]), r(args[2])))
+
+
+def _cumsum(r, args, kwargs):
+    # a partial sum of k elements lies in [k*lo, k*hi], k = 1 .. n (n the length along dim)
+    a = r(args[0])
+    x = args[0]
+    n = x.shape[args[1] % x.dim()] if x.dim() else 1
+    return (min(a[0], n * a[0]), max(a[1], n * a[1]))
+
+
+def _remainder(r, args, kwargs):
+    a, b = r(args[0]), r(args[1])
+    if b[0] > 0 and a[0] >= 0:
+        return (0, min(a[1], b[1]))      # x % d of x >= 0, d > 0: in [0, d) and never above x
+    raise _NoRange
+
+
+def _arange(out, args, kwargs):
+    start, end, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) > 2 else 1)
+    step = kwargs.get("step", step)
+    n = out.numel()
+    if n == 0:
+        raise _NoRange
+    last = start + step * (n - 1)
+    return (min(start, last), max(start, last))
+
+
+def _filled(pos, default=None):
+    return lambda out, args, kwargs: (lambda v: (v, v))(args[pos] if default is None else default)
+
+
+_SAME = ("view.default", "_unsafe_view.default", "reshape.default", "expand.default", "unsqueeze.default",
+         "squeeze.default", "squeeze.dim", "squeeze.dims", "slice.Tensor", "select.int", "permute.default",
+         "transpose.int", "t.default", "clone.default", "alias.default", "detach.default", "lift_fresh.default",
+         "lift_fresh_copy.default", "repeat.default", "flip.default", "roll.default", "index_select.default",
+         "gather.default", "index.Tensor", "narrow.default", "unfold.default", "split.Tensor",
+         "split_with_sizes.default", "unbind.int", "chunk.default", "expand_copy.default", "_to_copy.default",
+         "view_as.default", "masked_select.default", "copy.default", "contiguous.default",
+         "movedim.int", "flatten.using_ints", "tile.default", "repeat_interleave.self_int")
+_RULES = {}
+for _name in _SAME:
+    _op, _, _ov = _name.partition(".")
+    _RULES[getattr(getattr(aten, _op), _ov)] = _first
+_RULES.update({aten.cat.default: _cat, aten.stack.default: _cat, aten.add.Tensor: _add(1), aten.add.Scalar: _add(1),
+               aten.sub.Tensor: _add(-1), aten.sub.Scalar: _add(-1), aten.mul.Tensor: _mul, aten.mul.Scalar: _mul,
+               aten.neg.default: _neg, aten.rsub.Scalar: _rsub, aten.rsub.Tensor: _rsub,
+               aten.clamp.default: _clamp, aten.clamp.Tensor: _clamp, aten.clamp_min.default: _clamp_min,
+               aten.clamp_max.default: _clamp_max, aten.minimum.default: _clamp_max,
+               aten.maximum.default: _clamp_min, aten.where.self: _where, aten.masked_fill.Scalar: _masked_fill,
+               aten.masked_fill.Tensor: _masked_fill, aten.cumsum.default: _cumsum,
+               aten.remainder.Scalar: _remainder, aten.remainder.Tensor: _remainder})
+# in place: the same rule as the op it writes in place of (the written tensor is its first input)
+_INPLACE = {aten.add_.Tensor: _add(1), aten.add_.Scalar: _add(1), aten.sub_.Tensor: _add(-1),
+            aten.sub_.Scalar: _add(-1), aten.mul_.Tensor: _mul, aten.mul_.Scalar: _mul,
+            aten.clamp_.default: _clamp, aten.clamp_min_.default: _clamp_min,
+            aten.clamp_max_.default: _clamp_max, aten.masked_fill_.Scalar: _masked_fill,
+            aten.masked_fill_.Tensor: _masked_fill, aten.cumsum_.default: _cumsum,
+            aten.copy_.default: lambda r, a, k: r(a[1]), aten.neg_.default: _neg}
+_RULES.update(_INPLACE)
+# made from sizes and constants alone: ranges from the arguments and the output's size
+_SIZED = {aten.arange.default: _arange, aten.arange.start: _arange, aten.arange.start_step: _arange,
+          aten.full.default: _filled(1), aten.zeros.default: _filled(0, 0), aten.ones.default: _filled(0, 1),
+          aten.zeros_like.default: _filled(0, 0), aten.ones_like.default: _filled(0, 1),
+          aten.full_like.default: _filled(1), aten.new_zeros.default: _filled(0, 0),
+          aten.new_ones.default: _filled(0, 1), aten.new_full.default: _filled(2),
+          aten.fill_.Scalar: _filled(1), aten.zero_.default: _filled(0, 0),
+          aten.eye.default: lambda out, args, kwargs: (0, 1), aten.eye.m: lambda out, args, kwargs: (0, 1)}
+
+
+class ValueRanges:
+    """The ranges of one run's tensors too large to carry (see the module): ``id -> (weak reference,
+    range or TAINTED, own storage)``, and the index ops that could not check their bounds."""
+
+    __slots__ = ("table", "storages", "unchecked", "__weakref__")
+
+    def __init__(self) -> None:
+        self.table: dict[int, tuple] = {}
+        self.storages: dict[int, set[int]] = {}      # own storage -> ids with an entry (views of it)
+        self.unchecked: collections.Counter = collections.Counter()   # index op -> calls not checked
+
+    def set(self, t, r) -> None:
+        key = id(t)
+        self.drop(key)
+        own = _own_storage(t)
+        self.table[key] = (weakref.ref(t, functools.partial(_gone, weakref.ref(self), key)), r, own)
+        if own is not None:
+            self.storages.setdefault(own, set()).add(key)
+
+    def drop(self, key: int) -> None:
+        e = self.table.pop(key, None)
+        if e is not None and e[2] is not None:
+            ids = self.storages.get(e[2])
+            if ids is not None:
+                ids.discard(key)
+                if not ids:
+                    del self.storages[e[2]]
+
+    def entry(self, t):
+        """``t``'s range, TAINTED, or ABSENT (no entry)."""
+        e = self.table.get(id(t))
+        if e is None:
+            return ABSENT
+        if e[0]() is t:
+            return e[1]
+        self.drop(id(t))
+        return ABSENT
+
+    def seed(self, t, real) -> None:
+        """``t`` stands for the real integer tensor ``real``, too large to carry: its min and max."""
+        if real.numel() and not real.is_floating_point() and not real.is_complex():
+            with no_dispatch():
+                self.set(t, (int(real.min()), int(real.max())))
+
+    # ---- the recorder's calls (through KnownValues.after) ---------------------------------------
+    def before(self, known, func, args, kwargs, out, writes) -> list | None:
+        """Before ``known`` carries ``func``'s values: the ranges its outputs (and the tensors it writes)
+        take, as ``[(tensor, range or TAINTED)]``; None where no input has a range and the op has no
+        rule of its own (every output then has a value, or never had one). The entries of the tensors
+        written (and their views) go: their old ranges may no longer hold."""
+        sized = _SIZED.get(func)
+        outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, _Tensor)]
+        targets = [t for t in writes if isinstance(t, _Tensor)]
+        if sized is not None and func not in _INPLACE:
+            try:
+                r = sized(outs[0] if outs else (targets[0] if targets else None), args, kwargs)
+            except (_NoRange, IndexError, TypeError):
+                r = TAINTED
+            if isinstance(r, tuple) and any(isinstance(x, _Tensor) for x in r):
+                r = TAINTED
+            self._drop_written(targets)
+            return [(o, _fits(r, o.dtype)) for o in (outs or targets)]
+        ins = list(_tensors((args, kwargs)))
+        if not any(id(a) in self.table for a in ins):
+            self._drop_written(targets)
+            return None
+        for a in ins:
+            if self.entry(a) is ABSENT and known.stored(a) is None:
+                self._drop_written(targets)
+                return None              # an input that never had values: its outputs neither
+        rule = _RULES.get(func)
+        r = TAINTED
+        if rule is not None:
+            try:
+                r = rule(functools.partial(self._range, known), args, kwargs)
+            except (_NoRange, IndexError, TypeError):
+                r = TAINTED
+        self._drop_written(targets)
+        done = {id(o) for o in outs}
+        return [(o, (0, 1) if o.dtype is torch.bool else _fits(r, o.dtype))
+                for o in outs + [t for t in targets if id(t) not in done]]
+
+    def after(self, known, pairs) -> None:
+        for t, r in pairs:
+            if known.stored(t) is None:
+                self.set(t, r)
+
+    def _drop_written(self, targets) -> None:
+        for t in targets:
+            own = _own_storage(t)
+            for k in list(self.storages.get(own, ())) if own is not None else ():
+                self.drop(k)
+            self.drop(id(t))
+
+    def _range(self, known, x):
+        """The range of ``x``: a number, a tensor with a range or a value; raises _NoRange otherwise."""
+        if isinstance(x, bool):
+            return (int(x), int(x))
+        if isinstance(x, (int, float)):
+            return (x, x)
+        if not isinstance(x, _Tensor):
+            raise _NoRange
+        r = self.entry(x)
+        if r is TAINTED:
+            raise _NoRange
+        if r is not ABSENT:
+            return r
+        v = known.stored(x)
+        if v is None or v.numel() == 0 or v.is_complex():
+            raise _NoRange
+        with no_dispatch():
+            lo, hi = v.min().item(), v.max().item()
+        return (lo, hi)
+
+    def note(self) -> list[str]:
+        if not self.unchecked:
+            return []
+        n = sum(self.unchecked.values())
+        ops = ", ".join(f"{k} ×{v:,}" if v > 1 else k for k, v in sorted(self.unchecked.items()))
+        return [f"index bounds not checked: {n:,} index op call(s) ({ops}) read indices made from values too "
+                f"large to carry beside the meta/fake run, with no range known for them; an index out of "
+                f"range there fails the real run but not this one"]
+
+
+def _tensors(x):
+    if isinstance(x, _Tensor):
+        yield x
+    elif type(x) in (list, tuple):
+        for y in x:
+            yield from _tensors(y)
+    elif type(x) is dict:
+        for y in x.values():
+            yield from _tensors(y)
