@@ -3,6 +3,7 @@ or op of a test in the pytorch repository, with the figure that test asserts."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -44,3 +45,39 @@ def test_torch_flop_counter_backward_model_on_meta():
         FlopCounterBackward()(a).backward()
     assert fc.get_total_flops() == 5_184
     a.grad = None
+
+
+class Varlen(nn.Module):
+    """torch.nn.attention.varlen_attn over two packed sequences, causal (window (-1, 0))."""
+
+    def forward(self, q, cu):
+        from torch.nn.attention.varlen import varlen_attn
+        return varlen_attn(q, q, q, cu, cu, 128, 128, window_size=(-1, 0))
+
+
+def test_varlen_attention_is_priced_as_torch_counts_it():
+    """Before: torch_attn::_varlen_attn (and its backward) were listed as uncounted. torch's
+    FlopCounterMode counts seq_lens [128, 64], 8 heads of 64, causal, as 41,943,040 forward FLOPs:
+    dense, every score of each sequence, 4 * H * D * sum(S^2) = 4 * 8 * 64 * (128^2 + 64^2). That is
+    layerscope's default convention too (causal="dense": the scores the kernel's causal mask drops
+    are counted; causal="unmasked" counts the kept ones), so MACs = 41,943,040 / 2."""
+    pytest.importorskip("torch.nn.attention.varlen")
+    cu = torch.tensor([0, 128, 192], dtype=torch.int32)
+    q = torch.randn(192, 8, 64, requires_grad=True)
+    rep = ls.analyze(Varlen(), q, cu, device="meta", backward=True)
+    assert rep.coverage.complete, rep.coverage
+    t = rep.totals
+    # scores = 8 * (128^2 + 64^2) = 163,840; forward MACs = scores * (64 + 64) = 20,971,520
+    # FLOPs = 2 * MACs + scores * (1 scale + 5 softmax) = 41,943,040 + 983,040
+    assert (t.forward.macs, t.forward.flops) == (20_971_520, 42_926_080)
+    assert 2 * t.forward.macs == 41_943_040
+    # backward: scores * (3 * 64 + 2 * 64) = 52,428,800 MACs: 2.5 x the forward's, as torch counts it
+    assert t.backward.macs == 52_428_800
+    # causal="unmasked": kept scores 8 * (128 * 129 / 2 + 64 * 65 / 2) = 82,688, * 128 = 10,584,064
+    assert ls.analyze(Varlen(), q, cu, device="meta", causal="unmasked").totals.forward.macs == 10_584_064
+    # independently: torch's own counter on the op (meta q, the real cu_seq)
+    from torch.utils.flop_counter import FlopCounterMode
+    qm = torch.empty(192, 8, 64, device="meta")
+    with FlopCounterMode(display=False) as fc:
+        torch.ops.torch_attn._varlen_attn(qm, qm, qm, cu, cu, 128, 128, True)
+    assert fc.get_total_flops() == 41_943_040
