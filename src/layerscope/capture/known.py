@@ -432,41 +432,47 @@ class KnownValues:
         with no_dispatch():      # real reads, also inside a FakeTensorMode
             self._check(func, args)
 
-    def _limits(self, t, op: str):
-        """The least and greatest index in ``t``: from its value, or its range where it is too large to
-        carry (capture/ranges.py); None where neither is known (where it came from values too large
-        to carry, the report says the bounds of ``op`` were not checked)."""
+    def _outside(self, t, op: str, lo_ok: int, size: int):
+        """``(lo, hi)``, the least and greatest index in ``t``, where they certainly reach outside
+        ``[lo_ok, size)``: from its value, or from its exact range where it is too large to carry
+        (capture/ranges.py); else None. An inexact range past the bounds, or none where ``t`` came from
+        values too large to carry, proves nothing: the report says ``op``'s bounds were not checked."""
         v = self.stored(t)
         if v is not None:
-            return (int(v.min()), int(v.max())) if v.numel() else None
-        r = self.ranges.entry(t)
-        if r is ABSENT:
+            if not v.numel():
+                return None
+            b = (int(v.min()), int(v.max()), True)
+        else:
+            b = self.ranges.entry(t)
+            if b is ABSENT:
+                return None
+            if b is TAINTED:
+                self.ranges.unchecked[op] += 1
+                return None
+        if lo_ok <= b[0] and b[1] < size:
             return None
-        if r is TAINTED or not all(math.isfinite(x) for x in r):
+        if not b[2]:
             self.ranges.unchecked[op] += 1
             return None
-        return (math.floor(r[0]), math.ceil(r[1])) if r[0] <= r[1] else None
+        return (b[0], b[1])
 
     def _check(self, func, args) -> None:
         if func is aten.embedding.default:
-            b = self._limits(args[1], "embedding")
-            if b is not None and (b[1] >= args[0].shape[0] or b[0] < 0):
+            if self._outside(args[1], "embedding", 0, args[0].shape[0]) is not None:
                 raise KnownIndexError("index out of range in self")
         elif func is aten.index_select.default:
-            b = self._limits(args[2], "index_select")
-            if b is not None:
-                dim = args[1] % max(args[0].dim(), 1)
-                size = args[0].shape[dim] if args[0].dim() else 1
-                if _index_error(b, size, dim) is not None or b[0] < 0:
-                    raise KnownIndexError(f"index out of range in self (index_select, dimension {dim} of size "
-                                          f"{size})")
+            dim = args[1] % max(args[0].dim(), 1)
+            size = args[0].shape[dim] if args[0].dim() else 1
+            if self._outside(args[2], "index_select", 0, size) is not None:
+                raise KnownIndexError(f"index out of range in self (index_select, dimension {dim} of size "
+                                      f"{size})")
         elif func in (aten.gather.default, aten.scatter.src, aten.scatter.value, aten.scatter_.src,
                       aten.scatter_.value, aten.scatter_add.default, aten.scatter_add_.default):
-            b = self._limits(args[2], func._opname)
-            if b is not None and args[0].dim():
+            if args[0].dim():
                 dim = args[1] % args[0].dim()
                 size = args[0].shape[dim]
-                if b[1] >= size or b[0] < 0:
+                b = self._outside(args[2], func._opname, 0, size)
+                if b is not None:
                     bad = b[1] if b[1] >= size else b[0]
                     raise KnownIndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
         elif func is _INDEX:
@@ -476,10 +482,10 @@ class KnownValues:
                     dim += 1
                     continue
                 if not i.is_floating_point() and i.dtype not in (torch.bool, torch.uint8):
-                    b = self._limits(i, "index")
-                    err = _index_error(b, x.shape[dim], dim) if b is not None else None
-                    if err is not None:
-                        raise err
+                    size = x.shape[dim]
+                    b = self._outside(i, "index", -size, size)
+                    if b is not None:
+                        raise _index_error(b, size, dim)
                 dim += i.dim() if i.dtype in (torch.bool, torch.uint8) else 1
 
     def shaped(self, func, args, kwargs):

@@ -7,9 +7,12 @@ positions 1,024 .. 4,194,304 of a 1,024-row table. Here such tensors keep a rang
 numbers ``(lo, hi)`` that hold every element: ``arange``'s ends, the min and max of the ids given,
 fills, and what ops that preserve or transform values (views, copies, gathers, ``cat``,
 ``+``/``-``/``*``, ``cumsum``, ``clamp``, ``where``...) make of them, conservatively (an interval
-that may be wider than the values, never narrower). An index op whose indices have a range checks it
-as it checks values; one whose indices came from such values but whose range is not known here
-(``TAINTED``: an op without a rule) cannot check them, and the report says so (``unchecked``).
+that may be wider than the values, never narrower), with whether it is exact (both bounds held by
+some element). An index op whose indices have a range checks it as it checks values: within the
+bounds, the indices are; past them with an exact range, the real run fails there (the same error);
+past them with an inexact range, or where the range is not known here (``TAINTED``: an op without a
+rule), the bounds could not be checked, and the report says so (``unchecked``): a run that would
+succeed is never failed on a guess.
 Tensors that never had values (meta placeholders given as inputs) stay as before: not checked, not
 noted, the same as a meta run of any size.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import math
 import weakref
 
 import torch
@@ -52,29 +56,47 @@ def _own_storage(t):
 
 
 def _fits(r, dtype):
-    """``r`` where the dtype holds it (an integer cast that wraps has no range here), else TAINTED."""
+    """``r`` for an output of ``dtype``: an integer one holds its bounds truncated (a float cast to
+    an integer truncates each element, which keeps the order, so an exact range stays exact), where
+    the dtype holds them (a cast that wraps has no range here: TAINTED)."""
     if r is TAINTED or dtype.is_floating_point or dtype.is_complex:
         return r
     if dtype is torch.bool:
-        return (0, 1)
+        return (0, 1, False)
+    if not (math.isfinite(r[0]) and math.isfinite(r[1])):
+        return TAINTED
+    lo, hi = math.trunc(r[0]), math.trunc(r[1])
     info = torch.iinfo(dtype)
-    return r if info.min <= r[0] and r[1] <= info.max else TAINTED
+    return (lo, hi, r[2]) if info.min <= lo and hi <= info.max else TAINTED
 
 
-# ---- rules: the range of an op's outputs from its inputs' ranges (``r(x)``) -----------------------
-def _first(r, args, kwargs):
+# ---- rules: the range of an op's outputs from its inputs' ranges (``r(x)``: (lo, hi, exact)) --------
+# ``exact``: both bounds are values some element holds (the ids' min and max, arange's ends, and
+# whatever keeps every element or moves them all alike: views, copies, repeats, + or * a constant,
+# clamp, cat of exact parts). Only an exact bound out of range proves the real run fails there; an
+# inexact one (a slice, a gather, the sum of two ranges, cumsum) may be wider than the values.
+def _whole(r, args, kwargs):
     return r(args[0])
 
 
-def _union(rs):
+def _part(r, args, kwargs):
+    lo, hi, _ = r(args[0])
+    return (lo, hi, False)
+
+
+def _union(rs, exact=True):
     rs = list(rs)
     if not rs:
         raise _NoRange
-    return (min(x[0] for x in rs), max(x[1] for x in rs))
+    return (min(x[0] for x in rs), max(x[1] for x in rs), exact and all(x[2] for x in rs))
 
 
 def _cat(r, args, kwargs):
     return _union(r(x) for x in args[0])
+
+
+def _const(x) -> bool:
+    return x[2] and x[0] == x[1]
 
 
 def _add(sign):
@@ -83,57 +105,75 @@ def _add(sign):
         alpha = args[2] if len(args) > 2 else kwargs.get("alpha", 1)
         if isinstance(alpha, _Tensor):
             raise _NoRange
-        b = (b[0] * alpha * sign, b[1] * alpha * sign)
-        return (a[0] + min(b), a[1] + max(b))
+        lo_b, hi_b = sorted((b[0] * alpha * sign, b[1] * alpha * sign))
+        # a constant added to every element moves the extremes with them
+        exact = a[2] and b[2] and (_const(a) or _const(b))
+        return (a[0] + lo_b, a[1] + hi_b, exact)
     return rule
 
 
 def _mul(r, args, kwargs):
     a, b = r(args[0]), r(args[1])
-    p = [x * y for x in a for y in b]
-    return (min(p), max(p))
+    p = [x * y for x in a[:2] for y in b[:2]]
+    return (min(p), max(p), a[2] and b[2] and (_const(a) or _const(b)))
 
 
 def _neg(r, args, kwargs):
     a = r(args[0])
-    return (-a[1], -a[0])
+    return (-a[1], -a[0], a[2])
 
 
 def _rsub(r, args, kwargs):
     # rsub(x, other, alpha): other - alpha * x
     a, b = r(args[0]), r(args[1])
     alpha = args[2] if len(args) > 2 else kwargs.get("alpha", 1)
-    p = (a[0] * alpha, a[1] * alpha)
-    return (b[0] - max(p), b[1] - min(p))
+    lo_a, hi_a = sorted((a[0] * alpha, a[1] * alpha))
+    return (b[0] - hi_a, b[1] - lo_a, a[2] and b[2] and (_const(a) or _const(b)))
+
+
+def _clamp_to(a, lo, hi):
+    """clamp of every element to [lo, hi] (None: no bound; constants): the extremes clamp alike."""
+    out_lo = a[0] if lo is None else max(a[0], lo)
+    out_hi = a[1] if hi is None else min(a[1], hi)
+    if lo is not None:
+        out_hi = max(out_hi, lo)
+    if hi is not None:
+        out_lo = min(out_lo, hi)
+    if lo is not None and hi is not None and lo > hi:
+        return (hi, hi, True)             # clamp(min > max) gives max everywhere
+    return (out_lo, out_hi, a[2])
+
+
+def _bound(r, x):
+    """A clamp bound: a number or a constant tensor; None where absent."""
+    if x is None:
+        return None
+    b = r(x)
+    if not _const(b):
+        raise _NoRange
+    return b[0]
 
 
 def _clamp(r, args, kwargs):
-    a = r(args[0])
     lo = args[1] if len(args) > 1 else kwargs.get("min")
     hi = args[2] if len(args) > 2 else kwargs.get("max")
-    lo = r(lo)[0] if lo is not None else None
-    hi = r(hi)[1] if hi is not None else None
-    out = (a[0] if lo is None else max(a[0], lo), a[1] if hi is None else min(a[1], hi))
-    # clamp(min > max) gives max everywhere
-    return out if out[0] <= out[1] else (hi, hi)
+    return _clamp_to(r(args[0]), _bound(r, lo), _bound(r, hi))
 
 
 def _clamp_min(r, args, kwargs):
-    a, b = r(args[0]), r(args[1])
-    return (max(a[0], b[0]), max(a[1], b[1]))
+    return _clamp_to(r(args[0]), _bound(r, args[1]), None)
 
 
 def _clamp_max(r, args, kwargs):
-    a, b = r(args[0]), r(args[1])
-    return (min(a[0], b[0]), min(a[1], b[1]))
+    return _clamp_to(r(args[0]), None, _bound(r, args[1]))
 
 
 def _where(r, args, kwargs):
-    return _union((r(args[1]), r(args[2])))
+    return _union((r(args[1]), r(args[2])), exact=False)
 
 
 def _masked_fill(r, args, kwargs):
-    return _union((r(args[0]), r(args[2])))
+    return _union((r(args[0]), r(args[2])), exact=False)
 
 
 def _cumsum(r, args, kwargs):
@@ -141,13 +181,13 @@ def _cumsum(r, args, kwargs):
     a = r(args[0])
     x = args[0]
     n = x.shape[args[1] % x.dim()] if x.dim() else 1
-    return (min(a[0], n * a[0]), max(a[1], n * a[1]))
+    return (min(a[0], n * a[0]), max(a[1], n * a[1]), False)
 
 
 def _remainder(r, args, kwargs):
     a, b = r(args[0]), r(args[1])
     if b[0] > 0 and a[0] >= 0:
-        return (0, min(a[1], b[1]))      # x % d of x >= 0, d > 0: in [0, d) and never above x
+        return (0, min(a[1], b[1]), False)     # x % d of x >= 0, d > 0: in [0, d) and never above x
     raise _NoRange
 
 
@@ -158,25 +198,29 @@ def _arange(out, args, kwargs):
     if n == 0:
         raise _NoRange
     last = start + step * (n - 1)
-    return (min(start, last), max(start, last))
+    return (min(start, last), max(start, last), True)
 
 
 def _filled(pos, default=None):
-    return lambda out, args, kwargs: (lambda v: (v, v))(args[pos] if default is None else default)
+    return lambda out, args, kwargs: (lambda v: (v, v, True))(args[pos] if default is None else default)
 
 
-_SAME = ("view.default", "_unsafe_view.default", "reshape.default", "expand.default", "unsqueeze.default",
-         "squeeze.default", "squeeze.dim", "squeeze.dims", "slice.Tensor", "select.int", "permute.default",
-         "transpose.int", "t.default", "clone.default", "alias.default", "detach.default", "lift_fresh.default",
-         "lift_fresh_copy.default", "repeat.default", "flip.default", "roll.default", "index_select.default",
-         "gather.default", "index.Tensor", "narrow.default", "unfold.default", "split.Tensor",
-         "split_with_sizes.default", "unbind.int", "chunk.default", "expand_copy.default", "_to_copy.default",
-         "view_as.default", "masked_select.default", "copy.default", "contiguous.default",
-         "movedim.int", "flatten.using_ints", "tile.default", "repeat_interleave.self_int")
+# ops that keep every element (and repeat some): exact stays exact
+_WHOLE = ("view.default", "_unsafe_view.default", "reshape.default", "expand.default", "unsqueeze.default",
+          "squeeze.default", "squeeze.dim", "squeeze.dims", "permute.default", "transpose.int", "t.default",
+          "clone.default", "alias.default", "detach.default", "lift_fresh.default", "lift_fresh_copy.default",
+          "repeat.default", "flip.default", "roll.default", "expand_copy.default", "_to_copy.default",
+          "view_as.default", "copy.default", "contiguous.default", "movedim.int", "flatten.using_ints",
+          "tile.default", "repeat_interleave.self_int")
+# ops whose values are some of their input's: the range holds, not exactly
+_PART = ("slice.Tensor", "select.int", "index_select.default", "gather.default", "index.Tensor", "narrow.default",
+         "unfold.default", "split.Tensor", "split_with_sizes.default", "unbind.int", "chunk.default",
+         "masked_select.default")
 _RULES = {}
-for _name in _SAME:
-    _op, _, _ov = _name.partition(".")
-    _RULES[getattr(getattr(aten, _op), _ov)] = _first
+for _names, _rule in ((_WHOLE, _whole), (_PART, _part)):
+    for _name in _names:
+        _op, _, _ov = _name.partition(".")
+        _RULES[getattr(getattr(aten, _op), _ov)] = _rule
 _RULES.update({aten.cat.default: _cat, aten.stack.default: _cat, aten.add.Tensor: _add(1), aten.add.Scalar: _add(1),
                aten.sub.Tensor: _add(-1), aten.sub.Scalar: _add(-1), aten.mul.Tensor: _mul, aten.mul.Scalar: _mul,
                aten.neg.default: _neg, aten.rsub.Scalar: _rsub, aten.rsub.Tensor: _rsub,
@@ -191,7 +235,9 @@ _INPLACE = {aten.add_.Tensor: _add(1), aten.add_.Scalar: _add(1), aten.sub_.Tens
             aten.clamp_.default: _clamp, aten.clamp_min_.default: _clamp_min,
             aten.clamp_max_.default: _clamp_max, aten.masked_fill_.Scalar: _masked_fill,
             aten.masked_fill_.Tensor: _masked_fill, aten.cumsum_.default: _cumsum,
-            aten.copy_.default: lambda r, a, k: r(a[1]), aten.neg_.default: _neg}
+            aten.neg_.default: _neg,
+            # a copy into part of a tensor leaves the rest: only a whole copy is the source's range
+            aten.copy_.default: lambda r, a, k: r(a[1]) if a[0].numel() == a[1].numel() else _part(r, a[1:], k)}
 _RULES.update(_INPLACE)
 # made from sizes and constants alone: ranges from the arguments and the output's size
 _SIZED = {aten.arange.default: _arange, aten.arange.start: _arange, aten.arange.start_step: _arange,
@@ -200,7 +246,7 @@ _SIZED = {aten.arange.default: _arange, aten.arange.start: _arange, aten.arange.
           aten.full_like.default: _filled(1), aten.new_zeros.default: _filled(0, 0),
           aten.new_ones.default: _filled(0, 1), aten.new_full.default: _filled(2),
           aten.fill_.Scalar: _filled(1), aten.zero_.default: _filled(0, 0),
-          aten.eye.default: lambda out, args, kwargs: (0, 1), aten.eye.m: lambda out, args, kwargs: (0, 1)}
+          aten.eye.default: lambda out, args, kwargs: (0, 1, False), aten.eye.m: lambda out, args, kwargs: (0, 1, False)}
 
 
 class ValueRanges:
@@ -245,7 +291,7 @@ class ValueRanges:
         """``t`` stands for the real integer tensor ``real``, too large to carry: its min and max."""
         if real.numel() and not real.is_floating_point() and not real.is_complex():
             with no_dispatch():
-                self.set(t, (int(real.min()), int(real.max())))
+                self.set(t, (int(real.min()), int(real.max()), True))
 
     # ---- the recorder's calls (through KnownValues.after) ---------------------------------------
     def before(self, known, func, args, kwargs, out, writes) -> list | None:
@@ -282,12 +328,12 @@ class ValueRanges:
                 r = TAINTED
         self._drop_written(targets)
         done = {id(o) for o in outs}
-        return [(o, (0, 1) if o.dtype is torch.bool else _fits(r, o.dtype))
+        return [(o, (0, 1, False) if o.dtype is torch.bool else _fits(r, o.dtype))
                 for o in outs + [t for t in targets if id(t) not in done]]
 
     def after(self, known, pairs) -> None:
         for t, r in pairs:
-            if known.stored(t) is None:
+            if known.stored(t) is None and t.numel():     # an empty index is never out of range
                 self.set(t, r)
 
     def _drop_written(self, targets) -> None:
@@ -300,9 +346,9 @@ class ValueRanges:
     def _range(self, known, x):
         """The range of ``x``: a number, a tensor with a range or a value; raises _NoRange otherwise."""
         if isinstance(x, bool):
-            return (int(x), int(x))
+            return (int(x), int(x), True)
         if isinstance(x, (int, float)):
-            return (x, x)
+            return (x, x, True)
         if not isinstance(x, _Tensor):
             raise _NoRange
         r = self.entry(x)
@@ -315,7 +361,7 @@ class ValueRanges:
             raise _NoRange
         with no_dispatch():
             lo, hi = v.min().item(), v.max().item()
-        return (lo, hi)
+        return (lo, hi, True)
 
     def note(self) -> list[str]:
         if not self.unchecked:
