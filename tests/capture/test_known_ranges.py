@@ -120,3 +120,20 @@ def test_simulated_step_checks_the_range_too():
     ids = torch.zeros(1, N, dtype=torch.long)
     with pytest.raises(ForwardError, match=r"IndexError: index out of range in self"):
         ls.memory(Positions(N - 1), ids)
+
+
+def test_a_write_through_a_view_leaves_the_range_unchecked_not_silent():
+    ids = torch.zeros(1, N, dtype=torch.long)
+
+    def written(p):
+        p = p.clone()
+        p[:, :5] = 3                  # the base's old range may not hold: not dropped, noted
+        return p
+    rep = ls.analyze(_meta(N, written), ids, device="meta")
+    assert [n for n in rep.notes if "index bounds not checked" in n], rep.notes
+
+    def filled(p):
+        return p.clone().fill_(2)      # every element 2: an exact range again
+    assert not [n for n in ls.analyze(_meta(3, filled), ids, device="meta").notes if "bounds" in n]
+    with pytest.raises(ForwardError, match=r"layer 'pos' .*index out of range"):
+        ls.analyze(_meta(2, filled), ids, device="meta")

@@ -337,11 +337,19 @@ class ValueRanges:
                 self.set(t, r)
 
     def _drop_written(self, targets) -> None:
+        """Tensors written in place, and those sharing their storage (views), had values too large to
+        carry: their old ranges may not hold any more, and they stay TAINTED (not dropped: an index
+        read from them later is noted as not checked, never passed silently) until the op's outputs
+        get theirs (``after``)."""
         for t in targets:
             own = _own_storage(t)
             for k in list(self.storages.get(own, ())) if own is not None else ():
-                self.drop(k)
-            self.drop(id(t))
+                e = self.table.get(k)
+                if e is not None and e[1] is not TAINTED:
+                    self.table[k] = (e[0], TAINTED, e[2])
+            if id(t) in self.table and self.table[id(t)][1] is not TAINTED:
+                e = self.table[id(t)]
+                self.table[id(t)] = (e[0], TAINTED, e[2])
 
     def _range(self, known, x):
         """The range of ``x``: a number, a tensor with a range or a value; raises _NoRange otherwise."""
