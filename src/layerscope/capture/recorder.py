@@ -79,7 +79,7 @@ class OpRecorder:
     def _call(self, func, args, kwargs):
         kernels = self.kernels
         if self.cap.known is not None:
-            args = _beside_meta(args) or args
+            args = _beside_meta(func, args) or args
         return func(*args, **kwargs) if kernels is None else kernels.call(func, args, kwargs)
 
     def _dtensor_op(self, func, args, kwargs):
@@ -122,7 +122,7 @@ class OpRecorder:
             run = args
             if cap.known is not None:
                 # a run without values: CPU floats beside meta tensors run as meta ones (_beside_meta)
-                run = _beside_meta(args) or args
+                run = _beside_meta(func, args) or args
             if self._meta_outs is not None and type(a0) in _PLAIN_TENSORS and a0.is_meta:
                 out = self._meta_call(func, run, kwargs)
             elif self._watch and func in self._watch:
@@ -248,7 +248,7 @@ _VALUE_TYPES = frozenset((int, float, bool, str, type(None), torch.dtype, torch.
                           torch.layout))
 
 
-def _beside_meta(args):
+def _beside_meta(func, args):
     """``args`` with each CPU floating tensor of one or more dims beside a meta tensor given as a meta
     tensor of its shape and strides; None where there is none to give. A kernel is picked by its
     arguments' devices, and CPU's ``bmm`` takes a meta tensor beside a CPU one: its output came back
@@ -256,7 +256,8 @@ def _beside_meta(args):
     test model, ``bmm`` of a meta activation by ``torch.randn(7, 6, 7)`` made in ``forward``, raised
     "BmmBackward0 returned an invalid gradient at index 0 - expected device meta but got cpu" in
     its backward). A 0-dim CPU tensor is a scalar to every kernel, and integer CPU tensors (indices,
-    the positions found from known values: capture/known.py) stay where they are."""
+    the positions found from known values: capture/known.py) stay where they are, and so does every
+    argument of an op that writes one (its written tensor must stay the one it returns)."""
     meta = cpu = False
     for a in args:
         if type(a) in _PLAIN_TENSORS:
@@ -264,7 +265,7 @@ def _beside_meta(args):
                 meta = True
             elif a.device.type == "cpu" and a.dim() and (a.is_floating_point() or a.is_complex()):
                 cpu = True
-    if not (meta and cpu):
+    if not (meta and cpu) or func._schema.is_mutable:
         return None
     return tuple(_empty_strided(tuple(a.shape), a.stride(), dtype=a.dtype, device=_META)
                  if type(a) in _PLAIN_TENSORS and not a.is_meta and a.device.type == "cpu" and a.dim() and
