@@ -265,7 +265,7 @@ def _beside_meta(func, args):
                 meta = True
             elif a.device.type == "cpu" and a.dim() and (a.is_floating_point() or a.is_complex()):
                 cpu = True
-    if not (meta and cpu) or func._schema.is_mutable:
+    if not (meta and cpu) or getattr(getattr(func, "_schema", None), "is_mutable", True):
         return None
     return tuple(_empty_strided(tuple(a.shape), a.stride(), dtype=a.dtype, device=_META)
                  if type(a) in _PLAIN_TENSORS and not a.is_meta and a.device.type == "cpu" and a.dim() and
