@@ -239,6 +239,7 @@ _INPLACE = {aten.add_.Tensor: _add(1), aten.add_.Scalar: _add(1), aten.sub_.Tens
             # a copy into part of a tensor leaves the rest: only a whole copy is the source's range
             aten.copy_.default: lambda r, a, k: r(a[1]) if a[0].numel() == a[1].numel() else _part(r, a[1:], k)}
 _RULES.update(_INPLACE)
+_ARANGE = (aten.arange.default, aten.arange.start, aten.arange.start_step)
 # made from sizes and constants alone: ranges from the arguments and the output's size
 _SIZED = {aten.arange.default: _arange, aten.arange.start: _arange, aten.arange.start_step: _arange,
           aten.full.default: _filled(1), aten.zeros.default: _filled(0, 0), aten.ones.default: _filled(0, 1),
@@ -303,6 +304,12 @@ class ValueRanges:
         outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, _Tensor)]
         targets = [t for t in writes if isinstance(t, _Tensor)]
         if sized is not None and func not in _INPLACE:
+            made = outs or targets
+            if made and made[0].is_floating_point() and func not in _ARANGE:
+                # a float fill (an optimizer's zeros_like state, a mask of -inf) is never an index:
+                # no entry (a table kept empty keeps the recorder's common path free of this one)
+                self._drop_written(targets)
+                return None
             try:
                 r = sized(outs[0] if outs else (targets[0] if targets else None), args, kwargs)
             except (_NoRange, IndexError, TypeError):
