@@ -100,6 +100,24 @@ def test_shorten_start_keeps_the_stage_and_the_end():
     assert shorten_start(name, 39) == name
     # 30 = "0: " (3) + first unit's end (23 - 4 - 14 = 9 with its "…") + " .. " (4) + "model.layers.1" (14)
     assert shorten_start(name, 30) == "0: …d_tokens .. model.layers.1"
-    # too narrow for both units: the range loses its start, the "…" says so (18 = 3 + 1 + 14)
-    assert shorten_start(name, 18) == "0: …model.layers.1"
+    # too narrow for the last unit whole: both lose their start, the first down to "…" + 3 characters,
+    # never to nothing (issue 58: "0: … .. blocks.1"); 18 = 3 + 4 + 4 + 7
+    assert shorten_start(name, 18) == "0: …ens .. …yers.1"
+    assert shorten_start("0: tok+pos .. blocks.1", 17) == "0: …pos .. …cks.1"
+    # too narrow for even that: the range's end
+    assert shorten_start(name, 12) == "0: …layers.1"
     assert shorten_start("node_Conv_54", 8) == "…Conv_54"
+
+
+def test_split_at_80_columns_keeps_the_first_stage_s_first_unit(monkeypatch):
+    """Issue 58, item 9: at 80 columns the first stage read "0: … .. blocks.1" (the name column cut
+    to 17 characters, the first unit elided whole). A stage range keeps its first unit's end and its
+    last unit whole before a column is dropped (a third of the width at most)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    out = _Terminal()
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["split", "layerscope.examples:tiny_gpt", "--stages", "2", "--device", "meta"]) == 0
+    lines = _ANSI.sub("", out.getvalue()).splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    rows = [line.strip() for line in lines if line.strip().startswith(("0: ", "1: "))]
+    assert [r.split("  ")[0] for r in rows] == ["0: tok+pos .. blocks.1", "1: ln .. head"], rows

@@ -32,6 +32,7 @@ import weakref
 import torch
 
 from .._compat import no_dispatch
+from .ranges import ABSENT, TAINTED, ValueRanges
 
 __all__ = ["KnownValues", "KnownIndexError", "LIMIT", "SHAPED_OPS"]
 
@@ -190,10 +191,8 @@ def _cpu_kwargs(kwargs: dict) -> dict:
     return kwargs
 
 
-def _index_error(v: torch.Tensor, size: int, dim: int) -> "KnownIndexError | None":
-    if v.numel() == 0:
-        return None
-    lo, hi = int(v.min()), int(v.max())
+def _index_error(bounds: tuple, size: int, dim: int) -> "KnownIndexError | None":
+    lo, hi = bounds
     bad = hi if hi >= size else lo if lo < -size else None
     if bad is None:
         return None
@@ -204,7 +203,7 @@ class KnownValues:
     """The known values of one run (see the module). ``value(t)``: the CPU tensor holding ``t``'s
     values, or None."""
 
-    __slots__ = ("values", "shared", "fills", "tensors", "assumed", "cast_ones", "__weakref__")
+    __slots__ = ("values", "shared", "fills", "tensors", "assumed", "cast_ones", "ranges", "__weakref__")
 
     def __init__(self) -> None:
         # id(tensor) -> (weak reference, CPU value, the value's storage, the tensor's own storage or None)
@@ -219,6 +218,8 @@ class KnownValues:
         self.tensors: dict[int, dict[int, set[int]]] = {}
         self.assumed = 0                         # choices over unknown scores spread evenly (_spread)
         self.cast_ones = 0                       # integer tensors cast from unknown floats: all ones
+        # the ranges of integer tensors too large to carry (capture/ranges.py): index bounds past LIMIT
+        self.ranges = ValueRanges()
 
     # ---- the table -----------------------------------------------------------------------------
     def put(self, t: torch.Tensor, value: torch.Tensor) -> None:
@@ -347,6 +348,9 @@ class KnownValues:
                                                                       real.stride()))
                 else:
                     self.put(t, real.detach().to("cpu", copy=True))
+        elif isinstance(real, _Tensor) and real.device.type != "meta" and getattr(real, "fake_mode", None) is None \
+                and real.layout is torch.strided and not _small(real):
+            self.ranges.seed(t, real)       # too large to carry: its min and max (index bounds)
 
     def seed_pairs(self, fakes, reals) -> None:
         """``seed`` each pair. Inputs that share a real storage (``model(ids, labels=ids)``, a tensor and
@@ -384,6 +388,15 @@ class KnownValues:
                 return t.detach().clone()   # on values may write into it)
         return None
 
+    def stored(self, t) -> torch.Tensor | None:
+        """``t``'s value as held (not a copy: never to be written), a real tensor itself, or None."""
+        e = self.values.get(id(t))
+        if e is not None and e[0]() is t:
+            return e[1]
+        if type(t) is _Tensor and not t.is_meta:
+            return t
+        return None
+
     def values_list(self, t) -> list | None:
         """``t``'s values as a list (read outside any dispatch mode), or None."""
         v = self.value(t)
@@ -419,27 +432,48 @@ class KnownValues:
         with no_dispatch():      # real reads, also inside a FakeTensorMode
             self._check(func, args)
 
+    def _outside(self, t, op: str, lo_ok: int, size: int):
+        """``(lo, hi)``, the least and greatest index in ``t``, where they certainly reach outside
+        ``[lo_ok, size)``: from its value, or from its exact range where it is too large to carry
+        (capture/ranges.py); else None. An inexact range past the bounds, or none where ``t`` came from
+        values too large to carry, proves nothing: the report says ``op``'s bounds were not checked."""
+        v = self.stored(t)
+        if v is not None:
+            if not v.numel():
+                return None
+            b = (int(v.min()), int(v.max()), True)
+        else:
+            b = self.ranges.entry(t)
+            if b is ABSENT:
+                return None
+            if b is TAINTED:
+                self.ranges.unchecked[op] += 1
+                return None
+        if lo_ok <= b[0] and b[1] < size:
+            return None
+        if not b[2]:
+            self.ranges.unchecked[op] += 1
+            return None
+        return (b[0], b[1])
+
     def _check(self, func, args) -> None:
         if func is aten.embedding.default:
-            v = self.value(args[1])
-            if v is not None and v.numel() and (int(v.max()) >= args[0].shape[0] or int(v.min()) < 0):
+            if self._outside(args[1], "embedding", 0, args[0].shape[0]) is not None:
                 raise KnownIndexError("index out of range in self")
         elif func is aten.index_select.default:
-            v = self.value(args[2])
-            if v is not None:
-                dim = args[1] % max(args[0].dim(), 1)
-                err = _index_error(v, args[0].shape[dim] if args[0].dim() else 1, dim)
-                if err is not None or (v.numel() and int(v.min()) < 0):
-                    raise KnownIndexError(f"index out of range in self (index_select, dimension {dim} of size "
-                                     f"{args[0].shape[dim] if args[0].dim() else 1})")
+            dim = args[1] % max(args[0].dim(), 1)
+            size = args[0].shape[dim] if args[0].dim() else 1
+            if self._outside(args[2], "index_select", 0, size) is not None:
+                raise KnownIndexError(f"index out of range in self (index_select, dimension {dim} of size "
+                                      f"{size})")
         elif func in (aten.gather.default, aten.scatter.src, aten.scatter.value, aten.scatter_.src,
                       aten.scatter_.value, aten.scatter_add.default, aten.scatter_add_.default):
-            v = self.value(args[2])
-            if v is not None and args[0].dim():
+            if args[0].dim():
                 dim = args[1] % args[0].dim()
                 size = args[0].shape[dim]
-                if v.numel() and (int(v.max()) >= size or int(v.min()) < 0):
-                    bad = int(v.max()) if int(v.max()) >= size else int(v.min())
+                b = self._outside(args[2], func._opname, 0, size)
+                if b is not None:
+                    bad = b[1] if b[1] >= size else b[0]
                     raise KnownIndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
         elif func is _INDEX:
             x, dim = args[0], 0
@@ -447,11 +481,11 @@ class KnownValues:
                 if i is None:
                     dim += 1
                     continue
-                v = self.value(i)
-                if v is not None and not i.is_floating_point() and i.dtype not in (torch.bool, torch.uint8):
-                    err = _index_error(v, x.shape[dim], dim)
-                    if err is not None:
-                        raise err
+                if not i.is_floating_point() and i.dtype not in (torch.bool, torch.uint8):
+                    size = x.shape[dim]
+                    b = self._outside(i, "index", -size, size)
+                    if b is not None:
+                        raise _index_error(b, size, dim)
                 dim += i.dim() if i.dtype in (torch.bool, torch.uint8) else 1
 
     def shaped(self, func, args, kwargs):
@@ -583,8 +617,14 @@ class KnownValues:
         raise the real kernel's error where a known index is out of bounds (``check``)."""
         e = _INFO.get(id(func))
         info = e[1] if e is not None and e[0] is func else _info(func)
+        ranged = None
+        if self.ranges.table or isinstance(out, _Tensor) and out.numel() > LIMIT:
+            # values too large to carry, or made from them: their ranges (capture/ranges.py)
+            ranged = self.ranges.before(self, func, args, kwargs, out, list(_targets(args, kwargs, info[1])))
         try:
             self._after(func, args, kwargs, out, info)
+            if ranged:
+                self.ranges.after(self, ranged)
         finally:
             # once the write is carried (or forgotten), what shares the tensor but not its value did not
             # see it (``set_`` has moved the tensor onto its source's storage by now: nothing to forget)
@@ -736,7 +776,7 @@ class KnownValues:
         if self.cast_ones:
             out.append(f"{self.cast_ones} integer tensor(s) cast from floats without values (durations or "
                        "counts the model predicts, on meta/fake tensors) were read as all ones")
-        return out
+        return out + self.ranges.note()
 
     def has(self, t) -> bool:
         return self.value(t) is not None

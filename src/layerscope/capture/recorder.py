@@ -78,6 +78,8 @@ class OpRecorder:
 
     def _call(self, func, args, kwargs):
         kernels = self.kernels
+        if self.cap.known is not None:
+            args = _beside_meta(func, args) or args
         return func(*args, **kwargs) if kernels is None else kernels.call(func, args, kwargs)
 
     def _dtensor_op(self, func, args, kwargs):
@@ -117,14 +119,18 @@ class OpRecorder:
             a0 = args[0] if args else None
             if type(a0) is list and a0:      # cat, stack, ...: their first tensor
                 a0 = a0[0]
+            run = args
+            if cap.known is not None:
+                # a run without values: CPU floats beside meta tensors run as meta ones (_beside_meta)
+                run = _beside_meta(func, args) or args
             if self._meta_outs is not None and type(a0) in _PLAIN_TENSORS and a0.is_meta:
-                out = self._meta_call(func, args, kwargs)
+                out = self._meta_call(func, run, kwargs)
             elif self._watch and func in self._watch:
-                out = self.kernels.call(func, args, kwargs)
+                out = self.kernels.call(func, run, kwargs)
             elif type(func) is self._overload:
-                out = func._op(*args, **kwargs)   # what OpOverload.__call__ runs, one Python frame less
+                out = func._op(*run, **kwargs)    # what OpOverload.__call__ runs, one Python frame less
             else:
-                out = func(*args, **kwargs)
+                out = func(*run, **kwargs)
             if not cap.paused:
                 cap.on_op(func, args, kwargs, out, seq)
             known = cap.known
@@ -240,6 +246,30 @@ _META_OK: dict = {}    # id(func) -> (func, whether its outputs are new tensors)
 # equal as dict keys, but type promotion tells them apart)
 _VALUE_TYPES = frozenset((int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format,
                           torch.layout))
+
+
+def _beside_meta(func, args):
+    """``args`` with each CPU floating tensor of one or more dims beside a meta tensor given as a meta
+    tensor of its shape and strides; None where there is none to give. A kernel is picked by its
+    arguments' devices, and CPU's ``bmm`` takes a meta tensor beside a CPU one: its output came back
+    on the CPU, computed from no values, and autograd refused the gradient (torch's own FLOP-counter
+    test model, ``bmm`` of a meta activation by ``torch.randn(7, 6, 7)`` made in ``forward``, raised
+    "BmmBackward0 returned an invalid gradient at index 0 - expected device meta but got cpu" in
+    its backward). A 0-dim CPU tensor is a scalar to every kernel, and integer CPU tensors (indices,
+    the positions found from known values: capture/known.py) stay where they are, and so does every
+    argument of an op that writes one (its written tensor must stay the one it returns)."""
+    meta = cpu = False
+    for a in args:
+        if type(a) in _PLAIN_TENSORS:
+            if a.is_meta:
+                meta = True
+            elif a.device.type == "cpu" and a.dim() and (a.is_floating_point() or a.is_complex()):
+                cpu = True
+    if not (meta and cpu) or getattr(getattr(func, "_schema", None), "is_mutable", True):
+        return None
+    return tuple(_empty_strided(tuple(a.shape), a.stride(), dtype=a.dtype, device=_META)
+                 if type(a) in _PLAIN_TENSORS and not a.is_meta and a.device.type == "cpu" and a.dim() and
+                 (a.is_floating_point() or a.is_complex()) else a for a in args)
 
 
 def _meta_run(func, args, kwargs):

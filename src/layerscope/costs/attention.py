@@ -180,14 +180,21 @@ def _window(x) -> int:
     return _NO_LIMIT if x is None or int(x) < 0 else int(x)
 
 
-def _fused(c: OpCall, *, backward: bool, flash: bool) -> OpCost:
+def _fused(c: OpCall, *, backward: bool, flash: bool, varlen: bool = False) -> OpCost:
     q, k, v = c.arg("query"), c.arg("key"), c.arg("value")
     heads, d, dv = shape(q)[-2], shape(q)[-1], shape(v)[-1]
     if flash:
-        cu_q, cu_k = c.arg("cum_seq_q"), c.arg("cum_seq_k")
+        if varlen:                         # torch_attn::_varlen_attn*: flash's arguments, named its way
+            cu_q = c.arg("cu_seq_q")
+            cu_k = c.arg("cu_seq_k")
+            cu_k = cu_q if cu_k is None else cu_k
+            window = c.arg("window_size") or (-1, -1)
+            left, right = _window(window[0]), _window(window[1])
+        else:
+            cu_q, cu_k = c.arg("cum_seq_q"), c.arg("cum_seq_k")
+            left, right = _window(c.arg("window_size_left")), _window(c.arg("window_size_right"))
         used_k = c.arg("seqused_k")
         causal = bool(c.arg("is_causal", False))
-        left, right = _window(c.arg("window_size_left")), _window(c.arg("window_size_right"))
         bottom_right = True                # flash-attention 2 aligns the causal diagonal bottom right
         bias = c.arg("alibi_slopes") is not None
         if c.arg("block_table") is not None and used_k is None:
@@ -226,6 +233,20 @@ def flash_forward(c: OpCall) -> OpCost:
 @register("_flash_attention_backward")
 def flash_backward(c: OpCall) -> OpCost:
     return _fused(c, backward=True, flash=True)
+
+
+# torch.nn.attention.varlen.varlen_attn: custom ops that run flash (or cuDNN) attention over packed
+# sequences, seen whole (their kernels run below the recorder); the same formulas as flash's varlen
+# path, summed over the sequences of cu_seq_q/k. torch's FlopCounterMode counts the same dense sums
+# (test: seq_lens [128, 64], 8 heads of 64: 4 * 8 * 64 * (128^2 + 64^2) = 41,943,040 FLOPs = 2 x MACs)
+@register("torch_attn::_varlen_attn", "torch_attn::_varlen_attn_out")
+def varlen_forward(c: OpCall) -> OpCost:
+    return _fused(c, backward=False, flash=True, varlen=True)
+
+
+@register("torch_attn::_varlen_attn_backward")
+def varlen_backward(c: OpCall) -> OpCost:
+    return _fused(c, backward=True, flash=True, varlen=True)
 
 
 @register("_efficient_attention_forward")

@@ -432,6 +432,22 @@ def registered_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
+# namespaces of ops that a module of torch defines in Python (torch.library.custom_op) when it is imported,
+# not when torch is: varlen_attn's torch_attn::* (torch 2.10+). Importing it here would import
+# torch._dynamo with it (seconds); a model that calls the op has imported it by then
+_DEFINED_ON_IMPORT = {"torch_attn": "torch.nn.attention.varlen"}
+
+
 def op_exists(key: str) -> bool:
+    """Whether this torch has the op ``key`` ("ns::name"), or the module of torch that defines it."""
     ns, _, name = key.partition("::")
-    return hasattr(getattr(torch.ops, ns), name)
+    if hasattr(getattr(torch.ops, ns), name):
+        return True
+    module = _DEFINED_ON_IMPORT.get(ns)
+    if module is None:
+        return False
+    import importlib.util
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False

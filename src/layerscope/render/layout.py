@@ -18,6 +18,7 @@ __all__ = ["Grid", "grid", "fit", "fact_text", "shorten", "tree_names", "wrap_te
 
 NAME_WIDTH = 40          # a layer's local name longer than this loses its middle
 _MIN_NAME = 16           # names (after their tree drawing) shrink to this before any column is dropped
+_MIN_UNIT = 4            # a stage range's unit cut to its end keeps "…" and 3 characters at least
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,9 @@ _STAGE = re.compile(r"^(\d+: )(.*)$")
 def shorten_start(name: str, width: int) -> str:
     """A flat table's name (a stage's ``3: model.layers.4 .. model.layers.7``, an ONNX node's
     ``node_Conv_54``) in ``width`` characters, keeping its end, the part that tells rows apart: the
-    stage number stays, the last unit stays whole while it can, the first unit and then the whole
-    range lose their start (a ``…`` says where)."""
+    stage number stays, the last unit stays whole while it can, then both units lose their start, the
+    first down to ``…`` and 3 characters (a ``…`` says where): a range never loses its first unit
+    entirely (``0: … .. blocks.1`` at 80 columns, issue 58) until even that cannot fit."""
     if len(name) <= width:
         return name
     m = _STAGE.match(name)
@@ -74,9 +76,27 @@ def shorten_start(name: str, width: int) -> str:
 
     def end(part: str, n: int) -> str:
         return part if len(part) <= n else "…" + part[len(part) - n + 1:]
-    if sep and room - len(last) - len(sep) >= 6:
-        return prefix + end(first, room - len(last) - len(sep)) + sep + last
+    if sep:
+        avail = room - len(sep)
+        if avail - len(last) >= _MIN_UNIT:
+            return prefix + end(first, avail - len(last)) + sep + last
+        if avail >= 2 * _MIN_UNIT:
+            n = min(len(first), _MIN_UNIT)
+            return prefix + end(first, n) + sep + end(last, avail - n)
     return prefix + end(rest, room)
+
+
+def name_floor(names, width: int) -> int:
+    """The width a flat table's names (stage ranges) keep before a column is dropped: each range's
+    first unit by at least ``…`` and 5 characters and its last unit whole, at most a third of
+    ``width`` (and never under _MIN_NAME)."""
+    need = _MIN_NAME
+    for name in names:
+        m = _STAGE.match(name)
+        first, sep, last = (m.group(2) if m else name).rpartition(" .. ")
+        if sep:
+            need = max(need, len(m.group(1) if m else "") + min(len(first), 6) + len(sep) + len(last))
+    return min(need, max(_MIN_NAME, width // 3))
 
 
 _SUFFIX = re.compile(r"( x\d+ \(each\)| #\d+)$")
@@ -218,6 +238,8 @@ def fit(g: Grid, width: int | None, sep: int = 2, edge: int = 0) -> Grid:
         return g
     natural = g
     floor = min(max((len(p) for p in g.prefixes), default=0) + _MIN_NAME, natural.widths[0])
+    if not g.tree:            # stage ranges: both ends readable before a column goes (name_floor)
+        floor = min(max(floor, name_floor((r[0] for r in g.body), width)), natural.widths[0])
     while True:
         rest = total(natural) - natural.widths[0]
         room = width - rest
