@@ -193,6 +193,7 @@ def test_negative_count_for_a_user_factory_is_refused(tmp_path, capsys):
     (["memory", "--columns", "params"], "unknown column 'params'; choose from input_bytes"),
     (["profile", "--columns", "backward"], "unknown column 'backward'"),     # backward columns need --backward
     (["memory", "--limit", "abc"], "expected a memory size such as 80GiB, 40GB or 512MiB, got 'abc'"),
+    (["split", "--stages", "2", "--memory-limit", "abc"], "expected a memory size such as 80GiB"),
 ])
 def test_view_options_are_refused_before_the_model_is_built(argv, needle, monkeypatch, capsys):
     # before: refused when the report was rendered, after building and analysing the model (16 s for

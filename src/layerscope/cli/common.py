@@ -142,17 +142,18 @@ def _check_memory(ns: argparse.Namespace, device: str | None) -> None:
 
 def check_view_options(ns: argparse.Namespace) -> None:
     """What the command line says about the output, checked right after parsing, before any model is
-    built (an unknown --columns key or a malformed --limit used to be refused only once the model had
-    been built and analysed: 27 s for a 7B preset): the same checks, and the same lines, as the report
-    makes when it renders."""
+    built (an unknown --columns key or a malformed --limit / --memory-limit used to be refused only
+    once the model had been built and analysed): the same checks, and the same lines, as the report
+    and the planner make later."""
     from ..errors import InputError
     from ..reports.table import select_columns
     columns = getattr(ns, "columns", None)
     if columns is not None and columns != "all":
         select_columns(_command_columns(ns), columns, InputError)
-    if getattr(ns, "limit", None) is not None:
-        from ..options import parse_bytes
-        parse_bytes(ns.limit)
+    for limit in (getattr(ns, "limit", None), getattr(ns, "memory_limit", None)):   # memory; split, parallel
+        if limit is not None:
+            from ..options import parse_bytes
+            parse_bytes(limit)
 
 
 def _command_columns(ns: argparse.Namespace):
