@@ -181,15 +181,13 @@ class Profiler:
     def print_model_profile(self, profile_step: int = 1, module_depth: int = -1, top_modules: int = 1,
                             detailed: bool = True, output_file: str | None = None) -> None:
         """DeepSpeed's profile printout (summary, aggregated top modules per depth, and the model's
-        repr with each module's params, MACs, latency and FLOPS), to stdout or ``output_file``: the
-        counts of every forward since start_profile, the times medians over the recorded steps."""
+        repr with each module's params, MACs, latency and FLOPS), to stdout or ``output_file``, as
+        FlopsProfiler prints it: the counts and the times of every forward since start_profile, added
+        up (a FLOPS figure divides the FLOPs of those forwards by their time, not by one step's)."""
         from .render.deepspeed import ModuleProfile, to_output_file, model_profile_text
         c = _counted(self)
-        latency = self._latency()
-        prof = ModuleProfile(self.model, None, latency, own={k: tuple(v) for k, v in c.own.items()},
+        prof = ModuleProfile(self.model, None, durations=c.seconds, own={k: tuple(v) for k, v in c.own.items()},
                              uncounted=c.uncounted)
-        if latency is not None:   # per-module times: medians over steps, summed over a module's calls
-            prof.total_duration = latency.totals["forward"]
         text = model_profile_text(prof, profile_step, module_depth, top_modules, detailed)
         with to_output_file(output_file) as f:
             f.write(text)

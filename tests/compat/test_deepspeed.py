@@ -96,7 +96,7 @@ def test_profiler_getters_do_not_record_their_own_analysis():
     assert p.steps == 3 and p.get_total_flops(as_string=True) == "189.76 K"
 
 
-def test_profiler_getters_count_the_forwards_that_ran():
+def test_profiler_getters_count_the_forwards_that_ran(tmp_path):
     """Issue 58 item 7: the getters analysed one forward on meta copies of the first step's inputs, where
     a branch on the inputs' values is a guess (a meta tensor has no values) and only one forward counts.
     Now, as FlopsProfiler: every forward since start_profile, counted as it ran. Hand counts: Linear(8, 4)
@@ -125,6 +125,14 @@ def test_profiler_getters_count_the_forwards_that_ran():
     m(torch.ones(3, 8))
     assert (ff.get_total_macs(), ff.get_total_flops()) == (208, 528)
     ff.end_profile()
+    # the printed profile divides those FLOPs by the time of the same two forwards (as FlopsProfiler),
+    # not by one step's median: its latency is the counter's sum over the forwards
+    from layerscope.render.deepspeed import duration_to_string
+    out = tmp_path / "p.txt"
+    p.print_model_profile(output_file=str(out))
+    text = out.read_text()
+    assert f"{'fwd flops per GPU: ':<70}  {'528 ':<8}" in text
+    assert f"{'fwd latency: ':<70}  {duration_to_string(p._counter.seconds['']):<8}" in text
     p.end_profile()
     assert (p.get_total_macs(), p.get_total_flops()) == (0, 0)
     with pytest.raises(ls.InputError, match="costs=False"):
