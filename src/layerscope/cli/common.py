@@ -148,8 +148,9 @@ def check_view_options(ns: argparse.Namespace) -> None:
     from ..errors import InputError
     from ..reports.table import select_columns
     columns = getattr(ns, "columns", None)
-    if columns is not None and columns != "all":
-        select_columns(_command_columns(ns), columns, InputError)
+    known = _command_columns(ns) if columns is not None and columns != "all" else None
+    if known is not None:
+        select_columns(known, columns, InputError)
     for limit in (getattr(ns, "limit", None), getattr(ns, "memory_limit", None)):   # memory; split, parallel
         if limit is not None:
             from ..options import parse_bytes
@@ -164,8 +165,11 @@ def _command_columns(ns: argparse.Namespace):
         return COLUMNS
     if ns.command == "profile":     # backward and roofline columns only with their options, as the report
         from ..reports.latency import latency_columns
-        return latency_columns(types.SimpleNamespace(layers=(), roofline=ns.roofline or None,
-                                                     options={"backward": ns.backward}))
+        try:
+            return latency_columns(types.SimpleNamespace(layers=(), roofline=ns.roofline or None,
+                                                         options={"backward": ns.backward}))
+        except AttributeError:      # columns that need more of a report than this: the report checks them
+            return None
     from ..reports.summary import COLUMNS
     return COLUMNS
 
