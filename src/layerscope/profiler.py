@@ -30,6 +30,7 @@ from torch import nn
 
 from .analyses.latency import timing
 from .capture import hooks
+from .capture.counter import ForwardCounter
 from .capture.records import param_totals
 from .capture.inputs import meta_copies
 from .capture.timing import CallTimes, Recorder, merge_steps
@@ -39,9 +40,10 @@ __all__ = ["Profiler"]
 
 
 class Profiler:
-    """Per-module latency of the user's own loop (see the module's documentation). ``costs``: also
-    analyse the first step's inputs on meta copies for FLOPs and bytes per call; ``roofline`` as in
-    ``profile()``."""
+    """Per-module latency of the user's own loop (see the module's documentation). ``costs``: count
+    the FLOPs and MACs of every forward as it runs (DeepSpeed's getters: capture.counter's
+    ForwardCounter, as FlopsProfiler), and analyse the first step's inputs on meta copies for the
+    report's FLOPs and bytes per call; ``roofline`` as in ``profile()``."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  warmup_steps: int = 1, step_on: str | None = None, costs: bool = True,
@@ -63,7 +65,9 @@ class Profiler:
         self._handles: list = []
         self._steps: list[tuple[list[CallTimes], float, list[tuple[str, float]], float]] = []
         self._example: tuple | None = None     # meta copies of the first top-level call's inputs
-        self._costs_cache = None               # the analysis of those inputs (DeepSpeed's getters)
+        # DeepSpeed's getters: the forwards that ran, counted as they ran (not a meta copy of one of them,
+        # whose values are invented: a branch on them, a mask, a routing decision would be guessed)
+        self._counter = ForwardCounter(model) if costs else None
         self.running = False
 
     # the DeepSpeed-shaped API ----------------------------------------------------------------
@@ -82,6 +86,8 @@ class Profiler:
             self._handles += [self.optimizer.register_step_pre_hook(self._opt_pre),
                               self.optimizer.register_step_post_hook(self._opt_post)]
         self._rec.attach()
+        if self._counter is not None:
+            self._counter.attach()
 
     @contextlib.contextmanager
     def _paused(self):
@@ -90,8 +96,7 @@ class Profiler:
         if not self.running:
             yield
             return
-        self._rec.detach()
-        hooks.remove_all(self._handles)
+        self._unhook()
         try:
             yield
         finally:
@@ -104,9 +109,14 @@ class Profiler:
         try:
             self._close_step()
         finally:
-            self._rec.detach()
-            hooks.remove_all(self._handles)
+            self._unhook()
             self.running = False
+
+    def _unhook(self) -> None:
+        self._rec.detach()
+        hooks.remove_all(self._handles)
+        if self._counter is not None:
+            self._counter.detach()
 
     def step(self) -> None:
         """End the current step and begin the next."""
@@ -126,38 +136,33 @@ class Profiler:
         self.stop_profile()
         self._steps = []
         self._example = None
-        self._costs_cache = None
+        if self._counter is not None:
+            self._counter.reset()
 
     # DeepSpeed FlopsProfiler's getters (render/deepspeed.py has its formats) -------------
-    def _ds_view(self):
-        """(costs Report or None, LatencyReport or None) of what was profiled so far; a step still
-        open is closed first, so that DeepSpeed's ``start_profile(); model(x); get_total_*()``
-        sees the forward it just ran."""
+    # As FlopsProfiler's: the MACs and FLOPs of every forward since start_profile (end_profile forgets
+    # them), counted as each ran; the duration, the top-level forward's median over the recorded steps.
+    def _latency(self):
+        """The LatencyReport of the steps so far, or None; a step still open is closed first, so that
+        DeepSpeed's ``start_profile(); model(x); get_total_duration()`` sees the forward it just ran."""
         was_running = self.running
-        # hooks off while the costs are analysed (that analysis runs the model on meta copies and
-        # must not be recorded as a step); stop_profile() also closes the open step
         self.stop_profile()
         try:
-            latency = self.report() if self._steps else None
-            if self._costs_cache is None and self._example is not None:
-                self._costs_cache = self._costs([])
+            return self.report() if self._steps else None
         finally:
             if was_running:
                 self.start_profile()
-        return self._costs_cache, latency
 
     def get_total_flops(self, as_string: bool = False):
-        """Forward FLOPs of one step's forward (the first step's inputs; layerscope's convention)."""
+        """Forward FLOPs of every forward since start_profile, as each ran (layerscope's convention)."""
         from .render.deepspeed import number_to_string
-        costs, _ = self._ds_view()
-        n = costs.totals.flops if costs is not None else 0
+        n = _counted(self).flops
         return number_to_string(n) if as_string else n
 
     def get_total_macs(self, as_string: bool = False):
-        """Forward MACs of one step's forward."""
+        """Forward MACs of every forward since start_profile."""
         from .render.deepspeed import macs_to_string
-        costs, _ = self._ds_view()
-        n = costs.totals.macs if costs is not None else 0
+        n = _counted(self).macs
         return macs_to_string(n) if as_string else n
 
     def get_total_params(self, as_string: bool = False):
@@ -169,24 +174,20 @@ class Profiler:
     def get_total_duration(self, as_string: bool = False):
         """Seconds: the top-level forward's time, median over the recorded steps (after warm-up)."""
         from .render.deepspeed import duration_to_string
-        _, latency = self._ds_view()
+        latency = self._latency()
         n = latency.totals["forward"] if latency is not None else 0.0
         return duration_to_string(n) if as_string else n
-
-    def _module_profile(self):
-        from .render.deepspeed import ModuleProfile
-        costs, latency = self._ds_view()
-        return ModuleProfile(self.model, costs, latency)
 
     def print_model_profile(self, profile_step: int = 1, module_depth: int = -1, top_modules: int = 1,
                             detailed: bool = True, output_file: str | None = None) -> None:
         """DeepSpeed's profile printout (summary, aggregated top modules per depth, and the model's
-        repr with each module's params, MACs, latency and FLOPS), to stdout or ``output_file``."""
-        from .render.deepspeed import to_output_file, model_profile_text
-        prof = self._module_profile()
-        _, latency = self._ds_view()
-        if latency is not None:   # per-module times: medians over steps, summed over a module's calls
-            prof.total_duration = latency.totals["forward"]
+        repr with each module's params, MACs, latency and FLOPS), to stdout or ``output_file``, as
+        FlopsProfiler prints it: the counts and the times of every forward since start_profile, added
+        up (a FLOPS figure divides the FLOPs of those forwards by their time, not by one step's)."""
+        from .render.deepspeed import ModuleProfile, to_output_file, model_profile_text
+        c = _counted(self)
+        prof = ModuleProfile(self.model, None, durations=c.seconds, own={k: tuple(v) for k, v in c.own.items()},
+                             uncounted=c.uncounted)
         text = model_profile_text(prof, profile_step, module_depth, top_modules, detailed)
         with to_output_file(output_file) as f:
             f.write(text)
@@ -235,6 +236,10 @@ class Profiler:
         if len(self._steps) <= skip:
             notes.append(f"only {len(self._steps)} step(s) recorded: the {skip} warm-up step(s) are "
                          "included")
+        if self._counter is not None:
+            notes.append("the forward times include the counting of every op's FLOPs for DeepSpeed's getters (a "
+                         "dispatch mode on each op, tens of microseconds each); Profiler(..., costs=False) times "
+                         "the forwards without it")
         calls = merge_steps([s[0] for s in steps])
         costs = self._costs(notes)
         backward = any(any(c.backward) for c in calls)
@@ -264,6 +269,13 @@ class Profiler:
             notes.append(f"no costs (FLOPs, bytes): the analysis of the first step's inputs failed: {e}")
             return None
 
+
+
+def _counted(prof: Profiler) -> ForwardCounter:
+    """The profiler's counts of the forwards that ran (DeepSpeed's getters); none with costs=False."""
+    if prof._counter is None:
+        raise InputError("Profiler(costs=False) counts no FLOPs or MACs: the getters need costs=True")
+    return prof._counter
 
 
 def _step_totals(calls: list[CallTimes], steps) -> dict[str, float]:

@@ -25,12 +25,12 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .capture.inputs import make_inputs
+from .capture.inputs import check_shape, make_inputs
 from .capture.measure import available_bytes
 from .errors import SpecError
 from .options import DTYPES
 
-__all__ = ["BuiltModel", "build_model", "parse_overrides", "token_ids", "HEADS", "presets", "model_dtype",
+__all__ = ["BuiltModel", "build_model", "check_command_shapes", "parse_overrides", "token_ids", "HEADS", "presets", "model_dtype",
            "MODEL_DTYPES", "weight_bytes", "available_bytes", "check_fits"]
 
 HEADS = {
@@ -107,16 +107,44 @@ def _check_keys(spec: str, overrides: dict, known, what: str) -> None:
             raise SpecError(f"{spec}: --set {key}: {what} has no such key{_closest(key, known)}")
 
 
-_COUNT_KEY = re.compile(r"^(n|num)_|_(layers?|heads?|size|embd|experts|positions|ctx)$|^(n_layer|n_head)$")
+# a config's counts and sizes (n_layer, num_heads, hidden_size), and a factory's bare counts (n, depth)
+_COUNT_KEY = re.compile(r"^(n|num)_|_(layers?|heads?|size|embd|experts|positions|ctx)$|^(n_layer|n_head)$"
+                        r"|^(n|num|depth|width|layers|blocks|heads|channels|experts|hidden|size)$")
 
 
 def _check_counts(spec: str, overrides: dict) -> None:
     """A negative count in a config (--set n_layer=-1) builds a model that fails later with a message about
-    something else (meta tensors): refuse it here, by name."""
+    something else (meta tensors), and one given to a factory (--set n=-3) an empty model when the
+    factory loops ``range(n)``: refuse it here, by name."""
     for key, value in overrides.items():
         if (isinstance(value, int) and not isinstance(value, bool) and value < 0
                 and _COUNT_KEY.search(key)):
             raise SpecError(f"{spec}: --set {key}={value}: a count or size cannot be negative")
+
+
+def _check_types(spec: str, overrides: dict, cfg_cls) -> dict:
+    """A --set value that is text where the config's default is a number or a flag (--set n_layer=abc),
+    or a fraction where it is an integer:
+    one line naming the key and what it takes, not the config's validation dump. Lists, None and
+    other defaults are left to the config. Returns the integers given for a float default as floats
+    (--set layer_norm_epsilon=1: transformers' strict configs refuse the int)."""
+    try:
+        default = cfg_cls()
+    except Exception:  # noqa: BLE001 - a config that needs arguments: nothing to compare with
+        return {}
+    floats = {}
+    for key, value in overrides.items():
+        d = getattr(default, key, None)
+        if type(d) is float and type(value) is int:
+            floats[key] = float(value)
+        if not isinstance(value, str) and not (isinstance(value, float) and type(d) is int):
+            continue
+        want = ("true or false" if isinstance(d, bool) else "an integer" if isinstance(d, int)
+                else "a number" if isinstance(d, float) else None)
+        if want is not None:
+            raise SpecError(f"{spec}: --set {key}={value}: expected {want} ({cfg_cls.__name__}'s {key} "
+                            f"is {d!r} by default)")
+    return floats
 
 
 def _call_factory(fn: Any, spec: str, device: str | None, overrides: dict) -> BuiltModel:
@@ -131,6 +159,7 @@ def _call_factory(fn: Any, spec: str, device: str | None, overrides: dict) -> Bu
             _check_keys(spec, overrides, [n for n, p in params.items()
                                           if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)],
                         f"the factory {getattr(fn, '__name__', 'factory')}()")
+        _check_counts(spec, overrides)
     try:
         with _device_ctx(device):
             model = fn(**overrides)
@@ -215,9 +244,22 @@ def _hf_inputs(model: nn.Module, config: Any):
 
 def token_ids(shape, vocab: int, dev: torch.device) -> torch.Tensor:
     """Token ids in [0, vocab) from a private generator (the global RNG is untouched); empty on meta."""
+    check_shape(tuple(shape), "input ids")
     if dev.type == "meta":
         return torch.empty(shape, dtype=torch.long, device=dev)
     return torch.randint(0, vocab, shape, device=dev, generator=torch.Generator(dev).manual_seed(0))
+
+
+def check_command_shapes(input_size=None, input_ids=None) -> None:
+    """The command line's --input-size shapes and --input-ids B,S, checked before the model is built
+    (a zero dimension is refused with the same line whichever option gave it)."""
+    from .errors import InputError
+    for shape in input_size or ():
+        check_shape(tuple(shape))
+    if input_ids:
+        if len(input_ids) != 2:
+            raise InputError("--input-ids takes B,S")
+        check_shape(tuple(input_ids), "input ids")
 
 
 def command_inputs(spec: str, model: nn.Module, default_inputs, dev: torch.device, input_size=None,
@@ -227,6 +269,7 @@ def command_inputs(spec: str, model: nn.Module, default_inputs, dev: torch.devic
     ``decoder_input_ids`` for an encoder-decoder; else one more positional input), or the spec's
     default inputs. Shared by the CLI and the ranks of ``split --run``, which build the same inputs."""
     from .errors import InputError
+    check_command_shapes(input_size, input_ids)
     args: tuple = ()
     kwargs: dict = {}
     if input_size:
@@ -237,8 +280,6 @@ def command_inputs(spec: str, model: nn.Module, default_inputs, dev: torch.devic
     elif dtypes:
         raise InputError("--dtype applies to --input-size inputs")
     if input_ids:
-        if len(input_ids) != 2:
-            raise InputError("--input-ids takes B,S")
         vocab = getattr(getattr(model, "config", None), "vocab_size", None) or 2
         ids = token_ids(tuple(input_ids), vocab, dev)
         if hasattr(model, "config"):
@@ -292,10 +333,13 @@ def _from_hf(spec: str, rest: str, device, overrides, head: str | None) -> Built
                         "transformers config class (e.g. hf:gpt2, hf:GPT2Config)")
     _check_keys(spec, user_keys, _config_keys(cfg_cls), cfg_name)
     _check_counts(spec, user_keys)
+    overrides = {**overrides, **_check_types(spec, user_keys, cfg_cls)}
     try:
         config = cfg_cls(**overrides)
     except Exception as e:
-        raise SpecError(f"{spec}: {cfg_name}({overrides}) failed: {type(e).__name__}: {e}") from e
+        # one line: transformers' strict dataclass validation says it in several
+        why = " ".join(str(e).split())
+        raise SpecError(f"{spec}: {cfg_name}({overrides}) failed: {type(e).__name__}: {why}") from e
     if cls_name and head:
         raise SpecError(f"{spec}: give a model class or --head, not both")
     if cls_name:
@@ -357,49 +401,6 @@ def _from_zoo(spec: str, kind: str, name: str, device, overrides) -> BuiltModel:
 _TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".torchscript")
 
 
-def _from_saved(path: str, allow_pickle: bool) -> BuiltModel:
-    """A saved model file: a TorchScript archive (torch.jit.load), else a pickled nn.Module only
-    with ``allow_pickle`` (unpickling runs code from the file). Without it the file is read with
-    ``torch.load(weights_only=True)``, which executes nothing: a state dict is then refused with what
-    to do instead."""
-    import zipfile
-
-    import torch
-
-    from .errors import InputError
-    from .formats.torchscript import load_torchscript
-    if not os.path.isfile(path):
-        raise SpecError(f"no model file at {path!r}")
-    is_zip = zipfile.is_zipfile(path)
-    if is_zip:
-        with zipfile.ZipFile(path) as z:
-            if any(n.endswith("/constants.pkl") or n.endswith("/code/__torch__.py") or "/code/" in n
-                   for n in z.namelist()):
-                return BuiltModel(load_torchscript(path))
-    if allow_pickle:
-        try:
-            obj = torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as e:
-            raise SpecError(f"{path!r} could not be loaded: {type(e).__name__}: {str(e).splitlines()[0][:200]}") \
-                from None
-        if isinstance(obj, torch.nn.Module):
-            return BuiltModel(obj)
-        raise SpecError(f"{path!r} holds a {type(obj).__name__}, not a model")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        # a pickle that names classes (GLOBAL) is a pickled model; other unpickling failures ("Unsupported
-        # operand", "invalid load key") are files that are not torch files at all
-        if "GLOBAL" in str(e):
-            raise SpecError(f"{path!r} is a pickled model: loading it runs code from the file. If you "
-                            "trust it, pass --allow-pickle (allow_pickle=True)") from None
-        raise InputError(f"{path!r} is not a model file torch can read: {str(e).splitlines()[0][:200]}") \
-            from None
-    raise SpecError(f"{path!r} holds {'a state dict' if isinstance(obj, dict) else type(obj).__name__} "
-                    "(weights only, no architecture): build the model with path/to/file.py:factory or "
-                    "hf:Config and load the weights there")
-
-
 def build_model(spec: str, device: str | None = None, overrides: dict | None = None,
                 head: str | None = None, allow_pickle: bool = False,
                 dtype: "str | torch.dtype | None" = None) -> BuiltModel:
@@ -457,7 +458,8 @@ def _build_spec(spec, device, overrides, head, allow_pickle) -> BuiltModel:
     if spec.endswith(_TORCHSCRIPT_SUFFIXES) and ":" not in os.path.basename(spec):
         if overrides or head:
             raise SpecError("--set and --head do not apply to a saved model file")
-        return _from_saved(spec, allow_pickle)
+        from .formats.torchscript import load_saved_model
+        return BuiltModel(load_saved_model(spec, allow_pickle))
     if spec.startswith("hf:"):
         return _from_hf(spec, spec[3:], device, overrides, head)
     if head:

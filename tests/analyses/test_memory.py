@@ -439,3 +439,21 @@ def test_keep_output_false_lets_go_of_the_output_before_the_backward():
     assert let_go.peak_bytes == 266_240 + 8_192 + 262_144 + 131_072 + 8 == 667_656
     assert kept.peak_bytes == let_go.peak_bytes + 131_072
     assert kept.steps[0].breakdown["output"] == 131_072 and let_go.steps[0].breakdown["output"] == 0
+
+
+def test_a_step_that_runs_no_op_peaks_at_what_is_resident():
+    """Issue 58 item 7 (torchinfo's test_parameter_list): a model that returns its input runs no op, and
+    its inference step had no peak at all: peak_bytes 0 and a report whose table raised ValueError (max of
+    no steps). What is resident throughout is the peak: a 100 x 300 float32 parameter, 120,000 B, and the
+    (100, 100) float32 input, 40,000 B: 160,000 B."""
+    class ReturnsInput(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(100, 300))
+
+        def forward(self, x):
+            return x
+    rep = ls.memory(ReturnsInput(), torch.randn(100, 100), training=False, steps=1)
+    assert rep.totals["peak_bytes"] == 160_000 and rep.peak_step.breakdown["parameter"] == 120_000
+    assert rep.peak_step.breakdown["input"] == 40_000
+    assert "Peak" in rep.table() and rep.to_json()

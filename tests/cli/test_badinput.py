@@ -125,3 +125,113 @@ def test_a_reader_that_closed_the_pipe_is_not_an_internal_error():
         done = subprocess.run([sys.executable, "-m", "layerscope.cli", "summary", "layerscope.examples:small_cnn", "-q"],
                               stdout=out, stderr=subprocess.PIPE, text=True, timeout=120)
     assert done.returncode == 141 and done.stderr == "", done.stderr
+
+
+# ---- issue 58 item 6: one clear line for what still got torch's words, a dump, or nothing ----------
+
+
+@pytest.mark.parametrize("argv", [["hf:gpt2", "--input-ids", "0,128"], ["hf:gpt2", "--input-ids", "1,0"],
+                                  ["layerscope.examples:tiny_gpt", "--input-ids", "0,16"],
+                                  ["layerscope.examples:tiny_gpt", "--input-size", "1,16", "--dtype", "int64",
+                                   "--input-ids", "1,0"]])
+def test_zero_input_ids_get_the_zero_dimension_line(argv, capsys):
+    # before: torch's "cannot reshape tensor of 0 elements" and a hint about meta tensors having no values
+    assert main(["summary", *argv, "-q"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has a zero dimension: every count would be 0" in err, err
+    assert "on meta" not in err and "Traceback" not in err
+
+
+def test_zero_input_ids_refused_before_the_model_is_built(monkeypatch, capsys):
+    def build(*a, **k):
+        raise AssertionError("the model was built")
+    monkeypatch.setattr(specs, "build_model", build)
+    assert main(["summary", "hf:gpt2", "--input-ids", "0,128", "-q"]) == 1
+    _one_line(capsys, "input ids (0, 128) has a zero dimension")
+
+
+def test_random_bytes_as_pt_are_not_a_torch_file(tmp_path, capsys):
+    # before: torch's weights_only text cut mid-sentence ("Re-running `torch.load` with `weights_only` set
+    # to `False`"): advice to unpickle a file that is no model at all
+    bad = tmp_path / "noise.pt"
+    bad.write_bytes(bytes(range(256)) * 4)
+    assert main(["summary", str(bad), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a TorchScript or torch.save file" in err, err
+    assert "weights_only" not in err and "Traceback" not in err
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    assert main(["summary", str(empty), "-q"]) == 1
+    _one_line(capsys, "is empty (0 bytes), not a TorchScript or torch.save file")
+
+
+@pytest.mark.parametrize("value, want", [("abc", "an integer"), ("1.5", "an integer")])
+def test_set_value_of_the_wrong_type_is_one_line(value, want, capsys):
+    # before: two lines of transformers' StrictDataclassFieldValidationError
+    assert main(["summary", "hf:gpt2", "--set", f"n_layer={value}", "-q"]) == 1
+    _one_line(capsys, f"--set n_layer={value}: expected {want} (GPT2Config's n_layer is 12 by default)")
+
+
+def test_set_integer_for_a_float_config_key_is_taken():
+    # transformers' strict configs refused an int for a float field (--set layer_norm_epsilon=1)
+    built = specs.build_model("hf:gpt2", overrides={"layer_norm_epsilon": 1, "n_layer": 1})
+    assert built.model.config.layer_norm_epsilon == 1.0
+
+
+def test_negative_count_for_a_user_factory_is_refused(tmp_path, capsys):
+    # before: `--set n=-3` built nn.Sequential() with nothing in it and printed a table of zeros
+    f = tmp_path / "fac.py"
+    f.write_text("from torch import nn\n\ndef make(n=2):\n    return nn.Sequential(*[nn.Linear(4, 4) for _ in range(n)])\n"
+                 "make.input_size = (1, 4)\n")
+    assert main(["summary", f"{f}:make", "--set", "n=-3", "-q"]) == 1
+    _one_line(capsys, f"{f}:make: --set n=-3: a count or size cannot be negative")
+    assert main(["summary", f"{f}:make", "--set", "n=1", "-q"]) == 0
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["summary", "--columns", "params,bogus"], "unknown column 'bogus'; choose from input_shape"),
+    (["memory", "--columns", "params"], "unknown column 'params'; choose from input_bytes"),
+    (["profile", "--columns", "backward"], "unknown column 'backward'"),     # backward columns need --backward
+    (["memory", "--limit", "abc"], "expected a memory size such as 80GiB, 40GB or 512MiB, got 'abc'"),
+    (["split", "--stages", "2", "--memory-limit", "abc"], "expected a memory size such as 80GiB"),
+])
+def test_view_options_are_refused_before_the_model_is_built(argv, needle, monkeypatch, capsys):
+    # before: refused when the report was rendered, after building and analysing the model (16 s for
+    # `summary hf:gpt2-large --columns params,bogus` here, against 7 s for the interpreter's start)
+    def build(*a, **k):
+        raise AssertionError("the model was built")
+    monkeypatch.setattr(specs, "build_model", build)
+    assert main([argv[0], "layerscope.examples:small_cnn", *argv[1:], "-q"]) == 1
+    _one_line(capsys, needle)
+
+
+def test_interrupt_while_starting_is_one_line(monkeypatch, capsys):
+    # before: a Ctrl-C while the parser was built (or torch imported) printed a KeyboardInterrupt traceback
+    import layerscope.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert main(["summary", "layerscope.examples:small_cnn", "-q"]) == 130
+    _one_line(capsys, "layerscope: interrupted")
+
+
+def test_interrupt_while_importing_torch_is_one_line():
+    """The console script's module (src/_layerscope_cli.py) catches a Ctrl-C while `import layerscope`
+    imports torch: simulated by an import hook that raises KeyboardInterrupt at `import torch`."""
+    import os
+    import subprocess
+    import sys
+    code = ("import sys\n"
+            "class Interrupt:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'torch':\n"
+            "            raise KeyboardInterrupt\n"
+            "sys.meta_path.insert(0, Interrupt())\n"
+            "sys.argv = ['layerscope', 'summary', 'layerscope.examples:small_cnn', '-q']\n"
+            "import _layerscope_cli\n"
+            "sys.exit(_layerscope_cli.main())\n")
+    src = os.path.dirname(os.path.dirname(os.path.abspath(layerscope.__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 130 and done.stderr == "layerscope: interrupted\n", done.stderr

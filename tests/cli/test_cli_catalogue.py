@@ -62,7 +62,7 @@ CLI_CASES = [
     (["summary", "{d}/boom.py:f"], "boom at import"),
     (["summary", "{d}/notmodel.py:f"], "not a torch.nn.Module"),
     (["summary", "{d}/missing.pt"], "no model file"),
-    (["summary", "{d}/garbage.pt"], "not a model file"),
+    (["summary", "{d}/garbage.pt"], "not a TorchScript or torch.save file"),
     (["summary", "{d}/weights.pt"], "state dict"),
     (["summary", "{d}/missing.json"], "model spec"),
     # --- --set ---

@@ -92,7 +92,51 @@ def test_profiler_getters_do_not_record_their_own_analysis():
         assert p.get_total_macs() == MACS and p.get_total_params() == PARAMS
         m(torch.randn(2, 3, 8, 8))
         m(torch.randn(2, 3, 8, 8))
-    assert p.steps == 3 and p.get_total_flops(as_string=True) == "63.25 K"
+    # three forwards counted, as FlopsProfiler counts them (issue 58): 3 x 63,252 = 189,756
+    assert p.steps == 3 and p.get_total_flops(as_string=True) == "189.76 K"
+
+
+def test_profiler_getters_count_the_forwards_that_ran(tmp_path):
+    """Issue 58 item 7: the getters analysed one forward on meta copies of the first step's inputs, where
+    a branch on the inputs' values is a guess (a meta tensor has no values) and only one forward counts.
+    Now, as FlopsProfiler: every forward since start_profile, counted as it ran. Hand counts: Linear(8, 4)
+    on (b, 8) is 32 b MACs, 2 x 32 b + 4 b bias adds = 68 b FLOPs; the branch taken on (x > 0).all()
+    adds a Linear(4, 4): 16 b MACs, 36 b FLOPs; the test itself, x > 0 and .all(), 1 FLOP per element
+    each: 2 x 8 b."""
+    class Gate(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 4), nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.a(x)
+            return self.b(h) if bool((x > 0).all()) else h      # a branch on the inputs' values
+
+    m = Gate()
+    p = ls.Profiler(m)
+    with p:
+        m(-torch.ones(2, 8))             # not taken: 64 MACs, 136 + 32 = 168 FLOPs
+        m(torch.ones(3, 8))              # taken: 96 + 48 = 144 MACs, 204 + 108 + 48 = 360 FLOPs
+    assert p.steps == 2
+    assert (p.get_total_macs(), p.get_total_flops()) == (64 + 144, 168 + 360)          # 208, 528
+    ff = FlopsProfiler(m)                # the same numbers as DeepSpeed's front end counts
+    ff.start_profile()
+    m(-torch.ones(2, 8))
+    m(torch.ones(3, 8))
+    assert (ff.get_total_macs(), ff.get_total_flops()) == (208, 528)
+    ff.end_profile()
+    # the printed profile divides those FLOPs by the time of the same two forwards (as FlopsProfiler),
+    # not by one step's median: its latency is the counter's sum over the forwards
+    from layerscope.render.deepspeed import duration_to_string
+    out = tmp_path / "p.txt"
+    p.print_model_profile(output_file=str(out))
+    text = out.read_text()
+    assert f"{'fwd flops per GPU: ':<70}  {'528 ':<8}" in text
+    assert f"{'fwd latency: ':<70}  {duration_to_string(p._counter.seconds['']):<8}" in text
+    p.end_profile()
+    assert (p.get_total_macs(), p.get_total_flops()) == (0, 0)
+    with pytest.raises(ls.InputError, match="costs=False"):
+        ls.Profiler(m, costs=False).get_total_flops()
 
 
 def test_number_formats_match_deepspeed():

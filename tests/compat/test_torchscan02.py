@@ -181,3 +181,53 @@ def test_keyword_inputs_and_the_element_size_of_dmas():
     # no parameters: DMAs in the input's 2-byte elements: relu reads 8 and writes 8 = 16
     assert _total(report, "dmas") == 16 and _total(report, "module_flops") == 8
     assert report["inputs"]["kwargs"]["x"]["shape"] == [2, 4]
+
+
+class _ReturnsInput(nn.Module):
+    def forward(self, x):
+        return x
+
+
+def test_a_module_of_the_users_that_runs_no_op_is_partial_and_strict_refuses_it():
+    """Issue 58 item 7, torch-scan 0.2's contract (its tests/test_report.py): a module that runs no op
+    is partial, and strict=True raises. Its 0 is what the recorder saw, but work done outside torch
+    (NumPy, Python numbers) is invisible to it; nn.Identity, torch's own, does nothing: 0, complete.
+    Before: complete 0, no diagnostic, strict passed."""
+    x = torch.randn(2, 4)
+    report = crawl_module(_ReturnsInput(), args=(x,))
+    flops = report["totals"]["module_flops"]
+    assert (flops["status"], flops["value"], flops["known_value"]) == ("partial", None, 0)
+    assert {d["code"] for d in report["diagnostics"]} == {"no_operator"}
+    with pytest.raises(IncompleteAnalysisError):
+        crawl_module(_ReturnsInput(), args=(x,), strict=True)
+    ident = crawl_module(nn.Identity(), args=(x,), strict=True)
+    assert ident["totals"]["module_flops"]["status"] == "complete" and ident["diagnostics"] == []
+
+    class View(nn.Module):           # one op that moves nothing (a view): it ran, 0 is the count
+        def forward(self, x):
+            return x.view(-1)
+    assert crawl_module(View(), args=(x,), strict=True)["totals"]["module_flops"]["value"] == 0
+
+
+def test_module_flops_refuses_the_options_torchscan_02_refuses():
+    """torch-scan 0.2's modules.module_flops raises NotImplementedError for a MultiheadAttention with
+    add_zero_attn or add_bias_kv and for a non-ReLU nn.Transformer (its tests/test_modules.py); 0.1's
+    counts them: MultiheadAttention(4, 2, add_zero_attn) on (2, 3, 4), dropout 0: 2 x the 792 FLOPs
+    docs/compat.md derives for one (1, 3, 4) sequence (its test_metric_failure_... row) = 1,584; a GELU
+    Transformer (6 + 6 layers, d_model 4, feed-forward 8): 46,248, the figure 0.2's front end gave
+    before it refused (unchanged for 0.1)."""
+    from layerscope.compat.torchscan import modules
+    from layerscope.compat.torchscan01 import modules as modules01
+    q = torch.rand((2, 3, 4))
+    zero = nn.MultiheadAttention(4, 2, batch_first=True, add_zero_attn=True)
+    with pytest.raises(NotImplementedError, match="add_bias_kv or add_zero_attn"):
+        modules.module_flops(zero, (q, q, q), None)
+    with pytest.raises(NotImplementedError, match="add_bias_kv or add_zero_attn"):
+        modules.module_flops(nn.MultiheadAttention(4, 2, batch_first=True, add_bias_kv=True), (q, q, q), None)
+    gelu = nn.Transformer(d_model=4, nhead=2, dim_feedforward=8, activation="gelu", batch_first=True)
+    with pytest.raises(NotImplementedError, match="default ReLU"):
+        modules.module_flops(gelu, (q, q), None)
+    assert modules01.module_flops(zero, (q, q, q), None) == 1_584
+    assert modules01.module_flops(gelu, (q, q), None) == 46_248
+    # what 0.2 does count is unchanged: the plain MultiheadAttention
+    assert modules.module_flops(nn.MultiheadAttention(4, 2, batch_first=True), (q, q, q)) > 0

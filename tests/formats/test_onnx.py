@@ -285,3 +285,33 @@ def test_a_model_over_2gb_with_external_data_is_analysed_without_reading_it(tmp_
     # 1 x 65,536 x 65,536 = 4,294,967,296 MACs; the weight: 4,294,967,296 params, 16 GiB
     assert rep.totals.macs == 65_536 ** 2 and rep.totals.params == 65_536 ** 2
     assert rep.totals.param_bytes == 16 * 2 ** 30
+
+
+def _scoped_norm(name, x, out, scope, weight):
+    """A LayerNormalization as torch.onnx's dynamo export writes it: its module scope in the metadata."""
+    node = helper.make_node("LayerNormalization", [x, weight + ".weight", weight + ".bias"], [out], name=name, axis=-1)
+    for key, value in (("pkg.torch.onnx.name_scopes", repr(["", scope, name])),
+                       ("pkg.torch.onnx.class_hierarchy", repr(["Sequential", "LayerNorm", "aten.layer_norm"]))):
+        p = node.metadata_props.add()
+        p.key, p.value = key, value
+    return node
+
+
+@pytest.mark.parametrize("second_reader, producer, noted", [("3", "pytorch", True),    # merged: 3 reads 1.weight
+                                                             ("1", "pytorch", False),   # one module called twice
+                                                             ("3", "other", False)])    # not torch's exporter
+def test_shared_initializers_the_exporter_merged_are_explained(second_reader, producer, noted):
+    # issue 58 item 6: nn.Sequential(Linear, LayerNorm(8), Linear, LayerNorm(8)) exported with dynamo=True
+    # has one '1.weight'/'1.bias' read by both norms (onnx_ir's DeduplicateInitializersPass merges equal
+    # initializers of <= 1024 elements): the summary said "Shared params 16" (2 x 8), the PyTorch model
+    # has none, and nothing said why. Written here by hand as the exporter writes it (no 20 s export).
+    nodes = [_scoped_norm("ln", "x", "h", "1", "1"), _scoped_norm("ln_1", "h", "y", second_reader, "1")]
+    m = _model(nodes, [_f("x", [2, 8])], [_f("y", [2, 8])], [_w("1.weight", [8]), _w("1.bias", [8])])
+    m.producer_name = producer
+    rep = ls.analyze_onnx(m)
+    assert rep.totals.params == 16 and rep.totals.shared_params == (16 if second_reader == "3" else 0)
+    notes = [n for n in rep.notes if "merges initializers of equal values" in n]
+    assert len(notes) == noted
+    if noted:
+        assert notes[0].startswith("16 of the shared params are 2 initializers of at most 1,024 elements")
+        assert "('1.weight' by '3')" in notes[0] and "Note" in rep.table()

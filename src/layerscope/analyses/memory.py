@@ -176,6 +176,14 @@ def memory_results(run: "StepRun", model, *, options: dict, measured=None, notes
     steps = []
     for i, (first, last) in enumerate(run.step_ranges):
         if last < first:
+            # a step that ran no op (a model returning its input): what is live where it would have run
+            # (the parameters, buffers and inputs, when nothing ran before) is its peak, never 0 and
+            # never no step at all (a report without steps had no peak to show)
+            t = max(min(first - 1, len(total) - 1), 0)
+            steps.append(StepMemory(step=i, peak_bytes=total[t], peak_op=t, peak_phase="forward", peak_layer=None,
+                                    breakdown={c: during[k][t] for k, c in enumerate(CATEGORIES)},
+                                    start_bytes=total[t], end_bytes=total[t],
+                                    phases=(PhaseSpan(i, "forward", t, t, total[t]),)))
             continue
         t = max(range(first, last + 1), key=total.__getitem__)  # the first op at the peak
         phases = tuple(PhaseSpan(s, ph, a, z, max(total[a:z + 1]) if z >= a else 0)

@@ -11,7 +11,7 @@ import torch
 from ..errors import InputError
 from ..trace import TensorSpec
 
-__all__ = ["make_inputs", "iter_tensors", "tensor_specs", "SpecCache", "map_tensors", "meta_copies", "dtype_name"]
+__all__ = ["make_inputs", "check_shape", "iter_tensors", "tensor_specs", "SpecCache", "map_tensors", "meta_copies", "dtype_name"]
 
 _MAX_DEPTH = 32
 
@@ -134,6 +134,17 @@ def _as_sizes(input_size: Any) -> list[tuple[int, ...]]:
     raise InputError(f"input_size must be a shape like (1, 3, 224, 224) or a list of shapes, got {input_size!r}")
 
 
+def check_shape(shape: tuple[int, ...], what: str = "input size") -> None:
+    """A shape example inputs are built with: no negative and no zero dimension. An empty tensor runs
+    through most layers and every count comes out 0: a table of zeros that looks like an answer
+    (``what``: how the caller names it, e.g. "input ids" for the CLI's --input-ids)."""
+    shape = tuple(shape)
+    if any(s < 0 for s in shape):
+        raise InputError(f"{what} {shape} has a negative dimension")
+    if any(s == 0 for s in shape):
+        raise InputError(f"{what} {shape} has a zero dimension: every count would be 0")
+
+
 def make_inputs(input_size: Any, dtypes: Any = None, batch_dim: int | None = None,
                 device: torch.device | str = "cpu") -> list[torch.Tensor]:
     """Example tensors for ``input_size`` (torchinfo's convention).
@@ -157,12 +168,7 @@ def make_inputs(input_size: Any, dtypes: Any = None, batch_dim: int | None = Non
     out = []
     gen = None if device.type == "meta" else torch.Generator(device=device).manual_seed(0)
     for shape, dtype in zip(sizes, dtypes):
-        if any(s < 0 for s in shape):
-            raise InputError(f"input size {shape} has a negative dimension")
-        if any(s == 0 for s in shape):
-            # an empty tensor runs through most layers and every count comes out 0: a table of zeros
-            # that looks like an answer
-            raise InputError(f"input size {shape} has a zero dimension: every count would be 0")
+        check_shape(shape)
         if batch_dim is not None:
             shape = shape[:batch_dim] + (1,) + shape[batch_dim:]
         if device.type == "meta":

@@ -9,6 +9,7 @@ import sys
 from typing import Sequence
 
 from ..errors import LayerscopeError
+from .common import check_view_options
 from .helptext import _EXAMPLES
 from .onnx import run_onnx, run_onnx_tile
 from .parser import EXIT_BROKEN_PIPE, EXIT_ERROR, EXIT_INTERNAL, EXIT_USAGE, build_parser
@@ -51,6 +52,14 @@ def _join_negative_values(parser, argv: list[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:     # also while the parser is built and the command line read
+        print("layerscope: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     argv = _join_negative_values(parser, list(sys.argv[1:] if argv is None else argv))
     try:
@@ -64,13 +73,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "parallel": run_parallel}
     try:
         if ns.command in commands:
+            check_view_options(ns)
             return commands[ns.command](ns)
     except LayerscopeError as e:
         print(f"layerscope: error: {e}", file=sys.stderr)
         return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("layerscope: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:
         # the reader went away (`| true`, a pager quit early): nothing more to say, and nothing more
         # to write: stdout goes to devnull so that the interpreter's own flush at exit cannot fail too

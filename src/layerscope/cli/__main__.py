@@ -1,4 +1,6 @@
-"""`python -m layerscope.cli ...`, as the `layerscope` console script."""
+"""`python -m layerscope.cli ...`, as the `layerscope` console script (which is src/_layerscope_cli.py:
+that one also turns a Ctrl-C while torch and layerscope are imported into one line; here the package
+is imported before this module runs)."""
 
 import sys
 

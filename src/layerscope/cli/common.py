@@ -140,15 +140,50 @@ def _check_memory(ns: argparse.Namespace, device: str | None) -> None:
     check_fits(need, dev, what, hint)
 
 
+def check_view_options(ns: argparse.Namespace) -> None:
+    """What the command line says about the output, checked right after parsing, before any model is
+    built (an unknown --columns key or a malformed --limit / --memory-limit used to be refused only
+    once the model had been built and analysed): the same checks, and the same lines, as the report
+    and the planner make later."""
+    from ..errors import InputError
+    from ..reports.table import select_columns
+    columns = getattr(ns, "columns", None)
+    known = _command_columns(ns) if columns is not None and columns != "all" else None
+    if known is not None:
+        select_columns(known, columns, InputError)
+    for limit in (getattr(ns, "limit", None), getattr(ns, "memory_limit", None)):   # memory; split, parallel
+        if limit is not None:
+            from ..options import parse_bytes
+            parse_bytes(limit)
+
+
+def _command_columns(ns: argparse.Namespace):
+    """Every column the command's report can show with these options."""
+    import types
+    if ns.command == "memory":
+        from ..reports.memory import COLUMNS
+        return COLUMNS
+    if ns.command == "profile":     # backward and roofline columns only with their options, as the report
+        from ..reports.latency import latency_columns
+        try:
+            return latency_columns(types.SimpleNamespace(layers=(), roofline=ns.roofline or None,
+                                                         options={"backward": ns.backward}))
+        except AttributeError:      # columns that need more of a report than this: the report checks them
+            return None
+    from ..reports.summary import COLUMNS
+    return COLUMNS
+
+
 def build_spec(ns: argparse.Namespace, device: str | None):
     """The model and example inputs a subcommand asked for: (model, args, kwargs)."""
     from ..capture import model_device
     from ..errors import InputError
-    from ..specs import build_model, command_inputs, parse_overrides
+    from ..specs import build_model, check_command_shapes, command_inputs, parse_overrides
 
     for ext in ("onnx", "pt2"):
         if ns.spec.endswith("." + ext):
             raise InputError(f"{ns.command} {ns.spec}: {_FILE_SUPPORT[ext]}")
+    check_command_shapes(ns.input_size, ns.input_ids)     # before building: a large model takes a while
     check_device(device)
     _check_memory(ns, device)
     with status(f"building {ns.spec}", ns):

@@ -25,16 +25,10 @@ functionals, and it comes out as it went in.
 
 from __future__ import annotations
 
-import functools
-import threading
-import time
-
 import torch
 from torch import nn
 
-from ..capture import hooks
-from ..capture.counter import OpCounter
-from ..capture.guard import analysing
+from ..capture.counter import ForwardCounter
 from ..errors import InputError
 from ..render.deepspeed import (DEFAULT_PRECISION, ModuleProfile, aggregated_profile, module_params,  # noqa: F401
                                 to_output_file, bytes_to_string, duration_to_string, flops_to_string,
@@ -65,27 +59,23 @@ class FlopsProfiler:
             raise InputError("FlopsProfiler profiles a torch.nn.Module (a TorchScript module takes no hooks), "
                              f"got {type(model).__name__}")
         self.model, self.ds_engine, self.recompute_fwd_factor = model, ds_engine, recompute_fwd_factor
-        self._handles: list = []
-        self._local = threading.local()        # per thread: the module calls running, the open counter
+        self._counter = ForwardCounter(model)   # the counting: hooks, a per-thread call stack, OpCounter
         self.started = False
         self.flops = self.macs = self.params = None
-        self.reset_profile()
 
     def start_profile(self, ignore_list=None) -> None:
         if ignore_list:
             raise InputError("ignore_list is not supported: layerscope counts every module (coverage "
                              "lists what it cannot count)")
         self.reset_profile()
-        self._hook()
+        self._counter.attach()
         self.started = True
 
     def stop_profile(self) -> None:
-        hooks.remove_all(self._handles)
+        self._counter.detach()
 
     def reset_profile(self) -> None:
-        self._own: dict[str, list] = {}       # module path -> [MACs, FLOPs] of the ops run in its calls
-        self._seconds: dict[str, float] = {}  # module path -> its calls' time
-        self._uncounted: dict[str, int] = {}  # op -> calls without a formula
+        self._counter.reset()
 
     def end_profile(self) -> None:
         if not self.started:
@@ -95,11 +85,11 @@ class FlopsProfiler:
         self.started = False
 
     def get_total_flops(self, as_string: bool = False):
-        n = sum(v[1] for v in self._own.values())
+        n = self._counter.flops
         return number_to_string(n) if as_string else n
 
     def get_total_macs(self, as_string: bool = False):
-        n = sum(v[0] for v in self._own.values())
+        n = self._counter.macs
         return macs_to_string(n) if as_string else n
 
     def get_total_params(self, as_string: bool = False):
@@ -107,7 +97,7 @@ class FlopsProfiler:
         return params_to_string(n) if as_string else n
 
     def get_total_duration(self, as_string: bool = False):
-        n = self._seconds.get("", 0.0)
+        n = self._counter.seconds.get("", 0.0)
         return duration_to_string(n) if as_string else n
 
     def print_model_profile(self, profile_step=1, module_depth=-1, top_modules=1, detailed=True,
@@ -128,61 +118,10 @@ class FlopsProfiler:
             return
         print(aggregated_profile(self._module_profile(), module_depth, top_modules), end="")
 
-    # ---- counting during the model's own forwards ----------------------------------------------
-    def _hook(self) -> None:
-        if self._handles:
-            return
-        seen: set[int] = set()
-        for path, m in self.model.named_modules():
-            if id(m) in seen or isinstance(m, torch.jit.ScriptModule):   # TorchScript takes no hooks
-                continue
-            seen.add(id(m))
-            self._handles.append(hooks.forward_pre_hook(m, functools.partial(self._pre, path)))
-            self._handles.append(hooks.forward_hook(m, functools.partial(self._post, path), always_call=True))
-
-    def _pre(self, path: str, module, args) -> None:
-        local = self._local
-        calls = getattr(local, "calls", None)
-        if calls is None:
-            calls = local.calls = []
-        if not calls:
-            if analysing():              # one of layerscope's own analyses runs the model: not the user's
-                return
-            local.counter = OpCounter(self._on_op)
-            local.counter.__enter__()
-        calls.append((path, _now(module)))
-
-    def _post(self, path: str, module, args, out) -> None:
-        calls = getattr(self._local, "calls", None)
-        if not calls or calls[-1][0] != path:
-            return
-        _, start = calls.pop()
-        if not any(p == path for p, _ in calls):       # a module running inside itself: timed once
-            self._seconds[path] = self._seconds.get(path, 0.0) + _now(module) - start
-        if not calls:
-            counter, self._local.counter = self._local.counter, None
-            counter.__exit__(None, None, None)
-
-    def _on_op(self, name: str, status: str, macs: int, flops: int) -> None:
-        calls = self._local.calls
-        own = self._own.setdefault(calls[-1][0] if calls else "", [0, 0])
-        own[0] += macs
-        own[1] += flops
-        if status == "uncounted":
-            self._uncounted[name] = self._uncounted.get(name, 0) + 1
-
     def _module_profile(self) -> ModuleProfile:
-        return ModuleProfile(self.model, None, durations=self._seconds,
-                             own={k: tuple(v) for k, v in self._own.items()}, uncounted=self._uncounted)
-
-
-def _now(module: nn.Module) -> float:
-    """A time stamp after the module's device has finished its work (DeepSpeed synchronises the
-    accelerator in its hooks too)."""
-    p = next(module.parameters(), None)
-    if p is not None and p.device.type == "cuda":
-        torch.cuda.synchronize(p.device)
-    return time.perf_counter()
+        c = self._counter
+        return ModuleProfile(self.model, None, durations=c.seconds, own={k: tuple(v) for k, v in c.own.items()},
+                             uncounted=c.uncounted)
 
 
 def get_model_profile(model: nn.Module, input_shape=None, args=[], kwargs={}, print_profile=True,  # noqa: B006

@@ -335,6 +335,9 @@ def onnx_trace(src, input_shapes: dict | None = None,
     param_bytes = sum(nbytes(n) or 0 for n in param_first)
     shared = sum(_numel(shapes[n]) or 0 for n in param_first if len(param_users[n]) > 1)
     options = {"format": "onnx", "opset": opset}
+    merged = _merged_initializers(model, recs, param_users, shapes) if use_scopes else None
+    if merged:
+        options["merged_initializers"] = merged
     if custom is not None:         # as analyze(costs=...) records it: the numbers follow another registry
         options["costs"] = custom
     trace = Trace(
@@ -350,6 +353,35 @@ def onnx_trace(src, input_shapes: dict | None = None,
                      peak_activation_bytes=_peak(g, graph_inputs, inits, nbytes, consumers, graph_outputs),
                      unknown_shapes=tuple(unknown), symbolic_dims=tuple(symbolic))
     return trace, info
+
+
+# torch.onnx.export(dynamo=True) runs onnxscript's optimizer, whose DeduplicateInitializersPass (onnx_ir,
+# size_limit=1024) replaces initializers of equal dtype, shape and values of at most this many elements
+# by one: two LayerNorms still at their initial weights share one initializer in the file
+DEDUP_LIMIT = 1024
+
+
+def _merged_initializers(model, recs, param_users, shapes) -> dict | None:
+    """Shared initializers torch's exporter may have merged for being equal: at most DEDUP_LIMIT elements,
+    named after one module (``1.weight``), read by another's layer. One module called twice is one layer;
+    a tie between two modules of that size looks the same in the file, hence "may" in the report."""
+    if model.producer_name != "pytorch":
+        return None
+    names, numel, example = [], 0, None
+    for name, users in param_users.items():
+        n = _numel(shapes.get(name)) or 0
+        owner = name.rsplit(".", 1)[0] if "." in name else None
+        if len(users) < 2 or n > DEDUP_LIMIT or owner is None:
+            continue
+        others = [recs[u]["path"] for u in sorted(users)
+                  if not (recs[u]["path"] == owner or recs[u]["path"].startswith(owner + "."))]
+        if others:
+            names.append(name)
+            numel += n
+            example = example or (name, others[0])
+    if not names:
+        return None
+    return {"initializers": len(names), "params": numel, "example": list(example)}
 
 
 def _collect_shapes(g, shapes: dict, dtypes: dict, consts: dict) -> None:

@@ -8,7 +8,8 @@ calls as the nodes' hierarchy changes, so layers, parameters (read from the scri
 submodules) and shapes come out as ``analyze()`` gives them. ``prim::If`` runs the branch its
 condition picks; ``prim::Loop`` runs its body as many times as it says.
 
-Files load with ``torch.jit.load`` (TorchScript's own format, never pickle).
+Files load with ``torch.jit.load`` (TorchScript's own format, never pickle); ``load_saved_model`` reads
+the CLI's model.pt: TorchScript, else a pickled module only when the caller allows unpickling.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from typing import Any
 import torch
 
 from .. import _compat
-from ..errors import ForwardError, InputError
+from ..errors import ForwardError, InputError, SpecError
 
-__all__ = ["load_torchscript", "torchscript_trace"]
+__all__ = ["load_torchscript", "load_saved_model", "unpickling_reason", "torchscript_trace"]
 
 _FRAME = re.compile(r"([^.()]+)\(([^()]*)\)")
 
@@ -49,6 +50,61 @@ def load_torchscript(src) -> torch.jit.ScriptModule:
     except Exception as e:   # a zip that is not TorchScript, a truncated file, ...
         raise InputError(f"{path!r} is not a TorchScript archive torch.jit.load can read: "
                          f"{str(e).splitlines()[0][:200]}") from None
+
+
+def load_saved_model(path: str, allow_pickle: bool = False) -> torch.nn.Module:
+    """A saved model file (the CLI's model.pt): a TorchScript archive (torch.jit.load), else a pickled nn.Module only
+    with ``allow_pickle`` (unpickling runs code from the file). Without it the file is read with
+    ``torch.load(weights_only=True)``, which executes nothing: a state dict is then refused with what
+    to do instead."""
+    import zipfile
+    if not os.path.isfile(path):
+        raise SpecError(f"no model file at {path!r}")
+    is_zip = zipfile.is_zipfile(path)
+    if is_zip:
+        with zipfile.ZipFile(path) as z:
+            if any(n.endswith("/constants.pkl") or n.endswith("/code/__torch__.py") or "/code/" in n
+                   for n in z.namelist()):
+                return load_torchscript(path)
+    if allow_pickle:
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:
+            raise SpecError(f"{path!r} could not be loaded: {type(e).__name__}: {str(e).splitlines()[0][:200]}") \
+                from None
+        if isinstance(obj, torch.nn.Module):
+            return obj
+        raise SpecError(f"{path!r} holds a {type(obj).__name__}, not a model")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        # a pickle that names classes (GLOBAL) is a pickled model; other unpickling failures ("Unsupported
+        # operand", "invalid load key") are files that are not torch files at all
+        if "GLOBAL" in str(e):
+            raise SpecError(f"{path!r} is a pickled model: loading it runs code from the file. If you "
+                            "trust it, pass --allow-pickle (allow_pickle=True)") from None
+        if os.path.getsize(path) == 0:
+            raise InputError(f"{path!r} is empty (0 bytes), not a TorchScript or torch.save file") from None
+        raise InputError(f"{path!r} is not a TorchScript or torch.save file ({unpickling_reason(e)})") from None
+    raise SpecError(f"{path!r} holds {'a state dict' if isinstance(obj, dict) else type(obj).__name__} "
+                    "(weights only, no architecture): build the model with path/to/file.py:factory or "
+                    "hf:Config and load the weights there")
+
+
+def unpickling_reason(e: Exception) -> str:
+    """Why torch.load(weights_only=True) could not read a file, without its advice to reload with
+    weights_only=False (that runs code from the file, and a file of random bytes is no model either):
+    the WeightsUnpickler's own reason ("Unsupported operand 216"), else the exception's first line."""
+    text = str(e)
+    if "WeightsUnpickler error:" in text:
+        after = text.split("WeightsUnpickler error:", 1)[1]
+        reason = next((line.strip() for line in after.splitlines() if line.strip()), "")
+        if reason:
+            return f"unpickling failed: {reason[:200]}"
+    first = text.splitlines()[0] if text.strip() else ""
+    if not first or "weights_only" in first:
+        return f"torch.load raised {type(e).__name__}"
+    return f"torch.load raised {type(e).__name__}: {first[:200]}"
 
 
 def _module_path(hierarchy: str, children: dict[str, list[tuple[str, str, str]]]) -> list[str]:

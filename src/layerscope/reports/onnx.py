@@ -10,7 +10,7 @@ from ..errors import InputError
 from ..formats.onnx import NodeRecord, OnnxGraph
 from .table import Column, Fact, Table, flat_table
 
-__all__ = ["SORT_KEYS", "NODE_COLUMNS", "sorted_nodes", "nodes_table"]
+__all__ = ["SORT_KEYS", "NODE_COLUMNS", "sorted_nodes", "nodes_table", "onnx_notes"]
 
 SORT_KEYS = {
     "order": None,
@@ -69,3 +69,20 @@ def nodes_footer(graph: OnnxGraph) -> tuple[Fact, ...]:
 def nodes_table(graph: OnnxGraph, sort: str = "order", top: int | None = None) -> Table:
     return flat_table("onnx_nodes", "ONNX nodes", graph, sorted_nodes(graph, sort, top), NODE_COLUMNS,
                       name=lambda n: n.name, first_header="Node", footer=nodes_footer(graph))
+
+
+def onnx_notes(options: dict) -> tuple[str, ...]:
+    """What the summary of an ONNX file says about how its counts can differ from the PyTorch model's:
+    initializers the exporter may have merged for being equal (formats.onnx: DEDUP_LIMIT), which the
+    file shares between layers where the model has one parameter per module."""
+    merged = options.get("merged_initializers")
+    if not merged:
+        return ()
+    from ..formats.onnx import DEDUP_LIMIT
+    name, reader = merged["example"]
+    n = merged["initializers"]
+    return (f"{merged['params']:,} of the shared params are {n} initializer{'s' if n != 1 else ''} of at most "
+            f"{DEDUP_LIMIT:,} elements read by other layers than the one named ({name!r} by {reader!r}): "
+            "torch.onnx's dynamo export merges initializers of equal values (e.g. norm weights still at "
+            "their initial 1s), so the PyTorch model may hold them as separate parameters (more params, "
+            "fewer shared than here)",)

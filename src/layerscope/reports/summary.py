@@ -221,7 +221,8 @@ class Report(ReportRecord):
     @property
     def notes(self) -> tuple[str, ...]:
         """What the analysis says about how it ran (e.g. a torch.compile'd model's original module)."""
-        return tuple(self.trace.options.get("notes", ()))
+        from .onnx import onnx_notes
+        return tuple(self.trace.options.get("notes", ())) + onnx_notes(self.trace.options)
 
     @property
     def model_name(self) -> str:
