@@ -17,6 +17,9 @@ def run_parallel(ns: argparse.Namespace) -> int:
         from ..render.units import parse_bytes
         parse_bytes(ns.memory_limit)
     fractions = _fractions(ns.fraction)
+    if ns.time_budget is not None:
+        raise InputError("--time-budget was replaced by --search-limit PASSES (a count of simulation passes, not "
+                         "seconds, so the search's answer does not depend on the machine's speed; default 40)")
     if ns.run and ns.head is None and ns.spec.startswith("hf:") and ":" not in ns.spec[3:]:
         # a config alone builds the bare model, whose output has no logits: the run trains the causal LM,
         # and the simulation builds the same (a named class, or a spec's own model, is taken as it is)
@@ -29,7 +32,8 @@ def run_parallel(ns: argparse.Namespace) -> int:
                                             "accumulation", "global_batch", "ac", "reshard_after_forward")
                 if getattr(ns, k) is not None}
         rep = parallel(model, *args, gpus=ns.gpus, gpus_per_node=ns.gpus_per_node, search=True,
-                       time_budget=ns.time_budget, optimizer=ns.optimizer, steps=ns.steps or 2, device=ns.device,
+                       **({"search_limit": ns.search_limit} if ns.search_limit is not None else {}),
+                       optimizer=ns.optimizer, steps=ns.steps or 2, device=ns.device,
                        gpu=ns.gpu, memory_limit=ns.memory_limit, fractions=fractions, forward_kwargs=kwargs,
                        stages_per_rank=ns.stages_per_rank, mixed_precision=ns.mixed_precision,
                        reduce_dtype=ns.reduce_dtype, model_dtype=ns.model_dtype or "fp32", offload=ns.offload,
