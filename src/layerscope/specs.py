@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .capture.inputs import make_inputs
+from ._transformers import quiet_token_ids
 from .errors import SpecError
 from .options import DTYPES
 
@@ -292,7 +293,8 @@ def _from_hf(spec: str, rest: str, device, overrides, head: str | None) -> Built
     _check_keys(spec, user_keys, _config_keys(cfg_cls), cfg_name)
     _check_counts(spec, user_keys)
     try:
-        config = cfg_cls(**overrides)
+        with quiet_token_ids(user_keys):
+            config = cfg_cls(**overrides)
     except Exception as e:
         raise SpecError(f"{spec}: {cfg_name}({overrides}) failed: {type(e).__name__}: {e}") from e
     if cls_name and head:
@@ -309,7 +311,7 @@ def _from_hf(spec: str, rest: str, device, overrides, head: str | None) -> Built
         auto = getattr(transformers, auto_name)
         make = lambda: auto.from_config(config)  # noqa: E731
     try:
-        with _device_ctx(device or "meta"):
+        with _device_ctx(device or "meta"), quiet_token_ids(user_keys):
             model = make()
     except Exception as e:
         raise SpecError(f"{spec}: building the model failed: {type(e).__name__}: {e}") from e

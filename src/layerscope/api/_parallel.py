@@ -20,6 +20,7 @@ from ..options import MemoryOptions, ParallelConfig, optimizer_factory, optimize
 from ..parallel.results import ESTIMATES, ParallelPlan, RankMemory, mesh_coords
 from ..parallel.apply import checkpoint_blocks, no_kv_cache
 from ..parallel.simulate import meta_copy
+from ..parallel.stages import model_name
 from ..parallel.timing import fractions, step_time
 from ..parallel.world import global_tokens, plan_of, simulate_world
 from ._search import DEFAULT_LIMIT, search_report
@@ -173,9 +174,12 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
             notes.append(f"{len(roles_of)} roles (ranks whose shards differ in size, where a dimension does not "
                          "divide evenly): ranks " + ", ".join(str(r) for r in roles_of) + " were simulated")
         if rr.run.log is not None:
+            log = rr.run.log
+            if config.pp > 1:     # a stage's modules sit in its wrapper ("model.", "0.model."): the model's paths
+                log = dataclasses.replace(log, events=[(k, w, model_name(p)) for k, w, p in log.events])
             notes += [n.replace("Use simulate=False to track the real step", "--run trains it for real")
                       .replace("Use simulate=False to track a real step", "--run trains it for real")
-                      for n in rr.run.log.notes()]
+                      for n in log.notes()]
         if rr.run.known is not None:
             notes += rr.run.known.notes()
         if router is not None:

@@ -17,6 +17,9 @@ def run_parallel(ns: argparse.Namespace) -> int:
         from ..render.units import parse_bytes
         parse_bytes(ns.memory_limit)
     fractions = _fractions(ns.fraction)
+    if ns.run and ns.steps is not None and ns.steps < 3:
+        raise InputError(f"--run needs --steps of at least 3 (the first two steps are not measured: the first's "
+                         f"gradients are gathered for the comparison, the second warms up), got --steps {ns.steps}")
     if ns.time_budget is not None:
         raise InputError("--time-budget was replaced by --search-limit PASSES (a count of simulation passes, not "
                          "seconds, so the search's answer does not depend on the machine's speed; default 40)")
@@ -47,7 +50,9 @@ def run_parallel(ns: argparse.Namespace) -> int:
         microbatches=ns.microbatches, accumulation=ns.accumulation or 1, global_batch=ns.global_batch,
         ac=ns.ac or "none", mixed_precision=ns.mixed_precision, reduce_dtype=ns.reduce_dtype,
         model_dtype=ns.model_dtype or "fp32",
-        reshard_after_forward=ns.reshard_after_forward is not False, offload=ns.offload)
+        reshard_after_forward=ns.reshard_after_forward is not False, offload=ns.offload,
+        # --input-ids B,S: B is the local batch, checked against --microbatches before the model is built
+        local_batch=ns.input_ids[0] if ns.input_ids else None)
     model, args, kwargs = build_spec(ns, "meta")      # the simulation never needs the weights
     loss_fn = target = None
     if ns.run:

@@ -18,8 +18,9 @@ __all__ = ["ParallelReport", "RoleRow", "PARALLEL_COLUMNS", "SCHEMA", "STEP_PART
 SCHEMA = 6      # the parallel JSON's own version (plans, ranks, measured). 2: a rank's breakdown has the
 #                 estimate "gloo late free (estimate)"; 3: a rank's host_bytes, a plan's offload (CPU
 #                 offload), schedule and stages; 4: a plan's step_time, tokens_per_s and mfu filled on
-#                 CUDA ranks, and its timing (their parts); 5: timing's host_wait; 6: the search's passes,
-#                 search_limit, proven and unsearched_step_time_at_least; nothing removed or renamed
+#                 CUDA ranks, and its timing (their parts); 5: timing's host_wait; 6: a rank's stages, the
+#                 search's passes, search_limit, proven and unsearched_step_time_at_least; nothing removed
+#                 or renamed
 
 _SHORT = {"sharded parameters": "Params", "gathered parameters": "Gathered", "gradients": "Grads",
           "optimizer state": "Optim", "activations": "Activ", "recompute": "Recomp",
@@ -220,7 +221,7 @@ class ParallelReport(ReportRecord):
                 if got:
                     lo, hi = min(got), max(got)
                     pred = role.memory.peak_bytes
-                    out.append(Fact(f"Measured, ranks {role.label}",
+                    out.append(Fact(f"Measured, rank{'s' if len(role.ranks) > 1 else ''} {role.label}",
                                     f"{_gib(lo)}" + (f"-{_gib(hi)}" if hi != lo else "")
                                     + f" (predicted {_gib(pred)}: {pred / hi - 1:+.1%} of the largest)"))
             out.append(Fact("Run", f"losses {'equal' if m['loss_equal'] else 'DIFFER from'} one process "
