@@ -13,7 +13,7 @@ SRC = Path(layerscope.__file__).parent
 
 # DESIGN.md's order, bottom to top; a module imports its own layer and the ones below it
 LAYERS = [
-    ["_compat", "_version", "errors", "progress", "options", "trace"],   # base
+    ["_compat", "_transformers", "_version", "errors", "progress", "options", "trace"],   # base
     ["costs"],
     ["capture"],
     ["formats"],

@@ -557,8 +557,9 @@ class ParallelConfig:
         if self.microbatches is None:
             object.__setattr__(self, "microbatches", self.pp)
         if self.local_batch is not None and self.local_batch % self.microbatches:
-            raise InputError(f"the local batch ({self.local_batch}) must split into {self.microbatches} "
-                             "micro-batches evenly")
+            fit = [str(d) for d in range(1, self.local_batch + 1) if self.local_batch % d == 0]
+            raise InputError(f"microbatches (--microbatches) {self.microbatches} does not divide the local batch "
+                             f"{self.local_batch}: use {', '.join(fit[:-1]) + ' or ' if len(fit) > 1 else ''}{fit[-1]}")
         if self.global_batch is not None and self.local_batch is not None and \
                 self.global_batch != self.local_batch * self.dp * self.accumulation:
             raise InputError(f"global batch {self.global_batch} != local batch {self.local_batch} x data-parallel "

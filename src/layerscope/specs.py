@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ._transformers import quiet_token_ids
 from .capture.inputs import check_shape, make_inputs
 from .capture.measure import available_bytes
 from .errors import SpecError
@@ -335,7 +336,8 @@ def _from_hf(spec: str, rest: str, device, overrides, head: str | None) -> Built
     _check_counts(spec, user_keys)
     overrides = {**overrides, **_check_types(spec, user_keys, cfg_cls)}
     try:
-        config = cfg_cls(**overrides)
+        with quiet_token_ids(user_keys):
+            config = cfg_cls(**overrides)
     except Exception as e:
         # one line: transformers' strict dataclass validation says it in several
         why = " ".join(str(e).split())
@@ -354,7 +356,7 @@ def _from_hf(spec: str, rest: str, device, overrides, head: str | None) -> Built
         auto = getattr(transformers, auto_name)
         make = lambda: auto.from_config(config)  # noqa: E731
     try:
-        with _device_ctx(device or "meta"):
+        with _device_ctx(device or "meta"), quiet_token_ids(user_keys):
             model = make()
     except Exception as e:
         raise SpecError(f"{spec}: building the model failed: {type(e).__name__}: {e}") from e

@@ -5,7 +5,7 @@ Substitutions, stated here because they are not "as written":
 - a big hf: preset or config (llama, mistral, mixtral, gpt2*, bert*, vit*, t5, LlamaConfig, GPT2Config) gets small
   dimensions prepended as --set (SMALL below): 16 layers where a family is split into 16 stages, a
   64-wide hidden size, a 128-token vocabulary. The example's own --set values come after and win. A
-  --search gets a time budget of 5 s (what it searches is tests/parallel/test_search.py's).
+  --search gets a limit of 3 passes (what it searches is tests/parallel/test_search.py's).
   Built on meta as the examples are; the point is that each line parses, validates and runs.
 - `split --run` (torchrun, several processes) is checked up to the launch: the launcher is replaced by
   a stub that records what it was asked (tests/pipeline/test_pipeline.py runs real pipelines).
@@ -83,8 +83,8 @@ def _small(argv: list[str]) -> list[str]:
     if "--stages" in argv:                 # enough layers to cut into that many stages
         n = argv[argv.index("--stages") + 1]
         extra = [f"num_hidden_layers={n}" if e == "num_hidden_layers=2" else e for e in extra]
-    if "--search" in argv and "--time-budget" not in argv:     # a few candidates show the line runs
-        extra += ["--time-budget", "5"]
+    if "--search" in argv and "--search-limit" not in argv:    # a few simulations show the line runs (a count
+        extra += ["--search-limit", "3"]                         # of them, not seconds: the same on a slow machine)
     return argv[:2] + (argv[2:3] if argv[0] == "compare" else []) + extra + argv[(3 if argv[0] == "compare" else 2):]
 
 

@@ -35,7 +35,7 @@ def test_pruning_keeps_the_optimum(seed):
     evaluate = _synthetic(seed)
     truth = {label(c): evaluate(c) for c in cands}
     fitting = {k: v for k, v in truth.items() if v.fits}
-    ranked, why, count = walk_space(cands, _synthetic(seed), limit=60, params=0)
+    ranked, why, count, _ = walk_space(cands, _synthetic(seed), limit=60, params=0)
     assert count < len(cands)                   # it pruned
     best = ranked[0]
     if not fitting:
@@ -76,7 +76,7 @@ def test_pruning_keeps_the_optimum_with_pipelines(seed):
     cands = space(16, 48, 64, gpus_per_node=8)
     assert {c.pp for c in cands} >= {1, 2, 4, 8}
     truth = {label(c): _piped(seed)(c) for c in cands}
-    ranked, _, count = walk_space(cands, _piped(seed), limit=60, params=0)
+    ranked, _, count, _ = walk_space(cands, _piped(seed), limit=60, params=0)
     fitting = [v.step_time for v in truth.values() if v.fits]
     assert count < len(cands)
     if fitting:
@@ -102,7 +102,7 @@ def test_pipeline_bounds_keep_the_optimum(seed):
         t = truth[label(c)]
         return PipelineBounds(peak_bytes=0.9 * t.peak_bytes, step_time=0.9 * t.step_time, rank=0)
     plain = walk_space(cands, evaluate, limit=60, params=0)
-    ranked, _, count = walk_space(cands, evaluate, limit=60, params=0, bounds=bounds)
+    ranked, _, count, _ = walk_space(cands, evaluate, limit=60, params=0, bounds=bounds)
     assert count < plain[2] and asked and all(asked)
     assert [label(c.config) for c in ranked[:1]] == [label(c.config) for c in plain[0][:1]]
     by_bound = [c for c in ranked if c.plan is None and (c.status == "oom-bound" or c.status == "slower" and
@@ -157,7 +157,7 @@ def test_search_on_a_llama_matches_the_whole_simulation():
     ids = torch.zeros((1, 32), dtype=torch.long, device="meta")
     limit = 137_600_000      # the tp 1 head fits (137,496,064 B), the tp 2 one (137,704,448 B) does not
     rep = layerscope.parallel(m, ids, gpus=2, gpu="H100", memory_limit=limit, search=True, global_batch=4, pp=1,
-                              time_budget=1e9)
+                              search_limit=None)
     s = rep.search
     assert s["global_batch"] == 4 and s["simulated"] >= 1      # the tp 2 family: its head's lower bounds may do
     best = s["candidates"][0]
@@ -186,7 +186,7 @@ def test_accumulation_is_extended_from_two_micro_steps():
     m = _llama()
     ids = torch.zeros((1, 32), dtype=torch.long, device="meta")
     rep = layerscope.parallel(m, ids, gpus=2, gpu="H100", search=True, global_batch=8, tp=2, ac="full",
-                              accumulation=4, reshard_after_forward=True, time_budget=1e9)
+                              accumulation=4, reshard_after_forward=True, search_limit=None)
     (row,) = [r for r in rep.search["candidates"] if r["status"] == "fits"]
     assert row["config"]["accumulation"] == 4 and row["config"]["local_batch"] == 2
     x = torch.zeros((2, 32), dtype=torch.long, device="meta")
@@ -258,7 +258,90 @@ def test_the_model_comes_out_of_a_search_unchanged(pp):
     ids = torch.randint(0, 128, (1, 32))
     before = snapshot(m)
     rng = torch.get_rng_state()
-    layerscope.parallel(m, ids, gpus=2, gpu="H100", search=True, tp=1, pp=pp, ac="full", time_budget=1e9)
+    layerscope.parallel(m, ids, gpus=2, gpu="H100", search=True, tp=1, pp=pp, ac="full", search_limit=None)
     assert_unchanged(before, m)
     assert len(m.model.layers) == 6 and m.config.num_hidden_layers == 6 and m.config.use_cache
     assert torch.equal(torch.get_rng_state(), rng)
+
+
+def _slow_clock(monkeypatch):
+    """Every read of the clock ten minutes after the last: each simulation appears to take minutes."""
+    import itertools
+    import time
+    ticks = itertools.count(0, 600.0)
+    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks))
+    monkeypatch.setattr(time, "monotonic", lambda: next(ticks))
+
+
+def _headline(rep) -> str:
+    return next(line for line in str(rep).splitlines() if "simulated" in line and "best" in line)
+
+
+@pytest.mark.parametrize("search_limit", ["default", 1])
+def test_a_slow_machine_gets_the_same_answer(monkeypatch, search_limit):
+    """Issue 58: under load the search's wall-clock budget (150 s; 5 s in the CLI examples) ran out before it
+    simulated anything ("no configuration of 64 GPUs could be simulated: nothing could be simulated") or
+    after four simulations (the 70B answer changed). The limit now counts simulation passes, so a clock
+    that says each simulation took ten minutes changes neither the chosen plan nor the headline: proven
+    best at the default limit (tp 1 held: two candidates); with a limit of 1 pass (the tp 1 head; selective-layer checkpointing has no
+    lower bounds, so the tp 2 family is left without any) not proven, and the headline says so first."""
+    m = _llama(2)
+    ids = torch.zeros((1, 32), dtype=torch.long, device="meta")
+    kw = dict(gpus=2, gpu="H100", search=True, global_batch=2, pp=1, ac="selective-layer")
+    if search_limit == "default":
+        kw["tp"] = 1          # two candidates (resharding or not), both simulated
+    else:
+        kw["search_limit"] = search_limit
+    quiet = layerscope.parallel(m, ids, **kw)
+    _slow_clock(monkeypatch)
+    slow = layerscope.parallel(m, ids, **kw)
+    monkeypatch.undo()
+    assert quiet.search["candidates"][0]["status"] == "fits"
+    assert [(r["label"], r["status"]) for r in slow.search["candidates"]] == \
+        [(r["label"], r["status"]) for r in quiet.search["candidates"]]
+    assert _headline(slow) == _headline(quiet)
+    assert str(slow).splitlines()[1].startswith("Search ")     # the headline, first under the title
+    if search_limit == "default":
+        assert quiet.search["proven"] and "proven best among all 2 configurations" in _headline(quiet)
+        assert quiet.search["counts"].get("unsearched") is None
+    else:
+        assert not quiet.search["proven"] and quiet.search["passes"] == 1
+        assert "best of 1 simulated; NOT PROVEN: 4 configurations (1 family) not simulated" in _headline(quiet)
+        assert "4 without a lower bound" in _headline(quiet)
+
+
+def test_the_limit_counts_passes_and_the_best_bounded_is_simulated():
+    """The limit is work, not time: with room for 3 passes the walk simulates no more than that; with
+    none, the candidate with the least step bound is simulated anyway, past it (so a search always has a
+    plan to show), and the others are left unsearched with their bounds, or ruled slower by them."""
+    cands = space(16, 48, 64, gpus_per_node=8, fixed={"pp": 1})
+    evaluate = _synthetic(3)
+    truth = {label(c): evaluate(c) for c in cands}
+
+    def bounds(c, may_simulate):
+        t = truth[label(c)]
+        return PipelineBounds(peak_bytes=0.5 * t.peak_bytes, step_time=0.9 * t.step_time, rank=0)
+    ranked, _, count, passes = walk_space(cands, evaluate, limit=60, params=0, bounds=bounds, max_passes=3)
+    assert passes <= 3 and count >= 1 and any(c.status == "unsearched" for c in ranked)
+    ranked, _, count, passes = walk_space(cands, evaluate, limit=60, params=0, bounds=bounds, max_passes=0)
+    assert count == 1
+    open_ = [c for c in cands if 0.5 * truth[label(c)].peak_bytes <= 60]     # not out of memory by the bound
+    expected = min(open_, key=lambda c: truth[label(c)].step_time)
+    (got,) = [c for c in ranked if c.plan is not None]
+    assert label(got.config) == label(expected)
+    for c in ranked:
+        assert c is got or c.status in ("unsearched", "slower", "oom-bound", "dominated"), c
+        if c.status == "slower" and got.status == "fits":
+            assert truth[label(c.config)].step_time >= got.plan.step_time
+
+
+def test_time_budget_is_refused_with_what_replaced_it(capsys):
+    from layerscope.cli import main
+    from layerscope.errors import InputError
+    with pytest.raises(InputError, match="replaced by search_limit="):
+        layerscope.parallel(_llama(2), torch.zeros((1, 8), dtype=torch.long, device="meta"), gpus=2, gpu="H100",
+                            search=True, time_budget=5)
+    assert main(["parallel", "layerscope.examples:tiny_gpt", "--gpus", "2", "--gpu", "H100", "--search",
+                 "--time-budget", "5"]) != 0
+    err = capsys.readouterr().err
+    assert "--time-budget was replaced by --search-limit" in err and err.count("\n") == 1

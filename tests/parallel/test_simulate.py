@@ -118,7 +118,7 @@ def test_limit_and_json():
     import json
     d = json.loads(rep.to_json())
     p = d["plans"][0]
-    assert d["kind"] == "parallel" and d["schema"] == 5
+    assert d["kind"] == "parallel" and d["schema"] == 6
     assert (p["fsdp"], p["tp"], p["pp"], p["ac"], p["microbatches"], p["step_time"], p["mfu"]) == (4, 1, 1, "none", 1, None, None)
     assert [r["rank"] for r in p["ranks"]] == [0, 1, 2, 3]
     assert p["ranks"][3]["coords"] == {"pp": 0, "dp_replicate": 0, "dp_shard": 3, "tp": 0}
@@ -228,7 +228,7 @@ def test_cpu_offload_moves_shards_gradients_and_the_optimizer_to_the_host_by_han
     assert any("442,880 B per rank" in n for n in on.notes)
     import json
     d = json.loads(on.to_json())
-    assert d["schema"] == 5 and d["plans"][0]["offload"] is True and d["plans"][0]["ranks"][0]["host_bytes"] == 442_880
+    assert d["schema"] == 6 and d["plans"][0]["offload"] is True and d["plans"][0]["ranks"][0]["host_bytes"] == 442_880
     # on CPU ranks the host is the device: offload changes no figure
     cpu_on = layerscope.parallel(m, x, gpus=4, mixed_precision="off", device="cpu", offload=True).plan.ranks[0]
     cpu_off = layerscope.parallel(m, x, gpus=4, mixed_precision="off", device="cpu").plan.ranks[0]

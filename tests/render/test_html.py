@@ -301,7 +301,7 @@ def searched():
         m = LlamaForCausalLM(cfg)
     ids = torch.zeros((1, 32), dtype=torch.long, device="meta")
     return ls.parallel(m, ids, gpus=2, gpu="H100", memory_limit=136_810_000, search=True, global_batch=4, pp=1,
-                       tp=1, time_budget=1e9)
+                       tp=1, search_limit=None)
 
 
 def test_parallel_page_data(searched):

@@ -20,9 +20,10 @@ from ..options import MemoryOptions, ParallelConfig, optimizer_factory, optimize
 from ..parallel.results import ESTIMATES, ParallelPlan, RankMemory, mesh_coords
 from ..parallel.apply import checkpoint_blocks, no_kv_cache
 from ..parallel.simulate import meta_copy
+from ..parallel.stages import model_name
 from ..parallel.timing import fractions, step_time
 from ..parallel.world import global_tokens, plan_of, simulate_world
-from ._search import search_report
+from ._search import DEFAULT_LIMIT, search_report
 from ..render.units import parse_bytes
 from ..render.views import ParallelReport
 from ._memory import memory_with
@@ -38,7 +39,7 @@ def _local_batch(args: tuple, kwargs: dict) -> int | None:
 
 _RUN_OPTIONS = {"steps": 2, "loss_fn": None, "target": None, "input_size": None, "dtypes": None, "device": "cuda",
                 "progress": False, "forward_kwargs": None, "backend": None, "fractions": None, "search": False,
-                "time_budget": None}
+                "search_limit": DEFAULT_LIMIT, "time_budget": None}
 _BACKENDS = {"cuda": ("nccl", "fake"), "cpu": ("gloo", "fake")}
 
 
@@ -76,14 +77,26 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     ``fractions={"matmul": 0.6, ...}`` replaces the model's achievable fractions). ``search=True`` searches
     the fastest configuration that fits instead (parallel/search.py): the degrees and options given as
     keywords are held, ``global_batch`` (default: the input's batch x ``gpus``) is what every candidate
-    trains per step, ``time_budget`` (seconds, default 150) stops it simulating new candidates; the report
-    shows the chosen plan and has every candidate in ``report.search``.
+    trains per step, ``search_limit`` (default 40; None: no limit) is the simulation work after which it
+    simulates no new candidate, in passes of a micro-batch through a pipeline stage (a candidate without a
+    pipeline takes 1, 2 with accumulation; a pipeline, stages x micro-batches; a copy made for the lower
+    bounds, 1): nothing it decides depends on the machine's speed. The report shows the chosen plan, says whether it is proven best, and has every
+    candidate in ``report.search``.
     """
     run = {k: kwargs.pop(k, v) for k, v in _RUN_OPTIONS.items()}
     fields = {f.name for f in dataclasses.fields(ParallelConfig)} - {"local_batch"}
     given = {k: kwargs.pop(k) for k in list(kwargs) if k in fields}
     kwargs = {**kwargs, **(run["forward_kwargs"] or {})}
     search = run["search"]
+    if run["time_budget"] is not None:
+        # the search's wall-clock budget is gone: its answer depended on the machine's speed
+        raise InputError(f"time_budget= was replaced by search_limit= (a count of simulation passes, not seconds, "
+                         f"so the search's answer does not depend on the machine's speed; default {DEFAULT_LIMIT})")
+    limit_passes = run["search_limit"]
+    if limit_passes is not None and (isinstance(limit_passes, bool) or not isinstance(limit_passes, int)
+                                     or limit_passes < 1):
+        raise InputError(f"search_limit is a count of simulation passes, at least 1 (or None: no limit), "
+                         f"got {limit_passes!r}")
     held = {k: v for k, v in (("fsdp", fsdp), ("tp", tp), ("pp", pp), ("ac", ac)) if v is not None}
     if search:
         if config is not None:
@@ -139,7 +152,7 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
             return simulate_world(m, a, k, c, factory, steps, loss_fn, cuda, backend, new_router, False, None)
         return search_report(model, args, kwargs, gpus=gpus, held={**held, **given}, gpu=named or resolve_gpu(None),
                              limit=limit, simulate=simulate, fracs=fracs, options=options, progress=progress,
-                             time_budget=run["time_budget"])
+                             search_limit=run["search_limit"])
     notes: list[str] = []
     if config.trivial:
         plan, notes = _one_device(model, args, kwargs, config, factory, steps, loss_fn, cuda, gpu)
@@ -161,9 +174,12 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
             notes.append(f"{len(roles_of)} roles (ranks whose shards differ in size, where a dimension does not "
                          "divide evenly): ranks " + ", ".join(str(r) for r in roles_of) + " were simulated")
         if rr.run.log is not None:
+            log = rr.run.log
+            if config.pp > 1:     # a stage's modules sit in its wrapper ("model.", "0.model."): the model's paths
+                log = dataclasses.replace(log, events=[(k, w, model_name(p)) for k, w, p in log.events])
             notes += [n.replace("Use simulate=False to track the real step", "--run trains it for real")
                       .replace("Use simulate=False to track a real step", "--run trains it for real")
-                      for n in rr.run.log.notes()]
+                      for n in log.notes()]
         if rr.run.known is not None:
             notes += rr.run.known.notes()
         if router is not None:

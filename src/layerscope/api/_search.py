@@ -17,7 +17,13 @@ __all__ = ["search_report", "SEARCHED"]
 # the fields the search varies unless held; every other ParallelConfig field is the same for all candidates
 SEARCHED = ("tp", "pp", "fsdp", "replicate", "ac", "reshard_after_forward", "schedule", "microbatches",
             "accumulation")
-DEFAULT_BUDGET = 150.0     # seconds of search before no new candidate is simulated (the 3 minutes, with room)
+# the search's limit (parallel/search.py _passes): the simulation work after which no new candidate is
+# simulated. The 70B Llama on 64 H100s (README) with a limit of 60 found its answer (tp 4 x fsdp 16, full, 4,953
+# ms) at 30 passes and had searched every configuration without a pipeline at 37, then spent 16 of the rest
+# on two pipelines (8 passes each, both out of memory) that the 150 s budget this replaced never reached. 40 is
+# that walk up to 39 passes (11 candidates, 23 two-block copies; what is left then are pipelines of 4 passes
+# or more): the same answer, with less work than the old budget did on a quiet machine (13 and 33), on any machine
+DEFAULT_LIMIT = 40
 _NOT_BASE = SEARCHED + ("global_batch", "gpus_per_node", "local_batch", "gpus")
 
 
@@ -38,7 +44,8 @@ def search_dict(res: SearchResult) -> dict[str, Any]:
     for c in res.candidates:
         counts[c.status] = counts.get(c.status, 0) + 1
     return {"global_batch": res.global_batch, "limit_bytes": res.limit_bytes, "simulated": res.simulated,
-            "simulated_for_bounds": res.for_bounds,
+            "simulated_for_bounds": res.for_bounds, "passes": res.passes, "search_limit": res.max_passes,
+            "proven": res.proven, "unsearched_step_time_at_least": res.least_bound,
             "seconds": res.seconds, "counts": counts, "blocks_simulated": list(BLOCKS),
             "candidates": [_row(c) for c in res.candidates],
             "families": [{"family": f, "why": w} for f, w in res.families]}
@@ -62,7 +69,7 @@ def command_line(c) -> str:
 
 def search_report(model: nn.Module, args: tuple, kwargs: dict, *, gpus: int, held: Mapping[str, Any], gpu,
                   limit: int, simulate: Callable, fracs, options: dict, progress: bool,
-                  time_budget: float | None) -> ParallelReport:
+                  search_limit: int | None) -> ParallelReport:
     first = next(iter(iter_tensors((args, kwargs))), None)
     if first is None or not first.dim():
         raise InputError("the search needs an input with a batch dimension (token ids [B, S], images [B, C, H, W])")
@@ -74,7 +81,7 @@ def search_report(model: nn.Module, args: tuple, kwargs: dict, *, gpus: int, hel
     res = search(model, args, kwargs, gpus=gpus, global_batch=global_batch, limit=limit, gpu=gpu, simulate=simulate,
                  fixed=fixed, base=base, gpus_per_node=held.get("gpus_per_node", 8), fractions=fracs,
                  tokens_per_sample=tokens, progress=progress,
-                 time_budget=DEFAULT_BUDGET if time_budget is None else time_budget)
+                 max_passes=search_limit)
     best = res.best
     shown = best or next((c for c in res.candidates if c.plan is not None), None)
     if shown is None:
@@ -84,7 +91,10 @@ def search_report(model: nn.Module, args: tuple, kwargs: dict, *, gpus: int, hel
     notes = [f"searched {len(res.candidates)} configurations of {gpus} GPUs for a global batch of {global_batch} "
              f"in {res.seconds:.0f} s: simulated {res.simulated}, each on copies of the model with "
              f"{BLOCKS[0]} and {BLOCKS[1]} blocks per pipeline stage, every figure extended linearly to its blocks"
-             + (f" (and {res.for_bounds} on two blocks for the lower bounds)" if res.for_bounds else "") + "; "
+             + (f" (and {res.for_bounds} on two blocks for the lower bounds)" if res.for_bounds else "")
+             + f": {res.passes:,} pass{'es' if res.passes != 1 else ''} of a micro-batch through a stage"
+             + (f" of the {res.max_passes:,} the search's limit allows (--search-limit)" if res.max_passes is not None
+                else "") + "; "
              + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))]
     if best is None:
         notes.append("NO configuration fits: the plan shown is the nearest miss")

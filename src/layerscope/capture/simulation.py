@@ -115,8 +115,12 @@ class SimulationLog:
                            f"as 1 (True), so a branch on it may not be the real step's. Use "
                            f"simulate=False to track the real step")
             elif kind == "nonzero":
-                out.append(f"the simulation had no values for nonzero {_times(n)}, in {places}, and "
-                           f"found every element nonzero (index tensors at their largest). Use "
+                # nonzero's output size is a count of values, which a simulated tensor (shapes only) lacks
+                out.append(f"nonzero ran {_times(n)} on tensors without values, in {places}: the size of its "
+                           f"output is the count of nonzero elements, which the simulation cannot know, so every "
+                           f"element was taken as nonzero (its index tensors at their largest; a boolean-mask "
+                           f"assignment, like tensor parallel's embedding zeroing other ranks' token ids, keeps "
+                           f"its shape either way). Use "
                            f"simulate=False to track the real step")
             elif kind == "meta":
                 # an analysis on meta tensors (``what``: what had no values, and the rule that stood in)

@@ -17,6 +17,12 @@ def run_parallel(ns: argparse.Namespace) -> int:
         from ..render.units import parse_bytes
         parse_bytes(ns.memory_limit)
     fractions = _fractions(ns.fraction)
+    if ns.run and ns.steps is not None and ns.steps < 3:
+        raise InputError(f"--run needs --steps of at least 3 (the first two steps are not measured: the first's "
+                         f"gradients are gathered for the comparison, the second warms up), got --steps {ns.steps}")
+    if ns.time_budget is not None:
+        raise InputError("--time-budget was replaced by --search-limit PASSES (a count of simulation passes, not "
+                         "seconds, so the search's answer does not depend on the machine's speed; default 40)")
     if ns.run and ns.head is None and ns.spec.startswith("hf:") and ":" not in ns.spec[3:]:
         # a config alone builds the bare model, whose output has no logits: the run trains the causal LM,
         # and the simulation builds the same (a named class, or a spec's own model, is taken as it is)
@@ -29,7 +35,8 @@ def run_parallel(ns: argparse.Namespace) -> int:
                                             "accumulation", "global_batch", "ac", "reshard_after_forward")
                 if getattr(ns, k) is not None}
         rep = parallel(model, *args, gpus=ns.gpus, gpus_per_node=ns.gpus_per_node, search=True,
-                       time_budget=ns.time_budget, optimizer=ns.optimizer, steps=ns.steps or 2, device=ns.device,
+                       **({"search_limit": ns.search_limit} if ns.search_limit is not None else {}),
+                       optimizer=ns.optimizer, steps=ns.steps or 2, device=ns.device,
                        gpu=ns.gpu, memory_limit=ns.memory_limit, fractions=fractions, forward_kwargs=kwargs,
                        stages_per_rank=ns.stages_per_rank, mixed_precision=ns.mixed_precision,
                        reduce_dtype=ns.reduce_dtype, model_dtype=ns.model_dtype or "fp32", offload=ns.offload,
@@ -43,7 +50,9 @@ def run_parallel(ns: argparse.Namespace) -> int:
         microbatches=ns.microbatches, accumulation=ns.accumulation or 1, global_batch=ns.global_batch,
         ac=ns.ac or "none", mixed_precision=ns.mixed_precision, reduce_dtype=ns.reduce_dtype,
         model_dtype=ns.model_dtype or "fp32",
-        reshard_after_forward=ns.reshard_after_forward is not False, offload=ns.offload)
+        reshard_after_forward=ns.reshard_after_forward is not False, offload=ns.offload,
+        # --input-ids B,S: B is the local batch, checked against --microbatches before the model is built
+        local_batch=ns.input_ids[0] if ns.input_ids else None)
     model, args, kwargs = build_spec(ns, "meta")      # the simulation never needs the weights
     loss_fn = target = None
     if ns.run:

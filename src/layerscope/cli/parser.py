@@ -201,8 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="search the fastest configuration that fits --gpu: FSDP/HSDP x tp x pp x --ac x\n"
                          "resharding x micro-batches for --global-batch (default: the input's batch x --gpus);\n"
                          "the degrees and options given are held fixed")
-    pl.add_argument("--time-budget", type=float, metavar="SECONDS",
-                    help="with --search: simulate no new candidate after this long (default 150)")
+    pl.add_argument("--search-limit", type=arg_count(1), metavar="PASSES",
+                    help="with --search: simulate no new candidate past this much work (default 40), in passes\n"
+                         "of a micro-batch through a stage (a candidate without a pipeline takes 1, 2 with\n"
+                         "accumulation; a pipeline, stages x micro-batches; a copy made for the lower bounds,\n"
+                         "1): the answer does not depend on the machine's speed")
+    pl.add_argument("--time-budget", type=float, help=argparse.SUPPRESS)    # replaced by --search-limit
     pl.add_argument("--fraction", action="append", metavar="NAME=V",
                     help="step-time model: replace an achievable fraction (matmul, attention, memory, link)\n"
                          "or a time (launch_s, nvlink_latency_s, network_latency_s, host_op_s, host_tp_op_s,\n"

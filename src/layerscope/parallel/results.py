@@ -98,6 +98,7 @@ class RankMemory:
     breakdown: dict                # part -> bytes at the peak (PARTS, then ESTIMATES)
     collectives: tuple[Collective, ...] = ()
     host_bytes: int = 0            # CPU offload onto GPUs: the most the rank held in the host's memory at once
+    stages: tuple[int, ...] = (0,)  # the pipeline stages it holds, in order (0 alone without a pipeline)
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,11 +49,21 @@ schedule's own simulation and its optimizer step, or the host's issue of their o
 the best found (``slower``). Both
 come from one block's figures without a pipeline on the same micro-batch: those of a candidate the
 search simulated, else the line through those of two smaller micro-batches, else micro-batches 1 and 2
-simulated for them alone on a copy with two blocks (until 10% past the time budget, ``BOUNDS_SHARE``;
-after it, the figures made before).
+simulated for them alone on a copy with two blocks (while the search's limit lasts).
 A candidate whose bounds rule nothing out is simulated, the families in the order of their heads'
 predicted steps or bounds. Nothing else is pruned. When the bounds rule out every candidate (all
 options held, say), the one with the least excess is simulated anyway, to show it with its own.
+
+The limit. Nothing the search decides depends on the clock (the machine's speed): its one limit,
+``max_passes`` (``--search-limit``), counts simulation work, in passes of one micro-batch through one
+stage (``_passes``: a candidate without a pipeline takes 1, 2 with accumulation, whose first two
+micro-steps are simulated; a pipeline of S stages and M micro-batches S x M; each copy simulated for the
+bounds, 1). A candidate whose passes are more than what is left is not simulated (``unsearched``, with
+its lower bound where one was made: the bounds make their copies only while two passes are left); the
+walk goes on with cheaper ones. When nothing has been simulated by the end, the best-bounded candidate (the least
+step lower bound, else the least work) is simulated anyway, past the limit, so a search always has a
+plan to show. An unsearched candidate whose step bound is no faster than the best found is ``slower``
+after all; the answer is proven best when none is left unsearched (``SearchResult.proven``).
 
 Each candidate is simulated on a copy of the model with few blocks: ``k`` and ``k + 1`` blocks per
 pipeline stage (``BLOCKS``), and its per-rank memory (every part of the breakdown, every collective)
@@ -130,10 +140,29 @@ class SearchResult:
     global_batch: int
     limit_bytes: int
     for_bounds: int = 0                   # configurations simulated on two blocks for the bounds alone
+    passes: int = 0                       # the limit's work done (_passes of the candidates simulated)
+    max_passes: int | None = None         # the limit (None: none)
 
     @property
     def best(self) -> Candidate | None:
         return next((c for c in self.candidates if c.status == "fits"), None)
+
+    @property
+    def unsearched(self) -> tuple[Candidate, ...]:
+        """The candidates the limit left that might be faster than the best (each not ruled out by a
+        bound; with its step's lower bound where one was made)."""
+        return tuple(c for c in self.candidates if c.status == "unsearched")
+
+    @property
+    def proven(self) -> bool:
+        """The answer is the best of every configuration of the space: each other one was simulated, or
+        ruled out by a bound or a dominance (what could not be built aside)."""
+        return not self.unsearched and self.best is not None
+
+    @property
+    def least_bound(self) -> float | None:
+        """The least step lower bound among the unsearched (seconds); None where none has one."""
+        return min((c.bound for c in self.unsearched if c.bound is not None), default=None)
 
 
 def _divisors(n: int) -> list[int]:
@@ -208,10 +237,6 @@ def space(gpus: int, blocks: int, global_batch: int, *, gpus_per_node: int = 8, 
 
 
 WHOLE_BLOCKS = 8       # a model of at most this many blocks is simulated whole in any pipeline
-# the pipelines' bounds may still simulate the configuration they need (on two blocks: about 1 s on the 70B
-# Llama) until this share of the time budget, past it (their figures, once made, serve every pipeline of
-# that micro-batch, tensor parallel degree and checkpointing); after that, only the figures made before
-BOUNDS_SHARE = 1.10
 
 
 def _simulable(stages: int, blocks: int) -> bool:
@@ -221,9 +246,13 @@ def _simulable(stages: int, blocks: int) -> bool:
     return stages <= blocks and (stages * BLOCKS[1] < blocks or blocks <= WHOLE_BLOCKS)
 
 
-def _work(c: ParallelConfig) -> int:
-    """What simulating ``c`` costs, in stage x micro-batch passes of a block (the budget's estimate)."""
-    return c.stages * max(c.microbatches, min(c.accumulation, 2)) * (BLOCKS[0] + BLOCKS[1])
+def _passes(c: ParallelConfig) -> int:
+    """What simulating ``c`` costs in the search's limit: passes of one micro-batch through one stage
+    (an accumulation is simulated with two micro-steps, _Evaluator). Each pass runs on the copies with
+    ``BLOCKS`` blocks a stage, so its seconds vary within a few times with the configuration: on the 70B
+    Llama on a loaded 2-core machine, 15-35 s a pass without a pipeline, 21-29 s with one (interleaved,
+    8 passes), 4-15 s a two-block copy for the bounds."""
+    return c.stages * max(c.microbatches, min(c.accumulation, 2))
 
 
 def _resized(args: tuple, kwargs: dict, batch0: int, batch: int) -> tuple[tuple, dict]:
@@ -467,19 +496,28 @@ def _why(plan: ParallelPlan, best: ParallelPlan) -> str:
 class _Walk:
     """The search through one family after another, sharing the best plan found (module docstring)."""
 
-    def __init__(self, ev: Callable[[ParallelConfig], ParallelPlan], limit: int, params: int, t0: float,
-                 budget: float | None, result: dict[int, Candidate],
-                 bounds: Callable[[ParallelConfig, bool], PipelineBounds | None] | None = None) -> None:
-        self.ev, self.limit, self.params, self.t0, self.budget, self.result = ev, limit, params, t0, budget, result
-        self.bounds = bounds
+    def __init__(self, ev: Callable[[ParallelConfig], ParallelPlan], limit: int, params: int,
+                 max_passes: int | None, result: dict[int, Candidate],
+                 bounds: Callable[[ParallelConfig, bool], PipelineBounds | None] | None = None,
+                 for_bounds: Callable[[], int] | None = None) -> None:
+        self.ev, self.limit, self.params, self.max_passes, self.result = ev, limit, params, max_passes, result
+        self.bounds, self.for_bounds = bounds, for_bounds
         self.best: Candidate | None = None
         self.timed: list[Candidate] = []        # every simulated candidate (a predicted step time)
-        self.rate = 0.0                         # seconds per unit of _work, the most seen
+        self.passes = 0                         # _passes of each candidate simulated
         self.fits: dict[str, list[Candidate]] = {}
         self.ooms: dict[str, list[Candidate]] = {}
 
+    @property
+    def spent(self) -> int:
+        """The limit's work done: the candidates' passes and a pass for each copy simulated for the bounds."""
+        return self.passes + (self.for_bounds() if self.for_bounds is not None else 0)
+
+    def _left(self) -> int | None:
+        return None if self.max_passes is None else self.max_passes - self.spent
+
     def _judge(self, c: ParallelConfig, fits: list, ooms: list) -> Candidate:
-        """Bound 1, then the family's dominance, then a simulation (within the time budget)."""
+        """Bound 1, then the family's dominance, then a simulation (within the search's limit)."""
         bound = _state_bound(self.params, c)
         if bound > self.limit:
             return Candidate(c, "oom-bound", f"its parameter and gradient shards alone take {iec(bound)} on the "
@@ -492,7 +530,8 @@ class _Walk:
         if slow is not None:
             return Candidate(c, "slower", f"no faster than {label(slow.config)}, which fits", by=label(slow.config))
         best = self.best.plan.step_time if self.best is not None else None
-        b = self.bounds(c, not self._out_of_time(BOUNDS_SHARE)) if self.bounds is not None else None
+        left = self._left()      # a bound may simulate two copies (micro-batches 1 and 2): only with room for both
+        b = self.bounds(c, left is None or left >= 2) if self.bounds is not None else None
         if b is not None:         # bounds 3 and 4 (parallel/bounds.py): a candidate not simulated
             if b.peak_bytes > self.limit:
                 where = f"a rank at pipeline coordinate {b.rank}" if c.pp > 1 else "a rank"
@@ -512,29 +551,24 @@ class _Walk:
             return Candidate(c, "slower", f"no faster than {label(slow.config)}, which predicts "
                              f"{slow.plan.step_time * 1e3:,.1f} ms, no faster than the best found",
                              by=label(self.best.config))
-        if self.budget is not None:
-            left = self.budget - (time.perf_counter() - self.t0)
-            if left <= 0 or self.rate * _work(c) > left:
+        left = self._left()
+        if left is not None:
+            if _passes(c) > left:
                 at_least = f"; its step takes at least {b.step_time * 1e3:,.1f} ms" if b and b.step_time else ""
-                return Candidate(c, "unsearched", ("the search's time budget ran out before it" if left <= 0 else
-                                 f"its simulation would take about {self.rate * _work(c):,.0f} s, more than the "
-                                 f"{max(left, 0):,.0f} s left of the time budget") + at_least,
-                                 bound=b.step_time if b else None)
+                return Candidate(c, "unsearched", ("the search's limit was spent before it" if left <= 0 else
+                                 f"its simulation takes {_passes(c):,} passes, more than the {left:,} left of the "
+                                 "search's limit") + at_least, bound=b.step_time if b else None)
         return self.simulate(c)
 
     def simulate(self, c: ParallelConfig) -> Candidate:
-        t = time.perf_counter()
+        self.passes += _passes(c)
         try:
             plan = self.ev(c)
         except (InputError, ForwardError) as e:
             return Candidate(c, "error", str(e).splitlines()[0])
-        self.rate = max(self.rate, (time.perf_counter() - t) / _work(c))
         if plan.fits:
             return Candidate(c, "fits", "", plan=plan)
         return Candidate(c, "oom", f"over the limit by {iec(plan.over_bytes)}", plan=plan, over_bytes=plan.over_bytes)
-
-    def _out_of_time(self, share: float = 1.0) -> bool:
-        return self.budget is not None and time.perf_counter() - self.t0 >= self.budget * share
 
     def _take(self, c: ParallelConfig, fits: list, ooms: list) -> Candidate:
         if id(c) in self.result:
@@ -550,6 +584,26 @@ class _Walk:
         elif cand.status in ("oom", "oom-bound"):
             ooms.append(cand)
         return cand
+
+    def simulate_anyway(self) -> None:
+        """Nothing simulated: the best-bounded candidate the limit left (the least step bound, else the
+        least work) simulated past it, or, all ruled out by bounds, the nearest miss, to show it with its
+        own figures and excess."""
+        left = [c for c in self.result.values() if c.status == "unsearched"]
+        pick = min(left, key=lambda c: (c.bound is None, c.bound or 0.0, _passes(c.config)), default=None)
+        if pick is None:
+            pick = min((c for c in self.result.values() if c.status == "oom-bound"), key=lambda c: c.over_bytes,
+                       default=None)
+        if pick is None:
+            return
+        got = self.simulate(pick.config)
+        if got.plan is None and pick.status != "unsearched":
+            return
+        self.result[id(pick.config)] = got
+        if got.plan is not None:
+            self.timed.append(got)
+        if got.status == "fits":
+            self.best = got
 
     def lists(self, fam: list[ParallelConfig]) -> tuple[list, list]:
         key = family_of(fam[0])
@@ -613,12 +667,14 @@ class _Walk:
 
 
 def walk_space(cands: list[ParallelConfig], evaluate: Callable[[ParallelConfig], ParallelPlan], *, limit: int,
-               params: int, t0: float | None = None, time_budget: float | None = None, progress: bool = False,
-               bounds: Callable[[ParallelConfig, bool], PipelineBounds | None] | None = None):
+               params: int, max_passes: int | None = None, progress: bool = False,
+               bounds: Callable[[ParallelConfig, bool], PipelineBounds | None] | None = None,
+               for_bounds: Callable[[], int] | None = None):
     """The search over ``cands`` with ``evaluate(config) -> plan`` (fits, over_bytes, step_time) and
-    ``bounds(config, may_simulate)``, a pipeline's lower bounds or None: the candidates ranked (fitting by step time,
-    the misses by excess, the rest), each family's line why it lost, and how many were evaluated."""
-    t0 = time.perf_counter() if t0 is None else t0
+    ``bounds(config, may_simulate)``, a pipeline's lower bounds or None (``for_bounds()``: how many
+    configurations it simulated so far), simulating at most ``max_passes`` (module docstring; None: no
+    limit): the candidates ranked (fitting by step time, the misses by excess, the rest), each family's line
+    why it lost, how many were evaluated and the limit's work done."""
     count = [0]
 
     def ev(c):
@@ -630,17 +686,17 @@ def walk_space(cands: list[ParallelConfig], evaluate: Callable[[ParallelConfig],
     # each family fastest first (no checkpointing, no resharding, the largest micro-batch): its first is its bound
     for fam in families.values():
         fam.sort(key=lambda c: (-_AC_MEMORY[c.ac], c.reshard_after_forward, -_mbs(c)))
-    # without a pipeline first, then the pipelines cheapest to simulate first (the time budget's order)
-    order = sorted(families, key=lambda k: (families[k][0].pp > 1, _work(families[k][0]), families[k][0].tp,
+    # without a pipeline first, then the pipelines cheapest to simulate first (the limit's order)
+    order = sorted(families, key=lambda k: (families[k][0].pp > 1, _passes(families[k][0]), families[k][0].tp,
                                             families[k][0].replicate))
     result: dict[int, Candidate] = {}
     fam_why: dict[str, str] = {}
-    walk = _Walk(ev, limit, params, t0, time_budget, result, bounds)
+    walk = _Walk(ev, limit, params, max_passes, result, bounds, for_bounds)
     bar = ProgressBar(len(order), "searching configurations") if progress else None
     try:
         # every family's head first (its lower bound, memory aside), then the families in the order of
         # their heads' step times: the best plan is found early and bound 2 cuts the rest
-        # (without a pipeline, then the pipelines: their simulations cost the most, so the time budget
+        # (without a pipeline, then the pipelines: their simulations cost the most, so the limit
         # reaches them last)
         for group in ([k for k in order if families[k][0].pp == 1], [k for k in order if families[k][0].pp > 1]):
             heads = {key: walk.head(families[key]) for key in group}
@@ -649,17 +705,17 @@ def walk_space(cands: list[ParallelConfig], evaluate: Callable[[ParallelConfig],
                 walk.family(families[key])
                 if bar is not None:
                     bar.advance()
-        if not walk.timed:     # all ruled out by bounds: the nearest miss simulated, to show it and its excess
-            near = min((c for c in result.values() if c.status == "oom-bound"), key=lambda c: c.over_bytes,
-                       default=None)
-            if near is not None:
-                got = walk.simulate(near.config)
-                if got.plan is not None:
-                    result[id(near.config)] = got
+        if not walk.timed:
+            walk.simulate_anyway()
     finally:
         if bar is not None:
             bar.close()
     best = walk.best
+    if best is not None:      # the limit left these, but their bounds are no faster than the best found
+        for k, c in list(result.items()):
+            if c.status == "unsearched" and c.bound is not None and c.bound >= best.plan.step_time:
+                result[k] = Candidate(c.config, "slower", f"its step takes at least {c.bound * 1e3:,.1f} ms, no "
+                                      "faster than the best found", by=label(best.config), bound=c.bound)
     out = [result.get(id(c)) or Candidate(c, "unsearched", "not reached") for c in cands]
     fitting = sorted((c for c in out if c.status == "fits"), key=lambda c: c.plan.step_time)
     misses = sorted((c for c in out if c.status in ("oom", "oom-bound", "dominated")),
@@ -682,7 +738,7 @@ def walk_space(cands: list[ParallelConfig], evaluate: Callable[[ParallelConfig],
         elif any(c.status == "unsearched" for c in mine):
             left = [c for c in mine if c.status == "unsearched"]
             least = min((c.bound for c in left if c.bound is not None), default=None)
-            fam_why[key] = (f"{len(left)} of its {len(fam)} members not simulated within the time budget"
+            fam_why[key] = (f"{len(left)} of its {len(fam)} members not simulated within the search's limit"
                             + (f" (the least of their lower bounds: {least * 1e3:,.1f} ms)" if least is not None
                                else ""))
         elif any(c.status == "slower" for c in mine) and best is not None:
@@ -700,19 +756,20 @@ def walk_space(cands: list[ParallelConfig], evaluate: Callable[[ParallelConfig],
         elif any(c.status == "error" for c in mine):
             fam_why[key] = next(c.why for c in mine if c.status == "error")
         else:
-            fam_why[key] = "not searched (time budget)"
-    return tuple(fitting + misses + rest), tuple(fam_why.items()), count[0]
+            fam_why[key] = "not searched (the search's limit)"
+    return tuple(fitting + misses + rest), tuple(fam_why.items()), count[0], walk.spent
 
 
 def search(model: nn.Module, args: tuple, kwargs: dict, *, gpus: int, global_batch: int, limit: int, gpu,
            simulate: Callable, fixed: Mapping[str, Any] | None = None, base: Mapping[str, Any] | None = None,
            gpus_per_node: int = 8, fractions: Mapping[str, float] | None = None, tokens_per_sample: int | None = None,
-           progress: bool = False, time_budget: float | None = None) -> SearchResult:
+           progress: bool = False, max_passes: int | None = None) -> SearchResult:
     """The search (module docstring). ``args``/``kwargs``: a template of the inputs (their first dimension
     is replaced by each candidate's local batch); ``simulate(model, args, kwargs, config)`` runs
     parallel.world.simulate_world for one configuration; ``limit``: a rank's memory in bytes;
-    ``tokens_per_sample``: for tokens/s. ``time_budget``: seconds after which no new candidate is
-    simulated (each left is reported as such); None: no limit."""
+    ``tokens_per_sample``: for tokens/s. ``max_passes``: the simulation work after which no new candidate
+    is simulated (module docstring: each left is reported as such); None: no limit. The clock is read only
+    to report the search's seconds: nothing it decides depends on the machine's speed."""
     t0 = time.perf_counter()
     first = next(iter(iter_tensors((args, kwargs))), None)
     if first is None or not first.dim():
@@ -727,6 +784,7 @@ def search(model: nn.Module, args: tuple, kwargs: dict, *, gpus: int, global_bat
     params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     ev = _Evaluator(model, args, kwargs, batch0=batch0, simulate=simulate, gpu=gpu, limit=limit, fracs=f,
                     tokens_of=lambda c: tokens_per_sample * global_batch if tokens_per_sample else None)
-    ranked, why, count = walk_space(cands, ev, limit=limit, params=params, t0=t0, time_budget=time_budget,
-                                    progress=progress, bounds=ev.bounds)
-    return SearchResult(ranked, why, count, time.perf_counter() - t0, global_batch, limit, ev.proxies)
+    ranked, why, count, passes = walk_space(cands, ev, limit=limit, params=params, max_passes=max_passes,
+                                            progress=progress, bounds=ev.bounds, for_bounds=lambda: ev.proxies)
+    return SearchResult(ranked, why, count, time.perf_counter() - t0, global_batch, limit, ev.proxies, passes,
+                        max_passes)

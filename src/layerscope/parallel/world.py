@@ -17,7 +17,7 @@ from ..options import ParallelConfig, dtype_short
 from ..progress import ProgressBar
 from .results import ParallelPlan, RankMemory, mesh_coords, rank_memory, roles
 from .simulate import simulate_rank
-from .stages import simulate_stage_rank
+from .stages import rank_stages, simulate_stage_rank
 
 __all__ = ["simulate_world", "plan_of", "global_tokens"]
 
@@ -85,6 +85,8 @@ def global_tokens(args: tuple, kwargs: dict, config: ParallelConfig) -> int | No
 
 def plan_of(config: ParallelConfig, ranks: tuple[RankMemory, ...]) -> ParallelPlan:
     peak = max(r.peak_bytes for r in ranks)
+    if config.pp > 1:     # each rank's stages (several a rank under interleaved and zero-bubble schedules)
+        ranks = tuple(dataclasses.replace(r, stages=tuple(rank_stages(config, r.coords.get("pp", 0)))) for r in ranks)
     return ParallelPlan(
         gpus=config.gpus, fsdp=config.fsdp, replicate=config.replicate, tp=config.tp, pp=config.pp,
         ac=config.ac + (f":{config.ac_every}" if config.ac == "selective-layer" else ""),

@@ -15,11 +15,12 @@ from .table import Column, Fact, Table, flat_table
 
 __all__ = ["ParallelReport", "RoleRow", "PARALLEL_COLUMNS", "SCHEMA", "STEP_PARTS"]
 
-SCHEMA = 5      # the parallel JSON's own version (plans, ranks, measured). 2: a rank's breakdown has the
+SCHEMA = 6      # the parallel JSON's own version (plans, ranks, measured). 2: a rank's breakdown has the
 #                 estimate "gloo late free (estimate)"; 3: a rank's host_bytes, a plan's offload (CPU
 #                 offload), schedule and stages; 4: a plan's step_time, tokens_per_s and mfu filled on
-#                 CUDA ranks, and its timing (their parts); 5: timing's host_wait; nothing removed or
-#                 renamed
+#                 CUDA ranks, and its timing (their parts); 5: timing's host_wait; 6: a rank's stages, the
+#                 search's passes, search_limit, proven and unsearched_step_time_at_least; nothing removed
+#                 or renamed
 
 _SHORT = {"sharded parameters": "Params", "gathered parameters": "Gathered", "gradients": "Grads",
           "optimizer state": "Optim", "activations": "Activ", "recompute": "Recomp",
@@ -109,9 +110,42 @@ def _search_facts(search: dict | None) -> list[Fact]:
     if later:
         pipes = sum(not k.endswith(", pp 1") for k in later)
         what = f"{len(later)} famil{'y' if len(later) == 1 else 'ies'} ({pipes} with a pipeline)"
-        out.append(Fact("Not searched", f"{what}: the time budget ran out (--time-budget, or hold a degree "
-                        "fixed: --pp, --tp)"))
+        out.append(Fact("Not searched", f"{what}: the search's limit was spent (--search-limit, or hold a "
+                        "degree fixed: --pp, --tp)"))
     return out
+
+
+def _search_headline(search: dict | None) -> Fact | None:
+    """The search's answer in one line, first: the best of how many simulated, and whether it is proven
+    best among every configuration (each other one simulated or ruled out by a bound), or, where the
+    limit left some unsearched, how far below it their step's lower bounds go."""
+    if not search or "proven" not in search:     # a report saved before the search said so
+        return None
+    rows = search["candidates"]
+    n, total = search["simulated"], len(rows)
+    best = next((r for r in rows if r["status"] == "fits"), None)
+    left = [r for r in rows if r["status"] == "unsearched"]
+    if best is None:
+        head = f"no configuration simulated fits (the nearest miss of {n} simulated is shown)"
+    elif search["proven"]:
+        return Fact("Search", f"best of {n} simulated; proven best among all {total:,} configurations (each "
+                    "other one simulated, or out of memory or no faster by a lower bound or a dominance)")
+    else:
+        head = f"best of {n} simulated"
+    if not left:
+        return Fact("Search", head, alert=True)
+    least = search.get("unsearched_step_time_at_least")
+    without = sum(r["step_time_at_least"] is None for r in left)
+    fams = len({r["family"] for r in left})
+    what = (f"; NOT PROVEN: {len(left):,} configurations ({fams} famil{'y' if fams == 1 else 'ies'}) not simulated "
+            f"within the search's limit (--search-limit)")
+    if least is not None:
+        what += f", their step's lower bounds go down to {least * 1e3:,.1f} ms"
+        if best is not None:
+            what += f" (this plan: {best['step_time'] * 1e3:,.1f} ms)"
+    if without:
+        what += f"; {without:,} without a lower bound"
+    return Fact("Search", head + what, alert=True)
 
 
 class ParallelReport(ReportRecord):
@@ -146,7 +180,8 @@ class ParallelReport(ReportRecord):
     def _context(self) -> tuple[Fact, ...]:
         o, p = self.options, self.plan
         batch = f"local batch {p.local_batch}" if p.local_batch is not None else "inputs as given"
-        return (Fact("Model", self.model_name),
+        headline = _search_headline(self.search)
+        return ((headline,) if headline is not None else ()) + (Fact("Model", self.model_name),
                 Fact("Configuration", f"{p.gpus} {'rank' if o.get('device') == 'cpu' else 'GPU'}"
                                       f"{'s' if p.gpus != 1 else ''}: {p.label}"),
                 Fact("Batches", f"{batch}, {p.microbatches} micro-batch(es), accumulation {p.accumulation}"
@@ -186,7 +221,7 @@ class ParallelReport(ReportRecord):
                 if got:
                     lo, hi = min(got), max(got)
                     pred = role.memory.peak_bytes
-                    out.append(Fact(f"Measured, ranks {role.label}",
+                    out.append(Fact(f"Measured, rank{'s' if len(role.ranks) > 1 else ''} {role.label}",
                                     f"{_gib(lo)}" + (f"-{_gib(hi)}" if hi != lo else "")
                                     + f" (predicted {_gib(pred)}: {pred / hi - 1:+.1%} of the largest)"))
             out.append(Fact("Run", f"losses {'equal' if m['loss_equal'] else 'DIFFER from'} one process "
