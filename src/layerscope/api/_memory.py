@@ -13,6 +13,7 @@ from ..capture import iter_tensors, model_device
 from ..capture.attention import resolve_gpu, router_for
 from ..capture.composed import composed_steps
 from ..capture.guard import exclusive, gc_paused
+from ..capture.loss import choose_loss
 from ..capture.measure import measure_cpu, measure_cuda, state_bytes
 from ..capture.prepare import as_device, check_model, example_inputs, is_fake_model, materialize_lazy, rebatch
 from ..capture.step import run_steps
@@ -44,8 +45,11 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     parameters, an instance (its class and defaults are used) or a name like "adamw". ``progress=True``
     shows a bar on stderr, one tick per step. ``steps``
     training steps are run (optimizer state exists from the first step on); ``accumulation`` runs that
-    many forward/backward passes per step. ``loss_fn(output) -> scalar`` defaults to the output's
-    ``loss`` or the sum of the output. ``autocast_dtype`` (torch.bfloat16/float16 or "bf16"/"fp16")
+    many forward/backward passes per step. ``loss`` is the step's loss: "auto" (the default) the model's
+    own where its forward takes labels and it has a language-model head (given labels = the token ids,
+    as a training loop does), else the next-token cross-entropy in fp32 where the output is logits over
+    the token ids, else the sum of the output; "model", "cross-entropy" or "sum" choose one (a
+    ``loss_fn(output) -> scalar`` instead is the loss); the notes say which ran. ``autocast_dtype`` (torch.bfloat16/float16 or "bf16"/"fp16")
     runs forward and loss under torch.autocast. ``batch_size`` re-sizes the inputs along
     ``batch_dim`` (default 0). ``simulate=False`` tracks the real step on the model's own tensors
     instead (everything is restored afterwards). ``measure=True`` also runs the real step and measures
@@ -63,7 +67,7 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     backward, as ``outputs = model(...)`` held until the next step does.
 
     Options: the named keywords above, or any other field of ``layerscope.MemoryOptions``
-    (``autocast_dtype``, ``batch_dim``, ``dtypes``, ``loss_fn``, ``steps``, ``accumulation``,
+    (``autocast_dtype``, ``batch_dim``, ``dtypes``, ``loss``, ``loss_fn``, ``steps``, ``accumulation``,
     ``simulate``, ``measure``, ``progress``, ``gpu``, ``attention``, ``keep_output``) as a keyword, or all of them in
     ``options=MemoryOptions(...)``; an option given both in ``options=`` and as a keyword (a named one
     away from its default) is an InputError. A forward argument named like an option goes in
@@ -108,6 +112,10 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
     materialize_lazy(model, args, kwargs)
     if opts.batch_size is not None:
         args, kwargs = rebatch(args, kwargs, opts.batch_dim or 0, opts.batch_size)
+    # the step's loss (capture/loss.py): a language model's own, given labels, by default
+    loss = choose_loss(model, args, kwargs, opts.loss) if training and opts.loss_fn is None else None
+    if loss is not None:
+        args, kwargs = loss.inputs(args, kwargs)
     # where the simulation runs: fake tensors that claim the target device
     sim_device = target
     if target.type == "meta":
@@ -136,7 +144,7 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
                "limit": parse_bytes(opts.limit) if opts.limit is not None else None,
                **({"gpu": router.gpu.name, "attention": router.forced} if router is not None else {})}
     step_kw = dict(optimizer=factory if training else None, training=training, autocast_dtype=amp,
-                   loss_fn=opts.loss_fn, steps=steps, accumulation=opts.accumulation, keep_output=opts.keep_output,
+                   loss_fn=opts.loss_fn or loss, steps=steps, accumulation=opts.accumulation, keep_output=opts.keep_output,
                    device=sim_device if opts.simulate else here, foreach_default=target.type == "cuda",
                    probe_kernels=sim_device == target or target.type == "meta")
     cuda = target.type == "cuda"
@@ -190,6 +198,10 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
 
             measured = measure_cuda(real, here, options["steps"], before) if here.type == "cuda" else \
                 measure_cpu(real, before, options["steps"])
+        if loss is not None:
+            notes.append(loss.describe())
+        elif training:
+            notes.append("loss: the given loss_fn")
         if run.log is not None:
             notes += run.log.notes()
         if run.known is not None:
