@@ -44,7 +44,7 @@ def test_lm_step_takes_the_models_own_loss_as_given_labels_by_hand():
     summed = ls.memory(model, input_ids=ids, loss="sum", **kw)
     assert default.peak_bytes == by_hand.peak_bytes
     assert default.peak_step.breakdown == by_hand.peak_step.breakdown
-    assert "the model's own" in _loss_note(default) and "labels = the token ids" in _loss_note(default)
+    assert "the model's own" in _loss_note(default) and "a copy of the token ids" in _loss_note(default)
     assert "the sum of the output" in _loss_note(summed)
     # By hand. The model's own loss (fp32 model: the upcast is a no-op) is log_softmax + nll_loss over the
     # [B*S, V] logits. Its peak is in log_softmax's backward, where four tensors of L bytes are alive: the
@@ -108,6 +108,15 @@ class _LabelsLM(_TinyLM):
         return {"loss": logits.float().logsumexp(-1).mean(), "logits": logits}
 
 
+class _OtherLabels(_LabelsLM):
+    """Takes labels of another kind (one per sample): the labels the step gives are refused."""
+
+    def forward(self, input_ids, labels=None):
+        if labels is not None and labels.dim() != 1:
+            raise ValueError("labels are one class per sample")
+        return self.head(self.emb(input_ids))
+
+
 def test_auto_on_models_of_their_own():
     ids = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))
     lm = _TinyLM()
@@ -121,6 +130,11 @@ def test_auto_on_models_of_their_own():
     rep = ls.memory(_LabelsLM(), input_ids=ids)
     assert "the model's own" in _loss_note(rep)
     assert not any("no values" in n or "invent" in n for n in rep.notes), rep.notes
+    # a forward that refuses the labels the step gave it: the error says so, and how to leave them out
+    from layerscope.errors import ForwardError
+    with pytest.raises(ForwardError, match="labels .*loss='cross-entropy' or 'sum' leaves them out"):
+        ls.memory(_OtherLabels(), input_ids=ids)
+    assert "next-token cross-entropy" in _loss_note(ls.memory(_OtherLabels(), input_ids=ids, loss="cross-entropy"))
 
 
 def test_parallel_steps_take_the_same_loss():
@@ -129,17 +143,22 @@ def test_parallel_steps_take_the_same_loss():
     kw = dict(device="cpu", mixed_precision="off")
     fsdp = ls.parallel(model, input_ids=ids, gpus=2, **kw)
     assert fsdp.plans[0].peak_bytes == ls.parallel(model, input_ids=ids, labels=ids, gpus=2, **kw).plans[0].peak_bytes
-    assert fsdp.plans[0].peak_bytes > ls.parallel(model, input_ids=ids, gpus=2, loss="sum", **kw).plans[0].peak_bytes
     assert "the model's own" in _loss_note(fsdp)
-    # a pipeline's last stage takes no labels: the same fp32 cross-entropy, per micro-batch
-    pp = ls.parallel(model, input_ids=ids, gpus=2, pp=2, **kw)
-    assert "last pipeline stage" in _loss_note(pp)
-    assert pp.plans[0].peak_bytes > ls.parallel(model, input_ids=ids, gpus=2, pp=2, loss="sum", **kw).plans[0].peak_bytes
     # one device: memory()'s step, the same loss
     one = ls.parallel(model, input_ids=ids, gpus=1, **kw)
     mem = ls.memory(model, input_ids=ids, optimizer="adamw", device="cpu", keep_output=False)
     assert one.plans[0].peak_bytes == mem.peak_bytes
     assert _loss_note(mem) in one.notes
+
+
+def test_pipeline_last_stage_takes_the_cross_entropy():
+    # a pipeline's last stage takes no labels: the same fp32 cross-entropy, per micro-batch
+    model = _llama("meta", layers=2)
+    ids = torch.empty(4, S, dtype=torch.long, device="meta")
+    kw = dict(device="cpu", mixed_precision="off", gpus=2, pp=2)
+    pp = ls.parallel(model, input_ids=ids, **kw)
+    assert "last pipeline stage" in _loss_note(pp)
+    assert pp.plans[0].peak_bytes > ls.parallel(model, input_ids=ids, loss="sum", **kw).plans[0].peak_bytes
 
 
 def test_max_batch_size_steps_take_the_models_own_loss():

@@ -46,10 +46,11 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     shows a bar on stderr, one tick per step. ``steps``
     training steps are run (optimizer state exists from the first step on); ``accumulation`` runs that
     many forward/backward passes per step. ``loss`` is the step's loss: "auto" (the default) the model's
-    own where its forward takes labels and it has a language-model head (given labels = the token ids,
-    as a training loop does), else the next-token cross-entropy in fp32 where the output is logits over
-    the token ids, else the sum of the output; "model", "cross-entropy" or "sum" choose one (a
-    ``loss_fn(output) -> scalar`` instead is the loss); the notes say which ran. ``autocast_dtype`` (torch.bfloat16/float16 or "bf16"/"fp16")
+    own where its forward takes labels and it has a language-model head (given labels, a copy of the
+    token ids, as a training loop does), else the next-token cross-entropy in fp32 where the output is
+    logits over the token ids, else the sum of the output; "model", "cross-entropy" or "sum" choose one
+    (a ``loss_fn(output) -> scalar`` instead is the loss); the notes say which ran. ``autocast_dtype``
+    (torch.bfloat16/float16 or "bf16"/"fp16")
     runs forward and loss under torch.autocast. ``batch_size`` re-sizes the inputs along
     ``batch_dim`` (default 0). ``simulate=False`` tracks the real step on the model's own tensors
     instead (everything is restored afterwards). ``measure=True`` also runs the real step and measures
@@ -177,8 +178,10 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
                 run = run_steps(model, args, kwargs, simulate=opts.simulate, tracker=new_tracker(), attention=router,
                                 on_step=_advance(bar), **step_kw)
         except ForwardError as e:
+            if loss is not None and loss.labels:
+                e = _labels_hint(e)
             if not opts.simulate:
-                raise
+                raise e from e.__cause__
             raise _simulation_hint(e) from e.__cause__
         finally:
             if bar is not None:
@@ -224,6 +227,15 @@ def _capability(gpu, target: torch.device) -> tuple[int, int]:
     if gpu is None and torch.cuda.is_available():
         return torch.cuda.get_device_capability(target)
     return resolve_gpu(gpu).capability
+
+
+def _labels_hint(err: ForwardError) -> ForwardError:
+    """The forward failed where the step gave it labels the caller did not: say so, and how to leave them out."""
+    new = ForwardError(f"{err} -- the step gave the forward labels (a copy of the token ids) for the model's own "
+                       "loss: loss='cross-entropy' or 'sum' leaves them out", path=err.path,
+                       module_type=err.module_type, input_shapes=err.input_shapes)
+    new.__cause__ = err.__cause__
+    return new
 
 
 def _simulation_hint(err: ForwardError) -> ForwardError:

@@ -60,8 +60,8 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     "1f1b") and ``microbatches`` (default ``pp``): each pipeline stage (the uniform split of the
     model's blocks, parallel/stages.py) is simulated on its first rank, its micro-batches in the
     schedule's order, as torch's PipelineStage runs them. The run: ``steps`` (2), ``loss`` (as
-    memory()'s: "auto", the default, is a language model's own loss, its forward given labels = the
-    token ids, where it takes them; with ``pp`` > 1 the last stage takes the same fp32 next-token
+    memory()'s: "auto", the default, is a language model's own loss, its forward given labels (a copy
+    of the token ids) where it takes them; with ``pp`` > 1 the last stage takes the same fp32 next-token
     cross-entropy of each micro-batch's logits; the notes say which), ``loss_fn`` (instead of ``loss``:
     ``loss_fn(output)``; with ``pp`` > 1 the output of one micro-batch), ``target`` (a tensor of the
     local batch: then ``loss_fn(output, target)``, split into micro-batches with the inputs as torch's

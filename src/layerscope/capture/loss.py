@@ -172,9 +172,8 @@ class StepLoss:
         used = self.used or {self.kind}
         parts = []
         if "model" in used:
-            parts.append("the model's own (its forward given labels = the token ids, as a training loop "
-                         "passes them" if self.labels else "the model's own (the labels given to its forward")
-            parts[-1] += "; transformers' language-model losses take the logits in fp32)"
+            parts.append("the model's own (its forward given labels, a copy of the token ids, as a training loop "
+                         "passes them)" if self.labels else "the model's own (the labels given to its forward)")
         if "stage" in used:
             parts.append("on the last pipeline stage, per micro-batch, the next-token cross-entropy of the logits "
                          "in fp32 (labels: the token ids shifted by one)" + (
@@ -202,8 +201,8 @@ def _summed(choice: StepLoss, output):
 def _own(choice: StepLoss, output):
     loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
     if not isinstance(loss, torch.Tensor):
-        raise InputError("the model was given labels for its own loss (loss='model') and returned none: "
-                         "use loss='cross-entropy'")
+        raise InputError("the model was given labels for its own loss and returned none: use "
+                         "loss='cross-entropy' or 'sum'")
     choice.used.add("model")
     return loss
 
