@@ -26,12 +26,12 @@ Schedule = str                                   # a name in SCHEDULES (the one 
 # ``loss=`` of memory(), max_batch_size() and parallel(), and the CLI's --loss (its choices and help)
 Loss = Literal["auto", "model", "cross-entropy", "sum"]
 LOSS_HELP = {
-    "auto": "the model's own loss where its forward takes labels and it has a language-model head (labels:\n"
-            "the token ids), else next-token cross-entropy where the output is language-model logits over the\n"
-            "token ids, else the sum of the output",
-    "model": "the model's own loss: its forward given labels (the token ids), as a training loop does",
-    "cross-entropy": "mean next-token cross-entropy of the logits in fp32 (labels: the ids shifted by one),\n"
-                     "as transformers' causal-LM loss and torchtitan compute it",
+    "auto": "the model's own loss where its forward takes labels and it has a language-model head (labels: a "
+            "copy of the token ids), else the next-token cross-entropy where the output is language-model logits "
+            "over the token ids, else the sum of the output",
+    "model": "the model's own loss: its forward given labels (a copy of the token ids), as a training loop does",
+    "cross-entropy": "the mean next-token cross-entropy of the logits in fp32 (labels: the ids shifted by one), "
+                     "as transformers' causal-LM loss and torchtitan take it",
     "sum": "the sum of the output (its own .loss where labels are given): no language-model loss",
 }
 

@@ -73,9 +73,8 @@ def _loss_arg(p: argparse.ArgumentParser) -> None:
 
     from ..options import LOSS_HELP, Loss
     p.add_argument("--loss", choices=get_args(Loss), default="auto",
-                   help="the training step's loss:\n" + "\n".join(
-                       f"  {k}: " + LOSS_HELP[k].replace("\n", "\n    ") for k in get_args(Loss))
-                   + "\n(default auto)")
+                   help="the training step's loss (default auto):\n" + "\n".join(
+                       f"  {k}: {LOSS_HELP[k]}" for k in get_args(Loss)))
 
 
 def _memory_args(m: argparse.ArgumentParser, optimizer_default: str | None = None) -> None:
