@@ -90,6 +90,11 @@ def test_cross_entropy_matches_the_models_own_and_refuses_what_it_cannot_take():
         ls.memory(mlp, torch.randn(2, 4), loss="cross-entropy")
     assert "no token ids" in _loss_note(ls.memory(mlp, torch.randn(2, 4)))
 
+    def mse(out):
+        """Mean square of the output."""
+        return out.pow(2).mean()
+    assert _loss_note(ls.memory(mlp, torch.randn(2, 4), loss_fn=mse)) == "loss: the given loss_fn (Mean square of the output)"
+
 
 class _TinyLM(nn.Module):
     """A language model of its own (no transformers): token ids in, [B, S, vocab] logits out."""

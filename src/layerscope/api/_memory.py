@@ -13,7 +13,7 @@ from ..capture import iter_tensors, model_device
 from ..capture.attention import resolve_gpu, router_for
 from ..capture.composed import composed_steps
 from ..capture.guard import exclusive, gc_paused
-from ..capture.loss import choose_loss
+from ..capture.loss import choose_loss, given_note
 from ..capture.measure import measure_cpu, measure_cuda, state_bytes
 from ..capture.prepare import as_device, check_model, example_inputs, is_fake_model, materialize_lazy, rebatch
 from ..capture.step import run_steps
@@ -204,7 +204,7 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
         if loss is not None:
             notes.append(loss.describe())
         elif training:
-            notes.append("loss: the given loss_fn")
+            notes.append(given_note(opts.loss_fn))
         if run.log is not None:
             notes += run.log.notes()
         if run.known is not None:

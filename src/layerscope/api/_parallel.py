@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..capture.attention import resolve_gpu, router_for
-from ..capture.loss import choose_loss
+from ..capture.loss import choose_loss, given_note
 from ..capture.prepare import check_model, example_inputs, materialize_lazy
 from ..capture.inputs import iter_tensors
 from ..errors import InputError
@@ -127,7 +127,7 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     given_fn = loss_fn
     choice = choose_loss(model, args, kwargs, loss) if loss_fn is None else None
     loss_fn = loss_fn or choice
-    loss_note = choice.describe if choice is not None else lambda: "loss: the given loss_fn"
+    loss_note = choice.describe if choice is not None else lambda: given_note(run["loss_fn"])
     if config is not None and local is not None and config.local_batch is None:
         config = dataclasses.replace(config, local_batch=local)
     factory = optimizer_factory(optimizer)

@@ -39,7 +39,7 @@ from torch import nn
 from ..errors import InputError
 from .inputs import iter_tensors
 
-__all__ = ["StepLoss", "choose_loss", "default_loss", "next_token_loss", "IGNORE_INDEX"]
+__all__ = ["StepLoss", "choose_loss", "default_loss", "next_token_loss", "given_note", "IGNORE_INDEX"]
 
 IGNORE_INDEX = -100          # the label of a position without a next token (transformers' and torch's default)
 _IDS_NAMES = ("decoder_input_ids", "input_ids")     # the ids the logits are over, in this order
@@ -218,6 +218,13 @@ def _cross_entropy(choice: StepLoss, ids: torch.Tensor, stage: bool, output):
                          f"{shapes or 'no tensors'}: give loss='sum' or a loss_fn")
     choice.used.add("stage" if stage else "cross-entropy")
     return next_token_loss(logits, ids)
+
+
+def given_note(fn) -> str:
+    """The report's note for a step whose loss is a given ``loss_fn``: the first line of its docstring says
+    what it is, where it has one."""
+    doc = (getattr(getattr(fn, "func", fn), "__doc__", None) or "").strip().splitlines()
+    return "loss: the given loss_fn" + (f" ({doc[0].rstrip('.')})" if doc else "")
 
 
 def choose_loss(model: nn.Module, args: tuple, kwargs: dict, loss: str = "auto") -> StepLoss:

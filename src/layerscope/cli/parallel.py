@@ -92,6 +92,7 @@ def _check_run(ns: argparse.Namespace, args, kwargs):
     labels = torch.zeros(tuple(ns.input_ids), dtype=torch.long)      # shapes only: the values do not matter
 
     def loss_fn(out, target):   # what the real run computes (parallel.real.training_loss)
+        """the next-token cross-entropy of the logits in fp32 that --run trains with"""
         logits = getattr(out, "logits", out[0] if isinstance(out, (tuple, list)) else out)
         return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(0, 1))
     return loss_fn, labels
