@@ -13,7 +13,8 @@ from .errors import InputError
 
 __all__ = ["Mode", "Causal", "Schedule", "AnalyzeOptions", "MemoryOptions", "ProfileOptions", "OnnxOptions",
            "TileOptions", "PartitionOptions", "PipelineSchedule", "SCHEDULES", "schedule_of", "entry_options", "LAUNCHER_FIELDS",
-           "forward_inputs", "optimizers", "optimizer_factory", "parse_autocast", "optimizer_name", "iec",
+           "forward_inputs", "optimizers", "optimizer_factory", "parse_autocast", "optimizer_name", "iec", "Loss",
+           "LOSS_HELP", "check_loss",
            "parse_bytes", "parse_bandwidth", "ParallelConfig", "AcMode", "Precision", "parse_dtype_name", "DTYPES", "dtype_short"]
 
 Mode = Literal["eval", "train", "same"]          # the model's flags for the run ("same": as they are)
@@ -21,6 +22,18 @@ Causal = Literal["dense", "unmasked"]            # causal attention as the kerne
 # the SDPA kernel priced for a GPU target: torch's CUDA rules ("auto") or one forced (capture/attention.py)
 Attention = Literal["auto", "math", "flash", "efficient", "cudnn"]
 Schedule = str                                   # a name in SCHEDULES (the one table of schedules, below)
+# the loss of a simulated training step (capture/loss.py): one declaration for the Python keyword
+# ``loss=`` of memory(), max_batch_size() and parallel(), and the CLI's --loss (its choices and help)
+Loss = Literal["auto", "model", "cross-entropy", "sum"]
+LOSS_HELP = {
+    "auto": "the model's own loss where its forward takes labels and it has a language-model head (labels: a "
+            "copy of the token ids), else the next-token cross-entropy where the output is language-model logits "
+            "over the token ids, else the sum of the output",
+    "model": "the model's own loss: its forward given labels (a copy of the token ids), as a training loop does",
+    "cross-entropy": "the mean next-token cross-entropy of the logits in fp32 (labels: the ids shifted by one), "
+                     "as transformers' causal-LM loss and torchtitan take it",
+    "sum": "the sum of the output (its own .loss where labels are given): no language-model loss",
+}
 
 
 def _choice(name: str, value: Any, allowed) -> None:
@@ -65,7 +78,8 @@ class MemoryOptions:
     input_size: Any = None
     dtypes: Any = None
     batch_size: int | None = None
-    loss_fn: Any = None
+    loss_fn: Any = None              # a callable output -> scalar loss: overrides ``loss``
+    loss: Loss = "auto"              # the step's loss when there is no loss_fn (LOSS_HELP, capture/loss.py)
     steps: int = 2
     accumulation: int = 1
     simulate: bool = True
@@ -81,6 +95,9 @@ class MemoryOptions:
 
     def __post_init__(self) -> None:
         _choice("attention", self.attention, Attention)
+        _choice("loss", self.loss, Loss)
+        if self.loss_fn is not None and self.loss != "auto":
+            raise InputError(f"give loss_fn= or loss= ({self.loss!r}), not both: a loss_fn is the loss")
         if self.steps < 1 or self.accumulation < 1:
             raise InputError("steps and accumulation must be at least 1")
         if self.optimizer is not None and not self.training:
@@ -130,6 +147,12 @@ class TileOptions:
     nodes: Any = None
     input_shapes: dict | None = None
     verify: bool = False
+
+
+def check_loss(value) -> str:
+    """``value`` if it is one of ``Loss``'s choices; one clear InputError otherwise."""
+    _choice("loss", value, Loss)
+    return value
 
 
 def _at_default(value: Any, default: Any) -> bool:

@@ -306,7 +306,7 @@ def test_units_of_decoders_and_their_sums():
     assert names == ["transformer.wte+transformer.wpe+transformer.drop", "transformer.h.0",
                      "transformer.h.1", "transformer.h.2", "transformer.ln_f", "lm_head"]
     # per-unit numbers add up to the model's: costs of the simulated step on one micro-batch
-    rep = ls.Report(ls.memory(m, ids[:2], optimizer="adamw", steps=2).trace)
+    rep = ls.Report(ls.memory(m, ids[:2], optimizer="adamw", steps=2, loss="sum").trace)   # partition()'s loss
     assert sum(u.forward.flops for u in plan.units.units) == rep.totals.forward.flops
     assert sum(u.backward.flops for u in plan.units.units) == rep.totals.backward.flops
     assert sum(s.flops for s in plan.stages) == rep.totals.forward.flops + rep.totals.backward.flops

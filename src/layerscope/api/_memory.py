@@ -14,6 +14,7 @@ from ..capture.attention import resolve_gpu, router_for
 from ..capture.composed import composed_steps
 from ..capture.guard import exclusive, gc_paused
 from ..capture import measure as measure_mod
+from ..capture.loss import choose_loss, given_note
 from ..capture.measure import measure_cpu, measure_cuda, real_step_need, state_bytes
 from ..capture.prepare import as_device, check_model, example_inputs, is_fake_model, materialize_lazy, rebatch
 from ..capture.step import run_steps
@@ -45,8 +46,12 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     parameters, an instance (its class and defaults are used) or a name like "adamw". ``progress=True``
     shows a bar on stderr, one tick per step. ``steps``
     training steps are run (optimizer state exists from the first step on); ``accumulation`` runs that
-    many forward/backward passes per step. ``loss_fn(output) -> scalar`` defaults to the output's
-    ``loss`` or the sum of the output. ``autocast_dtype`` (torch.bfloat16/float16 or "bf16"/"fp16")
+    many forward/backward passes per step. ``loss`` is the step's loss: "auto" (the default) the model's
+    own where its forward takes labels and it has a language-model head (given labels, a copy of the
+    token ids, as a training loop does), else the next-token cross-entropy in fp32 where the output is
+    logits over the token ids, else the sum of the output; "model", "cross-entropy" or "sum" choose one
+    (a ``loss_fn(output) -> scalar`` instead is the loss); the notes say which ran. ``autocast_dtype``
+    (torch.bfloat16/float16 or "bf16"/"fp16")
     runs forward and loss under torch.autocast. ``batch_size`` re-sizes the inputs along
     ``batch_dim`` (default 0). ``simulate=False`` tracks the real step on the model's own tensors
     instead (everything is restored afterwards). ``measure=True`` also runs the real step and measures
@@ -64,7 +69,7 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     backward, as ``outputs = model(...)`` held until the next step does.
 
     Options: the named keywords above, or any other field of ``layerscope.MemoryOptions``
-    (``autocast_dtype``, ``batch_dim``, ``dtypes``, ``loss_fn``, ``steps``, ``accumulation``,
+    (``autocast_dtype``, ``batch_dim``, ``dtypes``, ``loss``, ``loss_fn``, ``steps``, ``accumulation``,
     ``simulate``, ``measure``, ``progress``, ``gpu``, ``attention``, ``keep_output``) as a keyword, or all of them in
     ``options=MemoryOptions(...)``; an option given both in ``options=`` and as a keyword (a named one
     away from its default) is an InputError. A forward argument named like an option goes in
@@ -110,6 +115,10 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
     if opts.batch_size is not None:
         args, kwargs = rebatch(args, kwargs, opts.batch_dim or 0, opts.batch_size,
                                simulated=opts.simulate and not measure)
+    # the step's loss (capture/loss.py): a language model's own, given labels, by default
+    loss = choose_loss(model, args, kwargs, opts.loss) if training and opts.loss_fn is None else None
+    if loss is not None:
+        args, kwargs = loss.inputs(args, kwargs)
     # where the simulation runs: fake tensors that claim the target device
     sim_device = target
     if target.type == "meta":
@@ -138,7 +147,7 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
                "limit": parse_bytes(opts.limit) if opts.limit is not None else None,
                **({"gpu": router.gpu.name, "attention": router.forced} if router is not None else {})}
     step_kw = dict(optimizer=factory if training else None, training=training, autocast_dtype=amp,
-                   loss_fn=opts.loss_fn, steps=steps, accumulation=opts.accumulation, keep_output=opts.keep_output,
+                   loss_fn=opts.loss_fn or loss, steps=steps, accumulation=opts.accumulation, keep_output=opts.keep_output,
                    device=sim_device if opts.simulate else here, foreach_default=target.type == "cuda",
                    probe_kernels=sim_device == target or target.type == "meta")
     cuda = target.type == "cuda"
@@ -171,8 +180,10 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
                 run = run_steps(model, args, kwargs, simulate=opts.simulate, tracker=new_tracker(), attention=router,
                                 on_step=_advance(bar), **step_kw)
         except ForwardError as e:
+            if loss is not None and loss.labels:
+                e = _labels_hint(e)
             if not opts.simulate:
-                raise
+                raise e from e.__cause__
             raise _simulation_hint(e) from e.__cause__
         finally:
             if bar is not None:
@@ -198,6 +209,10 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
 
             measured = measure_cuda(real, here, options["steps"], before) if here.type == "cuda" else \
                 measure_cpu(real, before, options["steps"])
+        if loss is not None:
+            notes.append(loss.describe())
+        elif training:
+            notes.append(given_note(opts.loss_fn))
         if run.log is not None:
             notes += run.log.notes()
         if run.known is not None:
@@ -234,6 +249,15 @@ def _capability(gpu, target: torch.device) -> tuple[int, int]:
     if gpu is None and torch.cuda.is_available():
         return torch.cuda.get_device_capability(target)
     return resolve_gpu(gpu).capability
+
+
+def _labels_hint(err: ForwardError) -> ForwardError:
+    """The forward failed where the step gave it labels the caller did not: say so, and how to leave them out."""
+    new = ForwardError(f"{err} -- the step gave the forward labels (a copy of the token ids) for the model's own "
+                       "loss: loss='cross-entropy' or 'sum' leaves them out", path=err.path,
+                       module_type=err.module_type, input_shapes=err.input_shapes)
+    new.__cause__ = err.__cause__
+    return new
 
 
 def _simulation_hint(err: ForwardError) -> ForwardError:

@@ -12,11 +12,12 @@ import torch
 from torch import nn
 
 from ..capture.attention import resolve_gpu, router_for
+from ..capture.loss import choose_loss, given_note
 from ..capture.prepare import check_model, example_inputs, materialize_lazy
 from ..capture.inputs import iter_tensors
 from ..errors import InputError
 from ..formats.exported import refuse_exported
-from ..options import MemoryOptions, ParallelConfig, optimizer_factory, optimizer_name
+from ..options import MemoryOptions, ParallelConfig, check_loss, optimizer_factory, optimizer_name
 from ..parallel.results import ESTIMATES, ParallelPlan, RankMemory, mesh_coords
 from ..parallel.apply import checkpoint_blocks, no_kv_cache
 from ..parallel.simulate import meta_copy
@@ -37,8 +38,8 @@ def _local_batch(args: tuple, kwargs: dict) -> int | None:
     return int(first.shape[0]) if first is not None and first.dim() else None
 
 
-_RUN_OPTIONS = {"steps": 2, "loss_fn": None, "target": None, "input_size": None, "dtypes": None, "device": "cuda",
-                "progress": False, "forward_kwargs": None, "backend": None, "fractions": None, "search": False,
+_RUN_OPTIONS = {"steps": 2, "loss": "auto", "loss_fn": None, "target": None, "input_size": None, "dtypes": None,
+                "device": "cuda", "progress": False, "forward_kwargs": None, "backend": None, "fractions": None, "search": False,
                 "search_limit": DEFAULT_LIMIT, "time_budget": None}
 _BACKENDS = {"cuda": ("nccl", "fake"), "cpu": ("gloo", "fake")}
 
@@ -59,8 +60,11 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     ``accumulation``, ``global_batch``, ``gpus_per_node``; with ``pp`` > 1, ``schedule`` ("gpipe" or
     "1f1b") and ``microbatches`` (default ``pp``): each pipeline stage (the uniform split of the
     model's blocks, parallel/stages.py) is simulated on its first rank, its micro-batches in the
-    schedule's order, as torch's PipelineStage runs them. The run: ``steps`` (2), ``loss_fn``
-    (``loss_fn(output)``; with ``pp`` > 1 the output of one micro-batch), ``target`` (a tensor of the
+    schedule's order, as torch's PipelineStage runs them. The run: ``steps`` (2), ``loss`` (as
+    memory()'s: "auto", the default, is a language model's own loss, its forward given labels (a copy
+    of the token ids) where it takes them; with ``pp`` > 1 the last stage takes the same fp32 next-token
+    cross-entropy of each micro-batch's logits; the notes say which), ``loss_fn`` (instead of ``loss``:
+    ``loss_fn(output)``; with ``pp`` > 1 the output of one micro-batch), ``target`` (a tensor of the
     local batch: then ``loss_fn(output, target)``, split into micro-batches with the inputs as torch's
     schedule splits it), ``input_size``/``dtypes`` (example inputs built as analyze() does), ``device`` (the ranks' device:
     "cuda", the default, rounds to 512-byte allocator blocks, holds cuBLAS's two workspaces and adds
@@ -109,6 +113,9 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     steps, loss_fn, input_size, dtypes, device, progress, backend, target = (
         run[k] for k in ("steps", "loss_fn", "input_size", "dtypes", "device", "progress", "backend", "target"))
     fracs = fractions(run["fractions"])
+    loss = check_loss(run["loss"])
+    if loss_fn is not None and loss != "auto":
+        raise InputError(f"give loss_fn= or loss= ({loss!r}), not both: a loss_fn is the loss")
     if search and target is not None:
         raise InputError("target= is a tensor of one local batch, which the search changes: give loss_fn alone")
     if target is not None:
@@ -128,6 +135,12 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     args = example_inputs(args, kwargs, input_size, dtypes, None, torch.device("meta"), "parallel")
     materialize_lazy(model, args, kwargs)
     local = _local_batch(args, kwargs)
+    # the step's loss (capture/loss.py): a language model's own by default; simulate_world gives the forward
+    # its labels where there is no pipeline
+    given_fn = loss_fn
+    choice = choose_loss(model, args, kwargs, loss) if loss_fn is None else None
+    loss_fn = loss_fn or choice
+    loss_note = choice.describe if choice is not None else lambda: given_note(run["loss_fn"])
     if config is not None and local is not None and config.local_batch is None:
         config = dataclasses.replace(config, local_batch=local)
     factory = optimizer_factory(optimizer)
@@ -150,16 +163,19 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
 
         def simulate(m, a, k, c):
             return simulate_world(m, a, k, c, factory, steps, loss_fn, cuda, backend, new_router, False, None)
-        return search_report(model, args, kwargs, gpus=gpus, held={**held, **given}, gpu=named or resolve_gpu(None),
-                             limit=limit, simulate=simulate, fracs=fracs, options=options, progress=progress,
-                             search_limit=run["search_limit"])
+        rep = search_report(model, args, kwargs, gpus=gpus, held={**held, **given}, gpu=named or resolve_gpu(None),
+                            limit=limit, simulate=simulate, fracs=fracs, options=options, progress=progress,
+                            search_limit=run["search_limit"])
+        rep.notes = tuple(rep.notes) + (loss_note(),)
+        return rep
     notes: list[str] = []
     if config.trivial:
-        plan, notes = _one_device(model, args, kwargs, config, factory, steps, loss_fn, cuda, gpu)
+        plan, notes = _one_device(model, args, kwargs, config, factory, steps, given_fn, loss, cuda, gpu)
     else:
         ranks, rr, roles_of, router, runs = simulate_world(model, args, kwargs, config, factory, steps, loss_fn, cuda,
                                                       backend, new_router, progress, target)
         plan = plan_of(config, ranks)
+        notes.append(loss_note())
         if cuda:
             plan, more = _timed(plan, runs, config, named or resolve_gpu(None), global_tokens(args, kwargs, config),
                                 fracs)
@@ -222,7 +238,7 @@ def _timed(plan: ParallelPlan, runs: dict, config: ParallelConfig, gpu, tokens: 
     return plan, notes
 
 
-def _one_device(model, args, kwargs, config: ParallelConfig, factory, steps, loss_fn, cuda: bool, gpu):
+def _one_device(model, args, kwargs, config: ParallelConfig, factory, steps, loss_fn, loss, cuda: bool, gpu):
     """Every degree 1: no wrapping at all; memory()'s step of the model in the configuration's dtypes
     (mixed precision bf16 there is autocast over fp32 weights, as one device trains)."""
     dtype = torch.float32 if config.mixed_precision == "bf16" else config.model_dtype
@@ -231,7 +247,7 @@ def _one_device(model, args, kwargs, config: ParallelConfig, factory, steps, los
     checkpoint_blocks(copy, config)
     opts = MemoryOptions(optimizer=factory, autocast_dtype=torch.bfloat16 if config.mixed_precision == "bf16" else None,
                          device="cuda" if cuda else "cpu", steps=steps, accumulation=config.accumulation,
-                         loss_fn=loss_fn, gpu=gpu, keep_output=False)
+                         loss_fn=loss_fn, loss=loss, gpu=gpu, keep_output=False)
     rep = memory_with(copy, args, kwargs, opts)
     step = rep.peak_step
     parts = {"sharded parameters": step.breakdown["parameter"], "gathered parameters": 0,

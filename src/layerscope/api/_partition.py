@@ -54,8 +54,8 @@ def partition(model_or_report, *args: Any, stages: int | None = None, by=None, s
     on each rank), "zb" (torch's ScheduleInterleavedZeroBubble, placed as interleaved) or "zbv"
     (ScheduleZBVZeroBubble: two stages per rank in a V). ``optimizer`` (class, factory, instance or name) sets the optimizer state counted
     in each stage's memory; the training step is simulated on fake tensors, so a model on the meta
-    device plans without memory. ``loss_fn(output) -> scalar`` (as in ``memory()``; default: the
-    output's ``loss`` or its sum) sets the loss's working memory, which the last stage holds.
+    device plans without memory. ``loss_fn(output) -> scalar`` (default: the output's ``loss`` or
+    its sum, ``memory(loss="sum")``'s, not memory()'s language-model loss) sets the loss's working memory, which the last stage holds.
     ``measure_working`` (default: when the model has real weights and is planned for its own device
     without autocast) runs one real training step of a micro-batch to measure each unit's working
     memory there (kernel scratch buffers that simulation cannot see); a unit's working memory is the
@@ -100,8 +100,11 @@ def partition(model_or_report, *args: Any, stages: int | None = None, by=None, s
         # one simulated step: the units take the last pass's trace, per-layer memory and the
         # optimizer's state, which its first step() creates; a second step only adds that state as a
         # constant under every live-bytes difference the units keep (checked equal, tests/pipeline)
+        # the loss: loss_fn, else the sum of the output, as the units' timings and `split --run`'s stages
+        # take it (memory()'s default, a language model's own loss, is not planned per stage yet)
         rep = memory(model, *mb_args, optimizer=o.optimizer, autocast_dtype=o.autocast_dtype, device=o.device,
-                     steps=1, batch_dim=o.batch_dim, loss_fn=o.loss_fn, forward_kwargs=mb_kwargs)
+                     steps=1, batch_dim=o.batch_dim, loss_fn=o.loss_fn, loss="auto" if o.loss_fn else "sum",
+                     forward_kwargs=mb_kwargs)
         no_data = model_device(model).type == "meta" or is_fake_model(model)
         if o.by == "latency" and no_data:
             raise InputError("by='latency' times the units on the real model; this one has no data "

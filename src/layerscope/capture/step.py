@@ -36,6 +36,7 @@ from ..errors import ForwardError, InputError, LayerscopeError
 from ..trace import BACKWARD, FORWARD, LOSS, OPTIMIZER, Trace
 from .inputs import iter_tensors, map_tensors
 from .known import KnownIndexError, KnownValues
+from .loss import StepLoss, default_loss
 from .rng import PrivateRNG
 from .recorder import OpRecorder
 from .records import ReleasedOutput, build_trace, tensor_bytes
@@ -107,22 +108,6 @@ class PipelinePass:
     act: Callable[[str, Any], None] | None = None
 
 
-def default_loss(output: Any) -> torch.Tensor:
-    """The output's ``loss`` when it has one (transformers models given labels), else the sum of every
-    floating-point output tensor that requires grad."""
-    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
-    if isinstance(loss, torch.Tensor) and loss.requires_grad:
-        return loss
-    outs = [t for t in iter_tensors(output) if t.requires_grad and (t.is_floating_point() or t.is_complex())]
-    if not outs:
-        raise InputError("a training step needs an output that requires grad (are all parameters "
-                         "frozen, or does forward run under no_grad?)")
-    total = outs[0].sum()
-    for t in outs[1:]:
-        total = total + t.sum()
-    return total
-
-
 def fake_mode_for():
     """The FakeTensorMode already active (the user's), or a new one."""
     mode = _compat.active_fake_mode()
@@ -156,6 +141,8 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
     torchtitan's train step does (``del pred`` before ``loss.backward()``).
     ``compose`` (a simulation of the whole model, capture/blocks.py): the shorter model runs and each pass
     is widened to the whole model's (capture/compose.py; NotComposable where it cannot stand for it).
+    ``loss_fn``: a callable ``output -> scalar``, or a StepLoss (capture/loss.py) bound here to the run's
+    own inputs (its labels already among them: ``StepLoss.inputs``); None: ``default_loss``.
     """
     named = list(model.named_modules())
     modules = [m for _, m in named]
@@ -236,6 +223,9 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
             if composer is not None and opt is not None:
                 composer.trim_optimizer(opt, run.param_names)
             model.train(training)
+            if isinstance(loss_fn, StepLoss):
+                # the loss of this run's own inputs (a simulation's fake ids, their values known beside them)
+                loss_fn = loss_fn.bind(args, kwargs) if pipeline is None and training else None
             _loop(run, model, named, (call, backward, routed), swap, (args, kwargs), params, buffers, opt, rng=rng,
                   simulate=simulate, training=training, autocast_dtype=autocast_dtype, device=device,
                   loss_fn=loss_fn or default_loss, steps=steps if training else 1,

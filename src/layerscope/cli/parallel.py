@@ -23,6 +23,9 @@ def run_parallel(ns: argparse.Namespace) -> int:
     if ns.time_budget is not None:
         raise InputError("--time-budget was replaced by --search-limit PASSES (a count of simulation passes, not "
                          "seconds, so the search's answer does not depend on the machine's speed; default 40)")
+    if ns.run and ns.loss not in ("auto", "cross-entropy"):
+        raise InputError(f"--run trains on the next-token cross-entropy of the logits, which the simulation takes "
+                         f"too: leave out --loss {ns.loss}")
     if ns.run and ns.head is None and ns.spec.startswith("hf:") and ":" not in ns.spec[3:]:
         # a config alone builds the bare model, whose output has no logits: the run trains the causal LM,
         # and the simulation builds the same (a named class, or a spec's own model, is taken as it is)
@@ -40,7 +43,7 @@ def run_parallel(ns: argparse.Namespace) -> int:
                        gpu=ns.gpu, memory_limit=ns.memory_limit, fractions=fractions, forward_kwargs=kwargs,
                        stages_per_rank=ns.stages_per_rank, mixed_precision=ns.mixed_precision,
                        reduce_dtype=ns.reduce_dtype, model_dtype=ns.model_dtype or "fp32", offload=ns.offload,
-                       progress=live(ns), **held)
+                       loss=ns.loss, progress=live(ns), **held)
         if ns.run:
             rep = _run_chosen(ns, model, rep, fractions)
         return emit(ns, rep)
@@ -55,12 +58,14 @@ def run_parallel(ns: argparse.Namespace) -> int:
         local_batch=ns.input_ids[0] if ns.input_ids else None)
     model, args, kwargs = build_spec(ns, "meta")      # the simulation never needs the weights
     loss_fn = target = None
+    loss = {"loss": ns.loss}
     if ns.run:
         loss_fn, target = _check_run(ns, args, kwargs)
+        loss = {}
     with status(f"simulating {config.world} rank(s)", ns):
         rep = parallel(model, *args, config=config, optimizer=ns.optimizer, steps=ns.steps or 2, device=ns.device,
                        gpu=ns.gpu, memory_limit=ns.memory_limit, loss_fn=loss_fn, target=target,
-                       forward_kwargs=kwargs, fractions=fractions)
+                       forward_kwargs=kwargs, fractions=fractions, **loss)
     if ns.run:
         rep = _run(ns, rep, config)
     return emit(ns, rep)
@@ -96,6 +101,7 @@ def _check_run(ns: argparse.Namespace, args, kwargs):
     labels = torch.zeros(tuple(ns.input_ids), dtype=torch.long)      # shapes only: the values do not matter
 
     def loss_fn(out, target):   # what the real run computes (parallel.real.training_loss)
+        """the next-token cross-entropy of the logits in fp32 that --run trains with"""
         logits = getattr(out, "logits", out[0] if isinstance(out, (tuple, list)) else out)
         return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(0, 1))
     return loss_fn, labels

@@ -67,6 +67,16 @@ def _sub(sub, name: str, help_text: str) -> argparse.ArgumentParser:
                           formatter_class=HelpFormatter)
 
 
+def _loss_arg(p: argparse.ArgumentParser) -> None:
+    """--loss, from the option's one declaration (options.Loss: its choices and their help)."""
+    from typing import get_args
+
+    from ..options import LOSS_HELP, Loss
+    p.add_argument("--loss", choices=get_args(Loss), default="auto",
+                   help="the training step's loss (default auto):\n" + "\n".join(
+                       f"  {k}: {LOSS_HELP[k]}" for k in get_args(Loss)))
+
+
 def _memory_args(m: argparse.ArgumentParser, optimizer_default: str | None = None) -> None:
     m.add_argument("--optimizer", default=optimizer_default,
                    help="a torch.optim class name: adamw, adam, sgd, adagrad, rmsprop, ..."
@@ -80,6 +90,7 @@ def _memory_args(m: argparse.ArgumentParser, optimizer_default: str | None = Non
     mode.add_argument("--infer", dest="training", action="store_false", help="a no-grad forward")
     m.add_argument("--steps", type=arg_count(1), default=2, help="training steps to run (default 2)")
     m.add_argument("--accumulation", type=arg_count(1), default=1, help="micro-batches per step (default 1)")
+    _loss_arg(m)
 
 
 def _columns_help(columns) -> str:
@@ -188,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="FSDP2's CPU offload: shards, reduced gradients and the optimizer step in host memory "
                          "(reported apart from the device's peak); needs --fsdp or --replicate above 1")
     pl.add_argument("--optimizer", default="adamw", help="a torch.optim class name (default adamw)")
+    _loss_arg(pl)
     pl.add_argument("--steps", type=arg_count(1),
                     help="training steps simulated (default 2) and, with --run, run (default 4, at least 3:\n"
                          "the first two are not measured)")

@@ -70,7 +70,7 @@ def run_report(ns: argparse.Namespace) -> int:
             mem = memory(model, *args, optimizer=optimizer_factory(ns.optimizer) if ns.training else None,
                          training=ns.training, autocast_dtype=ns.autocast, batch_size=ns.batch_size,
                          steps=ns.steps, accumulation=ns.accumulation, device=device, gpu=ns.gpu,
-                         attention=ns.attention, forward_kwargs=kwargs)
+                         attention=ns.attention, loss=ns.loss, forward_kwargs=kwargs)
     model.eval()                           # timed and split as `profile` and `split` run it
     if ns.profile:
         lat = profile(model, *args, repeats=ns.repeats, backward=ns.training, progress=live(ns),

@@ -67,7 +67,8 @@ def run_memory(ns: argparse.Namespace) -> int:
             raise InputError("--momentum applies to --optimizer sgd")
         optimizer = functools.partial(torch.optim.SGD, momentum=ns.momentum)
     step = MemoryOptions(optimizer=optimizer, training=ns.training, autocast_dtype=ns.autocast, device=ns.device,
-                         steps=ns.steps, accumulation=ns.accumulation, gpu=ns.gpu, attention=ns.attention)
+                         steps=ns.steps, accumulation=ns.accumulation, gpu=ns.gpu, attention=ns.attention,
+                         loss=ns.loss)
     with status("simulating the step", ns):
         rep = memory(model, *args, options=dataclasses.replace(step, batch_size=ns.batch_size, limit=ns.limit,
                                                                measure=ns.measure or None), forward_kwargs=kwargs)

@@ -85,6 +85,7 @@ from torch import nn
 
 from .. import _compat
 from ..capture.inputs import map_tensors
+from ..capture.loss import StepLoss, default_loss
 from ..capture.simulation import eager_paths
 from ..capture.state import empty_like_on
 from ..capture.step import PipelinePass
@@ -378,6 +379,7 @@ class _StageRun:
         self._sent: list = []
         self._outputs: dict[int, tuple] = {}     # the last stage's outputs until I (zero bubble)
         self._pending: dict[int, tuple] = {}     # what I keeps for W (zero bubble)
+        self._micro: dict[int, tuple] = {}       # the last stage's micro-batch inputs, for a StepLoss
         self._unshards: list = []                # FSDP's all-gathers an UNSHARD started
         self._reduced = False                    # this step's gradients reduced (REDUCE_GRAD) already
         from torch.distributed.fsdp import FSDPModule
@@ -403,6 +405,8 @@ class _StageRun:
                 t.grad = None
 
     def forward(self, m: int, args: tuple, kwargs: dict):
+        if self.last and isinstance(self.loss_fn, StepLoss):
+            self._micro[m] = split_micro(args, kwargs, m, self.m)
         if self.first:
             a, k = split_micro(args, kwargs, m, self.m)
             from ..pipeline.stages import flat_inputs
@@ -422,8 +426,10 @@ class _StageRun:
     def loss(self, m: int, output):
         if self.zero_bubble:
             self._outputs[m] = output if isinstance(output, tuple) else (output,)
+        if isinstance(self.loss_fn, StepLoss):
+            # the next-token cross-entropy of this micro-batch's logits against its own token ids
+            return self.loss_fn.bind(*self._micro.pop(m), stage=True)(output)
         if self.target is None:
-            from ..capture.step import default_loss
             return (self.loss_fn or default_loss)(output)
         if self.loss_fn is None:
             raise InputError("a target needs a loss_fn(output, target)")

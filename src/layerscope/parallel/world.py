@@ -10,6 +10,7 @@ import torch
 
 from ..capture.guard import gc_paused
 from ..capture.inputs import iter_tensors
+from ..capture.loss import StepLoss
 from ..capture.storage import cuda_block_size
 from ..costs.cublas import workspace_rule
 from ..errors import ForwardError
@@ -25,8 +26,12 @@ __all__ = ["simulate_world", "plan_of", "global_tokens"]
 def simulate_world(model, args, kwargs, config: ParallelConfig, factory, steps, loss_fn, cuda: bool, backend: str,
               new_router, progress, target=None):
     """Rank 0, then one rank for each other role its shard layouts reveal; every global rank's memory,
-    rank 0's run, the roles, and rank 0's SDPA router (what its notes say)."""
+    rank 0's run, the roles, and rank 0's SDPA router (what its notes say). ``loss_fn``: a callable, or a
+    StepLoss (capture/loss.py): without a pipeline the forward is given its labels here; a pipeline's last
+    stage takes its loss per micro-batch (parallel/stages.py)."""
     routers = []
+    if isinstance(loss_fn, StepLoss) and config.pp == 1:
+        args, kwargs = loss_fn.inputs(args, kwargs)
 
     def one(rank: int, bar):
         routers.append(new_router())
