@@ -9,14 +9,14 @@ flips lands in the copy. The copy shares the user's parameters (the very objects
 replaced in the user's module), and the user's hooks (they run in the analysis as in a plain call).
 Real buffers are cloned: a train-mode run updates BatchNorm's running statistics in place, and the
 other thread's eval forward reads them. Attributes that hold a module of the tree outside
-``_modules`` (a list of blocks kept beside a ModuleList, a parent reference, a bound method of a
-submodule) are pointed at the copies.
+``_modules`` (a list of blocks kept beside a ModuleList, a parent's weak reference, a bound method of
+a submodule, a ``functools.partial`` given one) are pointed at the copies.
 
 Where a copy could not be faithful, the model itself is analysed (as before issue 58): a tree that
 holds a TorchScript module (its slots live in C++), a parameter still to be created (the first
 forward materialises the user's own, as a lazy module's first call does), an instance-level
-``forward`` that is not a bound method of a module (torch.compile's wrapper, accelerate's hooks: they
-call the original modules), a class with ``__slots__``, or torch's distributed wrappers (DDP, FSDP,
+``forward`` that is neither a bound method of a module nor a ``functools.partial`` given one (as
+accelerate's hooks make it; torch.compile's wrapper calls the original modules), a class with ``__slots__``, or torch's distributed wrappers (DDP, FSDP,
 fully_shard and the other composable APIs find their state by the module object).
 
 What stays shared and so visible to another thread: the parameters' ``.grad`` and ``requires_grad``
@@ -26,6 +26,7 @@ while a real optimizer step runs (``memory(simulate=False)`` / ``measure=True``;
 
 from __future__ import annotations
 
+import functools
 import types
 import weakref
 
@@ -153,7 +154,8 @@ def _copyable(m: nn.Module) -> bool:
         if k.startswith(_COMPOSABLE):    # fully_shard, replicate, checkpoint: state found by the module
             return False
     fwd = d.get("forward")
-    if fwd is not None and not (type(fwd) is types.MethodType and isinstance(fwd.__self__, nn.Module)):
+    if fwd is not None and not (type(fwd) is types.MethodType and isinstance(fwd.__self__, nn.Module)) and \
+            not (type(fwd) is functools.partial and any(isinstance(a, nn.Module) for a in fwd.args)):
         return False
     for t in m._parameters.values():
         if isinstance(t, UninitializedTensorMixin):
@@ -192,6 +194,14 @@ def _remap(v, memo: dict[int, nn.Module], depth: int):
         return v if all(out[k] is x for k, x in v.items()) else out
     if t is types.MethodType and isinstance(v.__self__, nn.Module) and id(v.__self__) in memo:
         return types.MethodType(v.__func__, memo[id(v.__self__)])
+    if t is functools.partial:   # accelerate's forward: partial(new_forward, module)
+        args = _remap(v.args, memo, depth + 1)
+        kw = _remap(v.keywords, memo, depth + 1)
+        if args is v.args and kw is v.keywords:
+            return v
+        new = functools.partial(v.func, *args, **kw)
+        new.__dict__.update(v.__dict__)      # functools.update_wrapper's attributes
+        return new
     if t is weakref.ref:         # a reference to a parent kept out of _modules
         target = v()
         if isinstance(target, nn.Module) and id(target) in memo:
