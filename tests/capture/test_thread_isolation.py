@@ -121,6 +121,9 @@ ENTRY_POINTS = {
     "activations": lambda m, x: ls.activations(m, x),
     "max_batch_size": lambda m, x: ls.max_batch_size(m, x, limit="8MiB", max_batch=4),
     "partition": lambda m, x: ls.partition(m, x, stages=2),
+    # real steps of each stage (cut from the copy: build_stage_module(copy_model=False) cuts the tree)
+    "partition-measured": lambda m, x: ls.partition(m, x, stages=2, by="latency", latency_repeats=2,
+                                                    measure_working=True),
     "torchinfo": _torchinfo,
     "torchscan": _torchscan,
     "deepspeed": _deepspeed,
@@ -266,3 +269,14 @@ def test_timed_runs_count_only_their_own_thread_s_calls():
         calls, _, _ = time_calls(model, run, None, device=torch.device("cpu"), warmup=1, repeats=4)
     assert w.problems == [], w.problems
     assert len(calls) == sum(1 for _ in model.modules())     # each module called once per run
+
+
+def test_copy_composes_like_the_model():
+    # a long run of identical blocks is simulated as a shorter model (capture/blocks.py) when the
+    # blocks' attributes agree; the copy's marker (a weak reference to each user's module, different
+    # in every block) read as 9 attributes that differ per block, each block then watched
+    from layerscope.capture.blocks import find_run
+    from layerscope.capture.shadow import shadow_of
+    model = TinyGPT(vocab=64, dim=32, heads=2, layers=8, seq=16)
+    run = find_run(shadow_of(model))
+    assert run is not None and run.count == 8 and run.differing == find_run(model).differing == ()

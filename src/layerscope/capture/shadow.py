@@ -16,17 +16,22 @@ Where a copy could not be faithful, the model itself is analysed (as before issu
 holds a TorchScript module (its slots live in C++), a parameter still to be created (the first
 forward materialises the user's own, as a lazy module's first call does), an instance-level
 ``forward`` that is neither a bound method of a module nor a ``functools.partial`` given one (as
-accelerate's hooks make it; torch.compile's wrapper calls the original modules), a class with ``__slots__``, or torch's distributed wrappers (DDP, FSDP,
-fully_shard and the other composable APIs find their state by the module object).
+accelerate's hooks make it; torch.compile's wrapper calls the original modules), a class with
+``__slots__``, or torch's distributed wrappers (DDP, FSDP, fully_shard and the other composable APIs
+find their state by the module object).
 
 What stays shared and so visible to another thread: the parameters' ``.grad`` and ``requires_grad``
-during a run with a backward on the model's real tensors (restored afterwards), and their values
-while a real optimizer step runs (``memory(simulate=False)`` / ``measure=True``; restored afterwards).
+during a run with a backward on the model's real tensors (put back afterwards); on a CUDA model, the
+weights a real optimizer step updates in place (``memory(simulate=False)`` / ``measure=True``; put
+back afterwards; on the CPU the step runs on clones: ``private_params``); objects the forward mutates
+in place through a plain attribute (a list, a cache tensor), while attributes it assigns land in the
+copy.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import types
 import weakref
 
@@ -34,20 +39,23 @@ import torch
 from torch import nn
 from torch.nn.parameter import UninitializedTensorMixin
 
-__all__ = ["shadow_of", "live_module", "private_params"]
+__all__ = ["shadow_of", "live_module", "private_params", "MARKER"]
 
-# the containers of nn.Module that an analysis writes (parameters, buffers, submodules, hooks): each
-# copy has its own. The state-dict hooks are not copied (nothing registers any on a model it analyses;
-# 4 dictionaries less per module: a copy of 12,001 modules makes about 130,000 containers).
-_OWN = ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set", "_forward_hooks",
-        "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
-        "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
+# the containers of nn.Module that an analysis writes (parameters, buffers, submodules, forward hooks):
+# each copy has its own. The others are shared, read only: nothing in layerscope registers a buffer,
+# a backward module hook or a state-dict hook on a model it analyses (the tracker follows backward
+# with tensor hooks). 8 containers a module: a copy of 12,001 modules makes about 96,000.
+_OWN = ("_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_hooks_with_kwargs",
+        "_forward_hooks_always_called", "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs")
 # torch's wrappers whose hooks find their state by the module object (a copy has none)
 _WRAPPERS = frozenset({"DistributedDataParallel", "FullyShardedDataParallel", "FSDPModule"})
 _COMPOSABLE = "__composable_api_state_key"      # torch.distributed._composable.contract's keys
-# the copy's marker: a weak reference to the user's module (a deep copy of a copy keeps it as it is)
-_LIVE = "_layerscope_live"
+# the copy's marker: a weak reference to the user's module (a deep copy of a copy keeps it as it is);
+# not one of the module's own attributes (capture/blocks.py compares blocks without it)
+MARKER = _LIVE = "_layerscope_live"
 _SKIP = frozenset(_OWN) | {_LIVE}
+_OWN_SET = frozenset(_OWN)
+_MAKE = tuple((k, type(v)) for k, v in vars(nn.Module()).items() if k in _OWN_SET)   # (name, its container type)
 # attribute values that cannot hold a module (most of a module's plain attributes)
 _ATOMIC = frozenset({bool, int, float, str, type(None), torch.Tensor, nn.Parameter, torch.dtype,
                      torch.device, torch.Size})
@@ -82,9 +90,9 @@ def shadow_of(model: nn.Module) -> nn.Module:
         new = object.__new__(cls)
         d = new.__dict__
         d.update(m.__dict__)
-        for k in _OWN:
+        for k, make in _MAKE:
             v = d[k]
-            d[k] = type(v)(v) if v else type(v)()
+            d[k] = make(v) if v else make()
         d[_LIVE] = ref(m)
         memo[id(m)] = new
         for c in m._modules.values():
@@ -148,11 +156,10 @@ def _copyable(m: nn.Module) -> bool:
     """Whether a copy of ``m`` runs as ``m`` does: no tensor still to be created, no instance-level
     ``forward`` but a bound method of a module."""
     d = m.__dict__
-    if any(k not in d for k in _OWN):
+    if not d.keys() >= _OWN_SET:
         return False
-    for k in d:
-        if k.startswith(_COMPOSABLE):    # fully_shard, replicate, checkpoint: state found by the module
-            return False
+    if any(map(str.startswith, d, itertools.repeat(_COMPOSABLE))):
+        return False                     # fully_shard, replicate, checkpoint: state found by the module
     fwd = d.get("forward")
     if fwd is not None and not (type(fwd) is types.MethodType and isinstance(fwd.__self__, nn.Module)) and \
             not (type(fwd) is functools.partial and any(isinstance(a, nn.Module) for a in fwd.args)):
