@@ -48,12 +48,13 @@ _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_
 
 def _state(model: nn.Module):
     """What another thread can see of the model: each module's mode and hook count, each parameter
-    and buffer slot's object, device and class."""
+    and buffer slot's object, device and class, each parameter's gradient and requires_grad."""
     out = []
     for m in model.modules():
         out.append((id(m), m.training, tuple(len(getattr(m, h)) for h in _HOOKS)))
         for d in (m._parameters, m._buffers):
-            out.extend((k, id(t), t.device, type(t)) for k, t in d.items() if t is not None)
+            out.extend((k, id(t), t.device, type(t), t.requires_grad, None if t.grad is None else id(t.grad))
+                       for k, t in d.items() if t is not None)
     return out
 
 
@@ -192,7 +193,8 @@ def test_copy_keeps_the_tree_s_shape():
     assert copy is not model and live_module(copy) is model and shadow_of(copy) is copy
     assert copy.again is copy.a and copy.order == [copy.a, copy.b] and copy.c.owner() is copy
     assert copy.b.forward.args == (copy.b,) and model.b.forward.args == (model.b,)
-    assert copy.b.weight is copy.a[0].weight is model.a[0].weight          # shared and still tied
+    assert copy.b.weight is copy.a[0].weight is not model.a[0].weight      # still tied; its own...
+    assert copy.a[0].weight.data_ptr() == model.a[0].weight.data_ptr()     # ...on the user's storage
     assert copy.a[1].running_mean is not model.a[1].running_mean           # buffers cloned...
     assert torch.equal(copy.a[1].running_mean, model.a[1].running_mean)    # ...with their values
     rep = ls.analyze(model, torch.randn(4, 8), mode="train")

@@ -5,8 +5,9 @@ a meta or fake tensor, no buffer updated.
 Each module of the tree is copied once (a memo keeps a submodule reached under several names one
 copy, as tied weights stay one parameter): its own ``__dict__`` and its own ``_parameters``,
 ``_buffers``, ``_modules`` and hook dictionaries, so that what an analysis registers, swaps or
-flips lands in the copy. The copy shares the user's parameters (the very objects: read, never
-replaced in the user's module), and the user's hooks (they run in the analysis as in a plain call).
+flips lands in the copy. The copy's parameters are parameters of their own on the user's
+storages (the same values; their ``.grad`` and ``requires_grad`` the copy's), and it shares the
+user's hooks (they run in the analysis as in a plain call).
 Real buffers are cloned: a train-mode run updates BatchNorm's running statistics in place, and the
 other thread's eval forward reads them. Attributes that hold a module of the tree outside
 ``_modules`` (a list of blocks kept beside a ModuleList, a parent's weak reference, a bound method of
@@ -20,8 +21,7 @@ accelerate's hooks make it; torch.compile's wrapper calls the original modules),
 ``__slots__``, or torch's distributed wrappers (DDP, FSDP, fully_shard and the other composable APIs
 find their state by the module object).
 
-What stays shared and so visible to another thread: the parameters' ``.grad`` and ``requires_grad``
-during a run with a backward on the model's real tensors (put back afterwards); on a CUDA model, the
+What stays shared and so visible to another thread: on a CUDA model, the
 weights a real optimizer step updates in place (``memory(simulate=False)`` / ``measure=True``; put
 back afterwards; on the CPU the step runs on clones: ``private_params``); objects the forward mutates
 in place through a plain attribute (a list, a cache tensor), while attributes it assigns land in the
@@ -99,6 +99,7 @@ def shadow_of(model: nn.Module) -> nn.Module:
             if c is not None:
                 todo.append(c)
     buffers: dict[int, torch.Tensor] = {}
+    params: dict[int, torch.Tensor] = {}
     with torch.no_grad():
         for new in memo.values():
             d = new.__dict__
@@ -106,6 +107,13 @@ def shadow_of(model: nn.Module) -> nn.Module:
             for k, c in mods.items():
                 if c is not None:
                     mods[k] = memo[id(c)]
+            ps = d["_parameters"]
+            for k, p in ps.items():
+                if p is not None:
+                    a = params.get(id(p))
+                    if a is None:
+                        a = params[id(p)] = _alias(p)
+                    ps[k] = a
             bufs = d["_buffers"]
             for k, b in bufs.items():
                 if b is not None:
@@ -171,6 +179,16 @@ def _copyable(m: nn.Module) -> bool:
         if isinstance(t, UninitializedTensorMixin):
             return False
     return True
+
+
+def _alias(p: torch.Tensor) -> torch.Tensor:
+    """A parameter of its own on ``p``'s storage: the same values, read where ``p`` is read, but its
+    ``.grad`` and ``requires_grad`` are the copy's (a backward of the analysis never touches the
+    user's gradients, which a training loop in another thread may be using). A parameter of a tensor
+    subclass (fake, DTensor, quantised) or made under inference mode is shared as it is."""
+    if type(p) is not nn.Parameter or type(p.data) is not torch.Tensor or p.is_inference():
+        return p       # (an inference tensor takes requires_grad only inside inference mode)
+    return nn.Parameter(p.data, requires_grad=p.requires_grad)
 
 
 def _private(b: torch.Tensor) -> torch.Tensor:
