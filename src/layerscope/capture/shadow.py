@@ -107,26 +107,24 @@ def shadow_of(model: nn.Module) -> nn.Module:
             for k, c in mods.items():
                 if c is not None:
                     mods[k] = memo[id(c)]
-            ps = d["_parameters"]
-            for k, p in ps.items():
-                if p is not None:
-                    a = params.get(id(p))
-                    if a is None:
-                        a = params[id(p)] = _alias(p)
-                    ps[k] = a
-            bufs = d["_buffers"]
-            for k, b in bufs.items():
-                if b is not None:
-                    c = buffers.get(id(b))
-                    if c is None:
-                        c = buffers[id(b)] = _private(b)
-                    bufs[k] = c
+            _own_tensors(d["_parameters"], params, _alias)
+            _own_tensors(d["_buffers"], buffers, _private)
             for k, v in d.items():
                 if type(v) not in _ATOMIC and k not in _SKIP:
                     r = _remap(v, memo, 0)
                     if r is not v:
                         d[k] = r
     return memo[id(model)]
+
+
+def _own_tensors(slots: dict, made: dict[int, torch.Tensor], make) -> None:
+    """Each tensor of ``slots`` replaced by ``make(tensor)``, made once per tensor (``made``: by id)."""
+    for k, t in slots.items():
+        if t is not None:
+            new = made.get(id(t))
+            if new is None:
+                new = made[id(t)] = make(t)
+            slots[k] = new
 
 
 def private_params(model: nn.Module, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
