@@ -207,7 +207,9 @@ class Draws(nn.Module):
         self.seen = []
 
     def forward(self, x):
-        self.seen = [float(torch.rand([])), float(torch.randn([])), int(torch.randint(0, 10, ())),
+        # in place: the analysis runs a copy of the module tree (issue 58), whose attributes are
+        # its own but share their objects with the model's
+        self.seen[:] = [float(torch.rand([])), float(torch.randn([])), int(torch.randint(0, 10, ())),
                      int(torch.randint(3, 7, (1,))), float(torch.empty(()).uniform_(2.0, 4.0))]
         return self.fc(x)
 

@@ -55,7 +55,11 @@ def memory(model: nn.Module, *args: Any, optimizer=None, training: bool = True, 
     runs forward and loss under torch.autocast. ``batch_size`` re-sizes the inputs along
     ``batch_dim`` (default 0). ``simulate=False`` tracks the real step on the model's own tensors
     instead (everything is restored afterwards). ``measure=True`` also runs the real step and measures
-    it with the allocator (default on for CUDA models). ``limit`` (bytes or "80GiB") is shown
+    it with the allocator (default on for CUDA models). Like every entry point, this runs a copy of the
+    module tree (capture/shadow.py): another thread calling the model meanwhile sees no mode, hook or
+    tensor change; a real step on a CPU model updates clones of the weights, but on a CUDA model it
+    updates the model's own weights in place until they are put back (a second copy on the device
+    could not fit), which another thread's forward would see. ``limit`` (bytes or "80GiB") is shown
     against the peak. What the simulation had to make up (random draws taken at their median, values
     read back from tensors that have none, kernels it could not size) is listed in ``notes``.
     ``gpu`` (a name of ``layerscope.GPUS`` or ``layerscope.gpu(...)``) predicts for that CUDA GPU: each

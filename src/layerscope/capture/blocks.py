@@ -33,6 +33,7 @@ from torch import nn
 
 from .. import _compat
 from .inputs import iter_tensors, map_tensors
+from .shadow import MARKER
 
 __all__ = ["BlockRun", "find_run", "truncated", "Truncated", "loop_check_model", "call_signature", "module_state",
            "restore_module_state", "MIN_BLOCKS", "KEPT", "REP"]
@@ -45,7 +46,7 @@ _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_
           "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called")
 _MACHINERY = frozenset(("training", "_parameters", "_buffers", "_non_persistent_buffers_set", "_modules",
                         "_is_full_backward_hook", "_state_dict_hooks", "_state_dict_pre_hooks",
-                        "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", *_HOOKS))
+                        "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", *_HOOKS, MARKER))
 _PLAIN = (int, float, str, bool, type(None), complex, torch.dtype, torch.device)
 
 

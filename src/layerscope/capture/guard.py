@@ -14,6 +14,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from .inputs import iter_tensors, map_tensors
+from .shadow import live_module, shadow_of
 
 __all__ = ["exclusive", "analysing", "gc_paused", "holds_inference_tensors", "any_held", "normal_tensors"]
 
@@ -36,8 +37,11 @@ def analysing() -> bool:
 
 
 def exclusive(fn):
-    """Every public entry point that runs a model: one analysis at a time per model, and outside
-    ``torch.inference_mode`` (see ``normal_tensors``)."""
+    """Every public entry point that runs a model: one analysis at a time per model, outside
+    ``torch.inference_mode`` (see ``normal_tensors``), and on a structural copy of the model
+    (capture/shadow.py), so that another thread calling the model meanwhile sees none of the
+    analysis's mode flips, hooks and swapped tensors (issue 58). A report hands back the user's
+    modules (``shadow.live_module``)."""
     @functools.wraps(fn)
     def wrapper(model, *args, **kwargs):
         # Under inference_mode autograd does not decompose composite ops (aten.conv2d, aten.linear,
@@ -52,14 +56,17 @@ def exclusive(fn):
             args, kwargs = normal_tensors(args, kwargs) if leave else (args, kwargs)
             if not isinstance(model, nn.Module):
                 return fn(model, *args, **kwargs)
+            live = live_module(model)      # an entry point given a copy (a front end's): the user's lock
             with _LOCKS_GUARD:
-                lock = _MODEL_LOCKS.get(model)
+                lock = _MODEL_LOCKS.get(live)
                 if lock is None:
-                    lock = _MODEL_LOCKS[model] = threading.RLock()
+                    lock = _MODEL_LOCKS[live] = threading.RLock()
             with lock:
                 _RUNNING.depth = getattr(_RUNNING, "depth", 0) + 1
                 try:
-                    return fn(model, *args, **kwargs)
+                    with gc_paused():     # (a copy of a large tree: many containers at once)
+                        work = shadow_of(model)
+                    return fn(work, *args, **kwargs)
                 finally:
                     _RUNNING.depth -= 1
     return wrapper

@@ -131,7 +131,7 @@ def time_steps(model: nn.Module, run: Callable[[], Any], loss_of: Callable[[Any]
     ``repeats``, ``stopped`` ("fixed", "precise" or "maximum") and, for "auto", ``worst`` (the
     least precise median: its half-width over its tolerance, and its name)."""
     clock = Clock(device)
-    rec = Recorder(model, device, backward=loss_of is not None, defer=True)
+    rec = Recorder(model, device, backward=loss_of is not None, defer=True, this_thread_only=True)
     phases = ("forward", "backward") if loss_of is not None else ("forward",)
 
     def once():
@@ -177,9 +177,8 @@ def time_steps(model: nn.Module, run: Callable[[], Any], loss_of: Callable[[Any]
             if first is None:
                 first = keys
             elif keys != first:
-                raise InputError(f"the model made {len(keys)} module calls in one run and {len(first)} "
-                                 "in the first: per-call times need the same calls in every run "
-                                 "(data-dependent control flow?)")
+                raise InputError(f"{_first_difference(keys, first)}: per-call times need the same module "
+                                 "calls in every run (data-dependent control flow?)")
             runs.append((step, f, b, hf, hb))
             r += 1
             if progress is not None:
@@ -224,3 +223,14 @@ def time_calls(model: nn.Module, run: Callable[[], Any], loss_of: Callable[[Any]
     steps, plain, hooked = time_steps(model, run, loss_of, device=device, warmup=warmup, repeats=repeats,
                                       progress=progress, info=info)
     return merge_steps(steps), plain, hooked
+
+
+def _first_difference(keys: list, first: list) -> str:
+    """Where one timed run's module calls (path, call index) part from the first run's, in words (the
+    same count with other calls said "16 calls in one run and 16 in the first", issue 58)."""
+    def name(k) -> str:
+        return f"'{k[0] or '(root)'}'" + (f" (call {k[1] + 1})" if k[1] else "")
+    for i, (a, b) in enumerate(zip(keys, first)):
+        if a != b:
+            return f"module call {i + 1} of a timed run was {name(a)} where the first run's was {name(b)}"
+    return f"the model made {len(keys)} module calls in one run and {len(first)} in the first"

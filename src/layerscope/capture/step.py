@@ -43,6 +43,7 @@ from .records import ReleasedOutput, build_trace, tensor_bytes
 from .session import Session, run_backward, run_forward
 from .blocks import Truncated
 from .compose import Composer
+from .shadow import private_params
 from .simulation import SimulationKernels, SimulationLog, ValueReads, eager_paths
 from .state import StateGuard, empty_like_on, empty_state, swapped_state
 from .storage import BUFFER, GRAD, INPUT, OPT, OUTPUT, PARAM, StorageTracker
@@ -174,11 +175,16 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
             else:
                 params = dict(model.named_parameters())
                 buffers = dict(model.named_buffers())
-                with torch.no_grad():  # the optimizer's step changes weights in place: undone below
-                    snapshot = [(p, p.detach().to("cpu", copy=True)) for p in params.values()]
-                for p in params.values():
-                    p.grad = None
-                swap = None
+                # a training step on a copy of the model's tree (capture/shadow.py) runs on clones of
+                # CPU weights: another thread running the model never sees them change (issue 58)
+                swap = private_params(model, params) if training else None
+                if swap is not None:
+                    params = swap
+                else:
+                    with torch.no_grad():  # the optimizer's step changes weights in place: undone below
+                        snapshot = [(p, p.detach().to("cpu", copy=True)) for p in params.values()]
+                    for p in params.values():
+                        p.grad = None
 
             runner = compose.model if compose is not None else model
 

@@ -88,10 +88,13 @@ class Recorder:
     times), then ``detach()``. With ``backward``, the backward of every graph a top-level call built
     is timed too, on whatever thread autograd runs it. Nothing is kept from one step to the next."""
 
-    def __init__(self, model: nn.Module, device: torch.device, backward: bool, defer: bool = False) -> None:
+    def __init__(self, model: nn.Module, device: torch.device, backward: bool, defer: bool = False,
+                 this_thread_only: bool = False) -> None:
         self.clock = Clock(device)
-        # every thread's calls: a training loop may run its steps on a thread of its own
-        self.tracker = ModuleTracker(this_thread_only=False, new_call=_timed_call)
+        # every thread's calls: a training loop may run its steps on a thread of its own; profile()'s
+        # own runs (``this_thread_only``) are the calling thread's: another thread calling the same
+        # model (where it is timed itself, not a copy) adds none of its calls (issue 58)
+        self.tracker = ModuleTracker(this_thread_only=this_thread_only, new_call=_timed_call)
         # without autograd sequence numbers (a torch that lacks them) backward passes are not timed;
         # ``defer``: the graph is hooked at hook_pending(), not in the root's forward hook
         self.backward = backward and self.tracker.track_backward(defer)

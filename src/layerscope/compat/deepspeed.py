@@ -150,12 +150,16 @@ def get_model_profile(model: nn.Module, input_shape=None, args=[], kwargs={}, pr
         args = [torch.zeros(input_shape, dtype=dtype, device=_device(model))]
     if not args and not kwargs:
         raise InputError("args and/or kwargs must be specified if input_shape is None")
-    flags = [(m, m.training) for m in model.modules()]
+    # eval mode on a copy of the module tree (capture/shadow.py): another thread calling the model
+    # meanwhile keeps its own mode (issue 58)
+    from ..capture.shadow import shadow_of
+    work = shadow_of(model)
+    flags = [(m, m.training) for m in work.modules()]
     try:
-        model.eval()
-        meta = _device(model).type == "meta"
-        costs = analyze(model, *args, mode="same", forward_kwargs=kwargs)
-        latency = None if meta else profile(model, *args, warmup=warm_up, repeats=1, forward_kwargs=kwargs)
+        work.eval()
+        meta = _device(work).type == "meta"
+        costs = analyze(work, *args, mode="same", forward_kwargs=kwargs)
+        latency = None if meta else profile(work, *args, warmup=warm_up, repeats=1, forward_kwargs=kwargs)
     finally:
         for m, t in flags:
             m.training = t

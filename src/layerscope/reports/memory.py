@@ -13,6 +13,7 @@ from typing import Any
 
 from ..analyses.memory import CallMemory, Marker, MemoryLayer, PhaseSpan, StepMemory, Timeline
 from ..capture.measure import Measured
+from ..capture.shadow import live_module
 from ..capture.storage import CATEGORIES
 from ..errors import InputError
 from ..trace import Trace
@@ -164,7 +165,7 @@ class MemoryReport(ReportRecord):
         self.trace = trace
         self.measured = measured
         self.notes = notes
-        self._model = weakref.ref(model) if model is not None else None
+        self._model = weakref.ref(live_module(model)) if model is not None else None
 
     # ---- headline numbers ---------------------------------------------------------------------
     @property

@@ -14,6 +14,7 @@ from typing import Any
 from torch import nn
 
 from ..analyses.flops import coverage, layer_costs
+from ..capture.shadow import live_module
 from ..analyses.receptive_field import receptive_fields
 from ..errors import InputError
 from ..trace import Costs, Coverage, LayerRecord, Totals, Trace
@@ -213,7 +214,7 @@ class Report(ReportRecord):
             param_bytes=trace.param_bytes, buffers=trace.buffer_numel, buffer_bytes=trace.buffer_bytes,
             input_bytes=trace.input_bytes, output_bytes=trace.output_bytes, forward=f_sum, backward=b_sum,
             complete=self.coverage.complete)
-        self._model = weakref.ref(model) if model is not None else None
+        self._model = weakref.ref(live_module(model)) if model is not None else None
         # an exported model's own view (formats.onnx.OnnxGraph: nodes, op histogram, peak activations)
         self.graph = graph
 

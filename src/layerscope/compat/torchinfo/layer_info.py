@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ...capture import hooks
+from ...capture.shadow import live_module
 
 if TYPE_CHECKING:
     from ...reports.summary import Report
@@ -504,7 +505,7 @@ class PeerShapes:
                 what = (f"the class {out.__qualname__}" if isinstance(out, type)
                         else f"{type(out).__name__} {reprlib.repr(out)}")
                 self.unsized = (self._paths.get(id(module), "") or type(module).__name__, what)
-        self.shapes[(id(module), n)] = size
+        self.shapes[(id(live_module(module)), n)] = size     # by the user's module, not its copy
 
     def __enter__(self) -> "PeerShapes":
         try:

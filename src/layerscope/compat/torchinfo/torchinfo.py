@@ -121,10 +121,12 @@ class ModelStatistics(Report):
             if model is not None and self._memory_inputs is not None:
                 from ...api import memory
                 args, kwargs, mode, input_size, dtypes, batch_dim = self._memory_inputs
+                from ...capture.shadow import shadow_of
+                work = shadow_of(model)   # the mode set on a copy: another thread's model keeps its own
                 for training, basis in ((True, "forward+backward step"), (False, "forward only")):
                     try:
-                        with _mode(model, mode):
-                            rep = memory(model, *args, training=training, steps=1, input_size=input_size,
+                        with _mode(work, mode):
+                            rep = memory(work, *args, training=training, steps=1, input_size=input_size,
                                          dtypes=dtypes, batch_dim=batch_dim if input_size is not None
                                          else None, forward_kwargs=kwargs)
                     except Exception as e:   # noqa: BLE001 -- a derived figure: shown as n/a, never raised
@@ -314,9 +316,13 @@ def build(model: nn.Module, input_size=None, input_data=None, batch_dim: int | N
     kwargs = {**data_kwargs, **kwargs}
     # with input_data, batch_dim builds nothing (its tensors have their batch); torchinfo's shapes of
     # structures (PeerShapes) still set that entry to 1
-    shapes = PeerShapes(model, batch_dim) if peer_shapes else None
+    # the hooks go on a copy of the module tree (capture/shadow.py): another thread calling the model
+    # meanwhile meets none of them (issue 58); the shapes are noted by the user's modules
+    from ...capture.shadow import shadow_of
+    work = shadow_of(model)
+    shapes = PeerShapes(work, batch_dim) if peer_shapes else None
     with shapes if shapes is not None else contextlib.nullcontext():
-        rep = analyze(model, *args, input_size=input_size, dtypes=as_dtypes(dtypes),
+        rep = analyze(work, *args, input_size=input_size, dtypes=as_dtypes(dtypes),
                       batch_dim=batch_dim if input_size is not None else None, device=device, mode=mode,
                       forward_kwargs=kwargs)
     if shapes is not None and shapes.unsized is not None:

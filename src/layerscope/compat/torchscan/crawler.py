@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ...capture import hooks
+from ...capture.shadow import shadow_of
 from ...capture.inputs import iter_tensors
 from .flops import METHOD, Op, flop_report
 from .modules import module_dmas, module_flops, module_macs, module_rf  # noqa: F401 (torchscan's crawler names)
@@ -157,6 +158,9 @@ def crawl_module(module: nn.Module, input_shape: list[tuple[int, ...]] | tuple[i
     if not isinstance(module, nn.Module):
         raise TypeError(f"crawl_module analyses a torch.nn.Module, got {type(module).__name__}.")
     call_args, call_kwargs, inputs = _prepare_inputs(module, input_shape, dtype, args, kwargs, device)
+    # hooks and the mode go on a copy of the module tree (capture/shadow.py): another thread calling
+    # the model meanwhile meets none of them (issue 58)
+    module = shadow_of(module)
     owner = threading.get_ident()      # a call from another thread is not this forward's (nor recorded)
     layers: list[LayerReport] = []
     pending: dict[int, list[int]] = {}
