@@ -91,7 +91,8 @@ SUITES = {
                       tests="tests/unit/profiling/flops_profiler", args=["-m", ""], children=True,
                       installed="deepspeed",
                       python=str(ROOT / "bench" / ".venv-peers" / "bin" / "python"),   # bench/peers.py's
-                      venv=["torch==2.13.0", "-r", str(ROOT / "bench" / "requirements-peers.txt"), "-e", str(ROOT)],
+                      venv=["torch==2.13.0", "-r", str(ROOT / "bench" / "requirements-peers.txt"), "-e", str(ROOT),
+                           "pytest"],  # the suite runs in this environment: bench/peers.py does not need pytest
                       deselect={"TestFlopsProfiler::test": "deepspeed.initialize: a real engine's fp16 training "
                                 "steps (out of scope, issue 38; skipped on CPU either way: no fp16)"}),
 }

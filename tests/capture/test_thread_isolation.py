@@ -283,3 +283,28 @@ def test_copy_composes_like_the_model():
     model = TinyGPT(vocab=64, dim=32, heads=2, layers=8, seq=16)
     run = find_run(shadow_of(model))
     assert run is not None and run.count == 8 and run.differing == find_run(model).differing == ()
+
+
+def test_attributes_the_forward_assigns_reach_the_user_s_model():
+    # torch-scan 0.2's own tests read what the forward stored on the model after a crawl
+    # (test_real_args_and_kwargs_are_forwarded_unchanged, test_kwargs_only_is_a_real_input_source):
+    # with the copy they stayed on the copy (6 of its tests failed). Written back when the analysis
+    # ends; a simulation's meta value never reaches the user's model.
+    class Recorder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 2)
+
+        def forward(self, x):
+            self.received = x
+            self.lin.calls = getattr(self.lin, "calls", 0) + 1
+            return self.lin(x)
+
+    model, x = Recorder(), torch.randn(3, 4)
+    ls.analyze(model, x)
+    assert model.received is x and model.lin.calls == 1
+    del model.received
+    ls.analyze(model, x, device="meta")
+    assert not hasattr(model, "received")      # a meta tensor: the simulation's, not written
+    assert model.lin.calls == 2                 # an int: written back as the forward left it
+    assert not model._forward_hooks and model.training

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from .inputs import iter_tensors, map_tensors
-from .shadow import live_module, shadow_of
+from .shadow import attributes_of, live_module, shadow_of, write_back
 
 __all__ = ["exclusive", "analysing", "gc_paused", "holds_inference_tensors", "any_held", "normal_tensors"]
 
@@ -66,7 +66,11 @@ def exclusive(fn):
                 try:
                     with gc_paused():     # (a copy of a large tree: many containers at once)
                         work = shadow_of(model)
-                    return fn(work, *args, **kwargs)
+                        before = attributes_of(work)
+                    try:
+                        return fn(work, *args, **kwargs)
+                    finally:      # what the forward assigned on self reaches the user's modules
+                        write_back(work, before)
                 finally:
                     _RUNNING.depth -= 1
     return wrapper

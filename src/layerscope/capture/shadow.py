@@ -24,8 +24,10 @@ find their state by the module object).
 What stays shared and so visible to another thread: on a CUDA model, the
 weights a real optimizer step updates in place (``memory(simulate=False)`` / ``measure=True``; put
 back afterwards; on the CPU the step runs on clones: ``private_params``); objects the forward mutates
-in place through a plain attribute (a list, a cache tensor), while attributes it assigns land in the
-copy.
+in place through a plain attribute (a list, a cache tensor). Attributes the forward assigns
+(``self.received = x``) land in the copy while it runs and are written to the user's modules when
+the analysis ends (``write_back``), as the model's own forward would leave them, except private
+names (``_x``) and values that hold a meta or fake tensor (a simulation's, never the user's).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import UninitializedTensorMixin
 
-__all__ = ["shadow_of", "live_module", "private_params", "MARKER"]
+__all__ = ["shadow_of", "live_module", "private_params", "MARKER", "attributes_of", "write_back"]
 
 # the containers of nn.Module that an analysis writes (parameters, buffers, submodules, forward hooks):
 # each copy has its own. The others are shared, read only: nothing in layerscope registers a buffer,
@@ -232,3 +234,53 @@ def _remap(v, memo: dict[int, nn.Module], depth: int):
     return v
 
 
+
+
+# what nn.Module keeps in __dict__ for itself (and layerscope's marker): never an attribute a forward sets
+_MODULE_OWN = frozenset(vars(nn.Module())) | {_LIVE}
+
+
+def attributes_of(copy: nn.Module) -> dict[int, dict] | None:
+    """The plain attributes of each module of the copy ``copy`` as they are now, for ``write_back``;
+    None where ``copy`` is not a copy (the model itself is analysed)."""
+    if live_module(copy) is copy:
+        return None
+    return {id(m): dict(m.__dict__) for m in copy.modules()}
+
+
+def write_back(copy: nn.Module, before: dict[int, dict] | None) -> None:
+    """Attributes that the analysis's forwards assigned on the copy's modules since ``before``
+    (``attributes_of``), set on the user's modules, as the model's own forward would have left them
+    (torch-scan's tests read ``model.received`` after a crawl). Not written: nn.Module's own state
+    (parameters, buffers, submodules, hooks, the mode: the analysis's, on the copy); private names
+    (``_x``: a library's flag that pairs with hooks it installed on the copy, as transformers'
+    ``_output_capturing_hooks_installed``, would tell the user's model it has hooks it has not;
+    layerscope's own ``_ls_`` state); and values that hold a meta or fake tensor (a simulation's
+    values; the user's model never held them)."""
+    if before is None:
+        return
+    for m in copy.modules():
+        live = live_module(m)
+        old = before.get(id(m))
+        if live is m or old is None:
+            continue
+        for k, v in list(m.__dict__.items()):
+            if k.startswith("_") or old.get(k, _MODULE_OWN) is v or k in _MODULE_OWN or \
+                    isinstance(v, (types.MethodType, functools.partial)) or not _real(v, 0):
+                continue     # (a forward bound to a copy: layerscope's own)
+            live.__dict__[k] = live_module(v) if isinstance(v, nn.Module) else v
+
+
+def _real(v, depth: int) -> bool:
+    """Whether ``v`` holds no tensor that is not a plain one on a real device (a meta, fake or other
+    subclass tensor) and no copy of a module below its top, looking into lists, tuples and dicts (8
+    levels; deeper: not written)."""
+    if isinstance(v, torch.Tensor):
+        return type(v) in (torch.Tensor, nn.Parameter) and not v.is_meta
+    if isinstance(v, nn.Module):     # a copy inside a container would hand the user layerscope's copy
+        return depth == 0 or live_module(v) is v
+    if isinstance(v, (list, tuple)):
+        return depth < 8 and all(_real(x, depth + 1) for x in v)
+    if isinstance(v, dict):
+        return depth < 8 and all(_real(x, depth + 1) for x in v.values())
+    return True
