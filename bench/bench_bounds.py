@@ -1,4 +1,4 @@
-"""The search's lower bounds (parallel/bounds.py) against the whole simulation of each configuration
+"""The search's lower bounds (planning/search/bounds.py) against the whole simulation of each configuration
 they stand for: a transformers Llama of 8 layers (width 512, 256 tokens, vocabulary 8,000) on fake
 ranks, eight pipelines (1F1B and interleaved, FSDP, HSDP, TP, checkpointing, resharding) and eight
 configurations without one (the same, with gradient accumulation). Prints each peak and predicted step
@@ -10,13 +10,14 @@ import time
 import torch
 
 from layerscope.capture.attention import resolve_gpu, router_for
-from layerscope.options import ParallelConfig, optimizer_factory
-from layerscope.parallel.apply import find_blocks
-from layerscope.parallel.bounds import block_figures, pipeline_bounds, proxy_config, stage_numels
-from layerscope.parallel.results import ESTIMATES
-from layerscope.parallel.search import _shrunk
-from layerscope.parallel.timing import FRACTIONS, step_time
-from layerscope.parallel.world import simulate_world
+from layerscope.options import optimizer_factory
+from layerscope.planning.config import ParallelConfig
+from layerscope.planning.apply import find_blocks
+from layerscope.planning.search.bounds import block_figures, pipeline_bounds, proxy_config, stage_numels
+from layerscope.planning.simulate.results import ESTIMATES
+from layerscope.planning.search.space import _shrunk
+from layerscope.planning.steptime.sharded_time import FRACTIONS, step_time
+from layerscope.planning.simulate.world import simulate_world
 
 H100 = resolve_gpu("H100")
 CONFIGS = [  # tp, pp, fsdp, replicate, ac, schedule, micro-batch size, micro-batches, reshard after forward

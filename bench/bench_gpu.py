@@ -21,7 +21,7 @@ are in docs/benchmarks.md ("On a GPU").
 4. stages: the same for pipeline stages (``pp`` 2, alone and with FSDP, GPipe and 1F1B, with full
    checkpointing): the first and the last stage's first rank run by torch's ``PipelineStage`` and
    schedule on this GPU (parallel.real.measure_stage_rank), P2P on the fake backend too.
-5. time: the step-time model (parallel/timing.py) for an H100 against rank 0's steps on this GPU, its
+5. time: the step-time model (planning/steptime/sharded_time.py) for an H100 against rank 0's steps on this GPU, its
    collectives on the fake backend (so the GPU runs the rank's compute alone), and the profiler's kernel
    time by op class against the model's own split (matmul, attention, memory).
 6. fractions: what single kernels (bf16 GEMMs, SDPA forward and backward, elementwise adds, a tiny op's
@@ -189,7 +189,7 @@ def part_sdpa() -> None:
 FSDP_MODELS = {
     "Llama": ("hf:LlamaConfig", {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8,
                                  "num_attention_heads": 16, "num_key_value_heads": 8, "vocab_size": 32000}),
-    # GPT-2's Conv1D with the fused QKV, tensor parallel by layerscope's own plan (parallel/apply.py)
+    # GPT-2's Conv1D with the fused QKV, tensor parallel by layerscope's own plan (planning/apply.py)
     "GPT-2": ("hf:GPT2Config", {"n_layer": 8, "n_embd": 1024, "n_head": 16, "vocab_size": 50304, "n_positions": 1024}),
 }
 FSDP_BATCH = (4, 1024)
@@ -208,7 +208,7 @@ FSDP_CONFIGS = [("Llama", dict(gpus=8)), ("Llama", dict(gpus=8, ac="full")), ("L
 def _sharded_case(case):
     """(model name, spec, overrides, ParallelConfig, ids, labels) of a (model name, config keywords) case:
     random token ids and labels of the local batch FSDP_BATCH, seeded."""
-    from layerscope.options import ParallelConfig
+    from layerscope.planning.config import ParallelConfig
 
     name, kw = case
     spec, over = FSDP_MODELS[name]
@@ -220,7 +220,7 @@ def _sharded_case(case):
 
 
 def one_fsdp(i: int) -> dict:
-    from layerscope.parallel.real import measure_one_rank
+    from layerscope.planning.real.sharded_run import measure_one_rank
     from layerscope.specs import build_model
 
     name, spec, over, config, ids, labels = _sharded_case(FSDP_CONFIGS[i])
@@ -289,7 +289,7 @@ STAGE_CONFIGS = [("Llama", dict(gpus=2, pp=2, fsdp=1, microbatches=4, schedule="
 
 
 def one_stage(i: int) -> dict:
-    from layerscope.parallel.real import measure_stage_rank
+    from layerscope.planning.real.sharded_run import measure_stage_rank
     from layerscope.specs import build_model
 
     name, spec, over, config, ids, labels = _sharded_case(STAGE_CONFIGS[i])
@@ -328,7 +328,7 @@ def part_stages(only: str | None = None) -> None:
         ROWS["stages"].append(r)
 
 
-# 5. time: the step-time model (parallel/timing.py) against the steps themselves. A 0.5B Llama (the size a
+# 5. time: the step-time model (planning/steptime/sharded_time.py) against the steps themselves. A 0.5B Llama (the size a
 # GPU runs near its roofline) in five configurations, and the smaller Llama and GPT-2 of parts 3-4 (where
 # launches and the host count). The fake backend's collectives move nothing, so what the GPU runs is the
 # rank's compute: it is checked against the model's compute (forward + backward + optimizer), and the
@@ -366,7 +366,7 @@ _MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::a
 
 
 def _measured_class(name: str) -> str:
-    """The class (parallel/timing.py's op_class) of the ATen op that launched a kernel, by its name."""
+    """The class (planning/steptime/sharded_time.py's op_class) of the ATen op that launched a kernel, by its name."""
     if "attention" in name or "flash" in name or "cudnn_attention" in name:
         return "attention"
     return "matmul" if name in _MATMUL_OPS else "memory"
@@ -376,8 +376,8 @@ def _predicted(runs, config) -> tuple[dict, list]:
     """Rank 0's last step priced by the step-time model for an H100: its compute seconds by op class
     (with "ops", how many), and (op, count, seconds) by op name, dearest first."""
     from layerscope.costs.gpus import GPUS
-    from layerscope.parallel.results import COLLECTIVES
-    from layerscope.parallel.timing import FRACTIONS, _compute_dtype, op_class, op_seconds
+    from layerscope.planning.simulate.results import COLLECTIVES
+    from layerscope.planning.steptime.sharded_time import FRACTIONS, _compute_dtype, op_class, op_seconds
 
     run = runs[0].run
     last = max(p.step for p in run.passes)
@@ -403,9 +403,9 @@ def time_one_rank(build, config, ids, labels, device: str):
     steps (each synchronized), and one more step under the profiler: the kernels' own time by class."""
     from torch.profiler import ProfilerActivity, profile
 
-    from layerscope.parallel.apply import amp_context, build_mesh, loss_context, no_kv_cache, parallelize
-    from layerscope.parallel.real import _optimizer, training_loss
-    from layerscope.parallel.simulate import fake_world
+    from layerscope.planning.apply import amp_context, build_mesh, loss_context, no_kv_cache, parallelize
+    from layerscope.planning.real.sharded_run import _optimizer, training_loss
+    from layerscope.planning.simulate.sharded_rank import fake_world
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     with fake_world(0, config.world):
@@ -473,7 +473,7 @@ def time_one_rank(build, config, ids, labels, device: str):
 
 def _time_case(i: int):
     """Row ``i`` of TIME_CONFIGS: (name, keywords, spec, overrides, config, ids, labels), seeded."""
-    from layerscope.options import ParallelConfig
+    from layerscope.planning.config import ParallelConfig
     name, kw = TIME_CONFIGS[i]
     spec, over = TIME_MODELS[name]
     b, s = TIME_BATCH[name]
@@ -488,7 +488,7 @@ def predict_time(i: int) -> dict:
     the fake backend runs), and the compute by class and by op. Runs on any machine (fake tensors)."""
     import layerscope.api._parallel as api_parallel
     from layerscope.costs.gpus import gpu
-    from layerscope.parallel.timing import fractions, step_time
+    from layerscope.planning.steptime.sharded_time import fractions, step_time
     from layerscope.specs import build_model
 
     name, kw, spec, over, config, ids, labels = _time_case(i)
@@ -559,7 +559,7 @@ def _time_row(name: str, kw: dict, r: dict) -> None:
 
 
 def _time_header() -> None:
-    print("\n5. Step time: parallel()'s prediction for an H100 (parallel/timing.py, default fractions) vs rank 0 "
+    print("\n5. Step time: parallel()'s prediction for an H100 (planning/steptime/sharded_time.py, default fractions) vs rank 0 "
           "trained on this GPU, collectives on torch's fake backend (they move nothing: the GPU runs the rank's "
           f"compute). AdamW; {TIME_STEPS[0]} warm-up steps, median of {TIME_STEPS[1]} synchronized steps; "
           "'kernels': the sum of the CUDA kernels' own time in one profiled step; 'step': predicted with "
@@ -600,7 +600,7 @@ def predict_saved(path: str) -> None:
 def part_fractions() -> None:
     """The fraction of the H100's peaks single kernels reach here, against the table's (FRACTIONS)."""
     from layerscope.costs.gpus import GPUS
-    from layerscope.parallel.timing import FRACTIONS
+    from layerscope.planning.steptime.sharded_time import FRACTIONS
     gpu = GPUS["H100"]
     print("\n6. What single kernels reach on this GPU, as fractions of the table's H100 peaks "
           f"(bf16 {gpu.peak('bfloat16') / 1e12:.0f} TFLOP/s, {gpu.bandwidth / 1e12:.2f} TB/s), against FRACTIONS")

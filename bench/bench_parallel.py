@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 import layerscope as ls
 from layerscope.errors import InputError
-from layerscope.options import ParallelConfig
+from layerscope.planning.config import ParallelConfig
 from layerscope.specs import build_model
 from layerscope.torchrun import launch_parallel
 
@@ -69,14 +69,14 @@ def predict(spec, overrides, config: ParallelConfig):
     ids = torch.zeros(rows, BATCH[1], dtype=torch.long)
     labels = torch.zeros(rows, BATCH[1], dtype=torch.long)
 
-    def loss_fn(out, target):   # the real run's loss (parallel/real.py training_loss; per micro-batch in a pipeline)
+    def loss_fn(out, target):   # the real run's loss (planning/real/sharded_run.py training_loss; per micro-batch in a pipeline)
         return F.cross_entropy(out.logits.flatten(0, 1).float(), target.flatten(0, 1))
     return ls.parallel(model, ids, config=config, device="cpu", optimizer="adamw", steps=3, loss_fn=loss_fn,
                        target=labels)
 
 
 def fake_part(spec, overrides) -> None:
-    from layerscope.parallel.real import measure_one_rank
+    from layerscope.planning.real.sharded_run import measure_one_rank
     g = torch.Generator().manual_seed(0)
     ids, labels = torch.randint(0, 128, (2, 32), generator=g), torch.randint(0, 128, (2, 32), generator=g)
 
@@ -134,7 +134,7 @@ STAGE_CASES = [dict(gpus=2, pp=2, microbatches=2, schedule="gpipe", mixed_precis
 def stages_part(spec, overrides) -> None:
     """Part 1b: pipeline stages the same way (``parallel.real.measure_stage_rank``: torch's PipelineStage
     and schedule, the fake backend), each stage's first rank, a 4-layer model, local batch 4 x 32."""
-    from layerscope.parallel.real import measure_stage_rank
+    from layerscope.planning.real.sharded_run import measure_stage_rank
     overrides = {**overrides, ("n_layer" if "n_layer" in overrides else "num_hidden_layers"): 4}
     g = torch.Generator().manual_seed(0)
     ids, labels = torch.randint(0, 128, (4, 32), generator=g), torch.randint(0, 128, (4, 32), generator=g)
@@ -169,7 +169,7 @@ INTERLEAVED_CASES = [(LLAMA, dict(gpus=2, fsdp=1)), (LLAMA, dict(gpus=2, fsdp=1,
 
 def interleaved_part(schedules=("interleaved",)) -> None:
     """Part 2b: interleaved 1F1B (or the zero-bubble schedules) under torchrun against the prediction's band."""
-    from layerscope.parallel.real import make_batch
+    from layerscope.planning.real.sharded_run import make_batch
     print("| model | schedule | fsdp | mixed precision | ac | loss rel diff | grad rel diff | measured per rank (B) | "
           "outside the band |")
     print("|---|---|---:|---|---|---:|---:|---|---|")

@@ -3,7 +3,7 @@ each as a ratio to a baseline measured beside it (A B A B ..., bench/_timing.py)
 
   python bench/bench_partition.py [--pairs 5] [--report 2]
 
-1. The programme (``layerscope.pipeline.partition.solve``) on 1,000 random units into 64 stages,
+1. The programme (``layerscope.planning.split.partition.solve``) on 1,000 random units into 64 stages,
    1F1B, 8 micro-batches, no memory limit and a limit that binds: seconds, and the ratio to the
    unbanded programme (the same answer; checked). Issue 23's target: under 1 s.
 2. ``partition()`` of GPT-2 small (12 layers, transformers' GPT2LMHeadModel from its config, no
@@ -35,8 +35,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "src"))
 from _timing import no_grad, paired_ratios, summarize  # noqa: E402
 
-from layerscope.pipeline import SplitUnits, Unit  # noqa: E402
-from layerscope.pipeline.partition import _solve, _Tables, solve  # noqa: E402
+from layerscope.planning.split import SplitUnits, Unit  # noqa: E402
+from layerscope.planning.split.partition import _solve, _Tables, solve  # noqa: E402
 from layerscope.trace import Costs  # noqa: E402
 
 
@@ -121,7 +121,7 @@ def parts_timed():
     import importlib
 
     import layerscope.api as api
-    from layerscope.pipeline import units as units_mod
+    from layerscope.planning.split import units as units_mod
     # the api's private modules call each other (partition -> memory, profile -> analyze): wrap each
     # function in every module that holds it, so that those inner calls are counted too
     holders = [api] + [importlib.import_module(f"layerscope.api.{m}") for m in

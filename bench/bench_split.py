@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.join(ROOT, "src"))
 
 import layerscope as ls  # noqa: E402
 from layerscope.capture.prepare import rebatch  # noqa: E402
-from layerscope.pipeline.stages import main_tensor  # noqa: E402
+from layerscope.planning.split.runnable import main_tensor  # noqa: E402
 from layerscope.specs import build_model  # noqa: E402
 from layerscope.torchrun import launch  # noqa: E402
 

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 import layerscope as ls
-from layerscope.pipeline import units as units_mod
+from layerscope.planning.split import units as units_mod
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import paired_ratios  # noqa: E402  (bench/ is not a package)

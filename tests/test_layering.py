@@ -18,7 +18,7 @@ LAYERS = [
     ["capture"],
     ["formats"],
     ["analyses"],
-    ["pipeline", "parallel"],                                            # planning
+    ["planning"],                                                         # planning
     ["reports"],
     ["render"],
     ["api", "profiler"],
@@ -141,5 +141,5 @@ def test_the_walk_sees_every_kind_of_import():
     # a guard on the test itself: function-level and type-only imports are read, relative ones resolved
     assert {"formats/onnx.py", "reports/table.py", "errors.py"} <= imported_files("reports/onnx.py")
     assert "render/timeline.py" in imported_files("render/views.py")          # inside a function
-    assert "pipeline/schedule.py" in imported_files("reports/plan.py")        # under TYPE_CHECKING
+    assert "planning/steptime/schedule.py" in imported_files("reports/plan.py")        # under TYPE_CHECKING
     assert "capture/recorder.py" in imported_files("capture/session.py")

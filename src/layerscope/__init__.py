@@ -14,10 +14,10 @@ from .api import (BatchFit, activations, analyze, analyze_exported, analyze_onnx
                   max_batch_size, memory, onnx_tile, parallel, partition, profile)
 from .costs import CostOptions
 from .costs.gpus import GPU, GPUS, gpu
-from .options import (AnalyzeOptions, MemoryOptions, OnnxOptions, ParallelConfig, PartitionOptions, ProfileOptions,
-                      TileOptions)
+from .options import AnalyzeOptions, MemoryOptions, OnnxOptions, ProfileOptions, TileOptions
+from .planning.config import ParallelConfig, PartitionOptions
 from .errors import ForwardError, InputError, LayerscopeError, PlanError, RegistryError, SpecError
-from .pipeline import SplitUnits, Unit
+from .planning.split import SplitUnits, Unit
 from .reports.plan import Stage
 from .reports.memory import CallMemory, MemoryLayer, MemoryTotals, StepMemory
 from .reports.latency import LatencyLayer, LatencyTotals

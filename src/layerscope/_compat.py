@@ -35,7 +35,7 @@ __all__ = ["TESTED_TORCH", "TorchFeatureError", "get", "need", "has", "forget",
            "reparametrize_module", "parse_schema", "jit_inline", "is_op_overload", "is_op_packet",
            "is_higher_order_op", "is_fake_tensor", "active_fake_mode", "new_fake_mode",
            "disable_current_modes", "no_dispatch", "queue_backward_callback", "compiled_original",
-           "tree_leaves", "tree_flatten", "tree_unflatten", "tree_map_only", "interleaved_order",
+           "tree_leaves", "tree_flatten", "tree_unflatten", "tree_map_only",
            "engine_grad", "runtime_lowered"]
 
 # the torch release the whole suite is run on; pyproject's floor says the same
@@ -480,25 +480,17 @@ def tree_map_only(types, fn, tree, *args, **kwargs):
     return _pytree().tree_map_only(types, fn, tree, *args, **kwargs)
 
 
-def interleaved_order(rank: int, stages_per_rank: int, ranks: int, microbatches: int) -> list[tuple[int, str, int]]:
-    """The (stage, "F" or "B", micro-batch) actions rank ``rank`` runs under torch's
-    ScheduleInterleaved1F1B, in order, from torch's own order builder (called on the attributes it
-    reads, without process groups or stages; its padding no-ops dropped)."""
-    return schedule_order("interleaved", rank, stages_per_rank, ranks, microbatches)
-
-
-def schedule_order(schedule: str, rank: int, stages_per_rank: int, ranks: int,
+def schedule_order(kind, rank: int, stages_per_rank: int, ranks: int,
                    microbatches: int) -> list[tuple[int, str, int]]:
-    """The (stage, kind, micro-batch) actions rank ``rank`` runs, in order, under torch's
-    ScheduleInterleaved1F1B ("interleaved"), ScheduleInterleavedZeroBubble ("zb") or
-    ScheduleZBVZeroBubble ("zbv"), from torch's own order builders (called on the attributes they
-    read, without process groups or stages; padding no-ops dropped). Kinds: "F" forward, "B" full
-    backward, "I" the backward for the stage's input only, "W" the backward for its weights."""
+    """The (stage, kind, micro-batch) actions rank ``rank`` runs, in order, under one of torch's runtime
+    schedules (``kind``: a planning.config.PipelineSchedule whose ``rank_ops`` names torch's order builder:
+    ScheduleInterleaved1F1B's, ScheduleInterleavedZeroBubble's or ScheduleZBVZeroBubble's), from torch's own
+    order builders (called on the attributes they read, without process groups or stages; padding no-ops
+    dropped). Kinds: "F" forward, "B" full backward, "I" the backward for the stage's input only, "W" the
+    backward for its weights."""
     import types
 
     from .errors import InputError
-    from .options import schedule_of
-    kind = schedule_of(schedule)
     m, p, v = microbatches, ranks, stages_per_rank
     rounds = max(1, m // p)
     if kind.rounds and m % rounds:
@@ -506,7 +498,7 @@ def schedule_order(schedule: str, rank: int, stages_per_rank: int, ranks: int,
                          "micro-batches // ranks), as torch requires")
     me = types.SimpleNamespace(n_local_stages=v, pp_group_size=p, _n_microbatches=m,
                                microbatches_per_round=m // rounds, num_stages=v * p)
-    ops = _RANK_ORDERS[schedule](me, rank)
+    ops = _RANK_ORDERS[kind.rank_ops](me, rank)
     kinds = {"F": "F", "B": "B", "I": "I", "W": "W"}
     out = []
     for a in ops:
@@ -533,8 +525,8 @@ def _zbv_ops(me, rank: int):
     return need("zbv_rank_ops", "the ZBV zero-bubble step-time prediction")(me, rank)
 
 
-# torch's per-rank order builder of each runtime schedule (options.SCHEDULES, order "runtime")
-_RANK_ORDERS = {"interleaved": _interleaved_ops, "zb": _zb_ops, "zbv": _zbv_ops}
+# torch's per-rank order builders, by the key a runtime schedule's entry names (planning.config.SCHEDULES)
+_RANK_ORDERS = {"interleaved_rank_ops": _interleaved_ops, "zb_rank_ops": _zb_ops, "zbv_rank_ops": _zbv_ops}
 
 
 def runtime_lowered(actions: list, microbatches: int) -> list:

@@ -114,7 +114,7 @@ class AttentionShape:
     included), the head dims of Q/K and of V, whether it is the backward, whether a mask (causal, a
     window) makes it skip tiles and run diagonal ones whole, and whether it drops out (a random number
     per score). Set by the attention cost formulas (costs/attention.py), read by the step-time model
-    (parallel/timing.py)."""
+    (planning/steptime/sharded_time.py)."""
 
     rows: int
     head_dim: int

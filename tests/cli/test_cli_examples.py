@@ -5,10 +5,10 @@ Substitutions, stated here because they are not "as written":
 - a big hf: preset or config (llama, mistral, mixtral, gpt2*, bert*, vit*, t5, LlamaConfig, GPT2Config) gets small
   dimensions prepended as --set (SMALL below): 16 layers where a family is split into 16 stages, a
   64-wide hidden size, a 128-token vocabulary. The example's own --set values come after and win. A
-  --search gets a limit of 3 passes (what it searches is tests/parallel/test_search.py's).
+  --search gets a limit of 3 passes (what it searches is tests/planning/sharded/test_search.py's).
   Built on meta as the examples are; the point is that each line parses, validates and runs.
 - `split --run` (torchrun, several processes) is checked up to the launch: the launcher is replaced by
-  a stub that records what it was asked (tests/pipeline/test_pipeline.py runs real pipelines).
+  a stub that records what it was asked (tests/planning/pipeline/test_pipeline.py runs real pipelines).
 - an example that allocates on CUDA here ends in the one-line "no CUDA" refusal (parse and validation
   only); `memory`/`split --device cuda` simulate a CUDA step and run fully.
 - model.onnx is a two-Gemm graph (/fc1/Gemm, /fc2/Gemm) with an input named input_ids of shape

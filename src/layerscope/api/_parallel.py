@@ -1,6 +1,6 @@
 """parallel(): the per-rank memory of a sharded-training configuration (FSDP2, HSDP, tensor parallel,
 checkpointing, mixed precision), simulated with torch's own distributed code on a fake process group
-(parallel/simulate.py)."""
+(planning/simulate/sharded_rank.py)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,14 @@ from ..capture.prepare import check_model, example_inputs, materialize_lazy
 from ..capture.inputs import iter_tensors
 from ..errors import InputError
 from ..formats.exported import refuse_exported
-from ..options import MemoryOptions, ParallelConfig, check_loss, optimizer_factory, optimizer_name
-from ..parallel.results import ESTIMATES, ParallelPlan, RankMemory, mesh_coords
-from ..parallel.apply import checkpoint_blocks, no_kv_cache
-from ..parallel.simulate import meta_copy
-from ..parallel.stages import model_name
-from ..parallel.timing import fractions, step_time
-from ..parallel.world import global_tokens, plan_of, simulate_world
+from ..options import MemoryOptions, check_loss, optimizer_factory, optimizer_name
+from ..planning.config import ParallelConfig
+from ..planning.simulate.results import ESTIMATES, ParallelPlan, RankMemory, mesh_coords
+from ..planning.apply import checkpoint_blocks, no_kv_cache
+from ..planning.simulate.sharded_rank import meta_copy
+from ..planning.simulate.pipeline_rank import model_name
+from ..planning.steptime.sharded_time import fractions, step_time
+from ..planning.simulate.world import global_tokens, plan_of, simulate_world
 from ._search import DEFAULT_LIMIT, search_report
 from ..render.units import parse_bytes
 from ..render.views import ParallelReport
@@ -59,7 +60,7 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     gradients reduced in ``reduce_dtype``; "off": all in ``model_dtype``), ``reshard_after_forward``,
     ``accumulation``, ``global_batch``, ``gpus_per_node``; with ``pp`` > 1, ``schedule`` ("gpipe" or
     "1f1b") and ``microbatches`` (default ``pp``): each pipeline stage (the uniform split of the
-    model's blocks, parallel/stages.py) is simulated on its first rank, its micro-batches in the
+    model's blocks, planning/simulate/pipeline_rank.py) is simulated on its first rank, its micro-batches in the
     schedule's order, as torch's PipelineStage runs them. The run: ``steps`` (2), ``loss`` (as
     memory()'s: "auto", the default, is a language model's own loss, its forward given labels (a copy
     of the token ids) where it takes them; with ``pp`` > 1 the last stage takes the same fp32 next-token
@@ -77,9 +78,9 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     wrapped, and the figures are ``memory(..., keep_output=False)``'s for the same model, dtypes and
     options.
 
-    On CUDA ranks the plan also has the predicted step time, tokens/s per GPU and MFU (parallel/timing.py;
+    On CUDA ranks the plan also has the predicted step time, tokens/s per GPU and MFU (planning/steptime/sharded_time.py;
     ``fractions={"matmul": 0.6, ...}`` replaces the model's achievable fractions). ``search=True`` searches
-    the fastest configuration that fits instead (parallel/search.py): the degrees and options given as
+    the fastest configuration that fits instead (planning/search/space.py): the degrees and options given as
     keywords are held, ``global_batch`` (default: the input's batch x ``gpus``) is what every candidate
     trains per step, ``search_limit`` (default 40; None: no limit) is the simulation work after which it
     simulates no new candidate, in passes of a micro-batch through a pipeline stage (a candidate without a
@@ -226,7 +227,7 @@ def _with_target(loss_fn, target, output):
 
 
 def _timed(plan: ParallelPlan, runs: dict, config: ParallelConfig, gpu, tokens: int | None, fracs):
-    """The plan with its predicted step time (parallel/timing.py), and what the prediction notes."""
+    """The plan with its predicted step time (planning/steptime/sharded_time.py), and what the prediction notes."""
     st = step_time(runs, config, gpu, tokens=tokens, f=fracs)
     plan = dataclasses.replace(plan, step_time=st.step_time,
                                tokens_per_s=st.tokens_per_s / config.world if st.tokens_per_s else None,

@@ -11,8 +11,9 @@ from ..capture import iter_tensors, model_device
 from ..capture.guard import exclusive, gc_paused
 from ..capture.prepare import check_model, example_inputs, is_fake_model, micro_batch
 from ..errors import InputError
-from ..options import LAUNCHER_FIELDS, PartitionOptions, entry_options
-from ..pipeline.units import units_from_memory, with_latencies, with_weight_shares, with_work
+from ..options import entry_options
+from ..planning.config import LAUNCHER_FIELDS, PartitionOptions
+from ..planning.split.units import units_from_memory, with_latencies, with_weight_shares, with_work
 from ..render.views import Report, view
 from ._memory import memory
 
@@ -72,9 +73,9 @@ def partition(model_or_report, *args: Any, stages: int | None = None, by=None, s
                                  stages=stages, by=by, schedule=schedule, microbatches=microbatches,
                                  memory_limit=memory_limit, optimizer=optimizer)
     from ..render.views import MemoryReport
-    from ..pipeline.schedule import ZERO_BUBBLE
-    from ..pipeline.unit_timing import unit_latencies, unit_weight_shares, unit_work_bytes
-    from ..pipeline.units import split_units
+    from ..planning.steptime.schedule import ZERO_BUBBLE
+    from ..planning.steptime.unit_timing import unit_latencies, unit_weight_shares, unit_work_bytes
+    from ..planning.split.units import split_units
     from ..reports.plan_build import build_plan
 
     o = opts
@@ -155,7 +156,7 @@ def partition(model_or_report, *args: Any, stages: int | None = None, by=None, s
         recorded.update(return_outputs=bool(o.return_outputs))
     if o.by == "roofline":
         from ..analyses.roofline import roofline_for
-        from ..pipeline.units import roofline_times
+        from ..planning.split.units import roofline_times
         where = torch.device(recorded.get("device") or "cpu")
         if o.roofline is None and where.type == "cuda" and not torch.cuda.is_available():
             raise InputError("by='roofline' for a GPU that is not here needs its peaks: roofline='H100' (or "

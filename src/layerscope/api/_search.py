@@ -1,4 +1,4 @@
-"""parallel(..., search=True): the search (parallel/search.py) run from parallel()'s validated inputs, and
+"""parallel(..., search=True): the search (planning/search/space.py) run from parallel()'s validated inputs, and
 its report: the chosen plan as parallel() shows one, the ranked candidates and why each family lost."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from torch import nn
 
 from ..capture.inputs import iter_tensors
 from ..errors import InputError
-from ..parallel.search import BLOCKS, SearchResult, family_of, label, search
+from ..planning.search.space import BLOCKS, SearchResult, family_of, label, search
 from ..render.views import ParallelReport
 
 __all__ = ["search_report", "SEARCHED"]
@@ -17,7 +17,7 @@ __all__ = ["search_report", "SEARCHED"]
 # the fields the search varies unless held; every other ParallelConfig field is the same for all candidates
 SEARCHED = ("tp", "pp", "fsdp", "replicate", "ac", "reshard_after_forward", "schedule", "microbatches",
             "accumulation")
-# the search's limit (parallel/search.py _passes): the simulation work after which no new candidate is
+# the search's limit (planning/search/space.py _passes): the simulation work after which no new candidate is
 # simulated. The 70B Llama on 64 H100s (README) with a limit of 60 found its answer (tp 4 x fsdp 16, full, 4,953
 # ms) at 30 passes and had searched every configuration without a pipeline at 37, then spent 16 of the rest
 # on two pipelines (8 passes each, both out of memory) that the 150 s budget this replaced never reached. 40 is

@@ -10,7 +10,7 @@ from .common import build_spec, emit, live, status
 
 def run_parallel(ns: argparse.Namespace) -> int:
     from ..api import parallel
-    from ..options import ParallelConfig
+    from ..planning.config import ParallelConfig
 
     # the configuration first: a bad one is refused before the model is built
     if ns.memory_limit is not None:
@@ -115,7 +115,7 @@ def _run_chosen(ns: argparse.Namespace, model, found, fractions):
     import torch
 
     from ..api import parallel
-    from ..options import ParallelConfig
+    from ..planning.config import ParallelConfig
     best = next((r for r in found.search["candidates"] if r["status"] == "fits"), None)
     if best is None:
         raise InputError("--run: no configuration the search found fits, so there is none to run")
@@ -146,7 +146,7 @@ def _run(ns: argparse.Namespace, rep, config):
     """The configuration trained for real; the report gets the run's figures (``plans[0].measured``)."""
     import dataclasses
 
-    from ..parallel.results import measured_figures
+    from ..planning.simulate.results import measured_figures
     from ..specs import parse_overrides
     from ..torchrun import launch_parallel
     b, s = ns.input_ids

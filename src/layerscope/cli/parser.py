@@ -292,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _split_args(sp: argparse.ArgumentParser) -> None:
-    from ..options import SCHEDULES
+    from ..planning.config import SCHEDULES
     sp.add_argument("--stages", type=arg_count(1), required=True, help="number of pipeline stages")
     sp.add_argument("--by", choices=("flops", "macs", "params", "memory", "latency", "roofline"), default="flops",
                     help="the stage cost (default flops, forward + backward); latency: forward and backward\n"

@@ -21,7 +21,7 @@ def _split_options(ns: argparse.Namespace) -> dict:
 def run_split(ns: argparse.Namespace) -> int:
     from ..api import partition
     from ..capture.prepare import rebatch
-    from ..options import SCHEDULES, PartitionOptions
+    from ..planning.config import SCHEDULES, PartitionOptions
     from ..specs import parse_overrides
 
     if ns.run:

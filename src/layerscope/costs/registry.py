@@ -43,10 +43,10 @@ class OpCost(NamedTuple):
     bytes_written: int | None = None   # None: every tensor output, written once
     window: Window | None = None
     # the share of ``flops`` a kernel that skips masked work runs: a causal or windowed attention counted
-    # dense (the convention) is timed by its kept scores (parallel/timing.py); 1 for every other op
+    # dense (the convention) is timed by its kept scores (planning/steptime/sharded_time.py); 1 for every other op
     executed: float = 1.0
     # a fused attention kernel's rows, head dims, mask and dropout, which its speed depends on beyond its
-    # FLOPs (trace.AttentionShape, priced by parallel/timing.py)
+    # FLOPs (trace.AttentionShape, priced by planning/steptime/sharded_time.py)
     attention: AttentionShape | None = None
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from .units import seconds
 
 if TYPE_CHECKING:
-    from ..pipeline.schedule import Timeline
+    from ..planning.steptime.schedule import Timeline
 
 __all__ = ["timeline_lines", "timeline_text", "timeline_rich"]
 

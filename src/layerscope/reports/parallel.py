@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..options import iec
-from ..parallel.results import ESTIMATES, ParallelPlan, RankMemory
-from ..parallel.simulate import PARTS
+from ..planning.simulate.results import ESTIMATES, ParallelPlan, RankMemory
+from ..planning.simulate.sharded_rank import PARTS
 from .base import ReportRecord
 from .table import Column, Fact, Table, flat_table
 

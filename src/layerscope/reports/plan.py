@@ -6,14 +6,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
-from ..options import SCHEDULES
-from ..pipeline.results import StageIndex
+from ..planning.config import SCHEDULES
+from ..planning.split.plan import StageIndex
 from .base import ReportRecord
 from .table import OMIT, Column, Fact, Table, flat_table, select_columns
 
 if TYPE_CHECKING:
-    from ..pipeline.schedule import Timeline
-    from ..pipeline.units import SplitUnits
+    from ..planning.steptime.schedule import Timeline
+    from ..planning.split.units import SplitUnits
 
 __all__ = ["Stage", "StagePlan", "plan_columns"]
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from ..errors import InputError
-from ..options import LAUNCHER_FIELDS, PartitionOptions, entry_options
-from ..pipeline.planner import plan_split
-from ..pipeline.results import PlanResult
-from ..pipeline.units import SplitUnits
+from ..options import entry_options
+from ..planning.config import LAUNCHER_FIELDS, PartitionOptions
+from ..planning.split.planner import plan_split
+from ..planning.split.plan import PlanResult
+from ..planning.split.units import SplitUnits
 from .plan import Stage, StagePlan
 
 __all__ = ["build_plan", "stage_plan"]

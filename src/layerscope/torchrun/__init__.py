@@ -11,7 +11,7 @@ max_memory_allocated in the last step) and, on the last rank, the losses.
 The launcher trains the same model in one process with the same micro-batches (gradient
 accumulation, ``pipeline.run.reference_run``) and compares the losses.
 
-``layerscope.pipeline.stages.pipeline_stage(plan, model, rank, args, kwargs)`` gives a user the
+``layerscope.planning.split.runnable.pipeline_stage(plan, model, rank, args, kwargs)`` gives a user the
 PipelineStage for their rank, for their own training loop.
 """
 
@@ -27,12 +27,13 @@ import tempfile
 import torch
 
 from ..errors import InputError
-from ..options import PartitionOptions, entry_options, schedule_of
-from ..pipeline.partition import TIME_COSTS
-from ..pipeline.run import reference_run
-from ..parallel.results import ParallelRunResult
+from ..options import entry_options
+from ..planning.config import PartitionOptions, schedule_of
+from ..planning.split.partition import TIME_COSTS
+from ..planning.real.pipeline_run import reference_run
+from ..planning.simulate.results import ParallelRunResult
 from .parallel import launch_parallel
-from .procs import _free_port, _worker_error, run_torchrun
+from ..planning.real.procs import _free_port, _worker_error, run_torchrun
 from .result import RunResult
 from .setup import build_setup
 from .worker import worker

@@ -16,11 +16,11 @@ import tempfile
 import torch
 
 from ..errors import InputError
-from ..options import ParallelConfig, dtype_short
-from ..parallel.real import (GRADS, OPTIMIZERS, PIPELINE_SCHEDULES, STDERR_LOG, make_batch, reference_run,
-                              run_rank)
-from ..parallel.results import ParallelRunResult
-from .procs import _free_port, _worker_error, run_torchrun
+from ..options import dtype_short
+from ..planning.config import ParallelConfig
+from ..planning.real.sharded_run import (GRADS, OPTIMIZERS, PIPELINE_SCHEDULES, STDERR_LOG, make_batch, reference_run, run_rank)
+from ..planning.simulate.results import ParallelRunResult
+from ..planning.real.procs import _free_port, _worker_error, run_torchrun
 
 __all__ = ["launch_parallel", "parallel_worker", "BF16_LOSS_RTOL", "FP32_LOSS_RTOL"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..options import schedule_of
+from ..planning.config import schedule_of
 
 __all__ = ["RunResult"]
 
@@ -93,7 +93,7 @@ class RunResult:
         ``step_speed(plan)``, the speed the run's steps computed at."""
         if getattr(plan, "timeline", None) is None:
             return None
-        from ..pipeline.schedule import simulate
+        from ..planning.steptime.schedule import simulate
         st = plan.stages
         k = (self.speed(plan) or 1.0) if at_run_speed else 1.0
         if at_step_speed:
@@ -112,7 +112,7 @@ class RunResult:
         seconds; None without per-action times."""
         if not all(r.get("blocks") for r in self.ranks):
             return None
-        from ..pipeline.schedule import simulate
+        from ..planning.steptime.schedule import simulate
         i = self._median_step()
         durs: dict = {}
         for r in self.ranks:

@@ -7,9 +7,9 @@ import dataclasses
 
 import torch
 
-from ..options import PartitionOptions
-from ..pipeline.run import Setup, pipeline_loss
-from ..pipeline.stages import main_tensor
+from ..planning.config import PartitionOptions
+from ..planning.real.pipeline_run import Setup, pipeline_loss
+from ..planning.split.runnable import main_tensor
 
 __all__ = ["build_setup"]
 

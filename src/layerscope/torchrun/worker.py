@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from ..options import PartitionOptions
-from ..pipeline.run import run_rank
+from ..planning.config import PartitionOptions
+from ..planning.real.pipeline_run import run_rank
 from .setup import build_setup
 
 __all__ = ["worker"]

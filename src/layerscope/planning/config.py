@@ -1,0 +1,322 @@
+"""The planning configuration: the one table of pipeline schedules, the options of a pipeline split
+(``PartitionOptions``) and one sharded-training configuration (``ParallelConfig``). Code branches on a
+schedule's fields, never on its name: adding a schedule is one entry of ``SCHEDULES``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from ..errors import InputError
+from ..options import check_choice, parse_dtype_name
+
+__all__ = ["PipelineSchedule", "SCHEDULES", "schedule_of", "PartitionOptions", "LAUNCHER_FIELDS", "ParallelConfig",
+           "AcMode", "Precision"]
+
+
+# --- pipeline schedules: one table; code branches on these fields, never on a schedule's name ----
+
+@dataclass(frozen=True, slots=True)
+class PipelineSchedule:
+    """One of torch.distributed.pipelining's schedules as the planner, the simulation and the runs
+    see it. Adding a schedule is one entry of ``SCHEDULES`` (a runtime schedule names torch's per-rank order
+    builder in ``rank_ops``, a key of ``_compat.schedule_order``'s table)."""
+
+    name: str
+    torch_class: str              # in torch.distributed.pipelining
+    order: Literal["gpipe", "1f1b", "runtime"]   # how a rank orders its actions: all forwards then
+    #                               all backwards, warm-up then one backward one forward, or torch's
+    #                               own per-rank order (a runtime schedule, several stages per rank)
+    zero_bubble: bool = False     # each backward split into I (the input's gradient) and W (weights')
+    v_shape: bool = False         # stages placed in a V (rank r owns r and 2P - 1 - r), else in a loop
+    fixed_per_rank: int | None = None   # stages per rank the schedule fixes (zbv: 2)
+    min_per_rank: int = 1         # the fewest stages per rank it takes (interleaved: 2)
+    rounds: bool = False          # torch runs the micro-batches in rounds of the ranks' count
+    export_stages: bool = True    # torch.export stages connect under it (zbv's V: not, torch 2.13)
+    label: str = ""               # how error messages name it
+    rank_ops: str | None = None   # a runtime schedule: torch's per-rank order builder (_compat.schedule_order)
+
+    @property
+    def multi(self) -> bool:
+        """Several stages on each rank (torch's runtime schedules)."""
+        return self.order == "runtime"
+
+    def per_rank(self, stages_per_rank: int) -> int:
+        """Stages on each rank."""
+        return (self.fixed_per_rank or stages_per_rank) if self.multi else 1
+
+    def ranks(self, stages: int, stages_per_rank: int) -> int:
+        return stages // max(1, self.per_rank(stages_per_rank))
+
+    def check_stages(self, stages: int, stages_per_rank: int, flag: str = "stages",
+                     of: str = "stages_per_rank") -> None:
+        """That ``stages`` stages can be placed: a multiple of the stages on each rank (``flag`` and
+        ``of``: how the message names the two, as the caller took them)."""
+        if not self.multi:
+            return
+        f = self.fixed_per_rank
+        if f is not None and stages_per_rank != f:
+            raise InputError(f"the {self.name} schedule puts exactly {f} stages on each rank: leave {of} at {f} "
+                             f"(got {stages_per_rank})")
+        if f is not None and stages % f:
+            raise InputError(f"the {self.name} schedule puts exactly {f} stages on each rank: {flag} ({stages}) must "
+                             "be " + ("even" if f == 2 else f"a multiple of {f}"))
+        if f is None and (stages_per_rank < self.min_per_rank or stages % stages_per_rank):
+            raise InputError(f"the {self.name} schedule puts {stages_per_rank} stages on each rank: {flag} "
+                             f"({stages}) must be a multiple of {of}"
+                             + (f" (at least {self.min_per_rank})" if self.min_per_rank > 1 else ""))
+
+    def rank_order(self, rank: int, stages_per_rank: int, ranks: int, microbatches: int) -> list:
+        """The (stage, kind, micro-batch) actions rank ``rank`` runs, in torch's own order (runtime schedules)."""
+        from .._compat import schedule_order
+        return schedule_order(self, rank, stages_per_rank, ranks, microbatches)
+
+    def torch_schedule(self):
+        import torch.distributed.pipelining as pp
+        return getattr(pp, self.torch_class)
+
+
+SCHEDULES: dict[str, PipelineSchedule] = {s.name: s for s in (
+    PipelineSchedule("gpipe", "ScheduleGPipe", "gpipe"),
+    PipelineSchedule("1f1b", "Schedule1F1B", "1f1b"),
+    PipelineSchedule("interleaved", "ScheduleInterleaved1F1B", "runtime", min_per_rank=2, rounds=True,
+                     label="interleaved 1F1B", rank_ops="interleaved_rank_ops"),
+    PipelineSchedule("zb", "ScheduleInterleavedZeroBubble", "runtime", zero_bubble=True, rounds=True,
+                     label="interleaved zero bubble", rank_ops="zb_rank_ops"),
+    PipelineSchedule("zbv", "ScheduleZBVZeroBubble", "runtime", zero_bubble=True, v_shape=True,
+                     fixed_per_rank=2, export_stages=False, label="ZBV zero bubble", rank_ops="zbv_rank_ops"),
+)}
+
+
+def schedule_of(name) -> PipelineSchedule:
+    """The schedule named ``name`` (or ``name`` itself, a PipelineSchedule); one clear error otherwise."""
+    if isinstance(name, PipelineSchedule):
+        return name
+    found = SCHEDULES.get(name) if isinstance(name, str) else None
+    if found is None:
+        raise InputError(f"schedule must be one of {', '.join(SCHEDULES)}, got {name!r}")
+    return found
+
+
+# --- partition, split --run and the torchrun launcher: one options object -----------------------
+
+@dataclass(frozen=True, slots=True)
+class PartitionOptions:
+    """Every option of ``partition()``, ``layerscope split`` and ``torchrun.launch()``: the entry
+    points take the few most calls use as keywords and the rest here (or as keywords, pulled in by
+    ``entry_options``); everything below them takes this object. The launcher's own fields (from
+    ``overrides`` on) say how every rank builds the model from its spec and trains it."""
+
+    stages: int | None = None
+    by: Any = "flops"                    # a cost name or a callable Unit -> cost
+    memory_limit: Any = None             # bytes, "16GiB", or one per stage
+    schedule: str = "1f1b"
+    microbatches: int = 1
+    optimizer: Any = None
+    stages_per_rank: int = 2
+    batch_dim: int = 0
+    input_size: Any = None
+    dtypes: Any = None
+    autocast_dtype: Any = None
+    device: Any = None
+    latency_repeats: int = 5
+    loss_fn: Any = None
+    measure_working: bool | None = None
+    objective: str | None = None
+    roofline: Any = None
+    link_bandwidth: float | None = None
+    optimizer_bandwidth: float | None = None
+    cuts: Any = None
+    return_outputs: bool = True
+    count_inputs: bool | None = None
+    target_bytes: int = 0
+    # the launcher (torchrun): the model from its spec, the run
+    overrides: dict | None = None
+    head: str | None = None
+    input_ids: Any = None
+    model_dtype: str | None = None
+    allow_pickle: bool = False
+    batch_size: int = 8
+    steps: int = 3
+    seed: int = 0
+    path: str = "auto"
+    timeout: float = 600.0
+    compare_grads: bool = False
+
+    def __post_init__(self) -> None:
+        schedule_of(self.schedule)
+
+    @property
+    def schedule_kind(self) -> PipelineSchedule:
+        return SCHEDULES[self.schedule]
+
+
+# the fields only the torchrun launcher reads
+LAUNCHER_FIELDS = ("overrides", "head", "input_ids", "model_dtype", "allow_pickle", "batch_size", "steps", "seed",
+                    "path", "timeout", "compare_grads")
+
+
+# --- sharded training (parallel/): one configuration -------------------------------------------
+
+AcMode = Literal["none", "full", "selective-layer", "selective-op"]
+Precision = Literal["bf16", "off"]
+
+@dataclass(frozen=True, slots=True)
+class ParallelConfig:
+    """One sharded-training configuration: how ``gpus`` ranks split the model and its batch.
+
+    The ranks form a mesh ``[pp, replicate, fsdp, tp]`` (torchtitan's order: tensor parallel
+    innermost, within a node). ``fsdp`` shards parameters, gradients and optimizer state (FSDP2's
+    ``fully_shard``, ZeRO-3; ``reshard_after_forward=False`` keeps the gathered parameters from the
+    forward to the backward, ZeRO-2-like); ``replicate`` > 1 makes it HSDP (replicas of a sharded
+    group). ``tp`` splits each block's matmuls (Colwise/Rowwise, sequence parallel on the norms, the
+    loss on vocabulary-sharded logits); ``pp`` splits the layers into stages run by ``schedule``: one
+    stage per pipeline rank, or ``stages_per_rank`` under a schedule that puts several on each
+    (interleaved: ``pp x stages_per_rank`` stages, rank r holding stages r, r + pp, ...).
+    ``cp`` (context) and ``ep`` (expert) parallel are reserved for what comes next and must be 1.
+
+    Batches: ``local_batch`` is what one data-parallel rank processes per optimizer step;
+    ``microbatches`` splits it for the pipeline; ``accumulation`` runs that many forward/backward
+    passes per step. ``global_batch``, if given, must be local x data-parallel degree x accumulation.
+
+    ``ac``: ``none``; ``full`` (every block checkpointed); ``selective-layer`` (every ``ac_every``-th
+    block, 2 by default; ``selective-layer:K`` sets K); ``selective-op`` (torch's selective
+    checkpointing with torchtitan's op policy). ``mixed_precision="bf16"``: fp32 master weights and
+    optimizer state, bf16 parameters for compute, gradients reduced in ``reduce_dtype``;
+    ``"off"``: everything in ``model_dtype``.
+    """
+
+    gpus: int
+    gpus_per_node: int = 8
+    fsdp: int | None = None              # None: the ranks left over by the other degrees
+    replicate: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    schedule: str = "1f1b"
+    stages_per_rank: int = 2             # under a schedule that puts several stages on each rank
+    microbatches: int | None = None      # None: pp (one per stage), 1 without a pipeline
+    accumulation: int = 1
+    local_batch: int | None = None
+    global_batch: int | None = None
+    ac: str = "none"
+    ac_every: int = 2
+    mixed_precision: Precision = "bf16"
+    reduce_dtype: Any = "fp32"
+    model_dtype: Any = "fp32"
+    reshard_after_forward: bool = True
+    offload: bool = False
+    sequence_parallel: bool = True
+    loss_parallel: bool = True
+
+    def __post_init__(self) -> None:
+        ints = {"gpus": self.gpus, "gpus_per_node": self.gpus_per_node, "replicate": self.replicate, "tp": self.tp,
+                "pp": self.pp, "cp": self.cp, "ep": self.ep, "accumulation": self.accumulation,
+                "ac_every": self.ac_every, "stages_per_rank": self.stages_per_rank}
+        for k in ("fsdp", "microbatches", "local_batch", "global_batch"):
+            if getattr(self, k) is not None:
+                ints[k] = getattr(self, k)
+        for k, v in ints.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise InputError(f"{k} must be a positive whole number, got {v!r}")
+        if self.cp != 1 or self.ep != 1:
+            raise InputError("context and expert parallel (cp, ep) are not simulated yet: leave them at 1")
+        ac = self.ac
+        if isinstance(ac, str) and ac.startswith("selective-layer:"):
+            every = ac.partition(":")[2]
+            if not every.isdigit() or int(every) < 1:
+                raise InputError(f"ac: selective-layer:K takes a positive K, got {ac!r}")
+            object.__setattr__(self, "ac", "selective-layer")
+            object.__setattr__(self, "ac_every", int(every))
+        check_choice("ac", self.ac, AcMode)
+        check_choice("mixed_precision", self.mixed_precision, Precision)
+        object.__setattr__(self, "reduce_dtype", parse_dtype_name(self.reduce_dtype, "reduce_dtype"))
+        object.__setattr__(self, "model_dtype", parse_dtype_name(self.model_dtype, "model_dtype"))
+        kind = schedule_of(self.schedule)
+        if self.pp > 1:
+            kind.check_stages(self.stages, self.stages_per_rank, flag="pp x stages_per_rank",
+                              of="stages_per_rank (--stages-per-rank)")
+            if kind.zero_bubble and self.ac == "selective-op":
+                # the zero-bubble schedules run two backwards through each region, I then W, and torch's
+                # selective checkpointing refuses the second through a region whose saved ops the first used
+                # ("Trying to backward an extra time"): with the op policy selective-op follows (torchtitan's),
+                # both the simulation and torch's own run stop there (tried)
+                raise InputError(f"the {kind.label} schedule runs each backward in two (the input's gradient, "
+                                 "then the weights'), which torch refuses under selective-op checkpointing's "
+                                 "op policy: use ac (--ac) full, selective-layer or none with it")
+        rest, fixed = divmod(self.gpus, self.replicate * self.tp * self.pp * self.cp)
+        zero_bubble_fsdp = self.pp > 1 and kind.zero_bubble and self.reshard_after_forward
+        if self.fsdp is None:
+            if fixed or rest < 1:
+                raise InputError(f"gpus ({self.gpus}) must be a multiple of replicate x tp x pp "
+                                 f"({self.replicate} x {self.tp} x {self.pp})")
+            object.__setattr__(self, "fsdp", rest)
+        if self.world != self.gpus:
+            raise InputError(f"the degrees make {self.world} ranks (replicate {self.replicate} x fsdp {self.fsdp} x "
+                             f"tp {self.tp} x pp {self.pp}), not the {self.gpus} GPUs given")
+        if zero_bubble_fsdp and self.dp > 1:
+            # run on torch 2.13 (FSDP 2 x PP 2, a 4-block Llama): torch's I ties the weights' gradients to the
+            # parameters registered when it starts, the sharded ones (outside the graph) where FSDP resharded a
+            # block after its forward, and that micro-batch's weight gradients are never computed: the last
+            # stage's I found 2 of its 11 weights, the other stage's none in 2 of its 4; the run ended with no
+            # gradient at all for the last block. torchtitan reshards nothing after the forward under PP
+            raise InputError(f"the {kind.label} schedule with FSDP needs reshard_after_forward off "
+                             "(--no-reshard-after-forward): torch's zero-bubble backward leaves the weights of a "
+                             "block FSDP resharded after its forward without gradients")
+        if self.offload and self.dp == 1:
+            raise InputError("offload is FSDP2's CPU offload of the sharded parameters: it needs data parallelism "
+                             f"(fsdp or replicate above 1), and {self.label()} has none")
+        if self.tp > self.gpus_per_node:
+            raise InputError(f"tp ({self.tp}) must fit in a node ({self.gpus_per_node} GPUs per node)")
+        if self.microbatches is None:
+            object.__setattr__(self, "microbatches", self.pp)
+        if self.local_batch is not None and self.local_batch % self.microbatches:
+            fit = [str(d) for d in range(1, self.local_batch + 1) if self.local_batch % d == 0]
+            raise InputError(f"microbatches (--microbatches) {self.microbatches} does not divide the local batch "
+                             f"{self.local_batch}: use {', '.join(fit[:-1]) + ' or ' if len(fit) > 1 else ''}{fit[-1]}")
+        if self.global_batch is not None and self.local_batch is not None and \
+                self.global_batch != self.local_batch * self.dp * self.accumulation:
+            raise InputError(f"global batch {self.global_batch} != local batch {self.local_batch} x data-parallel "
+                             f"degree {self.dp} x accumulation {self.accumulation} "
+                             f"(= {self.local_batch * self.dp * self.accumulation})")
+
+    @property
+    def stages(self) -> int:
+        """Pipeline stages: ``pp``, times ``stages_per_rank`` under a schedule that puts several on a rank."""
+        return self.pp * schedule_of(self.schedule).per_rank(self.stages_per_rank)
+
+    @property
+    def dp(self) -> int:
+        """The data-parallel degree: ranks that see different samples."""
+        return self.replicate * self.fsdp
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.replicate * self.fsdp * self.tp * self.cp
+
+    @property
+    def trivial(self) -> bool:
+        """Every degree 1: one device, no wrapping (memory() answers it)."""
+        return self.world == 1
+
+    @property
+    def mesh_shape(self) -> tuple[tuple[str, int], ...]:
+        """The mesh's named dimensions of size > 1, outermost first (torchtitan's order)."""
+        dims = (("pp", self.pp), ("dp_replicate", self.replicate), ("dp_shard", self.fsdp), ("tp", self.tp))
+        return tuple((n, s) for n, s in dims if s > 1)
+
+    @property
+    def param_dtype(self) -> torch.dtype | None:
+        """The dtype parameters are computed in (FSDP2's MixedPrecisionPolicy.param_dtype)."""
+        return torch.bfloat16 if self.mixed_precision == "bf16" else None
+
+    def label(self) -> str:
+        pp = f"pp {self.pp}" + (f" ({self.schedule}, {self.stages // self.pp} stages per rank)"
+                                 if self.pp > 1 and self.stages > self.pp else "")
+        parts = [f"fsdp {self.fsdp}" + (f" x replicate {self.replicate}" if self.replicate > 1 else ""),
+                 f"tp {self.tp}", pp]
+        return ", ".join(parts) + f", ac {self.ac}" + (f":{self.ac_every}" if self.ac == "selective-layer" else "") \
+            + (", CPU offload" if self.offload else "")

@@ -1,0 +1,211 @@
+"""One pipeline run under torchrun, below the launcher: what every rank does (its stages trained
+under torch.distributed.pipelining's schedule, its times and peak memory measured) and the same
+training in one process to compare with. The launcher (``layerscope.torchrun``) builds the model and
+plan from the spec and hands them here through a ``Setup`` factory and the PartitionOptions."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from ...errors import InputError
+from ...options import optimizer_factory
+from ..config import PartitionOptions, schedule_of
+from ..split.stage_memory import rank_memory
+from ..steptime.rank_timing import Busy, corun_slowdown
+from ..split.runnable import flat_inputs, main_tensor, pipeline_stage
+
+__all__ = ["Setup", "pipeline_loss", "reference_run", "run_rank"]
+
+
+class Setup(NamedTuple):
+    """What every rank and the single-process reference build alike: the model (same seed), the
+    whole batch, one micro-batch of it, the plan and the whole batch's target."""
+
+    model: torch.nn.Module
+    args: tuple
+    kwargs: dict
+    mb_args: tuple
+    mb_kwargs: dict
+    plan: Any                 # a StagePlan
+    target: torch.Tensor
+
+
+def pipeline_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    # the mean squared error, written out: F.mse_loss's scalar result shares the storage of an
+    # output-sized buffer (torch 2.13, CPU), so every loss the schedule keeps until the step ends
+    # would hold a copy of the stage's output alive
+    return (out.float() - target.float()).pow(2).mean()
+
+
+def reference_run(setup: Setup, options: PartitionOptions):
+    """Single-process training with the same micro-batches, loss and optimizer (gradient
+    accumulation): (losses per step, {parameter name: gradient of the first step}, plan). Tied
+    parameters appear under every name. The first step's gradients are of the same weights on every
+    side; later steps' weights differ by the rounding of the earlier steps."""
+    model, args, kwargs, _, _, plan, target = setup
+    tensors, rebuild = flat_inputs(args, kwargs)
+    m = options.microbatches
+    chunks = list(zip(*[t.tensor_split(m) for t in tensors]))
+    targets = target.tensor_split(m)
+    opt = optimizer_factory(options.optimizer)([p for p in model.parameters() if p.requires_grad])
+    losses = []
+    grads: dict = {}
+    for step in range(options.steps):
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for c, t in zip(chunks, targets):
+            a, k = rebuild(c)
+            loss = pipeline_loss(main_tensor(model(*a, **k)), t)
+            (loss / m).backward()
+            total += loss.item()
+        if step == 0:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)
+                     if p.grad is not None}
+        opt.step()
+        losses.append(total / m)
+    return losses, grads, plan
+
+
+def run_rank(setup: Callable[[], Setup], options: PartitionOptions, out_dir: str) -> None:
+    """What one rank of a torchrun run does: ``setup()`` (the model, inputs and plan every rank
+    builds alike), its stages trained ``options.steps`` steps under the schedule, its step times,
+    busy seconds and peak memory measured, written to ``out_dir``/rank<R>.json (and its first
+    step's gradients to grads<R>.pt with ``options.compare_grads``)."""
+    import torch.distributed as dist
+
+    from ...capture.measure import measure_cpu, state_bytes
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    cuda = torch.cuda.is_available() and torch.device(options.device or "cpu").type == "cuda"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    try:
+        model, args, kwargs, mb_args, mb_kwargs, plan, target = setup()
+        ranks = max(s.rank for s in plan.stages) + 1
+        if ranks != world:
+            raise InputError(f"the plan puts its {plan.num_stages} stages on {ranks} ranks, not {world}")
+        mine = [s.index for s in plan.stages if s.rank == rank]
+        # ranks on one machine's CPU slow each other down when they compute at once: measured here,
+        # before the stages exist (they hook the model) and the steps, for the prediction (GPUs:
+        # one per rank, nothing shared)
+        corun, alone_s = corun_slowdown(model, mb_args, mb_kwargs, rank, world) if device.type == "cpu" and world > 1 \
+            else (1.0, None)
+        stages, sync, path = pipeline_stage(plan, model, rank, mb_args, mb_kwargs, device=device,
+                                            path=options.path, all_local=True)
+        busy = Busy(stages)
+        params = [p for st in stages for p in st.submod.parameters() if p.requires_grad]
+        opt = optimizer_factory(options.optimizer)(params)
+        loss_fn = busy.loss(pipeline_loss)
+        m = options.microbatches
+        kind = schedule_of(options.schedule)
+        # a runtime schedule takes the rank's stages, the others its one stage
+        sched = kind.torch_schedule()(stages if kind.multi else stages[0], n_microbatches=m, loss_fn=loss_fn)
+        tensors, _ = flat_inputs(args, kwargs)
+        tensors = [t.to(device) for t in tensors]
+        target = target.to(device)
+        first, last = 0 in mine, plan.num_stages - 1 in mine
+        keep = bool(options.return_outputs)
+        times, losses, busy_s, blocks = [], [], [], []
+        busy_stage: dict[int, list] = {i: [] for i in mine}
+
+        def one_step():
+            opt.zero_grad(set_to_none=True)
+            b0, s0 = busy.seconds, dict(busy.per_stage)
+            t0 = time.perf_counter()
+            busy.start, busy.blocks = t0, []
+            mb_losses: list = []
+            out = sched.step(*(tensors if first else ()), target=target if last else None,
+                             losses=mb_losses if last else None, return_outputs=keep)
+            del out     # the merged outputs (return_outputs=True) are the caller's: dropped here
+            sync()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+            blocks.append(busy.blocks)
+            busy_s.append(busy.seconds - b0)
+            for i in mine:
+                busy_stage[i].append(busy.per_stage[i] - s0[i])
+            if mb_losses:
+                losses.append(sum(x.item() for x in mb_losses) / len(mb_losses))
+
+        steps = options.steps
+        # live tensor bytes of this rank from here on: what exists before the step and that the
+        # plan counts (the stages' parameters and buffers; the batch handed to step() on the first
+        # stage's rank, the targets on the last's) plus every allocation from the first step on
+        # (optimizer state, the schedule's receive buffers, gradients, activations, kept outputs);
+        # the peak is taken in the last step (steady state)
+        held = [t for st in stages for t in (*st.submod.parameters(), *st.submod.buffers())]
+        before = state_bytes(held + (list(tensors) if first else []) + ([target] if last else []))
+
+        first_grads: dict = {}
+
+        def all_steps(on_step):
+            for i in range(steps):
+                on_step(i, "begin")
+                one_step()
+                on_step(i, "end")
+                if i == 0 and options.compare_grads:   # outside the measured step: not in its peak
+                    for st in stages:
+                        for n, p in st.submod.named_parameters():
+                            if p.grad is not None:
+                                first_grads[_model_name(n)] = p.grad.detach().cpu().clone()
+
+        if device.type == "cpu":
+            measured = measure_cpu(all_steps, before, steps)
+            peak, step_peaks = measured.step_peaks[-1], list(measured.step_peaks)
+            # the times: the profiler above records every allocation, and its growing buffers slow
+            # the later steps down (1F1B on GPT-2: 430 ms steps became 830 ms by the fifth), so
+            # ``steps`` more steps are timed without it (all in steady state: after the first)
+            n_losses = len(losses)
+            times.clear()
+            busy_s.clear()
+            blocks.clear()
+            for i in mine:
+                busy_stage[i].clear()
+            for _ in range(steps):
+                one_step()
+            del losses[n_losses:]
+        else:
+            step_peaks = []
+
+            def on_step(i, when):
+                torch.cuda.synchronize(device)
+                if when == "begin":
+                    torch.cuda.reset_peak_memory_stats(device)
+                else:
+                    step_peaks.append(torch.cuda.max_memory_allocated(device))
+            all_steps(on_step)
+            peak = step_peaks[-1]
+        own = [plan.stages[s].memory for s in mine]
+        if len(mine) == 1:
+            predicted = own[0]["total"]
+        else:
+            # several stages: their memory over the order this rank's schedule runs them in
+            kinds = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "I", "BACKWARD_WEIGHT": "W"}
+            order = [(a.stage_index, kinds[a.computation_type.name]) for a in sched.pipeline_order[rank]
+                     if a is not None and a.computation_type.name in kinds]
+            predicted = rank_memory(plan.units, [plan.stages[s] for s in mine], plan.num_stages, order, m)
+        out = {"rank": rank, "stages": mine, "path": path, "times": times, "busy": busy_s,
+               "steady": device.type == "cpu",      # the times are of steps after the measured ones
+               "busy_per_stage": {str(k): v for k, v in busy_stage.items()}, "losses": losses,
+               "blocks": blocks, "corun": corun, "alone_s": alone_s,
+               "peak_bytes": peak, "step_peaks": step_peaks, "before_bytes": before,
+               "predicted_bytes": int(predicted), "predicted_parts": own,
+               "inputs": [list(t.shape) for t in tensors] if first else [],
+               "params": sum(p.numel() for st in stages for p in st.submod.parameters())}
+        if options.compare_grads:
+            torch.save(first_grads, os.path.join(out_dir, f"grads{rank}.pt"))
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(out, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def _model_name(name: str) -> str:
+    """A stage parameter's name in the model: both paths wrap the model as ``model``."""
+    return name[len("model."):] if name.startswith("model.") else name

@@ -1,0 +1,501 @@
+"""One rank of a real sharded-training run under torchrun (gloo on CPU), below the launcher, and the
+same training in one process to compare with.
+
+The launcher (``layerscope.torchrun.launch_parallel``) starts ``torchrun -m layerscope.torchrun CFG``;
+every rank builds the model from the spec with the same seed (identical weights before sharding),
+and hands a factory here. A rank parallelizes it (``apply.parallelize``), takes its data-parallel
+slice of the global batch (tensor-parallel ranks the same slice), trains ``steps`` steps and writes
+what it measured: its peak memory per step from the CPU allocator's own count of every thread's
+blocks (``capture.measure.measure_cpu(threads=True)``: libc10's memory reporter), the loss per step
+(averaged over the data-parallel ranks), the first step's gradients as full tensors (rank 0), and
+the step times (``steps`` more steps timed without the profiler, whose event buffers slow steps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ... import _compat
+from ...errors import InputError
+from ..config import ParallelConfig
+from ..apply import (amp_context, build_mesh, canonical_name, canonical_tensors, data_parallel_rank, local_tensor as _local, loss_context, no_kv_cache, parallelize)
+
+__all__ = ["make_batch", "reference_run", "run_rank", "training_loss", "measure_one_rank", "measure_stage_rank",
+           "pipeline_stage", "pipeline_schedule", "pipeline_step", "OPTIMIZERS", "PIPELINE_SCHEDULES"]
+
+OPTIMIZERS = ("adamw", "sgd")
+# a rank's stderr while its steps are measured (the allocator's count; the launcher reads what else it
+# holds when the rank dies)
+STDERR_LOG = "stderr.log"
+# step 1's gradients, full tensors, of the parameters one rank of each stage holds
+GRADS = "grads.pt"
+
+
+def make_batch(vocab: int, batch: int, seq: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch every rank and the reference build alike: token ids and next-token labels
+    (the ids shifted by one, the last label a fresh token), from a generator seeded with ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (batch, seq + 1), generator=g)
+    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+
+def _logits(out):
+    logits = getattr(out, "logits", None)
+    if logits is None:
+        logits = out[0] if isinstance(out, (tuple, list)) else out
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
+        raise InputError("the model's output has no [batch, sequence, vocabulary] logits to train on")
+    return logits
+
+
+def training_loss(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over the batch's tokens, in fp32 (torchtitan's loss)."""
+    return _micro_loss(_logits(model(ids)), labels)
+
+
+def _optimizer(name: str, params, lr: float):
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    raise InputError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+
+
+def reference_run(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, *, steps: int, optimizer: str,
+                  lr: float) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """One process, the whole global batch, the same loss and optimizer: (loss per step, {name:
+    gradient of step 1})."""
+    no_kv_cache(model)
+    model.train()
+    opt = _optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], lr)
+    losses, grads = [], {}
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = training_loss(model, ids, labels)
+        loss.backward()
+        if step == 0:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        opt.step()
+        losses.append(loss.item())
+    return losses, grads
+
+
+def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: int, seq: int, steps: int,
+             optimizer: str, lr: float, seed: int, out_dir: str) -> None:
+    """What one rank does (see the module's doc); writes ``out_dir``/rank<R>.json and, on rank 0,
+    grads.pt (step 1's gradients, full tensors named as in the unparallelized model)."""
+    import torch.distributed as dist
+
+    from ...capture.measure import count_cpu_allocations, measure_cpu, state_bytes
+
+    # the CPU allocator counts every thread's blocks from here on, before the model and the gloo group
+    # exist: gloo's worker threads make buffers and free the step's tensors the profiler never sees
+    count_cpu_allocations()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != config.world:
+        raise InputError(f"torchrun started {world} ranks, the configuration needs {config.world}")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    try:
+        torch.manual_seed(seed)                  # same weights on every rank before sharding
+        model = build()
+        no_kv_cache(model)
+        model.train()
+        vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
+        if vocab < 1:
+            raise InputError("the model has no config.vocab_size to draw token ids from")
+        ids, labels = make_batch(vocab, batch, seq, seed + 1)
+        mesh = build_mesh(config, "cpu")
+        dp_rank, acc = data_parallel_rank(config, mesh), config.accumulation
+        rows = batch // config.dp
+        my_ids, my_labels = ids[dp_rank * rows:(dp_rank + 1) * rows], labels[dp_rank * rows:(dp_rank + 1) * rows]
+        pipe = None
+        if config.pp > 1:
+            # this rank's stages of the uniform split (one, or several under interleaved 1F1B and zero
+            # bubble, each cut from a model built alike), torch's PipelineStage and schedule on the pp group; one
+            # schedule step per optimizer step (its micro-batches accumulate the gradients)
+            from ..simulate.pipeline_rank import as_module, model_name, rank_stages
+            mine = rank_stages(config, mesh.get_local_rank("pp"))
+            tied = tie_groups(model, config, mesh, mine)
+            mods, pipe, sched = _rank_pipeline(build, config, mesh, mine, my_ids, seed=seed, model=model)
+            ties = [(m, tied[stage]) for m, stage in zip(mods, mine)]
+            model = as_module(mods)
+        else:
+            parallelize(model, config, mesh)
+            chunks = list(zip(my_ids.tensor_split(acc), my_labels.tensor_split(acc)))
+        opt = _optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], lr)
+        losses: list[float] = []
+        times: list[float] = []
+        grads: dict = {}
+        # the ranks that hold the loss: every rank, or the last stage's (the others add 0)
+        holders = world // config.pp
+
+        def one_step(record: bool) -> None:
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            total = torch.zeros(())
+            if pipe is not None:
+                micro: list = []
+                with loss_context(config), amp_context(config, "cpu"):
+                    pipeline_step(sched, pipe, my_ids, my_labels, micro)
+                sum_tied_grads(ties)
+                for loss in micro:
+                    total += _local(loss).detach().float() / len(micro)
+            else:
+                for x, y in chunks:
+                    with loss_context(config):
+                        with amp_context(config, "cpu"):
+                            loss = training_loss(model, x, y)
+                        (loss / acc).backward()
+                    total += _local(loss).detach().float() / acc
+            opt.step()
+            times.append(time.perf_counter() - t0)
+            if record:
+                # the mean over the data-parallel ranks (tensor-parallel ranks hold the same loss)
+                dist.all_reduce(total)
+                losses.append(float(total) / holders)
+
+        def all_steps(on_step) -> None:
+            for i in range(2, steps):
+                on_step(i - 2, "begin")
+                one_step(True)
+                on_step(i - 2, "end")
+
+        # steps 1 and 2 unmeasured. Step 1's gradients are gathered for the comparison (on the first
+        # rank of each stage they stay alive, outside what the measured steps hold). Step 2 is a
+        # warm-up: measured, it held more than every later step (FSDP 2 on gloo, shrunk Llama, 6-step
+        # runs: 1,955 KiB against 1,740-1,744 KiB on both ranks; on the fake backend, in one process,
+        # 941 against 913 KiB of growth), which the simulation's second step, already its steady
+        # state, does not show. Each measured step starts with the optimizer's state and the last
+        # step's gradients alive (and a pipeline stage's receive buffers).
+        one_step(True)
+        keeper = mesh is None or all(mesh.get_local_rank(n) == 0 for n in mesh.mesh_dim_names if n != "pp")
+        for n, p in model.named_parameters():
+            if p.grad is not None:
+                g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                if keeper:
+                    # a stage module wraps the model as ``model`` (several: a list of them, "0.model.")
+                    grads[model_name(n) if pipe is not None else n] = g.detach().clone()
+        one_step(True)
+        held = [_local(t) for t in (*model.parameters(), *model.buffers())] + [my_ids, my_labels]
+        held += [_local(p.grad) for p in model.parameters() if p.grad is not None]
+        held += [_local(t) for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+        if pipe is not None:
+            held += [t for p in pipe for t in _stage_buffers(p)]
+        before = state_bytes(held)
+        # let go of them: this list kept the warm-up's gradients alive through every measured step
+        # (zero_grad freed nothing), 180,864 B (every gradient) above the real peak on FSDP 2
+        del held
+        # every thread's allocations and frees: gloo's worker threads allocate buffers and free the
+        # step's tensors (recorded on the step's thread alone, the peaks drifted up step after step)
+        measured = measure_cpu(all_steps, before, steps - 2, threads=True,
+                               log_path=os.path.join(out_dir, f"rank{rank}.{STDERR_LOG}"))
+        count_cpu_allocations(on=False)   # the timed steps without the count's lock and table
+        times.clear()
+        for _ in range(steps):          # timed without the profiler
+            one_step(False)
+        coords = {}
+        if mesh is not None:
+            coords = {n: mesh.get_local_rank(n) for n in mesh.mesh_dim_names}
+        out = {"rank": rank, "coords": coords, "dp_rank": dp_rank, "peak_bytes": list(measured.step_peaks),
+               "before_bytes": before, "times": times, "losses": losses,
+               "local_params": sum(_local(p).numel() for p in model.parameters()),
+               "batch_rows": int(my_ids.shape[0])}
+        if keeper:
+            torch.save(canonical_tensors(grads), os.path.join(out_dir, f"rank{rank}.{GRADS}"))
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(out, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_one_rank(build: Callable[[], nn.Module], config: ParallelConfig, rank: int, ids: torch.Tensor,
+                     labels: torch.Tensor, *, steps: int = 3, optimizer: str = "adamw", seed: int = 0,
+                     device: str = "cpu"):
+    """Rank ``rank``'s real training step in this process, its collectives on torch's ``fake`` backend
+    (they move no data, so the ranks need not exist): the configuration applied with torch's own code
+    to a real model, ``steps`` steps on ``ids``/``labels`` (the rank's local batch), each step's peak
+    from the allocator, not layerscope's tracker: on ``device="cpu"`` the CPU allocator's events
+    (``capture.measure``), on ``"cuda"`` ``torch.cuda.max_memory_allocated`` (the model moved to the
+    current CUDA device; rank 0 is the one a single GPU can play, as the mesh puts rank r on device
+    r). What the simulation cannot be checked against this way is the real backend's own buffers and
+    threads (gloo's, NCCL's). Returns the ``Measured`` record."""
+    from ...capture.measure import measure_cpu, measure_cuda, state_bytes
+    from ...capture.storage import cuda_block_size
+    from ..simulate.sharded_rank import fake_world
+
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"measure_one_rank runs on cpu or cuda, not {device!r}")
+    with fake_world(rank, config.world):
+        torch.manual_seed(seed)
+        model = build()
+        no_kv_cache(model)
+        model.train()
+        if device == "cuda":
+            model.to(torch.cuda.current_device())
+            ids, labels = ids.to(torch.cuda.current_device()), labels.to(torch.cuda.current_device())
+        parallelize(model, config, build_mesh(config, device))
+        opt = _optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], 1e-3)
+
+        def all_steps(on_step) -> None:
+            for i in range(steps):
+                on_step(i, "begin")
+                with loss_context(config), amp_context(config, device):
+                    loss = training_loss(model, ids, labels)
+                    loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                on_step(i, "end")
+
+        own = [_local(t) for t in (*model.parameters(), *model.buffers())] + [ids, labels]
+        if device == "cuda":
+            here = torch.device("cuda", torch.cuda.current_device())
+            return measure_cuda(all_steps, here, steps, state_bytes(own, here, cuda_block_size))
+        return measure_cpu(all_steps, state_bytes(own), steps)
+
+
+def measure_stage_rank(build: Callable[[], nn.Module], config: ParallelConfig, rank: int, ids: torch.Tensor,
+                       labels: torch.Tensor, *, steps: int = 3, optimizer: str = "adamw", seed: int = 0,
+                       device: str = "cpu"):
+    """The pipeline equivalent of ``measure_one_rank`` (``pp`` > 1): rank ``rank``'s stage (the uniform
+    split, planning/simulate/pipeline_rank.py; under a schedule with several stages per rank its stages, each from a
+    model built alike) built from a real model and parallelized on the mesh without ``pp``, trained
+    ``steps`` steps by torch's own ``PipelineStage`` and schedule (``ScheduleGPipe``, ``Schedule1F1B``,
+    ``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble`` or ``ScheduleZBVZeroBubble``,
+    ``return_outputs=False``) on ``ids``/``labels`` (the rank's local batch,
+    split into ``config.microbatches``), its P2P transfers and collectives on torch's ``fake`` backend.
+    The loss: ``training_loss``'s cross-entropy on the logits, per micro-batch. Each step's peak from
+    the allocator, as ``measure_one_rank`` reads it on ``device`` (cpu or cuda: the whole model moved to
+    the current CUDA device before its stage is cut). Returns the ``Measured`` record."""
+    from ...capture.measure import measure_cpu, measure_cuda, state_bytes
+    from ...capture.storage import cuda_block_size
+    from ..simulate.sharded_rank import fake_world
+
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"measure_stage_rank runs on cpu or cuda, not {device!r}")
+    from ..simulate.pipeline_rank import as_module, rank_stages
+    mine = rank_stages(config, rank // (config.world // config.pp))
+    here = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    with fake_world(rank, config.world):
+        mesh = build_mesh(config, device)
+        if device == "cuda":
+            ids, labels = ids.to(here), labels.to(here)
+        # the stages agree on static metadata by a vote over P2P, which the fake backend does not carry (it
+        # receives zeros: "dynamic", then garbage sizes): every stage here gives its metadata
+        mods, pipe, sched = _rank_pipeline(build, config, mesh, mine, ids, seed=seed, static=True,
+                                           device=here if device == "cuda" else None)
+        mod = as_module(mods)
+        opt = _optimizer(optimizer, [p for p in mod.parameters() if p.requires_grad], 1e-3)
+
+        def all_steps(on_step) -> None:
+            for i in range(steps):
+                on_step(i, "begin")
+                with loss_context(config), amp_context(config, device):
+                    pipeline_step(sched, pipe, ids, labels)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                on_step(i, "end")
+
+        own = [_local(t) for t in (*mod.parameters(), *mod.buffers())] + [ids, labels]
+        if device == "cuda":
+            return measure_cuda(all_steps, here, steps, state_bytes(own, here, cuda_block_size))
+        return measure_cpu(all_steps, state_bytes(own), steps)
+
+
+# what torch's PipelineStage and schedule run here: one stage per rank, or several (interleaved 1F1B, zero bubble)
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "zbv")
+
+
+def _micro_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of ``logits`` against ``target``, in fp32: ``training_loss``'s, and a
+    micro-batch's on a pipeline's last stage."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(0, 1))
+
+
+def pipeline_stage(model: nn.Module, config: ParallelConfig, mesh, stage: int, ids: torch.Tensor, *,
+                   static: bool = False):
+    """``model`` (real, built alike on every rank) cut down in place to ``stage`` of the uniform split
+    (planning/simulate/pipeline_rank.py), parallelized on ``mesh`` without its ``pp`` dimension, and given to torch's
+    ``PipelineStage`` and schedule (``ScheduleGPipe`` or ``Schedule1F1B``, ``training_loss``'s
+    cross-entropy per micro-batch, torch's default gradient scaling by the number of micro-batches) on
+    the ``pp`` group; ``ids``: the rank's local batch (its first micro-batch records the stage), on the
+    stage's device.
+    Every stage is given every boundary's metadata (``input_args``/``output_args``); ``static``: also
+    without the stages' P2P vote on it (``_compat.pipeline_stage_static``: a fake backend carries no
+    data). Returns (stage module, PipelineStage, schedule)."""
+    if config.schedule not in PIPELINE_SCHEDULES or config.stages != config.pp:
+        raise InputError(f"pipeline_stage builds one stage per rank (gpipe or 1f1b), not {config.schedule}: a rank "
+                         "of the interleaved schedule holds several (planning/simulate/pipeline_rank.py rank_stages)")
+    mod, pipe = _stage_pipe(model, config, mesh, stage, ids, static=static)
+    return mod, pipe, pipeline_schedule(config, [pipe])
+
+
+def pipeline_schedule(config: ParallelConfig, pipes: list):
+    """torch's schedule of ``config.schedule`` over this rank's PipelineStages (one, or several under a
+    schedule that puts several on a rank), ``training_loss``'s cross-entropy per micro-batch."""
+    from ..config import schedule_of
+    cls = schedule_of(config.schedule).torch_schedule()
+    return cls(pipes if len(pipes) > 1 or schedule_of(config.schedule).multi else pipes[0], config.microbatches,
+               loss_fn=_micro_loss)
+
+
+def _rank_pipeline(build: Callable[[], nn.Module], config: ParallelConfig, mesh, stages: list[int],
+                   ids: torch.Tensor, *, seed: int, model: nn.Module | None = None, device=None,
+                   static: bool = False):
+    """This rank's ``stages``, each cut from a model built alike (``build()`` after seeding with ``seed``;
+    ``model``: the first one, built already), moved to ``device`` when given, each given to torch's
+    PipelineStage; and the schedule over them. Returns (stage modules, PipelineStages, schedule)."""
+    mods, pipes = [], []
+    for stage in stages:
+        if model is None:
+            torch.manual_seed(seed)
+            model = build()
+            no_kv_cache(model)
+            model.train()
+            if device is not None:
+                model.to(device)
+        m, p = _stage_pipe(model, config, mesh, stage, ids, static=static)
+        mods.append(m)
+        pipes.append(p)
+        model = None
+    return mods, pipes, pipeline_schedule(config, pipes)
+
+
+def _stage_pipe(model: nn.Module, config: ParallelConfig, mesh, stage: int, ids: torch.Tensor, *,
+                static: bool = False):
+    """pipeline_stage's module and PipelineStage, without the schedule."""
+    from torch.distributed.pipelining import PipelineStage
+
+    from ..simulate.pipeline_rank import _Tp, parallelize_stage, split_micro, stage_module
+
+    (mid,), _ = split_micro((ids,), {}, 0, config.microbatches)
+    mod, own = stage_module(model, config, stage, (mid,), {})
+    mod.full_output = False                    # torch's stage hands the logits to the loss
+    parallelize_stage(mod, own, config, mesh)
+    dt = config.param_dtype if config.mixed_precision == "bf16" and config.dp > 1 else None
+    # tensor parallel keeps the hidden states between blocks a DTensor (sequence-sharded with sequence
+    # parallel): the boundaries are declared as such, and torch's stage sends their local shards and
+    # makes DTensors of what it receives
+    tp = _Tp(config, mesh) if config.tp > 1 else None
+
+    def example(metas):
+        # floating activations carry gradients both ways: the static metadata says so
+        out = []
+        for s, d in metas:
+            dtype = dt if dt is not None and d.is_floating_point else d
+            if tp is not None and d.is_floating_point:
+                t = tp.wrap(torch.zeros(tp.local_shape(s), dtype=dtype, device=ids.device), s)
+            else:
+                t = torch.zeros(s, dtype=dtype, device=ids.device)
+            out.append(t.requires_grad_(d.is_floating_point))
+        return tuple(out)
+    first, last = stage == 0, stage == config.stages - 1
+    inputs = (mid,) if first else example(mod.received_metas)
+    vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
+    # the logits: in the compute dtype (FSDP's bf16 parameters, or autocast's without FSDP), else the model's;
+    # sharded on the vocabulary for loss parallel
+    logits = config.param_dtype if config.mixed_precision == "bf16" else config.model_dtype
+    shape = (*mid.shape, vocab)
+    head = torch.zeros(shape, dtype=logits, device=ids.device)
+    if tp is not None and config.loss_parallel:
+        from torch.distributed.tensor import DTensor, Shard
+        local = torch.zeros(*mid.shape, -(-vocab // config.tp), dtype=logits, device=ids.device)
+        head = DTensor.from_local(local, tp.mesh, [Shard(2)], shape=torch.Size(shape), stride=head.stride(),
+                                  run_check=False)
+    outputs = example(mod.sent_metas) if not last else (head,)
+    grads = {}
+    if static and tp is not None:
+        # without the vote, torch cannot tell a DTensor gradient's metadata from the activation's: given as
+        # the activation's (what the simulation assumes)
+        grads = dict(input_grads=None if first else inputs, output_grads=None if last else outputs)
+    pipe = PipelineStage(mod, stage, config.stages, ids.device, input_args=inputs, output_args=outputs,
+                         group=mesh["pp"].get_group(), **grads)
+    if static:
+        _compat.pipeline_stage_static(pipe)
+    return mod, pipe
+
+
+def tie_groups(model: nn.Module, config: ParallelConfig, mesh,
+               stages: list[int]) -> dict[int, list[tuple[str, object]]]:
+    """For each of this rank's ``stages``, each weight tied across stages that it holds (planning/simulate/pipeline_rank.py
+    ``stage_ties``): (its name in the model, the process group of the ranks that hold a copy at this
+    rank's data- and tensor-parallel coordinates, the tie's index). Call once, on the whole model, before a
+    stage is cut: every rank makes every group once, in the same order (a group made again would be
+    another)."""
+    import torch.distributed as dist
+
+    from ..simulate.pipeline_rank import stage_coords, stage_ties
+    grid = mesh.mesh.reshape(config.pp, -1)       # [pp coordinate, the rank's other coordinates]
+    coord = stage_coords(config)
+    column = int((grid[coord[stages[0]]] == dist.get_rank()).nonzero()[0, 0])
+    out: dict[int, list] = {s: [] for s in stages}
+    for k, held in enumerate(stage_ties(model, config)):
+        mine = None
+        for c in range(grid.shape[1]):
+            group = dist.new_group(sorted({int(grid[coord[s], c]) for s in held}))
+            if c == column:
+                mine = group
+        for stage in stages:
+            if stage in held:
+                out[stage].append((held[stage], mine, k))
+    return out
+
+
+def sum_tied_grads(ties: list[tuple[nn.Module, list[tuple[str, object, int]]]]) -> None:
+    """After a step's backward: each tied weight's gradient summed over the stages that hold it (the
+    local shards: every copy is sharded alike, FSDP on dim 0 and TP's vocabulary split on dim 0; a
+    gradient placed otherwise than its parameter, as tensor parallel leaves the vocabulary-parallel
+    embedding's, replicated, is put in the parameter's placement first). ``ties``: each of this rank's
+    stage modules with its ``tie_groups`` entry. The copies this rank holds itself (zbv's V puts the first
+    and the last stage on one rank) are summed on the rank, then over the group, and each takes the sum."""
+    import torch.distributed as dist
+    by_tie: dict[int, tuple[object, list]] = {}      # tie index -> (its group, this rank's copies)
+    for mod, tied in ties:
+        params = {canonical_name(k): v for k, v in mod.named_parameters()}
+        for name, group, k in tied:
+            by_tie.setdefault(k, (group, []))[1].append(params[f"model.{name}"])
+    for group, copies in by_tie.values():
+        copies = [p for p in copies if p.grad is not None]
+        if not copies:
+            continue
+        for p in copies:
+            if hasattr(p.grad, "placements") and tuple(p.grad.placements) != tuple(p.placements):
+                p.grad = p.grad.redistribute(p.device_mesh, p.placements)
+        total = _local(copies[0].grad)
+        for p in copies[1:]:
+            total.add_(_local(p.grad))
+        dist.all_reduce(total, group=group)
+        for p in copies[1:]:
+            _local(p.grad).copy_(total)
+
+
+def pipeline_step(sched, pipe, ids: torch.Tensor, labels: torch.Tensor, losses: list | None = None) -> None:
+    """One step of the schedule on this rank's stage (or list of stages): the first stage feeds ``ids``,
+    the last takes ``labels`` as the target (and puts each micro-batch's loss in ``losses``); outputs not
+    returned (``return_outputs=False``, as torchtitan steps)."""
+    pipes = pipe if isinstance(pipe, (list, tuple)) else [pipe]
+    args = (ids,) if any(p.is_first for p in pipes) else ()
+    kw = dict(target=labels, losses=losses) if any(p.is_last for p in pipes) else {}
+    sched.step(*args, return_outputs=False, **kw)
+
+
+def _stage_buffers(pipe) -> list[torch.Tensor]:
+    """What a PipelineStage keeps from step to step beside its module: the receive buffers of every
+    micro-batch's activations and gradients (made at its first step), and the gradients the last
+    step's backward accumulated on the activation buffers (cleared when the next step begins)."""
+    out = []
+    for infos in (*pipe.args_recv_info.values(), *getattr(pipe, "grad_recv_info", {}).values()):
+        for info in infos if isinstance(infos, (tuple, list)) else ():
+            buf = getattr(info, "buffer", None)
+            if isinstance(buf, torch.Tensor):
+                out.append(buf)
+                if buf.grad is not None:
+                    out.append(buf.grad)
+    return out

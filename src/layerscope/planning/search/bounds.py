@@ -1,0 +1,310 @@
+"""Lower bounds on a candidate's peak memory and predicted step time, from one block's figures
+simulated without a pipeline: what lets the search (planning/search/space.py) rule out a configuration
+without simulating it (a pipeline's stages' every micro-batch, minutes each on a 70B model; seconds
+without one). A configuration without a pipeline is taken as a pipeline of one stage whose
+micro-batches are its gradient accumulation's micro-steps (one in flight at a time).
+
+The block's figures come from a configuration without a pipeline that runs the same block on the same
+micro-batch: the same tensor parallel degree, checkpointing mode and micro-batch size, with or without
+data parallelism as the candidate has it (FSDP2's mixed precision, or torch.autocast without it: they save
+other tensors). For one block of that simulated rank (``block_figures``): the seconds of its forward and
+of its backward (recompute included) that the step-time model gives its ops and its tensor-parallel
+collectives (on the critical path there, priced on the same link), leaving out the other collectives and
+FSDP2's copies in and out of them (their sizes depend on the FSDP degree); and the bytes of the
+activations its ops made that are still alive when the step's last forward ends (what a micro-batch's
+forward leaves a block holding for its backward: a checkpointed block's input, every tensor an
+unchecked block saves). The model's blocks are taken to be alike, as the search's extension from its
+shrunk copies takes them (``search`` module docstring); the least of the copy's blocks is used.
+
+Memory (``pipeline_bounds``). At the moment a rank of pipeline coordinate ``c`` has run the forwards
+its schedule runs before a backward frees them (``pipeline.schedule.rank_orders``: the warm-up of
+1F1B, the interleaved schedule's), it holds at once, each of these in storage of its own:
+
+* its parameters' shards: at least ``numel / (tp x fsdp)`` elements of each parameter its stages own
+  (a tensor-parallel shard or a replicated one is no smaller), in the model's dtype (the master
+  weights under bf16 mixed precision), unless offloaded to the host;
+* the optimizer's state of those shards, at the least ratio of state to parameter bytes the block's
+  simulated rank held (AdamW: 2; none when the steps simulated leave no state alive at that moment);
+* with FSDP and ``reshard_after_forward`` off under a schedule of one stage per rank, every parameter
+  of its stage gathered (in the compute dtype, at least ``numel / tp``): FSDP2 keeps them from the first
+  forward to the last backward;
+* for each micro-batch forwarded and not yet backwarded, every block of its stage holding the block's
+  activation bytes (one block fewer on the last stage: the model's last block, whose output the final
+  norm may save in a copy of its own); for one such micro-batch only under bf16 without data
+  parallelism, whose one autocast region over the step makes the casts of the weights the micro-batches
+  share, and which the block's figures count among its saved bytes;
+* in a pipeline under a schedule of one stage per rank and whole backwards (1F1B, GPipe), between its
+  stage's first backward and its last, the gradients of its parameters, unsharded (at least ``numel / tp`` elements)
+  in the reduce dtype or the model's, the smaller, with FSDP (every backward of a pipeline runs with
+  gradient sync off: FSDP2 accumulates them unsharded and reduce-scatters after the last), in the
+  model's dtype without it (torch's runtime schedules, interleaved and zero bubble, reduce and let go
+  of a stage's gradients on their own terms: not counted there; nor without a pipeline, where FSDP2
+  reduce-scatters each micro-step's gradients);
+* the cuBLAS workspaces the block's rank held, and the estimate of NCCL's buffers (16 channels x 4 MiB
+  per communicator, one per mesh dimension), which a simulated rank's peak adds as well.
+
+Step time. Without a pipeline the step-time model's step is its rank's two-stream walk's end plus its
+optimizer step (``timing.assemble``); the walk puts every compute op and tensor-parallel collective of
+every micro-step on one stream in program order, and no op before the host has issued it, so that end
+is no earlier than the sum of its blocks' compute and TP collectives over the micro-steps, nor than the
+host's issue of their ops: the two bounds below with one stage. With a pipeline, the search's step-time
+model gives the step by the schedule's simulation
+(``timing.assemble``) from each stage's seconds per micro-batch: its rank's compute, its host's waits
+and its tensor-parallel collectives over the micro-batches, shared among the rank's stages, then its
+exposed FSDP communication and optimizer step. A rank's compute over ``m`` micro-batches is at least ``m`` times
+its blocks' forward and backward; the schedule's simulation is a longest path through a fixed order of
+actions, so it cannot get shorter when each action's seconds are made smaller. The bound: that
+simulation with each stage's seconds its rank's blocks' compute and tensor-parallel collectives alone,
+no sends, and each rank's optimizer step over the least its shards can hold (the optimizer's seconds
+are linear in those bytes, ``timing.optimizer_seconds``; none with CPU offload); or, if longer, for
+some rank the host's path: the step-time model's walk over a rank's ops charges the host for issuing
+each (a view too) and lets the GPU run an op no earlier than its issue, so the rank's two streams end
+no earlier than the host's issue of its ops, up to its last that takes seconds; in the schedule's
+simulation the rank's actions and then its exposed communication and optimizer step take at least
+those streams' end; and the rank's first action waits for micro-batch 0's forward through the stages
+before it. So the step is no shorter than that forward, the issue of every op of the rank's blocks
+over its micro-batches but one block's (which may trail its last kernel), at ``timing.host_op_seconds``
+an op, and its optimizer step. Both are used where every rank of a stage holds shards of the same
+sizes (the block's simulated rank was the only role): ranks of uneven shards are timed by their
+slowest role, whose compute may be another's.
+
+Both are checked against whole pipeline simulations in tests/planning/sharded/test_bounds.py: never above them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..config import ParallelConfig
+from ..steptime.schedule import rank_orders, simulate
+from ...trace import BACKWARD, FORWARD
+from ..simulate.results import COLLECTIVES, NCCL_BYTES_PER_COMMUNICATOR, collective_group
+from ..simulate.sharded_rank import COMM_OPS
+from ..simulate.pipeline_rank import stage_blocks, stage_plan
+from ..steptime.sharded_time import (_compute_dtype, _one_collective, host_op_seconds, op_seconds, optimizer_seconds)
+
+__all__ = ["BlockFigures", "PipelineBounds", "block_figures", "figures_at", "pipeline_bounds", "proxy_config",
+           "stage_numels"]
+
+
+@dataclass(frozen=True)
+class BlockFigures:
+    """One block of a simulated rank without a pipeline, for one micro-batch (module docstring)."""
+
+    forward: float          # seconds: its forward's ops and tensor-parallel collectives (no other collective, no FSDP copy)
+    backward: float         # its backward's (recompute included)
+    saved: int              # bytes of activations its forward leaves alive for its backward
+    ops: int                # its forward's and backward's ops, views too (the host issues each)
+    optimizer_ratio: float  # the least optimizer state per parameter byte alive at the forward's end (0: none)
+    optimizer_per_byte: float   # the optimizer step's seconds per byte of the rank's parameter shards
+    workspaces: int         # cuBLAS's workspaces alive then
+    nccl: bool              # the rank's peak adds the estimate of NCCL's buffers
+    one_role: bool          # every rank held shards of the same sizes
+
+
+@dataclass(frozen=True)
+class PipelineBounds:
+    peak_bytes: int         # the largest simulated peak among the ranks at that pipeline coordinate is no lower
+    step_time: float | None  # the predicted step is no shorter (None: no bound, uneven shards)
+    rank: int               # the pipeline coordinate whose memory gives the bound
+
+
+def proxy_config(c: ParallelConfig, micro_batch: int) -> ParallelConfig | None:
+    """The configuration without a pipeline whose block figures bound ``c``'s: ``c``'s tensor parallel
+    degree, checkpointing, dtypes and options, one micro-batch of ``micro_batch`` samples, FSDP over 2
+    ranks where ``c`` has data parallelism (none where it has not, as bf16 then runs under autocast);
+    None where that would be one rank (its bf16 would not run as the pipeline's ranks run it)."""
+    dp = 2 if c.dp > 1 else 1
+    if c.tp * c.cp * dp == 1:
+        return None
+    return dataclasses.replace(c, gpus=c.tp * c.cp * dp, pp=1, fsdp=dp, replicate=1, microbatches=1,
+                               accumulation=1, local_batch=micro_batch, global_batch=None,
+                               reshard_after_forward=False, schedule="1f1b")
+
+
+def _in_block(path: str, blocks: list[str]) -> int | None:
+    for i, b in enumerate(blocks):
+        if path == b or path.startswith(b + "."):
+            return i
+    return None
+
+
+def block_figures(rr, config: ParallelConfig, gpu, f, block_paths: list[str], *, nccl: bool, one_role: bool
+                  ) -> BlockFigures | None:
+    """The figures of the blocks at ``block_paths`` on the simulated rank ``rr`` (a RankRun of ``config``,
+    no pipeline): the least of them (module docstring); None without two blocks or a last-step forward."""
+    run = rr.run
+    if len(block_paths) < 2 or not run.passes:
+        return None
+    last = max(p.step for p in run.passes)
+    ends = [hi for s, ph, _, hi in run.phase_ranges if s == last and ph == FORWARD]
+    if not ends:
+        return None
+    end = ends[-1]
+    micro = max(p.micro for p in run.passes if p.step == last)     # one micro-step of an accumulation
+    dtype = _compute_dtype(config)
+    fwd = [0.0] * len(block_paths)
+    bwd = [0.0] * len(block_paths)
+    ops = [0] * len(block_paths)
+    for p in run.passes:
+        if p.step != last or p.micro != micro:
+            continue
+        layers = p.trace.layers
+        for op in p.trace.ops:
+            tp = op.op in COLLECTIVES and collective_group(op.op, op.costs.bytes_read, op.costs.bytes_written,
+                                                           config)[1] == "tp"
+            if (op.op in COLLECTIVES and not tp) or op.op in COMM_OPS or op.op.startswith("fsdp."):
+                continue
+            if op.layer is None or not 0 <= op.layer < len(layers):
+                continue
+            i = _in_block(layers[op.layer].path, block_paths)
+            if i is None:
+                continue
+            d = _one_collective(op, config, gpu, f) if tp else op_seconds(op, gpu, dtype, f)
+            if op.phase == FORWARD:
+                fwd[i] += d
+            elif op.phase == BACKWARD:
+                bwd[i] += d
+            else:
+                continue
+            ops[i] += 1
+    saved = [0] * len(block_paths)
+    alive: dict[str, int] = {}
+    for b in rr.tracker.blocks:
+        if b.alloc > end or (b.free is not None and b.free < end):
+            continue
+        part = rr.part(b)
+        alive[part] = alive.get(part, 0) + b.nbytes
+        if part != "activations" or not 0 <= b.pass_index < len(run.passes):
+            continue
+        layers = run.passes[b.pass_index].trace.layers
+        if b.layer is None or not 0 <= b.layer < len(layers):
+            continue
+        i = _in_block(layers[b.layer].path, block_paths)
+        if i is not None:
+            saved[i] += b.nbytes
+    ratio = 0.0
+    if alive.get("optimizer state", 0) > 0:
+        per = [run.optimizer_bytes.get(n, 0) / v for n, v in run.param_bytes.items() if v]
+        ratio = min(per, default=0.0)
+    params = sum(run.param_bytes.values())
+    step = optimizer_seconds(run, gpu, f) / params if params else 0.0
+    return BlockFigures(forward=min(fwd), backward=min(bwd), saved=min(saved[:-1]), ops=min(ops),
+                        optimizer_ratio=ratio, optimizer_per_byte=step, workspaces=alive.get("workspaces", 0),
+                        nccl=nccl, one_role=one_role)
+
+
+def figures_at(known: list[tuple[int, BlockFigures]], batch: int) -> BlockFigures:
+    """A block's figures at micro-batch ``batch`` no larger than its true ones, from its figures at smaller
+    or equal micro-batches (``known``: (micro-batch, figures), ascending). Every op's seconds in the
+    step-time model are a maximum of terms linear in the batch with intercepts of their own (FLOPs,
+    bytes moved, a launch), so a block's seconds are convex and non-decreasing in the batch; so are its
+    saved bytes (each saved tensor's size linear in the batch). Hence from the two largest points the
+    line through them, and from one point its value, each no larger than the figure at ``batch``."""
+    b2, f2 = known[-1]
+    if b2 == batch or len(known) < 2:
+        return f2
+    b1, f1 = known[-2]
+
+    def line(a: float, b: float) -> float:
+        return max(b, b + (batch - b2) * (b - a) / (b2 - b1))
+    return dataclasses.replace(f2, forward=line(f1.forward, f2.forward), backward=line(f1.backward, f2.backward),
+                               saved=int(line(f1.saved, f2.saved)))
+
+
+def stage_numels(model: nn.Module, stages: int, *, trainable: bool = False) -> list[int]:
+    """Parameter elements each pipeline stage of the uniform split owns (a parameter shared within a stage
+    once; one tied across stages in each stage that holds a copy); ``trainable``: those that get gradients."""
+    plan = stage_plan(model, stages)
+    units = plan.units.units
+    out = []
+    for st in plan.stages:
+        seen: dict[int, int] = {}
+        for u in units[st.first:st.last + 1]:
+            for path in u.paths:
+                for p in model.get_submodule(path).parameters():
+                    if p.requires_grad or not trainable:
+                        seen[id(p)] = p.numel()
+        out.append(sum(seen.values()))
+    return out
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def pipeline_bounds(c: ParallelConfig, fig: BlockFigures, numels: list[int], blocks: int, f,
+                    trainable: list[int] | None = None) -> PipelineBounds:
+    """The lower bounds of the module docstring for candidate ``c``, with or without a pipeline
+    (``numels``: per stage, from ``stage_numels``, and ``trainable`` those of them that get gradients
+    (None: all); ``blocks``: the model's; ``f``: the step-time model's fractions)."""
+    trainable = numels if trainable is None else trainable
+    # bf16 without data parallelism runs under one autocast region over the step, whose casts of the weights
+    # the micro-batches share: the block's saved bytes (one micro-batch, casts included) count once at a time
+    autocast = c.dp == 1 and c.mixed_precision == "bf16"
+    k = c.stages
+    spr = k // c.pp
+    m = c.microbatches if c.pp > 1 else c.accumulation     # without a pipeline: its micro-steps, one at a time
+    full = [len(r) for r in stage_blocks(blocks, k)]
+    counts = full[:-1] + [max(0, full[-1] - 1)]     # the model's last block: its output may be the norm's to save
+    orders = rank_orders(c.schedule, k, m, spr)
+    master = _itemsize(c.model_dtype)
+    compute = _itemsize(c.param_dtype or c.model_dtype)
+    fixed = fig.workspaces + (NCCL_BYTES_PER_COMMUNICATOR * len(c.mesh_shape) if fig.nccl else 0)
+    # the gradients a stage accumulates over its micro-batches, unsharded (FSDP2 reduces them after the last
+    # backward): in the reduce dtype (or the model's, the smaller) with FSDP, else in the model's dtype
+    grad = min(_itemsize(c.reduce_dtype), master) if c.dp > 1 else master
+    peak, worst = 0, 0
+    for r, acts in enumerate(orders):
+        mine = sorted({a.stage for a in acts})
+        state = 0
+        for st in mine:
+            shard = numels[st] // (c.tp * c.fsdp)
+            if not c.offload:
+                state += int(shard * master * (1 + fig.optimizer_ratio))
+            if c.fsdp > 1 and not c.reshard_after_forward and spr == 1:
+                state += numels[st] // c.tp * compute
+        held: set = set()
+        most = grads = 0
+        backwards = {st: sum(1 for a in acts if a.stage == st and a.kind == "B") for st in mine}
+        done = dict.fromkeys(mine, 0)
+        for a in acts:
+            key = (a.stage, a.microbatch)
+            if a.kind == "F":
+                held.add(key)
+            else:
+                held.discard(key)
+            if a.kind == "B" and spr == 1 and c.pp > 1:
+                done[a.stage] += 1
+                if done[a.stage] == 1 < backwards[a.stage]:         # from its first backward to its last
+                    grads += trainable[a.stage] // c.tp * grad
+                elif done[a.stage] == backwards[a.stage] > 1:
+                    grads -= trainable[a.stage] // c.tp * grad
+            each = [counts[st] * fig.saved for st, _ in held]
+            most = max(most, grads + (max(each, default=0) if autocast else sum(each)))
+        total = fixed + state + most
+        if total > peak:
+            peak, worst = total, r
+    step = None
+    if fig.one_role:
+        fw, bw, opt = [0.0] * k, [0.0] * k, [0.0] * k
+        for c0 in range(c.pp):                     # stage st on rank st % pp, as timing.assemble has it
+            on = [c0 + i * c.pp for i in range(spr)]
+            n = sum(full[st] for st in on)
+            for st in on:
+                fw[st] = n * fig.forward / spr
+                bw[st] = n * fig.backward / spr
+            if not c.offload:
+                opt[c0] = fig.optimizer_per_byte * master * sum(numels[st] // (c.tp * c.fsdp) for st in on)
+        step = simulate(c.schedule, fw, bw, m, send=[0.0] * (k - 1), optimizer=opt,
+                        stages_per_rank=spr).step_time
+        per_op = host_op_seconds(c, f)
+        for c0 in range(c.pp):     # the host's path: micro-batch 0 reaches the rank, it issues, then optimizes
+            n = sum(full[st] for st in range(c0, k, c.pp))
+            issue = per_op * fig.ops * max(0, m * n - 1)
+            step = max(step, sum(fw[:c0]) + issue + opt[c0])
+    return PipelineBounds(peak, step, worst)

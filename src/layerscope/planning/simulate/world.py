@@ -1,0 +1,104 @@
+"""Every rank of a configuration simulated (one per role), and the plan their memories make: what
+``layerscope.parallel`` and the search (planning/search/space.py) both run."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+from ...capture.guard import gc_paused
+from ...capture.inputs import iter_tensors
+from ...capture.loss import StepLoss
+from ...capture.storage import cuda_block_size
+from ...costs.cublas import workspace_rule
+from ...errors import ForwardError
+from ...options import dtype_short
+from ..config import ParallelConfig
+from ...progress import ProgressBar
+from .results import ParallelPlan, RankMemory, mesh_coords, rank_memory, roles
+from .sharded_rank import simulate_rank
+from .pipeline_rank import rank_stages, simulate_stage_rank
+
+__all__ = ["simulate_world", "plan_of", "global_tokens"]
+
+
+def simulate_world(model, args, kwargs, config: ParallelConfig, factory, steps, loss_fn, cuda: bool, backend: str,
+              new_router, progress, target=None):
+    """Rank 0, then one rank for each other role its shard layouts reveal; every global rank's memory,
+    rank 0's run, the roles, and rank 0's SDPA router (what its notes say). ``loss_fn``: a callable, or a
+    StepLoss (capture/loss.py): without a pipeline the forward is given its labels here; a pipeline's last
+    stage takes its loss per micro-batch (planning/simulate/pipeline_rank.py)."""
+    routers = []
+    if isinstance(loss_fn, StepLoss) and config.pp == 1:
+        args, kwargs = loss_fn.inputs(args, kwargs)
+
+    def one(rank: int, bar):
+        routers.append(new_router())
+        simulate = simulate_rank if config.pp == 1 else functools.partial(simulate_stage_rank, target=target)
+        try:
+            return simulate(model, args, kwargs, config, rank, optimizer=factory, steps=steps, loss_fn=loss_fn,
+                            block_size=cuda_block_size if cuda else None, gloo=backend == "gloo",
+                            # torch's optimizers default to foreach on CUDA tensors only (offloaded: host ones)
+                            foreach_default=cuda and not config.offload, device_type="cuda" if cuda else "cpu",
+                            probe=not cuda, workspace=workspace_rule(routers[-1].gpu.capability) if cuda else None,
+                            attention=routers[-1], rng_state=0 if cuda else torch.get_rng_state().nbytes,
+                            on_step=(lambda s, w: bar.advance() if w == "end" else None) if bar else None)
+        except ForwardError as e:
+            raise ForwardError(f"{e} (simulating rank {rank} of {config.label()})", path=e.path,
+                               module_type=e.module_type, input_shapes=e.input_shapes) from e.__cause__
+
+    with gc_paused():
+        bar = ProgressBar(steps, "simulating rank 0") if progress else None
+        try:
+            first = one(0, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+        runs = {0: first}
+        per_stage = config.world // config.pp
+        groups: dict[int, list[int]] = {}
+        for s in range(config.pp):
+            # each pipeline stage holds other parameters: its first rank is simulated, and its roles
+            # come from its own shard layouts
+            head = s * per_stage
+            if head not in runs:
+                runs[head] = one(head, None)
+            for members in roles(runs[head].layouts, config).values():
+                mine = [r for r in members if r // per_stage == s]
+                if mine:
+                    groups[mine[0]] = mine
+        for rep in groups:
+            if rep not in runs:
+                runs[rep] = one(rep, None)
+    memories = {rep: rank_memory(rr, config, rep, nccl=backend == "nccl") for rep, rr in runs.items()}
+    ranks: list = [None] * config.world
+    for rep, members in groups.items():
+        for r in members:
+            ranks[r] = memories[rep] if r == rep else \
+                dataclasses.replace(memories[rep], rank=r, coords=mesh_coords(config, r))
+    return tuple(ranks), first, groups, routers[0], runs
+
+
+def global_tokens(args: tuple, kwargs: dict, config: ParallelConfig) -> int | None:
+    """Tokens of the global batch per step, where the first input is token ids [B, S] of the local batch."""
+    first = next(iter(iter_tensors((args, kwargs))), None)
+    if first is None or first.dim() != 2 or first.is_floating_point() or first.is_complex():
+        return None
+    return int(first.numel()) * config.dp * config.accumulation
+
+
+def plan_of(config: ParallelConfig, ranks: tuple[RankMemory, ...]) -> ParallelPlan:
+    peak = max(r.peak_bytes for r in ranks)
+    if config.pp > 1:     # each rank's stages (several a rank under interleaved and zero-bubble schedules)
+        ranks = tuple(dataclasses.replace(r, stages=tuple(rank_stages(config, r.coords.get("pp", 0)))) for r in ranks)
+    return ParallelPlan(
+        gpus=config.gpus, fsdp=config.fsdp, replicate=config.replicate, tp=config.tp, pp=config.pp,
+        ac=config.ac + (f":{config.ac_every}" if config.ac == "selective-layer" else ""),
+        microbatches=config.microbatches, accumulation=config.accumulation, local_batch=config.local_batch,
+        global_batch=config.global_batch, mixed_precision=config.mixed_precision,
+        reduce_dtype=dtype_short(config.reduce_dtype), model_dtype=dtype_short(config.model_dtype),
+        reshard_after_forward=config.reshard_after_forward, offload=config.offload, schedule=config.schedule,
+        stages=config.stages if config.pp > 1 else 1, fits=None, limit_bytes=None, peak_bytes=peak,
+        over_bytes=0, ranks=ranks)

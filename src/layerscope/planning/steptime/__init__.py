@@ -1,0 +1,1 @@
+"""The step-time model: pipeline schedules, sharded steps, measured unit and rank times."""
