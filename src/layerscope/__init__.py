@@ -18,10 +18,15 @@ from .options import AnalyzeOptions, MemoryOptions, OnnxOptions, ProfileOptions,
 from .planning.config import ParallelConfig, PartitionOptions
 from .errors import ForwardError, InputError, LayerscopeError, PlanError, RegistryError, SpecError
 from .planning.split import SplitUnits, Unit
-from .reports.plan import Stage
-from .reports.memory import CallMemory, MemoryLayer, MemoryTotals, StepMemory
-from .reports.latency import LatencyLayer, LatencyTotals
-from .render.views import Comparison, LatencyReport, MemoryReport, ParallelReport, Report, StagePlan, compare
+from .reports.plan import Stage, StagePlan
+from .reports.memory import CallMemory, MemoryLayer, MemoryReport, MemoryTotals, StepMemory
+from .reports.latency import LatencyLayer, LatencyReport, LatencyTotals
+from .reports.compare import Comparison, compare
+from .reports.parallel import ParallelReport
+from .reports.summary import Report
+# the reports' views draw through render's functions, which importing render registers
+# (reports.base.RENDERERS): imported here, before any report can reach a user
+from . import render as _render  # noqa: F401
 from .profiler import Profiler
 from .analyses.roofline import Roofline, measure_roofline
 from .specs import presets

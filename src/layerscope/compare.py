@@ -13,8 +13,7 @@ import warnings
 warnings.warn("the module layerscope.compare is deprecated; use the function layerscope.compare (and "
               "layerscope.Comparison)", DeprecationWarning, stacklevel=2)
 
-from .render.views import Comparison, compare  # noqa: E402
-from .reports.compare import ComparedLayer  # noqa: E402
+from .reports.compare import ComparedLayer, Comparison, compare  # noqa: E402
 
 __all__ = ["compare", "Comparison", "ComparedLayer"]
 

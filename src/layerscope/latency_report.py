@@ -7,7 +7,7 @@ import warnings
 warnings.warn("layerscope.latency_report is deprecated; import from layerscope or layerscope.reports.latency",
               DeprecationWarning, stacklevel=2)
 
-from .render.views import LatencyReport  # noqa: E402
+from .reports.latency import LatencyReport  # noqa: E402
 from .reports.latency import LatencyLayer, latency_layers, latency_totals  # noqa: E402
 
 __all__ = ["LatencyLayer", "LatencyReport", "latency_layers", "latency_totals"]

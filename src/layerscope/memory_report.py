@@ -7,7 +7,7 @@ import warnings
 warnings.warn("layerscope.memory_report is deprecated; import from layerscope or layerscope.reports.memory",
               DeprecationWarning, stacklevel=2)
 
-from .render.views import MemoryReport  # noqa: E402
+from .reports.memory import MemoryReport  # noqa: E402
 from .reports.memory import (CATEGORIES, CallMemory, Marker, Measured, MemoryLayer, PhaseSpan,  # noqa: E402
                              StepMemory, Timeline)
 

@@ -225,7 +225,7 @@ class Profiler:
 
     # the report ------------------------------------------------------------------------------
     def report(self, warmup_steps: int | None = None):
-        from .render.views import LatencyReport
+        from .reports.latency import LatencyReport
         from .reports.latency import latency_layers
         skip = self.warmup_steps if warmup_steps is None else warmup_steps
         steps = self._steps[skip:] if len(self._steps) > skip else self._steps

@@ -5,6 +5,6 @@ import warnings
 
 warnings.warn("layerscope.report is deprecated; import Report from layerscope", DeprecationWarning, stacklevel=2)
 
-from .render.views import Report  # noqa: E402
+from .reports.summary import Report  # noqa: E402
 
 __all__ = ["Report"]

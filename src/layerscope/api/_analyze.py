@@ -19,7 +19,7 @@ from ..costs import CostOptions, CostRegistry
 from ..errors import ForwardError, InputError
 from ..formats.exported import compiled_original, graph_module_trace, is_exported_module
 from ..options import AnalyzeOptions, entry_options
-from ..render.views import Report
+from ..reports.summary import Report
 from ..trace import FORWARD
 from ._exported import analyze_exported_with, analyze_torchscript
 

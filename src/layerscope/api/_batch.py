@@ -15,7 +15,7 @@ from ..capture.measure import state_bytes
 from ..errors import InputError
 from ..progress import ProgressBar
 from ..options import MemoryOptions, entry_options
-from ..render.units import iec, parse_bytes
+from ..options import iec, parse_bytes
 from ._memory import host_shortfall, memory_with
 
 __all__ = ["BatchFit", "max_batch_size", "real_step_bound"]

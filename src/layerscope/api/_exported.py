@@ -14,7 +14,7 @@ from ..errors import InputError
 from ..formats.exported import exported_trace, load_exported
 from ..formats.torchscript import load_torchscript, torchscript_trace
 from ..options import AnalyzeOptions, entry_options
-from ..render.views import Report
+from ..reports.summary import Report
 
 __all__ = ["analyze_exported", "analyze_exported_with", "analyze_torchscript"]
 

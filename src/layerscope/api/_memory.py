@@ -25,8 +25,8 @@ from ..errors import ForwardError, InputError
 from ..formats.exported import refuse_exported
 from ..options import MemoryOptions, entry_options, optimizer_name
 from ..progress import ProgressBar
-from ..render.units import iec, parse_bytes
-from ..render.views import MemoryReport
+from ..options import iec, parse_bytes
+from ..reports.memory import MemoryReport
 
 __all__ = ["memory", "memory_with", "host_shortfall"]
 

@@ -8,8 +8,8 @@ import importlib.util
 from ..costs import CostRegistry
 from ..errors import InputError
 from ..options import OnnxOptions, TileOptions, entry_options
-from ..render.onnx import OnnxNodes
-from ..render.views import Report
+from ..reports.onnx import OnnxNodes
+from ..reports.summary import Report
 
 __all__ = ["analyze_onnx", "onnx_tile"]
 

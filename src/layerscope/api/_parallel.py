@@ -26,8 +26,8 @@ from ..planning.simulate.pipeline_rank import model_name
 from ..planning.steptime.sharded_time import fractions, step_time
 from ..planning.simulate.world import global_tokens, plan_of, simulate_world
 from ._search import DEFAULT_LIMIT, search_report
-from ..render.units import parse_bytes
-from ..render.views import ParallelReport
+from ..options import parse_bytes
+from ..reports.parallel import ParallelReport
 from ._memory import memory_with
 
 __all__ = ["parallel"]

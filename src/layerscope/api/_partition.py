@@ -14,7 +14,7 @@ from ..errors import InputError
 from ..options import entry_options
 from ..planning.config import LAUNCHER_FIELDS, PartitionOptions
 from ..planning.split.units import units_from_memory, with_latencies, with_weight_shares, with_work
-from ..render.views import Report, view
+from ..reports.summary import Report
 from ._memory import memory
 
 __all__ = ["partition"]
@@ -72,7 +72,7 @@ def partition(model_or_report, *args: Any, stages: int | None = None, by=None, s
     opts, kwargs = entry_options(PartitionOptions, options, kwargs, forward_kwargs, keep=LAUNCHER_FIELDS,
                                  stages=stages, by=by, schedule=schedule, microbatches=microbatches,
                                  memory_limit=memory_limit, optimizer=optimizer)
-    from ..render.views import MemoryReport
+    from ..reports.memory import MemoryReport
     from ..planning.steptime.schedule import ZERO_BUBBLE
     from ..planning.steptime.unit_timing import unit_latencies, unit_weight_shares, unit_work_bytes
     from ..planning.split.units import split_units
@@ -166,7 +166,7 @@ def partition(model_or_report, *args: Any, stages: int | None = None, by=None, s
         notes.append(f"times predicted by a roofline ({roof.name}): {roof.peak_flops / 1e12:.3g} TFLOP/s, "
                      f"{roof.peak_bandwidth / 1e9:.3g} GB/s ({roof.source})")
         recorded["roofline"] = roof.to_dict()
-    return view(build_plan(units, opts, notes=notes, recorded=recorded))
+    return build_plan(units, opts, notes=notes, recorded=recorded)
 
 
 def _plan_dtype(units) -> torch.dtype:

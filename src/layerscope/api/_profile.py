@@ -16,7 +16,7 @@ from ..capture.step import default_loss
 from ..errors import InputError, LayerscopeError
 from ..options import AnalyzeOptions, ProfileOptions, entry_options
 from ..progress import ProgressBar
-from ..render.views import LatencyReport
+from ..reports.latency import LatencyReport
 from ..reports.latency import latency_layers, latency_totals
 from ._analyze import analyze
 

@@ -10,7 +10,7 @@ from torch import nn
 from ..capture.inputs import iter_tensors
 from ..errors import InputError
 from ..planning.search.space import BLOCKS, SearchResult, family_of, label, search
-from ..render.views import ParallelReport
+from ..reports.parallel import ParallelReport
 
 __all__ = ["search_report", "SEARCHED"]
 

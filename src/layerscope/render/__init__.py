@@ -1,7 +1,9 @@
 """Renderers: they format a report's table model (``layerscope.reports``), never change it.
 
-The reports sit below render and never import it; the report objects users receive are the view
-classes of ``render.views`` (each kind's record plus its views), built by the API's entry points.
+The reports sit below render and never import it: each kind is complete in ``layerscope.reports``
+and its views ask for render's functions by name (``reports.base.RENDERERS``), which importing this
+package registers (``render.views``). The package root imports render, so every report a user
+holds is drawn.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from .csv import render_csv
 from .json import SCHEMA_VERSION
 from .table import render_rich
 from .text import render_text
-from .views import Comparison, LatencyReport, MemoryReport, Report, StagePlan, compare, view
+from .views import Comparison, LatencyReport, MemoryReport, ParallelReport, Report, StagePlan, compare
 
 __all__ = ["render_csv", "render_rich", "render_text", "SCHEMA_VERSION", "Report", "MemoryReport",
-           "LatencyReport", "StagePlan", "Comparison", "compare", "view"]
+           "LatencyReport", "StagePlan", "Comparison", "ParallelReport", "compare"]

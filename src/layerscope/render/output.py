@@ -1,4 +1,4 @@
-"""Writing rendered text, pandas frames and the notebook's HTML table."""
+"""Pandas frames and the notebook's HTML table (``write_text``: reports.base's, re-exported)."""
 
 from __future__ import annotations
 
@@ -6,18 +6,11 @@ from html import escape
 from typing import Iterable
 
 from ..errors import InputError
+from ..reports.base import write_text
 from ..reports.table import Table
 from .layout import Grid, grid
 
 __all__ = ["write_text", "dataframe", "notebook_html", "grid_html"]
-
-
-def write_text(text: str, path: str | None) -> str:
-    """Write ``text`` to ``path`` when one is given; return it either way."""
-    if path is not None:
-        with open(path, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-    return text
 
 
 def dataframe(rows: Iterable[dict]):

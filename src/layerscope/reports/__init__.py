@@ -1,5 +1,6 @@
-"""Result records of every report kind and their columns: the table model every view is drawn from.
-No rendering code: render/ imports this package, never the reverse."""
+"""Every report kind users receive, complete (one class per kind: its record, its columns, its views),
+and the table model every view is drawn from. No rendering code: the views ask render for its
+functions by name (``base.RENDERERS``); render/ imports this package, never the reverse."""
 
 from .table import Column, Fact, Row, Table, flat_table, select_columns, tree_table
 

@@ -157,6 +157,22 @@ class Comparison(ReportRecord):
                           self, rows, self.columns(), depth, context=(Fact("Compared", f"{self.compared} reports"),),
                           footer=self._footer(), first_header="Layer")
 
+    def table(self, depth: int | None = 2, changed: bool = False, fold: bool = True, width: int | None = None) -> str:
+        """A row per layer: each metric for A, for B and B - A. ``changed``: only rows that differ."""
+        return self._text(depth, None, fold, width, changed=changed)
+
+    def rich_table(self, depth: int | None = 2, changed: bool = False, fold: bool = True, width: int | None = None):
+        return self._rich(depth, None, fold, width, changed=changed)
+
+    def print(self, depth: int | None = 2, changed: bool = False, file=None, fold: bool = True) -> None:
+        self._print(file, depth, None, fold, changed=changed)
+
+    def to_html(self, **others) -> str:
+        # the page shows one model's reports; a comparison has none yet (it raised a TypeError from
+        # page_data before): one clear line instead
+        raise InputError("a comparison has no HTML page: use its table, to_json(), to_csv() or "
+                         "to_dataframe(), or put each side on its own page (report.save_html)")
+
     def json_fields(self, **_: Any) -> tuple:
         return (("compared", "compared"), ("a", lambda c, _: c.names[0]), ("b", lambda c, _: c.names[1]),
                 ("totals", lambda c, _: {"a": c.totals[0], "b": c.totals[1]}), ("layers", lambda c, _: c.rows()))

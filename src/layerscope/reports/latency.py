@@ -3,15 +3,16 @@ its columns, header and footer."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 from ..analyses.latency import (SPREAD_LIMIT, LatencyLayer, latency_layers, latency_totals, over_roof, wide,
                                 wide_totals)
 from ..analyses.roofline import Roofline
 from ..capture.repeats import AUTO_MAX, AUTO_MIN, CALL_SHARE, TOL_CALL, TOL_TOTAL
 from ..errors import InputError
-from .base import ReportRecord, Totals
+from .base import ReportRecord, Totals, rendered, write_text
 from .table import Column, Fact, Table, select_columns, tree_table
 
 __all__ = ["LatencyLayer", "LatencyReport", "LatencyTotals", "latency_layers", "latency_totals", "latency_columns",
@@ -314,6 +315,25 @@ class LatencyReport(ReportRecord):
         cols = cols if columns == "all" else select_columns(cols, columns, InputError)
         return tree_table("latency", latency_title(self), self, self.layers, cols, depth,
                           context=latency_context(self), footer=latency_footer(self, top))
+
+    def table(self, depth: int | None = None, top: int = 3, fold: bool = True, columns=None,
+              width: int | None = None) -> str:
+        """The tree table; the footer names the ``top`` slowest calls at each depth (0: none)."""
+        return self._text(depth, columns, fold, width, top=top)
+
+    def rich_table(self, depth: int | None = None, top: int = 3, fold: bool = True, columns=None,
+                   width: int | None = None):
+        return self._rich(depth, columns, fold, width, top=top)
+
+    def print(self, depth: int | None = None, top: int = 3, file: TextIO | None = None, fold: bool = True,
+              columns=None) -> None:
+        self._print(file, depth, columns, fold, top=top)
+
+    def to_chrome_trace(self, path: str | None = None) -> str:
+        """Chrome trace / Perfetto JSON of the module spans of one repeat (the one whose forward is
+        the median), forward and backward on separate tracks; open in ui.perfetto.dev or
+        chrome://tracing."""
+        return write_text(json.dumps(rendered("chrome_trace")(self)), path)
 
     def __repr__(self) -> str:
         t = self.totals

@@ -1,8 +1,9 @@
 """The tables that are not about one model's layers, as report kinds: the presets ``hf:NAME`` builds
 (``layerscope list-presets``) and a pipeline run's per-rank results (``layerscope split --run``).
 
-Like every kind: records of plain numbers and words, their columns and footer here; render/ draws
-them (``render.listings``), so they print, export and fit a terminal the way the other reports do.
+Like every kind: records of plain numbers and words, their columns and footer here, and the views
+every kind has (render draws them), so they print, export and fit a terminal the way the other
+reports do.
 """
 
 from __future__ import annotations
@@ -35,7 +36,20 @@ PRESET_COLUMNS: tuple[Column, ...] = (
 )
 
 
-class PresetList(ReportRecord):
+class _Flat(ReportRecord):
+    """A table without a tree: no depth, no folding."""
+
+    def table(self, columns=None, width: int | None = None, **_: Any) -> str:
+        return self._text(None, columns, False, width)
+
+    def rich_table(self, columns=None, width: int | None = None, **_: Any):
+        return self._rich(None, columns, False, width)
+
+    def print(self, file=None, columns=None, **_: Any) -> None:
+        self._print(file, None, columns, False)
+
+
+class PresetList(_Flat):
     """The architectures shipped as configs (``specs.presets()``: name -> model, params, inputs,
     description)."""
 
@@ -93,7 +107,7 @@ def run_columns(run: "RunTable") -> tuple[Column, ...]:
         Column("error", "Error", "change", lambda r, t: r.error))
 
 
-class RunTable(ReportRecord):
+class RunTable(_Flat):
     """A pipeline run's table (``torchrun.RunResult``): a row per rank; ``when``: "first step" or
     "median"; ``predicted``: the plan has unit times (a busy-predicted column); ``notes``: the
     footer's (label, text) lines, which the run works out."""

@@ -7,9 +7,10 @@ blocks; elsewhere the exact size), each storage counted once however many tensor
 
 from __future__ import annotations
 
+import json
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 from ..analyses.memory import CallMemory, Marker, MemoryLayer, PhaseSpan, StepMemory, Timeline
 from ..capture.measure import Measured
@@ -17,7 +18,7 @@ from ..capture.shadow import live_module
 from ..capture.storage import CATEGORIES
 from ..errors import InputError
 from ..trace import Trace
-from .base import ReportRecord, Totals
+from .base import ReportRecord, Totals, rendered, write_text
 from .summary import input_facts
 from .table import Column, Fact, Table, select_columns, tree_table
 
@@ -196,6 +197,23 @@ class MemoryReport(ReportRecord):
     def json_fields(self, timeline: bool = True, **_: Any) -> tuple:
         """``timeline``: with the live bytes per category after every op (long for a big model)."""
         return MEMORY_JSON + ((("timeline", "timeline", _TIMELINE_JSON),) if timeline else ())
+
+    def table(self, depth: int | None = None, fold: bool = True, columns=None, width: int | None = None) -> str:
+        """The per-layer table as plain text (``fold``: runs of identical blocks as one row)."""
+        return self._text(depth, columns, fold, width)
+
+    def rich_table(self, depth: int | None = None, fold: bool = True, columns=None, width: int | None = None):
+        return self._rich(depth, columns, fold, width)
+
+    def print(self, depth: int | None = None, file: TextIO | None = None, fold: bool = True, columns=None) -> None:
+        """Print the table: a rich table fitted to the terminal, plain text otherwise."""
+        self._print(file, depth, columns, fold)
+
+    def to_dict(self, timeline: bool = True) -> dict[str, Any]:
+        return rendered("json")(self, timeline=timeline)
+
+    def to_json(self, path: str | None = None, indent: int | None = 2, timeline: bool = True) -> str:
+        return write_text(json.dumps(self.to_dict(timeline), indent=indent), path)
 
     def __repr__(self) -> str:
         return (f"<MemoryReport {self.model_name}: peak {self.peak_bytes:,} B "

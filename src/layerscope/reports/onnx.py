@@ -1,16 +1,18 @@
 """The per-node table of an ONNX model: its columns and footer (the seed's bandwidth table, sortable,
-with the model total); ``layerscope.render.onnx.OnnxNodes`` is the graph a Report holds, with its views."""
+with the model total), and ``OnnxNodes``, the graph a Report holds (``report.graph``) with its views."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import InputError
 from ..formats.onnx import NodeRecord, OnnxGraph
+from .base import rendered
 from .table import Column, Fact, Table, flat_table
 
-__all__ = ["SORT_KEYS", "NODE_COLUMNS", "sorted_nodes", "nodes_table", "onnx_notes"]
+__all__ = ["SORT_KEYS", "NODE_COLUMNS", "sorted_nodes", "nodes_table", "onnx_notes", "OnnxNodes", "node_dict"]
 
 SORT_KEYS = {
     "order": None,
@@ -86,3 +88,43 @@ def onnx_notes(options: dict) -> tuple[str, ...]:
             "torch.onnx's dynamo export merges initializers of equal values (e.g. norm weights still at "
             "their initial 1s), so the PyTorch model may hold them as separate parameters (more params, "
             "fewer shared than here)",)
+
+
+@dataclass(frozen=True)
+class OnnxNodes(OnnxGraph):
+    """The records formats/onnx.py made (formats/ turns graphs into records and renders nothing),
+    with their views: the per-node table, its CSV, and the dict the summary's JSON holds."""
+
+    @classmethod
+    def of(cls, graph: OnnxGraph) -> "OnnxNodes":
+        return graph if isinstance(graph, cls) else cls(**{f.name: getattr(graph, f.name)
+                                                           for f in dataclasses.fields(graph)})
+
+    def table(self, sort: str = "order", top: int | None = None) -> str:
+        """The per-node table (bytes read, written and moved, MACs, FLOPs, params) with the model
+        total; ``sort``: order, read, write, bytes, macs, flops or params; ``top``: first rows only."""
+        return rendered("text")(nodes_table(self, sort, top), False, None)
+
+    def print(self, sort: str = "order", top: int | None = None, file=None) -> None:
+        """The per-node table on a terminal, fitted to its width (low-priority columns drop and node
+        names lose their middle before any number is cut); plain text to a file or a pipe."""
+        rendered("print")(nodes_table(self, sort, top), file, False)
+
+    def to_csv(self, sort: str = "order", top: int | None = None) -> str:
+        return rendered("csv")(nodes_table(self, sort, top))
+
+    def to_dict(self) -> dict:
+        return {"opset": self.opset, "histogram": dict(self.histogram),
+                "peak_activation_bytes": self.peak_activation_bytes, "unknown_shapes": list(self.unknown_shapes),
+                "symbolic_dims": list(self.symbolic_dims), "nodes": [node_dict(n) for n in self.nodes]}
+
+
+def node_dict(n: NodeRecord) -> dict[str, Any]:
+    """One node as the summary's JSON holds it (docs/json.md: ``graph.nodes``)."""
+    def io(vals):
+        return [{"name": name, "shape": list(s) if s is not None else None, "dtype": dt} for name, s, dt in vals]
+    return {"index": n.index, "name": n.name, "op_type": n.op_type, "domain": n.domain, "module": n.module,
+            "inputs": io(n.inputs), "outputs": io(n.outputs),
+            "attributes": {k: v for k, v in n.attributes.items() if isinstance(v, (int, float, str, list))},
+            "params": n.params, "param_bytes": n.param_bytes, "macs": n.costs.macs, "flops": n.costs.flops,
+            "bytes_read": n.costs.bytes_read, "bytes_written": n.costs.bytes_written, "status": n.status}

@@ -5,7 +5,7 @@ the JSON's ``plans[i].ranks``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 from ..options import iec
 from ..planning.simulate.results import ESTIMATES, ParallelPlan, RankMemory
@@ -239,3 +239,12 @@ class ParallelReport(ReportRecord):
     def json_fields(self, **_: Any) -> tuple:
         return ("schema", "model_name", "options", "plans", "notes", "search",
                 ("roles", "roles", ("label", "ranks")))
+
+    def table(self, columns=None, width: int | None = None, **_: Any) -> str:
+        return self._text(None, columns, True, width)
+
+    def rich_table(self, columns=None, width: int | None = None, **_: Any):
+        return self._rich(None, columns, True, width)
+
+    def print(self, file: TextIO | None = None, columns=None, **_: Any) -> None:
+        self._print(file, None, columns, True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..errors import InputError
 from ..planning.config import SCHEDULES
@@ -228,6 +228,15 @@ class StagePlan(ReportRecord, StageIndex):
                           name=lambda s: s.label, first_header="Stage: units",
                           meta={"index_key": "stage", "timeline": self.timeline},
                           context=plan_context(self), footer=plan_footer(self))
+
+    def table(self, depth: int | None = None, columns=None, width: int | None = None, **_: Any) -> str:
+        return self._text(None, columns, True, width)
+
+    def rich_table(self, columns=None, width: int | None = None, **_: Any):
+        return self._rich(None, columns, True, width)
+
+    def print(self, file: TextIO | None = None, columns=None, **_: Any) -> None:
+        self._print(file, None, columns, True)
 
     def __repr__(self) -> str:
         step = f", step {self.step_time:.4g} s" if self.timeline is not None else ""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import weakref
-from typing import Any
+from typing import Any, TextIO
 
 from torch import nn
 
@@ -246,6 +246,19 @@ class Report(ReportRecord):
     # ---- views ----------------------------------------------------------------------------------
     def table_model(self, depth: int | None = None, columns=None, **_: Any) -> Table:
         return summary_table(self, depth, columns)
+
+    def table(self, depth: int | None = None, columns=None, fold: bool = True, width: int | None = None) -> str:
+        """The layer table as plain text. ``fold``: runs of 3 or more identical blocks show as one
+        row, ``layers.0-79: LlamaDecoderLayer x80 (each)`` (``fold=False`` shows every block);
+        ``width``: fit to that many characters (names shrink, then low-priority columns drop)."""
+        return self._text(depth, columns, fold, width)
+
+    def rich_table(self, depth: int | None = None, columns=None, fold: bool = True, width: int | None = None):
+        return self._rich(depth, columns, fold, width)
+
+    def print(self, depth: int | None = None, columns=None, file: TextIO | None = None, fold: bool = True) -> None:
+        """Print the table: a rich table fitted to the terminal, plain text otherwise."""
+        self._print(file, depth, columns, fold)
 
     def json_fields(self, **_: Any) -> tuple:
         return SUMMARY_JSON
