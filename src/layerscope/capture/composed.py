@@ -27,7 +27,7 @@ import torch
 
 from ..trace import FORWARD, Trace
 from .blocks import KEPT, REP, Truncated, find_run, loop_check_model, module_state, restore_module_state, truncated
-from .regions import NotComposable
+from .compose import NotComposable
 from .step import StepRun, run_steps
 from .storage import StorageTracker
 
