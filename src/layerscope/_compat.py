@@ -90,7 +90,7 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
     "engine_run_backward": ("torch.autograd.graph._engine_run_backward", "2.4",
                             lambda: _module("torch.autograd.graph")._engine_run_backward),
     "make_grads": ("torch.autograd._make_grads", "2.4", lambda: torch.autograd._make_grads),
-    # parallel (stages): torch's zero-bubble backward, split in the input's gradient and the weights'
+    # planning (simulate/pipeline_rank.py): torch's zero-bubble backward, split in the input's gradient and the weights'
     "stage_backward_input": ("torch.distributed.pipelining._backward.stage_backward_input", "2.6",
                              lambda: _module("torch.distributed.pipelining._backward").stage_backward_input),
     "stage_backward_weight": ("torch.distributed.pipelining._backward.stage_backward_weight", "2.6",
@@ -102,7 +102,7 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
     "grouped_mm": ("torch.ops.aten._grouped_mm", "2.8", lambda: torch.ops.aten._grouped_mm.default),
     "top_saved_tensors_hooks": ("torch._C._autograd._top_saved_tensors_default_hooks", "2.4",
                                 lambda: torch._C._autograd._top_saved_tensors_default_hooks),
-    # parallel (simulate): FSDP2's per-module state
+    # planning (torch_internals.py): FSDP2's per-module state, torch's runtime schedules' order builders and lowering
     "fsdp_state": ("torch.distributed.fsdp.FSDPModule._get_fsdp_state (its _fsdp_param_group)", "2.6",
                    lambda: _module("torch.distributed.fsdp").FSDPModule._get_fsdp_state),
     "interleaved_rank_ops": ("torch.distributed.pipelining.schedules.ScheduleInterleaved1F1B."
@@ -120,7 +120,7 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
                      "_calculate_single_rank_operations", "2.6",
                      lambda: _module("torch.distributed.pipelining.schedules")
                      .ScheduleZBVZeroBubble._calculate_single_rank_operations),
-    # parallel (apply)
+    # planning (torch_internals.py): the fake process group, activation checkpointing
     "FakeStore": ("torch.testing._internal.distributed.fake_pg.FakeStore (importing it registers the 'fake' "
                   "process-group backend)", "2.4",
                   lambda: _module("torch.testing._internal.distributed.fake_pg").FakeStore),
