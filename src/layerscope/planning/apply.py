@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from . import torch_internals
+from .. import _compat
 from ..errors import InputError
 from .config import ParallelConfig
 
@@ -388,14 +388,14 @@ def _apply_ac(model: nn.Module, blocks: list[tuple[str, nn.Module]], config: Par
     if config.ac == "selective-layer" and config.ac_every > len(blocks):
         raise InputError(f"selective-layer:{config.ac_every} checkpoints every {config.ac_every}th block, and the "
                          f"model has {len(blocks)}: none would be (use a smaller K, or full)")
-    save_ops = torch_internals.sac_save_ops() if config.ac == "selective-op" else None
+    save_ops = _compat.sac_save_ops() if config.ac == "selective-op" else None
     for i, (path, block) in enumerate(blocks):
         wrap = config.ac in ("full", "selective-op") or (config.ac == "selective-layer" and (i + 1) % config.ac_every == 0)
         if wrap:
             kwargs = {"preserve_rng_state": True, "early_stop": False}
             if save_ops is not None:
                 kwargs["context_fn"] = _sac_context_fn(save_ops)
-            wrapped = torch_internals.checkpoint_wrapper(block, **kwargs)
+            wrapped = _compat.checkpoint_wrapper(block, **kwargs)
             parent, leaf = _parent(model, path)
             parent.register_module(leaf, wrapped)
             block = wrapped
@@ -503,7 +503,7 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 def canonical_name(name: str) -> str:
     """A parameter's (or module's) name in the unwrapped model (checkpoint_wrapper's level removed)."""
-    prefix = torch_internals.checkpoint_prefix()
+    prefix = _compat.checkpoint_prefix()
     return name.replace(prefix, "").removesuffix("." + prefix.rstrip("."))
 
 

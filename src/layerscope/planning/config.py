@@ -22,7 +22,7 @@ __all__ = ["PipelineSchedule", "SCHEDULES", "schedule_of", "PartitionOptions", "
 class PipelineSchedule:
     """One of torch.distributed.pipelining's schedules as the planner, the simulation and the runs
     see it. Adding a schedule is one entry of ``SCHEDULES`` (a runtime schedule names torch's per-rank order
-    builder in ``rank_ops``, a key of ``torch_internals.schedule_order``'s table)."""
+    builder in ``rank_ops``, a key of ``_compat.schedule_order``'s table)."""
 
     name: str
     torch_class: str              # in torch.distributed.pipelining
@@ -36,7 +36,7 @@ class PipelineSchedule:
     rounds: bool = False          # torch runs the micro-batches in rounds of the ranks' count
     export_stages: bool = True    # torch.export stages connect under it (zbv's V: not, torch 2.13)
     label: str = ""               # how error messages name it
-    rank_ops: str | None = None   # a runtime schedule: torch's per-rank order builder (torch_internals.schedule_order)
+    rank_ops: str | None = None   # a runtime schedule: torch's per-rank order builder (_compat.schedule_order)
 
     @property
     def multi(self) -> bool:
@@ -70,7 +70,7 @@ class PipelineSchedule:
 
     def rank_order(self, rank: int, stages_per_rank: int, ranks: int, microbatches: int) -> list:
         """The (stage, kind, micro-batch) actions rank ``rank`` runs, in torch's own order (runtime schedules)."""
-        from .torch_internals import schedule_order
+        from .._compat import schedule_order
         return schedule_order(self, rank, stages_per_rank, ranks, microbatches)
 
     def torch_schedule(self):

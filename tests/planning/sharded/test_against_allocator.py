@@ -50,7 +50,7 @@ def test_checkpoint_keeps_the_cpu_generator_state_per_block(preserve, monkeypatc
     # in block 0's backward holds block 0's copy. The allocator's peak is the simulation's to the byte with
     # it (1,108,380 B on 2026-11-26; 5,056 B under before the simulation held the copy), and without it
     # (preserve_rng_state=False in both runs: 1,103,324 B)
-    import layerscope.planning.torch_internals as compat
+    import layerscope._compat as compat
     if not preserve:
         wrap = compat.checkpoint_wrapper
         monkeypatch.setattr(compat, "checkpoint_wrapper",

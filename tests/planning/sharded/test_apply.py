@@ -10,7 +10,6 @@ from torch import nn
 transformers = pytest.importorskip("transformers")
 
 from layerscope import _compat  # noqa: E402
-from layerscope.planning import torch_internals  # noqa: E402
 from layerscope.errors import InputError  # noqa: E402
 from layerscope.planning.config import ParallelConfig  # noqa: E402
 from layerscope.planning.apply import (build_mesh, canonical_tensors, data_parallel_rank, find_blocks, loss_context, parallelize)
@@ -24,7 +23,7 @@ GPT2 = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=32)
 @contextlib.contextmanager
 def fake_world(world: int, rank: int = 0):
     import torch.distributed as dist
-    dist.init_process_group("fake", rank=rank, world_size=world, store=torch_internals.fake_store())
+    dist.init_process_group("fake", rank=rank, world_size=world, store=_compat.fake_store())
     try:
         yield
     finally:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import torch_internals
+from ... import _compat
 from ...errors import InputError
 from ..config import ParallelConfig
 from ..apply import (amp_context, build_mesh, canonical_name, canonical_tensors, data_parallel_rank, local_tensor as _local, loss_context, no_kv_cache, parallelize)
@@ -328,7 +328,7 @@ def pipeline_stage(model: nn.Module, config: ParallelConfig, mesh, stage: int, i
     the ``pp`` group; ``ids``: the rank's local batch (its first micro-batch records the stage), on the
     stage's device.
     Every stage is given every boundary's metadata (``input_args``/``output_args``); ``static``: also
-    without the stages' P2P vote on it (``torch_internals.pipeline_stage_static``: a fake backend carries no
+    without the stages' P2P vote on it (``_compat.pipeline_stage_static``: a fake backend carries no
     data). Returns (stage module, PipelineStage, schedule)."""
     if config.schedule not in PIPELINE_SCHEDULES or config.stages != config.pp:
         raise InputError(f"pipeline_stage builds one stage per rank (gpipe or 1f1b), not {config.schedule}: a rank "
@@ -418,7 +418,7 @@ def _stage_pipe(model: nn.Module, config: ParallelConfig, mesh, stage: int, ids:
     pipe = PipelineStage(mod, stage, config.stages, ids.device, input_args=inputs, output_args=outputs,
                          group=mesh["pp"].get_group(), **grads)
     if static:
-        torch_internals.pipeline_stage_static(pipe)
+        _compat.pipeline_stage_static(pipe)
     return mod, pipe
 
 

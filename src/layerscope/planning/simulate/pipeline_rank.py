@@ -68,7 +68,7 @@ DTensor torch wraps the buffer in, let go of at W). Under the V (``zbv``) the tw
 activations and gradients over on it (torch's ``set_local_fwd_input`` / ``set_local_bwd_input``).
 torch's runtime schedules (interleaved and zero bubble) all-gather an FSDP stage ahead of its actions,
 reshard it after, and reduce each stage's gradients right after its last backward, in the order torch's
-own lowering gives (``torch_internals.runtime_lowered``). Measured on the fake backend: 16 zero-bubble stage ranks
+own lowering gives (``_compat.runtime_lowered``). Measured on the fake backend: 16 zero-bubble stage ranks
 within -0.52% .. +0.08% (docs/benchmarks.md); on an H100, 8 within -2.23% .. -0.21%.
 """
 
@@ -84,7 +84,6 @@ import torch
 from torch import nn
 
 from ... import _compat
-from .. import torch_internals
 from ...capture.inputs import map_tensors
 from ...capture.loss import StepLoss, default_loss
 from ...capture.simulation import eager_paths
@@ -576,7 +575,7 @@ class _StageRun:
 
     def _reduce(self) -> None:
         self._reduced = True
-        torch_internals.fsdp_reduce_grads(self.mod)
+        _compat.fsdp_reduce_grads(self.mod)
         if self.m != 1:
             with torch.no_grad():
                 for p in self.mod.parameters():
@@ -669,7 +668,7 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
     if schedule_of(config.schedule).multi:
         # torch's runtime schedules all-gather an FSDP stage's parameters ahead (UNSHARD), reshard it after
         # (RESHARD) and reduce each stage's gradients right after its last backward (REDUCE_GRAD)
-        actions = torch_internals.runtime_lowered(actions, config.microbatches)
+        actions = _compat.runtime_lowered(actions, config.microbatches)
     with fake_world(rank, config.world), simulation_warnings():
         privates = {}
         for stage in mine:

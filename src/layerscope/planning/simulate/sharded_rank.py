@@ -48,7 +48,6 @@ import torch
 from torch import nn
 
 from ... import _compat
-from .. import torch_internals
 from ...capture import hooks
 from ...capture.simulation import eager_paths
 from ...capture.step import StepRun, run_steps
@@ -107,7 +106,7 @@ def fake_world(rank: int, world: int):
         hook = sys.excepthook       # init_process_group chains a "[rankN]: " prefixing hook in and leaves it there
         clear = _compat.get("dtensor_mesh_caches", lambda: None)
         clear()                     # no mesh of an earlier world answers for this one's
-        dist.init_process_group("fake", rank=rank, world_size=world, store=torch_internals.fake_store())
+        dist.init_process_group("fake", rank=rank, world_size=world, store=_compat.fake_store())
         rnd = _compat.get("dtensor_random")
         tracker = getattr(rnd, "_rng_tracker", None)
         if rnd is not None:
@@ -260,7 +259,7 @@ def watch_fsdp(model: nn.Module, tracker: StorageTracker, *, host: bool = False)
     (``prepare_offload``): the sharded parameters are the host's, and each reduced gradient is copied to
     the host at the end of its group's post-backward, where a GPU rank lets go of the reduce-scatter's
     output (FSDP2's ``foreach_reduce``: ``new_sharded_grad.to("cpu")``, a no-op on the simulation's CPU)."""
-    for group in torch_internals.fsdp_param_groups(model):
+    for group in _compat.fsdp_param_groups(model):
         for fp in group.fsdp_params:
             _wrap_param(fp, tracker)
             if host:
@@ -301,7 +300,7 @@ def prepare_offload(model: nn.Module, tracker: StorageTracker, *, host: bool) ->
     device would skip as a no-op; here the parameter's class gains an ``all_gather_inputs`` that makes
     the copy (a device tensor the all-gather's copy-in reads and lets go of), the rest being torch's."""
     classes: dict[type, type] = {}
-    for group in torch_internals.fsdp_param_groups(model):
+    for group in _compat.fsdp_param_groups(model):
         for fp in group.fsdp_params:
             fp.pin_memory = False
             if host:
