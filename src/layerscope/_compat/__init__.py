@@ -327,7 +327,7 @@ def schedule_order(kind, rank: int, stages_per_rank: int, ranks: int,
     backward for its weights."""
     import types
 
-    from .errors import InputError
+    from ..errors import InputError
     m, p, v = microbatches, ranks, stages_per_rank
     rounds = max(1, m // p)
     if kind.rounds and m % rounds:
