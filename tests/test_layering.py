@@ -1,30 +1,37 @@
-"""Every import inside the package points down DESIGN.md's layers, and no two files import each other
-(issue 32, step 2). Imports are read from the source (an AST walk), so module-level, function-level and
-``if TYPE_CHECKING:`` imports all count: a type-only import still ties a lower layer to a higher one."""
+"""Every import inside the package points down the layers of docs/architecture.md, and no two files
+import each other (issue 32, step 2). Imports are read from the source (an AST walk), so module-level,
+function-level and ``if TYPE_CHECKING:`` imports all count: a type-only import still ties a lower layer
+to a higher one. The layer order is read from the document's ``layers`` block (issue 59, item 5), so the
+document is the rule itself."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import layerscope
 
 SRC = Path(layerscope.__file__).parent
+ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 
-# DESIGN.md's order, bottom to top; a module imports its own layer and the ones below it
-LAYERS = [
-    ["_compat", "_transformers", "_version", "errors", "progress", "options", "trace"],   # base
-    ["costs"],
-    ["capture"],
-    ["formats"],
-    ["analyses"],
-    ["planning"],                                                         # planning
-    ["reports"],
-    ["render"],
-    ["api", "profiler"],
-    ["compat"],
-    ["cli", "specs", "examples", "__main__", "torchrun", "__init__"],   # the package root stands here
-]
+
+def read_layers(text: str) -> list[list[str]]:
+    """The layers, bottom to top, of the one fenced ``layers`` block in ``text``: one layer a line, its
+    name, a colon, then the top-level modules and packages it holds, separated by spaces."""
+    blocks = re.findall(r"^```layers\n(.*?)^```", text, flags=re.M | re.S)
+    assert len(blocks) == 1, "docs/architecture.md has one ```layers block"
+    layers = []
+    for line in blocks[0].splitlines():
+        if line.strip():
+            name, sep, heads = line.partition(":")
+            assert sep and heads.split(), f"a layer line is 'name: module ...', got {line!r}"
+            layers.append(heads.split())
+    return layers
+
+
+# docs/architecture.md's order, bottom to top; a module imports its own layer and the ones below it
+LAYERS = read_layers(ARCHITECTURE.read_text(encoding="utf-8"))
 RANK = {head: i for i, heads in enumerate(LAYERS) for head in heads}
 # the deprecated aliases (layerscope.report, ...) are kept for one release and imported by nothing
 # inside the package: the top layer, so that any import of one shows up below
@@ -86,7 +93,7 @@ def rank(rel: str) -> int:
 def test_every_import_points_down():
     upward = {(src, dst) for src, dsts in graph().items() for dst in dsts
               if src != "__init__.py" and rank(dst) > rank(src)}   # the root re-exports everything
-    assert upward - KNOWN_UPWARD == set(), "imports that point up DESIGN.md's layers"
+    assert upward - KNOWN_UPWARD == set(), "imports that point up docs/architecture.md's layers"
     assert KNOWN_UPWARD - upward == set(), "fixed: take these off KNOWN_UPWARD"
 
 
@@ -143,3 +150,12 @@ def test_the_walk_sees_every_kind_of_import():
     assert "render/timeline.py" in imported_files("render/views.py")          # inside a function
     assert "planning/steptime/schedule.py" in imported_files("reports/plan.py")        # under TYPE_CHECKING
     assert "capture/recorder.py" in imported_files("capture/session.py")
+
+
+def test_the_layer_order_is_the_documents():
+    # a guard on the parse: each head in one layer, the base at the bottom, the package root at the top
+    heads = [h for layer in LAYERS for h in layer]
+    assert len(heads) == len(set(heads)), "a module placed in two layers"
+    assert "_compat" in LAYERS[0] and "trace" in LAYERS[0] and "__init__" in LAYERS[-1]
+    assert LAYERS.index(["capture"]) < LAYERS.index(["planning"]) < LAYERS.index(["reports"])
+    assert read_layers("text\n```layers\nbase: a b\n\ntop: c\n```\nmore") == [["a", "b"], ["c"]]

@@ -23,17 +23,14 @@ medians over steps do not grow with the number of steps or with reuse of the pro
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import nn
 
 from .analyses.latency import timing
-from .capture import hooks
 from .capture.counter import ForwardCounter
 from .capture.records import param_totals
-from .capture.inputs import meta_copies
-from .capture.timing import CallTimes, Recorder, merge_steps
+from .capture.timing import CallTimes, merge_steps
+from .capture.user_loop import LoopRecorder
 from .errors import InputError
 
 __all__ = ["Profiler"]
@@ -61,71 +58,25 @@ class Profiler:
         self.model, self.optimizer = model, optimizer
         self.warmup_steps, self.costs, self.roofline = warmup_steps, costs, roofline
         self.device = model_device(model)
-        self._rec = Recorder(model, self.device, backward=True)
-        self._handles: list = []
-        self._steps: list[tuple[list[CallTimes], float, list[tuple[str, float]], float]] = []
-        self._example: tuple | None = None     # meta copies of the first top-level call's inputs
-        # DeepSpeed's getters: the forwards that ran, counted as they ran (not a meta copy of one of them,
-        # whose values are invented: a branch on them, a mask, a routing decision would be guessed)
-        self._counter = ForwardCounter(model) if costs else None
-        self.running = False
+        # the hooks on the user's loop and the steps they recorded (capture/user_loop.py)
+        self._loop = LoopRecorder(model, optimizer, self.device, step_on, costs)
+
+    @property
+    def running(self) -> bool:
+        return self._loop.running
 
     # the DeepSpeed-shaped API ----------------------------------------------------------------
     def start_profile(self) -> None:
         """Put the hooks on and begin a step."""
-        if self.running:
-            return
-        self._hook()
-        self._rec.begin()
-        self.running = True
-
-    def _hook(self) -> None:
-        # first of the model's pre-hooks: a new step begins before the tracker numbers the call
-        self._handles.append(hooks.forward_pre_hook(self.model, self._root_pre, prepend=True, with_kwargs=True))
-        if self.optimizer is not None:
-            self._handles += [self.optimizer.register_step_pre_hook(self._opt_pre),
-                              self.optimizer.register_step_post_hook(self._opt_post)]
-        self._rec.attach()
-        if self._counter is not None:
-            self._counter.attach()
-
-    @contextlib.contextmanager
-    def _paused(self):
-        """Hooks off (the open step kept) while the profiler runs the model itself: the costs
-        analysis of report() must not be recorded as calls of the user's step."""
-        if not self.running:
-            yield
-            return
-        self._unhook()
-        try:
-            yield
-        finally:
-            self._hook()
+        self._loop.start()
 
     def stop_profile(self) -> None:
         """End the current step (kept when it ran any module) and take every hook off."""
-        if not self.running:
-            return
-        try:
-            self._close_step()
-        finally:
-            self._unhook()
-            self.running = False
-
-    def _unhook(self) -> None:
-        self._rec.detach()
-        hooks.remove_all(self._handles)
-        if self._counter is not None:
-            self._counter.detach()
+        self._loop.stop()
 
     def step(self) -> None:
         """End the current step and begin the next."""
-        self._next_step()
-
-    def _next_step(self) -> None:
-        if self.running:
-            self._close_step()
-            self._rec.begin()
+        self._loop.next_step()
 
     def generate_report(self):
         """A LatencyReport of the steps so far (medians over steps, after the warm-up steps)."""
@@ -134,10 +85,7 @@ class Profiler:
     def end_profile(self) -> None:
         """Stop and forget every recorded step."""
         self.stop_profile()
-        self._steps = []
-        self._example = None
-        if self._counter is not None:
-            self._counter.reset()
+        self._loop.forget()
 
     # DeepSpeed FlopsProfiler's getters (render/deepspeed.py has its formats) -------------
     # As FlopsProfiler's: the MACs and FLOPs of every forward since start_profile (end_profile forgets
@@ -148,7 +96,7 @@ class Profiler:
         was_running = self.running
         self.stop_profile()
         try:
-            return self.report() if self._steps else None
+            return self.report() if self._loop.steps else None
         finally:
             if was_running:
                 self.start_profile()
@@ -201,42 +149,23 @@ class Profiler:
 
     @property
     def steps(self) -> int:
-        return len(self._steps)
-
-    # hooks -----------------------------------------------------------------------------------
-    def _root_pre(self, module, args, kwargs) -> None:
-        if self.step_on == "forward" and self._rec.calls and self._rec.calls[0].f1 is not None:
-            self._next_step()                   # no other marker: a step per top-level forward
-        if self._example is None:
-            self._example = (meta_copies(args), meta_copies(kwargs), module.training)
-
-    def _opt_pre(self, opt, args, kwargs) -> None:
-        self._rec.mark("optimizer")
-
-    def _opt_post(self, opt, args, kwargs) -> None:
-        self._rec.mark("/optimizer")
-        if self.step_on == "optimizer":
-            self._next_step()
-
-    def _close_step(self) -> None:
-        step = self._rec.end()
-        if step[0]:
-            self._steps.append(step)
+        return len(self._loop.steps)
 
     # the report ------------------------------------------------------------------------------
     def report(self, warmup_steps: int | None = None):
         from .reports.latency import LatencyReport
         from .reports.latency import latency_layers
         skip = self.warmup_steps if warmup_steps is None else warmup_steps
-        steps = self._steps[skip:] if len(self._steps) > skip else self._steps
+        recorded = self._loop.steps
+        steps = recorded[skip:] if len(recorded) > skip else recorded
         if not steps:
             raise InputError("no step was recorded: run the model between start_profile() and "
                              "stop_profile() (or inside `with profiler:`)")
         notes = []
-        if len(self._steps) <= skip:
-            notes.append(f"only {len(self._steps)} step(s) recorded: the {skip} warm-up step(s) are "
+        if len(recorded) <= skip:
+            notes.append(f"only {len(recorded)} step(s) recorded: the {skip} warm-up step(s) are "
                          "included")
-        if self._counter is not None:
+        if self._loop.counter is not None:
             notes.append("the forward times include the counting of every op's FLOPs for DeepSpeed's getters (a "
                          "dispatch mode on each op, tens of microseconds each); Profiler(..., costs=False) times "
                          "the forwards without it")
@@ -250,19 +179,19 @@ class Profiler:
         from .capture.prepare import float_dtype
         return LatencyReport(
             model_name=type(self.model).__name__, device=str(self.device),
-            options={"steps": len(steps), "warmup": len(self._steps) - len(steps), "backward": backward,
+            options={"steps": len(steps), "warmup": len(recorded) - len(steps), "backward": backward,
                      "unit": "step", "optimizer": type(self.optimizer).__name__ if self.optimizer else None},
             layers=tuple(latency_layers(calls, costs, backward)), totals=totals, notes=tuple(notes),
             roofline=roofline_for(self.roofline, self.device, float_dtype(self.model)))
 
     def _costs(self, notes: list[str]):
-        if not self.costs or self._example is None:
+        if not self.costs or self._loop.example is None:
             return None
         from .api import analyze
         from .errors import LayerscopeError
-        args, kwargs, training = self._example
+        args, kwargs, training = self._loop.example
         try:
-            with self._paused():
+            with self._loop.paused():
                 return analyze(self.model, *args, device="meta", mode="train" if training else "eval",
                                forward_kwargs=kwargs)
         except LayerscopeError as e:
@@ -270,12 +199,11 @@ class Profiler:
             return None
 
 
-
 def _counted(prof: Profiler) -> ForwardCounter:
     """The profiler's counts of the forwards that ran (DeepSpeed's getters); none with costs=False."""
-    if prof._counter is None:
+    if prof._loop.counter is None:
         raise InputError("Profiler(costs=False) counts no FLOPs or MACs: the getters need costs=True")
-    return prof._counter
+    return prof._loop.counter
 
 
 def _step_totals(calls: list[CallTimes], steps) -> dict[str, float]:

@@ -11,6 +11,7 @@ from torch import nn
 
 import layerscope as ls
 from layerscope import _compat
+from layerscope._compat.apis import _HOOK_DICTS
 from layerscope.capture.tracker import ModuleTracker
 
 
@@ -20,7 +21,7 @@ def _model():
 
 
 def _entries(m: nn.Module, key) -> list[bool]:
-    return [key in getattr(m, name) for name in _compat._HOOK_DICTS]
+    return [key in getattr(m, name) for name in _HOOK_DICTS]
 
 
 def test_direct_hooks_match_the_public_ones_and_go_away():
@@ -46,7 +47,7 @@ def test_direct_hooks_match_the_public_ones_and_go_away():
         tracker.remove()
         for h in handles:
             h.remove()
-    assert all(not getattr(m, name) for m in model.modules() for name in _compat._HOOK_DICTS)
+    assert all(not getattr(m, name) for m in model.modules() for name in _HOOK_DICTS)
 
 
 def test_user_hooks_survive_an_analysis():
@@ -71,7 +72,7 @@ def test_a_torch_without_the_hook_dicts_gives_the_same_records(monkeypatch):
         assert _compat.get("module_hook_dicts") is None
         public = ls.analyze(model, x, backward=True)
         assert public.layers == direct.layers and public.trace.ops == direct.trace.ops
-        assert all(not getattr(m, name) for m in model.modules() for name in _compat._HOOK_DICTS)
+        assert all(not getattr(m, name) for m in model.modules() for name in _HOOK_DICTS)
     finally:
         monkeypatch.undo()
         _compat.forget()

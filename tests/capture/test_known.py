@@ -403,14 +403,14 @@ def test_a_large_fill_holds_one_element():
     k = KnownValues()
     big = torch.empty(1024, 1024, device="meta")
     assert big.numel() > FILL_WHOLE
-    k._fill(big, 0.0)
+    k.fill(big, 0.0)
     v = k.value(big)
     assert tuple(v.shape) == (1024, 1024) and v.untyped_storage().nbytes() == 4 and v.abs().sum().item() == 0
     # written in place, it is made whole first (then 4 MiB: the write's values are real)
     w = k.writable(big)
     assert w.untyped_storage().nbytes() == 4 * 1024 * 1024 and k.value(big) is w and not k.fills
     small = torch.empty(16, device="meta")
-    k._fill(small, 1.0)
+    k.fill(small, 1.0)
     assert k.value(small).untyped_storage().nbytes() == 64
 
 
@@ -420,12 +420,13 @@ def _fed(fn):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from layerscope.capture.known import KnownValues
+    from layerscope.capture.known_ops import carry_values
     table = KnownValues()
 
     class Feed(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            table.after(func, args, kwargs or {}, out)
+            carry_values(table, func, args, kwargs or {}, out)
             return out
     with Feed():
         fn(table)

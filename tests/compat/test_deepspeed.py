@@ -132,7 +132,7 @@ def test_profiler_getters_count_the_forwards_that_ran(tmp_path):
     p.print_model_profile(output_file=str(out))
     text = out.read_text()
     assert f"{'fwd flops per GPU: ':<70}  {'528 ':<8}" in text
-    assert f"{'fwd latency: ':<70}  {duration_to_string(p._counter.seconds['']):<8}" in text
+    assert f"{'fwd latency: ':<70}  {duration_to_string(p._loop.counter.seconds['']):<8}" in text
     p.end_profile()
     assert (p.get_total_macs(), p.get_total_flops()) == (0, 0)
     with pytest.raises(ls.InputError, match="costs=False"):
@@ -155,7 +155,7 @@ def test_profiler_report_inside_the_loop_keeps_the_open_step():
         m(torch.randn(2, 3, 8, 8))
         assert p.report().totals["flops"] == FLOPS
         m(torch.randn(2, 3, 8, 8))
-    assert p.steps == 3 and [len(s[0]) for s in p._steps] == [6, 6, 6]   # 6 module calls per forward
+    assert p.steps == 3 and [len(s[0]) for s in p._loop.steps] == [6, 6, 6]   # 6 module calls per forward
 
 
 # ---- FlopsProfiler as DeepSpeed's: counts over every forward since start_profile; ds_engine's sizes --

@@ -294,7 +294,7 @@ class ValueRanges:
             with no_dispatch():
                 self.set(t, (int(real.min()), int(real.max()), True))
 
-    # ---- the recorder's calls (through KnownValues.after) ---------------------------------------
+    # ---- the recorder's calls (through known_ops.carry_values) -----------------------------------
     def before(self, known, func, args, kwargs, out, writes) -> list | None:
         """Before ``known`` carries ``func``'s values: the ranges its outputs (and the tensors it writes)
         take, as ``[(tensor, range or TAINTED)]``; None where no input has a range and the op has no

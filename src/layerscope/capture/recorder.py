@@ -11,7 +11,7 @@ import torch
 
 from .. import _compat
 from ..trace import FORWARD
-from .known import SHAPED_OPS
+from .known_ops import SHAPED_OPS, carry_values, shaped_outputs
 from .simulation import note_meta_read
 
 __all__ = ["OpRecorder", "unknown_value", "FAKE_SIZE_FIXES"]
@@ -135,7 +135,7 @@ class OpRecorder:
                 cap.on_op(func, args, kwargs, out, seq)
             known = cap.known
             if known is not None:
-                known.after(func, args, kwargs, out)
+                carry_values(known, func, args, kwargs, out)
             return out
         if kind == _PRIM_KIND:
             # prim.device / prim.layout: metadata queries that only tensor subclasses (fake tensors)
@@ -164,7 +164,7 @@ class OpRecorder:
                 self._nested -= 1
         cap = self.cap
         seq = cap.next_seq() if cap.track_seq and cap.phase is FORWARD else 0
-        shaped = known.shaped(func, args, kwargs) if known is not None and func in SHAPED_OPS else None
+        shaped = shaped_outputs(known, func, args, kwargs) if known is not None and func in SHAPED_OPS else None
         if shaped is not None:
             # the values read are known (capture/known.py): the output at its real shape
             out = shaped
@@ -215,7 +215,7 @@ class OpRecorder:
         if not cap.paused and not kind & _PRIM_KIND:
             cap.on_op(func, args, kwargs, out, seq)
         if known is not None and shaped is None and func is not _LOCAL_SCALAR:
-            known.after(func, args, kwargs, out)
+            carry_values(known, func, args, kwargs, out)
         return out
 
 

@@ -17,7 +17,8 @@ from ...render.units import TORCHINFO_UNITS, torchinfo_number
 from ...render.views import Report
 from ...trace import Coverage
 from .enums import Units
-from .layer_info import LayerInfo, PeerShapes, layers_from_module, layers_from_report, pruned_totals
+from .layer_info import LayerInfo, layers_from_module, layers_from_report, pruned_totals
+from .output_shapes import PeerShapes
 
 __all__ = ["summary", "layerscope_summary", "ModelStatistics", "LayerInfo", "FormattingOptions", "COLUMN_NAMES",
            "ROW_SETTINGS", "clear_cached_forward_pass"]
@@ -275,7 +276,7 @@ def build(model: nn.Module, input_size=None, input_data=None, batch_dim: int | N
           mode: str = "same", row_settings=None, verbose: int = 1, kwargs: dict | None = None,
           peer_shapes: bool = False) -> ModelStatistics:
     """The ModelStatistics of one summary, without printing. ``peer_shapes``: torchinfo's Output Shape
-    for each call (``layer_info.peer_size``: its reduction of a dict, tuple or array output to one
+    for each call (``output_shapes.peer_size``: its reduction of a dict, tuple or array output to one
     shape), and its RuntimeError for a layer whose output it has no shape for (a string, a class);
     else the first output tensor's shape as it ran, whatever the layer returned."""
     from ...api import analyze
