@@ -3,6 +3,10 @@
 # `make test-torch214` runs the same suite in a second virtualenv, .venv-214, kept apart from .venv:
 # torch 2.14.1 + torchvision 0.29.1, the newest pair this machine's package setup installs from disk
 # (a CUDA build, about 5.5 GB, run on the CPU), so the suite also runs on the torch users have.
+# Both run the suite without the tests marked slow (pyproject's addopts, -m 'not slow'): torchrun
+# launches, whole parallelism searches, the comparisons with torch's allocator and the other long checks,
+# which would take `make test` past 5 minutes on 2 cores. `make test-slow` and `make test-torch214-slow`
+# run exactly those (-m slow); .ci/run runs all four.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP_IN = $(1)/bin/python -m pip install -q --disable-pip-version-check
@@ -11,7 +15,7 @@ VENV214 ?= .venv-214
 TORCH214 := torch==2.14.1 torchvision==0.29.1
 APT := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null
 
-.PHONY: demo test test-torch214 bench clean
+.PHONY: demo test test-slow test-torch214 test-torch214-slow bench clean
 
 $(VENV)/.base: pyproject.toml
 	python3 -m venv $(VENV)
@@ -45,9 +49,16 @@ demo: $(VENV)/.base
 test: $(VENV)/.test
 	$(PY) -m pytest -q
 
+# the tests `make test` leaves out (the command line's -m comes after addopts' and wins)
+test-slow: $(VENV)/.test
+	$(PY) -m pytest -q -m slow
+
 # the browser test uses the chromium `make test` installs; run alone, without it, that test is skipped
 test-torch214: $(VENV214)/.test
 	$(VENV214)/bin/python -m pytest -q
+
+test-torch214-slow: $(VENV214)/.test
+	$(VENV214)/bin/python -m pytest -q -m slow
 
 bench: $(VENV)/.test
 	$(PY) bench/bench_analyze.py

@@ -66,3 +66,21 @@ def machine_independent_kernels():
             yield
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _torchrun_only_in_the_slow_suite(request, monkeypatch):
+    """The marking policy, checked: a test that starts torchrun (several processes, 6-25 s a launch on 2
+    cores) is marked ``slow``, so that ``make test`` stays under 5 minutes; ``make test-slow`` runs it. An
+    unmarked test fails at the launch (every launcher goes through subprocess.Popen)."""
+    if request.node.get_closest_marker("slow") is not None:
+        return
+    import subprocess
+
+    class Unmarked(subprocess.Popen):
+        def __init__(self, args, *rest, **kwargs):
+            words = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
+            if "torch.distributed.run" in words or (words and words[0].endswith("torchrun")):
+                pytest.fail(f"{request.node.nodeid} starts torchrun: mark it @pytest.mark.slow", pytrace=False)
+            super().__init__(args, *rest, **kwargs)
+    monkeypatch.setattr(subprocess, "Popen", Unmarked)

@@ -240,7 +240,7 @@ def _keeping_ties(model: nn.Module, move) -> nn.Module:
     return model
 
 
-@pytest.mark.parametrize("make", [tiny_gpt2, tiny_bert])
+@pytest.mark.parametrize("make", [tiny_gpt2, pytest.param(tiny_bert, marks=pytest.mark.slow)])
 def test_real_meta_and_fake_tensors_agree(make):
     model, kw = make()
     real = ls.memory(model, optimizer=torch.optim.AdamW, autocast_dtype=torch.bfloat16, **kw)
@@ -361,6 +361,7 @@ def test_max_batch_size():
     assert ls.max_batch_size(model, X, optimizer=torch.optim.SGD, limit=100).batch_size == 0
 
 
+@pytest.mark.slow
 def test_max_batch_size_is_the_brute_force_answer_in_few_simulations():
     # issue 24 item 2: at most 4 simulations where the peak is affine in the batch size, and the
     # answer always the largest batch whose own memory() fits. measure=False: no real step checks it.

@@ -165,6 +165,7 @@ def test_gqa_decoder_takes_the_eager_mask_path(name):
     assert import_utils.is_fake_tensor.__name__ == "is_fake_tensor"     # swapped back
 
 
+@pytest.mark.slow
 def test_unet_conv_scratch_and_max_batch_size_checked_by_a_measured_step():
     # issue 18 item 9: oneDNN's convolution scratch was invisible (-8% to -14%), and max_batch_size
     # returned a batch whose real step did not fit. Now the scratch is sized by a real call, and the
@@ -180,6 +181,7 @@ def test_unet_conv_scratch_and_max_batch_size_checked_by_a_measured_step():
     assert fit.batch_size >= 2
 
 
+@pytest.mark.slow
 def test_max_batch_size_steps_down_when_the_measured_step_does_not_fit(monkeypatch):
     # the check itself: a prediction that misses scratch (kernel probes off) is corrected by the
     # measured step, never returned as is

@@ -61,10 +61,13 @@ IDS = {"input_ids": torch.zeros(2, 16, dtype=torch.long)}
 
 
 @pytest.mark.parametrize("opts", [
-    dict(optimizer="adamw"),                                   # 2 steps: optimizer state from the first on
+    # 2 steps: optimizer state from the first on
+    pytest.param(dict(optimizer="adamw"), marks=pytest.mark.slow),
     dict(training=False),                                      # an inference forward
-    dict(optimizer="adamw", device="cuda", autocast_dtype="bf16"),  # 512-byte blocks, foreach, cuBLAS workspaces
-    dict(optimizer="sgd", accumulation=2, keep_output=False),  # gradients accumulated over two passes
+    # 512-byte blocks, foreach, cuBLAS workspaces
+    pytest.param(dict(optimizer="adamw", device="cuda", autocast_dtype="bf16"), marks=pytest.mark.slow),
+    # gradients accumulated over two passes
+    pytest.param(dict(optimizer="sgd", accumulation=2, keep_output=False), marks=pytest.mark.slow),
 ], ids=["adamw", "inference", "cuda-bf16", "sgd-accumulation"])
 def test_llama_composed_is_the_whole_models_report(opts, outcome):
     model = llama()
@@ -74,6 +77,7 @@ def test_llama_composed_is_the_whole_models_report(opts, outcome):
     assert_unchanged(before, model)     # the shorter model's copies and watched attributes leave no trace
 
 
+@pytest.mark.slow
 def test_checkpointed_blocks_and_a_sliding_window_compose(outcome):
     model = llama(6)
     (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
@@ -93,6 +97,7 @@ def test_plain_blocks_compose():
     assert rep.totals.parameter_bytes == 12 * (32 * 32 + 32) * 4
 
 
+@pytest.mark.slow
 def test_blocks_that_differ_by_index_are_simulated_whole(outcome):
     # Gemma2's blocks alternate sliding and full attention: an attribute that differs and is read
     cfg = tf.Gemma2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
@@ -202,6 +207,7 @@ def test_a_block_registered_twice_is_not_a_block_of_the_run():
     same_reports(model, {"input_size": (4, 16)}, optimizer="adamw")
 
 
+@pytest.mark.slow
 def test_hooks_transformers_installs_on_a_first_call_are_not_left_by_the_shorter_model(outcome):
     # the first call with output_hidden_states installs transformers' capturing hooks on the blocks and
     # flags the root; the shorter model's run (refused: the hidden states are kept) must leave neither

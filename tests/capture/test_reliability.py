@@ -100,6 +100,7 @@ def _unique_params(m: nn.Module) -> int:
 @settings(max_examples=int(os.environ.get("LAYERSCOPE_FUZZ_EXAMPLES", "60")), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(tree=trees, tie=st.booleans(), train=st.booleans(), backward=st.booleans())
+@pytest.mark.slow
 def test_fuzzed_trees_keep_every_invariant(tree, tie, train, backward):
     torch.manual_seed(0)
     m = Root(tree, tie, train)

@@ -63,6 +63,12 @@ def help_commands() -> list[str]:
     return [c for text in _EXAMPLES.values() for c in _commands(text)]
 
 
+def _searches_slow(cmds: list[str]) -> list:
+    """`--search` lines in the slow suite (`make test-slow`): 3-6 s each (the 70B and 13B presets' lines) even
+    at 3 passes; test_search.py's small searches stay in `make test`."""
+    return [pytest.param(c, marks=pytest.mark.slow) if "--search" in c.split() else c for c in cmds]
+
+
 def _small(argv: list[str]) -> list[str]:
     extra: list[str] = []
     for a in argv:
@@ -148,12 +154,12 @@ def _run(cmd: str, scratch, tmp_path, capsys, monkeypatch):
     assert code == 0, (cmd, argv, err)
 
 
-@pytest.mark.parametrize("cmd", readme_commands())
+@pytest.mark.parametrize("cmd", _searches_slow(readme_commands()))
 def test_readme_cli_lines_run(cmd, scratch, tmp_path, capsys, monkeypatch):
     _run(cmd, scratch, tmp_path, capsys, monkeypatch)
 
 
-@pytest.mark.parametrize("cmd", help_commands())
+@pytest.mark.parametrize("cmd", _searches_slow(help_commands()))
 def test_help_examples_run(cmd, scratch, tmp_path, capsys, monkeypatch):
     _run(cmd, scratch, tmp_path, capsys, monkeypatch)
 

@@ -173,6 +173,7 @@ def test_70b_page_renders_in_chromium(llama70b_page):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (make test installs Debian's chromium)")
+@pytest.mark.slow
 def test_70b_training_memory_page_in_chromium(tmp_path):
     """Issue 19: the memory timeline of a 70B training step: its y labels are not clipped, its phase
     labels do not overlap and none is lost (the one-op loss phase does not hide backward)."""
@@ -304,6 +305,7 @@ def searched():
                        tp=1, search_limit=None)
 
 
+@pytest.mark.slow
 def test_parallel_page_data(searched):
     """The sharded-training section reads the report's JSON: the same from the report and its saved
     file; the chosen plan's roles with their parts, the step's parts, the plans fitting first."""
@@ -344,6 +346,7 @@ def test_parallel_page_data(searched):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (make test installs Debian's chromium)")
+@pytest.mark.slow
 def test_parallel_page_renders_in_chromium(searched, tmp_path):
     """`parallel --format html` and `report` of its saved JSON: the plans, the chosen plan's ranks and
     its step drawn, every chart text inside its chart and none over another."""

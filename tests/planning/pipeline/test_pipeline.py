@@ -54,6 +54,7 @@ def _brute(units, k, schedule, m, limits):
     return best
 
 
+@pytest.mark.slow
 def test_partition_equals_brute_force_on_1000_random_instances():
     rng = random.Random(0)
     infeasible = 0
@@ -383,6 +384,7 @@ GPT2_RUN = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 300, "n_posit
     # embedding and head on one rank) and 1, 2 on rank 1 (passed on without a send)
     ("layerscope.examples:small_cnn", {}, "zb", "export", 4),
     ("hf:GPT2Config", GPT2_RUN, "zbv", "ownership", 4)])
+@pytest.mark.slow
 def test_torchrun_training_matches_one_process(spec, overrides, schedule, path, stages):
     from layerscope.torchrun import launch
     res = launch(spec, overrides=overrides, stages=stages, schedule=schedule, microbatches=2, batch_size=4,
@@ -468,6 +470,7 @@ def test_step_speed_is_the_steps_own_compute_against_the_plans():
     assert bare.step_speed(plan) is None
 
 
+@pytest.mark.slow
 def test_torchrun_honours_head_input_ids_and_memory_limit():
     from layerscope.torchrun import launch
     cfg = {k: v for k, v in GPT2_RUN.items()}

@@ -33,8 +33,10 @@ def _rank0(config):
 
 
 @pytest.mark.parametrize("kw", [dict(gpus=2, mixed_precision="off"), dict(gpus=2, tp=2, mixed_precision="off"),
-                                dict(gpus=4, tp=2, ac="selective-op"), dict(gpus=4, ac="full"),
-                                dict(gpus=2, reshard_after_forward=False), dict(gpus=2, offload=True)],
+                                pytest.param(dict(gpus=4, tp=2, ac="selective-op"), marks=pytest.mark.slow),
+                                pytest.param(dict(gpus=4, ac="full"), marks=pytest.mark.slow),
+                                pytest.param(dict(gpus=2, reshard_after_forward=False), marks=pytest.mark.slow),
+                                pytest.param(dict(gpus=2, offload=True), marks=pytest.mark.slow)],
                          ids=["fsdp2-fp32", "tp2-fp32", "fsdp2xtp2-selective-op-bf16", "fsdp4-full-bf16",
                               "fsdp2-no-reshard-bf16", "fsdp2-offload-bf16"])
 def test_rank_peak_within_5_percent_of_the_allocator(kw):
@@ -43,7 +45,7 @@ def test_rank_peak_within_5_percent_of_the_allocator(kw):
     assert abs(predicted / measured.peak_bytes - 1) <= 0.02, (predicted, measured.peak_bytes)
 
 
-@pytest.mark.parametrize("preserve", [True, False])
+@pytest.mark.parametrize("preserve", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_checkpoint_keeps_the_cpu_generator_state_per_block(preserve, monkeypatch):
     # torch's checkpoint with preserve_rng_state keeps torch.get_rng_state() (5,056 B, made outside the
     # dispatcher) from each block's forward until its backward: FSDP 4, full checkpointing, fp32, the peak
@@ -60,6 +62,7 @@ def test_checkpoint_keeps_the_cpu_generator_state_per_block(preserve, monkeypatc
     assert predicted == measured.peak_bytes, (predicted, measured.peak_bytes)
 
 
+@pytest.mark.slow
 def test_vocabulary_parallel_loss_temporaries_are_seen():
     # tensor parallel shards the vocabulary: loss_parallel's backward runs inside DTensor's dispatch and
     # holds vocabulary-sized temporaries of its own (zeros_like, exp, the sum: rank 0's 2 x 64 x 4,096 fp32
@@ -81,22 +84,28 @@ def test_vocabulary_parallel_loss_temporaries_are_seen():
 
 
 @pytest.mark.parametrize("kw", [dict(gpus=2, pp=2, microbatches=2, schedule="gpipe", mixed_precision="off"),
-                                dict(gpus=4, pp=2, microbatches=2, schedule="1f1b"),
+                                pytest.param(dict(gpus=4, pp=2, microbatches=2, schedule="1f1b"),
+                                             marks=pytest.mark.slow),
                                 # the second stage's checkpointed blocks recompute on the received activation
                                 # (they ran on the stub's zeros before it, and torch refused the recompute)
-                                dict(gpus=2, pp=2, microbatches=2, schedule="gpipe", mixed_precision="off",
-                                     ac="full"),
+                                pytest.param(dict(gpus=2, pp=2, microbatches=2, schedule="gpipe", mixed_precision="off",
+                                                  ac="full"), marks=pytest.mark.slow),
                                 # bf16 without FSDP is autocast, one region around the schedule's step as
                                 # torchtitan runs it: the weights' bf16 casts are made once for all the
                                 # micro-batches (+6.2% / +6.7% when each forward had a region of its own)
-                                dict(gpus=2, pp=2, microbatches=2, schedule="1f1b", ac="full"),
+                                pytest.param(dict(gpus=2, pp=2, microbatches=2, schedule="1f1b", ac="full"),
+                                             marks=pytest.mark.slow),
                                 # two stages per rank, torch's ScheduleInterleaved1F1B over both
-                                dict(gpus=4, pp=2, microbatches=4, schedule="interleaved", mixed_precision="off"),
+                                pytest.param(dict(gpus=4, pp=2, microbatches=4, schedule="interleaved",
+                                                  mixed_precision="off"),
+                                             marks=pytest.mark.slow),
                                 # zero bubble: each backward in I and W (torch's stage_backward_input and _weight)
-                                dict(gpus=2, pp=2, microbatches=4, schedule="zb", mixed_precision="off"),
+                                pytest.param(dict(gpus=2, pp=2, microbatches=4, schedule="zb", mixed_precision="off"),
+                                             marks=pytest.mark.slow),
                                 # the V: rank 1's stages 1 and 2 hand their activations and gradients over on the
                                 # rank; the checkpointed blocks' generator states kept from I to W; autocast
-                                dict(gpus=2, pp=2, microbatches=2, schedule="zbv", ac="full")],
+                                pytest.param(dict(gpus=2, pp=2, microbatches=2, schedule="zbv", ac="full"),
+                                             marks=pytest.mark.slow)],
                          ids=["pp2-gpipe-fp32", "fsdp2xpp2-1f1b-bf16", "pp2-gpipe-fp32-ac-full",
                               "pp2-1f1b-autocast-ac-full", "fsdp2xpp2-interleaved-fp32", "pp2-zb-fp32",
                               "pp2-zbv-autocast-ac-full"])

@@ -103,12 +103,12 @@ def _simulate(model, batch: int, c: ParallelConfig):
 
 
 CONFIGS = [  # tp, pp, fsdp, ac, schedule, micro-batch size, micro-batches (accumulation without pp), reshard
-    (2, 2, 2, "none", "1f1b", 1, 4, False),
-    (1, 2, 2, "full", "interleaved", 2, 4, True),
-    (2, 2, 1, "selective-op", "1f1b", 2, 2, False),
-    (2, 1, 2, "full", "1f1b", 1, 3, False),
+    pytest.param(2, 2, 2, "none", "1f1b", 1, 4, False, marks=pytest.mark.slow),
+    pytest.param(1, 2, 2, "full", "interleaved", 2, 4, True, marks=pytest.mark.slow),
+    pytest.param(2, 2, 1, "selective-op", "1f1b", 2, 2, False, marks=pytest.mark.slow),
+    pytest.param(2, 1, 2, "full", "1f1b", 1, 3, False, marks=pytest.mark.slow),
     (2, 1, 1, "none", "1f1b", 2, 1, False),
-    (1, 1, 2, "selective-op", "1f1b", 2, 2, True),
+    pytest.param(1, 1, 2, "selective-op", "1f1b", 2, 2, True, marks=pytest.mark.slow),
 ]
 
 

@@ -25,6 +25,7 @@ def llama70b():
 
 
 @pytest.mark.parametrize("local, ac, fits, tokens", PUBLISHED)
+@pytest.mark.slow
 def test_torchtitan_llama2_70b_on_64_a100(llama70b, local, ac, fits, tokens):
     ids = torch.zeros((local, 4096), dtype=torch.long, device="meta")
     rep = layerscope.parallel(llama70b, ids, gpus=64, gpu="A100", search=True, tp=1, pp=1, fsdp=64, ac=ac,

@@ -33,6 +33,7 @@ def check_fp32(r):
     assert r.max_rel_grad_diff < 1e-5
 
 
+@pytest.mark.slow
 def test_fsdp_two_ranks():
     r = run(ParallelConfig(gpus=2, mixed_precision="off"))
     check_fp32(r)
@@ -40,6 +41,7 @@ def test_fsdp_two_ranks():
     assert sorted(x["batch_rows"] for x in r.ranks) == [2, 2]
 
 
+@pytest.mark.slow
 def test_tp_two_ranks():
     r = run(ParallelConfig(gpus=2, tp=2, fsdp=1, mixed_precision="off"))
     check_fp32(r)
@@ -47,6 +49,7 @@ def test_tp_two_ranks():
     assert [x["batch_rows"] for x in r.ranks] == [4, 4]
 
 
+@pytest.mark.slow
 def test_gpt2_fsdp_x_tp_selective_op_ac():
     # the torchrun launches the suite keeps are few (each costs 6-13 s); FSDP x TP with full checkpointing
     # and the other mixes run in bench/bench_parallel.py (table in docs/benchmarks.md)
@@ -56,6 +59,7 @@ def test_gpt2_fsdp_x_tp_selective_op_ac():
     assert [x["dp_rank"] for x in r.ranks] == [0, 0, 1, 1]
 
 
+@pytest.mark.slow
 def test_cli_run_puts_the_measurement_beside_the_prediction(capsys):
     import json
 
@@ -86,6 +90,7 @@ def test_cli_run_puts_the_measurement_beside_the_prediction(capsys):
     assert "--device cpu" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_run_fsdp_x_pp_with_weights_tied_across_stages(capsys):
     import json
 
@@ -141,6 +146,7 @@ def _pipeline_run(capsys, spec, overrides, schedule, *extra):
     return plan
 
 
+@pytest.mark.slow
 def test_interleaved_run_with_weights_tied_across_ranks(capsys):
     # pp 2 x 2 stages per rank (torch's ScheduleInterleaved1F1B): GPT-2's 4 blocks one a stage, its embedding
     # on stage 0 (rank 0) and its tied head on stage 3 (rank 1); rank 0 builds stages 0 and 2, rank 1 stages
@@ -153,6 +159,7 @@ def test_interleaved_run_with_weights_tied_across_ranks(capsys):
         assert 0.95 * want["simulated_peak_bytes"] <= got["peak_bytes"] <= 1.05 * want["peak_bytes"], (want, got)
 
 
+@pytest.mark.slow
 def test_zbv_run_hands_its_turn_over(capsys):
     # ZBV zero bubble, pp 2: 4 stages in a V (rank 0: stages 0 and 3, rank 1: stages 1 and 2, which hand their
     # activations and gradients over on the rank), each backward split in I and W by torch's own schedule;

@@ -152,6 +152,7 @@ def _llama(layers=6):
         return LlamaForCausalLM(cfg)
 
 
+@pytest.mark.slow
 def test_search_on_a_llama_matches_the_whole_simulation():
     m = _llama()
     ids = torch.zeros((1, 32), dtype=torch.long, device="meta")
@@ -178,6 +179,7 @@ def test_search_on_a_llama_matches_the_whole_simulation():
     assert "Plan 1" in text
 
 
+@pytest.mark.slow
 def test_accumulation_is_extended_from_two_micro_steps():
     """An accumulation of 4 is simulated with 2 micro-steps and the rest extended: the same peak and
     collectives as the simulation of all 4 on the whole model, and its step time to 0.1%: the GPU's wait
@@ -196,6 +198,7 @@ def test_accumulation_is_extended_from_two_micro_steps():
     assert rep.plan.ranks[0].collectives == whole.ranks[0].collectives
 
 
+@pytest.mark.slow
 def test_cli_search(capsys):
     import json
 
@@ -216,6 +219,7 @@ def test_cli_search(capsys):
     assert "NAME=NUMBER" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_search_run_trains_the_chosen_plan(capsys):
     """--search --run: the chosen configuration trained under torchrun (gloo, 2 CPU ranks) as one
     process trains it, each rank's measured peak beside the CPU ranks' prediction."""
@@ -245,6 +249,7 @@ def test_search_refusals():
 
 
 @pytest.mark.parametrize("pp", [1, 2])
+@pytest.mark.slow
 def test_the_model_comes_out_of_a_search_unchanged(pp):
     """The search shrinks copies of the model (its blocks and its config's layer count; with pipelines, the
     two-block copies of their bounds too): the user's model, with real weights, keeps its blocks, config,
