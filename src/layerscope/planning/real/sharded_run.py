@@ -24,7 +24,7 @@ from torch import nn
 
 from ... import _compat
 from ...errors import InputError
-from ..config import ParallelConfig
+from ..config import SCHEDULES, ParallelConfig, schedule_of
 from ..apply import (amp_context, build_mesh, canonical_name, canonical_tensors, data_parallel_rank, local_tensor as _local, loss_context, no_kv_cache, parallelize)
 
 __all__ = ["make_batch", "reference_run", "run_rank", "training_loss", "measure_one_rank", "measure_stage_rank",
@@ -309,8 +309,9 @@ def measure_stage_rank(build: Callable[[], nn.Module], config: ParallelConfig, r
         return measure_cpu(all_steps, state_bytes(own), steps)
 
 
-# what torch's PipelineStage and schedule run here: one stage per rank, or several (interleaved 1F1B, zero bubble)
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "zbv")
+# what torch's PipelineStage and schedule run here: every schedule of the table (one stage per rank, or
+# several), as the table has it at import (for the launcher's check of a name)
+PIPELINE_SCHEDULES = tuple(SCHEDULES)
 
 
 def _micro_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -330,9 +331,10 @@ def pipeline_stage(model: nn.Module, config: ParallelConfig, mesh, stage: int, i
     Every stage is given every boundary's metadata (``input_args``/``output_args``); ``static``: also
     without the stages' P2P vote on it (``_compat.pipeline_stage_static``: a fake backend carries no
     data). Returns (stage module, PipelineStage, schedule)."""
-    if config.schedule not in PIPELINE_SCHEDULES or config.stages != config.pp:
-        raise InputError(f"pipeline_stage builds one stage per rank (gpipe or 1f1b), not {config.schedule}: a rank "
-                         "of the interleaved schedule holds several (planning/simulate/pipeline_rank.py rank_stages)")
+    if config.stages != config.pp:
+        single = " or ".join(n for n, s in SCHEDULES.items() if not s.multi)
+        raise InputError(f"pipeline_stage builds one stage per rank ({single}), not {config.schedule}: a rank "
+                         "of its schedule holds several (planning/simulate/pipeline_rank.py rank_stages)")
     mod, pipe = _stage_pipe(model, config, mesh, stage, ids, static=static)
     return mod, pipe, pipeline_schedule(config, [pipe])
 
@@ -340,7 +342,6 @@ def pipeline_stage(model: nn.Module, config: ParallelConfig, mesh, stage: int, i
 def pipeline_schedule(config: ParallelConfig, pipes: list):
     """torch's schedule of ``config.schedule`` over this rank's PipelineStages (one, or several under a
     schedule that puts several on a rank), ``training_loss``'s cross-entropy per micro-batch."""
-    from ..config import schedule_of
     cls = schedule_of(config.schedule).torch_schedule()
     return cls(pipes if len(pipes) > 1 or schedule_of(config.schedule).multi else pipes[0], config.microbatches,
                loss_fn=_micro_loss)

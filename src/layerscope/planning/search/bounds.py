@@ -79,7 +79,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..config import ParallelConfig
+from ..config import ParallelConfig, default_schedule
 from ..steptime.schedule import rank_orders, simulate
 from ...trace import BACKWARD, FORWARD
 from ..simulate.results import COLLECTIVES, NCCL_BYTES_PER_COMMUNICATOR, collective_group
@@ -123,7 +123,7 @@ def proxy_config(c: ParallelConfig, micro_batch: int) -> ParallelConfig | None:
         return None
     return dataclasses.replace(c, gpus=c.tp * c.cp * dp, pp=1, fsdp=dp, replicate=1, microbatches=1,
                                accumulation=1, local_batch=micro_batch, global_batch=None,
-                               reshard_after_forward=False, schedule="1f1b")
+                               reshard_after_forward=False, schedule=default_schedule())
 
 
 def _in_block(path: str, blocks: list[str]) -> int | None:

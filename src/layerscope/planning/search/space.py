@@ -89,7 +89,7 @@ from ... import _compat
 from ...capture.inputs import iter_tensors
 from ...errors import ForwardError, InputError
 from ...options import iec
-from ..config import ParallelConfig
+from ..config import SCHEDULES, ParallelConfig, default_schedule
 from ...progress import ProgressBar
 from ..apply import find_blocks
 from .bounds import (BlockFigures, PipelineBounds, block_figures, figures_at, pipeline_bounds, proxy_config, stage_numels)
@@ -103,7 +103,7 @@ __all__ = ["BLOCKS", "AC_SEARCHED", "SCHEDULES_SEARCHED", "Candidate", "SearchRe
 
 BLOCKS = (3, 4)                          # blocks per stage of the two simulated copies
 AC_SEARCHED = ("none", "selective-op", "full")
-SCHEDULES_SEARCHED = ("1f1b", "interleaved")
+SCHEDULES_SEARCHED = tuple(name for name, s in SCHEDULES.items() if s.searched)   # the table's, at import
 _AC_MEMORY = {"full": 0, "selective-layer": 1, "selective-op": 1, "none": 2}   # more: more activations held
 
 
@@ -206,7 +206,8 @@ def space(gpus: int, blocks: int, global_batch: int, *, gpus_per_node: int = 8, 
             if "fsdp" in fixed:
                 layouts = [r for r in layouts if dp // r == fixed["fsdp"]] or \
                     ([dp // fixed["fsdp"]] if dp % fixed["fsdp"] == 0 else [])
-            schedules = [fixed.get("schedule", "1f1b")] if pp == 1 or "schedule" in fixed else list(SCHEDULES_SEARCHED)
+            schedules = [fixed.get("schedule", default_schedule())] if pp == 1 or "schedule" in fixed else \
+                [name for name, s in SCHEDULES.items() if s.searched]
             for rep in layouts:
                 for sched in schedules:
                     for reshard in ([fixed["reshard_after_forward"]] if "reshard_after_forward" in fixed

@@ -92,18 +92,14 @@ from ...capture.step import PipelinePass
 from ...capture.storage import StorageTracker
 from ...errors import InputError
 from ..config import ParallelConfig, schedule_of
-from ..steptime.schedule import ZERO_BUBBLE, rank_orders, stage_ranks
+from ..steptime.schedule import rank_orders, stage_ranks
 from ..split.runnable import build_stage_module
 from ..split.units import owner_of
 from ..apply import (canonical_name, checkpoint_blocks, find_blocks, local_tensor as _local, no_kv_cache, parallelize)
 from .sharded_rank import (PIPELINE, RankRun, RankTracker, fake_world, meta_copy, param_layouts, prepare_offload, simulation_warnings, train_fake, watch_checkpoint_rng, watch_fsdp)
 
 __all__ = ["stage_blocks", "stage_plan", "stage_ties", "stage_module", "parallelize_stage", "stage_config",
-           "split_micro", "simulate_stage_rank", "stage_coords", "rank_stages", "as_module", "model_name",
-           "SIMULATED_SCHEDULES"]
-
-# one stage per rank (GPipe, 1F1B) or several (interleaved 1F1B, zero bubble: each backward split in I and W)
-SIMULATED_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "zbv")
+           "split_micro", "simulate_stage_rank", "stage_coords", "rank_stages", "as_module", "model_name"]
 
 
 def stage_coords(config: ParallelConfig) -> list[int]:
@@ -354,7 +350,8 @@ class _StageRun:
         self.first, self.last = stage == 0, stage == config.stages - 1
         self.m = config.microbatches
         self.loss_fn, self.target, self.tp = loss_fn, target, tp
-        self.zero_bubble = config.schedule in ZERO_BUBBLE
+        self.kind = schedule_of(config.schedule)
+        self.zero_bubble = self.kind.zero_bubble
         # the neighbouring stages on this rank (the V-schedule's turn): handed over, not sent
         self.local_prev = self.local_next = False
         dev = torch.device("cpu")
@@ -463,8 +460,9 @@ class _StageRun:
             outs, grads = self._seeds(m, held)
             pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
             engine([o for o, _ in pairs], [g for _, g in pairs])
-        # Schedule1F1B keeps a micro-batch's sent input gradient referenced (its send ops) until the next
-        # backward has run; ScheduleGPipe until the step's end
+        # a schedule whose send ops each action replaces (Schedule1F1B) keeps a micro-batch's sent input
+        # gradient referenced until the next backward has run; one that keeps its sends (ScheduleGPipe)
+        # until the step's end
         for act in self._sent:
             act.grad = None
         self._sent = []
@@ -479,7 +477,7 @@ class _StageRun:
                 # sent and dropped (torch's bwd_cache): a DTensor's gradient; and every one under a schedule
                 # with several stages per rank
                 act.grad = None
-            elif self.config.schedule == "1f1b":
+            elif not self.kind.keeps_sends:
                 self._sent.append(act)
         return sent
 
@@ -653,9 +651,6 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
     if config.pp < 2:
         raise InputError("simulate_stage_rank simulates a pipeline stage: pp must be 2 or more (simulate_rank "
                          "does pp = 1)")
-    if config.schedule not in SIMULATED_SCHEDULES:
-        raise InputError(f"the {config.schedule} schedule is not simulated per rank yet: "
-                         f"{', '.join(SIMULATED_SCHEDULES)} are")
     if not 0 <= rank < config.world:
         raise InputError(f"rank {rank} is not in the configuration's {config.world} ranks")
     per_rank = schedule_of(config.schedule).per_rank(config.stages_per_rank)

@@ -29,8 +29,8 @@ from ... import _compat
 from ...capture import hooks
 from ...capture.state import StateGuard
 from ...errors import InputError
+from ..config import schedule_of
 from .plan import PlanResult as StagePlan   # what a stage needs of a plan (a StagePlan has it)
-from ..steptime.schedule import ZERO_BUBBLE
 
 __all__ = ["pipeline_stage", "StageModule", "build_stage_module", "main_tensor", "verify_chain", "TieSync", "ExportedStages",
            "export_stages", "flat_inputs"]
@@ -166,7 +166,7 @@ class StageModule(nn.Module):
         # zero bubble's backward for the input detaches the stage's outputs in place (torch's
         # stage_backward_input), which a view refuses: such outputs are sent as copies (and the
         # last stage returns a copy of a view: see forward)
-        self.own_outputs = plan.schedule in ZERO_BUBBLE
+        self.own_outputs = schedule_of(plan.schedule).zero_bubble
         for u in units:
             if st.first <= u.index <= st.last:
                 continue
