@@ -84,7 +84,7 @@ from ..steptime.schedule import rank_orders, simulate
 from ...trace import BACKWARD, FORWARD
 from ..simulate.results import COLLECTIVES, NCCL_BYTES_PER_COMMUNICATOR, collective_group
 from ..simulate.sharded_rank import COMM_OPS
-from ..simulate.pipeline_rank import stage_blocks, stage_plan
+from ..simulate.uniform_stages import stage_blocks, stage_plan
 from ..steptime.sharded_time import (_compute_dtype, _one_collective, host_op_seconds, op_seconds, optimizer_seconds)
 
 __all__ = ["BlockFigures", "PipelineBounds", "block_figures", "figures_at", "pipeline_bounds", "proxy_config",

@@ -38,7 +38,7 @@ from ...analyses.memory import layer_at, live_bytes
 from ..config import ParallelConfig
 from ..apply import canonical_name
 from .sharded_rank import HOST_PART, PARTS, RankRun
-from .pipeline_rank import model_name
+from .uniform_stages import model_name
 
 __all__ = ["COLLECTIVES", "Collective", "collective_group", "RankMemory", "ParallelPlan", "ESTIMATES", "NCCL_BYTES_PER_COMMUNICATOR",
            "rank_memory",
