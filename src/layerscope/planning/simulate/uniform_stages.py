@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ...capture.inputs import map_tensors
 from ...errors import InputError
-from ..config import ParallelConfig, schedule_of
+from ..config import ParallelConfig, default_schedule, schedule_of
 from ..steptime.schedule import stage_ranks
+from ..split.plan import PlanResult, outline_plan
 from ..split.runnable import build_stage_module
-from ..split.units import owner_of
+from ..split.units import SplitUnits, Unit, owner_of
 from ..apply import checkpoint_blocks, find_blocks, parallelize
 
 __all__ = ["stage_coords", "rank_stages", "as_module", "model_name", "stage_blocks", "stage_plan", "stage_ties",
@@ -60,40 +60,6 @@ def stage_blocks(n: int, pp: int) -> list[range]:
     return out
 
 
-@dataclass(frozen=True)
-class _Unit:
-    index: int
-    paths: tuple[str, ...]
-    needs_inputs: bool = False
-
-
-@dataclass(frozen=True)
-class _Units:
-    units: tuple[_Unit, ...]
-    ties: tuple = ()
-
-
-@dataclass(frozen=True)
-class _Stage:
-    index: int
-    first: int
-    last: int
-    rank: int
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """What build_stage_module reads of a StagePlan."""
-
-    units: _Units
-    stages: tuple[_Stage, ...]
-    schedule: str
-
-    @property
-    def num_stages(self) -> int:
-        return len(self.stages)
-
-
 def _outer_paths(model: nn.Module, list_path: str) -> tuple[list[str], list[str]]:
     """Modules with parameters outside the block list: those registered before it, and after it."""
     before: list[str] = []
@@ -117,26 +83,24 @@ def _outer_paths(model: nn.Module, list_path: str) -> tuple[list[str], list[str]
     return before, after
 
 
-def stage_plan(model: nn.Module, pp: int, schedule: str = "1f1b") -> _Plan:
-    """The uniform split (module doc) as the plan build_stage_module takes: units [modules before the
-    blocks], block 0, ..., block n-1, [modules after]."""
+def stage_plan(model: nn.Module, stages: int, schedule: str | None = None, stages_per_rank: int = 2) -> PlanResult:
+    """The uniform split (module doc) as a plan of the split (``PlanResult``, its units known by their
+    modules alone): units [modules before the blocks], block 0, ..., block n-1, [modules after], each
+    stage on the rank ``schedule`` (default: a configuration's) places it."""
+    schedule = schedule or default_schedule()
     blocks = find_blocks(model)
     list_path = blocks[0][0].rpartition(".")[0]
     before, after = _outer_paths(model, list_path)
-    units: list[_Unit] = []
-    if before:
-        units.append(_Unit(0, tuple(before)))
-    first_block = len(units)
-    for _, (path, _) in enumerate(blocks):
-        units.append(_Unit(len(units), (path,)))
-    if after:
-        units.append(_Unit(len(units), tuple(after)))
-    stages = []
-    for s, r in enumerate(stage_blocks(len(blocks), pp)):
+    paths = ([tuple(before)] if before else []) + [(path,) for path, _ in blocks] + ([tuple(after)] if after else [])
+    units = SplitUnits(type(model).__name__, tuple(Unit.outline(i, p) for i, p in enumerate(paths)))
+    first_block = 1 if before else 0
+    bounds = []
+    for s, r in enumerate(stage_blocks(len(blocks), stages)):
         first = 0 if s == 0 else first_block + r.start
-        last = len(units) - 1 if s == pp - 1 else first_block + r.stop - 1
-        stages.append(_Stage(s, first, last, s))
-    return _Plan(_Units(tuple(units)), tuple(stages), schedule)
+        last = len(paths) - 1 if s == stages - 1 else first_block + r.stop - 1
+        bounds.append((first, last))
+    per_rank = schedule_of(schedule).per_rank(stages_per_rank)
+    return outline_plan(units, bounds, schedule, stage_ranks(schedule, stages, per_rank), stages_per_rank=per_rank)
 
 
 def stage_ties(model: nn.Module, config: ParallelConfig) -> list[dict[int, str]]:
@@ -151,7 +115,7 @@ def stage_ties(model: nn.Module, config: ParallelConfig) -> list[dict[int, str]]
     ties = [ns for ns in names.values() if len(ns) > 1]
     if not ties:
         return []
-    plan = stage_plan(model, config.stages, config.schedule)
+    plan = stage_plan(model, config.stages, config.schedule, config.stages_per_rank)
     units = plan.units.units
     stage_at = {p: st.index for st in plan.stages for u in units[st.first:st.last + 1] for p in u.paths}
     out = []
@@ -198,7 +162,7 @@ def stage_module(model: nn.Module, config: ParallelConfig, stage: int, micro_arg
     last stage returns the model's whole output), the recording forward run on ``record_on`` (default
     ``model``) with one micro-batch ``micro_args``/``micro_kwargs``. Returns (stage module, its own
     blocks as (path in the stage module, module)): ``parallelize_stage`` takes both."""
-    plan = stage_plan(model, config.stages, config.schedule)
+    plan = stage_plan(model, config.stages, config.schedule, config.stages_per_rank)
     blocks = find_blocks(model)
     own = [blocks[i] for i in stage_blocks(len(blocks), config.stages)[stage]]
     mod = build_stage_module(model, plan, stage, micro_args, micro_kwargs, copy_model=False, record_on=record_on,

@@ -68,6 +68,13 @@ class Unit:
                                    # (W), per micro-batch (the bytes the ops wrote)
     measured_weight_share: float | None = None   # W's share of the backward, timed (unit_timing.py)
 
+    @classmethod
+    def outline(cls, index: int, paths: tuple[str, ...]) -> "Unit":
+        """A unit known by its modules alone, nothing counted (a split of a model that was not captured:
+        the uniform split, planning/simulate/uniform_stages.py)."""
+        return cls(index=index, name="+".join(paths), paths=paths, type="", params=0, param_bytes=0, grad_bytes=0,
+                   optimizer_bytes=0, saved_bytes=0, input_bytes=0, output_bytes=0, forward=Costs(), backward=Costs())
+
     @property
     def weight_share(self) -> float:
         """The share of the backward that computes the weights' gradients (zero bubble's W): measured
