@@ -8,11 +8,14 @@ order torch.distributed.pipelining's schedule runs them:
   backward and one forward ("1B1F") until the forwards are done, then the remaining backwards.
 - Interleaved 1F1B (``ScheduleInterleaved1F1B``, v stages per rank, rank r owns stages r, r + P, ...):
   torch's own per-rank order (``PipelineSchedule.rank_order``), Megatron's depth-first warm-up.
-- Zero bubble (``ScheduleInterleavedZeroBubble``, "zb": v stages per rank, placed as interleaved;
-  ``ScheduleZBVZeroBubble``, "zbv": two stages per rank in a V, rank r owns stages r and 2P - 1 - r):
+- Zero bubble (``ScheduleInterleavedZeroBubble``: v stages per rank, placed as interleaved;
+  ``ScheduleZBVZeroBubble``: two stages per rank in a V, rank r owns stages r and 2P - 1 - r):
   torch's own orders. Each backward is split in two: "I" computes the gradient of the stage's input
   (what the previous stage waits for) and "W" the gradients of its weights, which the schedule
   defers to fill what would be idle time. W of micro-batch i needs I of i on the same stage.
+
+Which order a schedule follows is its entry's ``order`` in the schedule table (planning/config.py;
+the orders themselves: planning/orders.py).
 
 An action starts when its rank is free and its input has arrived: the forward of micro-batch i on
 stage s needs stage s - 1's forward of i plus the time to send the activations across; the backward
