@@ -4,15 +4,16 @@ schedule's fields, never on its name: adding a schedule is one entry of ``SCHEDU
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Literal
 
 import torch
 
 from ..errors import InputError
 from ..options import check_choice, parse_dtype_name
+from .orders import (all_held, forwards_then_backwards, held_to_weight, spread_warmup_held, torch_rank_order, warmup_held, warmup_then_alternate)
 
-__all__ = ["PipelineSchedule", "SCHEDULES", "schedule_of", "PartitionOptions", "LAUNCHER_FIELDS", "ParallelConfig",
+__all__ = ["PipelineSchedule", "SCHEDULES", "schedule_of", "default_schedule", "PartitionOptions", "LAUNCHER_FIELDS", "ParallelConfig",
            "AcMode", "Precision"]
 
 
@@ -20,15 +21,23 @@ __all__ = ["PipelineSchedule", "SCHEDULES", "schedule_of", "PartitionOptions", "
 
 @dataclass(frozen=True, slots=True)
 class PipelineSchedule:
-    """One of torch.distributed.pipelining's schedules as the planner, the simulation and the runs
-    see it. Adding a schedule is one entry of ``SCHEDULES`` (a runtime schedule names torch's per-rank order
-    builder in ``rank_ops``, a key of ``_compat.schedule_order``'s table)."""
+    """One of torch.distributed.pipelining's schedules as the planner, the simulation, the search and the
+    runs see it. Adding a schedule is one entry of ``SCHEDULES``: its fields say how it runs (the
+    behaviours ``order`` and ``held`` name are in planning/orders.py; a runtime schedule names torch's
+    per-rank order builder in ``rank_ops``, a key of ``_compat.schedule_order``'s table)."""
 
     name: str
     torch_class: str              # in torch.distributed.pipelining
-    order: Literal["gpipe", "1f1b", "runtime"]   # how a rank orders its actions: all forwards then
-    #                               all backwards, warm-up then one backward one forward, or torch's
-    #                               own per-rank order (a runtime schedule, several stages per rank)
+    order: Callable               # how a rank orders its actions: (kind, stages, micro-batches, stages per
+    #                               rank) -> per rank its (stage, "F" | "B" | "I" | "W", micro-batch) actions
+    held: Callable                # micro-batches a stage holds at once: (kind, stages, micro-batches,
+    #                               stage, stages per rank) -> count
+    multi: bool = False           # several stages on each rank: torch's runtime schedule, whose lowering
+    #                               all-gathers, reshards and reduces per stage (_compat.runtime_lowered) and
+    #                               keeps every send, outputs included, to the step's end
+    keeps_sends: bool = True      # a stage keeps what it sent (outputs, input gradients) until the step
+    #                               ends; False: each action's send ops replace the last's (one input
+    #                               gradient held, the warm-up's last output but one)
     zero_bubble: bool = False     # each backward split into I (the input's gradient) and W (weights')
     v_shape: bool = False         # stages placed in a V (rank r owns r and 2P - 1 - r), else in a loop
     fixed_per_rank: int | None = None   # stages per rank the schedule fixes (zbv: 2)
@@ -37,11 +46,7 @@ class PipelineSchedule:
     export_stages: bool = True    # torch.export stages connect under it (zbv's V: not, torch 2.13)
     label: str = ""               # how error messages name it
     rank_ops: str | None = None   # a runtime schedule: torch's per-rank order builder (_compat.schedule_order)
-
-    @property
-    def multi(self) -> bool:
-        """Several stages on each rank (torch's runtime schedules)."""
-        return self.order == "runtime"
+    searched: bool = False        # the parallel search tries it (planning/search)
 
     def per_rank(self, stages_per_rank: int) -> int:
         """Stages on each rank."""
@@ -79,14 +84,16 @@ class PipelineSchedule:
 
 
 SCHEDULES: dict[str, PipelineSchedule] = {s.name: s for s in (
-    PipelineSchedule("gpipe", "ScheduleGPipe", "gpipe"),
-    PipelineSchedule("1f1b", "Schedule1F1B", "1f1b"),
-    PipelineSchedule("interleaved", "ScheduleInterleaved1F1B", "runtime", min_per_rank=2, rounds=True,
-                     label="interleaved 1F1B", rank_ops="interleaved_rank_ops"),
-    PipelineSchedule("zb", "ScheduleInterleavedZeroBubble", "runtime", zero_bubble=True, rounds=True,
-                     label="interleaved zero bubble", rank_ops="zb_rank_ops"),
-    PipelineSchedule("zbv", "ScheduleZBVZeroBubble", "runtime", zero_bubble=True, v_shape=True,
-                     fixed_per_rank=2, export_stages=False, label="ZBV zero bubble", rank_ops="zbv_rank_ops"),
+    PipelineSchedule("gpipe", "ScheduleGPipe", forwards_then_backwards, all_held),
+    PipelineSchedule("1f1b", "Schedule1F1B", warmup_then_alternate, warmup_held, keeps_sends=False, searched=True),
+    PipelineSchedule("interleaved", "ScheduleInterleaved1F1B", torch_rank_order, spread_warmup_held, multi=True,
+                     min_per_rank=2, rounds=True, label="interleaved 1F1B", rank_ops="interleaved_rank_ops",
+                     searched=True),
+    PipelineSchedule("zb", "ScheduleInterleavedZeroBubble", torch_rank_order, held_to_weight, multi=True,
+                     zero_bubble=True, rounds=True, label="interleaved zero bubble", rank_ops="zb_rank_ops"),
+    PipelineSchedule("zbv", "ScheduleZBVZeroBubble", torch_rank_order, held_to_weight, multi=True,
+                     zero_bubble=True, v_shape=True, fixed_per_rank=2, export_stages=False, label="ZBV zero bubble",
+                     rank_ops="zbv_rank_ops"),
 )}
 
 
@@ -98,6 +105,12 @@ def schedule_of(name) -> PipelineSchedule:
     if found is None:
         raise InputError(f"schedule must be one of {', '.join(SCHEDULES)}, got {name!r}")
     return found
+
+
+def default_schedule() -> str:
+    """The schedule a configuration takes when none is given (``ParallelConfig``'s default): what a
+    configuration without a pipeline carries."""
+    return next(f.default for f in fields(ParallelConfig) if f.name == "schedule")
 
 
 # --- partition, split --run and the torchrun launcher: one options object -----------------------

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import layerscope as ls
-from layerscope.planning.split import units as units_mod
+from layerscope.planning.split import opening as units_mod
 
 transformers = pytest.importorskip("transformers")
 

@@ -14,7 +14,7 @@ from layerscope.planning.config import ParallelConfig
 from layerscope.planning.apply import find_blocks
 from layerscope.planning.search.bounds import (BlockFigures, block_figures, figures_at, pipeline_bounds, proxy_config, stage_numels)
 from layerscope.planning.simulate.results import ESTIMATES
-from layerscope.planning.search.space import _shrunk
+from layerscope.planning.search.copies import _shrunk
 from layerscope.planning.steptime.sharded_time import FRACTIONS, step_time
 from layerscope.planning.simulate.world import simulate_world
 

@@ -11,7 +11,8 @@ import torch
 import layerscope
 from layerscope.planning.config import ParallelConfig
 from layerscope.planning.search.bounds import PipelineBounds
-from layerscope.planning.search.space import _AC_MEMORY, _mem_ge, family_of, label, space, walk_space
+from layerscope.planning.search.candidates import _AC_MEMORY, family_of, label, space
+from layerscope.planning.search.walk import _mem_ge, walk_space
 
 AC_TIME = {"none": 0.0, "selective-op": 0.1, "full": 0.33}
 

@@ -8,7 +8,8 @@ import torch.nn as nn
 
 from layerscope.errors import InputError
 from layerscope.planning.config import ParallelConfig
-from layerscope.planning.simulate.pipeline_rank import simulate_stage_rank, stage_blocks
+from layerscope.planning.simulate.pipeline_rank import simulate_stage_rank
+from layerscope.planning.simulate.uniform_stages import stage_blocks
 
 
 from .test_simulate import Block   # noqa: E402  (the same block: 64 -> 256 -> 64 with a residual)
@@ -194,7 +195,7 @@ class TiedNet(Net):
 @pytest.mark.parametrize("gpus,shard", [(2, 64 * 64 * 4), pytest.param(4, 32 * 64 * 4, marks=pytest.mark.slow)])
 def test_weights_tied_across_stages_get_one_all_reduce_of_their_gradient(gpus, shard):
     import layerscope
-    from layerscope.planning.simulate.pipeline_rank import stage_ties
+    from layerscope.planning.simulate.uniform_stages import stage_ties
     m, x = TiedNet(), torch.randn(256, 64)
     config = ParallelConfig(gpus=gpus, pp=2, microbatches=4, mixed_precision="off")
     assert stage_ties(m, config) == [{0: "embed.weight", 1: "head.weight"}]

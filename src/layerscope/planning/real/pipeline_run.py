@@ -31,7 +31,7 @@ class Setup(NamedTuple):
     kwargs: dict
     mb_args: tuple
     mb_kwargs: dict
-    plan: Any                 # a StagePlan
+    plan: Any                 # the plan of the split (split/plan.py PlanResult's fields: the StagePlan users see)
     target: torch.Tensor
 
 

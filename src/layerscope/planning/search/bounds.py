@@ -79,12 +79,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..config import ParallelConfig
+from ..config import ParallelConfig, default_schedule
 from ..steptime.schedule import rank_orders, simulate
 from ...trace import BACKWARD, FORWARD
 from ..simulate.results import COLLECTIVES, NCCL_BYTES_PER_COMMUNICATOR, collective_group
 from ..simulate.sharded_rank import COMM_OPS
-from ..simulate.pipeline_rank import stage_blocks, stage_plan
+from ..simulate.uniform_stages import stage_blocks, stage_plan
 from ..steptime.sharded_time import (_compute_dtype, _one_collective, host_op_seconds, op_seconds, optimizer_seconds)
 
 __all__ = ["BlockFigures", "PipelineBounds", "block_figures", "figures_at", "pipeline_bounds", "proxy_config",
@@ -123,7 +123,7 @@ def proxy_config(c: ParallelConfig, micro_batch: int) -> ParallelConfig | None:
         return None
     return dataclasses.replace(c, gpus=c.tp * c.cp * dp, pp=1, fsdp=dp, replicate=1, microbatches=1,
                                accumulation=1, local_batch=micro_batch, global_batch=None,
-                               reshard_after_forward=False, schedule="1f1b")
+                               reshard_after_forward=False, schedule=default_schedule())
 
 
 def _in_block(path: str, blocks: list[str]) -> int | None:

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...analyses.memory import layer_at, live_bytes
-from ..config import ParallelConfig
+from ..config import ParallelConfig, default_schedule
 from ..apply import canonical_name
 from .sharded_rank import HOST_PART, PARTS, RankRun
-from .pipeline_rank import model_name
+from .uniform_stages import model_name
 
 __all__ = ["COLLECTIVES", "Collective", "collective_group", "RankMemory", "ParallelPlan", "ESTIMATES", "NCCL_BYTES_PER_COMMUNICATOR",
            "rank_memory",
@@ -131,7 +131,7 @@ class ParallelPlan:
     mfu: float | None = None
     measured: dict | None = field(default=None)
     offload: bool = False          # FSDP2's CPU offload (the ranks' host_bytes hold what it moves)
-    schedule: str = "1f1b"         # the pipeline schedule (with pp > 1)
+    schedule: str = field(default_factory=default_schedule)   # the pipeline schedule (with pp > 1)
     stages: int = 1                # pipeline stages: pp, or pp x stages per rank (interleaved)
     timing: dict | None = None     # the step-time prediction's parts (planning/steptime/sharded_time.py StepTime.to_dict)
 

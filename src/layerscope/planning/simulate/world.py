@@ -19,7 +19,8 @@ from ..config import ParallelConfig
 from ...progress import ProgressBar
 from .results import ParallelPlan, RankMemory, mesh_coords, rank_memory, roles
 from .sharded_rank import simulate_rank
-from .pipeline_rank import rank_stages, simulate_stage_rank
+from .pipeline_rank import simulate_stage_rank
+from .uniform_stages import rank_stages
 
 __all__ = ["simulate_world", "plan_of", "global_tokens"]
 

@@ -53,7 +53,7 @@ def unit_cost(by) -> Callable[[Unit], float]:
 class _Tables:
     """Prefix sums over units, so any stage's cost and memory are O(1) tensor expressions."""
 
-    def __init__(self, units: SplitUnits, by, microbatches: int, schedule: str = "1f1b") -> None:
+    def __init__(self, units: SplitUnits, by, microbatches: int, schedule: str) -> None:
         us = units.units
         self.n = len(us)
         d = torch.float64

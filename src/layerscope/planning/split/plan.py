@@ -1,5 +1,7 @@
-"""What the planner returns: plain records of the chosen split (reports/plan_build.py turns them into
-the StagePlan users see; the stages of a run need no more than these)."""
+"""The plan of a pipeline split, the one record the planning package passes on: what the planner chose
+(``plan_split``, with every stage's figures), the uniform split the parallel simulation, the search and
+the real runs cut a model by (``outline_plan``: the cuts alone), and what a stage module is built from
+(split/runnable.py). reports/plan_build.py turns a planner's result into the StagePlan users see."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from dataclasses import dataclass
 from ..steptime.schedule import Timeline
 from .units import SplitUnits
 
-__all__ = ["StageFigures", "StageIndex", "PlanResult"]
+__all__ = ["StageFigures", "StageIndex", "PlanResult", "outline_plan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,3 +74,15 @@ class PlanResult(StageIndex):
     def num_stages(self) -> int:
         return len(self.stages)
 
+
+
+def outline_plan(units: SplitUnits, bounds: list[tuple[int, int]], schedule: str, ranks: list[int], *,
+                 microbatches: int = 1, stages_per_rank: int = 1) -> PlanResult:
+    """A split known by its cuts alone, nothing counted: stage s over units ``bounds[s]`` (first, last),
+    on rank ``ranks[s]`` (the uniform split a run or a simulated rank cuts the model by)."""
+    stages = tuple(StageFigures(index=s, first=x, last=y, units=tuple(u.name for u in units.units[x:y + 1]), cost=0.0,
+                                flops=0, macs=0, params=0, memory={}, limit=None, rank=r)
+                   for s, ((x, y), r) in enumerate(zip(bounds, ranks)))
+    return PlanResult(units=units, stages=stages, by="blocks", schedule=schedule, microbatches=microbatches,
+                      bottleneck=0.0, notes=(), objective="uniform", timeline=None, stages_per_rank=stages_per_rank,
+                      rank_bytes=None)

@@ -1,4 +1,5 @@
-"""Runnable stages from a StagePlan, two ways, and a check that the chain reproduces the model.
+"""Runnable stages from a plan of the split (``PlanResult``, or the StagePlan users see), two ways, and a
+check that the chain reproduces the model.
 
 (a) ``torch.distributed.pipelining.pipeline()`` with a SplitPoint at the start of each stage, when
     torch.export can trace the model (wrapped so that it returns one tensor).
@@ -29,8 +30,8 @@ from ... import _compat
 from ...capture import hooks
 from ...capture.state import StateGuard
 from ...errors import InputError
-from .plan import PlanResult as StagePlan   # what a stage needs of a plan (a StagePlan has it)
-from ..steptime.schedule import ZERO_BUBBLE
+from ..config import schedule_of
+from .plan import PlanResult   # what a stage needs of a plan (reports' StagePlan has it too)
 
 __all__ = ["pipeline_stage", "StageModule", "build_stage_module", "main_tensor", "verify_chain", "TieSync", "ExportedStages",
            "export_stages", "flat_inputs"]
@@ -89,7 +90,7 @@ class _Stub(nn.Module):
         return f"stub for {self.name}"
 
 
-def _record(model: nn.Module, plan: StagePlan, tensors: tuple, rebuild, context=None):
+def _record(model: nn.Module, plan: PlanResult, tensors: tuple, rebuild, context=None):
     """One forward in which every parameterised unit's output is a fresh leaf requiring grad: gives
     the units' output templates and, at each stage's first unit, which arguments depend on earlier
     units (the boundary). ``context``: a factory of what the forward runs in (a simulation's
@@ -143,7 +144,7 @@ def _stubbed(model: nn.Module, unit) -> list[str]:
 class StageModule(nn.Module):
     """One stage of a module-ownership split (path b). Its parameters are its own units' only."""
 
-    def __init__(self, model: nn.Module, plan: StagePlan, stage: int, tensors: tuple, rebuild,
+    def __init__(self, model: nn.Module, plan: PlanResult, stage: int, tensors: tuple, rebuild,
                  templates: dict, boundary: dict, metas: dict | None = None) -> None:
         super().__init__()
         st = plan.stages[stage]
@@ -166,7 +167,7 @@ class StageModule(nn.Module):
         # zero bubble's backward for the input detaches the stage's outputs in place (torch's
         # stage_backward_input), which a view refuses: such outputs are sent as copies (and the
         # last stage returns a copy of a view: see forward)
-        self.own_outputs = plan.schedule in ZERO_BUBBLE
+        self.own_outputs = schedule_of(plan.schedule).zero_bubble
         for u in units:
             if st.first <= u.index <= st.last:
                 continue
@@ -236,7 +237,7 @@ class StageModule(nn.Module):
         return out
 
 
-def build_stage_module(model: nn.Module, plan: StagePlan, stage: int, args: tuple, kwargs: dict,
+def build_stage_module(model: nn.Module, plan: PlanResult, stage: int, args: tuple, kwargs: dict,
                        copy_model: bool = True, record_on: nn.Module | None = None,
                        record_context=None) -> StageModule:
     """The module of ``stage`` for path (b). ``args``/``kwargs`` are one micro-batch of inputs.
@@ -271,7 +272,7 @@ class _Main(nn.Module):
         return main_tensor(self.model(*a, **k))
 
 
-def export_stages(model: nn.Module, plan: StagePlan, args: tuple, kwargs: dict):
+def export_stages(model: nn.Module, plan: PlanResult, args: tuple, kwargs: dict):
     """Path (a): torch.distributed.pipelining.pipeline() with a SplitPoint before each stage."""
     from torch.distributed.pipelining import SplitPoint, pipeline
 
@@ -326,7 +327,7 @@ def drop_unused_params(gm: nn.Module) -> list[str]:
     return gone
 
 
-def verify_chain(model: nn.Module, plan: StagePlan, args: tuple, kwargs: dict, path: str = "auto"):
+def verify_chain(model: nn.Module, plan: PlanResult, args: tuple, kwargs: dict, path: str = "auto"):
     """Run the stages one after another on one micro-batch and compare with the whole model.
     Returns (path used, max abs diff, reason export was not used or None). The global RNG state is
     put back (a training-mode model draws dropout masks in every run)."""
@@ -337,7 +338,7 @@ def verify_chain(model: nn.Module, plan: StagePlan, args: tuple, kwargs: dict, p
         torch.set_rng_state(rng)
 
 
-def _verify_chain(model: nn.Module, plan: StagePlan, args: tuple, kwargs: dict, path: str):
+def _verify_chain(model: nn.Module, plan: PlanResult, args: tuple, kwargs: dict, path: str):
     tensors, rebuild = flat_inputs(args, kwargs)
     guard = StateGuard(model, inputs=tensors)
     try:
@@ -375,7 +376,7 @@ class TieSync:
     """Sums the gradients of tied weights held by several stages: locally over the rank's own stages
     (each holds its own copy), then one all-reduce per tie across the ranks that hold it."""
 
-    def __init__(self, plan: StagePlan, module, rank: int, prefix: str = "") -> None:
+    def __init__(self, plan: PlanResult, module, rank: int, prefix: str = "") -> None:
         import torch.distributed as dist
         modules = list(module) if isinstance(module, (list, tuple)) else [module]
         self.pairs = []

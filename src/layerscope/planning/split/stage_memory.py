@@ -34,13 +34,11 @@ order. The runtime schedules (interleaved, zb, zbv) keep every send's work to th
 
 from __future__ import annotations
 
-import functools
-import math
-
 import torch
 
 from ..config import schedule_of
-from ..steptime.schedule import rank_orders, stage_ranks
+from ..orders import weight_counts
+from ..steptime.schedule import stage_ranks
 from .units import SplitUnits
 
 __all__ = ["held_microbatches", "zb_pending", "local_neighbours", "multi_stage", "stage_memory", "stage_total",
@@ -49,47 +47,18 @@ __all__ = ["held_microbatches", "zb_pending", "local_neighbours", "multi_stage",
 
 def held_microbatches(schedule: str, stages: int, microbatches: int, stage: int,
                       stages_per_rank: int = 2) -> int:
-    m = microbatches
+    """The micro-batches ``stage`` holds at once under ``schedule`` (the entry's ``held``)."""
     kind = schedule_of(schedule)
-    if kind.order == "gpipe":
-        return m
-    if kind.order == "1f1b":
-        return min(stages - stage, m)
-    if kind.zero_bubble:
-        return _zb_held(schedule, stages, m, stages_per_rank)[stage]
-    v = stages_per_rank
-    p = stages // v
-    r = stage % p
-    return min(m, math.ceil(((p - r - 1) * 2 + (v - 1) * p + 1) / v))
-
-
-@functools.lru_cache(maxsize=64)
-def _zb_held(schedule: str, stages: int, microbatches: int, stages_per_rank: int) -> tuple[int, ...]:
-    """Per stage, the most micro-batches between their forward and their W at once, in torch's order."""
-    return _zb_counts(schedule, stages, microbatches, stages_per_rank)[0]
-
-
-@functools.lru_cache(maxsize=64)
-def _zb_counts(schedule: str, stages: int, microbatches: int, stages_per_rank: int):
-    """Per stage, the most micro-batches at once between their forward and their W, and between
-    their I and their W (the output gradients kept for the W: ``Unit.deferred_bytes``)."""
-    held, pending = [0] * stages, [0] * stages
-    for order in rank_orders(schedule, stages, microbatches, stages_per_rank):
-        live, wait = [0] * stages, [0] * stages
-        for a in order:
-            live[a.stage] += 1 if a.kind == "F" else -1 if a.kind == "W" else 0
-            wait[a.stage] += 1 if a.kind == "I" else -1 if a.kind == "W" else 0
-            held[a.stage] = max(held[a.stage], live[a.stage])
-            pending[a.stage] = max(pending[a.stage], wait[a.stage])
-    return tuple(held), tuple(pending)
+    return kind.held(kind, stages, microbatches, stage, stages_per_rank)
 
 
 def zb_pending(schedule: str, stages: int, microbatches: int, stage: int, stages_per_rank: int = 2) -> int:
     """Zero bubble: the most micro-batches of ``stage`` between their I and their W at once (0 on
     the first stage, whose I torch skips: its W runs the whole backward; 0 for other schedules)."""
-    if not schedule_of(schedule).zero_bubble or stage == 0:
+    kind = schedule_of(schedule)
+    if not kind.zero_bubble or stage == 0:
         return 0
-    return _zb_counts(schedule, stages, microbatches, stages_per_rank)[1][stage]
+    return weight_counts(kind, stages, microbatches, stages_per_rank)[1][stage]
 
 
 def local_neighbours(schedule: str, stages: int, stage: int, stages_per_rank: int = 2) -> tuple[bool, bool]:
@@ -253,19 +222,14 @@ def flight_counts(schedule: str, held: int, m: int, first: bool, last: bool) -> 
     from its own count; every send's work is kept until the step ends, so a stage that sends its
     outputs holds all it has sent (min(W + j, M) at backward j) and the j input gradients sent
     before backward j."""
-    order = schedule_of(schedule).order
+    keeps_sends = schedule_of(schedule).keeps_sends
     out = []
     for j in range(m):
-        if order == "gpipe":
-            acts = m - j
-            outs = acts if last else m
-            sends = j
-        elif order == "runtime":
-            acts = min(held + j, m) - j
+        acts = min(held + j, m) - j
+        if keeps_sends:
             outs = acts if last else acts + j
             sends = j
         else:
-            acts = min(held + j, m) - j
             stale = not last and held >= 2 and held - 2 < j <= m - held
             outs = acts + stale
             sends = min(j, 1)
@@ -301,12 +265,14 @@ def _candidates(a, o, held, m, schedule, first, last, kept: bool = False):
     under 1F1B, all M under GPipe and interleaved). Interleaved has that end too (every sent output
     and input gradient is held until it)."""
     keeps = kept and last
-    order = schedule_of(schedule).order
+    kind = schedule_of(schedule)
     counts = [(*c, j if keeps else 0) for j, c in enumerate(flight_counts(schedule, held, m, first, last))]
-    js = list(range(m)) if order != "gpipe" else sorted({0, min(1, m - 1), m - 1})
-    if keeps or order == "runtime":
-        end_sends = counts[-1][2] if order == "1f1b" else (0 if first else m)
-        counts.append((0, m if order == "runtime" and not last else 0, end_sends, 2 * m if keeps else 0))
+    # every micro-batch held and every send kept: the counts are linear in j >= 1 (M - j activations, j
+    # input gradients, the outputs constant), so the peak is at j = 0, 1 or M - 1
+    js = sorted({0, min(1, m - 1), m - 1}) if kind.keeps_sends and held >= m else list(range(m))
+    if keeps or kind.multi:
+        end_sends = (0 if first else m) if kind.keeps_sends else counts[-1][2]
+        counts.append((0, m if kind.multi and not last else 0, end_sends, 2 * m if keeps else 0))
         js.append(m)
 
     def covered(j: int, i: int) -> bool:   # backward i holds at least what backward j does
@@ -316,7 +282,7 @@ def _candidates(a, o, held, m, schedule, first, last, kept: bool = False):
     keep = [j for j in js if not any(covered(j, i) for i in js if i not in (0, j))]
     # micro-batch 0's output outlives its backward when a pending forward send holds it
     # (the kept output is micro-batch 0's on the last stage, when the step keeps it to return)
-    kept_out = keeps or (not last and (order != "1f1b" or held == 2))
+    kept_out = keeps or (not last and (kind.keeps_sends or held == 2))
     for j in keep:
         yield (j, *counts[j], (a if kept_out else a + o) if j == 0 else None)
 

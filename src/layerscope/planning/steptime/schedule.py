@@ -8,11 +8,14 @@ order torch.distributed.pipelining's schedule runs them:
   backward and one forward ("1B1F") until the forwards are done, then the remaining backwards.
 - Interleaved 1F1B (``ScheduleInterleaved1F1B``, v stages per rank, rank r owns stages r, r + P, ...):
   torch's own per-rank order (``PipelineSchedule.rank_order``), Megatron's depth-first warm-up.
-- Zero bubble (``ScheduleInterleavedZeroBubble``, "zb": v stages per rank, placed as interleaved;
-  ``ScheduleZBVZeroBubble``, "zbv": two stages per rank in a V, rank r owns stages r and 2P - 1 - r):
+- Zero bubble (``ScheduleInterleavedZeroBubble``: v stages per rank, placed as interleaved;
+  ``ScheduleZBVZeroBubble``: two stages per rank in a V, rank r owns stages r and 2P - 1 - r):
   torch's own orders. Each backward is split in two: "I" computes the gradient of the stage's input
   (what the previous stage waits for) and "W" the gradients of its weights, which the schedule
   defers to fill what would be idle time. W of micro-batch i needs I of i on the same stage.
+
+Which order a schedule follows is its entry's ``order`` in the schedule table (planning/config.py;
+the orders themselves: planning/orders.py).
 
 An action starts when its rank is free and its input has arrived: the forward of micro-batch i on
 stage s needs stage s - 1's forward of i plus the time to send the activations across; the backward
@@ -37,7 +40,8 @@ __all__ = ["Action", "Block", "Graph", "Timeline", "graph", "rank_orders", "simu
 
 FORWARD, BACKWARD, INPUT, WEIGHT = "F", "B", "I", "W"
 # names of the schedules that split each backward into I and W, and of those that put several
-# stages on each rank (for callers that test a name; the table in options is the one source)
+# stages on each rank, as the table has them at import (the code here tests an entry's fields:
+# ``schedule_of(name).zero_bubble``, ``.multi``)
 ZERO_BUBBLE = tuple(name for name, s in SCHEDULES.items() if s.zero_bubble)
 MULTI = tuple(name for name, s in SCHEDULES.items() if s.multi)
 
@@ -84,8 +88,8 @@ class Timeline:
 
 
 def stage_ranks(schedule: str, stages: int, stages_per_rank: int = 2) -> list[int]:
-    """The rank each stage runs on: one stage per rank, loop-style for interleaved and zb (s % P),
-    a V for zbv (stage s on rank s for s < P, else 2P - 1 - s)."""
+    """The rank each stage runs on: one stage per rank, or several placed in a loop (s % P) or, under a
+    ``v_shape`` schedule, in a V (stage s on rank s for s < P, else 2P - 1 - s)."""
     kind = schedule_of(schedule)
     p = kind.ranks(stages, stages_per_rank)
     if kind.v_shape:
@@ -95,27 +99,10 @@ def stage_ranks(schedule: str, stages: int, stages_per_rank: int = 2) -> list[in
 
 def rank_orders(schedule: str, stages: int, microbatches: int,
                 stages_per_rank: int = 2) -> list[list[Action]]:
-    """Per rank, its actions in the order torch's schedule runs them."""
-    k, m = stages, microbatches
+    """Per rank, its actions in the order torch's schedule runs them (the entry's ``order``)."""
     kind = schedule_of(schedule)
-    if kind.order == "gpipe":
-        return [[Action(s, FORWARD, i) for i in range(m)] + [Action(s, BACKWARD, i) for i in range(m)]
-                for s in range(k)]
-    if kind.order == "1f1b":
-        out = []
-        for s in range(k):
-            w = min(m, k - s)
-            acts = [Action(s, FORWARD, i) for i in range(w)]
-            for j in range(m):
-                acts.append(Action(s, BACKWARD, j))
-                if w + j < m:
-                    acts.append(Action(s, FORWARD, w + j))
-            out.append(acts)
-        return out
-    v = kind.per_rank(stages_per_rank)
-    p = k // v
-    return [[Action(st, what, mb) for st, what, mb in kind.rank_order(r, v, p, m)]
-            for r in range(p)]
+    return [[Action(st, what, mb) for st, what, mb in order]
+            for order in kind.order(kind, stages, microbatches, stages_per_rank)]
 
 
 class Graph:
@@ -125,7 +112,7 @@ class Graph:
 
     def __init__(self, schedule: str, stages: int, microbatches: int, stages_per_rank: int = 2) -> None:
         k, m = stages, microbatches
-        self.schedule, self.stages, self.microbatches = schedule, k, m
+        self.schedule, self.stages, self.microbatches = schedule_of(schedule).name, k, m
         self.where = stage_ranks(schedule, k, stages_per_rank)
         self.ranks = max(self.where) + 1
         orders = rank_orders(schedule, k, m, stages_per_rank)
@@ -175,7 +162,7 @@ class Graph:
                     left -= 1
                     moved = True
             if not moved:
-                raise AssertionError(f"the {schedule} order deadlocks")
+                raise AssertionError(f"the {self.schedule} order deadlocks")
         self.actions = tuple(acts)
         self.rank_of = tuple(rank_of)
         self.dep, self.link = tuple(dep), tuple(link)
@@ -233,9 +220,15 @@ def _action_cost(a: Action, forward, backward, weight) -> float:
     return w if a.kind == WEIGHT else backward[a.stage] - w
 
 
-@functools.lru_cache(maxsize=32)
 def graph(schedule: str, stages: int, microbatches: int, stages_per_rank: int = 2) -> Graph:
-    return Graph(schedule, stages, microbatches, stages_per_rank)
+    return _graph(schedule_of(schedule), stages, microbatches, stages_per_rank)
+
+
+@functools.lru_cache(maxsize=32)
+def _graph(kind, stages: int, microbatches: int, stages_per_rank: int) -> Graph:
+    # keyed by the schedule's entry, not its name: an entry registered under a name another had holds
+    # no stale graph
+    return Graph(kind, stages, microbatches, stages_per_rank)
 
 
 def simulate(schedule: str, forward: list[float], backward: list[float], microbatches: int, *,

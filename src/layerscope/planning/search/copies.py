@@ -1,0 +1,218 @@
+"""One candidate simulated on copies of the model with ``BLOCKS`` blocks per pipeline stage, its per-rank
+memory, seconds and collectives extended linearly to the model's blocks (planning/search/space.py's
+docstring: the blocks of a transformer repeat)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ... import _compat
+from ...errors import ForwardError, InputError
+from ..config import ParallelConfig
+from ..apply import find_blocks
+from .bounds import (BlockFigures, PipelineBounds, block_figures, figures_at, pipeline_bounds, proxy_config, stage_numels)
+from ..simulate.results import ESTIMATES, ParallelPlan, RankMemory, collectives_of
+from ..simulate.uniform_stages import stage_blocks
+from ..steptime.sharded_time import RankSeconds, assemble, rank_seconds, send_bytes
+from ..simulate.world import plan_of
+from .candidates import BLOCKS, _mbs
+
+__all__ = []
+
+
+def _resized(args: tuple, kwargs: dict, batch0: int, batch: int) -> tuple[tuple, dict]:
+    """The example inputs with every tensor whose first dimension is the given batch resized to ``batch``
+    (meta tensors: shapes only)."""
+    def one(t):
+        if t.dim() and t.shape[0] == batch0:
+            return torch.empty((batch, *t.shape[1:]), dtype=t.dtype, device="meta")
+        return t
+    return _compat.tree_map_only(torch.Tensor, one, args), _compat.tree_map_only(torch.Tensor, one, kwargs)
+
+
+def _shrunk(model: nn.Module, n: int) -> nn.Module:
+    """A copy of ``model`` (its parameters shared, nothing copied: they are meta) with the first ``n`` of
+    its blocks; the config's layer count follows where the model has one."""
+    blocks = find_blocks(model)
+    path = blocks[0][0].rpartition(".")[0]
+    memo = {id(t): t for t in model.parameters()}
+    memo.update({id(t): t for t in model.buffers()})
+    for _, b in blocks[n:]:
+        memo[id(b)] = None
+    small = copy.deepcopy(model, memo)
+    parent = small.get_submodule(path)
+    kept = [m for m in parent if m is not None][:n]
+    parent_of, _, name = path.rpartition(".")
+    holder = small.get_submodule(parent_of) if parent_of else small
+    setattr(holder, name, nn.ModuleList(kept))
+    cfg = getattr(small, "config", None)       # the copy's own (deepcopy made it; its modules share it)
+    if cfg is not None and hasattr(cfg, "num_hidden_layers"):
+        cfg.num_hidden_layers = n
+    return small
+
+
+def _rank_blocks(config: ParallelConfig, rank: int, per_stage_blocks: list[int]) -> int:
+    """Blocks the pipeline rank of global ``rank`` holds (its stages' sum)."""
+    c = rank // (config.world // config.pp)
+    return sum(per_stage_blocks[s] for s in range(c, config.stages, config.pp))
+
+
+def _line(a: float, b: float, x1: float, x2: float, x: float) -> float:
+    return a + (b - a) * (x - x1) / (x2 - x1)
+
+
+def _extend_int(a: int, b: int, x1: int, x2: int, x: int) -> int:
+    return max(0, round(_line(a, b, x1, x2, x)))
+
+
+def _extend_memory(r1: RankMemory, r2: RankMemory, x1: int, x2: int, x: int) -> RankMemory:
+    def e(a, b):
+        return _extend_int(a, b, x1, x2, x)
+    return dataclasses.replace(r2, peak_bytes=e(r1.peak_bytes, r2.peak_bytes),
+                               simulated_peak_bytes=e(r1.simulated_peak_bytes, r2.simulated_peak_bytes),
+                               peak_layer=None,
+                               breakdown={k: e(r1.breakdown.get(k, 0), v) for k, v in r2.breakdown.items()},
+                               collectives=_extend_collectives(r1.collectives, r2.collectives, x1, x2, x),
+                               host_bytes=e(r1.host_bytes, r2.host_bytes))
+
+
+def _extend_seconds(s1: RankSeconds, s2: RankSeconds, x1: int, x2: int, x: int) -> RankSeconds:
+    vals = {f.name: _line(getattr(s1, f.name), getattr(s2, f.name), x1, x2, x) for f in dataclasses.fields(RankSeconds)}
+    for k in ("uncounted_ops", "forward_flops"):
+        vals[k] = _extend_int(getattr(s1, k), getattr(s2, k), x1, x2, x)
+    return RankSeconds(**vals)
+
+
+def _extend_collectives(c1: tuple, c2: tuple, x1: int, x2: int, x: int) -> tuple:
+    if [c.op for c in c1] != [c.op for c in c2]:
+        return c2
+
+    def e(a, b):
+        return _extend_int(a, b, x1, x2, x)
+    return tuple(dataclasses.replace(b, calls=e(a.calls, b.calls), bytes_read=e(a.bytes_read, b.bytes_read),
+                                     bytes_written=e(a.bytes_written, b.bytes_written),
+                                     ring_bytes=e(a.ring_bytes, b.ring_bytes)) for a, b in zip(c1, c2))
+
+
+class _Evaluator:
+    """Simulates one candidate on the shrunk copies and extends its figures to the whole model; an
+    accumulation of ``A`` micro-steps is simulated with ``min(A, 2)``: from the second micro-step on, a
+    rank holds what it held in the second (FSDP2 reduce-scatters each micro-step's gradients into the
+    same sharded ones), and each further micro-step adds what the second added to the step's seconds and
+    collectives."""
+
+    def __init__(self, model, args, kwargs, *, batch0: int, simulate: Callable, gpu, limit: int, fracs, tokens_of):
+        self.model, self.args, self.kwargs, self.batch0 = model, args, kwargs, batch0
+        self.simulate, self.gpu, self.limit, self.f, self.tokens_of = simulate, gpu, limit, fracs, tokens_of
+        blocks = find_blocks(model)
+        self.blocks = len(blocks)
+        self.shrinkable = len({p.rpartition(".")[0] for p, _ in blocks}) == 1
+        self._models: dict[int, nn.Module] = {}
+        self.figures: dict[tuple, BlockFigures | None] = {}    # block figures by _figure_key
+        self._numels: dict[int, tuple[list[int], list[int]]] = {}
+        self.proxies = 0                                        # configurations simulated for bounds alone
+
+    def _model(self, n: int) -> nn.Module:
+        if n >= self.blocks or not self.shrinkable:
+            return self.model
+        if n not in self._models:
+            self._models[n] = _shrunk(self.model, n)
+        return self._models[n]
+
+    def _one(self, model: nn.Module, c: ParallelConfig, args, kwargs):
+        """(per-rank memory, per-role seconds, a pipeline transfer's bytes) of ``c`` on ``model``; without a
+        pipeline, its blocks' figures kept for the pipelines' bounds (planning/search/bounds.py)."""
+        acc = c.accumulation
+        sim = dataclasses.replace(c, accumulation=min(acc, 2), global_batch=None)
+        ranks, _, groups, _, runs = self.simulate(model, args, kwargs, sim)
+        if c.pp == 1:
+            self._keep_figures(model, sim, ranks, groups, runs)
+        secs = {r: rank_seconds(rr, sim, self.gpu, self.f) for r, rr in runs.items()}
+        if acc > 2:
+            one = {r: rank_seconds(rr, sim, self.gpu, self.f, micro=1) for r, rr in runs.items()}
+            secs = {r: _extend_seconds(one[r], secs[r], 1, 2, acc) for r in secs}
+            colls = {r: _extend_collectives(collectives_of(rr, sim, micro=1), collectives_of(rr, sim), 1, 2, acc)
+                     for r, rr in runs.items()}
+            ranks = tuple(dataclasses.replace(m, collectives=colls.get(m.simulated_as, m.collectives)) for m in ranks)
+        return ranks, secs, send_bytes(runs)
+
+    @staticmethod
+    def _figure_key(c: ParallelConfig) -> tuple:
+        return c.tp, c.cp, c.ac, c.ac_every, _mbs(c), c.dp > 1
+
+    def _keep_figures(self, model, c: ParallelConfig, ranks, groups, runs) -> None:
+        key = self._figure_key(c)
+        if self.figures.get(key) is not None or 0 not in runs or c.reshard_after_forward:
+            return          # resharding adds ops to a block (the host's bound counts them): as the stand-ins, none
+        paths = [p for p, _ in find_blocks(model)]
+        fig = block_figures(runs[0], c, self.gpu, self.f, paths, nccl=ranks[0].breakdown.get(ESTIMATES[0], 0) > 0,
+                            one_role=len(groups) == 1)
+        if fig is not None:
+            self.figures[key] = fig
+
+    def bounds(self, c: ParallelConfig, simulate: bool = True) -> PipelineBounds | None:
+        """Candidate ``c``'s lower bounds (planning/search/bounds.py), from the block figures of a
+        configuration without a pipeline on its micro-batch (the same tensor parallel degree, checkpointing
+        and data parallelism or none): one the search simulated; or else the line through those of the two
+        largest smaller micro-batches (``figures_at``: a block's seconds and bytes are convex in the batch,
+        and near linear where its ops are compute-bound), with ``simulate`` first simulating, on a copy with
+        two blocks, micro-batches 1 and 2 where fewer than two are known; or else those of one smaller
+        micro-batch. None: no figures, or their simulations failed."""
+        if c.ac == "selective-layer" or c.cp > 1:   # selective-layer: its blocks are not alike;
+            return None                             # context parallel: not checked
+        mbs = _mbs(c)
+        q = proxy_config(c, mbs)
+        if q is None:
+            return None
+        key = self._figure_key(q)
+
+        def known() -> list:       # (micro-batch, figures) of this key's kind, up to this micro-batch
+            return sorted((k[4], f) for k, f in self.figures.items() if f is not None and k[:4] == key[:4]
+                          and k[5] == key[5] and k[4] <= mbs)
+        have = known()
+        if not (have and have[-1][0] == mbs) and len(have) < 2 and simulate:
+            for b in sorted({1, min(2, mbs)}):     # the two least micro-batches: their line bounds the rest
+                kb = key[:4] + (b,) + key[5:]
+                if kb in self.figures:
+                    continue
+                self.figures[kb] = None
+                args, kwargs = _resized(self.args, self.kwargs, self.batch0, b)
+                try:
+                    self._one(self._model(2), proxy_config(c, b), args, kwargs)
+                except (InputError, ForwardError):
+                    pass
+                self.proxies += 1
+            have = known()
+        return self._bounds_from(c, figures_at(have, mbs)) if have else None
+
+    def _bounds_from(self, c: ParallelConfig, fig: BlockFigures) -> PipelineBounds:
+        if self._numels.get(c.stages) is None:
+            self._numels[c.stages] = (stage_numels(self.model, c.stages),
+                                      stage_numels(self.model, c.stages, trainable=True))
+        numels, trainable = self._numels[c.stages]
+        return pipeline_bounds(c, fig, numels, self.blocks, self.f, trainable)
+
+    def __call__(self, c: ParallelConfig) -> ParallelPlan:
+        args, kwargs = _resized(self.args, self.kwargs, self.batch0, c.local_batch)
+        counts = [len(r) for r in stage_blocks(self.blocks, c.stages)]
+        points = [k for k in BLOCKS if k * c.stages < self.blocks] if self.shrinkable else []
+        if len(points) < 2:                 # small enough to simulate whole
+            ranks, secs, send = self._one(self.model, c, args, kwargs)
+        else:
+            (ra, sa, send), (rb, sb, _) = (self._one(self._model(k * c.stages), c, args, kwargs) for k in points)
+            spr = c.stages // c.pp
+            x1, x2 = points[0] * spr, points[1] * spr
+            ranks = tuple(_extend_memory(a, b, x1, x2, _rank_blocks(c, a.rank, counts)) for a, b in zip(ra, rb))
+            secs = {r: _extend_seconds(sa[r], sb[r], x1, x2, _rank_blocks(c, r, counts)) for r in sb if r in sa}
+        st = assemble(secs, send, c, self.gpu, tokens=self.tokens_of(c), f=self.f)
+        plan = plan_of(c, ranks)
+        over = max(0, plan.peak_bytes - self.limit)
+        return dataclasses.replace(plan, limit_bytes=self.limit, fits=over == 0, over_bytes=over,
+                                   step_time=st.step_time,
+                                   tokens_per_s=st.tokens_per_s / c.world if st.tokens_per_s else None,
+                                   mfu=st.mfu, timing=st.to_dict())
