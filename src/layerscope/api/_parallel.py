@@ -27,8 +27,8 @@ from ..planning.steptime.sharded_time import fractions, step_time
 from ..planning.simulate.world import global_tokens, plan_of, simulate_world
 from ._search import DEFAULT_LIMIT, search_report
 from ..render.units import parse_bytes
-from ..render.views import ParallelReport
-from ._memory import memory_with
+from ..render.views import MemoryReport, ParallelReport
+from ..analyses.memory_step import memory_step
 
 __all__ = ["parallel"]
 
@@ -249,7 +249,7 @@ def _one_device(model, args, kwargs, config: ParallelConfig, factory, steps, los
     opts = MemoryOptions(optimizer=factory, autocast_dtype=torch.bfloat16 if config.mixed_precision == "bf16" else None,
                          device="cuda" if cuda else "cpu", steps=steps, accumulation=config.accumulation,
                          loss_fn=loss_fn, loss=loss, gpu=gpu, keep_output=False)
-    rep = memory_with(copy, args, kwargs, opts)
+    rep = MemoryReport(**memory_step(copy, args, kwargs, opts))
     step = rep.peak_step
     parts = {"sharded parameters": step.breakdown["parameter"], "gathered parameters": 0,
              "gradients": step.breakdown["gradient"], "optimizer state": step.breakdown["optimizer_state"],

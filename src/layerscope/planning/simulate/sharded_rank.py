@@ -50,6 +50,7 @@ from torch import nn
 from ... import _compat
 from ...capture import hooks
 from ...capture.simulation import eager_paths
+from ...capture.spec import StepSpec, StepWatch
 from ...capture.step import StepRun, run_steps
 from ...capture.storage import CATEGORIES, SAVED, StorageTracker
 from ...costs import CostOptions, default_registry
@@ -415,12 +416,12 @@ def train_fake(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConf
     rule), the output let go of before the backward as torchtitan's train step does (``del pred``).
     ``pipeline``: a pipeline rank's actions (planning/simulate/pipeline_rank.py)."""
     amp = config.param_dtype if config.mixed_precision == "bf16" and config.dp == 1 else None
-    with loss_context(config):
-        return run_steps(model, args, kwargs, simulate=True, prepared=True, device=device, tracker=tracker,
-                         optimizer=optimizer, training=True, autocast_dtype=amp, loss_fn=loss_fn, steps=steps,
-                         accumulation=config.accumulation, options=CostOptions(registry=cost_registry()),
-                         foreach_default=foreach_default, probe_kernels=probe, attention=attention, on_step=on_step,
-                         pipeline=pipeline, keep_output=False)
+    spec = StepSpec(model, args, kwargs, optimizer=optimizer, autocast_dtype=amp, loss_fn=loss_fn, steps=steps,
+                    accumulation=config.accumulation, keep_output=False, device=device,
+                    foreach_default=foreach_default, probe_kernels=probe,
+                    costs=CostOptions(registry=cost_registry()), placement=lambda: loss_context(config),
+                    pipeline=pipeline)
+    return run_steps(spec, StepWatch(tracker=tracker, attention=attention, on_step=on_step))
 
 
 def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, rank: int, *,
