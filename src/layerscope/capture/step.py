@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-from torch import nn
 
 from .. import _compat
 from ..costs import CostOptions

@@ -78,7 +78,6 @@ import dataclasses
 import functools
 import re
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -96,7 +95,7 @@ from ..steptime.schedule import ZERO_BUBBLE, rank_orders, stage_ranks
 from ..split.runnable import build_stage_module
 from ..split.units import owner_of
 from ..apply import (canonical_name, checkpoint_blocks, find_blocks, local_tensor as _local, no_kv_cache, parallelize)
-from .sharded_rank import (PIPELINE, RankRun, RankTracker, fake_world, meta_copy, param_layouts, prepare_offload, simulation_warnings, train_fake, watch_checkpoint_rng, watch_fsdp)
+from .sharded_rank import (PIPELINE, RankRun, RankStep, RankTracker, fake_world, meta_copy, param_layouts, prepare_offload, simulation_warnings, train_fake, watch_checkpoint_rng, watch_fsdp)
 
 __all__ = ["stage_blocks", "stage_plan", "stage_ties", "stage_module", "parallelize_stage", "stage_config",
            "split_micro", "simulate_stage_rank", "stage_coords", "rank_stages", "as_module", "model_name",
@@ -633,11 +632,8 @@ def _rank_pass(runners: dict, actions) -> PipelinePass:
                         backward_weight=backward_weight, act=act)
 
 
-def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, rank: int, *,
-                        optimizer: Callable | None, steps: int, loss_fn: Callable | None, block_size=None,
-                        foreach_default: bool = False, gloo: bool = False, probe: bool = False, target=None,
-                        attention=None, workspace=None, rng_state: int = 0, device_type: str = "cpu",
-                        on_step: Callable[[int, str], None] | None = None) -> RankRun:
+def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, rank: int,
+                        step: RankStep) -> RankRun:
     """Simulate global rank ``rank`` of ``config`` (``pp`` > 1) training ``model``: its stages (one, or
     under a schedule with several per rank those ``stage_coords`` places on the rank's ``pp`` coordinate)
     on ``args``/``kwargs``, the rank's LOCAL batch (all micro-batches; split
@@ -647,7 +643,10 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
     Returns the RankRun rank_memory() reads (the receive buffers and the gradients sent back in the
     part "communication buffers"). ``device_type``: as simulate_rank's (CPU offload). Each stage is a
     module of its own, parallelized on its own (FSDP2 roots apart, as torchtitan shards each model part),
-    all trained by one optimizer in the order torch's schedule runs their actions."""
+    all trained by one optimizer in the order torch's schedule runs their actions. ``step``: how the rank's
+    step runs (RankStep; its ``loss_fn``, ``target`` and ``device_type`` as above)."""
+    loss_fn, target, block_size, gloo, workspace, rng_state, device_type = (
+        step.loss_fn, step.target, step.block_size, step.gloo, step.workspace, step.rng_state, step.device_type)
     import torch.distributed.fsdp  # noqa: F401  (registers FSDP2's ops before the registry is copied)
     from ..apply import build_mesh
     if config.pp < 2:
@@ -714,9 +713,7 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
             runners = {stage: _StageRun(mods[stage], stage, config, tracker, loss_fn, target, tp) for stage in mine}
             for stage, r in runners.items():
                 r.local_prev, r.local_next = stage - 1 in runners, stage + 1 in runners
-            run = train_fake(whole, args, kwargs, config, tracker, device, optimizer=optimizer, steps=steps,
-                             loss_fn=loss_fn, foreach_default=foreach_default, probe=probe, attention=attention,
-                             on_step=on_step, pipeline=_rank_pass(runners, actions))
+            run = train_fake(whole, args, kwargs, config, tracker, device, step, pipeline=_rank_pass(runners, actions))
             layouts = param_layouts(whole)
             tied = []
             for name, n, stage in ties:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 
@@ -18,7 +17,7 @@ from ...options import dtype_short
 from ..config import ParallelConfig
 from ...progress import ProgressBar
 from .results import ParallelPlan, RankMemory, mesh_coords, rank_memory, roles
-from .sharded_rank import simulate_rank
+from .sharded_rank import RankStep, simulate_rank
 from .pipeline_rank import rank_stages, simulate_stage_rank
 
 __all__ = ["simulate_world", "plan_of", "global_tokens"]
@@ -34,17 +33,21 @@ def simulate_world(model, args, kwargs, config: ParallelConfig, factory, steps, 
     if isinstance(loss_fn, StepLoss) and config.pp == 1:
         args, kwargs = loss_fn.inputs(args, kwargs)
 
+    base = RankStep(optimizer=factory, steps=steps, loss_fn=loss_fn, block_size=cuda_block_size if cuda else None,
+                    gloo=backend == "gloo",
+                    # torch's optimizers default to foreach on CUDA tensors only (offloaded: host ones)
+                    foreach_default=cuda and not config.offload, device_type="cuda" if cuda else "cpu",
+                    probe=not cuda, rng_state=0 if cuda else torch.get_rng_state().nbytes,
+                    target=target if config.pp > 1 else None)
+
     def one(rank: int, bar):
         routers.append(new_router())
-        simulate = simulate_rank if config.pp == 1 else functools.partial(simulate_stage_rank, target=target)
+        simulate = simulate_rank if config.pp == 1 else simulate_stage_rank
+        step = dataclasses.replace(base, attention=routers[-1],
+                                   workspace=workspace_rule(routers[-1].gpu.capability) if cuda else None,
+                                   on_step=(lambda s, w: bar.advance() if w == "end" else None) if bar else None)
         try:
-            return simulate(model, args, kwargs, config, rank, optimizer=factory, steps=steps, loss_fn=loss_fn,
-                            block_size=cuda_block_size if cuda else None, gloo=backend == "gloo",
-                            # torch's optimizers default to foreach on CUDA tensors only (offloaded: host ones)
-                            foreach_default=cuda and not config.offload, device_type="cuda" if cuda else "cpu",
-                            probe=not cuda, workspace=workspace_rule(routers[-1].gpu.capability) if cuda else None,
-                            attention=routers[-1], rng_state=0 if cuda else torch.get_rng_state().nbytes,
-                            on_step=(lambda s, w: bar.advance() if w == "end" else None) if bar else None)
+            return simulate(model, args, kwargs, config, rank, step)
         except ForwardError as e:
             raise ForwardError(f"{e} (simulating rank {rank} of {config.label()})", path=e.path,
                                module_type=e.module_type, input_shapes=e.input_shapes) from e.__cause__
