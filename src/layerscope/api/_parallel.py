@@ -194,9 +194,7 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
             log = rr.run.log
             if config.pp > 1:     # a stage's modules sit in its wrapper ("model.", "0.model."): the model's paths
                 log = dataclasses.replace(log, events=[(k, w, model_name(p)) for k, w, p in log.events])
-            notes += [n.replace("Use simulate=False to track the real step", "--run trains it for real")
-                      .replace("Use simulate=False to track a real step", "--run trains it for real")
-                      for n in log.notes()]
+            notes += log.notes(remedy="--run trains it for real")
         if rr.run.known is not None:
             notes += rr.run.known.notes()
         if router is not None:
