@@ -24,7 +24,7 @@ from ..planning.apply import checkpoint_blocks, no_kv_cache
 from ..planning.simulate.sharded_rank import meta_copy
 from ..planning.simulate.pipeline_rank import model_name
 from ..planning.steptime.sharded_time import fractions, step_time
-from ..planning.simulate.world import global_tokens, plan_of, simulate_world
+from ..planning.simulate.world import WorldRun, global_tokens, plan_of, simulate_world
 from ._search import DEFAULT_LIMIT, search_report
 from ..render.units import parse_bytes
 from ..render.views import MemoryReport, ParallelReport
@@ -162,8 +162,10 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
         if limit is None:
             raise InputError("the search needs the memory a GPU has: name the GPU (gpu='H100') or give memory_limit=")
 
+        world = WorldRun(factory, steps, loss_fn, cuda, backend, new_router)
+
         def simulate(m, a, k, c):
-            return simulate_world(m, a, k, c, factory, steps, loss_fn, cuda, backend, new_router, False, None)
+            return simulate_world(m, a, k, c, world)
         rep = search_report(model, args, kwargs, gpus=gpus, held={**held, **given}, gpu=named or resolve_gpu(None),
                             limit=limit, simulate=simulate, fracs=fracs, options=options, progress=progress,
                             search_limit=run["search_limit"])
@@ -173,8 +175,8 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     if config.trivial:
         plan, notes = _one_device(model, args, kwargs, config, factory, steps, given_fn, loss, cuda, gpu)
     else:
-        ranks, rr, roles_of, router, runs = simulate_world(model, args, kwargs, config, factory, steps, loss_fn, cuda,
-                                                      backend, new_router, progress, target)
+        world = WorldRun(factory, steps, loss_fn, cuda, backend, new_router, progress, target)
+        ranks, rr, roles_of, router, runs = simulate_world(model, args, kwargs, config, world)
         plan = plan_of(config, ranks)
         notes.append(loss_note())
         if cuda:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -20,15 +22,36 @@ from .results import ParallelPlan, RankMemory, mesh_coords, rank_memory, roles
 from .sharded_rank import RankStep, simulate_rank
 from .pipeline_rank import rank_stages, simulate_stage_rank
 
-__all__ = ["simulate_world", "plan_of", "global_tokens"]
+__all__ = ["WorldRun", "simulate_world", "plan_of", "global_tokens"]
 
 
-def simulate_world(model, args, kwargs, config: ParallelConfig, factory, steps, loss_fn, cuda: bool, backend: str,
-              new_router, progress, target=None):
+@dataclass(frozen=True)
+class WorldRun:
+    """How every rank of a world runs its step: what ``parallel()`` and the search hand simulate_world as
+    one object. ``optimizer``: params -> Optimizer; ``loss_fn``: a callable, or a StepLoss (capture/loss.py);
+    ``cuda``: CUDA ranks (512-byte blocks, cuBLAS's workspaces, foreach optimizers) or CPU ones;
+    ``backend``: "nccl", "gloo" or "fake"; ``new_router()``: a fresh SdpaRouter for each simulated rank;
+    ``progress``: a bar for rank 0's steps; ``target``: a tensor of the local batch for a pipeline's
+    ``loss_fn(output, target)``."""
+
+    optimizer: Callable | None
+    steps: int
+    loss_fn: Any = None
+    cuda: bool = True
+    backend: str = "nccl"
+    new_router: Callable[[], Any] | None = None
+    progress: bool = False
+    target: Any = None
+
+
+def simulate_world(model, args, kwargs, config: ParallelConfig, world: WorldRun):
     """Rank 0, then one rank for each other role its shard layouts reveal; every global rank's memory,
-    rank 0's run, the roles, and rank 0's SDPA router (what its notes say). ``loss_fn``: a callable, or a
-    StepLoss (capture/loss.py): without a pipeline the forward is given its labels here; a pipeline's last
-    stage takes its loss per micro-batch (planning/simulate/pipeline_rank.py)."""
+    rank 0's run, the roles, and rank 0's SDPA router (what its notes say). ``world.loss_fn``: a callable,
+    or a StepLoss (capture/loss.py): without a pipeline the forward is given its labels here; a pipeline's
+    last stage takes its loss per micro-batch (planning/simulate/pipeline_rank.py)."""
+    factory, steps, loss_fn, cuda, backend, new_router, progress, target = (
+        world.optimizer, world.steps, world.loss_fn, world.cuda, world.backend, world.new_router, world.progress,
+        world.target)
     routers = []
     if isinstance(loss_fn, StepLoss) and config.pp == 1:
         args, kwargs = loss_fn.inputs(args, kwargs)
