@@ -99,26 +99,30 @@ def memory_step(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
             if not opts.simulate:
                 raise e from e.__cause__
             raise _simulation_hint(e) from e.__cause__
-        router = ran.attention
-        tracker = run.tracker
         results = memory_results(run, model, options=options)
-        measured = None
-        if measure:
-            measured = _measured(spec, here, results, opts, options["steps"])
-        if loss is not None:
-            notes.append(loss.describe())
-        elif training:
-            notes.append(given_note(opts.loss_fn))
-        if run.log is not None:
-            notes += run.log.notes()
-        if run.known is not None:
-            notes += run.known.notes()
-        if router is not None:
-            notes += router.notes(passes=len(run.passes) or 1)
-        if tracker.untracked:
-            notes.append(f"{tracker.untracked} tensors without a plain storage (sparse, nested) were "
-                         "not tracked")
+        measured = _measured(spec, here, results, opts, options["steps"]) if measure else None
+        notes += _run_notes(run, ran.attention, loss, opts)
         return {**results, "measured": measured, "notes": tuple(notes)}
+
+
+def _run_notes(run, router, loss, opts: MemoryOptions) -> list[str]:
+    """What the run's notes say: the loss that ran, what the simulation made up or knew, how attention
+    was priced, what the tracker could not follow."""
+    notes = []
+    if loss is not None:
+        notes.append(loss.describe())
+    elif opts.training:
+        notes.append(given_note(opts.loss_fn))
+    if run.log is not None:
+        notes += run.log.notes()
+    if run.known is not None:
+        notes += run.known.notes()
+    if router is not None:
+        notes += router.notes(passes=len(run.passes) or 1)
+    if run.tracker.untracked:
+        notes.append(f"{run.tracker.untracked} tensors without a plain storage (sparse, nested) were "
+                     "not tracked")
+    return notes
 
 
 def _target(here: torch.device, opts: MemoryOptions) -> torch.device:
