@@ -183,43 +183,51 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
             plan, more = _timed(plan, runs, config, named or resolve_gpu(None), global_tokens(args, kwargs, config),
                                 fracs)
             notes += more
-        if len(roles_of) == 1:
-            notes.append(f"every rank holds the same shard sizes: rank 0 was simulated for all {config.world}")
-        elif config.pp > 1:
-            notes.append(f"{len(roles_of)} roles (the pipeline stages of each of the {config.pp} pipeline ranks, the "
-                         "uniform split of the blocks, and within them ranks whose shards differ in size): ranks "
-                         + ", ".join(str(r) for r in roles_of) + " were simulated")
-        else:
-            notes.append(f"{len(roles_of)} roles (ranks whose shards differ in size, where a dimension does not "
-                         "divide evenly): ranks " + ", ".join(str(r) for r in roles_of) + " were simulated")
-        if rr.run.log is not None:
-            log = rr.run.log
-            if config.pp > 1:     # a stage's modules sit in its wrapper ("model.", "0.model."): the model's paths
-                log = dataclasses.replace(log, events=[(k, w, model_name(p)) for k, w, p in log.events])
-            notes += log.notes(remedy="--run trains it for real")
-        if rr.run.known is not None:
-            notes += rr.run.known.notes()
-        if router is not None:
-            notes += router.notes(passes=len(rr.run.passes) or 1)
-        if cuda and gpu is None:
-            notes.append(f"no GPU named: attention is priced with the {router.gpu.name}'s rules and there is no "
-                         "memory limit to fit (give gpu= / --gpu, or memory_limit=)")
-        if cuda:
-            notes.append("the CUDA caching allocator's fragmentation is not estimated (its 512-byte rounding is "
-                         "simulated); NCCL's buffers are an estimate, on a line of its own")
-        if config.offload:
-            host = max(r.host_bytes for r in plan.ranks)
-            notes.append(f"CPU offload: the sharded parameters, their reduced gradients and the optimizer's step and "
-                         f"state live in the host's memory, {host:,} B per rank at most, not in the peak"
-                         if cuda else "CPU offload changes nothing on CPU ranks: the host's memory is their device's")
-        late = max(r.breakdown.get(ESTIMATES[1], 0) for r in plan.ranks)
-        if late:
-            notes.append(f"gloo's reduce-scatter all-reduces a clone of its input that its worker thread may free "
-                         f"after the step has gone on: up to {late:,} B more, an estimate on a line of its own")
+        notes += _world_notes(config, plan, rr, roles_of, router, cuda, gpu)
     if limit is not None:
         over = max(0, plan.peak_bytes - limit)
         plan = dataclasses.replace(plan, limit_bytes=limit, fits=over == 0, over_bytes=over)
     return ParallelReport(model_name=type(model).__name__, options=options, plans=(plan,), notes=tuple(notes))
+
+
+def _world_notes(config: ParallelConfig, plan: ParallelPlan, rr, roles_of, router, cuda: bool, gpu) -> list[str]:
+    """What a simulated world's notes say: the roles simulated, what rank 0's simulation made up or
+    knew, how attention was priced, and the estimates beside the peak."""
+    notes: list[str] = []
+    if len(roles_of) == 1:
+        notes.append(f"every rank holds the same shard sizes: rank 0 was simulated for all {config.world}")
+    elif config.pp > 1:
+        notes.append(f"{len(roles_of)} roles (the pipeline stages of each of the {config.pp} pipeline ranks, the "
+                     "uniform split of the blocks, and within them ranks whose shards differ in size): ranks "
+                     + ", ".join(str(r) for r in roles_of) + " were simulated")
+    else:
+        notes.append(f"{len(roles_of)} roles (ranks whose shards differ in size, where a dimension does not "
+                     "divide evenly): ranks " + ", ".join(str(r) for r in roles_of) + " were simulated")
+    if rr.run.log is not None:
+        log = rr.run.log
+        if config.pp > 1:     # a stage's modules sit in its wrapper ("model.", "0.model."): the model's paths
+            log = dataclasses.replace(log, events=[(k, w, model_name(p)) for k, w, p in log.events])
+        notes += log.notes(remedy="--run trains it for real")
+    if rr.run.known is not None:
+        notes += rr.run.known.notes()
+    if router is not None:
+        notes += router.notes(passes=len(rr.run.passes) or 1)
+    if cuda and gpu is None:
+        notes.append(f"no GPU named: attention is priced with the {router.gpu.name}'s rules and there is no "
+                     "memory limit to fit (give gpu= / --gpu, or memory_limit=)")
+    if cuda:
+        notes.append("the CUDA caching allocator's fragmentation is not estimated (its 512-byte rounding is "
+                     "simulated); NCCL's buffers are an estimate, on a line of its own")
+    if config.offload:
+        host = max(r.host_bytes for r in plan.ranks)
+        notes.append(f"CPU offload: the sharded parameters, their reduced gradients and the optimizer's step and "
+                     f"state live in the host's memory, {host:,} B per rank at most, not in the peak"
+                     if cuda else "CPU offload changes nothing on CPU ranks: the host's memory is their device's")
+    late = max(r.breakdown.get(ESTIMATES[1], 0) for r in plan.ranks)
+    if late:
+        notes.append(f"gloo's reduce-scatter all-reduces a clone of its input that its worker thread may free "
+                     f"after the step has gone on: up to {late:,} B more, an estimate on a line of its own")
+    return notes
 
 
 def _with_target(loss_fn, target, output):
