@@ -17,7 +17,7 @@ from layerscope.planning.search.bounds import block_figures, pipeline_bounds, pr
 from layerscope.planning.simulate.results import ESTIMATES
 from layerscope.planning.search.space import _shrunk
 from layerscope.planning.steptime.sharded_time import FRACTIONS, step_time
-from layerscope.planning.simulate.world import simulate_world
+from layerscope.planning.simulate.world import WorldRun, simulate_world
 
 H100 = resolve_gpu("H100")
 CONFIGS = [  # tp, pp, fsdp, replicate, ac, schedule, micro-batch size, micro-batches, reshard after forward
@@ -34,9 +34,9 @@ CONFIGS = [  # tp, pp, fsdp, replicate, ac, schedule, micro-batch size, micro-ba
 
 def simulate(model, batch, c):
     ids = torch.zeros(batch, 256, dtype=torch.long, device="meta")
-    return simulate_world(model, (ids,), {}, c, optimizer_factory("adamw"), 2, None, True, "nccl",
-                          lambda: router_for(H100, "auto", simulated=True, cuda_target=True, autocast_device="cpu"),
-                          False, None)
+    return simulate_world(model, (ids,), {}, c, WorldRun(
+        optimizer_factory("adamw"), 2, None, True, "nccl",
+        lambda: router_for(H100, "auto", simulated=True, cuda_target=True, autocast_device="cpu")))
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from torch import nn
 
 import layerscope as ls
 import layerscope.api._batch as batch_mod
-import layerscope.api._memory as memory_mod
+import layerscope.analyses.memory_step as memory_mod
 from layerscope.capture import measure
 from layerscope.capture.prepare import rebatch
 from layerscope.cli import main

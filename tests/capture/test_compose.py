@@ -22,9 +22,9 @@ tf = pytest.importorskip("transformers")
 @pytest.fixture
 def outcome(monkeypatch):
     """What the composition did in the calls that follow: passes widened, and why it gave up."""
-    from layerscope.api import _memory
+    from layerscope.capture import composed as _composed
     seen = {"widened": 0, "refused": []}
-    widen, attempt = compose_mod.Composer.widen, _memory.composed_steps
+    widen, attempt = compose_mod.Composer.widen, _composed.composed_steps
 
     def counted(self, *a, **k):
         widen(self, *a, **k)
@@ -37,7 +37,7 @@ def outcome(monkeypatch):
             seen["refused"].append(str(e))
             raise
     monkeypatch.setattr(compose_mod.Composer, "widen", counted)
-    monkeypatch.setattr(_memory, "composed_steps", attempted)
+    monkeypatch.setattr(_composed, "composed_steps", attempted)
     return seen
 
 

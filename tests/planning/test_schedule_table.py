@@ -105,6 +105,7 @@ def test_a_copied_entry_simulates_a_pipeline_rank_alike(copy_of):
     # GPipe holds all 4 micro-batches on stage 0 and keeps the input gradients the last stage sends to the
     # step's end, 1F1B 2 of them and each sent gradient until the next backward: the copies as their originals
     from layerscope.planning.simulate.pipeline_rank import simulate_stage_rank
+    from layerscope.planning.simulate.sharded_rank import RankStep
 
     from .sharded.test_stages import Net
 
@@ -112,7 +113,7 @@ def test_a_copied_entry_simulates_a_pipeline_rank_alike(copy_of):
         torch.manual_seed(0)
         m, x = Net(), torch.randn(64, 32)
         cfg = ParallelConfig(gpus=2, pp=2, schedule=schedule, microbatches=4, mixed_precision="off")
-        rr = simulate_stage_rank(m, (x,), {}, cfg, rank, optimizer=None, steps=1, loss_fn=None)
+        rr = simulate_stage_rank(m, (x,), {}, cfg, rank, RankStep(optimizer=None, steps=1, loss_fn=None))
         return rr.p2p, sorted((rr.part(b), b.nbytes, b.alloc, b.free) for b in rr.tracker.blocks)
 
     for name, rank in (("gpipe", 1), ("1f1b", 0), ("1f1b", 1)):

@@ -24,11 +24,12 @@ from ..planning.apply import checkpoint_blocks, no_kv_cache
 from ..planning.simulate.sharded_rank import meta_copy
 from ..planning.simulate.pipeline_rank import model_name
 from ..planning.steptime.sharded_time import fractions, step_time
-from ..planning.simulate.world import global_tokens, plan_of, simulate_world
+from ..planning.simulate.world import WorldRun, global_tokens, plan_of, simulate_world
 from ._search import DEFAULT_LIMIT, search_report
 from ..options import parse_bytes
+from ..reports.memory import MemoryReport
 from ..reports.parallel import ParallelReport
-from ._memory import memory_with
+from ..analyses.memory_step import memory_step
 
 __all__ = ["parallel"]
 
@@ -162,8 +163,10 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
         if limit is None:
             raise InputError("the search needs the memory a GPU has: name the GPU (gpu='H100') or give memory_limit=")
 
+        world = WorldRun(factory, steps, loss_fn, cuda, backend, new_router)
+
         def simulate(m, a, k, c):
-            return simulate_world(m, a, k, c, factory, steps, loss_fn, cuda, backend, new_router, False, None)
+            return simulate_world(m, a, k, c, world)
         rep = search_report(model, args, kwargs, gpus=gpus, held={**held, **given}, gpu=named or resolve_gpu(None),
                             limit=limit, simulate=simulate, fracs=fracs, options=options, progress=progress,
                             search_limit=run["search_limit"])
@@ -173,53 +176,59 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     if config.trivial:
         plan, notes = _one_device(model, args, kwargs, config, factory, steps, given_fn, loss, cuda, gpu)
     else:
-        ranks, rr, roles_of, router, runs = simulate_world(model, args, kwargs, config, factory, steps, loss_fn, cuda,
-                                                      backend, new_router, progress, target)
+        world = WorldRun(factory, steps, loss_fn, cuda, backend, new_router, progress, target)
+        ranks, rr, roles_of, router, runs = simulate_world(model, args, kwargs, config, world)
         plan = plan_of(config, ranks)
         notes.append(loss_note())
         if cuda:
             plan, more = _timed(plan, runs, config, named or resolve_gpu(None), global_tokens(args, kwargs, config),
                                 fracs)
             notes += more
-        if len(roles_of) == 1:
-            notes.append(f"every rank holds the same shard sizes: rank 0 was simulated for all {config.world}")
-        elif config.pp > 1:
-            notes.append(f"{len(roles_of)} roles (the pipeline stages of each of the {config.pp} pipeline ranks, the "
-                         "uniform split of the blocks, and within them ranks whose shards differ in size): ranks "
-                         + ", ".join(str(r) for r in roles_of) + " were simulated")
-        else:
-            notes.append(f"{len(roles_of)} roles (ranks whose shards differ in size, where a dimension does not "
-                         "divide evenly): ranks " + ", ".join(str(r) for r in roles_of) + " were simulated")
-        if rr.run.log is not None:
-            log = rr.run.log
-            if config.pp > 1:     # a stage's modules sit in its wrapper ("model.", "0.model."): the model's paths
-                log = dataclasses.replace(log, events=[(k, w, model_name(p)) for k, w, p in log.events])
-            notes += [n.replace("Use simulate=False to track the real step", "--run trains it for real")
-                      .replace("Use simulate=False to track a real step", "--run trains it for real")
-                      for n in log.notes()]
-        if rr.run.known is not None:
-            notes += rr.run.known.notes()
-        if router is not None:
-            notes += router.notes(passes=len(rr.run.passes) or 1)
-        if cuda and gpu is None:
-            notes.append(f"no GPU named: attention is priced with the {router.gpu.name}'s rules and there is no "
-                         "memory limit to fit (give gpu= / --gpu, or memory_limit=)")
-        if cuda:
-            notes.append("the CUDA caching allocator's fragmentation is not estimated (its 512-byte rounding is "
-                         "simulated); NCCL's buffers are an estimate, on a line of its own")
-        if config.offload:
-            host = max(r.host_bytes for r in plan.ranks)
-            notes.append(f"CPU offload: the sharded parameters, their reduced gradients and the optimizer's step and "
-                         f"state live in the host's memory, {host:,} B per rank at most, not in the peak"
-                         if cuda else "CPU offload changes nothing on CPU ranks: the host's memory is their device's")
-        late = max(r.breakdown.get(ESTIMATES[1], 0) for r in plan.ranks)
-        if late:
-            notes.append(f"gloo's reduce-scatter all-reduces a clone of its input that its worker thread may free "
-                         f"after the step has gone on: up to {late:,} B more, an estimate on a line of its own")
+        notes += _world_notes(config, plan, rr, roles_of, router, cuda, gpu)
     if limit is not None:
         over = max(0, plan.peak_bytes - limit)
         plan = dataclasses.replace(plan, limit_bytes=limit, fits=over == 0, over_bytes=over)
     return ParallelReport(model_name=type(model).__name__, options=options, plans=(plan,), notes=tuple(notes))
+
+
+def _world_notes(config: ParallelConfig, plan: ParallelPlan, rr, roles_of, router, cuda: bool, gpu) -> list[str]:
+    """What a simulated world's notes say: the roles simulated, what rank 0's simulation made up or
+    knew, how attention was priced, and the estimates beside the peak."""
+    notes: list[str] = []
+    if len(roles_of) == 1:
+        notes.append(f"every rank holds the same shard sizes: rank 0 was simulated for all {config.world}")
+    elif config.pp > 1:
+        notes.append(f"{len(roles_of)} roles (the pipeline stages of each of the {config.pp} pipeline ranks, the "
+                     "uniform split of the blocks, and within them ranks whose shards differ in size): ranks "
+                     + ", ".join(str(r) for r in roles_of) + " were simulated")
+    else:
+        notes.append(f"{len(roles_of)} roles (ranks whose shards differ in size, where a dimension does not "
+                     "divide evenly): ranks " + ", ".join(str(r) for r in roles_of) + " were simulated")
+    if rr.run.log is not None:
+        log = rr.run.log
+        if config.pp > 1:     # a stage's modules sit in its wrapper ("model.", "0.model."): the model's paths
+            log = dataclasses.replace(log, events=[(k, w, model_name(p)) for k, w, p in log.events])
+        notes += log.notes(remedy="--run trains it for real")
+    if rr.run.known is not None:
+        notes += rr.run.known.notes()
+    if router is not None:
+        notes += router.notes(passes=len(rr.run.passes) or 1)
+    if cuda and gpu is None:
+        notes.append(f"no GPU named: attention is priced with the {router.gpu.name}'s rules and there is no "
+                     "memory limit to fit (give gpu= / --gpu, or memory_limit=)")
+    if cuda:
+        notes.append("the CUDA caching allocator's fragmentation is not estimated (its 512-byte rounding is "
+                     "simulated); NCCL's buffers are an estimate, on a line of its own")
+    if config.offload:
+        host = max(r.host_bytes for r in plan.ranks)
+        notes.append(f"CPU offload: the sharded parameters, their reduced gradients and the optimizer's step and "
+                     f"state live in the host's memory, {host:,} B per rank at most, not in the peak"
+                     if cuda else "CPU offload changes nothing on CPU ranks: the host's memory is their device's")
+    late = max(r.breakdown.get(ESTIMATES[1], 0) for r in plan.ranks)
+    if late:
+        notes.append(f"gloo's reduce-scatter all-reduces a clone of its input that its worker thread may free "
+                     f"after the step has gone on: up to {late:,} B more, an estimate on a line of its own")
+    return notes
 
 
 def _with_target(loss_fn, target, output):
@@ -249,7 +258,7 @@ def _one_device(model, args, kwargs, config: ParallelConfig, factory, steps, los
     opts = MemoryOptions(optimizer=factory, autocast_dtype=torch.bfloat16 if config.mixed_precision == "bf16" else None,
                          device="cuda" if cuda else "cpu", steps=steps, accumulation=config.accumulation,
                          loss_fn=loss_fn, loss=loss, gpu=gpu, keep_output=False)
-    rep = memory_with(copy, args, kwargs, opts)
+    rep = MemoryReport(**memory_step(copy, args, kwargs, opts))
     step = rep.peak_step
     parts = {"sharded parameters": step.breakdown["parameter"], "gathered parameters": 0,
              "gradients": step.breakdown["gradient"], "optimizer state": step.breakdown["optimizer_state"],

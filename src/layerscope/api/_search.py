@@ -9,7 +9,7 @@ from torch import nn
 
 from ..capture.inputs import iter_tensors
 from ..errors import InputError
-from ..planning.search.space import BLOCKS, SearchResult, family_of, label, search
+from ..planning.search.space import BLOCKS, SearchResult, SearchTask, family_of, label, search
 from ..reports.parallel import ParallelReport
 
 __all__ = ["search_report", "SEARCHED"]
@@ -78,10 +78,10 @@ def search_report(model: nn.Module, args: tuple, kwargs: dict, *, gpus: int, hel
     tokens = int(first.shape[1]) if first.dim() == 2 and not first.is_floating_point() else None
     fixed = {k: held[k] for k in SEARCHED if k in held}
     base = {k: v for k, v in held.items() if k not in _NOT_BASE}
-    res = search(model, args, kwargs, gpus=gpus, global_batch=global_batch, limit=limit, gpu=gpu, simulate=simulate,
-                 fixed=fixed, base=base, gpus_per_node=held.get("gpus_per_node", 8), fractions=fracs,
-                 tokens_per_sample=tokens, progress=progress,
-                 max_passes=search_limit)
+    task = SearchTask(gpus=gpus, global_batch=global_batch, limit=limit, gpu=gpu, fixed=fixed, base=base,
+                      gpus_per_node=held.get("gpus_per_node", 8), fractions=fracs, tokens_per_sample=tokens,
+                      max_passes=search_limit)
+    res = search(model, args, kwargs, task, simulate, progress=progress)
     best = res.best
     shown = best or next((c for c in res.candidates if c.plan is not None), None)
     if shown is None:

@@ -23,22 +23,52 @@ cannot see it (a dict keyed by ``id(self)``, a global counter), read in the forw
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable
+
 import torch
 
 from ..trace import FORWARD, Trace
 from .blocks import KEPT, REP, Truncated, find_run, loop_check_model, module_state, restore_module_state, truncated
 from .compose import NotComposable
+from .spec import StepSpec, StepWatch
 from .step import StepRun, run_steps
 from .storage import StorageTracker
 
-__all__ = ["composed_steps", "NotComposable"]
+__all__ = ["run_step", "composed_steps", "NotComposable"]
 
 
-def composed_steps(model, args: tuple, kwargs: dict, *, check_router=None, **step_kw) -> StepRun | None:
-    """``run_steps(model, args, kwargs, simulate=True, **step_kw)`` composed from five blocks, or None
-    where the model has no run of identical blocks to compose. NotComposable: the composition cannot
-    stand for the whole model's step (simulate it whole). ``check_router``: a fresh SdpaRouter like the
-    step's, for the loop check."""
+def run_step(spec: StepSpec, watch: Callable[[], StepWatch],
+             new_router: Callable[[], object] | None = None) -> tuple[StepRun, StepWatch]:
+    """Capture's one step function: ``spec`` run under a fresh ``watch()`` (its tracker, router,
+    progress). A simulation with ``spec.compose`` is composed from five blocks where the model has a
+    run of identical blocks and the composition can stand for the whole model's step; where it cannot
+    (NotComposable, or anything else it raises) the whole model is simulated instead, under a fresh
+    watch, and raises the error if it is the model's. Returns the run and the watch it ran under (its
+    router's notes are the run's). ``new_router()``: a fresh SdpaRouter like the watch's, for the loop
+    check."""
+    if spec.simulate and spec.compose:
+        w = watch()
+        try:
+            run = composed_steps(spec, w, check_router=new_router() if new_router is not None else None)
+        except Exception:   # noqa: BLE001 - NotComposable, or anything: the whole model is simulated
+            run = None      # instead, and raises the error if it is the model's
+        w.done()
+        if run is not None:
+            return run, w
+    w = watch()
+    try:
+        return run_steps(spec, w), w
+    finally:
+        w.done()
+
+
+def composed_steps(spec: StepSpec, watch: StepWatch, *, check_router=None) -> StepRun | None:
+    """``run_steps(spec, watch)`` (a simulation) composed from five blocks, or None where the model has
+    no run of identical blocks to compose. NotComposable: the composition cannot stand for the whole
+    model's step (simulate it whole). ``check_router``: a fresh SdpaRouter like the step's, for the loop
+    check."""
+    model = spec.model
     blocks = find_run(model)
     if blocks is None:
         return None
@@ -48,8 +78,8 @@ def composed_steps(model, args: tuple, kwargs: dict, *, check_router=None, **ste
     # would have written it too: the whole model is simulated
     before = module_state([*model.modules(), *tr.copies])
     try:
-        run = run_steps(model, args, kwargs, simulate=True, compose=tr, **step_kw)
-        _check_loop(tr, run, args, kwargs, check_router, step_kw)
+        run = run_steps(spec, watch, compose=tr)
+        _check_loop(tr, run, spec, check_router)
     finally:
         changed = restore_module_state(before)
     if changed:
@@ -61,7 +91,7 @@ def _zero_loss(_out):
     return torch.zeros((), requires_grad=True)
 
 
-def _check_loop(tr: Truncated, run: StepRun, args, kwargs, router, step_kw) -> None:
+def _check_loop(tr: Truncated, run: StepRun, spec: StepSpec, router) -> None:
     shared: dict = {}
     tracker = StorageTracker()
 
@@ -74,10 +104,11 @@ def _check_loop(tr: Truncated, run: StepRun, args, kwargs, router, step_kw) -> N
     if tr.out_spec is None or len(tr.sigs) != KEPT:
         raise NotComposable("the blocks were not all called")
     check = loop_check_model(tr, shared)
-    training = step_kw.get("training", True)
-    kw = {k: step_kw[k] for k in ("device", "autocast_dtype", "probe_kernels", "foreach_default") if k in step_kw}
-    seen = run_steps(check, args, kwargs, simulate=True, tracker=tracker, optimizer=None, training=training,
-                     loss_fn=_zero_loss if training else None, steps=1, accumulation=1, attention=router, **kw)
+    training = spec.training
+    check_spec = dataclasses.replace(spec, model=check, optimizer=None, loss_fn=_zero_loss if training else None,
+                                     steps=1, accumulation=1, keep_output=True, costs=None, placement=None,
+                                     pipeline=None, compose=False)
+    seen = run_steps(check_spec, StepWatch(tracker=tracker, attention=router))
     if tr.reads:
         raise NotComposable(f"the forward read {tr.reads[0]!r}, which differs between the blocks")
     if _outside(tr, run.passes[0].trace) != _outside(tr, seen.passes[0].trace):

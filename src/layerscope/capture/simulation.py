@@ -47,7 +47,7 @@ from .._compat import dispatch_mode, disable_current_modes, no_dispatch, profile
     tree_map_only
 from ..trace import BACKWARD, FORWARD
 
-__all__ = ["META_READS", "note_meta_read", "SimulationLog", "SimulationKernels", "ValueReads", "PROBE_LIMIT", "eager_paths"]
+__all__ = ["META_READS", "note_meta_read", "Note", "word_note", "SimulationLog", "SimulationKernels", "ValueReads", "PROBE_LIMIT", "eager_paths"]
 
 PROBE_LIMIT = 256 * 2 ** 20   # bytes of real tensors a kernel probe may allocate
 PROBE_MACS = 500_000_000      # and the work it may do (multiply-accumulates, by layerscope's formulas):
@@ -94,42 +94,61 @@ class SimulationLog:
         self.events.append((kind, what, where))
         self.ticks.append(self.clock() if self.clock is not None else -1)
 
-    def notes(self, skip=()) -> list[str]:
-        out = []
+    def records(self, skip=()) -> list[Note]:
+        """The log as notes: one record per kind and thing made up, with its count and places (in the
+        order first seen; a place's count where it is more than one)."""
         groups: dict[tuple[str, str], Counter] = {}
         for kind, what, where in self.events:
             if kind in skip:
                 continue
             groups.setdefault((kind, what), Counter())[where or "(root)"] += 1
-        for (kind, what), where in groups.items():
-            n = sum(where.values())
-            places = ", ".join(f"{p} (x{c})" if c > 1 else p for p, c in list(where.items())[:4])
-            if len(where) > 4:
-                places += f" and {len(where) - 4} more layers"
-            if kind == "random":
-                out.append(f"the simulation drew {what} {_times(n)}, in {places}: a test against it takes "
-                           f"its more likely side (e.g. LayerDrop keeps every layer); a real step may "
-                           f"not. Use simulate=False to track a real step")
-            elif kind == "read":
-                out.append(f"the simulation had to invent {what} {_times(n)}, in {places}: it read it "
-                           f"as 1 (True), so a branch on it may not be the real step's. Use "
-                           f"simulate=False to track the real step")
-            elif kind == "nonzero":
-                # nonzero's output size is a count of values, which a simulated tensor (shapes only) lacks
-                out.append(f"nonzero ran {_times(n)} on tensors without values, in {places}: the size of its "
-                           f"output is the count of nonzero elements, which the simulation cannot know, so every "
-                           f"element was taken as nonzero (its index tensors at their largest; a boolean-mask "
-                           f"assignment, like tensor parallel's embedding zeroing other ranks' token ids, keeps "
-                           f"its shape either way). Use "
-                           f"simulate=False to track the real step")
-            elif kind == "meta":
-                # an analysis on meta tensors (``what``: what had no values, and the rule that stood in)
-                out.append(f"on meta tensors {what[0]} had no values ({_times(n)}, in {places}): {what[1]}. "
-                           f"Analyze on the CPU (device='cpu'), or pass the inputs whose values decide "
-                           f"it, for the real run's")
-            else:
-                out.append(f"{what} ({_times(n)}, in {places})")
-        return out
+        return [Note(f"simulation-{kind}", {"kind": kind, "what": what, "times": sum(where.values()),
+                                             "places": tuple(where.items())})
+                for (kind, what), where in groups.items()]
+
+    def notes(self, skip=(), remedy: str | None = None) -> list[str]:
+        """The records worded (``word_note``); ``remedy``: what the caller offers instead of
+        ``simulate=False`` (parallel(): ``--run``)."""
+        return [word_note(n, remedy) for n in self.records(skip)]
+
+
+@dataclass(frozen=True)
+class Note:
+    """A note as a record: what it says (``code``) and its data; ``word_note`` words it."""
+
+    code: str
+    data: dict
+
+
+def word_note(note: Note, remedy: str | None = None) -> str:
+    """A SimulationLog record in words. ``remedy`` replaces the advice to track the step for real with
+    ``simulate=False``."""
+    d = note.data
+    kind, what, n, where = d["kind"], d["what"], d["times"], d["places"]
+    places = ", ".join(f"{p} (x{c})" if c > 1 else p for p, c in where[:4])
+    if len(where) > 4:
+        places += f" and {len(where) - 4} more layers"
+    if kind == "random":
+        return (f"the simulation drew {what} {_times(n)}, in {places}: a test against it takes "
+                f"its more likely side (e.g. LayerDrop keeps every layer); a real step may "
+                f"not. {remedy or 'Use simulate=False to track a real step'}")
+    if kind == "read":
+        return (f"the simulation had to invent {what} {_times(n)}, in {places}: it read it "
+                f"as 1 (True), so a branch on it may not be the real step's. "
+                f"{remedy or 'Use simulate=False to track the real step'}")
+    if kind == "nonzero":
+        # nonzero's output size is a count of values, which a simulated tensor (shapes only) lacks
+        return (f"nonzero ran {_times(n)} on tensors without values, in {places}: the size of its "
+                f"output is the count of nonzero elements, which the simulation cannot know, so every "
+                f"element was taken as nonzero (its index tensors at their largest; a boolean-mask "
+                f"assignment, like tensor parallel's embedding zeroing other ranks' token ids, keeps "
+                f"its shape either way). {remedy or 'Use simulate=False to track the real step'}")
+    if kind == "meta":
+        # an analysis on meta tensors (``what``: what had no values, and the rule that stood in)
+        return (f"on meta tensors {what[0]} had no values ({_times(n)}, in {places}): {what[1]}. "
+                f"Analyze on the CPU (device='cpu'), or pass the inputs whose values decide "
+                f"it, for the real run's")
+    return f"{what} ({_times(n)}, in {places})"
 
 
 # what a meta run reads without values, and the rule the recorder follows (capture/recorder.py)

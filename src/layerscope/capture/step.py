@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-from torch import nn
 
 from .. import _compat
 from ..costs import CostOptions
@@ -44,11 +43,14 @@ from .session import Session, run_backward, run_forward
 from .blocks import Truncated
 from .compose import Composer
 from .shadow import private_params
+from .actions import mark_outputs, run_actions
+from .spec import PipelinePass, StepSpec, StepWatch
 from .simulation import SimulationKernels, SimulationLog, ValueReads, eager_paths
 from .state import StateGuard, empty_like_on, empty_state, swapped_state
-from .storage import BUFFER, GRAD, INPUT, OPT, OUTPUT, PARAM, StorageTracker
+from .storage import BUFFER, GRAD, INPUT, OPT, PARAM, StorageTracker
 
-__all__ = ["StepRun", "PassRecord", "PipelinePass", "run_steps", "default_loss", "fake_mode_for"]
+__all__ = ["StepRun", "PassRecord", "PipelinePass", "StepSpec", "StepWatch", "run_steps", "default_loss",
+           "fake_mode_for"]
 
 
 @dataclass
@@ -79,36 +81,6 @@ class StepRun:
     known: KnownValues | None = None
 
 
-@dataclass
-class PipelinePass:
-    """One pass of a pipeline rank: instead of one forward, the loss and one backward, the rank's
-    actions in its schedule's order (``("F", m)``: the forward of micro-batch m; ``("B", m)``: its
-    backward; ``m`` may be any key, a (stage, micro-batch) pair where the rank holds several stages,
-    and ``takes_loss(m)`` then says whose output is the model's). A forward's output, or on the last
-    stage its loss, stays referenced, with its autograd graph, until the micro-batch's backward. The
-    callables hold the stage's own machinery (received buffers, the gradients sent back, FSDP's
-    deferred reduction): ``begin()`` before the pass, ``forward(m, args, kwargs)`` with the run's
-    (whole) inputs, ``loss(m, output)`` on the last stage (None elsewhere), ``backward(m, held,
-    engine)`` (``engine(loss)`` or ``engine(outputs, gradients)`` runs autograd's backward as the
-    step's own backward does: routed SDPA stays routed in a checkpointed block's recompute), ``end()``
-    after the last action (still the backward). A zero-bubble schedule splits a backward in two:
-    ``("I", m)``, ``backward_input(m, held, routed)``, the gradient of the stage's input, then ``("W",
-    m)``, ``backward_weight(m, routed)``, the weights' (``routed()``: the context the step's SDPA
-    routing needs around their own autograd calls). Any other kind is the rank's own (``act(kind, m)``:
-    a stage's UNSHARD, RESHARD and REDUCE_GRAD under torch's runtime schedules)."""
-
-    actions: tuple
-    forward: Callable[[int, tuple, dict], Any]
-    backward: Callable[[int, Any, Callable], None]
-    loss: Callable[[int, Any], torch.Tensor] | None = None
-    begin: Callable[[], None] | None = None
-    end: Callable[[], None] | None = None
-    takes_loss: Callable[[Any], bool] | None = None
-    backward_input: Callable[[Any, Any, Callable], None] | None = None
-    backward_weight: Callable[[Any, Callable], None] | None = None
-    act: Callable[[str, Any], None] | None = None
-
-
 def fake_mode_for():
     """The FakeTensorMode already active (the user's), or a new one."""
     mode = _compat.active_fake_mode()
@@ -117,39 +89,39 @@ def fake_mode_for():
     return _compat.new_fake_mode(allow_non_fake_inputs=True), True
 
 
-def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, device: torch.device,
-              tracker: StorageTracker | None, optimizer: Callable | None, training: bool,
-              autocast_dtype: torch.dtype | None, loss_fn: Callable | None, steps: int,
-              accumulation: int, options: CostOptions | None = None, foreach_default: bool = False,
-              on_step: Callable[[int, str], None] | None = None, probe_kernels: bool = True,
-              attention=None, prepared: bool = False, pipeline: PipelinePass | None = None,
-              keep_output: bool = True, compose: Truncated | None = None) -> StepRun:
-    """Run ``steps`` training steps (or one inference forward) and return what the trackers saw.
+def run_steps(spec: StepSpec, watch: StepWatch | None = None, *, compose: Truncated | None = None) -> StepRun:
+    """Run ``spec.steps`` training steps (or one inference forward) of ``spec`` (capture/spec.py) and
+    return what ``watch`` (its tracker, SDPA router and per-step callback) saw.
 
-    ``probe_kernels``: in a simulation, kernels whose fake sizes are wrong or that hold scratch
-    (capture/simulation.py) are sized by one real call on zeros on ``device``; off where the
-    prediction is for another device than the one simulated on.
-    ``foreach_default`` makes optimizers that leave ``foreach`` unset use it, as they do on CUDA.
-    With ``tracker=None`` nothing is recorded (the measured run); ``on_step(step, "begin"|"end")`` is
-    called around each step. ``attention`` (an SdpaRouter, capture/attention.py) runs each forward's
+    In a simulation, kernels whose fake sizes are wrong or that hold scratch (capture/simulation.py)
+    are sized by one real call on zeros on ``spec.device`` (``probe_kernels``; off where the prediction
+    is for another device than the one simulated on). With ``watch.tracker`` None nothing is recorded
+    (the measured run). ``watch.attention`` (an SdpaRouter, capture/attention.py) runs each forward's
     SDPA as a GPU target would. The model's parameters, buffers, gradients, modes and RNG state are
-    restored afterwards. ``prepared`` (a simulation only): the model is a private copy whose state is
-    already fake tensors of the active FakeTensorMode (parallel/: sharded with torch's own code), run as
-    it is, with no copies swapped in. ``pipeline``: each pass runs a pipeline rank's actions
-    (PipelinePass) on the whole ``args``/``kwargs``, in place of one forward and backward.
-    ``keep_output``: the model's output stays alive through the backward, as in a loop that keeps
-    ``outputs = model(...)`` until the next step; False lets go of it once the loss is computed, as
-    torchtitan's train step does (``del pred`` before ``loss.backward()``).
+    restored afterwards. A placed model (``spec.placement``, a simulation only) is a private copy whose
+    state is already fake tensors of the active FakeTensorMode (planning/: sharded with torch's own
+    code), run as it is, with no copies swapped in, inside the context its placement returns.
+    ``spec.pipeline``: each pass runs a pipeline rank's actions (PipelinePass) on the whole inputs, in
+    place of one forward and backward.
     ``compose`` (a simulation of the whole model, capture/blocks.py): the shorter model runs and each pass
     is widened to the whole model's (capture/compose.py; NotComposable where it cannot stand for it).
-    ``loss_fn``: a callable ``output -> scalar``, or a StepLoss (capture/loss.py) bound here to the run's
-    own inputs (its labels already among them: ``StepLoss.inputs``); None: ``default_loss``.
+    ``spec.loss_fn``: a callable ``output -> scalar``, or a StepLoss (capture/loss.py) bound here to the
+    run's own inputs (its labels already among them: ``StepLoss.inputs``); None: ``default_loss``.
     """
+    watch = watch or StepWatch()
+    with spec.placement() if spec.placement is not None else contextlib.nullcontext():
+        return _run(spec, watch, compose)
+
+
+def _run(spec: StepSpec, watch: StepWatch, compose: Truncated | None) -> StepRun:
+    model, args, kwargs = spec.model, spec.args, spec.kwargs or {}
+    simulate, device, training, prepared = spec.simulate, spec.device, spec.training, spec.prepared
+    tracker, attention = watch.tracker, watch.attention
     named = list(model.named_modules())
     modules = [m for _, m in named]
     guard = StateGuard(model, modules, (args, kwargs))
     rng = PrivateRNG()       # one private generator for every recorded pass of the run
-    run = StepRun(tracker, log=SimulationLog(probe=probe_kernels, real=not simulate)
+    run = StepRun(tracker, log=SimulationLog(probe=spec.probe_kernels, real=not simulate)
                   if simulate or tracker is not None else None)
     fake_ctx, snapshot = contextlib.nullcontext(), []
     if simulate:
@@ -191,6 +163,7 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
             def call():
                 with attention.mode() if attention is not None else contextlib.nullcontext():
                     return runner(*args, **kwargs)
+            pipeline = spec.pipeline
             if pipeline is not None:
                 def call(m=None):  # noqa: F811 - a pipeline's forward of micro-batch m
                     with attention.mode() if attention is not None else contextlib.nullcontext():
@@ -224,19 +197,18 @@ def run_steps(model: nn.Module, args: tuple, kwargs: dict, *, simulate: bool, de
                     run.log.clock = lambda: tracker.clock
                     if attention is not None:
                         attention.clock = lambda: tracker.clock
-            opt = _make_optimizer(optimizer, list(params.values()), foreach_default) \
-                if training and optimizer else None
+            opt = _make_optimizer(spec.optimizer, list(params.values()), spec.foreach_default) \
+                if training and spec.optimizer else None
             if composer is not None and opt is not None:
                 composer.trim_optimizer(opt, run.param_names)
             model.train(training)
+            loss_fn = spec.loss_fn
             if isinstance(loss_fn, StepLoss):
                 # the loss of this run's own inputs (a simulation's fake ids, their values known beside them)
-                loss_fn = loss_fn.bind(args, kwargs) if pipeline is None and training else None
-            _loop(run, model, named, (call, backward, routed), swap, (args, kwargs), params, buffers, opt, rng=rng,
-                  simulate=simulate, training=training, autocast_dtype=autocast_dtype, device=device,
-                  loss_fn=loss_fn or default_loss, steps=steps if training else 1,
-                  accumulation=accumulation if training else 1, options=options or CostOptions(),
-                  on_step=on_step, pipeline=pipeline, keep_output=keep_output, composer=composer)
+                loss_fn = loss_fn.bind(args, kwargs) if spec.pipeline is None and training else None
+            live = _Live(named, (call, backward, routed), swap, (args, kwargs), params, buffers, opt, rng,
+                         loss_fn or default_loss, composer)
+            _loop(run, spec, live, watch.on_step)
             if composer is not None:
                 composer.finish(run)
     except ForwardError as e:
@@ -277,10 +249,34 @@ def _make_optimizer(optimizer, params: list[torch.Tensor], foreach_default: bool
     return opt
 
 
-def _loop(run: StepRun, model, named, passes, swap, inputs, params, buffers, opt, *, rng, simulate, training,
-          autocast_dtype, device, loss_fn, steps, accumulation, options, on_step, pipeline=None,
-          keep_output=True, composer=None) -> None:
+@dataclass
+class _Live:
+    """What one run holds while its steps loop: the model's modules, the pass's callables (call,
+    backward, routed), the state swapped in, the run's own inputs, parameters, buffers, optimizer and
+    generator, the loss (bound) and the composer of a composed run."""
+
+    named: list
+    passes: tuple
+    swap: dict | None
+    inputs: tuple
+    params: dict
+    buffers: dict
+    opt: Any
+    rng: PrivateRNG
+    loss_fn: Callable
+    composer: Composer | None
+
+
+def _loop(run: StepRun, spec: StepSpec, live: _Live, on_step) -> None:
     tracker = run.tracker
+    model, named, passes, swap, inputs = spec.model, live.named, live.passes, live.swap, live.inputs
+    params, buffers, opt, rng, loss_fn, composer = (live.params, live.buffers, live.opt, live.rng, live.loss_fn,
+                                                    live.composer)
+    simulate, training, device, pipeline, keep_output = (spec.simulate, spec.training, spec.device, spec.pipeline,
+                                                         spec.keep_output)
+    steps, accumulation = (spec.steps, spec.accumulation) if training else (1, 1)
+    options = spec.costs or CostOptions()
+    autocast_dtype = spec.autocast_dtype
     # the modules that run: the shorter model's where the pass is composed (``named`` stays the whole
     # model's: its trace is the whole model's)
     running = list(composer.tr.model.named_modules()) if composer is not None else named
@@ -356,13 +352,6 @@ def _loop(run: StepRun, model, named, passes, swap, inputs, params, buffers, opt
             on_step(step, "end")
 
 
-def _mark_outputs(tracker: StorageTracker, output) -> None:
-    """The output's storages play the OUTPUT role (a function of its own: a loop variable left in
-    the pass's frame would hold the last output tensor, the logits, through the backward)."""
-    for t in iter_tensors(output):
-        tracker.mark(t, OUTPUT)
-
-
 def _one_pass(run: StepRun, cap: Session, named, passes, autocast, loss_fn, training: bool, pipeline=None,
               keep_output: bool = True):
     call, backward, _ = passes
@@ -405,14 +394,14 @@ def _one_pass(run: StepRun, cap: Session, named, passes, autocast, loss_fn, trai
     try:
         with torch.set_grad_enabled(training), below, recorder, above:
             if pipeline is not None:
-                output = _pipeline_actions(cap, named, pipeline, passes, saved_hooks, autocast, loss_fn, mark_phase)
+                output = run_actions(cap, named, pipeline, passes, saved_hooks, autocast, mark_phase)
             else:
                 with saved_hooks:
                     mark_phase(FORWARD)
                     with autocast():
                         output = run_forward(cap, call)
                         if tracker is not None:
-                            _mark_outputs(tracker, output)
+                            mark_outputs(tracker, output)
                         if training:
                             mark_phase(LOSS)
                             loss = loss_fn(output)
@@ -434,89 +423,6 @@ def _one_pass(run: StepRun, cap: Session, named, passes, autocast, loss_fn, trai
         for (phase, first), (_, nxt) in zip(bounds, bounds[1:]):
             run.phase_ranges.append((len(run.step_ranges), phase, first, nxt - 1))
     return output
-
-
-def _pipeline_actions(cap: Session, named, pipeline: PipelinePass, passes, saved_hooks, autocast, loss_fn,
-                      mark_phase):
-    """A pipeline rank's actions (PipelinePass) in one pass: forwards keep their outputs and graphs
-    alive until their backward (torch's PipelineStage keeps each micro-batch's output in its forward
-    cache until then, the last stage's too, beside the loss), and the losses until the pass ends (the
-    schedule's ``_internal_losses``). Returns what the pass remembers of the
-    last forward's output: its bytes."""
-    tracker = cap.storage
-    call, backward, routed = passes
-    modules = [m for _, m in named]
-    held: dict[int, Any] = {}
-    cache: dict[int, Any] = {}
-    # torch's schedule keeps every micro-batch's loss until the step ends (``_internal_losses``)
-    losses: list = []
-    weights: set = set()      # micro-batches whose input's backward ran and weights' has not (zero bubble)
-    last_bytes = 0
-    backward_begun = False
-    if pipeline.begin is not None:
-        pipeline.begin()
-    # one autocast region around the whole schedule step, as torchtitan steps a pipeline schedule under
-    # its autocast: the cache of the weights' casts lives across the micro-batches (a cast made once)
-    with autocast():
-        for kind, m in pipeline.actions:
-            if kind == "F":
-                with saved_hooks:
-                    mark_phase(FORWARD)
-                    output = run_forward(cap, lambda: call(m))
-                    if tracker is not None:
-                        _mark_outputs(tracker, output)
-                    last_bytes = tensor_bytes(output)
-                    if pipeline.loss is not None and (pipeline.takes_loss is None or pipeline.takes_loss(m)):
-                        mark_phase(LOSS)
-                        loss = pipeline.loss(m, output)
-                        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                            raise InputError("loss_fn must return a scalar tensor")
-                        held[m], cache[m] = loss, output
-                        losses.append(loss)
-                        del loss
-                    else:
-                        held[m] = output
-                    del output
-            elif kind == "B" or kind == "I" and pipeline.backward_input is not None:
-                if m not in held:
-                    raise InputError(f"the pipeline schedule runs the backward of micro-batch {m} before its forward")
-                if tracker is not None:
-                    # storages this pass's forwards made and that are still alive are held for a backward
-                    tracker.backward_starts()
-                backward_begun = True
-                mark_phase(BACKWARD)
-                h = held.pop(m)
-                if kind == "B":
-                    run_backward(cap, modules, lambda: pipeline.backward(m, h, backward))
-                else:
-                    run_backward(cap, modules, lambda: pipeline.backward_input(m, h, routed))
-                    weights.add(m)
-                del h
-                cache.pop(m, None)
-            elif kind == "W" and pipeline.backward_weight is not None:
-                if m not in weights:
-                    raise InputError(f"the pipeline schedule runs the weights' backward of micro-batch {m} before "
-                                     "its input's")
-                weights.discard(m)
-                mark_phase(BACKWARD)
-                run_backward(cap, modules, lambda: pipeline.backward_weight(m, routed))
-            elif pipeline.act is not None:
-                # the rank's own actions beside the compute (a stage's UNSHARD, RESHARD, REDUCE_GRAD)
-                if backward_begun:
-                    run_backward(cap, modules, lambda: pipeline.act(kind, m))
-                else:
-                    run_forward(cap, lambda: pipeline.act(kind, m))
-            else:
-                raise InputError(f"a pipeline action is 'F', 'B', 'I' or 'W', got {kind!r}")
-    if held or weights:
-        raise InputError(f"the pipeline schedule leaves micro-batches {sorted(held) or sorted(weights)} without "
-                         + ("a backward" if held else "their weights' backward"))
-    if pipeline.end is not None:
-        if not backward_begun:
-            mark_phase(BACKWARD)
-        run_backward(cap, modules, pipeline.end)
-    losses.clear()
-    return ReleasedOutput(last_bytes)
 
 
 def _mark_optimizer_state(run: StepRun, opt: torch.optim.Optimizer, last: bool) -> None:

@@ -16,7 +16,7 @@ from layerscope.planning.search.bounds import (BlockFigures, block_figures, figu
 from layerscope.planning.simulate.results import ESTIMATES
 from layerscope.planning.search.copies import _shrunk
 from layerscope.planning.steptime.sharded_time import FRACTIONS, step_time
-from layerscope.planning.simulate.world import simulate_world
+from layerscope.planning.simulate.world import WorldRun, simulate_world
 
 H100 = resolve_gpu("H100")
 FIG = BlockFigures(forward=1.0, backward=2.0, saved=100, ops=10, optimizer_ratio=2.0, optimizer_per_byte=0.0,
@@ -98,8 +98,7 @@ def _llama(layers: int):
 def _simulate(model, batch: int, c: ParallelConfig):
     ids = torch.zeros(batch, 64, dtype=torch.long, device="meta")
     router = lambda: router_for(H100, "auto", simulated=True, cuda_target=True, autocast_device="cpu")  # noqa: E731
-    return simulate_world(model, (ids,), {}, c, optimizer_factory("adamw"), 2, None, True, "nccl", router, False,
-                          None)
+    return simulate_world(model, (ids,), {}, c, WorldRun(optimizer_factory("adamw"), 2, None, True, "nccl", router))
 
 
 CONFIGS = [  # tp, pp, fsdp, ac, schedule, micro-batch size, micro-batches (accumulation without pp), reshard

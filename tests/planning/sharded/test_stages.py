@@ -9,6 +9,7 @@ import torch.nn as nn
 from layerscope.errors import InputError
 from layerscope.planning.config import ParallelConfig
 from layerscope.planning.simulate.pipeline_rank import simulate_stage_rank
+from layerscope.planning.simulate.sharded_rank import RankStep
 from layerscope.planning.simulate.uniform_stages import stage_blocks
 
 
@@ -58,8 +59,8 @@ def test_first_stage_holds_the_schedules_micro_batches(schedule, held):
     torch.manual_seed(0)
     m, x = Net(), torch.randn(256, 32)
     cfg = ParallelConfig(gpus=2, pp=2, schedule=schedule, microbatches=4, mixed_precision="off")
-    rr = simulate_stage_rank(m, (x,), {}, cfg, 0, optimizer=lambda p: torch.optim.SGD(p, lr=0.1), steps=1,
-                             loss_fn=None)
+    rr = simulate_stage_rank(m, (x,), {}, cfg, 0, RankStep(optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                                                                      steps=1, loss_fn=None))
     assert not dist.is_initialized()
     # GPipe: all 4 forwards before the first backward; 1F1B on stage 0 of 2: P - s = 2 warm-up forwards
     assert _max_part(rr, "activations") == held * PER_MICRO
@@ -72,7 +73,7 @@ def test_first_stage_holds_the_schedules_micro_batches(schedule, held):
 def test_last_stage_sends_input_gradients_back():
     m, x = Net(), torch.randn(256, 32)
     cfg = ParallelConfig(gpus=2, pp=2, schedule="gpipe", microbatches=4, mixed_precision="off")
-    rr = simulate_stage_rank(m, (x,), {}, cfg, 1, optimizer=None, steps=1, loss_fn=None)
+    rr = simulate_stage_rank(m, (x,), {}, cfg, 1, RankStep(optimizer=None, steps=1, loss_fn=None))
     # 4 receive buffers of 64x64 fp32, and the 4 input gradients sent back, kept on them to the next step
     assert _max_part(rr, "communication buffers") == 8 * 64 * 64 * 4
 
@@ -86,7 +87,7 @@ def test_interleaved_rank_holds_its_stages_by_hand():
     assert cfg.stages == 4
     from ...helpers import assert_unchanged, snapshot
     before = snapshot(m)
-    r0, r1 = (simulate_stage_rank(m, (x,), {}, cfg, r, optimizer=None, steps=1, loss_fn=None) for r in (0, 1))
+    r0, r1 = (simulate_stage_rank(m, (x,), {}, cfg, r, RankStep(optimizer=None, steps=1, loss_fn=None)) for r in (0, 1))
     assert_unchanged(before, m)
     assert not dist.is_initialized()
 
@@ -112,8 +113,8 @@ def test_zbv_rank_hands_its_turn_over_by_hand():
     cfg = ParallelConfig(gpus=2, pp=2, schedule="zbv", microbatches=4, mixed_precision="off")
     from ...helpers import assert_unchanged, snapshot
     before = snapshot(m)
-    r0, r1 = (simulate_stage_rank(m, (x,), {}, cfg, r, optimizer=lambda p: torch.optim.SGD(p, lr=0.1), steps=1,
-                                  loss_fn=None) for r in (0, 1))
+    r0, r1 = (simulate_stage_rank(m, (x,), {}, cfg, r, RankStep(optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                                                                       steps=1, loss_fn=None)) for r in (0, 1))
     assert_unchanged(before, m)
     assert not dist.is_initialized()
     # P2P, each a micro-batch's 64x64 fp32 activation or gradient (16,384 B): on rank 0 stage 0 sends 4
@@ -149,8 +150,8 @@ def test_uniform_split_and_refusals():
         stage_blocks(1, 2)
     m, x = Net(), torch.randn(8, 32)
     with pytest.raises(InputError, match="pp must be 2 or more"):
-        simulate_stage_rank(m, (x,), {}, ParallelConfig(gpus=2, microbatches=2), 0, optimizer=None, steps=1,
-                            loss_fn=None)
+        simulate_stage_rank(m, (x,), {}, ParallelConfig(gpus=2, microbatches=2), 0,
+                            RankStep(optimizer=None, steps=1, loss_fn=None))
 
 
 def test_parallel_simulates_each_stage_on_its_first_rank():

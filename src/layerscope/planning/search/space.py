@@ -77,6 +77,7 @@ tests/planning/sharded/test_search.py. A model whose blocks are not one list is 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from torch import nn
@@ -91,20 +92,40 @@ from .walk import walk_space
 # re-exported for the importers of this module
 from .candidates import BLOCKS, AC_SEARCHED, SCHEDULES_SEARCHED, Candidate, family_of, label  # noqa: F401
 
-__all__ = ["BLOCKS", "AC_SEARCHED", "SCHEDULES_SEARCHED", "Candidate", "SearchResult", "family_of", "label",
-           "search", "space", "walk_space"]
+__all__ = ["BLOCKS", "AC_SEARCHED", "SCHEDULES_SEARCHED", "Candidate", "SearchResult", "SearchTask", "family_of",
+           "label", "search", "space", "walk_space"]
 
 
-def search(model: nn.Module, args: tuple, kwargs: dict, *, gpus: int, global_batch: int, limit: int, gpu,
-           simulate: Callable, fixed: Mapping[str, Any] | None = None, base: Mapping[str, Any] | None = None,
-           gpus_per_node: int = 8, fractions: Mapping[str, float] | None = None, tokens_per_sample: int | None = None,
-           progress: bool = False, max_passes: int | None = None) -> SearchResult:
-    """The search (module docstring). ``args``/``kwargs``: a template of the inputs (their first dimension
-    is replaced by each candidate's local batch); ``simulate(model, args, kwargs, config)`` runs
-    parallel.world.simulate_world for one configuration; ``limit``: a rank's memory in bytes;
-    ``tokens_per_sample``: for tokens/s. ``max_passes``: the simulation work after which no new candidate
-    is simulated (module docstring: each left is reported as such); None: no limit. The clock is read only
+@dataclass(frozen=True)
+class SearchTask:
+    """What the search looks for: configurations of ``gpus`` GPUs training ``global_batch`` samples a step,
+    within ``limit`` bytes a rank on ``gpu``; ``fixed``: the searched degrees held, ``base``: the other
+    configuration fields every candidate takes; ``fractions``: the achievable fractions (None: the
+    model's); ``tokens_per_sample``: for tokens/s; ``max_passes``: the simulation work after which no new
+    candidate is simulated (module docstring: each left is reported as such); None: no limit."""
+
+    gpus: int
+    global_batch: int
+    limit: int
+    gpu: Any
+    fixed: Mapping[str, Any] | None = None
+    base: Mapping[str, Any] | None = None
+    gpus_per_node: int = 8
+    fractions: Mapping[str, float] | None = None
+    tokens_per_sample: int | None = None
+    max_passes: int | None = None
+
+
+def search(model: nn.Module, args: tuple, kwargs: dict, task: SearchTask, simulate: Callable,
+           progress: bool = False) -> SearchResult:
+    """The search (module docstring) for ``task`` (SearchTask). ``args``/``kwargs``: a template of the inputs
+    (their first dimension is replaced by each candidate's local batch); ``simulate(model, args, kwargs,
+    config)`` runs planning/simulate/world.simulate_world for one configuration. The clock is read only
     to report the search's seconds: nothing it decides depends on the machine's speed."""
+    gpus, global_batch, limit, gpu, max_passes = (task.gpus, task.global_batch, task.limit, task.gpu,
+                                                  task.max_passes)
+    gpus_per_node, fixed, base, fractions, tokens_per_sample = (task.gpus_per_node, task.fixed, task.base,
+                                                                task.fractions, task.tokens_per_sample)
     t0 = time.perf_counter()
     first = next(iter(iter_tensors((args, kwargs))), None)
     if first is None or not first.dim():

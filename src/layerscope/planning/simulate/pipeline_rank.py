@@ -75,7 +75,6 @@ within -0.52% .. +0.08% (docs/benchmarks.md); on an H100, 8 within -2.23% .. -0.
 from __future__ import annotations
 
 import functools
-from typing import Callable
 
 import torch
 from torch import nn
@@ -88,7 +87,7 @@ from ...errors import InputError
 from ..config import ParallelConfig, schedule_of
 from ..steptime.schedule import rank_orders
 from ..apply import canonical_name, local_tensor as _local, no_kv_cache
-from .sharded_rank import (RankRun, RankTracker, fake_world, meta_copy, param_layouts, prepare_offload, simulation_warnings, train_fake, watch_checkpoint_rng, watch_fsdp)
+from .sharded_rank import (RankRun, RankStep, RankTracker, fake_world, meta_copy, param_layouts, prepare_offload, simulation_warnings, train_fake, watch_checkpoint_rng, watch_fsdp)
 from .stage_run import _StageRun, _Tp, _rank_pass
 from .uniform_stages import as_module, parallelize_stage, rank_stages, split_micro, stage_coords, stage_module, stage_ties
 # re-exported for the importers of this module
@@ -112,11 +111,8 @@ def _value_reads(model: nn.Module, fakes, reals):
     return OpRecorder(Session(model, CostOptions(), track_seq=False, simulated=True, known=known))
 
 
-def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, rank: int, *,
-                        optimizer: Callable | None, steps: int, loss_fn: Callable | None, block_size=None,
-                        foreach_default: bool = False, gloo: bool = False, probe: bool = False, target=None,
-                        attention=None, workspace=None, rng_state: int = 0, device_type: str = "cpu",
-                        on_step: Callable[[int, str], None] | None = None) -> RankRun:
+def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, rank: int,
+                        step: RankStep) -> RankRun:
     """Simulate global rank ``rank`` of ``config`` (``pp`` > 1) training ``model``: its stages (one, or
     under a schedule with several per rank those ``stage_coords`` places on the rank's ``pp`` coordinate)
     on ``args``/``kwargs``, the rank's LOCAL batch (all micro-batches; split
@@ -126,7 +122,10 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
     Returns the RankRun rank_memory() reads (the receive buffers and the gradients sent back in the
     part "communication buffers"). ``device_type``: as simulate_rank's (CPU offload). Each stage is a
     module of its own, parallelized on its own (FSDP2 roots apart, as torchtitan shards each model part),
-    all trained by one optimizer in the order torch's schedule runs their actions."""
+    all trained by one optimizer in the order torch's schedule runs their actions. ``step``: how the rank's
+    step runs (RankStep; its ``loss_fn``, ``target`` and ``device_type`` as above)."""
+    loss_fn, target, block_size, gloo, workspace, rng_state, device_type = (
+        step.loss_fn, step.target, step.block_size, step.gloo, step.workspace, step.rng_state, step.device_type)
     import torch.distributed.fsdp  # noqa: F401  (registers FSDP2's ops before the registry is copied)
     from ..apply import build_mesh
     if config.pp < 2:
@@ -190,9 +189,7 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
             runners = {stage: _StageRun(mods[stage], stage, config, tracker, loss_fn, target, tp) for stage in mine}
             for stage, r in runners.items():
                 r.local_prev, r.local_next = stage - 1 in runners, stage + 1 in runners
-            run = train_fake(whole, args, kwargs, config, tracker, device, optimizer=optimizer, steps=steps,
-                             loss_fn=loss_fn, foreach_default=foreach_default, probe=probe, attention=attention,
-                             on_step=on_step, pipeline=_rank_pass(runners, actions))
+            run = train_fake(whole, args, kwargs, config, tracker, device, step, pipeline=_rank_pass(runners, actions))
             layouts = param_layouts(whole)
             tied = []
             for name, n, stage in ties:

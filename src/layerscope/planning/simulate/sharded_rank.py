@@ -50,6 +50,7 @@ from torch import nn
 from ... import _compat
 from ...capture import hooks
 from ...capture.simulation import eager_paths
+from ...capture.spec import StepSpec, StepWatch
 from ...capture.step import StepRun, run_steps
 from ...capture.storage import CATEGORIES, SAVED, StorageTracker
 from ...costs import CostOptions, default_registry
@@ -61,7 +62,7 @@ from ...trace import OPTIMIZER
 from ..apply import build_mesh, loss_context, no_kv_cache, parallelize
 
 __all__ = ["RankRun", "RankTracker", "simulate_rank", "PARTS", "HOST_PART", "COMM_OPS", "PIPELINE", "meta_copy",
-           "fake_world", "param_layouts", "cost_registry", "watch_fsdp", "prepare_offload", "train_fake"]
+           "fake_world", "param_layouts", "cost_registry", "watch_fsdp", "prepare_offload", "train_fake", "RankStep"]
 
 # the breakdown of a rank's memory, in the order reports show it
 PARTS = ("sharded parameters", "gathered parameters", "gradients", "optimizer state", "activations",
@@ -406,36 +407,58 @@ def cost_registry():
     return reg
 
 
+@dataclass(frozen=True)
+class RankStep:
+    """How one rank's step runs (what simulate_rank, simulate_stage_rank and train_fake take as one object):
+    ``optimizer`` (params -> Optimizer, or None), ``steps``, ``loss_fn`` (a callable or a StepLoss);
+    ``block_size``: the allocator's rounding (CUDA ranks: 512); ``foreach_default``: optimizers default to
+    foreach (CUDA tensors); ``attention``: the rank's SdpaRouter; ``gloo``: gloo's collectives' own
+    buffers; ``probe``: size the scratch of kernels that allocate inside themselves by one real call
+    (memory()'s probes), when the ranks run this machine's kernels (CPU); ``workspace``: the tracker's rule
+    for libraries' persistent workspaces (CUDA ranks: cuBLAS's, costs/cublas.py); ``rng_state``: bytes of
+    the generator state each checkpointed block keeps in the rank's memory (``watch_checkpoint_rng``; CPU
+    ranks); ``device_type``: the ranks' device; ``on_step(step, "begin"|"end")``; ``target``: a tensor of the
+    local batch for ``loss_fn(output, target)`` (a pipeline's last stage)."""
+
+    optimizer: Callable | None = None
+    steps: int = 1
+    loss_fn: Callable | None = None
+    block_size: int | None = None
+    foreach_default: bool = False
+    attention: Any = None
+    gloo: bool = False
+    probe: bool = False
+    workspace: Any = None
+    rng_state: int = 0
+    device_type: str = "cpu"
+    on_step: Callable[[int, str], None] | None = None
+    target: Any = None
+
+
 def train_fake(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, tracker: StorageTracker, device,
-               *, optimizer, steps: int, loss_fn, foreach_default: bool, probe: bool, attention, on_step,
-               pipeline=None) -> StepRun:
+               step: RankStep, pipeline=None) -> StepRun:
     """``steps`` training steps of a sharded private copy already materialised as fake tensors (in the
     active FakeTensorMode), through memory()'s step loop: the loss under torch's loss_parallel when
     tensor parallel shards the vocabulary, bf16 compute without FSDP as autocast (apply.amp_context's
     rule), the output let go of before the backward as torchtitan's train step does (``del pred``).
     ``pipeline``: a pipeline rank's actions (planning/simulate/pipeline_rank.py)."""
     amp = config.param_dtype if config.mixed_precision == "bf16" and config.dp == 1 else None
-    with loss_context(config):
-        return run_steps(model, args, kwargs, simulate=True, prepared=True, device=device, tracker=tracker,
-                         optimizer=optimizer, training=True, autocast_dtype=amp, loss_fn=loss_fn, steps=steps,
-                         accumulation=config.accumulation, options=CostOptions(registry=cost_registry()),
-                         foreach_default=foreach_default, probe_kernels=probe, attention=attention, on_step=on_step,
-                         pipeline=pipeline, keep_output=False)
+    spec = StepSpec(model, args, kwargs, optimizer=step.optimizer, autocast_dtype=amp, loss_fn=step.loss_fn,
+                    steps=step.steps, accumulation=config.accumulation, keep_output=False, device=device,
+                    foreach_default=step.foreach_default, probe_kernels=step.probe,
+                    costs=CostOptions(registry=cost_registry()), placement=lambda: loss_context(config),
+                    pipeline=pipeline)
+    return run_steps(spec, StepWatch(tracker=tracker, attention=step.attention, on_step=step.on_step))
 
 
-def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, rank: int, *,
-                  optimizer: Callable | None, steps: int, loss_fn: Callable | None, block_size=None,
-                  foreach_default: bool = False, attention=None, gloo: bool = False, probe: bool = False,
-                  workspace=None, rng_state: int = 0, device_type: str = "cpu",
-                  on_step: Callable[[int, str], None] | None = None) -> RankRun:
+def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, rank: int,
+                  step: RankStep) -> RankRun:
     """Simulate global rank ``rank`` of ``config`` training ``model`` on ``args``/``kwargs`` (one
-    data-parallel rank's local batch). ``probe``: size the scratch of kernels that allocate inside
-    themselves by one real call (memory()'s probes), when the ranks run this machine's kernels (CPU).
-    ``workspace``: the tracker's rule for libraries' persistent workspaces (CUDA ranks: cuBLAS's,
-    costs/cublas.py). ``rng_state``: bytes of the generator state each checkpointed block keeps in the
-    rank's memory (``watch_checkpoint_rng``; CPU ranks). ``device_type``: the ranks' device; with CPU
-    offload on "cuda" what lives on the host is kept apart from the device's peak (``RankRun.offload``);
-    on "cpu" the host is the device, and offload changes nothing there."""
+    data-parallel rank's local batch), run as ``step`` (RankStep) says. ``step.device_type``: the ranks'
+    device; with CPU offload on "cuda" what lives on the host is kept apart from the device's peak
+    (``RankRun.offload``); on "cpu" the host is the device, and offload changes nothing there."""
+    block_size, gloo, workspace, rng_state, device_type = (step.block_size, step.gloo, step.workspace,
+                                                           step.rng_state, step.device_type)
     import torch.distributed.fsdp  # noqa: F401  (registers FSDP2's ops before the registry is copied)
     dtype = torch.float32 if config.mixed_precision == "bf16" else config.model_dtype
     device = torch.device("cpu")
@@ -453,8 +476,6 @@ def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelC
             private.to_empty(device=device)
             watch_fsdp(private, tracker, host=host)
             watch_checkpoint_rng(private, tracker, rng_state)
-            run = train_fake(private, args, kwargs, config, tracker, device, optimizer=optimizer, steps=steps,
-                             loss_fn=loss_fn, foreach_default=foreach_default, probe=probe, attention=attention,
-                             on_step=on_step)
+            run = train_fake(private, args, kwargs, config, tracker, device, step)
             layouts = param_layouts(private)
     return RankRun(rank, run, tracker, layouts=layouts, offload=host)

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -18,34 +19,59 @@ from ...options import dtype_short
 from ..config import ParallelConfig
 from ...progress import ProgressBar
 from .results import ParallelPlan, RankMemory, mesh_coords, rank_memory, roles
-from .sharded_rank import simulate_rank
+from .sharded_rank import RankStep, simulate_rank
 from .pipeline_rank import simulate_stage_rank
 from .uniform_stages import rank_stages
 
-__all__ = ["simulate_world", "plan_of", "global_tokens"]
+__all__ = ["WorldRun", "simulate_world", "plan_of", "global_tokens"]
 
 
-def simulate_world(model, args, kwargs, config: ParallelConfig, factory, steps, loss_fn, cuda: bool, backend: str,
-              new_router, progress, target=None):
+@dataclass(frozen=True)
+class WorldRun:
+    """How every rank of a world runs its step: what ``parallel()`` and the search hand simulate_world as
+    one object. ``optimizer``: params -> Optimizer; ``loss_fn``: a callable, or a StepLoss (capture/loss.py);
+    ``cuda``: CUDA ranks (512-byte blocks, cuBLAS's workspaces, foreach optimizers) or CPU ones;
+    ``backend``: "nccl", "gloo" or "fake"; ``new_router()``: a fresh SdpaRouter for each simulated rank;
+    ``progress``: a bar for rank 0's steps; ``target``: a tensor of the local batch for a pipeline's
+    ``loss_fn(output, target)``."""
+
+    optimizer: Callable | None
+    steps: int
+    loss_fn: Any = None
+    cuda: bool = True
+    backend: str = "nccl"
+    new_router: Callable[[], Any] | None = None
+    progress: bool = False
+    target: Any = None
+
+
+def simulate_world(model, args, kwargs, config: ParallelConfig, world: WorldRun):
     """Rank 0, then one rank for each other role its shard layouts reveal; every global rank's memory,
-    rank 0's run, the roles, and rank 0's SDPA router (what its notes say). ``loss_fn``: a callable, or a
-    StepLoss (capture/loss.py): without a pipeline the forward is given its labels here; a pipeline's last
-    stage takes its loss per micro-batch (planning/simulate/pipeline_rank.py)."""
+    rank 0's run, the roles, and rank 0's SDPA router (what its notes say). ``world.loss_fn``: a callable,
+    or a StepLoss (capture/loss.py): without a pipeline the forward is given its labels here; a pipeline's
+    last stage takes its loss per micro-batch (planning/simulate/pipeline_rank.py)."""
+    factory, steps, loss_fn, cuda, backend, new_router, progress, target = (
+        world.optimizer, world.steps, world.loss_fn, world.cuda, world.backend, world.new_router, world.progress,
+        world.target)
     routers = []
     if isinstance(loss_fn, StepLoss) and config.pp == 1:
         args, kwargs = loss_fn.inputs(args, kwargs)
 
+    base = RankStep(optimizer=factory, steps=steps, loss_fn=loss_fn, block_size=cuda_block_size if cuda else None,
+                    gloo=backend == "gloo",
+                    # torch's optimizers default to foreach on CUDA tensors only (offloaded: host ones)
+                    foreach_default=cuda and not config.offload, device_type="cuda" if cuda else "cpu",
+                    probe=not cuda, rng_state=0 if cuda else torch.get_rng_state().nbytes,
+                    target=target if config.pp > 1 else None)
+
     def one(rank: int, bar):
         routers.append(new_router())
-        simulate = simulate_rank if config.pp == 1 else functools.partial(simulate_stage_rank, target=target)
+        simulate = simulate_rank if config.pp == 1 else simulate_stage_rank
+        step = dataclasses.replace(base, attention=routers[-1],
+                                   workspace=workspace_rule(routers[-1].gpu.capability) if cuda else None,
+                                   on_step=(lambda s, w: bar.advance() if w == "end" else None) if bar else None)
         try:
-            return simulate(model, args, kwargs, config, rank, optimizer=factory, steps=steps, loss_fn=loss_fn,
-                            block_size=cuda_block_size if cuda else None, gloo=backend == "gloo",
-                            # torch's optimizers default to foreach on CUDA tensors only (offloaded: host ones)
-                            foreach_default=cuda and not config.offload, device_type="cuda" if cuda else "cpu",
-                            probe=not cuda, workspace=workspace_rule(routers[-1].gpu.capability) if cuda else None,
-                            attention=routers[-1], rng_state=0 if cuda else torch.get_rng_state().nbytes,
-                            on_step=(lambda s, w: bar.advance() if w == "end" else None) if bar else None)
+            return simulate(model, args, kwargs, config, rank, step)
         except ForwardError as e:
             raise ForwardError(f"{e} (simulating rank {rank} of {config.label()})", path=e.path,
                                module_type=e.module_type, input_shapes=e.input_shapes) from e.__cause__
