@@ -1,5 +1,10 @@
 """Options of the entry points given as names or objects, resolved and checked once: optimizers,
-autocast dtypes, and the forward's own keywords kept apart from the options."""
+autocast dtypes, and the forward's own keywords kept apart from the options.
+
+Each option is declared once, as a field of its entry point's options class: its type, its default,
+and, through ``opt(...)``, its help, its command-line flag and what the report echoes. The Python
+keywords (``entry_options``), the CLI's flags (cli/flags.py) and the JSON echo of the options
+(``echo``) are derived from those declarations: adding an option is adding one field."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import torch
 from .errors import InputError
 
 __all__ = ["Mode", "Causal", "Schedule", "AnalyzeOptions", "MemoryOptions", "ProfileOptions", "OnnxOptions",
-           "TileOptions", "entry_options", "check_choice",
+           "TileOptions", "ParallelOptions", "entry_options", "check_choice", "opt", "flag_fields", "echo",
            "forward_inputs", "optimizers", "optimizer_factory", "parse_autocast", "optimizer_name", "iec", "Loss",
            "LOSS_HELP", "check_loss",
            "parse_bytes", "parse_bandwidth", "parse_dtype_name", "DTYPES", "dtype_short"]
@@ -34,6 +39,55 @@ LOSS_HELP = {
                      "as transformers' causal-LM loss and torchtitan take it",
     "sum": "the sum of the output (its own .loss where labels are given): no language-model loss",
 }
+
+
+_LOSS_FLAG_HELP = "the training step's loss (default auto):\n" + "\n".join(
+    f"  {k}: {LOSS_HELP[k]}" for k in get_args(Loss))
+
+
+# --- one declaration per option: its field, with the flag, help and echo it carries -------------
+
+def opt(default: Any = dataclasses.MISSING, *, help: str | None = None, flag: str | bool | None = None,
+        choices: tuple | None = None, least: int | None = None, arg: str | None = None,
+        metavar: str | None = None, action: str | None = None, cli_default: Any = dataclasses.MISSING,
+        searched: bool = False, hidden: bool = False, echo: Any = False) -> Any:
+    """One option's field: ``default`` and what the CLI and the report derive from it.
+
+    ``help``: the flag's help (no help and no ``flag``: no flag, a keyword only). ``flag``: the
+    flag's name (default ``--`` and the field's name with dashes; False: none). ``choices``: the
+    values the flag takes (default: a Literal type's). ``least``: the smallest whole number the flag
+    takes. ``arg``: a converter of the CLI's argtypes by name (gpu, bandwidth, device, ints).
+    ``action``: argparse's (``append``); a bool field is a switch (``--no-NAME`` where it defaults
+    to True). ``cli_default``: the flag's default where it is not the field's (None: "not given",
+    the field's default then applies: a search dimension or a default that another flag changes);
+    ``searched``: a dimension the search varies unless given (its flag defaults to None).
+    ``hidden``: a flag that is still taken but not shown (a replaced one, with its message).
+    ``echo``: the report echoes it (True: as it is; a callable: what the report shows of it)."""
+    meta = {"help": help, "flag": flag, "choices": choices, "least": least, "arg": arg, "metavar": metavar,
+            "action": action, "searched": searched, "hidden": hidden, "echo": echo}
+    meta = {k: v for k, v in meta.items() if v is not None and v is not False}
+    if cli_default is not dataclasses.MISSING or searched:
+        meta["cli_default"] = None if searched else cli_default
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def flag_fields(cls) -> list:
+    """The fields of the options class ``cls`` that are command-line flags, in declaration order."""
+    return [f for f in fields(cls) if f.metadata.get("flag", True) is not False
+            and ("help" in f.metadata or "flag" in f.metadata or "hidden" in f.metadata)]
+
+
+def echo(options, **resolved: Any) -> dict:
+    """What a report echoes of ``options``: its fields declared with ``echo``, in declaration order,
+    each as ``resolved`` gives it (the value the run used: a resolved device, a backend chosen by
+    default) or as the object holds it, through the field's own echo function where it has one."""
+    out = {}
+    for f in fields(options):
+        how = f.metadata.get("echo")
+        if how:
+            value = resolved.get(f.name, getattr(options, f.name))
+            out[f.name] = how(value) if callable(how) and value is not None else value
+    return out
 
 
 def check_choice(name: str, value: Any, allowed) -> None:
@@ -106,6 +160,69 @@ class MemoryOptions:
             raise InputError(f"batch_size must be at least 1, got {self.batch_size}")
         object.__setattr__(self, "optimizer", optimizer_factory(self.optimizer))
         object.__setattr__(self, "autocast_dtype", parse_autocast(self.autocast_dtype))
+
+
+SEARCH_LIMIT = 40      # parallel(search=True)'s default work limit, in simulation passes
+
+
+def _gpu_name(gpu) -> str:
+    return getattr(gpu, "name", gpu)
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelOptions:
+    """Every option of ``parallel()`` but the model's configuration's degrees (``config``: a
+    planning.config.ParallelConfig; with ``search=True``, a dict of the configuration's fields held
+    fixed, ``gpus`` among them). The fields up to ``steps`` are those the report echoes, in its
+    order; the CLI's ``layerscope parallel`` takes its flags from these declarations."""
+
+    device: str = opt("cuda", choices=("cuda", "cpu"), echo=True,
+                      help="the ranks' device: cuda (default) or cpu (gloo ranks)")
+    backend: str | None = opt(None, echo=True)     # nccl for cuda, gloo for cpu; "fake": no backend buffers
+    gpu: Any = opt(None, arg="gpu", metavar="NAME[,FIELD=V]", echo=_gpu_name,
+                   help="the ranks' GPU ({gpus}): its memory is the limit")
+    optimizer: Any = opt("adamw", echo=lambda f: optimizer_name(optimizer_factory(f)),
+                         help="a torch.optim class name (default adamw)")
+    steps: int = opt(2, least=1, cli_default=None, echo=True,   # --run's default is 4: the flag's is None
+                     help="training steps simulated (default 2) and, with --run, run (default 4, at least 3:\n"
+                          "the first two are not measured)")
+    memory_limit: Any = opt(None, help="per-rank limit such as 80GiB (default: --gpu's memory)")
+    loss: Loss = opt("auto", help=_LOSS_FLAG_HELP)
+    loss_fn: Any = None               # loss_fn(output) (or loss_fn(output, target)): instead of ``loss``
+    target: Any = None                # a tensor of the local batch for loss_fn(output, target)
+    input_size: Any = None
+    dtypes: Any = None
+    progress: bool = False
+    search: bool = opt(False, help="search the fastest configuration that fits --gpu: FSDP/HSDP x tp x pp x --ac x\n"
+                                   "resharding x micro-batches for --global-batch (default: the input's batch x "
+                                   "--gpus);\nthe degrees and options given are held fixed")
+    search_limit: int | None = opt(
+        SEARCH_LIMIT, least=1, metavar="PASSES", cli_default=None,
+        help="with --search: simulate no new candidate past this much work (default 40), in passes\n"
+             "of a micro-batch through a stage (a candidate without a pipeline takes 1, 2 with\n"
+             "accumulation; a pipeline, stages x micro-batches; a copy made for the lower bounds,\n"
+             "1): the answer does not depend on the machine's speed")
+    time_budget: Any = opt(None, arg="float", hidden=True)      # replaced by search_limit: refused with why
+    fractions: dict | None = opt(None, flag="--fraction", action="append", metavar="NAME=V",
+                                 help="step-time model: replace an achievable fraction (matmul, attention, memory, "
+                                      "link)\nor a time (launch_s, nvlink_latency_s, network_latency_s, host_op_s, "
+                                      "host_tp_op_s,\nhost_sac_op_s); repeatable")
+    config: Any = None
+
+    def __post_init__(self) -> None:
+        if self.time_budget is not None:
+            # the search's wall-clock budget is gone: its answer depended on the machine's speed
+            raise InputError("time_budget= was replaced by search_limit= (a count of simulation passes, not seconds, "
+                             "so the search's answer does not depend on the machine's speed; default "
+                             f"{SEARCH_LIMIT})")
+        n = self.search_limit
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise InputError(f"search_limit is a count of simulation passes, at least 1 (or None: no limit), "
+                             f"got {n!r}")
+        check_choice("loss", self.loss, Loss)
+        if self.loss_fn is not None and self.loss != "auto":
+            raise InputError(f"give loss_fn= or loss= ({self.loss!r}), not both: a loss_fn is the loss")
+        optimizer_factory(self.optimizer)          # a bad one refused here; kept as given (parallel() resolves it)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ import argparse
 import torch
 
 from ..costs.gpus import GPUS
+from .flags import add_flags
 from .argtypes import arg_bandwidth, arg_count, arg_count_or_auto, arg_device, arg_dtype, arg_gpu, arg_ints
 from .helptext import _EXAMPLES, _SPEC_HELP, HelpFormatter
 
@@ -118,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ..reports.memory import COLUMNS as memory_columns
     from ..reports.summary import COLUMNS as summary_columns
 
+    from ..options import ParallelOptions
+    from ..planning.config import ParallelConfig
+
     from .._version import __version__
     p = _Parser(
         prog="layerscope", description="What is inside a PyTorch model, layer by layer.",
@@ -169,60 +173,18 @@ def build_parser() -> argparse.ArgumentParser:
                                "simulated with torch's own distributed code on one CPU")
     pl.add_argument("spec", help=_SPEC_HELP)
     _input_args(pl)
-    pl.add_argument("--gpus", type=arg_count(1), required=True, help="ranks in the job")
-    pl.add_argument("--gpus-per-node", type=arg_count(1), default=8, help="ranks per node (default 8): tp stays within one")
-    pl.add_argument("--gpu", type=arg_gpu, metavar="NAME[,FIELD=V]",
-                    help=f"the ranks' GPU ({', '.join(GPUS)}): its memory is the limit")
-    pl.add_argument("--memory-limit", help="per-rank limit such as 80GiB (default: --gpu's memory)")
-    pl.add_argument("--fsdp", type=arg_count(1), help="FSDP2 shard degree (default: the ranks the others leave)")
-    pl.add_argument("--replicate", type=arg_count(1), help="HSDP: replicas of each shard group (default 1)")
-    pl.add_argument("--tp", type=arg_count(1), help="tensor-parallel degree (default 1)")
-    pl.add_argument("--pp", type=arg_count(1),
-                    help="pipeline stages: the uniform split of the blocks (default 1; the cost-balanced split: `split`)")
-    pl.add_argument("--schedule",
-                    help="pipeline schedule, gpipe, 1f1b, interleaved, zb or zbv (default 1f1b; with --pp); zb and zbv: "
-                         "zero bubble, each backward split in the input's gradient and the weights'")
-    pl.add_argument("--stages-per-rank", type=arg_count(2), default=2,
-                    help="stages on each pipeline rank under --schedule interleaved or zb (default 2): pp x this many "
-                         "stages; zbv puts exactly 2 on each rank, in a V")
-    pl.add_argument("--microbatches", type=arg_count(1), help="micro-batches per local batch (default: pp; with --pp)")
-    pl.add_argument("--accumulation", type=arg_count(1), help="forward/backward passes per step (default 1)")
-    pl.add_argument("--global-batch", type=arg_count(1), help="must be local batch x data-parallel degree x accumulation")
-    pl.add_argument("--ac", metavar="MODE",
-                    help="activation checkpointing: none, full, selective-layer[:K], selective-op")
-    pl.add_argument("--mixed-precision", choices=("bf16", "off"), default="bf16",
-                    help="bf16 (default): fp32 master weights, bf16 compute; off: all in --model-dtype")
-    pl.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default="fp32", help="gradient reduction dtype")
-    pl.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_const", const=False,
-                    help="keep gathered parameters from forward to backward (ZeRO-2-like)")
-    pl.add_argument("--offload", action="store_true",
-                    help="FSDP2's CPU offload: shards, reduced gradients and the optimizer step in host memory "
-                         "(reported apart from the device's peak); needs --fsdp or --replicate above 1")
-    pl.add_argument("--optimizer", default="adamw", help="a torch.optim class name (default adamw)")
-    _loss_arg(pl)
-    pl.add_argument("--steps", type=arg_count(1),
-                    help="training steps simulated (default 2) and, with --run, run (default 4, at least 3:\n"
-                         "the first two are not measured)")
+    # the flags of parallel()'s options and of the configuration, each from its field's declaration
+    # (options.ParallelOptions, planning.config.ParallelConfig); the names here only lay out the help
+    gpus = ", ".join(GPUS)
+    add_flags(pl, ParallelConfig, "gpus", "gpus_per_node")
+    add_flags(pl, ParallelOptions, "gpu", "memory_limit", gpus=gpus)
+    add_flags(pl, ParallelConfig)                   # the rest of the configuration
+    add_flags(pl, ParallelOptions, "optimizer", "loss", "steps")
     pl.add_argument("--run", action="store_true",
                     help="also train the configuration for real under torchrun on this machine (gloo, CPU\n"
                          "ranks; --device cpu) and compare each rank's peak and the losses; with --search,\n"
                          "the configuration it chose")
-    pl.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                    help="the ranks' device: cuda (default) or cpu (gloo ranks)")
-    pl.add_argument("--search", action="store_true",
-                    help="search the fastest configuration that fits --gpu: FSDP/HSDP x tp x pp x --ac x\n"
-                         "resharding x micro-batches for --global-batch (default: the input's batch x --gpus);\n"
-                         "the degrees and options given are held fixed")
-    pl.add_argument("--search-limit", type=arg_count(1), metavar="PASSES",
-                    help="with --search: simulate no new candidate past this much work (default 40), in passes\n"
-                         "of a micro-batch through a stage (a candidate without a pipeline takes 1, 2 with\n"
-                         "accumulation; a pipeline, stages x micro-batches; a copy made for the lower bounds,\n"
-                         "1): the answer does not depend on the machine's speed")
-    pl.add_argument("--time-budget", type=float, help=argparse.SUPPRESS)    # replaced by --search-limit
-    pl.add_argument("--fraction", action="append", metavar="NAME=V",
-                    help="step-time model: replace an achievable fraction (matmul, attention, memory, link)\n"
-                         "or a time (launch_s, nvlink_latency_s, network_latency_s, host_op_s, host_tp_op_s,\n"
-                         "host_sac_op_s); repeatable")
+    add_flags(pl, ParallelOptions)                  # the rest: --device, --search, --search-limit, --fraction
     _output_args(pl)
     pl.set_defaults(depth=None)
     pf = _sub(sub, "profile", "per-module forward (and backward) time, self and inclusive, achieved FLOP/s")

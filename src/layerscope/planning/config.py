@@ -10,7 +10,7 @@ from typing import Any, Literal
 import torch
 
 from ..errors import InputError
-from ..options import check_choice, parse_dtype_name
+from ..options import check_choice, opt, parse_dtype_name
 
 __all__ = ["PipelineSchedule", "SCHEDULES", "schedule_of", "PartitionOptions", "LAUNCHER_FIELDS", "ParallelConfig",
            "AcMode", "Precision"]
@@ -188,27 +188,42 @@ class ParallelConfig:
     ``"off"``: everything in ``model_dtype``.
     """
 
-    gpus: int
-    gpus_per_node: int = 8
-    fsdp: int | None = None              # None: the ranks left over by the other degrees
-    replicate: int = 1
-    tp: int = 1
-    pp: int = 1
+    # each field once: its default, and (opt) the help of `layerscope parallel`'s flag derived from it;
+    # ``searched``: a dimension the search varies unless given (its flag defaults to None: not held)
+    gpus: int = opt(least=1, help="ranks in the job")
+    gpus_per_node: int = opt(8, least=1, help="ranks per node (default 8): tp stays within one")
+    fsdp: int | None = opt(None, least=1, searched=True,   # None: the ranks left over by the other degrees
+                           help="FSDP2 shard degree (default: the ranks the others leave)")
+    replicate: int = opt(1, least=1, searched=True, help="HSDP: replicas of each shard group (default 1)")
+    tp: int = opt(1, least=1, searched=True, help="tensor-parallel degree (default 1)")
+    pp: int = opt(1, least=1, searched=True, help="pipeline stages: the uniform split of the blocks (default 1; the "
+                                                  "cost-balanced split: `split`)")
     cp: int = 1
     ep: int = 1
-    schedule: str = "1f1b"
-    stages_per_rank: int = 2             # under a schedule that puts several stages on each rank
-    microbatches: int | None = None      # None: pp (one per stage), 1 without a pipeline
-    accumulation: int = 1
+    schedule: str = opt("1f1b", searched=True,
+                        help="pipeline schedule, gpipe, 1f1b, interleaved, zb or zbv (default 1f1b; with --pp); zb "
+                             "and zbv: zero bubble, each backward split in the input's gradient and the weights'")
+    stages_per_rank: int = opt(2, least=2,      # under a schedule that puts several stages on each rank
+                               help="stages on each pipeline rank under --schedule interleaved or zb (default 2): "
+                                    "pp x this many stages; zbv puts exactly 2 on each rank, in a V")
+    microbatches: int | None = opt(None, least=1, searched=True,   # None: pp (one per stage), 1 without a pipeline
+                                   help="micro-batches per local batch (default: pp; with --pp)")
+    accumulation: int = opt(1, least=1, searched=True, help="forward/backward passes per step (default 1)")
     local_batch: int | None = None
-    global_batch: int | None = None
-    ac: str = "none"
+    global_batch: int | None = opt(None, least=1, searched=True,
+                                   help="must be local batch x data-parallel degree x accumulation")
+    ac: str = opt("none", searched=True, metavar="MODE",
+                  help="activation checkpointing: none, full, selective-layer[:K], selective-op")
     ac_every: int = 2
-    mixed_precision: Precision = "bf16"
-    reduce_dtype: Any = "fp32"
-    model_dtype: Any = "fp32"
-    reshard_after_forward: bool = True
-    offload: bool = False
+    mixed_precision: Precision = opt("bf16", help="bf16 (default): fp32 master weights, bf16 compute; off: all in "
+                                                  "--model-dtype")
+    reduce_dtype: Any = opt("fp32", choices=("fp32", "bf16"), help="gradient reduction dtype")
+    model_dtype: Any = opt("fp32", flag="--model-dtype")   # the flag every model command takes (cli/parser.py)
+    reshard_after_forward: bool = opt(True, searched=True,
+                                      help="keep gathered parameters from forward to backward (ZeRO-2-like)")
+    offload: bool = opt(False, help="FSDP2's CPU offload: shards, reduced gradients and the optimizer step in host "
+                                    "memory (reported apart from the device's peak); needs --fsdp or --replicate "
+                                    "above 1")
     sequence_parallel: bool = True
     loss_parallel: bool = True
 
