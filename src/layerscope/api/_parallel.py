@@ -46,9 +46,9 @@ _BACKENDS = {"cuda": ("nccl", "fake"), "cpu": ("gloo", "fake")}
 
 
 def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = None, tp: int | None = None,
-             pp: int | None = None, ac: str | None = None, optimizer="adamw", gpu=None, memory_limit=None,
-             config: ParallelConfig | None = None, options: ParallelOptions | None = None,
-             forward_kwargs: dict | None = None, **kwargs: Any) -> ParallelReport:
+             pp: int | None = None, ac: str | None = None, optimizer="adamw", config: ParallelConfig | None = None,
+             options: ParallelOptions | None = None, forward_kwargs: dict | None = None,
+             **kwargs: Any) -> ParallelReport:
     """What each of ``gpus`` ranks holds when they train ``model`` sharded: its peak, when, and by part
     (parameter shards, gathered parameters, gradients, optimizer state, activations, recompute,
     communication buffers, temporaries, and estimates of what a CPU cannot show), and the bytes of
@@ -97,8 +97,8 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     fields = {f.name for f in dataclasses.fields(ParallelConfig)} - {"local_batch"}
     given = {k: kwargs.pop(k) for k in list(kwargs) if k in fields}
     # the signature's optimizer default is the field's: a keyword counts as given only where it differs
-    named = {"gpu": gpu, "memory_limit": memory_limit, "config": config,
-             **({} if isinstance(optimizer, str) and optimizer == "adamw" else {"optimizer": optimizer})}
+    # (gpu=, memory_limit= and every other run option: keywords taken by entry_options from ParallelOptions' fields)
+    named = {"config": config, **({} if isinstance(optimizer, str) and optimizer == "adamw" else {"optimizer": optimizer})}
     opts, kwargs = entry_options(ParallelOptions, options, kwargs, forward_kwargs, **named)
     if optimizer is None and options is None:     # None: no optimizer step (entry_options reads None as not given)
         opts = dataclasses.replace(opts, optimizer=None)
