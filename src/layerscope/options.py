@@ -18,7 +18,7 @@ from .errors import InputError
 
 __all__ = ["Mode", "Causal", "Schedule", "AnalyzeOptions", "MemoryOptions", "ProfileOptions", "OnnxOptions",
            "TileOptions", "ParallelOptions", "entry_options", "check_choice", "opt", "flag_fields", "echo",
-           "forward_inputs", "optimizers", "optimizer_factory", "parse_autocast", "optimizer_name", "iec", "Loss",
+           "forward_inputs", "optimizers", "optimizer_factory", "parse_autocast", "optimizer_name", "Loss",
            "LOSS_HELP", "check_loss",
            "parse_bytes", "parse_bandwidth", "parse_dtype_name", "DTYPES", "dtype_short"]
 
@@ -374,24 +374,12 @@ def optimizer_name(factory) -> str | None:
 
 
 # --- byte sizes and bandwidths: parsed here, at the boundary, for every layer above -------------
+# (parsing an option's value is validating it, so it lives with the options; formatting sizes does not:
+# planning/sizes.py's iec, the one formatter of bytes, at the lowest layer whose messages state sizes)
 
-_IEC = (("EiB", 2 ** 60), ("PiB", 2 ** 50), ("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10))
 _BYTE_UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9,
                "gb": 10 ** 9, "t": 10 ** 12, "tb": 10 ** 12, "kib": 2 ** 10, "mib": 2 ** 20,
                "gib": 2 ** 30, "tib": 2 ** 40}
-
-
-def iec(n: float | int | None, digits: int = 2) -> str:
-    """Bytes in IEC units (``1.50 GiB``). It lives beside ``parse_bytes`` so that an error message
-    below render/ (a memory limit no split fits) states sizes as render/ does: render/units.py
-    re-exports it, so bytes are formatted in one place."""
-    if n is None:
-        return "--"
-    n = float(n)
-    for unit, scale in _IEC:
-        if abs(n) >= scale:
-            return f"{n / scale:.{digits}f} {unit}"
-    return f"{int(n)} B"
 
 
 def parse_bytes(value) -> int:

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from ..options import iec
+from ..render.units import iec
 from .common import build_spec, live, status, write_output
 
 

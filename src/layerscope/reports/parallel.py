@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..options import iec
+from ..planning.sizes import iec
 from ..planning.simulate.results import ESTIMATES, ParallelPlan, RankMemory
 from ..planning.simulate.sharded_rank import PARTS
 from .base import ReportRecord

@@ -88,7 +88,7 @@ from torch import nn
 from ... import _compat
 from ...capture.inputs import iter_tensors
 from ...errors import ForwardError, InputError
-from ...options import iec
+from ..sizes import iec
 from ..config import ParallelConfig
 from ...progress import ProgressBar
 from ..apply import find_blocks
