@@ -50,21 +50,22 @@ _LOSS_FLAG_HELP = "the training step's loss (default auto):\n" + "\n".join(
 def opt(default: Any = dataclasses.MISSING, *, help: str | None = None, flag: str | bool | None = None,
         choices: tuple | None = None, least: int | None = None, arg: str | None = None,
         metavar: str | None = None, action: str | None = None, cli_default: Any = dataclasses.MISSING,
-        searched: bool = False, hidden: bool = False, echo: Any = False) -> Any:
+        required: bool = False, searched: bool = False, hidden: bool = False, echo: Any = False) -> Any:
     """One option's field: ``default`` and what the CLI and the report derive from it.
 
     ``help``: the flag's help (no help and no ``flag``: no flag, a keyword only). ``flag``: the
     flag's name (default ``--`` and the field's name with dashes; False: none). ``choices``: the
     values the flag takes (default: a Literal type's). ``least``: the smallest whole number the flag
     takes. ``arg``: a converter of the CLI's argtypes by name (gpu, bandwidth, device, ints).
-    ``action``: argparse's (``append``); a bool field is a switch (``--no-NAME`` where it defaults
-    to True). ``cli_default``: the flag's default where it is not the field's (None: "not given",
+    ``action``: argparse's (``append``; ``optional``: both ``--NAME`` and ``--no-NAME``); a bool
+    field is a switch otherwise (``--no-NAME`` where it defaults to True). ``cli_default``: the flag's default where it is not the field's (None: "not given",
     the field's default then applies: a search dimension or a default that another flag changes);
+    ``required``: the command cannot run without the flag (the keyword may still default).
     ``searched``: a dimension the search varies unless given (its flag defaults to None).
     ``hidden``: a flag that is still taken but not shown (a replaced one, with its message).
     ``echo``: the report echoes it (True: as it is; a callable: what the report shows of it)."""
     meta = {"help": help, "flag": flag, "choices": choices, "least": least, "arg": arg, "metavar": metavar,
-            "action": action, "searched": searched, "hidden": hidden, "echo": echo}
+            "action": action, "required": required, "searched": searched, "hidden": hidden, "echo": echo}
     meta = {k: v for k, v in meta.items() if v is not None and v is not False}
     if cli_default is not dataclasses.MISSING or searched:
         meta["cli_default"] = None if searched else cli_default

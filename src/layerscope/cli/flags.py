@@ -22,7 +22,7 @@ def flag_name(field: dataclasses.Field) -> str:
     if isinstance(declared, str):
         return declared
     name = field.name.replace("_", "-")
-    return f"--no-{name}" if field.default is True else f"--{name}"
+    return f"--no-{name}" if field.default is True and field.metadata.get("action") != "optional" else f"--{name}"
 
 
 def _choices(field: dataclasses.Field, hint) -> tuple | None:
@@ -50,7 +50,9 @@ def add_flags(parser: argparse.ArgumentParser, cls, *names: str, gpus: str = "")
         default = m.get("cli_default", None if f.default is dataclasses.MISSING else f.default)
         if hints[f.name] is bool or isinstance(f.default, bool):
             # a switch: it turns the default over; not given, the field's default applies (None: "not held")
-            if f.default is True:
+            if m.get("action") == "optional":        # --NAME and --no-NAME
+                kw.update(action=argparse.BooleanOptionalAction)
+            elif f.default is True:
                 kw.update(action="store_const", const=False)
             else:
                 kw.update(action="store_true")
@@ -58,7 +60,7 @@ def add_flags(parser: argparse.ArgumentParser, cls, *names: str, gpus: str = "")
                 kw["default"] = m["cli_default"]
             parser.add_argument(flag_name(f), **kw)
             continue
-        if f.default is dataclasses.MISSING:
+        if f.default is dataclasses.MISSING or m.get("required"):
             kw["required"] = True
         else:
             kw["default"] = default

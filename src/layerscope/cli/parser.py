@@ -8,7 +8,7 @@ import torch
 
 from ..costs.gpus import GPUS
 from .flags import add_flags
-from .argtypes import arg_bandwidth, arg_count, arg_count_or_auto, arg_device, arg_dtype, arg_gpu, arg_ints
+from .argtypes import arg_count, arg_count_or_auto, arg_device, arg_dtype, arg_gpu, arg_ints
 from .helptext import _EXAMPLES, _SPEC_HELP, HelpFormatter
 
 
@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ..reports.summary import COLUMNS as summary_columns
 
     from ..options import ParallelOptions
-    from ..planning.config import ParallelConfig
+    from ..planning.config import ParallelConfig, PartitionOptions
 
     from .._version import __version__
     p = _Parser(
@@ -214,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     _split_args(sp)
     sp.add_argument("--run", action="store_true",
                     help="train the stages under torchrun (gloo on CPU) and compare with one process")
-    sp.add_argument("--steps", type=arg_count(1), default=3, help="training steps for --run (default 3)")
+    add_flags(sp, PartitionOptions, "steps")
     r = _sub(sub, "report", "one self-contained HTML page: layer tree, charts of MACs, params, memory and "
                             "latency, the memory timeline, the stage split, coverage")
     r.add_argument("spec", nargs="+", help=_SPEC_HELP + "\n  or one or more saved JSON reports (--format json)")
@@ -254,40 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _split_args(sp: argparse.ArgumentParser) -> None:
-    from ..planning.config import SCHEDULES
-    sp.add_argument("--stages", type=arg_count(1), required=True, help="number of pipeline stages")
-    sp.add_argument("--by", choices=("flops", "macs", "params", "memory", "latency", "roofline"), default="flops",
-                    help="the stage cost (default flops, forward + backward); latency: forward and backward\n"
-                         "times measured here (real weights), roofline: predicted from FLOPs and bytes\n"
-                         "(--roofline): with either the plan predicts the step time and draws the step")
-    sp.add_argument("--objective", choices=("step_time", "bottleneck", "uniform"),
-                    help="what the split minimises: step_time (the schedule's simulated step; the default\n"
-                         "with --by latency or roofline), bottleneck (the largest stage cost; the default\n"
-                         "otherwise) or uniform (equal repeated blocks per stage: torchtitan's default)")
-    sp.add_argument("--roofline", metavar="PEAKS",
-                    help="peaks for --by roofline: a GPU of the built-in table (H100, A100, ...),\n"
-                         "'FLOPS,BYTES_PER_S', or 'measure' (default: measured on this machine on cpu)")
-    sp.add_argument("--link-bandwidth", type=arg_bandwidth, metavar="BYTES_PER_S",
-                    help="price each send across a cut at this bandwidth (e.g. 50e9 or 50GB/s)")
-    sp.add_argument("--optimizer-bandwidth", type=arg_bandwidth, metavar="BYTES_PER_S",
-                    help="price each rank's optimizer step at this memory bandwidth (e.g. 2e12)")
-    sp.add_argument("--schedule", choices=tuple(SCHEDULES), default="1f1b",
-                    help="pipeline schedule (default 1f1b), as torch's classes:\n" +
-                         "\n".join(f"  {k}: {v.torch_class}" + (f" ({v.fixed_per_rank} stages per rank in a V)"
-                                                                  if v.v_shape else "")
-                                   for k, v in SCHEDULES.items()))
-    sp.add_argument("--microbatches", type=arg_count(1), default=4,
-                    help="micro-batches the batch is split into (default 4)")
-    sp.add_argument("--batch-size", type=arg_count(1), default=8,
-                    help="the whole batch, split into micro-batches (default 8: the inputs' batch\n"
-                         "dimension is re-sized to it, also that of --input-ids/--input-size)")
-    sp.add_argument("--optimizer", default="adamw", help="optimizer whose state each stage holds (default adamw)")
-    sp.add_argument("--memory-limit", help="per-stage memory limit such as 16GiB")
-    sp.add_argument("--device", type=arg_device, help="the device to plan for (cpu or cuda)")
-    sp.add_argument("--stages-per-rank", type=arg_count(2), default=2,
-                    help="stages on each rank under --schedule interleaved or zb (default 2; --run starts\n"
-                         "stages / stages-per-rank processes)")
-    sp.add_argument("--return-outputs", action=argparse.BooleanOptionalAction, default=None,
-                    help="plan for schedule.step(..., return_outputs=True): the last stage keeps every\n"
-                         "micro-batch's output (torch's default, and the default; --no-return-outputs\n"
-                         "plans for step(..., return_outputs=False))")
+    """split's flags, each from its PartitionOptions field's declaration (planning/config.py); the
+    names only lay out the help (--steps, --run's, follows --run)."""
+    from ..planning.config import PartitionOptions
+    add_flags(sp, PartitionOptions, "stages", "by", "objective", "roofline", "link_bandwidth", "optimizer_bandwidth",
+              "schedule", "microbatches", "batch_size", "optimizer", "memory_limit", "device", "stages_per_rank",
+              "return_outputs")

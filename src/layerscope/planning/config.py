@@ -109,27 +109,47 @@ class PartitionOptions:
     ``entry_options``); everything below them takes this object. The launcher's own fields (from
     ``overrides`` on) say how every rank builds the model from its spec and trains it."""
 
-    stages: int | None = None
-    by: Any = "flops"                    # a cost name or a callable Unit -> cost
-    memory_limit: Any = None             # bytes, "16GiB", or one per stage
-    schedule: str = "1f1b"
-    microbatches: int = 1
-    optimizer: Any = None
-    stages_per_rank: int = 2
+    # each field once; those with a help are `layerscope split`'s flags (cli/flags.py), the help derived here
+    stages: int | None = opt(None, least=1, required=True, help="number of pipeline stages")
+    by: Any = opt("flops", choices=("flops", "macs", "params", "memory", "latency", "roofline"),   # or a callable
+                  help="the stage cost (default flops, forward + backward); latency: forward and backward\n"
+                       "times measured here (real weights), roofline: predicted from FLOPs and bytes\n"
+                       "(--roofline): with either the plan predicts the step time and draws the step")
+    memory_limit: Any = opt(None, help="per-stage memory limit such as 16GiB")   # bytes, "16GiB", or one per stage
+    schedule: str = opt("1f1b", choices=tuple(SCHEDULES),
+                        help="pipeline schedule (default 1f1b), as torch's classes:\n" + "\n".join(
+                            f"  {k}: {v.torch_class}" + (f" ({v.fixed_per_rank} stages per rank in a V)"
+                                                         if v.v_shape else "") for k, v in SCHEDULES.items()))
+    microbatches: int = opt(1, least=1, cli_default=4, help="micro-batches the batch is split into (default 4)")
+    optimizer: Any = opt(None, cli_default="adamw", help="optimizer whose state each stage holds (default adamw)")
+    stages_per_rank: int = opt(2, least=2, help="stages on each rank under --schedule interleaved or zb (default 2; "
+                                                "--run starts\nstages / stages-per-rank processes)")
     batch_dim: int = 0
     input_size: Any = None
     dtypes: Any = None
     autocast_dtype: Any = None
-    device: Any = None
+    device: Any = opt(None, arg="device", help="the device to plan for (cpu or cuda)")
     latency_repeats: int = 5
     loss_fn: Any = None
     measure_working: bool | None = None
-    objective: str | None = None
-    roofline: Any = None
-    link_bandwidth: float | None = None
-    optimizer_bandwidth: float | None = None
+    objective: str | None = opt(
+        None, choices=("step_time", "bottleneck", "uniform"),
+        help="what the split minimises: step_time (the schedule's simulated step; the default\n"
+             "with --by latency or roofline), bottleneck (the largest stage cost; the default\n"
+             "otherwise) or uniform (equal repeated blocks per stage: torchtitan's default)")
+    roofline: Any = opt(None, metavar="PEAKS",
+                        help="peaks for --by roofline: a GPU of the built-in table (H100, A100, ...),\n"
+                             "'FLOPS,BYTES_PER_S', or 'measure' (default: measured on this machine on cpu)")
+    link_bandwidth: float | None = opt(None, arg="bandwidth", metavar="BYTES_PER_S",
+                                       help="price each send across a cut at this bandwidth (e.g. 50e9 or 50GB/s)")
+    optimizer_bandwidth: float | None = opt(None, arg="bandwidth", metavar="BYTES_PER_S",
+                                            help="price each rank's optimizer step at this memory bandwidth (e.g. "
+                                                 "2e12)")
     cuts: Any = None
-    return_outputs: bool = True
+    return_outputs: bool = opt(True, action="optional", cli_default=None,
+                               help="plan for schedule.step(..., return_outputs=True): the last stage keeps every\n"
+                                    "micro-batch's output (torch's default, and the default; --no-return-outputs\n"
+                                    "plans for step(..., return_outputs=False))")
     count_inputs: bool | None = None
     target_bytes: int = 0
     # the launcher (torchrun): the model from its spec, the run
@@ -138,8 +158,9 @@ class PartitionOptions:
     input_ids: Any = None
     model_dtype: str | None = None
     allow_pickle: bool = False
-    batch_size: int = 8
-    steps: int = 3
+    batch_size: int = opt(8, least=1, help="the whole batch, split into micro-batches (default 8: the inputs' batch\n"
+                                           "dimension is re-sized to it, also that of --input-ids/--input-size)")
+    steps: int = opt(3, least=1, help="training steps for --run (default 3)")
     seed: int = 0
     path: str = "auto"
     timeout: float = 600.0
