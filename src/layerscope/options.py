@@ -47,25 +47,27 @@ _LOSS_FLAG_HELP = "the training step's loss (default auto):\n" + "\n".join(
 
 # --- one declaration per option: its field, with the flag, help and echo it carries -------------
 
-def opt(default: Any = dataclasses.MISSING, *, help: str | None = None, flag: str | bool | None = None,
+def opt(default: Any = dataclasses.MISSING, *, help: str | None = None, flag_name: str | bool | None = None,
         choices: tuple | None = None, least: int | None = None, arg: str | None = None,
-        metavar: str | None = None, action: str | None = None, cli_default: Any = dataclasses.MISSING,
-        required: bool = False, searched: bool = False, hidden: bool = False, echo: Any = False) -> Any:
+        cli_default: Any = dataclasses.MISSING, searched: bool = False, echo: Any = False, **flag: Any) -> Any:
     """One option's field: ``default`` and what the CLI and the report derive from it.
 
-    ``help``: the flag's help (no help and no ``flag``: no flag, a keyword only). ``flag``: the
-    flag's name (default ``--`` and the field's name with dashes; False: none). ``choices``: the
+    ``help``: the flag's help (no help and no ``flag_name``: no flag, a keyword only). ``flag_name``:
+    the flag's name (default ``--`` and the field's name with dashes; False: none). ``choices``: the
     values the flag takes (default: a Literal type's). ``least``: the smallest whole number the flag
-    takes. ``arg``: a converter of the CLI's argtypes by name (gpu, bandwidth, device, ints).
-    ``action``: argparse's (``append``; ``optional``: both ``--NAME`` and ``--no-NAME``); a bool
-    field is a switch otherwise (``--no-NAME`` where it defaults to True). ``cli_default``: the flag's default where it is not the field's (None: "not given",
-    the field's default then applies: a search dimension or a default that another flag changes);
-    ``required``: the command cannot run without the flag (the keyword may still default).
-    ``searched``: a dimension the search varies unless given (its flag defaults to None).
-    ``hidden``: a flag that is still taken but not shown (a replaced one, with its message).
-    ``echo``: the report echoes it (True: as it is; a callable: what the report shows of it)."""
-    meta = {"help": help, "flag": flag, "choices": choices, "least": least, "arg": arg, "metavar": metavar,
-            "action": action, "required": required, "searched": searched, "hidden": hidden, "echo": echo}
+    takes. ``arg``: a converter of the CLI's argtypes by name (gpu, bandwidth, device, ints, float).
+    ``cli_default``: the flag's default where it is not the field's (None: "not given", the field's
+    default then applies: where another flag changes the default). ``searched``: a dimension the
+    search varies unless given (its flag defaults to None). ``echo``: the report echoes it (True: as
+    it is; a callable: what the report shows of it). ``flag``: ``metavar``; ``action`` (argparse's
+    ``append``, or ``optional``: both ``--NAME`` and ``--no-NAME``; a bool field is otherwise a switch,
+    ``--no-NAME`` where it defaults to True); ``required`` (the command cannot run without the flag,
+    while the keyword may still default); ``hidden`` (still taken, not shown: a replaced flag)."""
+    unknown = set(flag) - {"metavar", "action", "required", "hidden"}
+    if unknown:
+        raise TypeError(f"opt() takes no {', '.join(sorted(unknown))}")
+    meta = {"help": help, "flag": flag_name, "choices": choices, "least": least, "arg": arg, "searched": searched,
+            "echo": echo, **flag}
     meta = {k: v for k, v in meta.items() if v is not None and v is not False}
     if cli_default is not dataclasses.MISSING or searched:
         meta["cli_default"] = None if searched else cli_default
@@ -204,7 +206,7 @@ class ParallelOptions:
              "accumulation; a pipeline, stages x micro-batches; a copy made for the lower bounds,\n"
              "1): the answer does not depend on the machine's speed")
     time_budget: Any = opt(None, arg="float", hidden=True)      # replaced by search_limit: refused with why
-    fractions: dict | None = opt(None, flag="--fraction", action="append", metavar="NAME=V",
+    fractions: dict | None = opt(None, flag_name="--fraction", action="append", metavar="NAME=V",
                                  help="step-time model: replace an achievable fraction (matmul, attention, memory, "
                                       "link)\nor a time (launch_s, nvlink_latency_s, network_latency_s, host_op_s, "
                                       "host_tp_op_s,\nhost_sac_op_s); repeatable")

@@ -239,7 +239,7 @@ class ParallelConfig:
     mixed_precision: Precision = opt("bf16", help="bf16 (default): fp32 master weights, bf16 compute; off: all in "
                                                   "--model-dtype")
     reduce_dtype: Any = opt("fp32", choices=("fp32", "bf16"), help="gradient reduction dtype")
-    model_dtype: Any = opt("fp32", flag="--model-dtype")   # the flag every model command takes (cli/parser.py)
+    model_dtype: Any = opt("fp32", flag_name="--model-dtype")   # the flag every model command takes (cli/parser.py)
     reshard_after_forward: bool = opt(True, searched=True,
                                       help="keep gathered parameters from forward to backward (ZeRO-2-like)")
     offload: bool = opt(False, help="FSDP2's CPU offload: shards, reduced gradients and the optimizer step in host "
