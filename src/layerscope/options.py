@@ -45,6 +45,13 @@ _LOSS_FLAG_HELP = "the training step's loss (default auto):\n" + "\n".join(
     f"  {k}: {LOSS_HELP[k]}" for k in get_args(Loss))
 
 
+# the flags --gpu and --attention of summary, memory and report (AnalyzeOptions', MemoryOptions')
+_GPU_HELP = ("the GPU to price attention for (a meta run; memory: predicts for CUDA):\n{gpus}; any figure replaced, "
+             "e.g.\nH100,capability=8.0 (also memory, bandwidth, a dtype's peak)")
+_ATTENTION_HELP = ("the SDPA kernel priced: auto (default) picks as torch's CUDA rules do for\n--gpu (without one: "
+                   "H200 where a CUDA target is simulated), or force one")
+
+
 # --- one declaration per option: its field, with the flag, help and echo it carries -------------
 
 def opt(default: Any = dataclasses.MISSING, *, help: str | None = None, flag_name: str | bool | None = None,
@@ -108,13 +115,15 @@ class AnalyzeOptions:
     input_size: Any = None           # builds example inputs, as torchinfo's input_size does
     dtypes: Any = None
     batch_dim: int | None = None
-    device: Any = None               # where the analysis runs ("meta": nothing computed)
-    mode: Mode = "eval"
-    backward: bool = False
-    causal: Causal = "dense"
+    # each field once; those with a help (or a flag_name) are `layerscope summary`'s flags
+    device: Any = opt(None, arg="device",   # where the analysis runs ("meta": nothing computed)
+                      help="cpu, cuda, or meta (count without computing)")
+    mode: Mode = opt("eval", flag_name="--mode")
+    backward: bool = opt(False, help="also run and count a backward pass")
+    causal: Causal = opt("dense", help="count causal attention densely (default) or only its unmasked part")
     costs: Any = None                # a layerscope.costs.CostRegistry (checked by the API, a layer up)
-    gpu: Any = None                  # the GPU a meta run prices SDPA for: a name of the table or a GPU row
-    attention: Attention = "auto"    # the SDPA kernel priced: torch's CUDA rules for ``gpu``, or one forced
+    gpu: Any = opt(None, arg="gpu", metavar="NAME[,FIELD=V]", help=_GPU_HELP)   # a name of the table or a GPU row
+    attention: Attention = opt("auto", help=_ATTENTION_HELP)   # torch's CUDA rules for ``gpu``, or one forced
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, Mode)
@@ -127,24 +136,31 @@ class MemoryOptions:
     """Every option of ``memory()`` (and of the steps ``max_batch_size()`` simulates): checked, the
     optimizer and autocast dtype resolved."""
 
-    optimizer: Any = None            # a callable params -> Optimizer (from a class, name or instance)
+    # each field once; those with a help are the flags of `layerscope memory` (and `report`: cli/parser.py)
+    optimizer: Any = opt(None,       # a callable params -> Optimizer (from a class, name or instance)
+                         help="a torch.optim class name: adamw, adam, sgd, adagrad, rmsprop, ...")
     training: bool = True
-    autocast_dtype: torch.dtype | None = None
-    device: Any = None               # where the memory is predicted for (default: where the model is)
+    autocast_dtype: torch.dtype | None = opt(None, flag_name="--autocast", choices=("bf16", "fp16"),
+                                             help="run forward and loss under torch.autocast")
+    device: Any = opt(None, arg="device",   # where the memory is predicted for (default: where the model is)
+                      help="the device to predict for: cpu or cuda (512-byte allocator blocks); default where the "
+                           "model is (hf: specs are built on meta)")
     batch_dim: int | None = None
     input_size: Any = None
     dtypes: Any = None
-    batch_size: int | None = None
+    batch_size: int | None = opt(None, least=1, help="re-size the inputs' batch dimension to N")
     loss_fn: Any = None              # a callable output -> scalar loss: overrides ``loss``
-    loss: Loss = "auto"              # the step's loss when there is no loss_fn (LOSS_HELP, capture/loss.py)
-    steps: int = 2
-    accumulation: int = 1
+    loss: Loss = opt("auto", help=_LOSS_FLAG_HELP)   # the step's loss when there is no loss_fn (capture/loss.py)
+    steps: int = opt(2, least=1, help="training steps to run (default 2)")
+    accumulation: int = opt(1, least=1, help="micro-batches per step (default 1)")
     simulate: bool = True
-    measure: bool | None = None
-    limit: Any = None                # bytes or "80GiB", shown against the peak
+    measure: bool | None = opt(None, action="store_true", cli_default=False,
+                               help="also run the real step and measure it")
+    limit: Any = opt(None,           # bytes or "80GiB", shown against the peak
+                     help="memory limit such as 80GiB: says whether the peak fits, and the largest batch that does")
     progress: bool = False
-    gpu: Any = None                  # the GPU predicted for (implies device "cuda"): a table name or a GPU row
-    attention: Attention = "auto"    # the SDPA kernel simulated: torch's CUDA rules for ``gpu``, or one forced
+    gpu: Any = opt(None, arg="gpu", metavar="NAME[,FIELD=V]", help=_GPU_HELP)   # implies device "cuda"
+    attention: Attention = opt("auto", help=_ATTENTION_HELP)   # torch's CUDA rules for ``gpu``, or one forced
     keep_output: bool = True         # the model's output alive through the backward (False: let go once the
                                      # loss is computed, as torchtitan's ``del pred``)
     compose: bool = True             # a run of identical blocks: simulate four, compose the rest (the same

@@ -33,10 +33,11 @@ def _choices(field: dataclasses.Field, hint) -> tuple | None:
     return None
 
 
-def add_flags(parser: argparse.ArgumentParser, cls, *names: str, gpus: str = "") -> None:
+def add_flags(parser: argparse.ArgumentParser, cls, *names: str, gpus: str = "", defaults: dict | None = None) -> None:
     """The flags of the options class ``cls``'s fields ``names`` (none: every flag field of ``cls``
     the parser does not have yet, in declaration order: a command lays out its help by the few it
-    places first). ``gpus``: the GPU table's names, for a help that lists them."""
+    places first). ``gpus``: the GPU table's names, for a help that lists them. ``defaults``: a
+    command's own default for a flag (its help then says it: `report` trains with adamw)."""
     hints = typing.get_type_hints(cls)
     by_name = {f.name: f for f in _flag_fields(cls)}
     chosen = [by_name[n] for n in names] if names else \
@@ -48,6 +49,9 @@ def add_flags(parser: argparse.ArgumentParser, cls, *names: str, gpus: str = "")
         kw["help"] = argparse.SUPPRESS if m.get("hidden") else (help_text.replace("{gpus}", gpus)
                                                                 if help_text else None)
         default = m.get("cli_default", None if f.default is dataclasses.MISSING else f.default)
+        if defaults and f.name in defaults:
+            default = defaults[f.name]
+            kw["help"] += f" (default {default})"
         if hints[f.name] is bool or isinstance(f.default, bool):
             # a switch: it turns the default over; not given, the field's default applies (None: "not held")
             if m.get("action") == "optional":        # --NAME and --no-NAME

@@ -68,30 +68,18 @@ def _sub(sub, name: str, help_text: str) -> argparse.ArgumentParser:
                           formatter_class=HelpFormatter)
 
 
-def _loss_arg(p: argparse.ArgumentParser) -> None:
-    """--loss, from the option's one declaration (options.Loss: its choices and their help)."""
-    from typing import get_args
-
-    from ..options import LOSS_HELP, Loss
-    p.add_argument("--loss", choices=get_args(Loss), default="auto",
-                   help="the training step's loss (default auto):\n" + "\n".join(
-                       f"  {k}: {LOSS_HELP[k]}" for k in get_args(Loss)))
-
-
 def _memory_args(m: argparse.ArgumentParser, optimizer_default: str | None = None) -> None:
-    m.add_argument("--optimizer", default=optimizer_default,
-                   help="a torch.optim class name: adamw, adam, sgd, adagrad, rmsprop, ..."
-                        + (f" (default {optimizer_default})" if optimizer_default else ""))
+    """A training step's flags, from MemoryOptions' field declarations (--momentum and --train/--infer,
+    which the command turns into an optimizer and ``training``, are the CLI's own)."""
+    from ..options import MemoryOptions
+    add_flags(m, MemoryOptions, "optimizer", defaults={"optimizer": optimizer_default} if optimizer_default else None)
     m.add_argument("--momentum", type=float, help="momentum for --optimizer sgd")
-    m.add_argument("--batch-size", type=arg_count(1), help="re-size the inputs' batch dimension to N")
-    m.add_argument("--autocast", choices=("bf16", "fp16"), help="run forward and loss under torch.autocast")
+    add_flags(m, MemoryOptions, "batch_size", "autocast_dtype")
     mode = m.add_mutually_exclusive_group()
     mode.add_argument("--train", dest="training", action="store_true", default=True,
                       help="a training step: forward, loss, backward, optimizer step (default)")
     mode.add_argument("--infer", dest="training", action="store_false", help="a no-grad forward")
-    m.add_argument("--steps", type=arg_count(1), default=2, help="training steps to run (default 2)")
-    m.add_argument("--accumulation", type=arg_count(1), default=1, help="micro-batches per step (default 1)")
-    _loss_arg(m)
+    add_flags(m, MemoryOptions, "steps", "accumulation", "loss")
 
 
 def _columns_help(columns) -> str:
@@ -105,21 +93,16 @@ def _columns_help(columns) -> str:
         f"\n(default {default})"
 
 
-def _attention_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpu", type=arg_gpu, metavar="NAME[,FIELD=V]",
-                   help="the GPU to price attention for (a meta run; memory: predicts for CUDA):\n"
-                        f"{', '.join(GPUS)}; any figure replaced, e.g.\n"
-                        "H100,capability=8.0 (also memory, bandwidth, a dtype's peak)")
-    p.add_argument("--attention", choices=("auto", "math", "flash", "efficient", "cudnn"), default="auto",
-                   help="the SDPA kernel priced: auto (default) picks as torch's CUDA rules do for\n"
-                        "--gpu (without one: H200 where a CUDA target is simulated), or force one")
+def _attention_args(p: argparse.ArgumentParser, cls) -> None:
+    """--gpu and --attention, from the declarations of ``cls``'s fields (AnalyzeOptions, MemoryOptions)."""
+    add_flags(p, cls, "gpu", "attention", gpus=", ".join(GPUS))
 
 
 def build_parser() -> argparse.ArgumentParser:
     from ..reports.memory import COLUMNS as memory_columns
     from ..reports.summary import COLUMNS as summary_columns
 
-    from ..options import ParallelOptions
+    from ..options import AnalyzeOptions, MemoryOptions, ParallelOptions
     from ..planning.config import ParallelConfig, PartitionOptions
 
     from .._version import __version__
@@ -131,13 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     s = _sub(sub, "summary", "per-layer shapes, params, MACs, FLOPs, bytes")
     _model_args(s)
-    s.add_argument("--device", type=arg_device, help="cpu, cuda, or meta (count without computing)")
+    add_flags(s, AnalyzeOptions, "device")
     s.add_argument("--columns", help=_columns_help(summary_columns))
-    s.add_argument("--mode", choices=("eval", "train", "same"), default="eval")
-    s.add_argument("--backward", action="store_true", help="also run and count a backward pass")
-    s.add_argument("--causal", choices=("dense", "unmasked"), default="dense",
-                   help="count causal attention densely (default) or only its unmasked part")
-    _attention_args(s)
+    add_flags(s, AnalyzeOptions, "mode", "backward", "causal")
+    _attention_args(s, AnalyzeOptions)
     o = _sub(sub, "onnx", "an ONNX model: the module tree and the per-node table (shapes, params, MACs, FLOPs, "
                           "bytes read/written)")
     o.add_argument("file", help="the .onnx file (external data is never read)")
@@ -161,13 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", "-q", action="store_true", help="no spinner on stderr")
     m = _sub(sub, "memory", "memory of a training step or inference: per category, peak, per layer")
     _model_args(m)
-    m.add_argument("--device", type=arg_device, help="the device to predict for: cpu or cuda (512-byte allocator blocks); "
-                                    "default where the model is (hf: specs are built on meta)")
+    add_flags(m, MemoryOptions, "device")
     _memory_args(m)
-    m.add_argument("--limit", help="memory limit such as 80GiB: says whether the peak fits, and the "
-                                   "largest batch that does")
-    m.add_argument("--measure", action="store_true", help="also run the real step and measure it")
-    _attention_args(m)
+    add_flags(m, MemoryOptions, "limit", "measure")
+    _attention_args(m, MemoryOptions)
     m.add_argument("--columns", help=_columns_help(memory_columns))
     pl = _sub(sub, "parallel", "per-rank memory of sharded training (FSDP2, HSDP, tensor parallel, checkpointing), "
                                "simulated with torch's own distributed code on one CPU")
@@ -224,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--device", type=arg_device, help="where to build and run the model (hf: specs are built on meta)")
     r.add_argument("--no-memory", dest="memory", action="store_false", help="leave out the memory section")
     _memory_args(r, optimizer_default="adamw")
-    _attention_args(r)
+    _attention_args(r, MemoryOptions)
     r.add_argument("--profile", action="store_true", help="also time every layer (needs real weights: "
                                                           "the model is built on cpu)")
     # 10 fixed, as before: on a 2-core shared machine auto runs to its maximum of 20 (twice the time)

@@ -68,7 +68,7 @@ def run_report(ns: argparse.Namespace) -> int:
         model.train(ns.training)           # a training step with dropout on; inference without
         with status("simulating the step", ns):
             mem = memory(model, *args, optimizer=optimizer_factory(ns.optimizer) if ns.training else None,
-                         training=ns.training, autocast_dtype=ns.autocast, batch_size=ns.batch_size,
+                         training=ns.training, autocast_dtype=ns.autocast_dtype, batch_size=ns.batch_size,
                          steps=ns.steps, accumulation=ns.accumulation, device=device, gpu=ns.gpu,
                          attention=ns.attention, loss=ns.loss, forward_kwargs=kwargs)
     model.eval()                           # timed and split as `profile` and `split` run it
