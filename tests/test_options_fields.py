@@ -94,3 +94,33 @@ def test_parallel_takes_its_options_as_one_object():
         layerscope.parallel(m, x, gpus=2, steps=2, options=layerscope.ParallelOptions(device="cpu"))
     with pytest.raises(InputError, match="search_limit is a count"):
         layerscope.ParallelOptions(search_limit=0)
+
+
+@pytest.mark.parametrize("command, classes", [
+    ("parallel", ("ParallelConfig", "ParallelOptions")), ("split", ("PartitionOptions",)),
+    ("memory", ("MemoryOptions",)), ("summary", ("AnalyzeOptions",))])
+def test_each_command_takes_its_options_flags(command, classes):
+    """Every flag field of a command's options classes is one of its flags, with the field's type
+    (a Literal's choices) and default: nothing declared twice."""
+    import layerscope.options as options
+    import layerscope.planning.config as config
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    dests = {a.dest: a for a in sub.choices[command]._actions}
+    for name in classes:
+        cls = getattr(options, name, None) or getattr(config, name)
+        for f in flag_fields(cls):
+            assert f.name in dests, (command, f.name)
+            want = f.metadata.get("choices")
+            if want is not None:
+                assert tuple(dests[f.name].choices) == tuple(want), (command, f.name)
+
+
+def test_parallel_options_hold_the_configuration_once():
+    m, x = _mlp()
+    opts = layerscope.ParallelOptions(device="cpu", config=ParallelConfig(gpus=2))
+    with pytest.raises(InputError, match="either as config= or as keywords"):
+        layerscope.parallel(m, x, gpus=2, options=opts)
+    with pytest.raises(InputError, match="config given both"):
+        layerscope.parallel(m, x, config=ParallelConfig(gpus=2), options=opts)
+    with pytest.raises(InputError, match="not config="):
+        layerscope.parallel(m, x, options=dataclasses.replace(opts, search=True))
