@@ -98,7 +98,7 @@ def test_parallel_takes_its_options_as_one_object():
 
 @pytest.mark.parametrize("command, classes", [
     ("parallel", ("ParallelConfig", "ParallelOptions")), ("split", ("PartitionOptions",)),
-    ("memory", ("MemoryOptions",)), ("summary", ("AnalyzeOptions",))])
+    ("memory", ("MemoryOptions",)), ("summary", ("AnalyzeOptions",)), ("profile", ("ProfileOptions",))])
 def test_each_command_takes_its_options_flags(command, classes):
     """Every flag field of a command's options classes is one of its flags, with the field's type
     (a Literal's choices) and default: nothing declared twice."""

@@ -248,14 +248,24 @@ class ParallelOptions:
 class ProfileOptions:
     """Every option of ``profile()``: the timed runs and what they run on."""
 
-    warmup: int | str = "auto"
-    repeats: int | str = "auto"
-    backward: bool = False
-    device: Any = None               # where example inputs built from input_size go
+    # each field once; those with a help are `layerscope profile`'s flags
+    warmup: int | str = opt("auto", arg="count_or_auto", least=0,
+                            help="untimed warm-up runs, or auto (the default): 1 to 3, more while runs get faster")
+    repeats: int | str = opt("auto", arg="count_or_auto", least=1,
+                             help="timed repeats, or auto (the default): 6 to 20, stopping when every median that\n"
+                                  "matters is known within +-2%% (whole run) / +-5%% (calls over 5%% of it), 95%% "
+                                  "confidence")
+    backward: bool = opt(False, help="also time the backward pass")
+    device: Any = opt(None, arg="device",   # where example inputs built from input_size go; the CLI builds there
+                      help="where to build the model and run it: cpu (default) or cuda")
     input_size: Any = None
     dtypes: Any = None
     loss_fn: Any = None
-    roofline: Any = None
+    roofline: Any = opt(None, metavar="PEAKS",
+                        help="class each layer compute- or memory-bound and show its distance from the roof:\n"
+                             "a GPU from the built-in table (V100, A100, A100-40GB, L4, H100, H100-PCIE, H200),\n"
+                             "'measure' (a short matmul and copy microbenchmark here), 'auto' (the table\n"
+                             "for a known GPU, else measured) or 'FLOPS,BYTES_PER_S' such as 989e12,3.35e12")
     progress: bool = False
 
     def __post_init__(self) -> None:

@@ -9,7 +9,7 @@ import dataclasses
 import typing
 from typing import Any
 
-from .argtypes import arg_bandwidth, arg_count, arg_device, arg_gpu, arg_ints
+from .argtypes import arg_bandwidth, arg_count, arg_count_or_auto, arg_device, arg_gpu, arg_ints
 
 # the converters a field names by ``arg`` (options.py sits below the CLI: it names them, this maps them)
 _ARGS = {"gpu": arg_gpu, "bandwidth": arg_bandwidth, "device": arg_device, "ints": arg_ints, "float": float}
@@ -68,7 +68,9 @@ def add_flags(parser: argparse.ArgumentParser, cls, *names: str, gpus: str = "",
             kw["required"] = True
         else:
             kw["default"] = default
-        if "least" in m:
+        if m.get("arg") == "count_or_auto":
+            kw["type"] = arg_count_or_auto(m["least"])
+        elif "least" in m:
             kw["type"] = arg_count(m["least"])
         elif "arg" in m:
             kw["type"] = _ARGS[m["arg"]]

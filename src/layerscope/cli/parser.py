@@ -8,7 +8,7 @@ import torch
 
 from ..costs.gpus import GPUS
 from .flags import add_flags
-from .argtypes import arg_count, arg_count_or_auto, arg_device, arg_dtype, arg_gpu, arg_ints
+from .argtypes import arg_count, arg_count_or_auto, arg_device, arg_dtype, arg_ints
 from .helptext import _EXAMPLES, _SPEC_HELP, HelpFormatter
 
 
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ..reports.memory import COLUMNS as memory_columns
     from ..reports.summary import COLUMNS as summary_columns
 
-    from ..options import AnalyzeOptions, MemoryOptions, ParallelOptions
+    from ..options import AnalyzeOptions, MemoryOptions, ParallelOptions, ProfileOptions
     from ..planning.config import ParallelConfig, PartitionOptions
 
     from .._version import __version__
@@ -166,18 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(depth=None)
     pf = _sub(sub, "profile", "per-module forward (and backward) time, self and inclusive, achieved FLOP/s")
     _model_args(pf)
-    pf.add_argument("--device", type=arg_device, help="where to build the model and run it: cpu (default) or cuda")
-    pf.add_argument("--backward", action="store_true", help="also time the backward pass")
-    pf.add_argument("--repeats", type=arg_count_or_auto(1), default="auto",
-                    help="timed repeats, or auto (the default): 6 to 20, stopping when every median that\n"
-                         "matters is known within +-2%% (whole run) / +-5%% (calls over 5%% of it), 95%% confidence")
-    pf.add_argument("--warmup", type=arg_count_or_auto(0), default="auto",
-                    help="untimed warm-up runs, or auto (the default): 1 to 3, more while runs get faster")
-    pf.add_argument("--roofline", metavar="PEAKS",
-                    help="class each layer compute- or memory-bound and show its distance from the roof:\n"
-                         "a GPU from the built-in table (V100, A100, A100-40GB, L4, H100, H100-PCIE, H200),\n"
-                         "'measure' (a short matmul and copy microbenchmark here), 'auto' (the table\n"
-                         "for a known GPU, else measured) or 'FLOPS,BYTES_PER_S' such as 989e12,3.35e12")
+    add_flags(pf, ProfileOptions, "device", "backward", "repeats", "warmup", "roofline")
     pf.add_argument("--top", type=arg_count(0), default=3, metavar="K",
                     help="name the K slowest calls at each depth under the table (default 3; 0: none)")
     pf.add_argument("--columns", help="comma-separated, of: output_shape, input_shape, params, forward, forward_self,\n"

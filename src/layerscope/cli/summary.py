@@ -99,11 +99,13 @@ def run_memory(ns: argparse.Namespace) -> int:
 
 def run_profile(ns: argparse.Namespace) -> int:
     from ..api import profile
+    from ..options import ProfileOptions
 
     model, args, kwargs = build_spec(ns, ns.device or "cpu")   # real weights: hf: specs build on meta otherwise
     model.eval()
-    rep = profile(model, *args, warmup=ns.warmup, repeats=ns.repeats, backward=ns.backward,
-                  roofline=ns.roofline, progress=live(ns), forward_kwargs=kwargs)
+    # the flags given as ProfileOptions' fields (cli/flags.py); --device says where the model was built
+    flags = {k: v for k, v in given(ns, ProfileOptions).items() if k != "device"}
+    rep = profile(model, *args, options=ProfileOptions(**flags, progress=live(ns)), forward_kwargs=kwargs)
     if ns.trace:
         rep.to_chrome_trace(ns.trace)
     return emit(ns, rep)
