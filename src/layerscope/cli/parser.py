@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--columns", help=_columns_help(summary_columns))
     add_flags(s, AnalyzeOptions, "mode", "backward", "causal")
     _attention_args(s, AnalyzeOptions)
+    add_flags(s, AnalyzeOptions)        # any flag field not placed above: a new option is its field alone
     o = _sub(sub, "onnx", "an ONNX model: the module tree and the per-node table (shapes, params, MACs, FLOPs, "
                           "bytes read/written)")
     o.add_argument("file", help="the .onnx file (external data is never read)")
@@ -146,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(m, MemoryOptions, "limit", "measure")
     _attention_args(m, MemoryOptions)
     m.add_argument("--columns", help=_columns_help(memory_columns))
+    add_flags(m, MemoryOptions)         # any flag field not placed above
     pl = _sub(sub, "parallel", "per-rank memory of sharded training (FSDP2, HSDP, tensor parallel, checkpointing), "
                                "simulated with torch's own distributed code on one CPU")
     pl.add_argument("spec", help=_SPEC_HELP)
@@ -175,12 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
                                       "roof_fraction (with --roofline)")
     pf.add_argument("--trace", metavar="FILE.json",
                     help="also write a Chrome trace / Perfetto JSON of the module spans of one repeat")
+    add_flags(pf, ProfileOptions)       # any flag field not placed above
     sp = _sub(sub, "split", "optimal pipeline stages; --run trains them under torchrun")
     _model_args(sp)
     _split_args(sp)
     sp.add_argument("--run", action="store_true",
                     help="train the stages under torchrun (gloo on CPU) and compare with one process")
     add_flags(sp, PartitionOptions, "steps")
+    add_flags(sp, PartitionOptions)     # any flag field not placed above
     r = _sub(sub, "report", "one self-contained HTML page: layer tree, charts of MACs, params, memory and "
                             "latency, the memory timeline, the stage split, coverage")
     r.add_argument("spec", nargs="+", help=_SPEC_HELP + "\n  or one or more saved JSON reports (--format json)")
