@@ -98,7 +98,8 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     given = {k: kwargs.pop(k) for k in list(kwargs) if k in fields}
     # the signature's optimizer default is the field's: a keyword counts as given only where it differs
     # (gpu=, memory_limit= and every other run option: keywords taken by entry_options from ParallelOptions' fields)
-    named = {"config": config, **({} if isinstance(optimizer, str) and optimizer == "adamw" else {"optimizer": optimizer})}
+    named = {"config": config,
+             **({} if isinstance(optimizer, str) and optimizer == "adamw" else {"optimizer": optimizer})}
     opts, kwargs = entry_options(ParallelOptions, options, kwargs, forward_kwargs, **named)
     if optimizer is None and options is None:     # None: no optimizer step (entry_options reads None as not given)
         opts = dataclasses.replace(opts, optimizer=None)
