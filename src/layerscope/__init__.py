@@ -14,7 +14,7 @@ from .api import (BatchFit, activations, analyze, analyze_exported, analyze_onnx
                   max_batch_size, memory, onnx_tile, parallel, partition, profile)
 from .costs import CostOptions
 from .costs.gpus import GPU, GPUS, gpu
-from .options import AnalyzeOptions, MemoryOptions, OnnxOptions, ProfileOptions, TileOptions
+from .options import AnalyzeOptions, MemoryOptions, OnnxOptions, ParallelOptions, ProfileOptions, TileOptions
 from .planning.config import ParallelConfig, PartitionOptions
 from .errors import ForwardError, InputError, LayerscopeError, PlanError, RegistryError, SpecError
 from .planning.split import SplitUnits, Unit
@@ -41,7 +41,7 @@ __all__ = [   # sorted (tests/test_public_api.py)
     "AnalyzeOptions", "BatchFit", "CallMemory", "Comparison", "CostOptions", "Costs", "Coverage",
     "ForwardError", "GPU", "GPUS", "InputError", "LatencyLayer", "LatencyReport", "LatencyTotals", "LayerRecord",
     "LayerscopeError", "MemoryLayer", "MemoryOptions", "MemoryReport", "MemoryTotals", "OnnxOptions",
-    "OpEvent", "ParallelConfig", "ParallelReport", "ParamSpec", "PartitionOptions", "PlanError", "ProfileOptions", "Profiler", "ReceptiveField",
+    "OpEvent", "ParallelConfig", "ParallelOptions", "ParallelReport", "ParamSpec", "PartitionOptions", "PlanError", "ProfileOptions", "Profiler", "ReceptiveField",
     "RegistryError", "Report", "Roofline", "SpecError", "SplitUnits", "Stage", "StagePlan", "StepMemory", "TensorSpec",
     "TileOptions", "Totals", "Trace", "Unit", "__version__", "activations", "analyze", "analyze_exported",
     "analyze_onnx", "analyze_torchscript", "compare", "compat", "gpu", "max_batch_size", "measure_roofline", "memory",

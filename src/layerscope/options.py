@@ -1,5 +1,10 @@
 """Options of the entry points given as names or objects, resolved and checked once: optimizers,
-autocast dtypes, and the forward's own keywords kept apart from the options."""
+autocast dtypes, and the forward's own keywords kept apart from the options.
+
+Each option is declared once, as a field of its entry point's options class: its type, its default,
+and, through ``opt(...)``, its help, its command-line flag and what the report echoes. The Python
+keywords (``entry_options``), the CLI's flags (cli/flags.py) and the JSON echo of the options
+(``echo``) are derived from those declarations: adding an option is adding one field."""
 
 from __future__ import annotations
 
@@ -12,10 +17,10 @@ import torch
 from .errors import InputError
 
 __all__ = ["Mode", "Causal", "Schedule", "AnalyzeOptions", "MemoryOptions", "ProfileOptions", "OnnxOptions",
-           "TileOptions", "entry_options", "check_choice",
-           "forward_inputs", "optimizers", "optimizer_factory", "parse_autocast", "optimizer_name", "iec", "Loss",
+           "TileOptions", "ParallelOptions", "entry_options", "check_choice", "opt", "flag_fields", "echo",
+           "forward_inputs", "optimizers", "optimizer_factory", "parse_autocast", "optimizer_name", "Loss",
            "LOSS_HELP", "check_loss",
-           "parse_bytes", "parse_bandwidth", "parse_dtype_name", "DTYPES", "dtype_short"]
+           "iec", "parse_bytes", "parse_bandwidth", "parse_dtype_name", "DTYPES", "dtype_short"]
 
 Mode = Literal["eval", "train", "same"]          # the model's flags for the run ("same": as they are)
 Causal = Literal["dense", "unmasked"]            # causal attention as the kernel computes it, or its half
@@ -36,6 +41,65 @@ LOSS_HELP = {
 }
 
 
+_LOSS_FLAG_HELP = "the training step's loss (default auto):\n" + "\n".join(
+    f"  {k}: {LOSS_HELP[k]}" for k in get_args(Loss))
+
+
+# the flags --gpu and --attention of summary, memory and report (AnalyzeOptions', MemoryOptions')
+_GPU_HELP = ("the GPU to price attention for (a meta run; memory: predicts for CUDA):\n{gpus}; any figure replaced, "
+             "e.g.\nH100,capability=8.0 (also memory, bandwidth, a dtype's peak)")
+_ATTENTION_HELP = ("the SDPA kernel priced: auto (default) picks as torch's CUDA rules do for\n--gpu (without one: "
+                   "H200 where a CUDA target is simulated), or force one")
+
+
+# --- one declaration per option: its field, with the flag, help and echo it carries -------------
+
+def opt(default: Any = dataclasses.MISSING, *, help: str | None = None, flag_name: str | bool | None = None,
+        choices: tuple | None = None, least: int | None = None, arg: str | None = None,
+        cli_default: Any = dataclasses.MISSING, searched: bool = False, echo: Any = False, **flag: Any) -> Any:
+    """One option's field: ``default`` and what the CLI and the report derive from it.
+
+    ``help``: the flag's help (no help and no ``flag_name``: no flag, a keyword only). ``flag_name``:
+    the flag's name (default ``--`` and the field's name with dashes; False: none). ``choices``: the
+    values the flag takes (default: a Literal type's). ``least``: the smallest whole number the flag
+    takes. ``arg``: a converter of the CLI's argtypes by name (gpu, bandwidth, device, ints, float).
+    ``cli_default``: the flag's default where it is not the field's (None: "not given", the field's
+    default then applies: where another flag changes the default). ``searched``: a dimension the
+    search varies unless given (its flag defaults to None). ``echo``: the report echoes it (True: as
+    it is; a callable: what the report shows of it). ``flag``: ``metavar``; ``action`` (argparse's
+    ``append``, or ``optional``: both ``--NAME`` and ``--no-NAME``; a bool field is otherwise a switch,
+    ``--no-NAME`` where it defaults to True); ``required`` (the command cannot run without the flag,
+    while the keyword may still default); ``hidden`` (still taken, not shown: a replaced flag)."""
+    unknown = set(flag) - {"metavar", "action", "required", "hidden"}
+    if unknown:
+        raise TypeError(f"opt() takes no {', '.join(sorted(unknown))}")
+    meta = {"help": help, "flag": flag_name, "choices": choices, "least": least, "arg": arg, "searched": searched,
+            "echo": echo, **flag}
+    meta = {k: v for k, v in meta.items() if v is not None and v is not False}
+    if cli_default is not dataclasses.MISSING or searched:
+        meta["cli_default"] = None if searched else cli_default
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def flag_fields(cls) -> list:
+    """The fields of the options class ``cls`` that are command-line flags, in declaration order."""
+    return [f for f in fields(cls) if f.metadata.get("flag", True) is not False
+            and ("help" in f.metadata or "flag" in f.metadata or "hidden" in f.metadata)]
+
+
+def echo(options, **resolved: Any) -> dict:
+    """What a report echoes of ``options``: its fields declared with ``echo``, in declaration order,
+    each as ``resolved`` gives it (the value the run used: a resolved device, a backend chosen by
+    default) or as the object holds it, through the field's own echo function where it has one."""
+    out = {}
+    for f in fields(options):
+        how = f.metadata.get("echo")
+        if how:
+            value = resolved.get(f.name, getattr(options, f.name))
+            out[f.name] = how(value) if callable(how) and value is not None else value
+    return out
+
+
 def check_choice(name: str, value: Any, allowed) -> None:
     options = get_args(allowed)
     if value not in options:
@@ -51,13 +115,15 @@ class AnalyzeOptions:
     input_size: Any = None           # builds example inputs, as torchinfo's input_size does
     dtypes: Any = None
     batch_dim: int | None = None
-    device: Any = None               # where the analysis runs ("meta": nothing computed)
-    mode: Mode = "eval"
-    backward: bool = False
-    causal: Causal = "dense"
+    # each field once; those with a help (or a flag_name) are `layerscope summary`'s flags
+    device: Any = opt(None, arg="device",   # where the analysis runs ("meta": nothing computed)
+                      help="cpu, cuda, or meta (count without computing)")
+    mode: Mode = opt("eval", flag_name="--mode")
+    backward: bool = opt(False, help="also run and count a backward pass")
+    causal: Causal = opt("dense", help="count causal attention densely (default) or only its unmasked part")
     costs: Any = None                # a layerscope.costs.CostRegistry (checked by the API, a layer up)
-    gpu: Any = None                  # the GPU a meta run prices SDPA for: a name of the table or a GPU row
-    attention: Attention = "auto"    # the SDPA kernel priced: torch's CUDA rules for ``gpu``, or one forced
+    gpu: Any = opt(None, arg="gpu", metavar="NAME[,FIELD=V]", help=_GPU_HELP)   # a name of the table or a GPU row
+    attention: Attention = opt("auto", help=_ATTENTION_HELP)   # torch's CUDA rules for ``gpu``, or one forced
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, Mode)
@@ -70,24 +136,31 @@ class MemoryOptions:
     """Every option of ``memory()`` (and of the steps ``max_batch_size()`` simulates): checked, the
     optimizer and autocast dtype resolved."""
 
-    optimizer: Any = None            # a callable params -> Optimizer (from a class, name or instance)
+    # each field once; those with a help are the flags of `layerscope memory` (and `report`: cli/parser.py)
+    optimizer: Any = opt(None,       # a callable params -> Optimizer (from a class, name or instance)
+                         help="a torch.optim class name: adamw, adam, sgd, adagrad, rmsprop, ...")
     training: bool = True
-    autocast_dtype: torch.dtype | None = None
-    device: Any = None               # where the memory is predicted for (default: where the model is)
+    autocast_dtype: torch.dtype | None = opt(None, flag_name="--autocast", choices=("bf16", "fp16"),
+                                             help="run forward and loss under torch.autocast")
+    device: Any = opt(None, arg="device",   # where the memory is predicted for (default: where the model is)
+                      help="the device to predict for: cpu or cuda (512-byte allocator blocks); default where the "
+                           "model is (hf: specs are built on meta)")
     batch_dim: int | None = None
     input_size: Any = None
     dtypes: Any = None
-    batch_size: int | None = None
+    batch_size: int | None = opt(None, least=1, help="re-size the inputs' batch dimension to N")
     loss_fn: Any = None              # a callable output -> scalar loss: overrides ``loss``
-    loss: Loss = "auto"              # the step's loss when there is no loss_fn (LOSS_HELP, capture/loss.py)
-    steps: int = 2
-    accumulation: int = 1
+    loss: Loss = opt("auto", help=_LOSS_FLAG_HELP)   # the step's loss when there is no loss_fn (capture/loss.py)
+    steps: int = opt(2, least=1, help="training steps to run (default 2)")
+    accumulation: int = opt(1, least=1, help="micro-batches per step (default 1)")
     simulate: bool = True
-    measure: bool | None = None
-    limit: Any = None                # bytes or "80GiB", shown against the peak
+    measure: bool | None = opt(None, action="store_true", cli_default=False,
+                               help="also run the real step and measure it")
+    limit: Any = opt(None,           # bytes or "80GiB", shown against the peak
+                     help="memory limit such as 80GiB: says whether the peak fits, and the largest batch that does")
     progress: bool = False
-    gpu: Any = None                  # the GPU predicted for (implies device "cuda"): a table name or a GPU row
-    attention: Attention = "auto"    # the SDPA kernel simulated: torch's CUDA rules for ``gpu``, or one forced
+    gpu: Any = opt(None, arg="gpu", metavar="NAME[,FIELD=V]", help=_GPU_HELP)   # implies device "cuda"
+    attention: Attention = opt("auto", help=_ATTENTION_HELP)   # torch's CUDA rules for ``gpu``, or one forced
     keep_output: bool = True         # the model's output alive through the backward (False: let go once the
                                      # loss is computed, as torchtitan's ``del pred``)
     compose: bool = True             # a run of identical blocks: simulate four, compose the rest (the same
@@ -108,18 +181,91 @@ class MemoryOptions:
         object.__setattr__(self, "autocast_dtype", parse_autocast(self.autocast_dtype))
 
 
+SEARCH_LIMIT = 40      # parallel(search=True)'s default work limit, in simulation passes
+
+
+def _gpu_name(gpu) -> str:
+    return getattr(gpu, "name", gpu)
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelOptions:
+    """Every option of ``parallel()`` but the model's configuration's degrees (``config``: a
+    planning.config.ParallelConfig; with ``search=True``, a dict of the configuration's fields held
+    fixed, ``gpus`` among them). The fields up to ``steps`` are those the report echoes, in its
+    order; the CLI's ``layerscope parallel`` takes its flags from these declarations."""
+
+    device: str = opt("cuda", choices=("cuda", "cpu"), echo=True,
+                      help="the ranks' device: cuda (default) or cpu (gloo ranks)")
+    backend: str | None = opt(None, echo=True)     # nccl for cuda, gloo for cpu; "fake": no backend buffers
+    gpu: Any = opt(None, arg="gpu", metavar="NAME[,FIELD=V]", echo=_gpu_name,
+                   help="the ranks' GPU ({gpus}): its memory is the limit")
+    optimizer: Any = opt("adamw", echo=lambda f: optimizer_name(optimizer_factory(f)),
+                         help="a torch.optim class name (default adamw)")
+    steps: int = opt(2, least=1, cli_default=None, echo=True,   # --run's default is 4: the flag's is None
+                     help="training steps simulated (default 2) and, with --run, run (default 4, at least 3:\n"
+                          "the first two are not measured)")
+    memory_limit: Any = opt(None, help="per-rank limit such as 80GiB (default: --gpu's memory)")
+    loss: Loss = opt("auto", help=_LOSS_FLAG_HELP)
+    loss_fn: Any = None               # loss_fn(output) (or loss_fn(output, target)): instead of ``loss``
+    target: Any = None                # a tensor of the local batch for loss_fn(output, target)
+    input_size: Any = None
+    dtypes: Any = None
+    progress: bool = False
+    search: bool = opt(False, help="search the fastest configuration that fits --gpu: FSDP/HSDP x tp x pp x --ac x\n"
+                                   "resharding x micro-batches for --global-batch (default: the input's batch x "
+                                   "--gpus);\nthe degrees and options given are held fixed")
+    search_limit: int | None = opt(
+        SEARCH_LIMIT, least=1, metavar="PASSES", cli_default=None,
+        help="with --search: simulate no new candidate past this much work (default 40), in passes\n"
+             "of a micro-batch through a stage (a candidate without a pipeline takes 1, 2 with\n"
+             "accumulation; a pipeline, stages x micro-batches; a copy made for the lower bounds,\n"
+             "1): the answer does not depend on the machine's speed")
+    time_budget: Any = opt(None, arg="float", hidden=True)      # replaced by search_limit: refused with why
+    fractions: dict | None = opt(None, flag_name="--fraction", action="append", metavar="NAME=V",
+                                 help="step-time model: replace an achievable fraction (matmul, attention, memory, "
+                                      "link)\nor a time (launch_s, nvlink_latency_s, network_latency_s, host_op_s, "
+                                      "host_tp_op_s,\nhost_sac_op_s); repeatable")
+    config: Any = None
+
+    def __post_init__(self) -> None:
+        if self.time_budget is not None:
+            # the search's wall-clock budget is gone: its answer depended on the machine's speed
+            raise InputError("time_budget= was replaced by search_limit= (a count of simulation passes, not seconds, "
+                             "so the search's answer does not depend on the machine's speed; default "
+                             f"{SEARCH_LIMIT})")
+        n = self.search_limit
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise InputError(f"search_limit is a count of simulation passes, at least 1 (or None: no limit), "
+                             f"got {n!r}")
+        check_choice("loss", self.loss, Loss)
+        if self.loss_fn is not None and self.loss != "auto":
+            raise InputError(f"give loss_fn= or loss= ({self.loss!r}), not both: a loss_fn is the loss")
+        optimizer_factory(self.optimizer)          # a bad one refused here; kept as given (parallel() resolves it)
+
+
 @dataclass(frozen=True, slots=True)
 class ProfileOptions:
     """Every option of ``profile()``: the timed runs and what they run on."""
 
-    warmup: int | str = "auto"
-    repeats: int | str = "auto"
-    backward: bool = False
-    device: Any = None               # where example inputs built from input_size go
+    # each field once; those with a help are `layerscope profile`'s flags
+    warmup: int | str = opt("auto", arg="count_or_auto", least=0,
+                            help="untimed warm-up runs, or auto (the default): 1 to 3, more while runs get faster")
+    repeats: int | str = opt("auto", arg="count_or_auto", least=1,
+                             help="timed repeats, or auto (the default): 6 to 20, stopping when every median that\n"
+                                  "matters is known within +-2%% (whole run) / +-5%% (calls over 5%% of it), 95%% "
+                                  "confidence")
+    backward: bool = opt(False, help="also time the backward pass")
+    device: Any = opt(None, arg="device",   # where example inputs built from input_size go; the CLI builds there
+                      help="where to build the model and run it: cpu (default) or cuda")
     input_size: Any = None
     dtypes: Any = None
     loss_fn: Any = None
-    roofline: Any = None
+    roofline: Any = opt(None, metavar="PEAKS",
+                        help="class each layer compute- or memory-bound and show its distance from the roof:\n"
+                             "a GPU from the built-in table (V100, A100, A100-40GB, L4, H100, H100-PCIE, H200),\n"
+                             "'measure' (a short matmul and copy microbenchmark here), 'auto' (the table\n"
+                             "for a known GPU, else measured) or 'FLOPS,BYTES_PER_S' such as 989e12,3.35e12")
     progress: bool = False
 
     def __post_init__(self) -> None:
@@ -257,17 +403,15 @@ def optimizer_name(factory) -> str | None:
 
 
 # --- byte sizes and bandwidths: parsed here, at the boundary, for every layer above -------------
+# (parsing an option's value is validating it, so it lives with the options; ``iec`` writes sizes back in
+# the same units: the one formatter of bytes, kept beside its inverse in the base layer because
+# analyses/, planning/ and reports/ all state sizes in their messages and render/units.py re-exports it)
 
 _IEC = (("EiB", 2 ** 60), ("PiB", 2 ** 50), ("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10))
-_BYTE_UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9,
-               "gb": 10 ** 9, "t": 10 ** 12, "tb": 10 ** 12, "kib": 2 ** 10, "mib": 2 ** 20,
-               "gib": 2 ** 30, "tib": 2 ** 40}
 
 
 def iec(n: float | int | None, digits: int = 2) -> str:
-    """Bytes in IEC units (``1.50 GiB``). It lives beside ``parse_bytes`` so that an error message
-    below render/ (a memory limit no split fits) states sizes as render/ does: render/units.py
-    re-exports it, so bytes are formatted in one place."""
+    """Bytes in IEC units (``1.50 GiB``; None: ``--``)."""
     if n is None:
         return "--"
     n = float(n)
@@ -275,6 +419,11 @@ def iec(n: float | int | None, digits: int = 2) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.{digits}f} {unit}"
     return f"{int(n)} B"
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9,
+               "gb": 10 ** 9, "t": 10 ** 12, "tb": 10 ** 12, "kib": 2 ** 10, "mib": 2 ** 20,
+               "gib": 2 ** 30, "tib": 2 ** 40}
 
 
 def parse_bytes(value) -> int:

@@ -17,7 +17,7 @@ from ..capture.prepare import check_model, example_inputs, materialize_lazy
 from ..capture.inputs import iter_tensors
 from ..errors import InputError
 from ..formats.exported import refuse_exported
-from ..options import MemoryOptions, check_loss, optimizer_factory, optimizer_name
+from ..options import MemoryOptions, ParallelOptions, check_loss, echo, entry_options, optimizer_factory
 from ..planning.config import ParallelConfig
 from ..planning.simulate.results import ESTIMATES, ParallelPlan, RankMemory, mesh_coords
 from ..planning.apply import checkpoint_blocks, no_kv_cache
@@ -25,7 +25,7 @@ from ..planning.simulate.sharded_rank import meta_copy
 from ..planning.simulate.pipeline_rank import model_name
 from ..planning.steptime.sharded_time import fractions, step_time
 from ..planning.simulate.world import WorldRun, global_tokens, plan_of, simulate_world
-from ._search import DEFAULT_LIMIT, search_report
+from ._search import search_report
 from ..options import parse_bytes
 from ..reports.memory import MemoryReport
 from ..reports.parallel import ParallelReport
@@ -40,15 +40,16 @@ def _local_batch(args: tuple, kwargs: dict) -> int | None:
     return int(first.shape[0]) if first is not None and first.dim() else None
 
 
-_RUN_OPTIONS = {"steps": 2, "loss": "auto", "loss_fn": None, "target": None, "input_size": None, "dtypes": None,
-                "device": "cuda", "progress": False, "forward_kwargs": None, "backend": None, "fractions": None, "search": False,
-                "search_limit": DEFAULT_LIMIT, "time_budget": None}
+# the run options the body reads by name (those the signature does not name): derived from ParallelOptions
+_RUN_OPTIONS = tuple(f.name for f in dataclasses.fields(ParallelOptions)
+                     if f.name not in ("optimizer", "gpu", "memory_limit", "config"))
 _BACKENDS = {"cuda": ("nccl", "fake"), "cpu": ("gloo", "fake")}
 
 
 def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = None, tp: int | None = None,
-             pp: int | None = None, ac: str | None = None, optimizer="adamw", gpu=None, memory_limit=None,
-             config: ParallelConfig | None = None, **kwargs: Any) -> ParallelReport:
+             pp: int | None = None, ac: str | None = None, optimizer="adamw", config: ParallelConfig | None = None,
+             options: ParallelOptions | None = None, forward_kwargs: dict | None = None,
+             **kwargs: Any) -> ParallelReport:
     """What each of ``gpus`` ranks holds when they train ``model`` sharded: its peak, when, and by part
     (parameter shards, gathered parameters, gradients, optimizer state, activations, recompute,
     communication buffers, temporaries, and estimates of what a CPU cannot show), and the bytes of
@@ -88,21 +89,28 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     pipeline takes 1, 2 with accumulation; a pipeline, stages x micro-batches; a copy made for the lower
     bounds, 1): nothing it decides depends on the machine's speed. The report shows the chosen plan, says whether it is proven best, and has every
     candidate in ``report.search``.
+
+    Every run option (all but the configuration's degrees) can also come as one object:
+    ``options=ParallelOptions(...)`` (``config``: a ParallelConfig, or with ``search=True`` a dict of
+    the fields held fixed, ``gpus`` among them); an option given both there and as a keyword is an
+    InputError, as for memory().
     """
-    run = {k: kwargs.pop(k, v) for k, v in _RUN_OPTIONS.items()}
     fields = {f.name for f in dataclasses.fields(ParallelConfig)} - {"local_batch"}
     given = {k: kwargs.pop(k) for k in list(kwargs) if k in fields}
-    kwargs = {**kwargs, **(run["forward_kwargs"] or {})}
+    # the signature's optimizer default is the field's: a keyword counts as given only where it differs
+    # (gpu=, memory_limit= and every other run option: keywords taken by entry_options from ParallelOptions' fields)
+    named = {"config": config,
+             **({} if isinstance(optimizer, str) and optimizer == "adamw" else {"optimizer": optimizer})}
+    opts, kwargs = entry_options(ParallelOptions, options, kwargs, forward_kwargs, **named)
+    if optimizer is None and options is None:     # None: no optimizer step (entry_options reads None as not given)
+        opts = dataclasses.replace(opts, optimizer=None)
+    optimizer, gpu, memory_limit, config = opts.optimizer, opts.gpu, opts.memory_limit, opts.config
+    if isinstance(config, dict):                  # options= for a search: the configuration's fields held fixed
+        held_given = dict(config)
+        gpus, config = held_given.pop("gpus", gpus), None
+        given = {**held_given, **given}
+    run = {k: getattr(opts, k) for k in _RUN_OPTIONS}
     search = run["search"]
-    if run["time_budget"] is not None:
-        # the search's wall-clock budget is gone: its answer depended on the machine's speed
-        raise InputError(f"time_budget= was replaced by search_limit= (a count of simulation passes, not seconds, "
-                         f"so the search's answer does not depend on the machine's speed; default {DEFAULT_LIMIT})")
-    limit_passes = run["search_limit"]
-    if limit_passes is not None and (isinstance(limit_passes, bool) or not isinstance(limit_passes, int)
-                                     or limit_passes < 1):
-        raise InputError(f"search_limit is a count of simulation passes, at least 1 (or None: no limit), "
-                         f"got {limit_passes!r}")
     held = {k: v for k, v in (("fsdp", fsdp), ("tp", tp), ("pp", pp), ("ac", ac)) if v is not None}
     if search:
         if config is not None:
@@ -154,8 +162,8 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
         return router_for(named or resolve_gpu(None) if cuda else None, "auto", simulated=True, cuda_target=cuda,
                           autocast_device="cpu")
     limit = parse_bytes(memory_limit) if memory_limit is not None else (named.memory if named is not None else None)
-    options = {"device": device, "backend": backend, "gpu": named.name if named is not None else None,
-               "optimizer": optimizer_name(factory), "steps": steps, "allocation_block": 512 if cuda else 1}
+    options = {**echo(opts, backend=backend, gpu=named.name if named is not None else None, optimizer=factory),
+               "allocation_block": 512 if cuda else 1}
     if search:
         if not cuda:
             raise InputError("the search ranks configurations by their predicted step time on GPUs: leave device at "

@@ -6,17 +6,19 @@ import argparse
 
 from ..errors import InputError
 from .common import build_spec, emit, live, status
+from .flags import given, searched
 
 
 def run_parallel(ns: argparse.Namespace) -> int:
     from ..api import parallel
+    from ..options import ParallelOptions
     from ..planning.config import ParallelConfig
 
     # the configuration first: a bad one is refused before the model is built
     if ns.memory_limit is not None:
         from ..render.units import parse_bytes
         parse_bytes(ns.memory_limit)
-    fractions = _fractions(ns.fraction)
+    fractions = _fractions(ns.fractions)
     if ns.run and ns.steps is not None and ns.steps < 3:
         raise InputError(f"--run needs --steps of at least 3 (the first two steps are not measured: the first's "
                          f"gradients are gathered for the comparison, the second warms up), got --steps {ns.steps}")
@@ -30,42 +32,27 @@ def run_parallel(ns: argparse.Namespace) -> int:
         # a config alone builds the bare model, whose output has no logits: the run trains the causal LM,
         # and the simulation builds the same (a named class, or a spec's own model, is taken as it is)
         ns.head = "causal-lm"
+    # every flag given, as the fields of the configuration and of parallel()'s options (cli/flags.py): a
+    # flag not given is None and leaves the field's own default
+    config_flags = given(ns, ParallelConfig)
+    run = {**given(ns, ParallelOptions), "fractions": fractions}
     if ns.search:
         if ns.run and (ns.input_ids is None or len(ns.input_ids) != 2):
             raise InputError("--run needs --input-ids B,S (token ids: the run draws its own of that shape)")
         model, args, kwargs = build_spec(ns, "meta")
-        held = {k: getattr(ns, k) for k in ("fsdp", "replicate", "tp", "pp", "schedule", "microbatches",
-                                            "accumulation", "global_batch", "ac", "reshard_after_forward")
-                if getattr(ns, k) is not None}
-        rep = parallel(model, *args, gpus=ns.gpus, gpus_per_node=ns.gpus_per_node, search=True,
-                       **({"search_limit": ns.search_limit} if ns.search_limit is not None else {}),
-                       optimizer=ns.optimizer, steps=ns.steps or 2, device=ns.device,
-                       gpu=ns.gpu, memory_limit=ns.memory_limit, fractions=fractions, forward_kwargs=kwargs,
-                       stages_per_rank=ns.stages_per_rank, mixed_precision=ns.mixed_precision,
-                       reduce_dtype=ns.reduce_dtype, model_dtype=ns.model_dtype or "fp32", offload=ns.offload,
-                       loss=ns.loss, progress=live(ns), **held)
+        # the search's dimensions given are held fixed; the others are the configuration's and run's options
+        rep = parallel(model, *args, forward_kwargs=kwargs, progress=live(ns), **config_flags, **run)
         if ns.run:
             rep = _run_chosen(ns, model, rep, fractions)
         return emit(ns, rep)
-    config = ParallelConfig(
-        gpus=ns.gpus, gpus_per_node=ns.gpus_per_node, fsdp=ns.fsdp, replicate=ns.replicate or 1, tp=ns.tp or 1,
-        pp=ns.pp or 1, schedule=ns.schedule or "1f1b", stages_per_rank=ns.stages_per_rank,
-        microbatches=ns.microbatches, accumulation=ns.accumulation or 1, global_batch=ns.global_batch,
-        ac=ns.ac or "none", mixed_precision=ns.mixed_precision, reduce_dtype=ns.reduce_dtype,
-        model_dtype=ns.model_dtype or "fp32",
-        reshard_after_forward=ns.reshard_after_forward is not False, offload=ns.offload,
-        # --input-ids B,S: B is the local batch, checked against --microbatches before the model is built
-        local_batch=ns.input_ids[0] if ns.input_ids else None)
+    # --input-ids B,S: B is the local batch, checked against --microbatches before the model is built
+    config = ParallelConfig(**config_flags, local_batch=ns.input_ids[0] if ns.input_ids else None)
     model, args, kwargs = build_spec(ns, "meta")      # the simulation never needs the weights
-    loss_fn = target = None
-    loss = {"loss": ns.loss}
     if ns.run:
         loss_fn, target = _check_run(ns, args, kwargs)
-        loss = {}
+        run = {**{k: v for k, v in run.items() if k != "loss"}, "loss_fn": loss_fn, "target": target}
     with status(f"simulating {config.world} rank(s)", ns):
-        rep = parallel(model, *args, config=config, optimizer=ns.optimizer, steps=ns.steps or 2, device=ns.device,
-                       gpu=ns.gpu, memory_limit=ns.memory_limit, loss_fn=loss_fn, target=target,
-                       forward_kwargs=kwargs, fractions=fractions, **loss)
+        rep = parallel(model, *args, config=config, forward_kwargs=kwargs, **run)
     if ns.run:
         rep = _run(ns, rep, config)
     return emit(ns, rep)
@@ -115,25 +102,25 @@ def _run_chosen(ns: argparse.Namespace, model, found, fractions):
     import torch
 
     from ..api import parallel
+    from ..options import ParallelOptions
     from ..planning.config import ParallelConfig
     best = next((r for r in found.search["candidates"] if r["status"] == "fits"), None)
     if best is None:
         raise InputError("--run: no configuration the search found fits, so there is none to run")
     c = best["config"]
     chosen = found.plan
-    config = ParallelConfig(gpus=ns.gpus, gpus_per_node=ns.gpus_per_node, tp=c["tp"], pp=c["pp"], fsdp=c["fsdp"],
-                            replicate=c["replicate"], ac=c["ac"], reshard_after_forward=c["reshard_after_forward"],
-                            schedule=c["schedule"], microbatches=c["microbatches"], accumulation=c["accumulation"],
-                            stages_per_rank=ns.stages_per_rank, mixed_precision=ns.mixed_precision,
-                            reduce_dtype=ns.reduce_dtype, model_dtype=ns.model_dtype or "fp32",
+    # the flags given, with the search's dimensions as it chose them
+    config = ParallelConfig(**given(ns, ParallelConfig, searched=False),
+                            **{f: c[f] for f in searched(ParallelConfig) if f != "global_batch"},
                             global_batch=chosen.global_batch)
     ns.input_ids = [c["local_batch"], ns.input_ids[1]]
     ns.device = "cpu"
     loss_fn, target = _check_run(ns, None, None)
     ids = torch.zeros(tuple(ns.input_ids), dtype=torch.long, device="meta")
     with status("simulating the chosen configuration on CPU ranks", ns):
-        rep = parallel(model, ids, config=config, optimizer=ns.optimizer, steps=ns.steps or 2, device="cpu",
-                       loss_fn=loss_fn, target=target, fractions=fractions)
+        run = {k: v for k, v in given(ns, ParallelOptions).items() if k in ("optimizer", "steps")}
+        rep = parallel(model, ids, config=config, device="cpu", loss_fn=loss_fn, target=target, fractions=fractions,
+                       **run)
     rep = _run(ns, rep, config)
     rep.search = found.search
     rep.notes = (f"--search chose this configuration for {found.options.get('gpu')} GPUs ({chosen.step_time * 1e3:,.1f} "

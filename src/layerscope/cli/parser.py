@@ -7,7 +7,8 @@ import argparse
 import torch
 
 from ..costs.gpus import GPUS
-from .argtypes import arg_bandwidth, arg_count, arg_count_or_auto, arg_device, arg_dtype, arg_gpu, arg_ints
+from .flags import add_flags
+from .argtypes import arg_count, arg_count_or_auto, arg_device, arg_dtype, arg_ints
 from .helptext import _EXAMPLES, _SPEC_HELP, HelpFormatter
 
 
@@ -67,30 +68,18 @@ def _sub(sub, name: str, help_text: str) -> argparse.ArgumentParser:
                           formatter_class=HelpFormatter)
 
 
-def _loss_arg(p: argparse.ArgumentParser) -> None:
-    """--loss, from the option's one declaration (options.Loss: its choices and their help)."""
-    from typing import get_args
-
-    from ..options import LOSS_HELP, Loss
-    p.add_argument("--loss", choices=get_args(Loss), default="auto",
-                   help="the training step's loss (default auto):\n" + "\n".join(
-                       f"  {k}: {LOSS_HELP[k]}" for k in get_args(Loss)))
-
-
 def _memory_args(m: argparse.ArgumentParser, optimizer_default: str | None = None) -> None:
-    m.add_argument("--optimizer", default=optimizer_default,
-                   help="a torch.optim class name: adamw, adam, sgd, adagrad, rmsprop, ..."
-                        + (f" (default {optimizer_default})" if optimizer_default else ""))
+    """A training step's flags, from MemoryOptions' field declarations (--momentum and --train/--infer,
+    which the command turns into an optimizer and ``training``, are the CLI's own)."""
+    from ..options import MemoryOptions
+    add_flags(m, MemoryOptions, "optimizer", defaults={"optimizer": optimizer_default} if optimizer_default else None)
     m.add_argument("--momentum", type=float, help="momentum for --optimizer sgd")
-    m.add_argument("--batch-size", type=arg_count(1), help="re-size the inputs' batch dimension to N")
-    m.add_argument("--autocast", choices=("bf16", "fp16"), help="run forward and loss under torch.autocast")
+    add_flags(m, MemoryOptions, "batch_size", "autocast_dtype")
     mode = m.add_mutually_exclusive_group()
     mode.add_argument("--train", dest="training", action="store_true", default=True,
                       help="a training step: forward, loss, backward, optimizer step (default)")
     mode.add_argument("--infer", dest="training", action="store_false", help="a no-grad forward")
-    m.add_argument("--steps", type=arg_count(1), default=2, help="training steps to run (default 2)")
-    m.add_argument("--accumulation", type=arg_count(1), default=1, help="micro-batches per step (default 1)")
-    _loss_arg(m)
+    add_flags(m, MemoryOptions, "steps", "accumulation", "loss")
 
 
 def _columns_help(columns) -> str:
@@ -104,19 +93,17 @@ def _columns_help(columns) -> str:
         f"\n(default {default})"
 
 
-def _attention_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpu", type=arg_gpu, metavar="NAME[,FIELD=V]",
-                   help="the GPU to price attention for (a meta run; memory: predicts for CUDA):\n"
-                        f"{', '.join(GPUS)}; any figure replaced, e.g.\n"
-                        "H100,capability=8.0 (also memory, bandwidth, a dtype's peak)")
-    p.add_argument("--attention", choices=("auto", "math", "flash", "efficient", "cudnn"), default="auto",
-                   help="the SDPA kernel priced: auto (default) picks as torch's CUDA rules do for\n"
-                        "--gpu (without one: H200 where a CUDA target is simulated), or force one")
+def _attention_args(p: argparse.ArgumentParser, cls) -> None:
+    """--gpu and --attention, from the declarations of ``cls``'s fields (AnalyzeOptions, MemoryOptions)."""
+    add_flags(p, cls, "gpu", "attention", gpus=", ".join(GPUS))
 
 
 def build_parser() -> argparse.ArgumentParser:
     from ..reports.memory import COLUMNS as memory_columns
     from ..reports.summary import COLUMNS as summary_columns
+
+    from ..options import AnalyzeOptions, MemoryOptions, ParallelOptions, ProfileOptions
+    from ..planning.config import ParallelConfig, PartitionOptions
 
     from .._version import __version__
     p = _Parser(
@@ -127,13 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     s = _sub(sub, "summary", "per-layer shapes, params, MACs, FLOPs, bytes")
     _model_args(s)
-    s.add_argument("--device", type=arg_device, help="cpu, cuda, or meta (count without computing)")
+    add_flags(s, AnalyzeOptions, "device")
     s.add_argument("--columns", help=_columns_help(summary_columns))
-    s.add_argument("--mode", choices=("eval", "train", "same"), default="eval")
-    s.add_argument("--backward", action="store_true", help="also run and count a backward pass")
-    s.add_argument("--causal", choices=("dense", "unmasked"), default="dense",
-                   help="count causal attention densely (default) or only its unmasked part")
-    _attention_args(s)
+    add_flags(s, AnalyzeOptions, "mode", "backward", "causal")
+    _attention_args(s, AnalyzeOptions)
+    add_flags(s, AnalyzeOptions)        # any flag field not placed above: a new option is its field alone
     o = _sub(sub, "onnx", "an ONNX model: the module tree and the per-node table (shapes, params, MACs, FLOPs, "
                           "bytes read/written)")
     o.add_argument("file", help="the .onnx file (external data is never read)")
@@ -157,88 +142,33 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", "-q", action="store_true", help="no spinner on stderr")
     m = _sub(sub, "memory", "memory of a training step or inference: per category, peak, per layer")
     _model_args(m)
-    m.add_argument("--device", type=arg_device, help="the device to predict for: cpu or cuda (512-byte allocator blocks); "
-                                    "default where the model is (hf: specs are built on meta)")
+    add_flags(m, MemoryOptions, "device")
     _memory_args(m)
-    m.add_argument("--limit", help="memory limit such as 80GiB: says whether the peak fits, and the "
-                                   "largest batch that does")
-    m.add_argument("--measure", action="store_true", help="also run the real step and measure it")
-    _attention_args(m)
+    add_flags(m, MemoryOptions, "limit", "measure")
+    _attention_args(m, MemoryOptions)
     m.add_argument("--columns", help=_columns_help(memory_columns))
+    add_flags(m, MemoryOptions)         # any flag field not placed above
     pl = _sub(sub, "parallel", "per-rank memory of sharded training (FSDP2, HSDP, tensor parallel, checkpointing), "
                                "simulated with torch's own distributed code on one CPU")
     pl.add_argument("spec", help=_SPEC_HELP)
     _input_args(pl)
-    pl.add_argument("--gpus", type=arg_count(1), required=True, help="ranks in the job")
-    pl.add_argument("--gpus-per-node", type=arg_count(1), default=8, help="ranks per node (default 8): tp stays within one")
-    pl.add_argument("--gpu", type=arg_gpu, metavar="NAME[,FIELD=V]",
-                    help=f"the ranks' GPU ({', '.join(GPUS)}): its memory is the limit")
-    pl.add_argument("--memory-limit", help="per-rank limit such as 80GiB (default: --gpu's memory)")
-    pl.add_argument("--fsdp", type=arg_count(1), help="FSDP2 shard degree (default: the ranks the others leave)")
-    pl.add_argument("--replicate", type=arg_count(1), help="HSDP: replicas of each shard group (default 1)")
-    pl.add_argument("--tp", type=arg_count(1), help="tensor-parallel degree (default 1)")
-    pl.add_argument("--pp", type=arg_count(1),
-                    help="pipeline stages: the uniform split of the blocks (default 1; the cost-balanced split: `split`)")
-    pl.add_argument("--schedule",
-                    help="pipeline schedule, gpipe, 1f1b, interleaved, zb or zbv (default 1f1b; with --pp); zb and zbv: "
-                         "zero bubble, each backward split in the input's gradient and the weights'")
-    pl.add_argument("--stages-per-rank", type=arg_count(2), default=2,
-                    help="stages on each pipeline rank under --schedule interleaved or zb (default 2): pp x this many "
-                         "stages; zbv puts exactly 2 on each rank, in a V")
-    pl.add_argument("--microbatches", type=arg_count(1), help="micro-batches per local batch (default: pp; with --pp)")
-    pl.add_argument("--accumulation", type=arg_count(1), help="forward/backward passes per step (default 1)")
-    pl.add_argument("--global-batch", type=arg_count(1), help="must be local batch x data-parallel degree x accumulation")
-    pl.add_argument("--ac", metavar="MODE",
-                    help="activation checkpointing: none, full, selective-layer[:K], selective-op")
-    pl.add_argument("--mixed-precision", choices=("bf16", "off"), default="bf16",
-                    help="bf16 (default): fp32 master weights, bf16 compute; off: all in --model-dtype")
-    pl.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default="fp32", help="gradient reduction dtype")
-    pl.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_const", const=False,
-                    help="keep gathered parameters from forward to backward (ZeRO-2-like)")
-    pl.add_argument("--offload", action="store_true",
-                    help="FSDP2's CPU offload: shards, reduced gradients and the optimizer step in host memory "
-                         "(reported apart from the device's peak); needs --fsdp or --replicate above 1")
-    pl.add_argument("--optimizer", default="adamw", help="a torch.optim class name (default adamw)")
-    _loss_arg(pl)
-    pl.add_argument("--steps", type=arg_count(1),
-                    help="training steps simulated (default 2) and, with --run, run (default 4, at least 3:\n"
-                         "the first two are not measured)")
+    # the flags of parallel()'s options and of the configuration, each from its field's declaration
+    # (options.ParallelOptions, planning.config.ParallelConfig); the names here only lay out the help
+    gpus = ", ".join(GPUS)
+    add_flags(pl, ParallelConfig, "gpus", "gpus_per_node")
+    add_flags(pl, ParallelOptions, "gpu", "memory_limit", gpus=gpus)
+    add_flags(pl, ParallelConfig)                   # the rest of the configuration
+    add_flags(pl, ParallelOptions, "optimizer", "loss", "steps")
     pl.add_argument("--run", action="store_true",
                     help="also train the configuration for real under torchrun on this machine (gloo, CPU\n"
                          "ranks; --device cpu) and compare each rank's peak and the losses; with --search,\n"
                          "the configuration it chose")
-    pl.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                    help="the ranks' device: cuda (default) or cpu (gloo ranks)")
-    pl.add_argument("--search", action="store_true",
-                    help="search the fastest configuration that fits --gpu: FSDP/HSDP x tp x pp x --ac x\n"
-                         "resharding x micro-batches for --global-batch (default: the input's batch x --gpus);\n"
-                         "the degrees and options given are held fixed")
-    pl.add_argument("--search-limit", type=arg_count(1), metavar="PASSES",
-                    help="with --search: simulate no new candidate past this much work (default 40), in passes\n"
-                         "of a micro-batch through a stage (a candidate without a pipeline takes 1, 2 with\n"
-                         "accumulation; a pipeline, stages x micro-batches; a copy made for the lower bounds,\n"
-                         "1): the answer does not depend on the machine's speed")
-    pl.add_argument("--time-budget", type=float, help=argparse.SUPPRESS)    # replaced by --search-limit
-    pl.add_argument("--fraction", action="append", metavar="NAME=V",
-                    help="step-time model: replace an achievable fraction (matmul, attention, memory, link)\n"
-                         "or a time (launch_s, nvlink_latency_s, network_latency_s, host_op_s, host_tp_op_s,\n"
-                         "host_sac_op_s); repeatable")
+    add_flags(pl, ParallelOptions)                  # the rest: --device, --search, --search-limit, --fraction
     _output_args(pl)
     pl.set_defaults(depth=None)
     pf = _sub(sub, "profile", "per-module forward (and backward) time, self and inclusive, achieved FLOP/s")
     _model_args(pf)
-    pf.add_argument("--device", type=arg_device, help="where to build the model and run it: cpu (default) or cuda")
-    pf.add_argument("--backward", action="store_true", help="also time the backward pass")
-    pf.add_argument("--repeats", type=arg_count_or_auto(1), default="auto",
-                    help="timed repeats, or auto (the default): 6 to 20, stopping when every median that\n"
-                         "matters is known within +-2%% (whole run) / +-5%% (calls over 5%% of it), 95%% confidence")
-    pf.add_argument("--warmup", type=arg_count_or_auto(0), default="auto",
-                    help="untimed warm-up runs, or auto (the default): 1 to 3, more while runs get faster")
-    pf.add_argument("--roofline", metavar="PEAKS",
-                    help="class each layer compute- or memory-bound and show its distance from the roof:\n"
-                         "a GPU from the built-in table (V100, A100, A100-40GB, L4, H100, H100-PCIE, H200),\n"
-                         "'measure' (a short matmul and copy microbenchmark here), 'auto' (the table\n"
-                         "for a known GPU, else measured) or 'FLOPS,BYTES_PER_S' such as 989e12,3.35e12")
+    add_flags(pf, ProfileOptions, "device", "backward", "repeats", "warmup", "roofline")
     pf.add_argument("--top", type=arg_count(0), default=3, metavar="K",
                     help="name the K slowest calls at each depth under the table (default 3; 0: none)")
     pf.add_argument("--columns", help="comma-separated, of: output_shape, input_shape, params, forward, forward_self,\n"
@@ -247,12 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
                                       "roof_fraction (with --roofline)")
     pf.add_argument("--trace", metavar="FILE.json",
                     help="also write a Chrome trace / Perfetto JSON of the module spans of one repeat")
+    add_flags(pf, ProfileOptions)       # any flag field not placed above
     sp = _sub(sub, "split", "optimal pipeline stages; --run trains them under torchrun")
     _model_args(sp)
     _split_args(sp)
     sp.add_argument("--run", action="store_true",
                     help="train the stages under torchrun (gloo on CPU) and compare with one process")
-    sp.add_argument("--steps", type=arg_count(1), default=3, help="training steps for --run (default 3)")
+    add_flags(sp, PartitionOptions, "steps")
+    add_flags(sp, PartitionOptions)     # any flag field not placed above
     r = _sub(sub, "report", "one self-contained HTML page: layer tree, charts of MACs, params, memory and "
                             "latency, the memory timeline, the stage split, coverage")
     r.add_argument("spec", nargs="+", help=_SPEC_HELP + "\n  or one or more saved JSON reports (--format json)")
@@ -262,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--device", type=arg_device, help="where to build and run the model (hf: specs are built on meta)")
     r.add_argument("--no-memory", dest="memory", action="store_false", help="leave out the memory section")
     _memory_args(r, optimizer_default="adamw")
-    _attention_args(r)
+    _attention_args(r, MemoryOptions)
     r.add_argument("--profile", action="store_true", help="also time every layer (needs real weights: "
                                                           "the model is built on cpu)")
     # 10 fixed, as before: on a 2-core shared machine auto runs to its maximum of 20 (twice the time)
@@ -292,40 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _split_args(sp: argparse.ArgumentParser) -> None:
-    from ..planning.config import SCHEDULES
-    sp.add_argument("--stages", type=arg_count(1), required=True, help="number of pipeline stages")
-    sp.add_argument("--by", choices=("flops", "macs", "params", "memory", "latency", "roofline"), default="flops",
-                    help="the stage cost (default flops, forward + backward); latency: forward and backward\n"
-                         "times measured here (real weights), roofline: predicted from FLOPs and bytes\n"
-                         "(--roofline): with either the plan predicts the step time and draws the step")
-    sp.add_argument("--objective", choices=("step_time", "bottleneck", "uniform"),
-                    help="what the split minimises: step_time (the schedule's simulated step; the default\n"
-                         "with --by latency or roofline), bottleneck (the largest stage cost; the default\n"
-                         "otherwise) or uniform (equal repeated blocks per stage: torchtitan's default)")
-    sp.add_argument("--roofline", metavar="PEAKS",
-                    help="peaks for --by roofline: a GPU of the built-in table (H100, A100, ...),\n"
-                         "'FLOPS,BYTES_PER_S', or 'measure' (default: measured on this machine on cpu)")
-    sp.add_argument("--link-bandwidth", type=arg_bandwidth, metavar="BYTES_PER_S",
-                    help="price each send across a cut at this bandwidth (e.g. 50e9 or 50GB/s)")
-    sp.add_argument("--optimizer-bandwidth", type=arg_bandwidth, metavar="BYTES_PER_S",
-                    help="price each rank's optimizer step at this memory bandwidth (e.g. 2e12)")
-    sp.add_argument("--schedule", choices=tuple(SCHEDULES), default="1f1b",
-                    help="pipeline schedule (default 1f1b), as torch's classes:\n" +
-                         "\n".join(f"  {k}: {v.torch_class}" + (f" ({v.fixed_per_rank} stages per rank in a V)"
-                                                                  if v.v_shape else "")
-                                   for k, v in SCHEDULES.items()))
-    sp.add_argument("--microbatches", type=arg_count(1), default=4,
-                    help="micro-batches the batch is split into (default 4)")
-    sp.add_argument("--batch-size", type=arg_count(1), default=8,
-                    help="the whole batch, split into micro-batches (default 8: the inputs' batch\n"
-                         "dimension is re-sized to it, also that of --input-ids/--input-size)")
-    sp.add_argument("--optimizer", default="adamw", help="optimizer whose state each stage holds (default adamw)")
-    sp.add_argument("--memory-limit", help="per-stage memory limit such as 16GiB")
-    sp.add_argument("--device", type=arg_device, help="the device to plan for (cpu or cuda)")
-    sp.add_argument("--stages-per-rank", type=arg_count(2), default=2,
-                    help="stages on each rank under --schedule interleaved or zb (default 2; --run starts\n"
-                         "stages / stages-per-rank processes)")
-    sp.add_argument("--return-outputs", action=argparse.BooleanOptionalAction, default=None,
-                    help="plan for schedule.step(..., return_outputs=True): the last stage keeps every\n"
-                         "micro-batch's output (torch's default, and the default; --no-return-outputs\n"
-                         "plans for step(..., return_outputs=False))")
+    """split's flags, each from its PartitionOptions field's declaration (planning/config.py); the
+    names only lay out the help (--steps, --run's, follows --run)."""
+    from ..planning.config import PartitionOptions
+    add_flags(sp, PartitionOptions, "stages", "by", "objective", "roofline", "link_bandwidth", "optimizer_bandwidth",
+              "schedule", "microbatches", "batch_size", "optimizer", "memory_limit", "device", "stages_per_rank",
+              "return_outputs")

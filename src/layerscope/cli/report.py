@@ -6,8 +6,9 @@ import argparse
 import os
 import sys
 
-from ..options import iec
+from ..render.units import iec
 from .common import build_spec, live, status, write_output
+from .flags import given
 
 
 def _load_json(path: str) -> dict:
@@ -56,7 +57,7 @@ def run_report(ns: argparse.Namespace) -> int:
     if len(ns.spec) > 1:
         raise InputError("report takes one model spec, or saved JSON reports (*.json)")
     from ..api import analyze, memory, partition, profile
-    from ..options import optimizer_factory
+    from ..options import MemoryOptions, optimizer_factory
     ns.spec = ns.spec[0]
     device = "cpu" if ns.profile and not ns.device else ns.device   # timing needs real weights
     model, args, kwargs = build_spec(ns, device)
@@ -67,10 +68,10 @@ def run_report(ns: argparse.Namespace) -> int:
     if ns.memory:
         model.train(ns.training)           # a training step with dropout on; inference without
         with status("simulating the step", ns):
-            mem = memory(model, *args, optimizer=optimizer_factory(ns.optimizer) if ns.training else None,
-                         training=ns.training, autocast_dtype=ns.autocast, batch_size=ns.batch_size,
-                         steps=ns.steps, accumulation=ns.accumulation, device=device, gpu=ns.gpu,
-                         attention=ns.attention, loss=ns.loss, forward_kwargs=kwargs)
+            # the step's flags as MemoryOptions' fields (cli/flags.py); the optimizer only for a training step
+            step = {**given(ns, MemoryOptions), "optimizer": optimizer_factory(ns.optimizer) if ns.training else None,
+                    "training": ns.training, "device": device}
+            mem = memory(model, *args, options=MemoryOptions(**step), forward_kwargs=kwargs)
     model.eval()                           # timed and split as `profile` and `split` run it
     if ns.profile:
         lat = profile(model, *args, repeats=ns.repeats, backward=ns.training, progress=live(ns),

@@ -5,17 +5,14 @@ from __future__ import annotations
 import argparse
 
 from .common import build_spec, check_device, emit, status, write_output
+from .flags import given
 
 
 def _split_options(ns: argparse.Namespace) -> dict:
-    """split's options by their PartitionOptions names (those given), for partition() and for
-    every rank of a --run."""
-    out = {"stages": ns.stages, "by": ns.by, "memory_limit": ns.memory_limit, "schedule": ns.schedule,
-           "microbatches": ns.microbatches, "optimizer": ns.optimizer, "device": ns.device,
-           "stages_per_rank": ns.stages_per_rank, "return_outputs": ns.return_outputs is not False,
-           "objective": ns.objective, "roofline": ns.roofline, "link_bandwidth": ns.link_bandwidth,
-           "optimizer_bandwidth": ns.optimizer_bandwidth}
-    return {k: v for k, v in out.items() if v is not None}
+    """split's options by their PartitionOptions names (the flags given: cli/flags.py), for partition()
+    and for every rank of a --run; the launcher's own (--batch-size, --steps) it takes apart."""
+    from ..planning.config import LAUNCHER_FIELDS, PartitionOptions
+    return {k: v for k, v in given(ns, PartitionOptions).items() if k not in LAUNCHER_FIELDS}
 
 
 def run_split(ns: argparse.Namespace) -> int:

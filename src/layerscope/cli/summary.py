@@ -8,6 +8,7 @@ import torch
 
 from ..errors import LayerscopeError
 from .common import build_spec, emit, live, say, status
+from .flags import given
 
 
 def run_summary(ns: argparse.Namespace) -> int:
@@ -42,9 +43,7 @@ def run_summary(ns: argparse.Namespace) -> int:
             rep = analyze_torchscript(model, *args)
         return emit(ns, rep)
     with status("analysing", ns):
-        rep = analyze(model, *args, options=AnalyzeOptions(device=ns.device, mode=ns.mode, backward=ns.backward,
-                                                           causal=ns.causal, gpu=ns.gpu, attention=ns.attention),
-                      forward_kwargs=kwargs)
+        rep = analyze(model, *args, options=AnalyzeOptions(**given(ns, AnalyzeOptions)), forward_kwargs=kwargs)
     return emit(ns, rep)
 
 
@@ -66,12 +65,15 @@ def run_memory(ns: argparse.Namespace) -> int:
         if optimizer is not torch.optim.SGD:
             raise InputError("--momentum applies to --optimizer sgd")
         optimizer = functools.partial(torch.optim.SGD, momentum=ns.momentum)
-    step = MemoryOptions(optimizer=optimizer, training=ns.training, autocast_dtype=ns.autocast, device=ns.device,
-                         steps=ns.steps, accumulation=ns.accumulation, gpu=ns.gpu, attention=ns.attention,
-                         loss=ns.loss)
+    # the step from the flags given (cli/flags.py); the batch size, the limit and --measure are memory()'s
+    # alone: max_batch_size() searches the batch under the limit
+    flags = given(ns, MemoryOptions)
+    flags.pop("measure")                          # a switch: not given is False, where memory() takes None
+    alone = {k: flags.pop(k, None) for k in ("batch_size", "limit")}
+    step = MemoryOptions(**{**flags, "optimizer": optimizer, "training": ns.training})
     with status("simulating the step", ns):
-        rep = memory(model, *args, options=dataclasses.replace(step, batch_size=ns.batch_size, limit=ns.limit,
-                                                               measure=ns.measure or None), forward_kwargs=kwargs)
+        rep = memory(model, *args, options=dataclasses.replace(step, **alone, measure=ns.measure or None),
+                     forward_kwargs=kwargs)
     code = emit(ns, rep)
     if ns.limit and ns.format == "table":
         try:
@@ -97,11 +99,13 @@ def run_memory(ns: argparse.Namespace) -> int:
 
 def run_profile(ns: argparse.Namespace) -> int:
     from ..api import profile
+    from ..options import ProfileOptions
 
     model, args, kwargs = build_spec(ns, ns.device or "cpu")   # real weights: hf: specs build on meta otherwise
     model.eval()
-    rep = profile(model, *args, warmup=ns.warmup, repeats=ns.repeats, backward=ns.backward,
-                  roofline=ns.roofline, progress=live(ns), forward_kwargs=kwargs)
+    # the flags given as ProfileOptions' fields (cli/flags.py); --device says where the model was built
+    flags = {k: v for k, v in given(ns, ProfileOptions).items() if k != "device"}
+    rep = profile(model, *args, options=ProfileOptions(**flags, progress=live(ns)), forward_kwargs=kwargs)
     if ns.trace:
         rep.to_chrome_trace(ns.trace)
     return emit(ns, rep)

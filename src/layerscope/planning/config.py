@@ -10,7 +10,7 @@ from typing import Any, Callable, Literal
 import torch
 
 from ..errors import InputError
-from ..options import check_choice, parse_dtype_name
+from ..options import check_choice, opt, parse_dtype_name
 from .orders import (all_held, forwards_then_backwards, held_to_weight, spread_warmup_held, torch_rank_order, warmup_held, warmup_then_alternate)
 
 __all__ = ["PipelineSchedule", "SCHEDULES", "schedule_of", "default_schedule", "PartitionOptions", "LAUNCHER_FIELDS", "ParallelConfig",
@@ -122,27 +122,47 @@ class PartitionOptions:
     ``entry_options``); everything below them takes this object. The launcher's own fields (from
     ``overrides`` on) say how every rank builds the model from its spec and trains it."""
 
-    stages: int | None = None
-    by: Any = "flops"                    # a cost name or a callable Unit -> cost
-    memory_limit: Any = None             # bytes, "16GiB", or one per stage
-    schedule: str = "1f1b"
-    microbatches: int = 1
-    optimizer: Any = None
-    stages_per_rank: int = 2
+    # each field once; those with a help are `layerscope split`'s flags (cli/flags.py), the help derived here
+    stages: int | None = opt(None, least=1, required=True, help="number of pipeline stages")
+    by: Any = opt("flops", choices=("flops", "macs", "params", "memory", "latency", "roofline"),   # or a callable
+                  help="the stage cost (default flops, forward + backward); latency: forward and backward\n"
+                       "times measured here (real weights), roofline: predicted from FLOPs and bytes\n"
+                       "(--roofline): with either the plan predicts the step time and draws the step")
+    memory_limit: Any = opt(None, help="per-stage memory limit such as 16GiB")   # bytes, "16GiB", or one per stage
+    schedule: str = opt("1f1b", choices=tuple(SCHEDULES),
+                        help="pipeline schedule (default 1f1b), as torch's classes:\n" + "\n".join(
+                            f"  {k}: {v.torch_class}" + (f" ({v.fixed_per_rank} stages per rank in a V)"
+                                                         if v.v_shape else "") for k, v in SCHEDULES.items()))
+    microbatches: int = opt(1, least=1, cli_default=4, help="micro-batches the batch is split into (default 4)")
+    optimizer: Any = opt(None, cli_default="adamw", help="optimizer whose state each stage holds (default adamw)")
+    stages_per_rank: int = opt(2, least=2, help="stages on each rank under --schedule interleaved or zb (default 2; "
+                                                "--run starts\nstages / stages-per-rank processes)")
     batch_dim: int = 0
     input_size: Any = None
     dtypes: Any = None
     autocast_dtype: Any = None
-    device: Any = None
+    device: Any = opt(None, arg="device", help="the device to plan for (cpu or cuda)")
     latency_repeats: int = 5
     loss_fn: Any = None
     measure_working: bool | None = None
-    objective: str | None = None
-    roofline: Any = None
-    link_bandwidth: float | None = None
-    optimizer_bandwidth: float | None = None
+    objective: str | None = opt(
+        None, choices=("step_time", "bottleneck", "uniform"),
+        help="what the split minimises: step_time (the schedule's simulated step; the default\n"
+             "with --by latency or roofline), bottleneck (the largest stage cost; the default\n"
+             "otherwise) or uniform (equal repeated blocks per stage: torchtitan's default)")
+    roofline: Any = opt(None, metavar="PEAKS",
+                        help="peaks for --by roofline: a GPU of the built-in table (H100, A100, ...),\n"
+                             "'FLOPS,BYTES_PER_S', or 'measure' (default: measured on this machine on cpu)")
+    link_bandwidth: float | None = opt(None, arg="bandwidth", metavar="BYTES_PER_S",
+                                       help="price each send across a cut at this bandwidth (e.g. 50e9 or 50GB/s)")
+    optimizer_bandwidth: float | None = opt(None, arg="bandwidth", metavar="BYTES_PER_S",
+                                            help="price each rank's optimizer step at this memory bandwidth (e.g. "
+                                                 "2e12)")
     cuts: Any = None
-    return_outputs: bool = True
+    return_outputs: bool = opt(True, action="optional", cli_default=None,
+                               help="plan for schedule.step(..., return_outputs=True): the last stage keeps every\n"
+                                    "micro-batch's output (torch's default, and the default; --no-return-outputs\n"
+                                    "plans for step(..., return_outputs=False))")
     count_inputs: bool | None = None
     target_bytes: int = 0
     # the launcher (torchrun): the model from its spec, the run
@@ -151,8 +171,9 @@ class PartitionOptions:
     input_ids: Any = None
     model_dtype: str | None = None
     allow_pickle: bool = False
-    batch_size: int = 8
-    steps: int = 3
+    batch_size: int = opt(8, least=1, help="the whole batch, split into micro-batches (default 8: the inputs' batch\n"
+                                           "dimension is re-sized to it, also that of --input-ids/--input-size)")
+    steps: int = opt(3, least=1, help="training steps for --run (default 3)")
     seed: int = 0
     path: str = "auto"
     timeout: float = 600.0
@@ -201,27 +222,42 @@ class ParallelConfig:
     ``"off"``: everything in ``model_dtype``.
     """
 
-    gpus: int
-    gpus_per_node: int = 8
-    fsdp: int | None = None              # None: the ranks left over by the other degrees
-    replicate: int = 1
-    tp: int = 1
-    pp: int = 1
+    # each field once: its default, and (opt) the help of `layerscope parallel`'s flag derived from it;
+    # ``searched``: a dimension the search varies unless given (its flag defaults to None: not held)
+    gpus: int = opt(least=1, help="ranks in the job")
+    gpus_per_node: int = opt(8, least=1, help="ranks per node (default 8): tp stays within one")
+    fsdp: int | None = opt(None, least=1, searched=True,   # None: the ranks left over by the other degrees
+                           help="FSDP2 shard degree (default: the ranks the others leave)")
+    replicate: int = opt(1, least=1, searched=True, help="HSDP: replicas of each shard group (default 1)")
+    tp: int = opt(1, least=1, searched=True, help="tensor-parallel degree (default 1)")
+    pp: int = opt(1, least=1, searched=True, help="pipeline stages: the uniform split of the blocks (default 1; the "
+                                                  "cost-balanced split: `split`)")
     cp: int = 1
     ep: int = 1
-    schedule: str = "1f1b"
-    stages_per_rank: int = 2             # under a schedule that puts several stages on each rank
-    microbatches: int | None = None      # None: pp (one per stage), 1 without a pipeline
-    accumulation: int = 1
+    schedule: str = opt("1f1b", searched=True,
+                        help="pipeline schedule, gpipe, 1f1b, interleaved, zb or zbv (default 1f1b; with --pp); zb "
+                             "and zbv: zero bubble, each backward split in the input's gradient and the weights'")
+    stages_per_rank: int = opt(2, least=2,      # under a schedule that puts several stages on each rank
+                               help="stages on each pipeline rank under --schedule interleaved or zb (default 2): "
+                                    "pp x this many stages; zbv puts exactly 2 on each rank, in a V")
+    microbatches: int | None = opt(None, least=1, searched=True,   # None: pp (one per stage), 1 without a pipeline
+                                   help="micro-batches per local batch (default: pp; with --pp)")
+    accumulation: int = opt(1, least=1, searched=True, help="forward/backward passes per step (default 1)")
     local_batch: int | None = None
-    global_batch: int | None = None
-    ac: str = "none"
+    global_batch: int | None = opt(None, least=1, searched=True,
+                                   help="must be local batch x data-parallel degree x accumulation")
+    ac: str = opt("none", searched=True, metavar="MODE",
+                  help="activation checkpointing: none, full, selective-layer[:K], selective-op")
     ac_every: int = 2
-    mixed_precision: Precision = "bf16"
-    reduce_dtype: Any = "fp32"
-    model_dtype: Any = "fp32"
-    reshard_after_forward: bool = True
-    offload: bool = False
+    mixed_precision: Precision = opt("bf16", help="bf16 (default): fp32 master weights, bf16 compute; off: all in "
+                                                  "--model-dtype")
+    reduce_dtype: Any = opt("fp32", choices=("fp32", "bf16"), help="gradient reduction dtype")
+    model_dtype: Any = opt("fp32", flag_name="--model-dtype")   # the flag every model command takes (cli/parser.py)
+    reshard_after_forward: bool = opt(True, searched=True,
+                                      help="keep gathered parameters from forward to backward (ZeRO-2-like)")
+    offload: bool = opt(False, help="FSDP2's CPU offload: shards, reduced gradients and the optimizer step in host "
+                                    "memory (reported apart from the device's peak); needs --fsdp or --replicate "
+                                    "above 1")
     sequence_parallel: bool = True
     loss_parallel: bool = True
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 # bytes are parsed and written in options (the base layer: a planner's error message states sizes too)
-from ..options import iec, parse_bytes
+from ..options import parse_bytes
+from ..options import iec
 
 __all__ = ["si", "iec", "seconds", "params", "percent", "decimals", "digits", "shapes", "fmt", "parse_bytes",
            "megabytes", "torchinfo_number", "deepspeed_number", "torchscan_scale", "torchscan_amount",

@@ -9,7 +9,8 @@ import math
 import torch
 
 from ...errors import InputError, PlanError
-from ...options import iec, parse_bytes
+from ...options import parse_bytes
+from ...options import iec
 from ..config import PartitionOptions, schedule_of
 from .stage_memory import rank_memory, stage_memory, stage_total
 from .partition import OBJECTIVES, TIME_COSTS, given_bounds, solve, uniform_bounds, unit_cost
