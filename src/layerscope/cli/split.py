@@ -9,10 +9,17 @@ from .flags import given
 
 
 def _split_options(ns: argparse.Namespace) -> dict:
-    """split's options by their PartitionOptions names (the flags given: cli/flags.py), for partition()
-    and for every rank of a --run; the launcher's own (--batch-size, --steps) it takes apart."""
+    """split's options by their PartitionOptions names, for partition() and for every rank of a --run:
+    each flag's field at its value, given (cli/flags.py) or its default (None defaults left out), so a
+    --run hands the ranks every option as partition() takes it; the launcher's own (--batch-size,
+    --steps) it takes apart."""
+    import dataclasses
+
+    from ..options import flag_fields
     from ..planning.config import LAUNCHER_FIELDS, PartitionOptions
-    return {k: v for k, v in given(ns, PartitionOptions).items() if k not in LAUNCHER_FIELDS}
+    defaults = {f.name: f.default for f in flag_fields(PartitionOptions)
+                if f.default is not dataclasses.MISSING and f.default is not None}
+    return {k: v for k, v in {**defaults, **given(ns, PartitionOptions)}.items() if k not in LAUNCHER_FIELDS}
 
 
 def run_split(ns: argparse.Namespace) -> int:
