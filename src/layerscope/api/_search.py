@@ -9,7 +9,8 @@ from torch import nn
 
 from ..capture.inputs import iter_tensors
 from ..errors import InputError
-from ..planning.search.space import BLOCKS, SearchResult, SearchTask, family_of, label, search
+from ..planning.search.candidates import BLOCKS, SearchResult, family_of, label
+from ..planning.search.space import SearchTask, search
 from ..reports.parallel import ParallelReport
 
 __all__ = ["search_report", "SEARCHED"]
