@@ -37,7 +37,7 @@ def _input_shapes(ns: argparse.Namespace) -> dict | None:
 
     shapes: dict = {}
     inputs: set[str] | None = None       # the graph's input names, read once when a single value needs them
-    for item in ns.input or []:
+    for item in ns.input_shapes or []:
         name, sep, dims = item.partition("=")
         try:
             vals = [int(d) for d in dims.split(",")] if sep else None
