@@ -12,7 +12,7 @@ import torch
 from layerscope.capture.attention import resolve_gpu, router_for
 from layerscope.options import optimizer_factory
 from layerscope.planning.config import ParallelConfig
-from layerscope.planning.apply import find_blocks
+from layerscope.planning.blocks import find_blocks
 from layerscope.planning.search.bounds import block_figures, pipeline_bounds, proxy_config, stage_numels
 from layerscope.planning.simulate.results import ESTIMATES
 from layerscope.planning.search.space import _shrunk

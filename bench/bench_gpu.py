@@ -403,7 +403,8 @@ def time_one_rank(build, config, ids, labels, device: str):
     steps (each synchronized), and one more step under the profiler: the kernels' own time by class."""
     from torch.profiler import ProfilerActivity, profile
 
-    from layerscope.planning.apply import amp_context, build_mesh, loss_context, no_kv_cache, parallelize
+    from layerscope.planning.apply import amp_context, build_mesh, loss_context, parallelize
+    from layerscope.planning.blocks import no_kv_cache
     from layerscope.planning.real.sharded_run import _optimizer, training_loss
     from layerscope.planning.simulate.sharded_rank import fake_world
 

@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from zoo.models import UNet  # noqa: E402  (shared with tests/analyses/test_memory_trust.py)
 
 import layerscope as ls
-from layerscope.render.units import iec
+from layerscope.options import iec
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import paired_ratios  # noqa: E402  (bench/ is not a package)

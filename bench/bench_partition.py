@@ -153,7 +153,7 @@ def parts_timed():
 def report_line(pairs: int) -> None:
     import tempfile
 
-    from layerscope.capture.step import default_loss
+    from layerscope.capture.loss import default_loss
     from layerscope.cli import main as cli
     from layerscope.specs import build_model, command_inputs, parse_overrides
     argv = ["report", "hf:gpt2", "--set", "n_layer=4", "--input-ids", "1,128", "--profile", "--stages", "2", "-q"]

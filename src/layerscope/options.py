@@ -280,7 +280,10 @@ class ProfileOptions:
 class OnnxOptions:
     """Every option of ``analyze_onnx()``."""
 
-    input_shapes: dict | None = None  # {input name: shape} and/or {symbolic dim: value}
+    # {input name: shape} and/or {symbolic dim: value}; the CLI's NAME=DIMS items are parsed by cli/onnx.py
+    input_shapes: dict | None = opt(None, flag_name="--input", action="append", metavar="NAME=DIMS",
+                                    help="an input's shape (input_ids=1,128) or a symbolic dim's value (batch=8); "
+                                         "repeatable")
     costs: Any = None                 # a layerscope.costs.CostRegistry (checked by the API, a layer up)
 
 
@@ -288,11 +291,15 @@ class OnnxOptions:
 class TileOptions:
     """Every option of ``onnx_tile()``."""
 
-    block: tuple = (64, 64, 64)       # (M, K, N) of each block
-    ops: tuple = ("Gemm", "MatMul")
-    nodes: Any = None
-    input_shapes: dict | None = None
-    verify: bool = False
+    block: tuple = opt((64, 64, 64), arg="ints", metavar="M,K,N",      # (M, K, N) of each block
+                       help="block sizes (default 64,64,64)")
+    # the CLI takes a comma-separated string (cli/onnx.py splits it)
+    ops: tuple = opt(("Gemm", "MatMul"), cli_default="Gemm,MatMul", help="node types to tile (default Gemm,MatMul)")
+    nodes: Any = opt(None, help="only these nodes (comma-separated names)")
+    input_shapes: dict | None = opt(None, flag_name="--input", action="append", metavar="NAME=DIMS",
+                                    help="as for `layerscope onnx`")
+    verify: bool = opt(False, help="run both models in onnxruntime on random inputs and report the max abs error "
+                                   "and MSE")
 
 
 def check_loss(value) -> str:

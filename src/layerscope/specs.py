@@ -451,7 +451,7 @@ def check_fits(need: int, device: "str | torch.device", what: str, hint: str) ->
     """Refuse before allocating ``need`` bytes on ``device`` when it has less available."""
     free = available_bytes(device)
     if free is not None and need > free:
-        from .render.units import iec
+        from .options import iec
         raise SpecError(f"{what} needs {iec(need)} on {torch.device(device)}, which has {iec(free)} available: "
                         f"{hint}")
 

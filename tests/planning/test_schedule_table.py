@@ -13,7 +13,7 @@ import torch
 
 from layerscope.errors import PlanError
 from layerscope.planning.config import SCHEDULES, ParallelConfig, PartitionOptions
-from layerscope.planning.search.space import space
+from layerscope.planning.search.candidates import space
 from layerscope.planning.split.planner import plan_split
 from layerscope.planning.split.stage_memory import held_microbatches, stage_memory
 from layerscope.planning.split.units import SplitUnits, Unit

@@ -13,7 +13,7 @@ from torch import nn
 
 import layerscope as ls
 from layerscope.render import text as text_mod
-from layerscope.render.listings import PresetList, RunTable
+from layerscope.reports.listings import PresetList, RunTable
 from layerscope.render.units import si
 from layerscope.reports.listings import RankRun
 from layerscope.specs import presets

@@ -42,7 +42,7 @@ def kinds():
 @pytest.mark.parametrize("kind", ["summary", "memory", "latency", "stage_plan", "comparison"])
 def test_every_kind_prints_on_a_rich_console(kinds, kind):
     rep = kinds[kind]
-    assert isinstance(rep, views.Views)
+    assert isinstance(rep, base.Views)
     printed, drawn = _console(100), _console(100)
     printed.print(rep)
     drawn.print(rep.rich_table(width=100))

@@ -9,7 +9,8 @@ import pytest
 from layerscope.render.fold import find_folds, roles
 from layerscope.render.layout import fit, grid, shorten, shorten_name
 from layerscope.render.text import grid_text
-from layerscope.render.units import fmt, iec, si
+from layerscope.options import iec
+from layerscope.render.units import fmt, si
 from layerscope.reports.table import Column, Fact, flat_table, select_columns, tree_table
 
 

@@ -20,9 +20,10 @@ from ..formats.exported import refuse_exported
 from ..options import MemoryOptions, ParallelOptions, check_loss, echo, entry_options, optimizer_factory
 from ..planning.config import ParallelConfig
 from ..planning.simulate.results import ESTIMATES, ParallelPlan, RankMemory, mesh_coords
-from ..planning.apply import checkpoint_blocks, no_kv_cache
+from ..planning.apply import checkpoint_blocks
+from ..planning.blocks import no_kv_cache
 from ..planning.simulate.sharded_rank import meta_copy
-from ..planning.simulate.pipeline_rank import model_name
+from ..planning.simulate.uniform_stages import model_name
 from ..planning.steptime.sharded_time import fractions, step_time
 from ..planning.simulate.world import WorldRun, global_tokens, plan_of, simulate_world
 from ._search import search_report

@@ -12,7 +12,7 @@ from ..analyses.roofline import roofline_for
 from ..capture import StateGuard, model_device
 from ..capture.guard import exclusive, gc_paused
 from ..capture.prepare import check_model, example_inputs, float_dtype, is_fake_model
-from ..capture.step import default_loss
+from ..capture.loss import default_loss
 from ..errors import InputError, LayerscopeError
 from ..options import AnalyzeOptions, ProfileOptions, entry_options
 from ..progress import ProgressBar

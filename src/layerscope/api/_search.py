@@ -9,7 +9,8 @@ from torch import nn
 
 from ..capture.inputs import iter_tensors
 from ..errors import InputError
-from ..planning.search.space import BLOCKS, SearchResult, SearchTask, family_of, label, search
+from ..planning.search.candidates import BLOCKS, SearchResult, family_of, label
+from ..planning.search.space import SearchTask, search
 from ..reports.parallel import ParallelReport
 
 __all__ = ["search_report", "SEARCHED"]
@@ -17,13 +18,12 @@ __all__ = ["search_report", "SEARCHED"]
 # the fields the search varies unless held; every other ParallelConfig field is the same for all candidates
 SEARCHED = ("tp", "pp", "fsdp", "replicate", "ac", "reshard_after_forward", "schedule", "microbatches",
             "accumulation")
-# the search's limit (planning/search/space.py _passes): the simulation work after which no new candidate is
-# simulated. The 70B Llama on 64 H100s (README) with a limit of 60 found its answer (tp 4 x fsdp 16, full, 4,953
+# why options.SEARCH_LIMIT (the search's limit, planning/search/space.py _passes) is 40: the simulation work
+# after which no new candidate is simulated. The 70B Llama on 64 H100s (README) with a limit of 60 found its answer (tp 4 x fsdp 16, full, 4,953
 # ms) at 30 passes and had searched every configuration without a pipeline at 37, then spent 16 of the rest
 # on two pipelines (8 passes each, both out of memory) that the 150 s budget this replaced never reached. 40 is
 # that walk up to 39 passes (11 candidates, 23 two-block copies; what is left then are pipelines of 4 passes
 # or more): the same answer, with less work than the old budget did on a quiet machine (13 and 33), on any machine
-DEFAULT_LIMIT = 40
 _NOT_BASE = SEARCHED + ("global_batch", "gpus_per_node", "local_batch", "gpus")
 
 

@@ -30,7 +30,7 @@ import torch
 
 from ..trace import FORWARD, Trace
 from .blocks import KEPT, REP, Truncated, find_run, loop_check_model, module_state, restore_module_state, truncated
-from .compose import NotComposable
+from .regions import NotComposable
 from .spec import StepSpec, StepWatch
 from .step import StepRun, run_steps
 from .storage import StorageTracker

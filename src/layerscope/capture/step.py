@@ -44,13 +44,12 @@ from .blocks import Truncated
 from .compose import Composer
 from .shadow import private_params
 from .actions import mark_outputs, run_actions
-from .spec import PipelinePass, StepSpec, StepWatch
+from .spec import StepSpec, StepWatch
 from .simulation import SimulationKernels, SimulationLog, ValueReads, eager_paths
 from .state import StateGuard, empty_like_on, empty_state, swapped_state
 from .storage import BUFFER, GRAD, INPUT, OPT, PARAM, StorageTracker
 
-__all__ = ["StepRun", "PassRecord", "PipelinePass", "StepSpec", "StepWatch", "run_steps", "default_loss",
-           "fake_mode_for"]
+__all__ = ["StepRun", "PassRecord", "run_steps", "fake_mode_for"]
 
 
 @dataclass

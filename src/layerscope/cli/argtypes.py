@@ -81,8 +81,7 @@ def arg_gpu(text: str):
     ``H100,capability=8.0,memory=40GiB,bandwidth=2TB/s,bfloat16=700e12,network=25GB/s``."""
     from ..costs.gpus import gpu
     from ..errors import InputError
-    from ..options import parse_bandwidth
-    from ..render.units import parse_bytes
+    from ..options import parse_bandwidth, parse_bytes
     name, *fields = [p.strip() for p in text.split(",")]
     if not name:
         raise argparse.ArgumentTypeError("expected a GPU name such as H100 (then optional ,FIELD=VALUE)")

@@ -6,18 +6,21 @@ import argparse
 import sys
 
 from .common import say, status, write_output
+from .flags import given
 
 
 def run_onnx_tile(ns: argparse.Namespace) -> int:
     from ..api import onnx_tile
     from ..errors import InputError
+    from ..options import TileOptions
 
     if len(ns.block) != 3:
         raise InputError(f"--block needs three sizes M,K,N, got {ns.block}")
+    # the flags of TileOptions' fields, as given; those the command line writes as text, parsed here
+    opts = TileOptions(**{**given(ns, TileOptions), "block": tuple(ns.block), "ops": tuple(ns.ops.split(",")),
+                          "nodes": ns.nodes.split(",") if ns.nodes else None, "input_shapes": _input_shapes(ns)})
     with status(f"tiling {ns.file}", ns):
-        res = onnx_tile(ns.file, block=tuple(ns.block), ops=tuple(ns.ops.split(",")),
-                        nodes=ns.nodes.split(",") if ns.nodes else None, input_shapes=_input_shapes(ns),
-                        verify=ns.verify)
+        res = onnx_tile(ns.file, options=opts)
     res.save(ns.out)
     lines = [f"tiled {len(res.tiled)} node(s) into {res.blocks} blocks of at most "
              f"{'x'.join(str(b) for b in ns.block)}: {ns.out}"]
@@ -37,7 +40,7 @@ def _input_shapes(ns: argparse.Namespace) -> dict | None:
 
     shapes: dict = {}
     inputs: set[str] | None = None       # the graph's input names, read once when a single value needs them
-    for item in ns.input or []:
+    for item in ns.input_shapes or []:
         name, sep, dims = item.partition("=")
         try:
             vals = [int(d) for d in dims.split(",")] if sep else None

@@ -16,7 +16,7 @@ def run_parallel(ns: argparse.Namespace) -> int:
 
     # the configuration first: a bad one is refused before the model is built
     if ns.memory_limit is not None:
-        from ..render.units import parse_bytes
+        from ..options import parse_bytes
         parse_bytes(ns.memory_limit)
     fractions = _fractions(ns.fractions)
     if ns.run and ns.steps is not None and ns.steps < 3:

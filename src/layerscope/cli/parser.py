@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ..reports.memory import COLUMNS as memory_columns
     from ..reports.summary import COLUMNS as summary_columns
 
-    from ..options import AnalyzeOptions, MemoryOptions, ParallelOptions, ProfileOptions
+    from ..options import AnalyzeOptions, MemoryOptions, OnnxOptions, ParallelOptions, ProfileOptions, TileOptions
     from ..planning.config import ParallelConfig, PartitionOptions
 
     from .._version import __version__
@@ -122,8 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     o = _sub(sub, "onnx", "an ONNX model: the module tree and the per-node table (shapes, params, MACs, FLOPs, "
                           "bytes read/written)")
     o.add_argument("file", help="the .onnx file (external data is never read)")
-    o.add_argument("--input", action="append", metavar="NAME=DIMS",
-                   help="an input's shape (input_ids=1,128) or a symbolic dim's value (batch=8); repeatable")
+    add_flags(o, OnnxOptions, "input_shapes")
     o.add_argument("--sort", choices=("order", "read", "write", "bytes", "macs", "flops", "params"),
                    default="order", help="order of the node table (default: graph order)")
     o.add_argument("--top", type=arg_count(1), help="only the first N rows of the node table")
@@ -133,12 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = _sub(sub, "onnx-tile", "rewrite Gemm/MatMul nodes into M x K x N blocks (Split + blocks + Sum + Concat)")
     t.add_argument("file", help="the .onnx file to rewrite")
     t.add_argument("out", help="where to write the tiled model")
-    t.add_argument("--block", type=arg_ints, default=(64, 64, 64), metavar="M,K,N", help="block sizes (default 64,64,64)")
-    t.add_argument("--ops", default="Gemm,MatMul", help="node types to tile (default Gemm,MatMul)")
-    t.add_argument("--nodes", help="only these nodes (comma-separated names)")
-    t.add_argument("--input", action="append", metavar="NAME=DIMS", help="as for `layerscope onnx`")
-    t.add_argument("--verify", action="store_true",
-                   help="run both models in onnxruntime on random inputs and report the max abs error and MSE")
+    add_flags(t, TileOptions, "block", "ops", "nodes", "input_shapes", "verify")
     t.add_argument("--quiet", "-q", action="store_true", help="no spinner on stderr")
     m = _sub(sub, "memory", "memory of a training step or inference: per category, peak, per layer")
     _model_args(m)

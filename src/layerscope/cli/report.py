@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from ..render.units import iec
+from ..options import iec
 from .common import build_spec, live, status, write_output
 from .flags import given
 
@@ -106,7 +106,7 @@ def _sides(ns: argparse.Namespace, spec: str) -> list[dict]:
 def run_compare(ns: argparse.Namespace) -> int:
     import json
 
-    from ..render.views import compare
+    from ..reports.compare import compare
     from ..errors import InputError
     a, b = _sides(ns, ns.a), _sides(ns, ns.b)
     if len(a) != len(b):
@@ -131,7 +131,7 @@ def run_list_presets(ns: argparse.Namespace) -> int:
     import json
 
     from ..render.csv import csv_text
-    from ..render.listings import PresetList
+    from ..reports.listings import PresetList
     from ..specs import presets
 
     listing = PresetList(presets())

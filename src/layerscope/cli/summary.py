@@ -55,7 +55,7 @@ def run_memory(ns: argparse.Namespace) -> int:
     from ..api import max_batch_size, memory
     from ..options import MemoryOptions, optimizer_factory
     from ..errors import InputError
-    from ..render.units import iec
+    from ..options import iec
 
     # hf: specs and factories are built where the model will live; a cuda prediction is simulated
     build_on = ns.device if ns.measure else (None if ns.device in (None, "cuda") else ns.device)

@@ -65,7 +65,7 @@ class NodeRecord:
 @dataclass(frozen=True)
 class OnnxGraph:
     """What the ONNX path adds to a Report: the nodes and graph-level figures (plain records; their
-    table, CSV and JSON views are layerscope.render.onnx.OnnxNodes, which the Report holds)."""
+    table, CSV and JSON views are layerscope.reports.onnx.OnnxNodes, which the Report holds)."""
 
     nodes: tuple[NodeRecord, ...]
     opset: int

@@ -29,13 +29,10 @@ from ..errors import InputError
 from .config import ParallelConfig
 from .blocks import _parent, find_blocks
 from .tensor_parallel import _apply_tp
-# re-exported for the importers of this module
-from .blocks import canonical_name, canonical_tensors, no_kv_cache, local_tensor  # noqa: F401
-from .tensor_parallel import tp_family  # noqa: F401
 
-__all__ = ["build_mesh", "find_blocks", "parallelize", "loss_context", "amp_context", "canonical_name",
-           "canonical_tensors", "data_parallel_rank", "tp_family", "no_kv_cache", "checkpoint_blocks",
-           "local_tensor"]
+# find_blocks is public here: docs/parallel.md imports it from layerscope.planning.apply
+__all__ = ["build_mesh", "find_blocks", "parallelize", "loss_context", "amp_context", "data_parallel_rank",
+           "checkpoint_blocks"]
 
 
 def build_mesh(config: ParallelConfig, device_type: str):

@@ -1,4 +1,4 @@
-"""Pandas frames and the notebook's HTML table (``write_text``: reports.base's, re-exported)."""
+"""Pandas frames and the notebook's HTML table."""
 
 from __future__ import annotations
 
@@ -6,11 +6,10 @@ from html import escape
 from typing import Iterable
 
 from ..errors import InputError
-from ..reports.base import write_text
 from ..reports.table import Table
 from .layout import Grid, grid
 
-__all__ = ["write_text", "dataframe", "notebook_html", "grid_html"]
+__all__ = ["dataframe", "notebook_html", "grid_html"]
 
 
 def dataframe(rows: Iterable[dict]):

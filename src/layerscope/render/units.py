@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 # bytes are parsed and written in options (the base layer: a planner's error message states sizes too)
-from ..options import parse_bytes
 from ..options import iec
+from ..options import parse_bytes  # noqa: F401 (tests/planning/pipeline/test_partition_options.py pins it here)
 
-__all__ = ["si", "iec", "seconds", "params", "percent", "decimals", "digits", "shapes", "fmt", "parse_bytes",
+__all__ = ["si", "seconds", "params", "percent", "decimals", "digits", "shapes", "fmt",
            "megabytes", "torchinfo_number", "deepspeed_number", "torchscan_scale", "torchscan_amount",
            "modelsummary_mult_adds"]
 

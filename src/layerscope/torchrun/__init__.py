@@ -34,7 +34,7 @@ from ..planning.real.pipeline_run import reference_run
 from ..planning.simulate.results import ParallelRunResult
 from .parallel import launch_parallel
 from ..planning.real.procs import _free_port, _worker_error, run_torchrun
-from .result import RunResult
+from ..reports.run import RunResult  # public: layerscope.torchrun.RunResult, what launch() returns
 from .setup import build_setup
 from .worker import worker
 

@@ -18,7 +18,8 @@ import torch
 from ..errors import InputError
 from ..options import dtype_short
 from ..planning.config import ParallelConfig
-from ..planning.real.sharded_run import (GRADS, OPTIMIZERS, PIPELINE_SCHEDULES, STDERR_LOG, make_batch, reference_run, run_rank)
+from ..planning.real.sharded_run import (GRADS, OPTIMIZERS, STDERR_LOG, make_batch, reference_run, run_rank)
+from ..planning.real.torch_stages import PIPELINE_SCHEDULES
 from ..planning.simulate.results import ParallelRunResult
 from ..planning.real.procs import _free_port, _worker_error, run_torchrun
 

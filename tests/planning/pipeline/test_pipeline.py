@@ -524,7 +524,7 @@ def test_export_stages_drop_a_tied_weight_they_do_not_use():
 
 
 def test_worker_errors_are_named():
-    from layerscope.torchrun import _worker_error
+    from layerscope.planning.real.procs import _worker_error
     text = ("[rank1]: Traceback (most recent call last):\n[rank1]:   File x\n"
             "[rank1]: RuntimeError: input tensor has to be contiguous\n"
             "[rank0]: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1\n"

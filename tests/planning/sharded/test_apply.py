@@ -12,7 +12,8 @@ transformers = pytest.importorskip("transformers")
 from layerscope import _compat  # noqa: E402
 from layerscope.errors import InputError  # noqa: E402
 from layerscope.planning.config import ParallelConfig  # noqa: E402
-from layerscope.planning.apply import (build_mesh, canonical_tensors, data_parallel_rank, find_blocks, loss_context, parallelize)
+from layerscope.planning.apply import build_mesh, data_parallel_rank, loss_context, parallelize
+from layerscope.planning.blocks import canonical_tensors, find_blocks
 
 # the brief's shrunk Llama: hidden 64, MLP 128, 4 heads of 16, 2 key/value heads, vocabulary 128
 LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -11,7 +11,7 @@ import torch
 from layerscope.capture.attention import resolve_gpu, router_for
 from layerscope.options import optimizer_factory
 from layerscope.planning.config import ParallelConfig
-from layerscope.planning.apply import find_blocks
+from layerscope.planning.blocks import find_blocks
 from layerscope.planning.search.bounds import (BlockFigures, block_figures, figures_at, pipeline_bounds, proxy_config, stage_numels)
 from layerscope.planning.simulate.results import ESTIMATES
 from layerscope.planning.search.copies import _shrunk

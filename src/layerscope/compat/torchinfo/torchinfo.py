@@ -14,7 +14,7 @@ from ...capture.records import param_totals
 from ...errors import InputError, LayerscopeError
 from ...render.torchinfo import HEADER_TITLES, FormattingOptions, statistics_text
 from ...render.units import TORCHINFO_UNITS, torchinfo_number
-from ...render.views import Report
+from ...reports.summary import Report
 from ...trace import Coverage
 from .enums import Units
 from .layer_info import LayerInfo, layers_from_module, layers_from_report, pruned_totals

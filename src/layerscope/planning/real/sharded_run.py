@@ -23,13 +23,12 @@ from torch import nn
 
 from ...errors import InputError
 from ..config import ParallelConfig
-from ..apply import (amp_context, build_mesh, canonical_tensors, data_parallel_rank, local_tensor as _local, loss_context, no_kv_cache, parallelize)
+from ..apply import amp_context, build_mesh, data_parallel_rank, loss_context, parallelize
+from ..blocks import canonical_tensors, local_tensor as _local, no_kv_cache
 from .torch_stages import _micro_loss, _rank_pipeline, _stage_buffers, pipeline_step, sum_tied_grads, tie_groups
-# re-exported for the importers of this module
-from .torch_stages import pipeline_stage, pipeline_schedule, PIPELINE_SCHEDULES  # noqa: F401
 
 __all__ = ["make_batch", "reference_run", "run_rank", "training_loss", "measure_one_rank", "measure_stage_rank",
-           "pipeline_stage", "pipeline_schedule", "pipeline_step", "OPTIMIZERS", "PIPELINE_SCHEDULES"]
+           "OPTIMIZERS"]
 
 
 OPTIMIZERS = ("adamw", "sgd")

@@ -14,7 +14,7 @@ from torch import nn
 from ... import _compat
 from ...errors import InputError
 from ..config import SCHEDULES, ParallelConfig, schedule_of
-from ..apply import canonical_name, local_tensor as _local, no_kv_cache
+from ..blocks import canonical_name, local_tensor as _local, no_kv_cache
 
 __all__ = ["pipeline_stage", "pipeline_schedule", "pipeline_step", "tie_groups", "sum_tied_grads",
            "PIPELINE_SCHEDULES"]

@@ -14,7 +14,7 @@ from torch import nn
 from ... import _compat
 from ...errors import ForwardError, InputError
 from ..config import ParallelConfig
-from ..apply import find_blocks
+from ..blocks import find_blocks
 from .bounds import (BlockFigures, PipelineBounds, block_figures, figures_at, pipeline_bounds, proxy_config, stage_numels)
 from ..simulate.results import ESTIMATES, ParallelPlan, RankMemory, collectives_of
 from ..simulate.uniform_stages import stage_blocks

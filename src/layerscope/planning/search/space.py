@@ -84,16 +84,13 @@ from torch import nn
 
 from ...capture.inputs import iter_tensors
 from ...errors import InputError
-from ..apply import find_blocks
+from ..blocks import find_blocks
 from ..steptime.sharded_time import FRACTIONS
 from .candidates import SearchResult, space
 from .copies import _Evaluator
 from .walk import walk_space
-# re-exported for the importers of this module
-from .candidates import BLOCKS, AC_SEARCHED, SCHEDULES_SEARCHED, Candidate, family_of, label  # noqa: F401
 
-__all__ = ["BLOCKS", "AC_SEARCHED", "SCHEDULES_SEARCHED", "Candidate", "SearchResult", "SearchTask", "family_of",
-           "label", "search", "space", "walk_space"]
+__all__ = ["SearchTask", "search"]
 
 
 @dataclass(frozen=True)

@@ -86,15 +86,12 @@ from ...capture.state import empty_like_on
 from ...errors import InputError
 from ..config import ParallelConfig, schedule_of
 from ..steptime.schedule import rank_orders
-from ..apply import canonical_name, local_tensor as _local, no_kv_cache
+from ..blocks import canonical_name, local_tensor as _local, no_kv_cache
 from .sharded_rank import (RankRun, RankStep, RankTracker, fake_world, meta_copy, param_layouts, prepare_offload, simulation_warnings, train_fake, watch_checkpoint_rng, watch_fsdp)
 from .stage_run import _StageRun, _Tp, _rank_pass
 from .uniform_stages import as_module, parallelize_stage, rank_stages, split_micro, stage_coords, stage_module, stage_ties
-# re-exported for the importers of this module
-from .uniform_stages import stage_blocks, stage_plan, stage_config, model_name  # noqa: F401
 
-__all__ = ["stage_blocks", "stage_plan", "stage_ties", "stage_module", "parallelize_stage", "stage_config",
-           "split_micro", "simulate_stage_rank", "stage_coords", "rank_stages", "as_module", "model_name"]
+__all__ = ["simulate_stage_rank"]
 
 
 def _value_reads(model: nn.Module, fakes, reals):

@@ -36,7 +36,7 @@ from typing import Any
 
 from ...analyses.memory import layer_at, live_bytes
 from ..config import ParallelConfig, default_schedule
-from ..apply import canonical_name
+from ..blocks import canonical_name
 from .sharded_rank import HOST_PART, PARTS, RankRun
 from .uniform_stages import model_name
 

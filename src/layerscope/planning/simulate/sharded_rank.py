@@ -59,7 +59,8 @@ from ...costs.movement import move
 from ...errors import InputError
 from ..config import ParallelConfig
 from ...trace import OPTIMIZER
-from ..apply import build_mesh, loss_context, no_kv_cache, parallelize
+from ..apply import build_mesh, loss_context, parallelize
+from ..blocks import no_kv_cache
 
 __all__ = ["RankRun", "RankTracker", "simulate_rank", "PARTS", "HOST_PART", "COMM_OPS", "PIPELINE", "meta_copy",
            "fake_world", "param_layouts", "cost_registry", "watch_fsdp", "prepare_offload", "train_fake", "RankStep"]

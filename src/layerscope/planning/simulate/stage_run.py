@@ -9,11 +9,11 @@ import torch
 
 from ... import _compat
 from ...capture.loss import StepLoss, default_loss
-from ...capture.step import PipelinePass
+from ...capture.spec import PipelinePass
 from ...capture.storage import StorageTracker
 from ...errors import InputError
 from ..config import ParallelConfig, schedule_of
-from ..apply import local_tensor as _local
+from ..blocks import local_tensor as _local
 from .sharded_rank import PIPELINE
 from .uniform_stages import split_micro
 

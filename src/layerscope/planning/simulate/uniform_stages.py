@@ -17,7 +17,8 @@ from ..steptime.schedule import stage_ranks
 from ..split.plan import PlanResult, outline_plan
 from ..split.runnable import build_stage_module
 from ..split.units import SplitUnits, Unit, owner_of
-from ..apply import checkpoint_blocks, find_blocks, parallelize
+from ..apply import checkpoint_blocks, parallelize
+from ..blocks import find_blocks
 
 __all__ = ["stage_coords", "rank_stages", "as_module", "model_name", "stage_blocks", "stage_plan", "stage_ties",
            "stage_config", "split_micro", "stage_module", "parallelize_stage"]

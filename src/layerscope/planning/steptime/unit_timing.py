@@ -16,7 +16,7 @@ from ...capture.inputs import iter_tensors, map_tensors
 from ...capture.measure import profile_events
 from ...capture.repeats import time_calls
 from ...capture.state import StateGuard, model_device
-from ...capture.step import default_loss
+from ...capture.loss import default_loss
 from ...capture.tracker import ModuleTracker, tracked_modules
 
 __all__ = ["unit_latencies", "unit_weight_shares", "unit_work_bytes"]

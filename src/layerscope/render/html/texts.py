@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...reports.parallel import STEP_PARTS
-from ..units import decimals, fmt, iec, params, percent, seconds, si
+from ...options import iec
+from ..units import decimals, fmt, params, percent, seconds, si
 
 __all__ = ["cards", "memory_axis", "memory_sentence", "plan_texts", "coverage_texts", "rest_note", "AXIS",
            "parallel_texts", "parallel_cards"]
