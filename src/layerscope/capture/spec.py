@@ -99,12 +99,15 @@ class StepSpec:
 class StepWatch:
     """What watches one run of a step: the storage tracker (None: nothing recorded, the measured
     run), the SDPA router (capture/attention.py), ``on_step(step, "begin"|"end")`` around each step,
-    and ``close()`` once the run is over (a progress bar's)."""
+    ``close()`` once the run is over (a progress bar's), and ``modules(named)``: a context entered
+    around the steps with the (name, module) pairs that run, for a caller's own module hooks
+    (partition's marks where each unit's forward and backward begin, planning/steptime/unit_timing.py)."""
 
     tracker: Any = None
     attention: Any = None
     on_step: Callable[[int, str], None] | None = None
     close: Callable[[], None] | None = None
+    modules: Callable[[list], ContextManager] | None = None
 
     def done(self) -> None:
         if self.close is not None:

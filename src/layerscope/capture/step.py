@@ -153,8 +153,12 @@ def _run(spec: StepSpec, watch: StepWatch, compose: Truncated | None) -> StepRun
                 if swap is not None:
                     params = swap
                 else:
-                    with torch.no_grad():  # the optimizer's step changes weights in place: undone below
-                        snapshot = [(p, p.detach().to("cpu", copy=True)) for p in params.values()]
+                    if training and spec.optimizer:
+                        # the optimizer's step changes weights in place: undone below (without one the
+                        # weights stay as they are, and a step measured allocation by allocation,
+                        # partition's unit marks, sees no copy of them)
+                        with torch.no_grad():
+                            snapshot = [(p, p.detach().to("cpu", copy=True)) for p in params.values()]
                     for p in params.values():
                         p.grad = None
 
@@ -208,7 +212,11 @@ def _run(spec: StepSpec, watch: StepWatch, compose: Truncated | None) -> StepRun
                 loss_fn = loss_fn.bind(args, kwargs) if spec.pipeline is None and training else None
             live = _Live(named, (call, backward, routed), swap, (args, kwargs), params, buffers, opt, rng,
                          loss_fn or default_loss, composer)
-            _loop(run, spec, live, watch.on_step)
+            # a caller's own module hooks, on the modules that run (the shorter model's where composed)
+            hooked = watch.modules(list(runner.named_modules()) if compose is not None else named) \
+                if watch.modules is not None else contextlib.nullcontext()
+            with hooked:
+                _loop(run, spec, live, watch.on_step)
             if composer is not None:
                 composer.finish(run)
     except ForwardError as e:
