@@ -101,13 +101,16 @@ class StepWatch:
     run), the SDPA router (capture/attention.py), ``on_step(step, "begin"|"end")`` around each step,
     ``close()`` once the run is over (a progress bar's), and ``modules(named)``: a context entered
     around the steps with the (name, module) pairs that run, for a caller's own module hooks
-    (partition's marks where each unit's forward and backward begin, planning/steptime/unit_timing.py)."""
+    (partition's marks where each unit's forward and backward begin, planning/steptime/unit_timing.py);
+    ``on_grads(step)`` after a training step's last backward, before its optimizer step (the gradients
+    as the step made them: a real run's reference keeps its first step's)."""
 
     tracker: Any = None
     attention: Any = None
     on_step: Callable[[int, str], None] | None = None
     close: Callable[[], None] | None = None
     modules: Callable[[list], ContextManager] | None = None
+    on_grads: Callable[[int], None] | None = None
 
     def done(self) -> None:
         if self.close is not None:

@@ -216,7 +216,7 @@ def _run(spec: StepSpec, watch: StepWatch, compose: Truncated | None) -> StepRun
             hooked = watch.modules(list(runner.named_modules()) if compose is not None else named) \
                 if watch.modules is not None else contextlib.nullcontext()
             with hooked:
-                _loop(run, spec, live, watch.on_step)
+                _loop(run, spec, live, watch)
             if composer is not None:
                 composer.finish(run)
     except ForwardError as e:
@@ -275,8 +275,8 @@ class _Live:
     composer: Composer | None
 
 
-def _loop(run: StepRun, spec: StepSpec, live: _Live, on_step) -> None:
-    tracker = run.tracker
+def _loop(run: StepRun, spec: StepSpec, live: _Live, watch: StepWatch) -> None:
+    tracker, on_step = run.tracker, watch.on_step
     model, named, passes, swap, inputs = spec.model, live.named, live.passes, live.swap, live.inputs
     params, buffers, opt, rng, loss_fn, composer = (live.params, live.buffers, live.opt, live.rng, live.loss_fn,
                                                     live.composer)
@@ -329,6 +329,8 @@ def _loop(run: StepRun, spec: StepSpec, live: _Live, on_step) -> None:
                     b = tracker.mark(p.grad, GRAD) if tracker else None
                     if b is not None and step == steps - 1:
                         run.grad_bytes[name] = b.nbytes
+            if watch.on_grads is not None:
+                watch.on_grads(step)
         if opt is not None:
             cap = last_micro
             start = tracker.clock + 1 if tracker else 0
