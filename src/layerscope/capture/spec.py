@@ -68,7 +68,10 @@ class StepSpec:
     as it is; the callable returns the context the step runs in (tensor parallel's loss_parallel).
     ``pipeline``: each pass runs a pipeline rank's actions (PipelinePass) in place of one forward and
     backward. ``compose``: a simulation of a model with a run of identical blocks may run five of them
-    and compose the rest (capture/composed.py; ``run_step`` falls back to the whole model)."""
+    and compose the rest (capture/composed.py; ``run_step`` falls back to the whole model).
+    ``micro_inputs``: a measured run's inputs of each accumulation pass, ``(args, kwargs)`` pairs, one a
+    pass in turn (a real pipeline run's reference, its micro-batches); None: ``args``/``kwargs`` every
+    pass."""
 
     model: nn.Module
     args: tuple = ()
@@ -88,6 +91,7 @@ class StepSpec:
     placement: Callable[[], ContextManager] | None = None
     pipeline: PipelinePass | None = None
     compose: bool = False
+    micro_inputs: tuple | None = None
 
     @property
     def prepared(self) -> bool:

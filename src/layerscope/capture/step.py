@@ -24,6 +24,7 @@ them), so its own tensors are never touched.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -167,6 +168,15 @@ def _run(spec: StepSpec, watch: StepWatch, compose: Truncated | None) -> StepRun
             def call():
                 with attention.mode() if attention is not None else contextlib.nullcontext():
                     return runner(*args, **kwargs)
+            if spec.micro_inputs is not None:
+                if simulate or spec.pipeline is not None:
+                    raise InputError("micro_inputs are a measured run's, one forward a pass")
+                turn = itertools.cycle(spec.micro_inputs)
+
+                def call():  # noqa: F811 - each accumulation pass on its own micro-batch, in turn
+                    a, k = next(turn)
+                    with attention.mode() if attention is not None else contextlib.nullcontext():
+                        return runner(*a, **k)
             pipeline = spec.pipeline
             if pipeline is not None:
                 def call(m=None):  # noqa: F811 - a pipeline's forward of micro-batch m
