@@ -58,3 +58,34 @@ def test_the_model_is_unchanged_by_a_real_tracked_step():
     before = {k: v.clone() for k, v in spec.model.state_dict().items()}
     run = run_steps(spec, StepWatch(tracker=StorageTracker()))
     assert run.passes and all(torch.equal(before[k], v) for k, v in spec.model.state_dict().items())
+
+
+def test_a_callers_hooks_on_the_engine():
+    # StepWatch.modules: a context around the steps with the modules that run (partition's unit
+    # marks); on_grads(step): after each step's backward, before its optimizer step; micro_inputs:
+    # each accumulation pass of a measured run on its own micro-batch, in turn
+    spec = _spec(steps=2, accumulation=2, simulate=False)
+    x = spec.args[0]
+    seen, grads, inputs = [], [], []
+
+    class Hooked:
+        def __init__(self, named):
+            seen.append([n for n, _ in named])
+
+        def __enter__(self):
+            seen.append("enter")
+
+        def __exit__(self, *exc):
+            seen.append("exit")
+
+    def on_grads(step):
+        grads.append((step, all(p.grad is not None for p in spec.model.parameters())))
+    micro = (((x[:1],), {}), ((x[1:],), {}))
+    spec = dataclasses.replace(spec, micro_inputs=micro,
+                               loss_fn=lambda out: inputs.append(out.shape[0]) or out.sum())
+    run_steps(spec, StepWatch(modules=Hooked, on_grads=on_grads))
+    assert seen == [["", "0", "1", "2"], "enter", "exit"]
+    assert grads == [(0, True), (1, True)]
+    assert inputs == [1, 1, 1, 1] and all(p.grad is None for p in spec.model.parameters())
+    with pytest.raises(Exception, match="micro_inputs"):
+        run_steps(dataclasses.replace(spec, simulate=True), StepWatch())

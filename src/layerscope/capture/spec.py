@@ -68,7 +68,10 @@ class StepSpec:
     as it is; the callable returns the context the step runs in (tensor parallel's loss_parallel).
     ``pipeline``: each pass runs a pipeline rank's actions (PipelinePass) in place of one forward and
     backward. ``compose``: a simulation of a model with a run of identical blocks may run five of them
-    and compose the rest (capture/composed.py; ``run_step`` falls back to the whole model)."""
+    and compose the rest (capture/composed.py; ``run_step`` falls back to the whole model).
+    ``micro_inputs``: a measured run's inputs of each accumulation pass, ``(args, kwargs)`` pairs, one a
+    pass in turn (a real pipeline run's reference, its micro-batches); None: ``args``/``kwargs`` every
+    pass."""
 
     model: nn.Module
     args: tuple = ()
@@ -88,6 +91,8 @@ class StepSpec:
     placement: Callable[[], ContextManager] | None = None
     pipeline: PipelinePass | None = None
     compose: bool = False
+    micro_inputs: tuple | None = None
+    module_mode: bool | None = None     # the modules' train flag during the step (None: ``training``'s)
 
     @property
     def prepared(self) -> bool:
@@ -99,12 +104,18 @@ class StepSpec:
 class StepWatch:
     """What watches one run of a step: the storage tracker (None: nothing recorded, the measured
     run), the SDPA router (capture/attention.py), ``on_step(step, "begin"|"end")`` around each step,
-    and ``close()`` once the run is over (a progress bar's)."""
+    ``close()`` once the run is over (a progress bar's), and ``modules(named)``: a context entered
+    around the steps with the (name, module) pairs that run, for a caller's own module hooks
+    (partition's marks where each unit's forward and backward begin, planning/steptime/unit_timing.py);
+    ``on_grads(step)`` after a training step's last backward, before its optimizer step (the gradients
+    as the step made them: a real run's reference keeps its first step's)."""
 
     tracker: Any = None
     attention: Any = None
     on_step: Callable[[int, str], None] | None = None
     close: Callable[[], None] | None = None
+    modules: Callable[[list], ContextManager] | None = None
+    on_grads: Callable[[int], None] | None = None
 
     def done(self) -> None:
         if self.close is not None:

@@ -24,6 +24,7 @@ them), so its own tensors are never touched.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -152,8 +153,12 @@ def _run(spec: StepSpec, watch: StepWatch, compose: Truncated | None) -> StepRun
                 if swap is not None:
                     params = swap
                 else:
-                    with torch.no_grad():  # the optimizer's step changes weights in place: undone below
-                        snapshot = [(p, p.detach().to("cpu", copy=True)) for p in params.values()]
+                    if training and spec.optimizer:
+                        # the optimizer's step changes weights in place: undone below (without one the
+                        # weights stay as they are, and a step measured allocation by allocation,
+                        # partition's unit marks, sees no copy of them)
+                        with torch.no_grad():
+                            snapshot = [(p, p.detach().to("cpu", copy=True)) for p in params.values()]
                     for p in params.values():
                         p.grad = None
 
@@ -162,6 +167,15 @@ def _run(spec: StepSpec, watch: StepWatch, compose: Truncated | None) -> StepRun
             def call():
                 with attention.mode() if attention is not None else contextlib.nullcontext():
                     return runner(*args, **kwargs)
+            if spec.micro_inputs is not None:
+                if simulate or spec.pipeline is not None:
+                    raise InputError("micro_inputs are a measured run's, one forward a pass")
+                turn = itertools.cycle(spec.micro_inputs)
+
+                def call():  # noqa: F811 - each accumulation pass on its own micro-batch, in turn
+                    a, k = next(turn)
+                    with attention.mode() if attention is not None else contextlib.nullcontext():
+                        return runner(*a, **k)
             pipeline = spec.pipeline
             if pipeline is not None:
                 def call(m=None):  # noqa: F811 - a pipeline's forward of micro-batch m
@@ -190,7 +204,7 @@ def _run(spec: StepSpec, watch: StepWatch, compose: Truncated | None) -> StepRun
                     tracker.mark(t, INPUT)
             composer = None
             if compose is not None:
-                runner.train(training)
+                runner.train(training if spec.module_mode is None else spec.module_mode)
                 composer = Composer(compose, model, params, buffers, attention)
                 if tracker is not None:
                     run.log.clock = lambda: tracker.clock
@@ -200,14 +214,18 @@ def _run(spec: StepSpec, watch: StepWatch, compose: Truncated | None) -> StepRun
                 if training and spec.optimizer else None
             if composer is not None and opt is not None:
                 composer.trim_optimizer(opt, run.param_names)
-            model.train(training)
+            model.train(training if spec.module_mode is None else spec.module_mode)
             loss_fn = spec.loss_fn
             if isinstance(loss_fn, StepLoss):
                 # the loss of this run's own inputs (a simulation's fake ids, their values known beside them)
                 loss_fn = loss_fn.bind(args, kwargs) if spec.pipeline is None and training else None
             live = _Live(named, (call, backward, routed), swap, (args, kwargs), params, buffers, opt, rng,
                          loss_fn or default_loss, composer)
-            _loop(run, spec, live, watch.on_step)
+            # a caller's own module hooks, on the modules that run (the shorter model's where composed)
+            hooked = watch.modules(list(runner.named_modules()) if compose is not None else named) \
+                if watch.modules is not None else contextlib.nullcontext()
+            with hooked:
+                _loop(run, spec, live, watch)
             if composer is not None:
                 composer.finish(run)
     except ForwardError as e:
@@ -266,8 +284,8 @@ class _Live:
     composer: Composer | None
 
 
-def _loop(run: StepRun, spec: StepSpec, live: _Live, on_step) -> None:
-    tracker = run.tracker
+def _loop(run: StepRun, spec: StepSpec, live: _Live, watch: StepWatch) -> None:
+    tracker, on_step = run.tracker, watch.on_step
     model, named, passes, swap, inputs = spec.model, live.named, live.passes, live.swap, live.inputs
     params, buffers, opt, rng, loss_fn, composer = (live.params, live.buffers, live.opt, live.rng, live.loss_fn,
                                                     live.composer)
@@ -320,6 +338,8 @@ def _loop(run: StepRun, spec: StepSpec, live: _Live, on_step) -> None:
                     b = tracker.mark(p.grad, GRAD) if tracker else None
                     if b is not None and step == steps - 1:
                         run.grad_bytes[name] = b.nbytes
+            if watch.on_grads is not None:
+                watch.on_grads(step)
         if opt is not None:
             cap = last_micro
             start = tracker.clock + 1 if tracker else 0

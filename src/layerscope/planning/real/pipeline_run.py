@@ -47,26 +47,37 @@ def reference_run(setup: Setup, options: PartitionOptions):
     accumulation): (losses per step, {parameter name: gradient of the first step}, plan). Tied
     parameters appear under every name. The first step's gradients are of the same weights on every
     side; later steps' weights differ by the rounding of the earlier steps."""
+    from ...capture.spec import StepSpec, StepWatch
+    from ...capture.step import run_steps
+
     model, args, kwargs, _, _, plan, target = setup
     tensors, rebuild = flat_inputs(args, kwargs)
     m = options.microbatches
-    chunks = list(zip(*[t.tensor_split(m) for t in tensors]))
+    micro = tuple(rebuild(c) for c in zip(*[t.tensor_split(m) for t in tensors]))
     targets = target.tensor_split(m)
-    opt = optimizer_factory(options.optimizer)([p for p in model.parameters() if p.requires_grad])
-    losses = []
+    # each pass's loss as it ran (its ``item()``), the micro-batches of a step in turn
+    seen: list[float] = []
     grads: dict = {}
-    for step in range(options.steps):
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for c, t in zip(chunks, targets):
-            a, k = rebuild(c)
-            loss = pipeline_loss(main_tensor(model(*a, **k)), t)
-            (loss / m).backward()
-            total += loss.item()
+
+    def loss_fn(out) -> torch.Tensor:
+        loss = pipeline_loss(main_tensor(out), targets[len(seen) % m])
+        seen.append(loss.item())
+        return loss / m
+
+    def on_grads(step: int) -> None:
         if step == 0:
-            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)
-                     if p.grad is not None}
-        opt.step()
+            grads.update({n: p.grad.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)
+                          if p.grad is not None})
+
+    spec = StepSpec(model, *micro[0], loss_fn=loss_fn, steps=options.steps, accumulation=m, simulate=False,
+                    device=target.device, micro_inputs=micro,
+                    optimizer=lambda params: optimizer_factory(options.optimizer)([p for p in params if p.requires_grad]))
+    run_steps(spec, StepWatch(on_grads=on_grads))
+    losses = []
+    for step in range(options.steps):
+        total = 0.0
+        for x in seen[step * m:(step + 1) * m]:
+            total += x
         losses.append(total / m)
     return losses, grads, plan
 

@@ -72,19 +72,28 @@ def _optimizer(name: str, params, lr: float):
 def reference_run(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, *, steps: int, optimizer: str,
                   lr: float) -> tuple[list[float], dict[str, torch.Tensor]]:
     """One process, the whole global batch, the same loss and optimizer: (loss per step, {name:
-    gradient of step 1})."""
+    gradient of step 1}). The steps run on capture's step engine (measured, nothing tracked), which
+    gives the model its weights back afterwards."""
+    from ...capture.spec import StepSpec, StepWatch
+    from ...capture.step import run_steps
+
     no_kv_cache(model)
     model.train()
-    opt = _optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], lr)
-    losses, grads = [], {}
-    for step in range(steps):
-        opt.zero_grad(set_to_none=True)
-        loss = training_loss(model, ids, labels)
-        loss.backward()
-        if step == 0:
-            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-        opt.step()
+    losses: list[float] = []
+    grads: dict[str, torch.Tensor] = {}
+
+    def loss_fn(out) -> torch.Tensor:
+        loss = _micro_loss(_logits(out), labels)
         losses.append(loss.item())
+        return loss
+
+    def on_grads(step: int) -> None:
+        if step == 0:
+            grads.update({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+
+    spec = StepSpec(model, (ids,), loss_fn=loss_fn, steps=steps, simulate=False, device=ids.device,
+                    optimizer=lambda params: _optimizer(optimizer, [p for p in params if p.requires_grad], lr))
+    run_steps(spec, StepWatch(on_grads=on_grads))
     return losses, grads
 
 

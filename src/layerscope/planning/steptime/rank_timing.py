@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from ...capture.state import model_device
 from ..split.runnable import main_tensor
 
 __all__ = ["Busy", "corun_slowdown"]
@@ -62,25 +63,39 @@ def corun_slowdown(model, mb_args, mb_kwargs, rank: int, world: int, repeats: in
     work of the run, one micro-batch's forward and backward of the whole model, ``repeats`` times
     alone (the ranks take turns, the others wait at a barrier) and ``repeats`` times all at once;
     the ratio of the medians, and the median alone (seconds: the machine's speed at the run, for
-    ``RunResult.speed``). The model's gradients are cleared after and the RNG restored, so the
-    training steps that follow are those of a run without it."""
+    ``RunResult.speed``). Each pass runs on capture's step engine (which gives the model its modes
+    and state back). The model's gradients are cleared after and the RNG restored, so the training
+    steps that follow are those of a run without it."""
     import torch.distributed as dist
 
-    def once() -> float:
-        t0 = time.perf_counter()
-        main_tensor(model(*mb_args, **mb_kwargs)).float().pow(2).mean().backward()
-        return time.perf_counter() - t0
+    from ...capture.spec import StepSpec, StepWatch
+    from ...capture.step import run_steps
+
+    def timed(n: int) -> list[float]:
+        """``n`` steps on capture's step engine (measured, no optimizer, the output let go once the
+        loss is computed), each one's seconds from its start to its end."""
+        seconds: list[float] = []
+
+        def on_step(step: int, when: str) -> None:
+            if when == "begin":
+                seconds.append(-time.perf_counter())
+            else:
+                seconds[-1] += time.perf_counter()
+        spec = StepSpec(model, tuple(mb_args), mb_kwargs, loss_fn=lambda out: main_tensor(out).float().pow(2).mean(),
+                        steps=n, keep_output=False, simulate=False, device=model_device(model))
+        run_steps(spec, StepWatch(on_step=on_step))
+        return seconds
 
     rng = torch.get_rng_state()
     try:
-        once()                              # warm-up: first-call allocations and kernel choice
+        timed(1)                            # warm-up: first-call allocations and kernel choice
         alone, together = [], []
         for r in range(world):
             dist.barrier()
             if r == rank:
-                alone = [once() for _ in range(repeats)]
+                alone = timed(repeats)
         dist.barrier()
-        together = [once() for _ in range(repeats)]
+        together = timed(repeats)
         dist.barrier()
     finally:
         torch.set_rng_state(rng)

@@ -4,6 +4,7 @@ and backward begin, as the module tracker sees each unit's calls)."""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
@@ -17,6 +18,8 @@ from ...capture.measure import profile_events
 from ...capture.repeats import time_calls
 from ...capture.state import StateGuard, model_device
 from ...capture.loss import default_loss
+from ...capture.spec import StepSpec, StepWatch
+from ...capture.step import run_steps
 from ...capture.tracker import ModuleTracker, tracked_modules
 
 __all__ = ["unit_latencies", "unit_weight_shares", "unit_work_bytes"]
@@ -24,13 +27,14 @@ __all__ = ["unit_latencies", "unit_weight_shares", "unit_work_bytes"]
 
 def _hooked_steps(model: torch.nn.Module, units, args: tuple, kwargs: dict, fire,
                   steps: int, loss_fn=None, after_step=None) -> None:
-    """Run ``steps`` forward + loss + backward passes calling ``fire(unit_index, path, phase, when)``
-    (phase "f" or "b", when "begin" or "end") as the module tracker sees each unit's calls: a forward
-    begins and ends at the call's hooks, a backward begins before the first autograd node the
-    tracker attributes to a call inside the unit (capture/backward.py: node pre-hooks, which leave the
-    step's allocations as they are; full backward hooks would add their own nodes and buffers).
-    Gradients start empty and the model is left as it was found (StateGuard), hooks removed even on
-    error."""
+    """Run ``steps`` forward + loss + backward passes (capture's step engine: no optimizer, the
+    output let go once the loss is computed) calling ``fire(unit_index, path, phase, when)`` (phase
+    "f" or "b", when "begin" or "end") as the module tracker sees each unit's calls: a forward begins
+    and ends at the call's hooks, a backward begins before the first autograd node the tracker
+    attributes to a call inside the unit (capture/backward.py: node pre-hooks, which leave the step's
+    allocations as they are; full backward hooks would add their own nodes and buffers). Gradients
+    start empty and the model is left as it was found (the engine's StateGuard), hooks removed even
+    on error."""
     unit_of_path = {path: g for g, u in enumerate(units.units) for path in u.paths}
     tracker = ModuleTracker()
     tracker.track_backward()
@@ -62,23 +66,26 @@ def _hooked_steps(model: torch.nn.Module, units, args: tuple, kwargs: dict, fire
             fire(g, c.path, "b", "begin")
 
     tracker.register_user_hooks(pre_fw=pre_fw, post_fw=post_fw, pre_bw=pre_bw)
-    tracker.install(tracked_modules(list(model.named_modules())))
-    guard = StateGuard(model, inputs=(args, kwargs))
-    try:
-        for r in range(steps):
+
+    @contextlib.contextmanager
+    def hooked(named):
+        tracker.install(tracked_modules(named))
+        try:
+            yield
+        finally:
+            tracker.remove()
+
+    def on_step(r: int, when: str) -> None:
+        if when == "begin":
             tracker.reset()
             owner.clear()
-            for p in model.parameters():
-                p.grad = None
-            loss = (loss_fn or default_loss)(model(*args, **kwargs))
-            if loss.requires_grad:
-                loss.backward()
-            del loss
-            if after_step is not None:
-                after_step(r)
-    finally:
-        tracker.remove()
-        guard.restore()
+        elif after_step is not None:
+            after_step(r)
+
+    # the model's own mode, as the unit latencies measure it (the engine's default is train for a step)
+    spec = StepSpec(model, tuple(args), kwargs, loss_fn=loss_fn, steps=steps, keep_output=False,
+                    simulate=False, device=model_device(model), module_mode=model.training)
+    run_steps(spec, StepWatch(on_step=on_step, modules=hooked))
 
 
 def unit_latencies(model: torch.nn.Module, units, args: tuple, kwargs: dict,
