@@ -22,7 +22,7 @@ def _times(n: int) -> str:
 
 
 def _simulation(d: Mapping[str, Any]) -> str:
-    return word_note(Note("simulation", d))
+    return word_note(Note("simulation-" + d["kind"], d))
 
 
 def _loss_chosen(d: Mapping[str, Any]) -> str:
