@@ -47,6 +47,10 @@ EXAMPLES = {
     "world-gloo-late": {"bytes": 2048},
     "world-uncounted-ops": {"ops": 3, "launch_us": 5.0},
     "world-one-device": {"ac": "none", "bf16": True},
+    "partition-from-report": {},
+    "partition-working-measured": {"device": "cpu"},
+    "partition-weight-shares": {},
+    "partition-roofline": {"name": "H100", "peak_flops": 989e12, "peak_bandwidth": 3.35e12, "source": "table"},
 }
 
 

@@ -147,6 +147,18 @@ WORDING: dict[str, Callable[[Mapping[str, Any]], str]] = {
         f"step time: {d['ops']} op(s) of a rank's step have no cost formula and are priced at "
         f"one kernel launch ({d['launch_us']:g} us) each"),
     "world-one-device": _one_device,
+    # what a partition's plan was made from (api/_partition.py)
+    "partition-from-report": lambda d: (
+        "planned from a Report: activations and optimizer state are not counted "
+        "(pass the model, or a MemoryReport, for memory-aware plans)"),
+    "partition-working-measured": lambda d: (
+        f"working memory: the larger of simulated and measured on {d['device']}"),
+    "partition-weight-shares": lambda d: (
+        "zero bubble: each unit's weights' share of its backward (W) measured: its backward "
+        "timed again with the parameters frozen, the input gradients (I) alone"),
+    "partition-roofline": lambda d: (
+        f"times predicted by a roofline ({d['name']}): {d['peak_flops'] / 1e12:.3g} TFLOP/s, "
+        f"{d['peak_bandwidth'] / 1e9:.3g} GB/s ({d['source']})"),
 }
 
 
