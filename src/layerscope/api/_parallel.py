@@ -179,7 +179,7 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
         rep = search_report(model, args, kwargs, gpus=gpus, held={**held, **given}, gpu=named or resolve_gpu(None),
                             limit=limit, simulate=simulate, fracs=fracs, options=options, progress=progress,
                             search_limit=run["search_limit"])
-        rep.notes = tuple(rep.notes) + (loss_note(),)
+        rep.add_notes(loss_note())
         return rep
     notes: list = []
     if config.trivial:
@@ -267,4 +267,4 @@ def _one_device(model, args, kwargs, config: ParallelConfig, factory, steps, los
                    peak_bytes=rep.peak_bytes, simulated_peak_bytes=rep.peak_bytes, peak_step=step.step + 1,
                    peak_phase=step.peak_phase, peak_layer=step.peak_layer, breakdown=parts)
     notes = [Note("world-one-device", {"ac": config.ac, "bf16": config.mixed_precision == "bf16"})]
-    return plan_of(config, (r,)), notes + list(rep.notes)
+    return plan_of(config, (r,)), notes + list(rep.note_items)

@@ -90,6 +90,19 @@ def _offload(d: Mapping[str, Any]) -> str:
             f"state live in the host's memory, {d['host_bytes']:,} B per rank at most, not in the peak")
 
 
+def _searched(d: Mapping[str, Any]) -> str:
+    """What a search did (api/_search.py)."""
+    passes, most = d["passes"], d["max_passes"]
+    return (f"searched {d['candidates']} configurations of {d['gpus']} GPUs for a global batch of "
+            f"{d['global_batch']} in {d['seconds']:.0f} s: simulated {d['simulated']}, each on copies of the model "
+            f"with {d['blocks'][0]} and {d['blocks'][1]} blocks per pipeline stage, every figure extended linearly "
+            f"to its blocks"
+            + (f" (and {d['for_bounds']} on two blocks for the lower bounds)" if d["for_bounds"] else "")
+            + f": {passes:,} pass{'es' if passes != 1 else ''} of a micro-batch through a stage"
+            + (f" of the {most:,} the search's limit allows (--search-limit)" if most is not None else "") + "; "
+            + ", ".join(f"{n} {k}" for k, n in d["counts"]))
+
+
 def _one_device(d: Mapping[str, Any]) -> str:
     return ("every degree is 1: one device, no sharding; these are memory()'s figures"
             + (f" with the blocks checkpointed ({d['ac']})" if d["ac"] != "none" else "")
@@ -147,6 +160,11 @@ WORDING: dict[str, Callable[[Mapping[str, Any]], str]] = {
         f"step time: {d['ops']} op(s) of a rank's step have no cost formula and are priced at "
         f"one kernel launch ({d['launch_us']:g} us) each"),
     "world-one-device": _one_device,
+    # what a search did and chose (api/_search.py)
+    "search-searched": _searched,
+    "search-none-fits": lambda d: "NO configuration fits: the plan shown is the nearest miss",
+    "search-chosen": lambda d: (
+        f"chosen: {d['label']}; simulate it whole with: layerscope parallel ... --gpus {d['gpus']} {d['command']}"),
     # what a partition's plan was made from (api/_partition.py)
     "partition-from-report": lambda d: (
         "planned from a Report: activations and optimizer state are not counted "
@@ -183,6 +201,15 @@ class NotesField:
     @notes.setter
     def notes(self, notes: Iterable[Note | str]) -> None:
         self._notes = tuple(notes)
+
+    def add_notes(self, *notes: Note | str) -> None:
+        """More notes after the report is built (the entry point's own, e.g. the loss a search's steps took)."""
+        self._notes = (*self._notes, *notes)
+
+    @property
+    def note_items(self) -> tuple[Note | str, ...]:
+        """The notes as given: records, and the sentences of producers that give text."""
+        return self._notes
 
     @property
     def note_records(self) -> tuple[Note, ...]:
