@@ -52,6 +52,8 @@ EXAMPLES = {
                         "counts": (("fits", 3), ("oom", 2))},
     "search-none-fits": {},
     "search-chosen": {"label": "fsdp 8", "gpus": 8, "command": "--fsdp 8"},
+    "batch-not-checked": {"why": "the real step would need 80 GiB"},
+    "batch-not-run": {"why": "the real step at batch 64 would need 80 GiB", "more": 2},
     "partition-from-report": {},
     "partition-working-measured": {"device": "cpu"},
     "partition-weight-shares": {},

@@ -165,6 +165,15 @@ WORDING: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "search-none-fits": lambda d: "NO configuration fits: the plan shown is the nearest miss",
     "search-chosen": lambda d: (
         f"chosen: {d['label']}; simulate it whole with: layerscope parallel ... --gpus {d['gpus']} {d['command']}"),
+    # what max_batch_size's answer rests on (api/_batch.py)
+    "batch-not-checked": lambda d: (
+        f"the simulation's answer, not checked by a real step: {d['why']}; scratch that "
+        "kernels allocate inside themselves (oneDNN convolution workspace) is not in the "
+        "simulation, so the largest batch that really fits may be smaller"),
+    "batch-not-run": lambda d: (
+        f"{d['why']}, so it was not run"
+        + (f"; {d['more']} more batches below it were not run either" if d["more"] > 0 else "")
+        + ", and the answer may be smaller than the largest batch that fits"),
     # what a partition's plan was made from (api/_partition.py)
     "partition-from-report": lambda d: (
         "planned from a Report: activations and optimizer state are not counted "
