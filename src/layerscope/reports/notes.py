@@ -174,6 +174,22 @@ WORDING: dict[str, Callable[[Mapping[str, Any]], str]] = {
         f"{d['why']}, so it was not run"
         + (f"; {d['more']} more batches below it were not run either" if d["more"] > 0 else "")
         + ", and the answer may be smaller than the largest batch that fits"),
+    # what a split assumed (planning/split/planner.py)
+    "split-stage-share": lambda d: (
+        f"{d['schedule']}: each stage is held to 1/{d['stages_per_rank']} of the device's memory limit "
+        f"(a rank holds {d['stages_per_rank']} stages; sufficient, not necessary: the rank's own "
+        "peak is in Rank memory)"),
+    "split-zero-bubble": lambda d: (
+        "zero bubble: each unit's backward is split into the input's gradient (I) and the "
+        "weights' (W) " + ("as measured (below)" if d["measured"] else
+                           "by FLOPs (a weight gradient costs the forward FLOPs of the ops "
+                           "that read the weight)")
+        + "; the first stage's whole backward is W, as torch runs it"),
+    "split-descent": lambda d: (
+        "step time: the best split a descent from the min-max splits found (too many splits to simulate every one)"),
+    "split-sends-unpriced": lambda d: "step time: sends across cuts not priced (give link_bandwidth, bytes/s)",
+    "split-optimizer-unpriced": lambda d: (
+        "step time: the optimizer step not priced (give optimizer_bandwidth, bytes/s)"),
     # what a partition's plan was made from (api/_partition.py)
     "partition-from-report": lambda d: (
         "planned from a Report: activations and optimizer state are not counted "
