@@ -190,6 +190,15 @@ WORDING: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "split-sends-unpriced": lambda d: "step time: sends across cuts not priced (give link_bandwidth, bytes/s)",
     "split-optimizer-unpriced": lambda d: (
         "step time: the optimizer step not priced (give optimizer_bandwidth, bytes/s)"),
+    # what a Profiler's report rests on (profiler.py)
+    "profiler-warmup-included": lambda d: (
+        f"only {d['recorded']} step(s) recorded: the {d['skip']} warm-up step(s) are included"),
+    "profiler-counting-in-forward": lambda d: (
+        "the forward times include the counting of every op's FLOPs for DeepSpeed's getters (a "
+        "dispatch mode on each op, tens of microseconds each); Profiler(..., costs=False) times "
+        "the forwards without it"),
+    "profiler-no-costs": lambda d: (
+        f"no costs (FLOPs, bytes): the analysis of the first step's inputs failed: {d['error']}"),
     # what a partition's plan was made from (api/_partition.py)
     "partition-from-report": lambda d: (
         "planned from a Report: activations and optimizer state are not counted "
