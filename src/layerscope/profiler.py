@@ -28,6 +28,7 @@ from torch import nn
 
 from .analyses.latency import timing
 from .capture.counter import ForwardCounter
+from .capture.notes import Note
 from .capture.records import param_totals
 from .capture.timing import CallTimes, merge_steps
 from .capture.user_loop import LoopRecorder
@@ -154,6 +155,7 @@ class Profiler:
     # the report ------------------------------------------------------------------------------
     def report(self, warmup_steps: int | None = None):
         from .reports.latency import LatencyReport
+        from .reports.notes import worded
         from .reports.latency import latency_layers
         skip = self.warmup_steps if warmup_steps is None else warmup_steps
         recorded = self._loop.steps
@@ -163,12 +165,9 @@ class Profiler:
                              "stop_profile() (or inside `with profiler:`)")
         notes = []
         if len(recorded) <= skip:
-            notes.append(f"only {len(recorded)} step(s) recorded: the {skip} warm-up step(s) are "
-                         "included")
+            notes.append(Note("profiler-warmup-included", {"recorded": len(recorded), "skip": skip}))
         if self._loop.counter is not None:
-            notes.append("the forward times include the counting of every op's FLOPs for DeepSpeed's getters (a "
-                         "dispatch mode on each op, tens of microseconds each); Profiler(..., costs=False) times "
-                         "the forwards without it")
+            notes.append(Note("profiler-counting-in-forward", {}))
         calls = merge_steps([s[0] for s in steps])
         costs = self._costs(notes)
         backward = any(any(c.backward) for c in calls)
@@ -181,10 +180,10 @@ class Profiler:
             model_name=type(self.model).__name__, device=str(self.device),
             options={"steps": len(steps), "warmup": len(recorded) - len(steps), "backward": backward,
                      "unit": "step", "optimizer": type(self.optimizer).__name__ if self.optimizer else None},
-            layers=tuple(latency_layers(calls, costs, backward)), totals=totals, notes=tuple(notes),
+            layers=tuple(latency_layers(calls, costs, backward)), totals=totals, notes=worded(notes),
             roofline=roofline_for(self.roofline, self.device, float_dtype(self.model)))
 
-    def _costs(self, notes: list[str]):
+    def _costs(self, notes: list):
         if not self.costs or self._loop.example is None:
             return None
         from .api import analyze
@@ -195,7 +194,7 @@ class Profiler:
                 return analyze(self.model, *args, device="meta", mode="train" if training else "eval",
                                forward_kwargs=kwargs)
         except LayerscopeError as e:
-            notes.append(f"no costs (FLOPs, bytes): the analysis of the first step's inputs failed: {e}")
+            notes.append(Note("profiler-no-costs", {"error": str(e)}))
             return None
 
 

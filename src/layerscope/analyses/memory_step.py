@@ -18,6 +18,7 @@ from ..capture.composed import run_step
 from ..capture.guard import gc_paused
 from ..capture.loss import choose_loss, given_note
 from ..capture.measure import measure_cpu, measure_cuda, real_step_need, state_bytes
+from ..capture.notes import Note
 from ..capture.prepare import as_device, check_model, example_inputs, is_fake_model, materialize_lazy, rebatch
 from ..capture.spec import StepSpec, StepWatch
 from ..capture.step import run_steps
@@ -105,23 +106,22 @@ def memory_step(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
         return {**results, "measured": measured, "notes": tuple(notes)}
 
 
-def _run_notes(run, router, loss, opts: MemoryOptions) -> list[str]:
-    """What the run's notes say: the loss that ran, what the simulation made up or knew, how attention
-    was priced, what the tracker could not follow."""
+def _run_notes(run, router, loss, opts: MemoryOptions) -> list[Note]:
+    """What the run's notes say (records; reports/notes.py words them): the loss that ran, what the
+    simulation made up or knew, how attention was priced, what the tracker could not follow."""
     notes = []
     if loss is not None:
         notes.append(loss.describe())
     elif opts.training:
         notes.append(given_note(opts.loss_fn))
     if run.log is not None:
-        notes += run.log.notes()
+        notes += run.log.records()
     if run.known is not None:
         notes += run.known.notes()
     if router is not None:
         notes += router.notes(passes=len(run.passes) or 1)
     if run.tracker.untracked:
-        notes.append(f"{run.tracker.untracked} tensors without a plain storage (sparse, nested) were "
-                     "not tracked")
+        notes.append(Note("memory-untracked", {"count": run.tracker.untracked}))
     return notes
 
 
@@ -143,18 +143,13 @@ def _target(here: torch.device, opts: MemoryOptions) -> torch.device:
 def _simulated_on(target: torch.device, opts: MemoryOptions, notes: list) -> torch.device:
     """Where the simulation runs: fake tensors that claim the target device (noted where they cannot)."""
     if target.type == "meta":
-        notes.append("simulated as a CPU step (autocast follows CPU rules)")
+        notes.append(Note("memory-meta-as-cpu", {}))
         return torch.device("cpu")
     if target.type == "cuda" and not torch.cuda.is_available():
-        notes.append("no CUDA here: simulated with fake CPU tensors and CUDA's 512-byte allocation "
-                     "blocks; autocast follows CPU rules, and the optimizer's foreach default is CUDA's; "
-                     "cuBLAS's two workspaces are counted, scratch that other CUDA kernels (cuDNN convolution "
-                     "and RNN, attention) allocate inside themselves is not")
+        notes.append(Note("memory-no-cuda", {}))
         return torch.device("cpu")
     if target.type == "cuda" and opts.simulate:
-        notes.append("cuBLAS's two workspaces are counted, scratch that other CUDA kernels (cuDNN, attention) "
-                     "allocate inside themselves is not; measure=True shows the allocator's peak beside the "
-                     "prediction")
+        notes.append(Note("memory-cuda-workspaces", {}))
     return target
 
 

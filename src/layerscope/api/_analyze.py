@@ -14,11 +14,13 @@ from ..capture.attention import router_for
 from ..capture.guard import exclusive, gc_paused
 from ..capture.inputs import iter_tensors, make_inputs
 from ..capture.known import KnownIndexError, KnownValues
+from ..capture.notes import Note
 from ..capture.prepare import check_model, prepare_inputs
 from ..costs import CostOptions, CostRegistry
 from ..errors import ForwardError, InputError
 from ..formats.exported import compiled_original, graph_module_trace, is_exported_module
 from ..options import AnalyzeOptions, entry_options
+from ..reports.notes import worded
 from ..reports.summary import Report
 from ..trace import FORWARD
 from ._exported import analyze_exported_with, analyze_torchscript
@@ -94,20 +96,18 @@ def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, device=N
         rep = Report(trace, model)
         notes = known.notes() if known is not None else []
         notes += router.notes() if router is not None else _math_sdpa_note(trace) if no_values else []
-        for note in notes:
+        for note in worded(notes):    # a trace's options hold plain text (its JSON echoes them)
             rep = _noted(rep, note)
         return rep
 
 
-def _math_sdpa_note(trace) -> list[str]:
+def _math_sdpa_note(trace) -> list[Note]:
     """A meta run without a GPU named runs SDPA as the math kernel (the only op that kernel's softmax
     is, ``_safe_softmax``, marks each call): say so, and how to price a GPU's kernel instead."""
     n = sum(1 for op in trace.ops if op.op == "aten._safe_softmax" and op.phase == FORWARD)
     if not n:
         return []
-    return [f"attention: {n:,} SDPA call{'s' if n != 1 else ''} priced as the math kernel, which a meta run "
-            f"runs; gpu='H100' (--gpu) prices the kernel torch would pick on that GPU (flash, "
-            f"memory-efficient, cuDNN), attention= forces one"]
+    return [Note("attention-math-on-meta", {"calls": n})]
 
 
 def _check_costs(model, costs) -> None:

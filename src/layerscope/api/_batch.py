@@ -12,12 +12,14 @@ from ..capture.guard import exclusive
 from ..capture.prepare import is_fake_model
 from ..capture import model_device
 from ..capture.measure import state_bytes
+from ..capture.notes import Note
 from ..errors import InputError
 from ..progress import ProgressBar
 from ..options import MemoryOptions, entry_options
 from ..options import iec, parse_bytes
 from ..analyses.memory_step import host_shortfall, memory_step
 from ..reports.memory import MemoryReport
+from ..reports.notes import NotesField
 
 __all__ = ["BatchFit", "max_batch_size", "real_step_bound"]
 
@@ -28,7 +30,7 @@ def memory_with(model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions
     return MemoryReport(**memory_step(model, args, kwargs, opts))
 
 
-class BatchFit:
+class BatchFit(NotesField):
     """Result of max_batch_size: the largest batch whose predicted peak fits the limit."""
 
     def __init__(self, batch_size: int, peak_bytes: int | None, limit_bytes: int, samples, report):
@@ -40,7 +42,7 @@ class BatchFit:
         # (batch size, measured peak) of the real steps that checked the answer (none: not checked)
         self.measured: tuple[tuple[int, int], ...] = ()
         # what the answer rests on where it is not what it seems (a real step the host could not hold)
-        self.notes: tuple[str, ...] = ()
+        self.notes = ()
         # the answer is the search's ceiling (max_batch): the largest batch that fits may be larger
         self.capped = False
 
@@ -220,9 +222,7 @@ def _checked(fit: BatchFit, model, args, kwargs, opts: MemoryOptions, limit_byte
         lo, hi = (b, b + 1) if fits(b) else (0, b)
         if refused:
             # the host cannot hold a real step at the answer: it is the simulation's (issue 58)
-            fit.notes = (f"the simulation's answer, not checked by a real step: {refused[0]}; scratch that "
-                         "kernels allocate inside themselves (oneDNN convolution workspace) is not in the "
-                         "simulation, so the largest batch that really fits may be smaller",)
+            fit.notes = (Note("batch-not-checked", {"why": refused[0]}),)
             return fit
         while hi - lo > 1:
             left = budget - len(measured)         # >= _clog2(hi - lo): bisection alone fits in it
@@ -241,9 +241,7 @@ def _checked(fit: BatchFit, model, args, kwargs, opts: MemoryOptions, limit_byte
     out.measured = tuple(sorted(measured.items()))
     out.capped = fit.capped and lo == fit.batch_size
     if refused:     # the first, and how many more (each lower batch was tried as bisection went on)
-        more = f"; {len(refused) - 1} more batches below it were not run either" if len(refused) > 1 else ""
-        out.notes = (f"{refused[0]}, so it was not run{more}, and the answer may be smaller than the "
-                     "largest batch that fits",)
+        out.notes = (Note("batch-not-run", {"why": refused[0], "more": len(refused) - 1}),)
     return out
 
 

@@ -13,6 +13,7 @@ from torch import nn
 
 from ..capture.attention import resolve_gpu, router_for
 from ..capture.loss import choose_loss, given_note
+from ..capture.notes import Note
 from ..capture.prepare import check_model, example_inputs, materialize_lazy
 from ..capture.inputs import iter_tensors
 from ..errors import InputError
@@ -179,9 +180,9 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
         rep = search_report(model, args, kwargs, gpus=gpus, held={**held, **given}, gpu=named or resolve_gpu(None),
                             limit=limit, simulate=simulate, fracs=fracs, options=options, progress=progress,
                             search_limit=run["search_limit"])
-        rep.notes = tuple(rep.notes) + (loss_note(),)
+        rep.add_notes(loss_note())
         return rep
-    notes: list[str] = []
+    notes: list = []
     if config.trivial:
         plan, notes = _one_device(model, args, kwargs, config, factory, steps, given_fn, loss, cuda, gpu)
     else:
@@ -200,43 +201,32 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     return ParallelReport(model_name=type(model).__name__, options=options, plans=(plan,), notes=tuple(notes))
 
 
-def _world_notes(config: ParallelConfig, plan: ParallelPlan, rr, roles_of, router, cuda: bool, gpu) -> list[str]:
-    """What a simulated world's notes say: the roles simulated, what rank 0's simulation made up or
-    knew, how attention was priced, and the estimates beside the peak."""
-    notes: list[str] = []
+def _world_notes(config: ParallelConfig, plan: ParallelPlan, rr, roles_of, router, cuda: bool, gpu) -> list[Note]:
+    """What a simulated world's notes say (records; reports/notes.py words them): the roles simulated,
+    what rank 0's simulation made up or knew, how attention was priced, and the estimates beside the peak."""
+    notes: list[Note] = []
     if len(roles_of) == 1:
-        notes.append(f"every rank holds the same shard sizes: rank 0 was simulated for all {config.world}")
-    elif config.pp > 1:
-        notes.append(f"{len(roles_of)} roles (the pipeline stages of each of the {config.pp} pipeline ranks, the "
-                     "uniform split of the blocks, and within them ranks whose shards differ in size): ranks "
-                     + ", ".join(str(r) for r in roles_of) + " were simulated")
+        notes.append(Note("world-one-role", {"world": config.world}))
     else:
-        notes.append(f"{len(roles_of)} roles (ranks whose shards differ in size, where a dimension does not "
-                     "divide evenly): ranks " + ", ".join(str(r) for r in roles_of) + " were simulated")
+        notes.append(Note("world-roles", {"roles": tuple(roles_of), "pp": config.pp}))
     if rr.run.log is not None:
         log = rr.run.log
         if config.pp > 1:     # a stage's modules sit in its wrapper ("model.", "0.model."): the model's paths
             log = dataclasses.replace(log, events=[(k, w, model_name(p)) for k, w, p in log.events])
-        notes += log.notes(remedy="--run trains it for real")
+        notes += log.records(remedy="--run trains it for real")
     if rr.run.known is not None:
         notes += rr.run.known.notes()
     if router is not None:
         notes += router.notes(passes=len(rr.run.passes) or 1)
     if cuda and gpu is None:
-        notes.append(f"no GPU named: attention is priced with the {router.gpu.name}'s rules and there is no "
-                     "memory limit to fit (give gpu= / --gpu, or memory_limit=)")
+        notes.append(Note("world-no-gpu-named", {"gpu": router.gpu.name}))
     if cuda:
-        notes.append("the CUDA caching allocator's fragmentation is not estimated (its 512-byte rounding is "
-                     "simulated); NCCL's buffers are an estimate, on a line of its own")
+        notes.append(Note("world-cuda-allocator", {}))
     if config.offload:
-        host = max(r.host_bytes for r in plan.ranks)
-        notes.append(f"CPU offload: the sharded parameters, their reduced gradients and the optimizer's step and "
-                     f"state live in the host's memory, {host:,} B per rank at most, not in the peak"
-                     if cuda else "CPU offload changes nothing on CPU ranks: the host's memory is their device's")
+        notes.append(Note("world-offload", {"cuda": cuda, "host_bytes": max(r.host_bytes for r in plan.ranks)}))
     late = max(r.breakdown.get(ESTIMATES[1], 0) for r in plan.ranks)
     if late:
-        notes.append(f"gloo's reduce-scatter all-reduces a clone of its input that its worker thread may free "
-                     f"after the step has gone on: up to {late:,} B more, an estimate on a line of its own")
+        notes.append(Note("world-gloo-late", {"bytes": late}))
     return notes
 
 
@@ -252,8 +242,7 @@ def _timed(plan: ParallelPlan, runs: dict, config: ParallelConfig, gpu, tokens: 
                                mfu=st.mfu, timing=st.to_dict())
     notes = []
     if st.uncounted_ops:
-        notes.append(f"step time: {st.uncounted_ops} op(s) of a rank's step have no cost formula and are priced at "
-                     f"one kernel launch ({st.fractions['launch_s'] * 1e6:g} us) each")
+        notes.append(Note("world-uncounted-ops", {"ops": st.uncounted_ops, "launch_us": st.fractions["launch_s"] * 1e6}))
     return plan, notes
 
 
@@ -278,7 +267,5 @@ def _one_device(model, args, kwargs, config: ParallelConfig, factory, steps, los
     r = RankMemory(rank=0, coords=mesh_coords(config, 0), simulated_as=0,
                    peak_bytes=rep.peak_bytes, simulated_peak_bytes=rep.peak_bytes, peak_step=step.step + 1,
                    peak_phase=step.peak_phase, peak_layer=step.peak_layer, breakdown=parts)
-    notes = ["every degree is 1: one device, no sharding; these are memory()'s figures"
-             + (f" with the blocks checkpointed ({config.ac})" if config.ac != "none" else "")
-             + (" (mixed precision bf16 as autocast over fp32 weights)" if config.mixed_precision == "bf16" else "")]
-    return plan_of(config, (r,)), notes + list(rep.notes)
+    notes = [Note("world-one-device", {"ac": config.ac, "bf16": config.mixed_precision == "bf16"})]
+    return plan_of(config, (r,)), notes + list(rep.note_items)

@@ -9,6 +9,7 @@ import torch
 
 from ..capture import iter_tensors, model_device
 from ..capture.guard import exclusive, gc_paused
+from ..capture.notes import Note
 from ..capture.prepare import check_model, example_inputs, is_fake_model, micro_batch
 from ..errors import InputError
 from ..options import entry_options
@@ -79,15 +80,14 @@ def partition(model_or_report, *args: Any, stages: int | None = None, by=None, s
     from ..reports.plan_build import build_plan
 
     o = opts
-    notes: list[str] = []
+    notes: list[Note] = []
     recorded = {"optimizer": None, "autocast": None}
     if not isinstance(o.microbatches, int) or o.microbatches < 1:      # before micro_batch() divides by it
         raise InputError(f"microbatches must be a positive integer, got {o.microbatches!r}")
     if isinstance(model_or_report, Report):
         units = split_units(model_or_report.trace, model=model_or_report._model() if model_or_report._model
                             else None)
-        notes.append("planned from a Report: activations and optimizer state are not counted "
-                     "(pass the model, or a MemoryReport, for memory-aware plans)")
+        notes.append(Note("partition-from-report", {}))
     elif isinstance(model_or_report, MemoryReport):
         rep = model_or_report
         units = units_from_memory(rep, rep._model() if rep._model else None)
@@ -125,7 +125,7 @@ def partition(model_or_report, *args: Any, stages: int | None = None, by=None, s
             with gc_paused():
                 work = unit_work_bytes(model, units, mb_args, mb_kwargs, loss_fn=o.loss_fn)
             units = with_work(units, work)
-            notes.append(f"working memory: the larger of simulated and measured on {model_device(model)}")
+            notes.append(Note("partition-working-measured", {"device": str(model_device(model))}))
         if o.by == "latency":
             with gc_paused():
                 lat = unit_latencies(model, units, mb_args, mb_kwargs, repeats=o.latency_repeats,
@@ -136,8 +136,7 @@ def partition(model_or_report, *args: Any, stages: int | None = None, by=None, s
                     shares = unit_weight_shares(model, units, mb_args, mb_kwargs, repeats=o.latency_repeats,
                                                 loss_fn=o.loss_fn)
                 units = with_weight_shares(units, shares)
-                notes.append("zero bubble: each unit's weights' share of its backward (W) measured: its backward "
-                             "timed again with the parameters frozen, the input gradients (I) alone")
+                notes.append(Note("partition-weight-shares", {}))
         recorded.update(optimizer=rep.options.get("optimizer"), autocast=rep.options.get("autocast"),
                         device=rep.options.get("device"))
     count_inputs = o.count_inputs
@@ -163,8 +162,8 @@ def partition(model_or_report, *args: Any, stages: int | None = None, by=None, s
                              "another name of the built-in table) or (peak_flops, peak_bytes_per_s)")
         roof = roofline_for(o.roofline or "auto", where, _plan_dtype(units))
         units = with_latencies(units, roofline_times(units, roof))
-        notes.append(f"times predicted by a roofline ({roof.name}): {roof.peak_flops / 1e12:.3g} TFLOP/s, "
-                     f"{roof.peak_bandwidth / 1e9:.3g} GB/s ({roof.source})")
+        notes.append(Note("partition-roofline", {"name": roof.name, "peak_flops": roof.peak_flops,
+                                                 "peak_bandwidth": roof.peak_bandwidth, "source": roof.source}))
         recorded["roofline"] = roof.to_dict()
     return build_plan(units, opts, notes=notes, recorded=recorded)
 

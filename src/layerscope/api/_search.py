@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping
 from torch import nn
 
 from ..capture.inputs import iter_tensors
+from ..capture.notes import Note
 from ..errors import InputError
 from ..planning.search.candidates import BLOCKS, SearchResult, family_of, label
 from ..planning.search.space import SearchTask, search
@@ -88,18 +89,14 @@ def search_report(model: nn.Module, args: tuple, kwargs: dict, *, gpus: int, hel
         why = next((c.why for c in res.candidates if c.status in ("error", "oom-bound")), "nothing could be simulated")
         raise InputError(f"no configuration of {gpus} GPUs could be simulated: {why}")
     counts = search_dict(res)["counts"]
-    notes = [f"searched {len(res.candidates)} configurations of {gpus} GPUs for a global batch of {global_batch} "
-             f"in {res.seconds:.0f} s: simulated {res.simulated}, each on copies of the model with "
-             f"{BLOCKS[0]} and {BLOCKS[1]} blocks per pipeline stage, every figure extended linearly to its blocks"
-             + (f" (and {res.for_bounds} on two blocks for the lower bounds)" if res.for_bounds else "")
-             + f": {res.passes:,} pass{'es' if res.passes != 1 else ''} of a micro-batch through a stage"
-             + (f" of the {res.max_passes:,} the search's limit allows (--search-limit)" if res.max_passes is not None
-                else "") + "; "
-             + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))]
+    notes = [Note("search-searched", {
+        "candidates": len(res.candidates), "gpus": gpus, "global_batch": global_batch, "seconds": res.seconds,
+        "simulated": res.simulated, "blocks": tuple(BLOCKS[:2]), "for_bounds": res.for_bounds,
+        "passes": res.passes, "max_passes": res.max_passes, "counts": tuple(sorted(counts.items()))})]
     if best is None:
-        notes.append("NO configuration fits: the plan shown is the nearest miss")
+        notes.append(Note("search-none-fits", {}))
     else:
-        notes.append(f"chosen: {label(best.config)}; simulate it whole with: layerscope parallel ... --gpus {gpus} "
-                     f"{command_line(best)}")
+        notes.append(Note("search-chosen", {"label": label(best.config), "gpus": gpus,
+                                            "command": command_line(best)}))
     return ParallelReport(model_name=type(model).__name__, options=options, plans=(shown.plan,), notes=tuple(notes),
                           search=search_dict(res))

@@ -37,6 +37,7 @@ from ..costs.gpus import GPU, gpu as gpu_row
 from .. import _compat
 from ..costs.sdpa import KERNEL_NAMES, RULES, choose, switched_off, unusable
 from ..errors import InputError
+from .notes import Note
 
 __all__ = ["SdpaRouter", "router_for", "resolve_gpu"]
 
@@ -192,21 +193,17 @@ class SdpaRouter:
                 self.ticks.append((self.clock(), kernel))
         return _run(kernel, q, k, v, mask, dropout, causal, scale, gqa, grad)
 
-    def notes(self, passes: int = 1) -> list[str]:
-        """One line per kernel used: how many SDPA calls were priced as it (per forward, over ``passes``
-        forwards), and why."""
+    def notes(self, passes: int = 1) -> list[Note]:
+        """One record per kernel used: how many SDPA calls were priced as it (per forward, over ``passes``
+        forwards), and why (reports/notes.py words them)."""
         g = self.gpu
-        how = "as forced" if self.forced != "auto" else \
-            f"the kernel {RULES} CUDA rules pick on the {g.name} (sm {g.capability[0]}.{g.capability[1]})"
         out = []
         for kernel, n in self.picked.most_common():
             each = passes > 1 and n % passes == 0
-            n = n // passes if each else n
-            line = f"attention: {n:,} SDPA call{'s' if n != 1 else ''}{' per forward' if each else ''} priced as " \
-                   f"{KERNEL_NAMES[kernel]}, {how}, for {self.example[kernel]}"
-            if kernel in self.reasons:
-                line += f" (passed over {self.reasons[kernel]})"
-            out.append(line)
+            out.append(Note("attention-kernel", {
+                "calls": n // passes if each else n, "per_forward": each, "kernel": KERNEL_NAMES[kernel],
+                "forced": self.forced != "auto", "rules": RULES, "gpu": g.name, "capability": tuple(g.capability),
+                "example": self.example[kernel], "passed_over": self.reasons.get(kernel)}))
         return out
 
 

@@ -34,6 +34,7 @@ import weakref
 import torch
 
 from .._compat import no_dispatch
+from .notes import Note
 from .ranges import ValueRanges
 
 __all__ = ["KnownValues", "KnownIndexError", "LIMIT", "FILL_WHOLE", "is_small"]
@@ -350,17 +351,16 @@ class KnownValues:
 
 
 
-    def notes(self) -> list[str]:
-        """What a report says of the values this run had to assume."""
+    def notes(self) -> list[Note]:
+        """What a report says of the values this run had to assume (records; reports/notes.py words them)."""
         out = []
         if self.assumed:
-            out.append(f"{self.assumed} choice(s) made from scores without values (an MoE router's top-k or "
-                       "argmax, on meta/fake tensors) were assumed to spread evenly over the options: every "
-                       "expert gets the same number of tokens (within one), so none is over its capacity")
+            out.append(Note("known-assumed-spread", {"count": self.assumed}))
         if self.cast_ones:
-            out.append(f"{self.cast_ones} integer tensor(s) cast from floats without values (durations or "
-                       "counts the model predicts, on meta/fake tensors) were read as all ones")
-        return out + self.ranges.note()
+            out.append(Note("known-cast-ones", {"count": self.cast_ones}))
+        if self.ranges.unchecked:
+            out.append(Note("known-index-bounds", {"ops": tuple(sorted(self.ranges.unchecked.items()))}))
+        return out
 
     def has(self, t) -> bool:
         return self.value(t) is not None

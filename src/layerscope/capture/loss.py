@@ -38,6 +38,7 @@ from torch import nn
 
 from ..errors import InputError
 from .inputs import iter_tensors
+from .notes import Note
 
 __all__ = ["StepLoss", "choose_loss", "default_loss", "next_token_loss", "given_note", "IGNORE_INDEX"]
 
@@ -167,30 +168,11 @@ class StepLoss:
                              "tensor): give a loss_fn")
         return functools.partial(_cross_entropy, self, self._ids(args, kwargs), stage)
 
-    def describe(self) -> str:
-        """The report's note: which loss the step ran."""
-        used = self.used or {self.kind}
-        parts = []
-        if "model" in used:
-            parts.append("the model's own (its forward given labels, a copy of the token ids, as a training loop "
-                         "passes them)" if self.labels else "the model's own (the labels given to its forward)")
-        if "stage" in used:
-            parts.append("on the last pipeline stage, per micro-batch, the next-token cross-entropy of the logits "
-                         "in fp32 (labels: the token ids shifted by one)" + (
-                             ", the model's own loss as torchtitan's pipeline takes it: a stage takes no labels"
-                             if self.kind == "model" else ""))
-        if "cross-entropy" in used:
-            parts.append("the next-token cross-entropy of the logits in fp32 (labels: the token ids shifted by "
-                         "one), as transformers' causal-LM loss and torchtitan's train step take it")
-        if "sum" in used:
-            why = " (the output's own .loss where labels were given)" if self.asked == "sum" else \
-                " (" + ("no language-model logits over the token ids in the output" if self.fallback
-                        else "no token ids in the inputs" if self.place is None else
-                        "no language-model loss to take") + ")"
-            parts.append("the sum of the output" + why)
-        asked = "" if self.asked == "auto" else f" (loss={self.asked!r})"
-        return "loss" + asked + ": " + "; ".join(parts) + \
-            ("" if self.asked != "auto" else "; loss= / --loss chooses another (model, cross-entropy, sum)")
+    def describe(self) -> Note:
+        """The report's note: which loss the step ran (reports/notes.py words it)."""
+        return Note("loss-chosen", {"used": tuple(sorted(self.used or {self.kind})), "kind": self.kind,
+                                    "asked": self.asked, "labels": bool(self.labels),
+                                    "fallback": bool(self.fallback), "ids": self.place is not None})
 
 
 def _summed(choice: StepLoss, output):
@@ -220,11 +202,11 @@ def _cross_entropy(choice: StepLoss, ids: torch.Tensor, stage: bool, output):
     return next_token_loss(logits, ids)
 
 
-def given_note(fn) -> str:
+def given_note(fn) -> Note:
     """The report's note for a step whose loss is a given ``loss_fn``: the first line of its docstring says
     what it is, where it has one."""
     doc = (getattr(getattr(fn, "func", fn), "__doc__", None) or "").strip().splitlines()
-    return "loss: the given loss_fn" + (f" ({doc[0].rstrip('.')})" if doc else "")
+    return Note("loss-given", {"doc": doc[0].rstrip('.') if doc else None})
 
 
 def choose_loss(model: nn.Module, args: tuple, kwargs: dict, loss: str = "auto") -> StepLoss:

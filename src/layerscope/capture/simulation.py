@@ -46,6 +46,7 @@ import torch
 from .._compat import dispatch_mode, disable_current_modes, no_dispatch, profiler_enabled, tree_leaves, \
     tree_map_only
 from ..trace import BACKWARD, FORWARD
+from .notes import Note
 
 __all__ = ["META_READS", "note_meta_read", "Note", "word_note", "SimulationLog", "SimulationKernels", "ValueReads", "PROBE_LIMIT", "eager_paths"]
 
@@ -94,36 +95,30 @@ class SimulationLog:
         self.events.append((kind, what, where))
         self.ticks.append(self.clock() if self.clock is not None else -1)
 
-    def records(self, skip=()) -> list[Note]:
+    def records(self, skip=(), remedy: str | None = None) -> list[Note]:
         """The log as notes: one record per kind and thing made up, with its count and places (in the
-        order first seen; a place's count where it is more than one)."""
+        order first seen; a place's count where it is more than one); ``remedy``: what the caller offers
+        instead of ``simulate=False`` (parallel(): ``--run``)."""
         groups: dict[tuple[str, str], Counter] = {}
         for kind, what, where in self.events:
             if kind in skip:
                 continue
             groups.setdefault((kind, what), Counter())[where or "(root)"] += 1
         return [Note(f"simulation-{kind}", {"kind": kind, "what": what, "times": sum(where.values()),
-                                             "places": tuple(where.items())})
+                                             "places": tuple(where.items()), "remedy": remedy})
                 for (kind, what), where in groups.items()]
 
     def notes(self, skip=(), remedy: str | None = None) -> list[str]:
         """The records worded (``word_note``); ``remedy``: what the caller offers instead of
         ``simulate=False`` (parallel(): ``--run``)."""
-        return [word_note(n, remedy) for n in self.records(skip)]
-
-
-@dataclass(frozen=True)
-class Note:
-    """A note as a record: what it says (``code``) and its data; ``word_note`` words it."""
-
-    code: str
-    data: dict
+        return [word_note(n) for n in self.records(skip, remedy)]
 
 
 def word_note(note: Note, remedy: str | None = None) -> str:
-    """A SimulationLog record in words. ``remedy`` replaces the advice to track the step for real with
-    ``simulate=False``."""
+    """A SimulationLog record in words (reports/notes.py words every other code). ``remedy`` (or the
+    record's own) replaces the advice to track the step for real with ``simulate=False``."""
     d = note.data
+    remedy = remedy or d.get("remedy")
     kind, what, n, where = d["kind"], d["what"], d["times"], d["places"]
     places = ", ".join(f"{p} (x{c})" if c > 1 else p for p, c in where[:4])
     if len(where) > 4:

@@ -19,6 +19,7 @@ from ..capture.storage import CATEGORIES
 from ..errors import InputError
 from ..trace import Trace
 from .base import ReportRecord, Totals, rendered, write_text
+from .notes import NotesField
 from .summary import input_facts
 from .table import Column, Fact, Table, select_columns, tree_table
 
@@ -146,7 +147,7 @@ class MemoryTotals(Totals):
     loss_saved_bytes: int              # what the loss saved for its backward (in no layer's activations)
 
 
-class MemoryReport(ReportRecord):
+class MemoryReport(NotesField, ReportRecord):
     """Results of ``layerscope.memory``. Frozen; renderers only read it."""
 
     kind = "memory"
@@ -154,7 +155,7 @@ class MemoryReport(ReportRecord):
 
     def __init__(self, *, model_name: str, options: dict, steps: tuple[StepMemory, ...],
                  static: dict, totals: dict, layers: tuple[MemoryLayer, ...], timeline: Timeline,
-                 trace: Trace, measured: Measured | None = None, notes: tuple[str, ...] = (),
+                 trace: Trace, measured: Measured | None = None, notes: tuple = (),
                  model=None) -> None:
         self.model_name = model_name
         self.options = dict(options)

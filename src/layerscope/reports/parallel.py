@@ -11,6 +11,7 @@ from ..options import iec
 from ..planning.simulate.results import ESTIMATES, ParallelPlan, RankMemory
 from ..planning.simulate.sharded_rank import PARTS
 from .base import ReportRecord
+from .notes import NotesField
 from .table import Column, Fact, Table, flat_table
 
 __all__ = ["ParallelReport", "RoleRow", "PARALLEL_COLUMNS", "SCHEMA", "STEP_PARTS"]
@@ -148,7 +149,7 @@ def _search_headline(search: dict | None) -> Fact | None:
     return Fact("Search", head + what, alert=True)
 
 
-class ParallelReport(ReportRecord):
+class ParallelReport(NotesField, ReportRecord):
     """Per-rank memory of sharded-training configurations. ``plans``: one here (the search fills more);
     ``options``: what the simulation was run with; ``notes``: what it assumed or could not show."""
 

@@ -9,6 +9,7 @@ from ..errors import InputError
 from ..planning.config import SCHEDULES
 from ..planning.split.plan import StageIndex
 from .base import ReportRecord
+from .notes import NotesField
 from .table import OMIT, Column, Fact, Table, flat_table, select_columns
 
 if TYPE_CHECKING:
@@ -162,7 +163,7 @@ PLAN_JSON = (
 )
 
 
-class StagePlan(ReportRecord, StageIndex):
+class StagePlan(NotesField, ReportRecord, StageIndex):
     """Result of ``layerscope.partition``. Frozen; renderers only read it."""
 
     kind = "stage_plan"
@@ -170,7 +171,7 @@ class StagePlan(ReportRecord, StageIndex):
     json_rows = "stages"
 
     def __init__(self, *, units: "SplitUnits", stages: tuple[Stage, ...], by: str, schedule: str,
-                 microbatches: int, bottleneck: float, options: dict, notes: tuple[str, ...] = (),
+                 microbatches: int, bottleneck: float, options: dict, notes: tuple = (),
                  objective: str = "bottleneck", timeline: "Timeline | None" = None,
                  stages_per_rank: int = 2, rank_bytes: tuple[int, ...] | None = None) -> None:
         self.objective = objective

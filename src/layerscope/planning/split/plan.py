@@ -64,7 +64,7 @@ class PlanResult(StageIndex):
     schedule: str
     microbatches: int
     bottleneck: float
-    notes: tuple[str, ...]
+    notes: tuple            # capture.notes.Note records (and text), worded in reports/notes.py
     objective: str
     timeline: Timeline | None
     stages_per_rank: int

@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from ...capture.notes import Note
 from ...errors import InputError, PlanError
 from ...options import parse_bytes
 from ...options import iec
@@ -74,9 +75,7 @@ def plan_split(units: SplitUnits, options: PartitionOptions, notes=()) -> PlanRe
         # a rank holds stages_per_rank stages: each stage held to its share of the device, which is
         # sufficient (the rank's peak is at most the sum of its stages' peaks) but not necessary
         limits = [v / stages_per_rank for v in limits]
-        notes.append(f"{schedule}: each stage is held to 1/{stages_per_rank} of the device's memory limit "
-                     f"(a rank holds {stages_per_rank} stages; sufficient, not necessary: the rank's own "
-                     "peak is in Rank memory)")
+        notes.append(Note("split-stage-share", {"schedule": schedule, "stages_per_rank": stages_per_rank}))
     unit_cost(by) if by != "memory" else None   # validates ``by`` early
     found = solve(units, stages, by, limits, schedule, microbatches, stages_per_rank)
     if found is None:
@@ -141,11 +140,7 @@ def plan_split(units: SplitUnits, options: PartitionOptions, notes=()) -> PlanRe
                             weight=[st.weight_time for st in out] if zero_bubble else None)
         if zero_bubble:
             measured = all(u.measured_weight_share is not None for u in units.units)
-            notes.append("zero bubble: each unit's backward is split into the input's gradient (I) and the "
-                         "weights' (W) " + ("as measured (below)" if measured else
-                                            "by FLOPs (a weight gradient costs the forward FLOPs of the ops "
-                                            "that read the weight)")
-                         + "; the first stage's whole backward is W, as torch runs it")
+            notes.append(Note("split-zero-bubble", {"measured": measured}))
     rank_bytes = None
     if kind.multi:
         orders = rank_orders(schedule, stages, microbatches, stages_per_rank)
@@ -153,8 +148,7 @@ def plan_split(units: SplitUnits, options: PartitionOptions, notes=()) -> PlanRe
             rank_memory(units, [st for st in out if st.rank == r], stages,
                         [(a.stage, a.kind) for a in orders[r]], microbatches) for r in range(p))
     if objective == "step_time" and not exact:
-        notes.append("step time: the best split a descent from the min-max splits found (too many splits "
-                     "to simulate every one)")
+        notes.append(Note("split-descent", {}))
     return PlanResult(units=units, stages=tuple(out), by=by if isinstance(by, str) else "custom",
                       schedule=schedule, microbatches=microbatches,
                       bottleneck=max(st.cost for st in out), notes=tuple(notes),
@@ -198,11 +192,11 @@ def _step_times(units: SplitUnits, link_bandwidth, optimizer_bandwidth, notes: l
         send = [u.output_bytes / float(link_bandwidth) for u in us]
     else:
         send = [0.0] * len(us)
-        notes.append("step time: sends across cuts not priced (give link_bandwidth, bytes/s)")
+        notes.append(Note("split-sends-unpriced", {}))
     if optimizer_bandwidth:
         opt = [(2 * u.param_bytes + u.grad_bytes + 2 * u.optimizer_bytes) / float(optimizer_bandwidth) for u in us]
     else:
         opt = [0.0] * len(us)
-        notes.append("step time: the optimizer step not priced (give optimizer_bandwidth, bytes/s)")
+        notes.append(Note("split-optimizer-unpriced", {}))
     return StepTimes([u.forward_time for u in us], [u.backward_time for u in us], send, opt,
                      [u.backward_time * u.weight_share for u in us])
