@@ -168,9 +168,105 @@ def _kernel_of(node) -> tuple[int, ...] | None:
     return None
 
 
+def _set_kernels(plan: _Plan, modules: dict) -> None:
+    """Kernel sizes on the shadow modules as eager modules have them."""
+    for c in plan.calls:
+        m = modules[c["path"]]
+        w = m._parameters.get("weight")
+        if "Conv" in c["type"] and w is not None and w.dim() > 2:
+            m.kernel_size = tuple(int(s) for s in w.shape[2:])
+        elif "Pool" in c["type"] and "Adaptive" not in c["type"]:   # adaptive pools have no kernel
+            k = next((_kernel_of(n) for n in c["nodes"] if _kernel_of(n)), None)
+            if k is not None:
+                m.kernel_size = k
+
+
+def _is_silent(fn) -> bool:
+    """A callable the recorder must not see: not an op, or an op that only reads or checks shapes."""
+    return not _compat.is_op_overload(fn) and \
+        not _compat.is_higher_order_op(fn) and not isinstance(fn, nn.Module) \
+        or _compat.is_op_overload(fn) and fn._opname.startswith(_SILENT_PREFIXES)
+
+
+class _Interpreter:
+    """Runs a graph's nodes under the capture, entering and leaving the shadow modules of the calls
+    the plan opens at each op node."""
+
+    def __init__(self, cap, plan: _Plan, modules: dict, env: dict, get_attr) -> None:
+        self.cap, self.plan, self.modules, self.env, self.get_attr = cap, plan, modules, env, get_attr
+        self.opened: list[int] = []
+
+    def value(self, x):
+        return torch.fx.node.map_arg(x, lambda a: self.env[a])
+
+    def leave(self, c: int) -> None:
+        outs = [self.env[n] for n in self.plan.calls[c]["outputs"] if n in self.env]
+        self.cap.exit(self.modules[self.plan.calls[c]["path"]], (), {}, outs[0] if len(outs) == 1 else tuple(outs))
+
+    def open_for(self, n) -> None:
+        """Leave the calls this node is not in, enter those it is in that are not open yet."""
+        want, opened = self.plan.open_at[n], self.opened
+        k = 0
+        while k < len(opened) and k < len(want) and opened[k] == want[k]:
+            k += 1
+        while len(opened) > k:
+            self.leave(opened.pop())
+        for c in want[k:]:
+            self.cap.enter(self.modules[self.plan.calls[c]["path"]],
+                           tuple(v for v in (self.env[a] for a in self.plan.calls[c]["inputs"] if a in self.env)
+                                 if isinstance(v, torch.Tensor)), {})
+            opened.append(c)
+
+    def call(self, n) -> None:
+        args, kwargs = self.value(n.args), self.value(n.kwargs)
+        try:
+            if n.op == "call_module":
+                fn = self.get_attr(n.target)
+            elif n.op == "call_method":
+                fn = getattr(args[0], n.target)
+                args = args[1:]
+            else:
+                fn = n.target
+            self.cap.paused = _is_silent(fn)
+            try:
+                self.env[n] = fn(*args, **kwargs)
+            finally:
+                self.cap.paused = False
+        except LayerscopeError:
+            raise
+        except Exception as e:
+            where = self.plan.calls[self.opened[-1]]["path"] if self.opened else "(root)"
+            raise ForwardError(f"the exported program failed in {where} at node {n.name} "
+                               f"({n.target}): {type(e).__name__}: {str(e).splitlines()[0][:300]}",
+                               path=where) from e
+
+    def run(self, graph, root: nn.Module, inputs, pick_output):
+        """The program's output, picked by ``pick_output`` from the output node's values."""
+        from ..capture.recorder import OpRecorder
+        output = None
+        with torch.no_grad(), OpRecorder(self.cap):
+            self.cap.enter(root, tuple(_compat.tree_leaves(inputs)), {})
+            for n in graph.nodes:
+                if n.op == "placeholder":
+                    continue
+                if n.op == "get_attr":
+                    self.env[n] = self.get_attr(n.target)
+                    continue
+                if n.op == "output":
+                    while self.opened:
+                        self.leave(self.opened.pop())
+                    output = pick_output(self.value(n.args[0]))
+                    break
+                if not _is_op(n):
+                    continue
+                self.open_for(n)
+                self.call(n)
+            self.cap.exit(root, (), {}, output)
+        return output
+
+
 def _run(graph, *, get_attr, placeholders: dict, state: list, root_name: str | None, fmt: str,
          device: str, user_inputs: Any, pick_output, options=None):
-    from ..capture.recorder import OpRecorder
     from ..capture.records import build_trace
     from ..capture.session import Session
     from ..capture.state import StateGuard
@@ -183,15 +279,7 @@ def _run(graph, *, get_attr, placeholders: dict, state: list, root_name: str | N
     named = list(root.named_modules())
     modules = dict(named)
     types = {c["path"]: c["type"] for c in plan.calls}
-    for c in plan.calls:   # kernel sizes as eager modules have them
-        m = modules[c["path"]]
-        w = m._parameters.get("weight")
-        if "Conv" in c["type"] and w is not None and w.dim() > 2:
-            m.kernel_size = tuple(int(s) for s in w.shape[2:])
-        elif "Pool" in c["type"] and "Adaptive" not in c["type"]:   # adaptive pools have no kernel
-            k = next((_kernel_of(n) for n in c["nodes"] if _kernel_of(n)), None)
-            if k is not None:
-                m.kernel_size = k
+    _set_kernels(plan, modules)
     mods = [m for _, m in named]
     inputs = user_inputs[0]
     cap = Session(root, options or CostOptions(), track_seq=False)
@@ -200,70 +288,8 @@ def _run(graph, *, get_attr, placeholders: dict, state: list, root_name: str | N
     cap.seed_producers(inputs, [t for _, t, k in state if isinstance(t, torch.Tensor)])
     guard = StateGuard(root, mods, inputs)
     env: dict = dict((n, placeholders[n.name]) for n in graph.nodes if n.op == "placeholder")
-    opened: list[int] = []
-
-    def value(x):
-        return torch.fx.node.map_arg(x, lambda a: env[a])
-
-    def tensors(vals):
-        return tuple(v for v in vals if isinstance(v, torch.Tensor))
-
-    def leave(c: int) -> None:
-        outs = [env[n] for n in plan.calls[c]["outputs"] if n in env]
-        cap.exit(modules[plan.calls[c]["path"]], (), {}, outs[0] if len(outs) == 1 else tuple(outs))
-
-    output = None
     try:
-        with torch.no_grad(), OpRecorder(cap):
-            cap.enter(root, tuple(_compat.tree_leaves(inputs)), {})
-            for n in graph.nodes:
-                if n.op == "placeholder":
-                    continue
-                if n.op == "get_attr":
-                    env[n] = get_attr(n.target)
-                    continue
-                if n.op == "output":
-                    while opened:
-                        leave(opened.pop())
-                    output = pick_output(value(n.args[0]))
-                    break
-                if not _is_op(n):
-                    continue
-                want = plan.open_at[n]
-                k = 0
-                while k < len(opened) and k < len(want) and opened[k] == want[k]:
-                    k += 1
-                while len(opened) > k:
-                    leave(opened.pop())
-                for c in want[k:]:
-                    cap.enter(modules[plan.calls[c]["path"]],
-                             tensors(env[a] for a in plan.calls[c]["inputs"] if a in env), {})
-                    opened.append(c)
-                args, kwargs = value(n.args), value(n.kwargs)
-                try:
-                    if n.op == "call_module":
-                        fn = get_attr(n.target)
-                    elif n.op == "call_method":
-                        fn = getattr(args[0], n.target)
-                        args = args[1:]
-                    else:
-                        fn = n.target
-                    silent = not _compat.is_op_overload(fn) and \
-                        not _compat.is_higher_order_op(fn) and not isinstance(fn, nn.Module) \
-                        or _compat.is_op_overload(fn) and fn._opname.startswith(_SILENT_PREFIXES)
-                    cap.paused = silent
-                    try:
-                        env[n] = fn(*args, **kwargs)
-                    finally:
-                        cap.paused = False
-                except LayerscopeError:
-                    raise
-                except Exception as e:
-                    where = plan.calls[opened[-1]]["path"] if opened else "(root)"
-                    raise ForwardError(f"the exported program failed in {where} at node {n.name} "
-                                       f"({n.target}): {type(e).__name__}: {str(e).splitlines()[0][:300]}",
-                                       path=where) from e
-            cap.exit(root, (), {}, output)
+        output = _Interpreter(cap, plan, modules, env, get_attr).run(graph, root, inputs, pick_output)
     finally:
         guard.restore()
     for c in cap.calls:
