@@ -189,8 +189,7 @@ def _is_silent(fn) -> bool:
 
 
 class _Interpreter:
-    """Runs a graph's nodes under the capture, entering and leaving the shadow modules of the calls
-    the plan opens at each op node."""
+    """Runs a graph's nodes under the capture, entering and leaving the calls the plan opens at each."""
 
     def __init__(self, cap, plan: _Plan, modules: dict, env: dict, get_attr) -> None:
         self.cap, self.plan, self.modules, self.env, self.get_attr = cap, plan, modules, env, get_attr
@@ -280,13 +279,12 @@ def _run(graph, *, get_attr, placeholders: dict, state: list, root_name: str | N
     modules = dict(named)
     types = {c["path"]: c["type"] for c in plan.calls}
     _set_kernels(plan, modules)
-    mods = [m for _, m in named]
     inputs = user_inputs[0]
     cap = Session(root, options or CostOptions(), track_seq=False)
     for path, m in named:
         cap.paths[id(m)] = path
     cap.seed_producers(inputs, [t for _, t, k in state if isinstance(t, torch.Tensor)])
-    guard = StateGuard(root, mods, inputs)
+    guard = StateGuard(root, [m for _, m in named], inputs)
     env: dict = dict((n, placeholders[n.name]) for n in graph.nodes if n.op == "placeholder")
     try:
         output = _Interpreter(cap, plan, modules, env, get_attr).run(graph, root, inputs, pick_output)
@@ -349,25 +347,16 @@ def _inputs_from_program(ep, user_names: list[str]) -> tuple[tuple, dict]:
     return tuple(args), dict(kwargs)
 
 
-def exported_trace(src, args: tuple = (), kwargs: dict | None = None, *, device: str | None = None,
-                   options=None):
-    """Run an ExportedProgram (or a ``.pt2`` file) on example inputs under the capture; returns the
-    Trace. Without inputs, the program's stored example inputs are used. ``device="meta"`` runs on
-    meta copies of the state and inputs (nothing computed or allocated)."""
-    from torch.export.graph_signature import InputKind
-
-    ep = load_exported(src)
-    kwargs = dict(kwargs or {})
-    specs = _input_specs(ep)
-    user_names = [s.arg.name for s in specs if s.kind == InputKind.USER_INPUT]
+def _given_inputs(ep, args: tuple, kwargs: dict, device: str | None, user_names: list[str]) -> tuple:
+    """(args, kwargs, flat leaves): the stored inputs when none are given, on meta for device="meta",
+    checked against the structure and count the program was exported with."""
     if not args and not kwargs:
         args, kwargs = _inputs_from_program(ep, user_names)
-    on_meta = device == "meta"
     if device not in (None, "cpu", "meta"):
         raise InputError(f"an exported program is analysed on CPU or device='meta', not {device!r}")
-    if on_meta:
-        to_meta = lambda t: torch.empty_like(t, device="meta")  # noqa: E731
-        args, kwargs = _compat.tree_map_only(torch.Tensor, to_meta, (tuple(args), kwargs))
+    if device == "meta":
+        args, kwargs = _compat.tree_map_only(torch.Tensor, lambda t: torch.empty_like(t, device="meta"),
+                                             (tuple(args), kwargs))
     flat, spec = _compat.tree_flatten((tuple(args), kwargs))
     in_spec = ep.call_spec.in_spec
     if in_spec is not None and spec != in_spec:
@@ -377,7 +366,12 @@ def exported_trace(src, args: tuple = (), kwargs: dict | None = None, *, device:
     if len(flat) != len(user_names):
         raise InputError(f"the exported program takes {len(user_names)} inputs ({', '.join(user_names)}); "
                          f"{len(flat)} were given")
-    placeholders: dict[str, Any] = dict(zip(user_names, flat))
+    return args, kwargs, flat
+
+
+def _state_inputs(ep, specs: list, placeholders: dict) -> list[tuple[str, Any, str]]:
+    """The program's parameters, buffers and constants as (name, tensor, kind), set as placeholders too."""
+    from torch.export.graph_signature import InputKind
     state: list[tuple[str, Any, str]] = []
     sd, consts = ep.state_dict, ep.constants
     tied: dict = {}
@@ -400,20 +394,29 @@ def exported_trace(src, args: tuple = (), kwargs: dict | None = None, *, device:
             t = tied.setdefault(key, t)
         placeholders[s.arg.name] = t
         state.append((s.target, t, kind))
-    if on_meta:
-        from ..capture.state import empty_like_on
-        meta = {}
-        for i, (fqn, t, kind) in enumerate(state):
-            if isinstance(t, torch.Tensor):
-                m = meta.get(id(t))
-                if m is None:
-                    m = meta[id(t)] = nn.Parameter(empty_like_on(t, "meta"), t.requires_grad) \
-                        if isinstance(t, nn.Parameter) else empty_like_on(t, "meta")
-                state[i] = (fqn, m, kind)
-        for s in specs:
-            if s.kind != InputKind.USER_INPUT and isinstance(placeholders[s.arg.name], torch.Tensor):
-                placeholders[s.arg.name] = meta[id(placeholders[s.arg.name])]
-    _check_inputs(user_names, placeholders, ep.graph)
+    return state
+
+
+def _state_to_meta(specs: list, placeholders: dict, state: list) -> None:
+    """Meta copies of the state in place (one copy per tensor, Parameters kept Parameters)."""
+    from torch.export.graph_signature import InputKind
+
+    from ..capture.state import empty_like_on
+    meta = {}
+    for i, (fqn, t, kind) in enumerate(state):
+        if isinstance(t, torch.Tensor):
+            m = meta.get(id(t))
+            if m is None:
+                m = meta[id(t)] = nn.Parameter(empty_like_on(t, "meta"), t.requires_grad) \
+                    if isinstance(t, nn.Parameter) else empty_like_on(t, "meta")
+            state[i] = (fqn, m, kind)
+    for s in specs:
+        if s.kind != InputKind.USER_INPUT and isinstance(placeholders[s.arg.name], torch.Tensor):
+            placeholders[s.arg.name] = meta[id(placeholders[s.arg.name])]
+
+
+def _output_picker(ep):
+    """The user's outputs out of the graph's output values, in the structure the program returns."""
     out_names = [s.arg.name if hasattr(s.arg, "name") else None for s in ep.graph_signature.output_specs]
     user_out = [i for i, s in enumerate(ep.graph_signature.output_specs) if s.kind.name == "USER_OUTPUT"]
 
@@ -424,12 +427,31 @@ def exported_trace(src, args: tuple = (), kwargs: dict | None = None, *, device:
             return _compat.tree_unflatten(vals, ep.call_spec.out_spec)
         except Exception:
             return vals[0] if len(vals) == 1 else tuple(vals)
+    return pick
 
-    gm = ep.graph_module
-    return _run(ep.graph, get_attr=functools.partial(_get_attr, gm), placeholders=placeholders,
+
+def exported_trace(src, args: tuple = (), kwargs: dict | None = None, *, device: str | None = None,
+                   options=None):
+    """Run an ExportedProgram (or a ``.pt2`` file) on example inputs under the capture; returns the
+    Trace. Without inputs, the program's stored example inputs are used. ``device="meta"`` runs on
+    meta copies of the state and inputs (nothing computed or allocated)."""
+    from torch.export.graph_signature import InputKind
+
+    ep = load_exported(src)
+    kwargs = dict(kwargs or {})
+    specs = _input_specs(ep)
+    user_names = [s.arg.name for s in specs if s.kind == InputKind.USER_INPUT]
+    args, kwargs, flat = _given_inputs(ep, args, kwargs, device, user_names)
+    on_meta = device == "meta"
+    placeholders: dict[str, Any] = dict(zip(user_names, flat))
+    state = _state_inputs(ep, specs, placeholders)
+    if on_meta:
+        _state_to_meta(specs, placeholders, state)
+    _check_inputs(user_names, placeholders, ep.graph)
+    return _run(ep.graph, get_attr=functools.partial(_get_attr, ep.graph_module), placeholders=placeholders,
                 state=state, root_name=_root_type(ep.graph), fmt="torch.export",
                 device="meta" if on_meta else "cpu", user_inputs=((tuple(args), kwargs), set(user_names)),
-                pick_output=pick, options=options)
+                pick_output=_output_picker(ep), options=options)
 
 
 def _get_attr(root, target: str):
