@@ -168,9 +168,104 @@ def _kernel_of(node) -> tuple[int, ...] | None:
     return None
 
 
+def _set_kernels(plan: _Plan, modules: dict) -> None:
+    """Kernel sizes on the shadow modules as eager modules have them."""
+    for c in plan.calls:
+        m = modules[c["path"]]
+        w = m._parameters.get("weight")
+        if "Conv" in c["type"] and w is not None and w.dim() > 2:
+            m.kernel_size = tuple(int(s) for s in w.shape[2:])
+        elif "Pool" in c["type"] and "Adaptive" not in c["type"]:   # adaptive pools have no kernel
+            k = next((_kernel_of(n) for n in c["nodes"] if _kernel_of(n)), None)
+            if k is not None:
+                m.kernel_size = k
+
+
+def _is_silent(fn) -> bool:
+    """A callable the recorder must not see: not an op, or an op that only reads or checks shapes."""
+    return not _compat.is_op_overload(fn) and \
+        not _compat.is_higher_order_op(fn) and not isinstance(fn, nn.Module) \
+        or _compat.is_op_overload(fn) and fn._opname.startswith(_SILENT_PREFIXES)
+
+
+class _Interpreter:
+    """Runs a graph's nodes under the capture, entering and leaving the calls the plan opens at each."""
+
+    def __init__(self, cap, plan: _Plan, modules: dict, env: dict, get_attr) -> None:
+        self.cap, self.plan, self.modules, self.env, self.get_attr = cap, plan, modules, env, get_attr
+        self.opened: list[int] = []
+
+    def value(self, x):
+        return torch.fx.node.map_arg(x, lambda a: self.env[a])
+
+    def leave(self, c: int) -> None:
+        outs = [self.env[n] for n in self.plan.calls[c]["outputs"] if n in self.env]
+        self.cap.exit(self.modules[self.plan.calls[c]["path"]], (), {}, outs[0] if len(outs) == 1 else tuple(outs))
+
+    def open_for(self, n) -> None:
+        """Leave the calls this node is not in, enter those it is in that are not open yet."""
+        want, opened = self.plan.open_at[n], self.opened
+        k = 0
+        while k < len(opened) and k < len(want) and opened[k] == want[k]:
+            k += 1
+        while len(opened) > k:
+            self.leave(opened.pop())
+        for c in want[k:]:
+            self.cap.enter(self.modules[self.plan.calls[c]["path"]],
+                           tuple(v for v in (self.env[a] for a in self.plan.calls[c]["inputs"] if a in self.env)
+                                 if isinstance(v, torch.Tensor)), {})
+            opened.append(c)
+
+    def call(self, n) -> None:
+        args, kwargs = self.value(n.args), self.value(n.kwargs)
+        try:
+            if n.op == "call_module":
+                fn = self.get_attr(n.target)
+            elif n.op == "call_method":
+                fn = getattr(args[0], n.target)
+                args = args[1:]
+            else:
+                fn = n.target
+            self.cap.paused = _is_silent(fn)
+            try:
+                self.env[n] = fn(*args, **kwargs)
+            finally:
+                self.cap.paused = False
+        except LayerscopeError:
+            raise
+        except Exception as e:
+            where = self.plan.calls[self.opened[-1]]["path"] if self.opened else "(root)"
+            raise ForwardError(f"the exported program failed in {where} at node {n.name} "
+                               f"({n.target}): {type(e).__name__}: {str(e).splitlines()[0][:300]}",
+                               path=where) from e
+
+    def run(self, graph, root: nn.Module, inputs, pick_output):
+        """The program's output, picked by ``pick_output`` from the output node's values."""
+        from ..capture.recorder import OpRecorder
+        output = None
+        with torch.no_grad(), OpRecorder(self.cap):
+            self.cap.enter(root, tuple(_compat.tree_leaves(inputs)), {})
+            for n in graph.nodes:
+                if n.op == "placeholder":
+                    continue
+                if n.op == "get_attr":
+                    self.env[n] = self.get_attr(n.target)
+                    continue
+                if n.op == "output":
+                    while self.opened:
+                        self.leave(self.opened.pop())
+                    output = pick_output(self.value(n.args[0]))
+                    break
+                if not _is_op(n):
+                    continue
+                self.open_for(n)
+                self.call(n)
+            self.cap.exit(root, (), {}, output)
+        return output
+
+
 def _run(graph, *, get_attr, placeholders: dict, state: list, root_name: str | None, fmt: str,
          device: str, user_inputs: Any, pick_output, options=None):
-    from ..capture.recorder import OpRecorder
     from ..capture.records import build_trace
     from ..capture.session import Session
     from ..capture.state import StateGuard
@@ -183,87 +278,16 @@ def _run(graph, *, get_attr, placeholders: dict, state: list, root_name: str | N
     named = list(root.named_modules())
     modules = dict(named)
     types = {c["path"]: c["type"] for c in plan.calls}
-    for c in plan.calls:   # kernel sizes as eager modules have them
-        m = modules[c["path"]]
-        w = m._parameters.get("weight")
-        if "Conv" in c["type"] and w is not None and w.dim() > 2:
-            m.kernel_size = tuple(int(s) for s in w.shape[2:])
-        elif "Pool" in c["type"] and "Adaptive" not in c["type"]:   # adaptive pools have no kernel
-            k = next((_kernel_of(n) for n in c["nodes"] if _kernel_of(n)), None)
-            if k is not None:
-                m.kernel_size = k
-    mods = [m for _, m in named]
+    _set_kernels(plan, modules)
     inputs = user_inputs[0]
     cap = Session(root, options or CostOptions(), track_seq=False)
     for path, m in named:
         cap.paths[id(m)] = path
     cap.seed_producers(inputs, [t for _, t, k in state if isinstance(t, torch.Tensor)])
-    guard = StateGuard(root, mods, inputs)
+    guard = StateGuard(root, [m for _, m in named], inputs)
     env: dict = dict((n, placeholders[n.name]) for n in graph.nodes if n.op == "placeholder")
-    opened: list[int] = []
-
-    def value(x):
-        return torch.fx.node.map_arg(x, lambda a: env[a])
-
-    def tensors(vals):
-        return tuple(v for v in vals if isinstance(v, torch.Tensor))
-
-    def leave(c: int) -> None:
-        outs = [env[n] for n in plan.calls[c]["outputs"] if n in env]
-        cap.exit(modules[plan.calls[c]["path"]], (), {}, outs[0] if len(outs) == 1 else tuple(outs))
-
-    output = None
     try:
-        with torch.no_grad(), OpRecorder(cap):
-            cap.enter(root, tuple(_compat.tree_leaves(inputs)), {})
-            for n in graph.nodes:
-                if n.op == "placeholder":
-                    continue
-                if n.op == "get_attr":
-                    env[n] = get_attr(n.target)
-                    continue
-                if n.op == "output":
-                    while opened:
-                        leave(opened.pop())
-                    output = pick_output(value(n.args[0]))
-                    break
-                if not _is_op(n):
-                    continue
-                want = plan.open_at[n]
-                k = 0
-                while k < len(opened) and k < len(want) and opened[k] == want[k]:
-                    k += 1
-                while len(opened) > k:
-                    leave(opened.pop())
-                for c in want[k:]:
-                    cap.enter(modules[plan.calls[c]["path"]],
-                             tensors(env[a] for a in plan.calls[c]["inputs"] if a in env), {})
-                    opened.append(c)
-                args, kwargs = value(n.args), value(n.kwargs)
-                try:
-                    if n.op == "call_module":
-                        fn = get_attr(n.target)
-                    elif n.op == "call_method":
-                        fn = getattr(args[0], n.target)
-                        args = args[1:]
-                    else:
-                        fn = n.target
-                    silent = not _compat.is_op_overload(fn) and \
-                        not _compat.is_higher_order_op(fn) and not isinstance(fn, nn.Module) \
-                        or _compat.is_op_overload(fn) and fn._opname.startswith(_SILENT_PREFIXES)
-                    cap.paused = silent
-                    try:
-                        env[n] = fn(*args, **kwargs)
-                    finally:
-                        cap.paused = False
-                except LayerscopeError:
-                    raise
-                except Exception as e:
-                    where = plan.calls[opened[-1]]["path"] if opened else "(root)"
-                    raise ForwardError(f"the exported program failed in {where} at node {n.name} "
-                                       f"({n.target}): {type(e).__name__}: {str(e).splitlines()[0][:300]}",
-                                       path=where) from e
-            cap.exit(root, (), {}, output)
+        output = _Interpreter(cap, plan, modules, env, get_attr).run(graph, root, inputs, pick_output)
     finally:
         guard.restore()
     for c in cap.calls:
@@ -323,25 +347,16 @@ def _inputs_from_program(ep, user_names: list[str]) -> tuple[tuple, dict]:
     return tuple(args), dict(kwargs)
 
 
-def exported_trace(src, args: tuple = (), kwargs: dict | None = None, *, device: str | None = None,
-                   options=None):
-    """Run an ExportedProgram (or a ``.pt2`` file) on example inputs under the capture; returns the
-    Trace. Without inputs, the program's stored example inputs are used. ``device="meta"`` runs on
-    meta copies of the state and inputs (nothing computed or allocated)."""
-    from torch.export.graph_signature import InputKind
-
-    ep = load_exported(src)
-    kwargs = dict(kwargs or {})
-    specs = _input_specs(ep)
-    user_names = [s.arg.name for s in specs if s.kind == InputKind.USER_INPUT]
+def _given_inputs(ep, args: tuple, kwargs: dict, device: str | None, user_names: list[str]) -> tuple:
+    """(args, kwargs, flat leaves): the stored inputs when none are given, on meta for device="meta",
+    checked against the structure and count the program was exported with."""
     if not args and not kwargs:
         args, kwargs = _inputs_from_program(ep, user_names)
-    on_meta = device == "meta"
     if device not in (None, "cpu", "meta"):
         raise InputError(f"an exported program is analysed on CPU or device='meta', not {device!r}")
-    if on_meta:
-        to_meta = lambda t: torch.empty_like(t, device="meta")  # noqa: E731
-        args, kwargs = _compat.tree_map_only(torch.Tensor, to_meta, (tuple(args), kwargs))
+    if device == "meta":
+        args, kwargs = _compat.tree_map_only(torch.Tensor, lambda t: torch.empty_like(t, device="meta"),
+                                             (tuple(args), kwargs))
     flat, spec = _compat.tree_flatten((tuple(args), kwargs))
     in_spec = ep.call_spec.in_spec
     if in_spec is not None and spec != in_spec:
@@ -351,7 +366,12 @@ def exported_trace(src, args: tuple = (), kwargs: dict | None = None, *, device:
     if len(flat) != len(user_names):
         raise InputError(f"the exported program takes {len(user_names)} inputs ({', '.join(user_names)}); "
                          f"{len(flat)} were given")
-    placeholders: dict[str, Any] = dict(zip(user_names, flat))
+    return args, kwargs, flat
+
+
+def _state_inputs(ep, specs: list, placeholders: dict) -> list[tuple[str, Any, str]]:
+    """The program's parameters, buffers and constants as (name, tensor, kind), set as placeholders too."""
+    from torch.export.graph_signature import InputKind
     state: list[tuple[str, Any, str]] = []
     sd, consts = ep.state_dict, ep.constants
     tied: dict = {}
@@ -374,20 +394,29 @@ def exported_trace(src, args: tuple = (), kwargs: dict | None = None, *, device:
             t = tied.setdefault(key, t)
         placeholders[s.arg.name] = t
         state.append((s.target, t, kind))
-    if on_meta:
-        from ..capture.state import empty_like_on
-        meta = {}
-        for i, (fqn, t, kind) in enumerate(state):
-            if isinstance(t, torch.Tensor):
-                m = meta.get(id(t))
-                if m is None:
-                    m = meta[id(t)] = nn.Parameter(empty_like_on(t, "meta"), t.requires_grad) \
-                        if isinstance(t, nn.Parameter) else empty_like_on(t, "meta")
-                state[i] = (fqn, m, kind)
-        for s in specs:
-            if s.kind != InputKind.USER_INPUT and isinstance(placeholders[s.arg.name], torch.Tensor):
-                placeholders[s.arg.name] = meta[id(placeholders[s.arg.name])]
-    _check_inputs(user_names, placeholders, ep.graph)
+    return state
+
+
+def _state_to_meta(specs: list, placeholders: dict, state: list) -> None:
+    """Meta copies of the state in place (one copy per tensor, Parameters kept Parameters)."""
+    from torch.export.graph_signature import InputKind
+
+    from ..capture.state import empty_like_on
+    meta = {}
+    for i, (fqn, t, kind) in enumerate(state):
+        if isinstance(t, torch.Tensor):
+            m = meta.get(id(t))
+            if m is None:
+                m = meta[id(t)] = nn.Parameter(empty_like_on(t, "meta"), t.requires_grad) \
+                    if isinstance(t, nn.Parameter) else empty_like_on(t, "meta")
+            state[i] = (fqn, m, kind)
+    for s in specs:
+        if s.kind != InputKind.USER_INPUT and isinstance(placeholders[s.arg.name], torch.Tensor):
+            placeholders[s.arg.name] = meta[id(placeholders[s.arg.name])]
+
+
+def _output_picker(ep):
+    """The user's outputs out of the graph's output values, in the structure the program returns."""
     out_names = [s.arg.name if hasattr(s.arg, "name") else None for s in ep.graph_signature.output_specs]
     user_out = [i for i, s in enumerate(ep.graph_signature.output_specs) if s.kind.name == "USER_OUTPUT"]
 
@@ -398,12 +427,31 @@ def exported_trace(src, args: tuple = (), kwargs: dict | None = None, *, device:
             return _compat.tree_unflatten(vals, ep.call_spec.out_spec)
         except Exception:
             return vals[0] if len(vals) == 1 else tuple(vals)
+    return pick
 
-    gm = ep.graph_module
-    return _run(ep.graph, get_attr=functools.partial(_get_attr, gm), placeholders=placeholders,
+
+def exported_trace(src, args: tuple = (), kwargs: dict | None = None, *, device: str | None = None,
+                   options=None):
+    """Run an ExportedProgram (or a ``.pt2`` file) on example inputs under the capture; returns the
+    Trace. Without inputs, the program's stored example inputs are used. ``device="meta"`` runs on
+    meta copies of the state and inputs (nothing computed or allocated)."""
+    from torch.export.graph_signature import InputKind
+
+    ep = load_exported(src)
+    kwargs = dict(kwargs or {})
+    specs = _input_specs(ep)
+    user_names = [s.arg.name for s in specs if s.kind == InputKind.USER_INPUT]
+    args, kwargs, flat = _given_inputs(ep, args, kwargs, device, user_names)
+    on_meta = device == "meta"
+    placeholders: dict[str, Any] = dict(zip(user_names, flat))
+    state = _state_inputs(ep, specs, placeholders)
+    if on_meta:
+        _state_to_meta(specs, placeholders, state)
+    _check_inputs(user_names, placeholders, ep.graph)
+    return _run(ep.graph, get_attr=functools.partial(_get_attr, ep.graph_module), placeholders=placeholders,
                 state=state, root_name=_root_type(ep.graph), fmt="torch.export",
                 device="meta" if on_meta else "cpu", user_inputs=((tuple(args), kwargs), set(user_names)),
-                pick_output=pick, options=options)
+                pick_output=_output_picker(ep), options=options)
 
 
 def _get_attr(root, target: str):

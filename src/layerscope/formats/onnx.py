@@ -20,16 +20,16 @@ lies outside the model's folder is refused all the same, as a malformed or hosti
 
 from __future__ import annotations
 
-import ast
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..costs.registry import (FREE, CostRegistry, NodeCall, OpCost, ShapeUnknown, default_registry,
                               onnx_key)
 from ..errors import RegistryError
-from ..trace import (FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER_UNKNOWN, Costs, LayerRecord, OpEvent,
-                     ParamSpec, TensorSpec, Trace, Window)
+from ..trace import FORWARD, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER_UNKNOWN, Costs, OpEvent, Trace, Window
+from .onnx_layers import (GraphValues, LayerTree, consumers_of, layer_records, layer_tree, numel as _numel, peak,
+                          preorder)
 # load_onnx, infer_shapes, type_shape and with_input_shapes are also reached from here, as before the split
 from .onnx_load import infer_shapes, load_onnx, node_attributes, type_shape, value_dtype, with_input_shapes
 
@@ -77,12 +77,6 @@ class OnnxGraph:
 
 # ---- costs -------------------------------------------------------------------------------------
 
-def _numel(shape) -> int | None:
-    if shape is None or any(not isinstance(d, int) for d in shape):
-        return None
-    return math.prod(shape)
-
-
 def node_costs(op_type: str, ins: list, outs: list, attrs: dict, registry: CostRegistry | None = None,
                domain: str = "") -> tuple[str, OpCost]:
     """(status, cost) of one node from its input and output shapes (None: unknown), priced by the
@@ -111,21 +105,112 @@ _ZERO = OpCost(0, 0, 0, 0)
 
 # ---- the trace ---------------------------------------------------------------------------------
 
-def _scopes(node) -> tuple[list[str], list[str]] | None:
-    meta = {p.key: p.value for p in node.metadata_props}
-    raw = meta.get("pkg.torch.onnx.name_scopes")
-    if not raw:
-        return None
-    try:
-        scopes = ast.literal_eval(raw)
-        classes = ast.literal_eval(meta.get("pkg.torch.onnx.class_hierarchy", "[]"))
-    except (ValueError, SyntaxError):
-        return None
-    scopes, classes = list(scopes)[:-1], list(classes)[:-1]      # the last entry is the op itself
-    if not scopes or scopes[0] != "":
-        scopes = [""] + scopes
-        classes = [""] + classes
-    return scopes, classes
+@dataclass(slots=True)
+class _NodePass:
+    """What the walk over the nodes gathers: their records and ops, who makes each value, which node
+    first reads each parameter and which layers read it, and the values of unknown shape."""
+
+    nodes: list[NodeRecord] = field(default_factory=list)
+    ops: list[OpEvent] = field(default_factory=list)
+    producer: dict[str, int] = field(default_factory=dict)
+    param_first: dict[str, int] = field(default_factory=dict)     # initializer -> first node reading it
+    param_users: dict[str, set] = field(default_factory=dict)
+    unknown: dict[str, None] = field(default_factory=dict)
+
+
+def _priced(node, v: GraphValues, consts: dict, opset: int, registry: CostRegistry):
+    """(status, MACs, FLOPs, the formula's cost, attributes to show) of one node; If, Loop and Scan
+    from their subgraphs."""
+    attrs = node_attributes(node, opset, v.shapes)
+    ins = [v.shapes.get(n) if n else None for n in node.input]
+    outs = [v.shapes.get(n) for n in node.output]
+    cost = _ZERO
+    if node.op_type in ("If", "Loop", "Scan"):
+        status, macs, flops, extra = _control_flow(node, attrs, v.shapes, consts, opset, registry)
+        attrs = {key: val for key, val in attrs.items() if not hasattr(val, "node")} | extra
+    else:
+        status, cost = node_costs(node.op_type, ins, outs, attrs, registry, node.domain)
+        macs, flops = cost.macs, cost.flops
+    return status, macs, flops, cost, attrs
+
+
+def _moved(node, v: GraphValues, status: str, cost: OpCost, macs: int, flops: int) -> tuple[str, Costs]:
+    """The node's status and Costs with bytes read and written: a counted node whose value sizes are
+    not all known becomes "unknown shape", counted as zero."""
+    r_bytes = [v.nbytes(n) for n in node.input if n]
+    w_bytes = [v.nbytes(n) for n in node.output if n]
+    if status == "free":
+        read = written = 0
+    elif status == "counted" and None not in r_bytes + w_bytes:
+        # every input read and every output written once, unless the formula says otherwise
+        read = sum(r_bytes) if cost.bytes_read is None else cost.bytes_read
+        written = sum(w_bytes) if cost.bytes_written is None else cost.bytes_written
+    elif status == "counted":
+        status = "unknown shape"
+        read = written = 0
+        macs = flops = 0
+    else:
+        read = written = 0
+    return status, Costs(macs, flops, read, written)
+
+
+def _producers(node, v: GraphValues, producer: dict) -> tuple[int, ...]:
+    prods = []
+    for n in node.input:
+        if not n:
+            continue
+        if n in producer:
+            prods.append(producer[n])
+        elif n in v.graph_inputs:
+            prods.append(PRODUCER_INPUT)
+        elif n in v.inits:
+            prods.append(PRODUCER_STATE)
+        else:
+            prods.append(PRODUCER_UNKNOWN)
+    return tuple(prods)
+
+
+def _window(node, attrs: dict) -> Window | None:
+    if node.op_type in ("Conv", "ConvTranspose", "MaxPool", "AveragePool") and "kernel_shape" in attrs:
+        nd = len(attrs["kernel_shape"])
+        return Window("tconv" if node.op_type == "ConvTranspose" else "conv", tuple(attrs["kernel_shape"]),
+                      tuple(attrs["strides"]), tuple(attrs["pads"][:nd]), tuple(attrs["dilations"]))
+    return None
+
+
+def _walk_nodes(v: GraphValues, tree: LayerTree, consts: dict, opset: int, registry: CostRegistry) -> _NodePass:
+    """Each node's record and op, in node order."""
+    acc = _NodePass()
+    for k, node in enumerate(v.g.node):
+        op = onnx_key(node.op_type, node.domain)
+        status, macs, flops, cost, attrs = _priced(node, v, consts, opset, registry)
+        for n in list(node.input) + list(node.output):
+            if n and _numel(v.shapes.get(n)) is None:
+                acc.unknown[n] = None
+        status, costs = _moved(node, v, status, cost, macs, flops)
+        params = pbytes = 0
+        for n in node.input:
+            if n and v.is_param(n):
+                acc.param_users.setdefault(n, set()).add(tree.node_layer[k])
+                if n not in acc.param_first:
+                    acc.param_first[n] = k
+                    params += _numel(v.shapes[n]) or 0
+                    pbytes += v.nbytes(n) or 0
+        scopes = tree.scoped[k]
+        acc.nodes.append(NodeRecord(
+            index=k, name=node.name or f"{node.op_type}_{k}", op_type=node.op_type, domain=node.domain,
+            module=scopes[0][-1] if scopes else None,
+            inputs=tuple((n, v.shapes.get(n), v.dtypes.get(n, ("?", 0))[0]) for n in node.input),
+            outputs=tuple((n, v.shapes.get(n), v.dtypes.get(n, ("?", 0))[0]) for n in node.output),
+            attributes=attrs, params=params, param_bytes=pbytes, costs=costs, status=status))
+        acc.ops.append(OpEvent(index=k, op=f"onnx.{op}" + (" (unknown shape)" if status == "unknown shape" else ""),
+                               layer=tree.node_layer[k], phase=FORWARD,
+                               status="uncounted" if status == "unknown shape" else status, costs=costs,
+                               producers=_producers(node, v, acc.producer), window=_window(node, attrs)))
+        for n in node.output:
+            if n:
+                acc.producer[n] = k
+    return acc
 
 
 def onnx_trace(src, input_shapes: dict | None = None,
@@ -143,216 +228,45 @@ def onnx_trace(src, input_shapes: dict | None = None,
     consts: dict[str, Any] = {}                          # small integer constants' values (trip counts)
     _collect_shapes(g, shapes, dtypes, consts)
     inits = {t.name: t for t in g.initializer}
+    v = GraphValues(g, shapes, dtypes, inits, [i.name for i in g.input if i.name not in inits])
+    tree = layer_tree(g)
+    walk = _walk_nodes(v, tree, consts, opset, registry)
+    consumers = consumers_of(g)
+    layers, layer_outputs = layer_records(v, tree, walk.nodes, walk.producer, walk.param_first,
+                                          walk.param_users, consumers)
+    layers, layer_outputs, ops = preorder(tree.recs, layers, layer_outputs, walk.ops)
+    return _trace_of(model, v, tree, walk, layers, layer_outputs, ops, opset, custom), \
+        _graph_of(v, walk, consumers, opset)
 
-    def nbytes(name: str) -> int | None:
-        n = _numel(shapes.get(name))
-        return None if n is None else n * dtypes.get(name, ("", 0))[1]
 
-    def is_param(name: str) -> bool:
-        # floating-point initializers with at least one dim; 0-d ones are the exporter's scalar constants
-        t = inits.get(name)
-        return t is not None and len(t.dims) > 0 and dtypes[name][0].startswith(("float", "bfloat", "complex"))
-
-    graph_inputs = [i.name for i in g.input if i.name not in inits]
-    # ---- layers: module scopes, or one per node
-    scoped = [_scopes(n) for n in g.node]
-    use_scopes = any(s is not None for s in scoped)
-    layer_of_path: dict[str, int] = {"": 0}
-    recs: list[dict] = [{"path": "", "type": g.name or "graph", "parent": None, "children": [], "depth": 0}]
-
-    def layer_for(scopes: list[str], classes: list[str]) -> int:
-        parent = 0
-        for depth, (p, cls) in enumerate(zip(scopes, classes + [""] * len(scopes))):
-            if depth == 0:
-                continue
-            i = layer_of_path.get(p)
-            if i is None:
-                i = layer_of_path[p] = len(recs)
-                recs.append({"path": p, "type": cls.rsplit(".", 1)[-1] or "Module", "parent": parent,
-                             "children": [], "depth": depth})
-                recs[parent]["children"].append(i)
-            parent = i
-        return parent
-
-    node_layer: list[int] = []
-    for k, node in enumerate(g.node):
-        if use_scopes:
-            s = scoped[k]
-            node_layer.append(layer_for(*s) if s else 0)
-        else:
-            name = node.name or f"{node.op_type}_{k}"
-            i = len(recs)
-            recs.append({"path": name, "type": node.op_type, "parent": 0, "children": [], "depth": 1})
-            recs[0]["children"].append(i)
-            node_layer.append(i)
-    # ---- nodes and ops
-    producer: dict[str, int] = {}
-    param_first: dict[str, int] = {}       # initializer -> first node reading it
-    param_users: dict[str, set] = {}
-    nodes: list[NodeRecord] = []
-    ops: list[OpEvent] = []
-    unknown: dict[str, None] = {}
-    for k, node in enumerate(g.node):
-        attrs = node_attributes(node, opset, shapes)
-        ins = [shapes.get(n) if n else None for n in node.input]
-        outs = [shapes.get(n) for n in node.output]
-        op = onnx_key(node.op_type, node.domain)
-        cost = _ZERO
-        if node.op_type in ("If", "Loop", "Scan"):
-            status, macs, flops, extra = _control_flow(node, attrs, shapes, consts, opset, registry)
-            attrs = {k: v for k, v in attrs.items() if not hasattr(v, "node")} | extra
-        else:
-            status, cost = node_costs(node.op_type, ins, outs, attrs, registry, node.domain)
-            macs, flops = cost.macs, cost.flops
-        for n in list(node.input) + list(node.output):
-            if n and _numel(shapes.get(n)) is None:
-                unknown[n] = None
-        r_bytes = [nbytes(n) for n in node.input if n]
-        w_bytes = [nbytes(n) for n in node.output if n]
-        if status == "free":
-            read = written = 0
-        elif status == "counted" and None not in r_bytes + w_bytes:
-            # every input read and every output written once, unless the formula says otherwise
-            read = sum(r_bytes) if cost.bytes_read is None else cost.bytes_read
-            written = sum(w_bytes) if cost.bytes_written is None else cost.bytes_written
-        elif status == "counted":
-            status = "unknown shape"
-            read = written = 0
-            macs = flops = 0
-        else:
-            read = written = 0
-        params = pbytes = 0
-        for n in node.input:
-            if n and is_param(n):
-                param_users.setdefault(n, set()).add(node_layer[k])
-                if n not in param_first:
-                    param_first[n] = k
-                    params += _numel(shapes[n]) or 0
-                    pbytes += nbytes(n) or 0
-        costs = Costs(macs, flops, read, written)
-        scopes = scoped[k]
-        module = scopes[0][-1] if scopes else None
-        nodes.append(NodeRecord(
-            index=k, name=node.name or f"{node.op_type}_{k}", op_type=node.op_type, domain=node.domain,
-            module=module,
-            inputs=tuple((n, shapes.get(n), dtypes.get(n, ("?", 0))[0]) for n in node.input),
-            outputs=tuple((n, shapes.get(n), dtypes.get(n, ("?", 0))[0]) for n in node.output),
-            attributes=attrs, params=params, param_bytes=pbytes, costs=costs, status=status))
-        prods = []
-        for n in node.input:
-            if not n:
-                continue
-            if n in producer:
-                prods.append(producer[n])
-            elif n in graph_inputs:
-                prods.append(PRODUCER_INPUT)
-            elif n in inits:
-                prods.append(PRODUCER_STATE)
-            else:
-                prods.append(PRODUCER_UNKNOWN)
-        window = None
-        if node.op_type in ("Conv", "ConvTranspose", "MaxPool", "AveragePool") and "kernel_shape" in attrs:
-            nd = len(attrs["kernel_shape"])
-            window = Window("tconv" if node.op_type == "ConvTranspose" else "conv", tuple(attrs["kernel_shape"]),
-                            tuple(attrs["strides"]), tuple(attrs["pads"][:nd]), tuple(attrs["dilations"]))
-        ops.append(OpEvent(index=k, op=f"onnx.{op}" + (" (unknown shape)" if status == "unknown shape" else ""),
-                           layer=node_layer[k], phase=FORWARD,
-                           status="uncounted" if status == "unknown shape" else status, costs=costs,
-                           producers=tuple(prods), window=window))
-        for n in node.output:
-            if n:
-                producer[n] = k
-    # ---- layer records
-    n_layers = len(recs)
-    params_at: list[list[ParamSpec]] = [[] for _ in range(n_layers)]
-    counted_at = [0] * n_layers
-    for name, k in param_first.items():
-        layer = node_layer[k]
-        t = shapes[name]
-        spec = ParamSpec(name, t, _numel(t) or 0, nbytes(name) or 0, True, len(param_users[name]) > 1)
-        params_at[layer].append(spec)
-        counted_at[layer] += spec.numel
-    subtree = list(counted_at)
-    for i in range(n_layers - 1, 0, -1):
-        subtree[recs[i]["parent"]] += subtree[i]
-    in_layer: list[set] = [set() for _ in range(n_layers)]
-    for k, li in enumerate(node_layer):        # each node counts for its layer and the ancestors
-        while li is not None:
-            in_layer[li].add(k)
-            li = recs[li]["parent"]
-    consumers: dict[str, list[int]] = {}
-    for k, node in enumerate(g.node):
-        for n in node.input:
-            if n:
-                consumers.setdefault(n, []).append(k)
-    graph_outputs = {o.name for o in g.output}
-
-    def spec(name: str) -> TensorSpec:
-        s = shapes.get(name)
-        return TensorSpec(tuple(d if isinstance(d, int) else -1 for d in s) if s is not None else (),
-                          dtypes.get(name, ("?", 0))[0], nbytes(name) or 0)
-
-    layers: list[LayerRecord] = []
-    layer_outputs: list[tuple[int, ...]] = []
-    for i, r in enumerate(recs):
-        mine = in_layer[i]
-        ins_, outs_ = {}, {}
-        for k in sorted(mine):
-            for n in g.node[k].input:
-                if n and n not in inits and (producer.get(n) not in mine) and not is_param(n):
-                    ins_[n] = None
-            for n in g.node[k].output:
-                if n and (n in graph_outputs or any(c not in mine for c in consumers.get(n, []))):
-                    outs_[n] = None
-        if i == 0:
-            ins_ = dict.fromkeys(graph_inputs)
-            outs_ = dict.fromkeys(o.name for o in g.output)
-        kernel = None
-        conv_nodes = [k for k in mine if g.node[k].op_type in ("Conv", "ConvTranspose")]
-        if len(conv_nodes) == 1 and (not r["children"]):
-            kernel = tuple(nodes[conv_nodes[0]].attributes.get("kernel_shape", ())) or None
-        layers.append(LayerRecord(
-            index=i, path=r["path"], type=r["type"], depth=r["depth"], call_index=0, parent=r["parent"],
-            children=tuple(r["children"]), inputs=tuple(spec(n) for n in ins_),
-            outputs=tuple(spec(n) for n in outs_), params=tuple(params_at[i]), buffers=(),
-            num_params=counted_at[i], trainable_params=counted_at[i], subtree_params=subtree[i],
-            kernel_size=kernel))
-        layer_outputs.append(tuple(producer.get(n, PRODUCER_INPUT) for n in outs_))
-    # layers must be in pre-order (a parent before its children, subtrees contiguous)
-    order: list[int] = []
-
-    def visit(i: int) -> None:
-        order.append(i)
-        for c in recs[i]["children"]:
-            visit(c)
-    visit(0)
-    if order != list(range(n_layers)):
-        remap = {old: new for new, old in enumerate(order)}
-        layers = [_renumber(layers[old], remap) for old in order]
-        layer_outputs = [layer_outputs[old] for old in order]
-        ops = [_replace_layer(o, remap[o.layer]) for o in ops]
-    total_params = sum(_numel(shapes[n]) or 0 for n in param_first)
-    param_bytes = sum(nbytes(n) or 0 for n in param_first)
-    shared = sum(_numel(shapes[n]) or 0 for n in param_first if len(param_users[n]) > 1)
+def _trace_of(model, v: GraphValues, tree: LayerTree, walk: _NodePass, layers: list, layer_outputs: list,
+              ops: list, opset: int, custom: str | None) -> Trace:
+    pf, users, shapes = walk.param_first, walk.param_users, v.shapes
+    total_params = sum(_numel(shapes[n]) or 0 for n in pf)
+    param_bytes = sum(v.nbytes(n) or 0 for n in pf)
+    shared = sum(_numel(shapes[n]) or 0 for n in pf if len(users[n]) > 1)
     options = {"format": "onnx", "opset": opset}
-    merged = _merged_initializers(model, recs, param_users, shapes) if use_scopes else None
+    merged = _merged_initializers(model, tree.recs, users, shapes) if tree.use_scopes else None
     if merged:
         options["merged_initializers"] = merged
     if custom is not None:         # as analyze(costs=...) records it: the numbers follow another registry
         options["costs"] = custom
-    trace = Trace(
-        model_name=g.name or "onnx", layers=tuple(layers), ops=tuple(ops), layer_outputs=tuple(layer_outputs),
+    return Trace(
+        model_name=v.g.name or "onnx", layers=tuple(layers), ops=tuple(ops), layer_outputs=tuple(layer_outputs),
         param_numel=total_params, trainable_numel=total_params, shared_numel=shared, param_bytes=param_bytes,
-        buffer_numel=0, buffer_bytes=0, input_bytes=sum(nbytes(n) or 0 for n in graph_inputs),
-        output_bytes=sum(nbytes(o.name) or 0 for o in g.output), options=options)
+        buffer_numel=0, buffer_bytes=0, input_bytes=sum(v.nbytes(n) or 0 for n in v.graph_inputs),
+        output_bytes=sum(v.nbytes(o.name) or 0 for o in v.g.output), options=options)
+
+
+def _graph_of(v: GraphValues, walk: _NodePass, consumers: dict, opset: int) -> OnnxGraph:
     hist: dict[str, int] = {}
-    for n in nodes:
+    for n in walk.nodes:
         hist[n.op_type] = hist.get(n.op_type, 0) + 1
-    symbolic = sorted({d for s in shapes.values() if s for d in s if isinstance(d, str)})
-    info = OnnxGraph(nodes=tuple(nodes), opset=opset, histogram=dict(sorted(hist.items(), key=lambda kv: -kv[1])),
-                     peak_activation_bytes=_peak(g, graph_inputs, inits, nbytes, consumers, graph_outputs),
-                     unknown_shapes=tuple(unknown), symbolic_dims=tuple(symbolic))
-    return trace, info
+    symbolic = sorted({d for s in v.shapes.values() if s for d in s if isinstance(d, str)})
+    return OnnxGraph(nodes=tuple(walk.nodes), opset=opset,
+                     histogram=dict(sorted(hist.items(), key=lambda kv: -kv[1])),
+                     peak_activation_bytes=peak(v, consumers),
+                     unknown_shapes=tuple(walk.unknown), symbolic_dims=tuple(symbolic))
 
 
 # torch.onnx.export(dynamo=True) runs onnxscript's optimizer, whose DeduplicateInitializersPass (onnx_ir,
@@ -457,44 +371,3 @@ def _control_flow(node, attrs: dict, shapes: dict, consts: dict, opset: int, reg
     if trips is None or miss:
         return "uncounted", 0, 0, extra
     return "counted", body.macs * trips, body.flops * trips, extra
-
-
-def _renumber(r: LayerRecord, remap: dict[int, int]) -> LayerRecord:
-    import dataclasses
-    return dataclasses.replace(r, index=remap[r.index], parent=None if r.parent is None else remap[r.parent],
-                               children=tuple(remap[c] for c in r.children))
-
-
-def _replace_layer(o: OpEvent, layer: int) -> OpEvent:
-    import dataclasses
-    return dataclasses.replace(o, layer=layer)
-
-
-def _peak(g, graph_inputs, inits, nbytes, consumers, graph_outputs) -> int | None:
-    """Largest sum of live activation bytes over the node order: a value lives from the node that
-    makes it (graph inputs: from the start) to its last reader (graph outputs: to the end).
-    Initializers are weights, not activations."""
-    last: dict[str, int] = {}
-    for n, users in consumers.items():
-        last[n] = max(users)
-    live = 0
-    for n in graph_inputs:
-        b = nbytes(n)
-        if b is None:
-            return None
-        live += b
-    peak = live
-    for k, node in enumerate(g.node):
-        for n in node.output:
-            if not n:
-                continue
-            b = nbytes(n)
-            if b is None:
-                return None
-            live += b
-        peak = max(peak, live)
-        for n in set(list(node.input) + list(node.output)):
-            if n and n not in inits and n not in graph_outputs and last.get(n, k) == k:
-                b = nbytes(n)
-                live -= b or 0
-    return peak

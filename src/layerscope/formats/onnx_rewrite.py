@@ -76,27 +76,101 @@ def _static(shape) -> bool:
     return shape is not None and all(isinstance(d, int) and d > 0 for d in shape)
 
 
-def onnx_tile(model, block: tuple[int, int, int] = (64, 64, 64), ops=("Gemm", "MatMul"), nodes=None,
-              input_shapes: dict | None = None) -> TileResult:
-    """Rewrite every ``ops`` node (or only those named in ``nodes``) into M x K x N blocks; returns a
-    TileResult with the new ModelProto (checked by onnx.checker when the original passes it), the
-    nodes tiled and those skipped with the reason (a dynamic or 1-D operand)."""
-    import onnx
+@dataclass(frozen=True)
+class _Layout:
+    """Where M, K and N lie in a node's two operands, and a Gemm's transposes and scales."""
+
+    m_ax: int
+    ka_ax: int
+    kb_ax: int
+    n_ax: int
+    ta: int = 0
+    tb: int = 0
+    alpha: float = 1.0
+    beta: float = 1.0
+
+
+def _layout(node, a: tuple, b: tuple) -> _Layout:
     from onnx import helper
+    attrs = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+    if node.op_type == "Gemm":
+        ta, tb = int(attrs.get("transA", 0)), int(attrs.get("transB", 0))
+        m_ax, ka_ax = (1, 0) if ta else (0, 1)
+        kb_ax, n_ax = (1, 0) if tb else (0, 1)
+        return _Layout(m_ax, ka_ax, kb_ax, n_ax, ta, tb, float(attrs.get("alpha", 1.0)),
+                       float(attrs.get("beta", 1.0)))
+    return _Layout(len(a) - 2, len(a) - 1, len(b) - 2, len(b) - 1)
 
-    from .onnx_load import infer_shapes, type_shape, with_input_shapes, load_onnx
 
-    if len(block) != 3 or any(int(b) < 1 for b in block):
-        raise InputError(f"block must be three positive sizes (M, K, N), got {block!r}")
-    bm, bk, bn = (int(b) for b in block)
-    src = load_onnx(model)
-    opset = next((o.version for o in src.opset_import if o.domain in ("", "ai.onnx")), 0)
+def _tile_node(node, name: str, a: tuple, b: tuple, opset: int, block: tuple[int, int, int]) -> tuple[_Builder, int]:
+    """The nodes and initializers replacing one Gemm or MatMul whose operands are static matrices, and
+    how many block products they hold."""
+    from onnx import helper
+    bm, bk, bn = block
+    lay = _layout(node, a, b)
+    bld = _Builder(name, opset)
+    M, K, N = a[lay.m_ax], a[lay.ka_ax], b[lay.n_ax]
+    ms, ks, ns = _pieces(M, bm), _pieces(K, bk), _pieces(N, bn)
+    a_rows = bld.split(node.input[0], lay.m_ax, ms)
+    a_blocks = [bld.split(r, lay.ka_ax, ks) for r in a_rows]           # [i][k]
+    b_rows = bld.split(node.input[1], lay.kb_ax, ks)
+    b_blocks = [bld.split(r, lay.n_ax, ns) for r in b_rows]            # [k][j]
+    rows, blocks = [], 0
+    for i in range(len(ms)):
+        cols = []
+        for j in range(len(ns)):
+            parts = []
+            for k in range(len(ks)):
+                if node.op_type == "Gemm":
+                    extra = {"transA": lay.ta, "transB": lay.tb}
+                    if lay.alpha != 1.0:
+                        extra["alpha"] = lay.alpha
+                    parts.append(bld.node("Gemm", [a_blocks[i][k], b_blocks[k][j]], **extra))
+                else:
+                    parts.append(bld.node("MatMul", [a_blocks[i][k], b_blocks[k][j]]))
+                blocks += 1
+            cols.append(parts[0] if len(parts) == 1 else bld.node("Sum", parts))
+        rows.append(cols[0] if len(cols) == 1 else bld.node("Concat", cols, axis=-1))
+    y = rows[0] if len(rows) == 1 else bld.node("Concat", rows, axis=-2)
+    c = node.input[2] if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2] else None
+    if c is not None:
+        if lay.beta != 1.0:
+            from onnx import numpy_helper
+            s = bld.name("beta")
+            bld.inits.append(numpy_helper.from_array(np.array(lay.beta, dtype=np.float32), s))
+            c = bld.node("Mul", [c, s])
+        y = bld.node("Add", [y, c])
+    bld.nodes.append(helper.make_node("Identity", [y], [node.output[0]], name=bld.name("Identity")))
+    return bld, blocks
+
+
+def _value_shapes(src, input_shapes: dict | None) -> dict[str, Any]:
+    """Every value's inferred shape (the user's input shapes applied) and each initializer's."""
+    from .onnx_load import infer_shapes, type_shape, with_input_shapes
     inferred = infer_shapes(with_input_shapes(src, input_shapes))
     shapes: dict[str, Any] = {}
     for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
         shapes[vi.name] = type_shape(vi.type)[0]
     for t in src.graph.initializer:
         shapes[t.name] = tuple(t.dims)
+    return shapes
+
+
+def onnx_tile(model, block: tuple[int, int, int] = (64, 64, 64), ops=("Gemm", "MatMul"), nodes=None,
+              input_shapes: dict | None = None) -> TileResult:
+    """Rewrite every ``ops`` node (or only those named in ``nodes``) into M x K x N blocks; returns a
+    TileResult with the new ModelProto (checked by onnx.checker when the original passes it), the
+    nodes tiled and those skipped with the reason (a dynamic or 1-D operand)."""
+    import onnx
+
+    from .onnx_load import load_onnx
+
+    if len(block) != 3 or any(int(b) < 1 for b in block):
+        raise InputError(f"block must be three positive sizes (M, K, N), got {block!r}")
+    sizes = tuple(int(b) for b in block)
+    src = load_onnx(model)
+    opset = next((o.version for o in src.opset_import if o.domain in ("", "ai.onnx")), 0)
+    shapes = _value_shapes(src, input_shapes)
     wanted = set(nodes) if nodes is not None else None
     out = onnx.ModelProto()
     out.CopyFrom(src)
@@ -113,49 +187,8 @@ def onnx_tile(model, block: tuple[int, int, int] = (64, 64, 64), ops=("Gemm", "M
             result.skipped.append((name, f"operand shapes {a} and {b} are not static matrices"))
             new_nodes.append(node)
             continue
-        attrs = {x.name: helper.get_attribute_value(x) for x in node.attribute}
-        bld = _Builder(name, opset)
-        if node.op_type == "Gemm":
-            ta, tb = int(attrs.get("transA", 0)), int(attrs.get("transB", 0))
-            m_ax, ka_ax = (1, 0) if ta else (0, 1)
-            kb_ax, n_ax = (1, 0) if tb else (0, 1)
-            alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
-        else:
-            m_ax, ka_ax, kb_ax, n_ax = len(a) - 2, len(a) - 1, len(b) - 2, len(b) - 1
-            ta = tb = 0
-            alpha = beta = 1.0
-        M, K, N = a[m_ax], a[ka_ax], b[n_ax]
-        ms, ks, ns = _pieces(M, bm), _pieces(K, bk), _pieces(N, bn)
-        a_rows = bld.split(node.input[0], m_ax, ms)
-        a_blocks = [bld.split(r, ka_ax, ks) for r in a_rows]           # [i][k]
-        b_rows = bld.split(node.input[1], kb_ax, ks)
-        b_blocks = [bld.split(r, n_ax, ns) for r in b_rows]            # [k][j]
-        rows = []
-        for i in range(len(ms)):
-            cols = []
-            for j in range(len(ns)):
-                parts = []
-                for k in range(len(ks)):
-                    if node.op_type == "Gemm":
-                        extra = {"transA": ta, "transB": tb}
-                        if alpha != 1.0:
-                            extra["alpha"] = alpha
-                        parts.append(bld.node("Gemm", [a_blocks[i][k], b_blocks[k][j]], **extra))
-                    else:
-                        parts.append(bld.node("MatMul", [a_blocks[i][k], b_blocks[k][j]]))
-                    result.blocks += 1
-                cols.append(parts[0] if len(parts) == 1 else bld.node("Sum", parts))
-            rows.append(cols[0] if len(cols) == 1 else bld.node("Concat", cols, axis=-1))
-        y = rows[0] if len(rows) == 1 else bld.node("Concat", rows, axis=-2)
-        c = node.input[2] if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2] else None
-        if c is not None:
-            if beta != 1.0:
-                from onnx import numpy_helper
-                s = bld.name("beta")
-                bld.inits.append(numpy_helper.from_array(np.array(beta, dtype=np.float32), s))
-                c = bld.node("Mul", [c, s])
-            y = bld.node("Add", [y, c])
-        bld.nodes.append(helper.make_node("Identity", [y], [node.output[0]], name=bld.name("Identity")))
+        bld, blocks = _tile_node(node, name, a, b, opset, sizes)
+        result.blocks += blocks
         new_nodes += bld.nodes
         g.initializer.extend(bld.inits)
         result.tiled.append(name)
@@ -165,6 +198,13 @@ def onnx_tile(model, block: tuple[int, int, int] = (64, 64, 64), ops=("Gemm", "M
         missing = wanted - set(result.tiled) - {n for n, _ in result.skipped}
         if missing:
             raise InputError(f"no {'/'.join(ops)} node named {sorted(missing)}")
+    return _checked(src, out, result)
+
+
+def _checked(src, out, result: TileResult) -> TileResult:
+    """The result marked checked when the tiled model passes onnx.checker; an error when it fails where
+    the original passes."""
+    import onnx
     try:
         onnx.checker.check_model(src)
     except onnx.checker.ValidationError:
