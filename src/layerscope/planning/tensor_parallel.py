@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -142,24 +143,35 @@ def _check_divisible(what: str, n: int, tp: int) -> None:
         raise InputError(f"tensor parallel {tp} must divide the {what} ({n})")
 
 
-def _apply_tp(model: nn.Module, blocks: list[tuple[str, nn.Module]], tp_mesh, config: ParallelConfig) -> None:
-    """torchtitan's apply_tp for transformers' module names: per block q/k/v (gate/up) column-wise,
-    o (down) row-wise with the output sharded on the sequence, the norms SequenceParallel; the
-    embeddings row-wise, the final norm SequenceParallel, the head column-wise with its output
-    sharded on the vocabulary (``Shard(-1)``) and left a DTensor for loss parallel."""
-    from torch.distributed.tensor.parallel import parallelize_module
+@dataclass(frozen=True)
+class _TpLayout:
+    """What every part of one model's TP plan shares: the model's family, the mesh, the degree, the
+    switches and the placement classes (torch's styles; the family's column/row-wise ones)."""
 
-    Replicate, Shard, _, _, Colwise, PrepareInput, Rowwise, SeqPar = _styles()
-    tp, sp, lp = config.tp, config.sequence_parallel, config.loss_parallel
-    family = tp_family(model, blocks)
-    if family is None:
-        # name the first module of the first block that holds parameters (what a plan would shard)
-        first, block = blocks[0]
-        what = _uncovered(block, set())
-        where = f"{first}.{what}" if what else first
-        raise InputError(f"tensor parallel has no plan for {where} ({type(model).__name__}): TP plans cover "
-                         "transformers' Llama, Mistral, Qwen2 and GPT-2; use tp=1 (FSDP and checkpointing work "
-                         "on any model with repeated blocks)")
+    family: str
+    mesh: object
+    tp: int
+    sp: bool                  # sequence parallel
+    lp: bool                  # loss parallel
+    styles: tuple             # _styles()
+    seq: object               # the hidden states' placement between the blocks
+    col: type
+    row: type
+
+
+def _refuse_unplanned(model: nn.Module, blocks: list[tuple[str, nn.Module]]) -> None:
+    """No TP plan for the model: name the first module of the first block that holds parameters (what a
+    plan would shard)."""
+    first, block = blocks[0]
+    what = _uncovered(block, set())
+    where = f"{first}.{what}" if what else first
+    raise InputError(f"tensor parallel has no plan for {where} ({type(model).__name__}): TP plans cover "
+                     "transformers' Llama, Mistral, Qwen2 and GPT-2; use tp=1 (FSDP and checkpointing work "
+                     "on any model with repeated blocks)")
+
+
+def _check_widths(model: nn.Module, tp: int) -> None:
+    """``tp`` divides the heads, key/value heads, MLP width and vocabulary the model's config states."""
     cfg = getattr(model, "config", None)
     heads = getattr(cfg, "num_attention_heads", None)
     if heads:
@@ -176,85 +188,123 @@ def _apply_tp(model: nn.Module, blocks: list[tuple[str, nn.Module]], tp_mesh, co
         # reshape of the logits ([B, S, V / tp] per rank)
         _check_divisible("vocabulary", vocab, tp)
 
-    # between the blocks the hidden states are a DTensor sharded on the sequence (sequence parallel)
-    # or replicated. Departure from torchtitan: the embeddings, o_proj and down_proj keep their
-    # output a DTensor (use_local_output=False) where torchtitan hands on local shards: transformers'
-    # models build the positions and the causal mask from the embeddings' shape (a local shard has
-    # seq / tp positions) and add the residual, a DTensor, to the attention's and MLP's outputs
-    seq = Shard(1) if sp else Replicate()
-    root = _root_paths(model, family)
+
+def _parallelize_root(model: nn.Module, lay: _TpLayout) -> set[str]:
+    """The embeddings row-wise, the final norm SequenceParallel, the head column-wise (its tie to the
+    embeddings restored); returns the paths the plan covers outside the blocks."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    Replicate, Shard, _, _, Colwise, _, Rowwise, SeqPar = lay.styles
+    seq = lay.seq
+    root = _root_paths(model, lay.family)
     plan: dict = {}
-    covered: set[str] = set()
     for key in ("embed", "pos"):
         if key in root:
             plan[root[key]] = Rowwise(input_layouts=Replicate(), output_layouts=seq, use_local_output=False)
-    if "norm" in root and sp:
+    if "norm" in root and lay.sp:
         plan[root["norm"]] = SeqPar()
     if "head" in root:
-        plan[root["head"]] = Colwise(input_layouts=seq, output_layouts=Shard(-1) if lp else Replicate(),
-                                     use_local_output=not lp)
-    covered |= set(plan) | ({root["norm"]} if "norm" in root else set())
+        plan[root["head"]] = Colwise(input_layouts=seq, output_layouts=Shard(-1) if lay.lp else Replicate(),
+                                     use_local_output=not lay.lp)
+    covered = set(plan) | ({root["norm"]} if "norm" in root else set())
 
     # tied embeddings and head (GPT-2): both become Shard(0) on the vocabulary (row-wise embedding,
     # column-wise Linear head), so the tie is restored on the one DTensor after sharding
     tied = "embed" in root and "head" in root and \
         model.get_submodule(root["embed"]).weight is getattr(model.get_submodule(root["head"]), "weight", None)
     if plan:
-        parallelize_module(model, tp_mesh, plan)
+        parallelize_module(model, lay.mesh, plan)
     if tied:
         model.get_submodule(root["head"]).weight = model.get_submodule(root["embed"]).weight
+    return covered
 
-    if family == "llama":
+
+def _gpt2_layers(attn: nn.Module, tp: int) -> dict[str, str]:
+    """GPT-2's attention re-laid for TP (c_attn split into q, k, v; the split and heads per rank); its
+    block's layers and their styles."""
+    if not isinstance(attn.c_attn, _FusedQKV):
+        width = attn.c_attn.weight.shape[1] // 3
+        attn.c_attn = _FusedQKV(attn.c_attn, width)
+    # the attention splits c_attn's output in three of split_size columns and views q, k, v
+    # with -1 heads of head_dim (transformers 5.x): per rank E / tp columns, heads / tp heads
+    attn.split_size = attn.split_size // tp
+    attn.num_heads = attn.num_heads // tp
+    layers = {k: v for k, v in _GPT2_CONVS.items() if k != "attn.c_attn"}
+    for part in ("q", "k", "v"):
+        layers[f"attn.c_attn.{part}"] = "col"
+    return layers
+
+
+def _parallelize_block(path: str, block: nn.Module, lay: _TpLayout) -> None:
+    """One block: its linears column- or row-wise, with sequence parallel its norms SequenceParallel and
+    the attention's and MLP's inputs gathered; refused where the plan leaves a module with parameters."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    Replicate, Shard, _, _, _, PrepareInput, _, SeqPar = lay.styles
+    if lay.family == "llama":
         norms, attn, mlp = _LLAMA_NORMS, "self_attn", "mlp"
         layers = _LLAMA_LINEARS
-        col, row = Colwise, Rowwise
     else:
         norms, attn, mlp = _GPT2_NORMS, "attn", "mlp"
-        layers = dict(_GPT2_CONVS)
+        layers = _gpt2_layers(block.get_submodule(attn), lay.tp)
+    bplan: dict = {}
+    for name, kind in layers.items():
+        if kind == "col":
+            bplan[name] = lay.col()
+        else:
+            bplan[name] = lay.row(output_layouts=lay.seq, use_local_output=False)
+    if lay.sp:
+        for n in norms:
+            bplan[n] = SeqPar()
+        # transformers call the attention with hidden_states as a keyword (Llama) or first
+        # argument (GPT-2), the MLP with it first: gathered from the sequence shards here
+        if lay.family == "llama":
+            bplan[attn] = PrepareInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                       desired_input_kwarg_layouts={"hidden_states": Replicate()})
+        else:
+            bplan[attn] = PrepareInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        bplan[mlp] = PrepareInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    gap = _uncovered(block, set(bplan) | set(norms))
+    if gap is not None:
+        raise InputError(f"tensor parallel has no plan for {path}.{gap} "
+                         f"({type(block.get_submodule(gap)).__name__}): the {lay.family} plan covers "
+                         f"{', '.join(sorted(set(layers) | set(norms)))}")
+    if lay.family == "llama":
+        a = block.get_submodule(attn)
+        # transformers 5.x views q, k, v as (*input_shape, -1, head_dim): the head count follows
+        # from the local width, nothing to change; kept consistent where a model stores them
+        for name in ("num_heads", "num_key_value_heads"):
+            if isinstance(getattr(a, name, None), int):
+                setattr(a, name, getattr(a, name) // lay.tp)
+    parallelize_module(block, lay.mesh, bplan)
+
+
+def _apply_tp(model: nn.Module, blocks: list[tuple[str, nn.Module]], tp_mesh, config: ParallelConfig) -> None:
+    """torchtitan's apply_tp for transformers' module names: per block q/k/v (gate/up) column-wise,
+    o (down) row-wise with the output sharded on the sequence, the norms SequenceParallel; the
+    embeddings row-wise, the final norm SequenceParallel, the head column-wise with its output
+    sharded on the vocabulary (``Shard(-1)``) and left a DTensor for loss parallel."""
+    styles = _styles()
+    Replicate, Shard, _, _, Colwise, _, Rowwise, _ = styles
+    tp, sp, lp = config.tp, config.sequence_parallel, config.loss_parallel
+    family = tp_family(model, blocks)
+    if family is None:
+        _refuse_unplanned(model, blocks)
+    _check_widths(model, tp)
+
+    # between the blocks the hidden states are a DTensor sharded on the sequence (sequence parallel)
+    # or replicated. Departure from torchtitan: the embeddings, o_proj and down_proj keep their
+    # output a DTensor (use_local_output=False) where torchtitan hands on local shards: transformers'
+    # models build the positions and the causal mask from the embeddings' shape (a local shard has
+    # seq / tp positions) and add the residual, a DTensor, to the attention's and MLP's outputs
+    seq = Shard(1) if sp else Replicate()
+    lay = _TpLayout(family, tp_mesh, tp, sp, lp, styles, seq, Colwise, Rowwise)
+    covered = _parallelize_root(model, lay)
+    if family == "gpt2":      # transformers' Conv1D: torch's styles take nn.Linear and nn.Embedding only
         col, row = _conv1d_styles()
+        lay = replace(lay, col=col, row=row)
     for path, block in blocks:
-        bplan: dict = {}
-        if family == "gpt2":
-            a = block.get_submodule(attn)
-            if not isinstance(a.c_attn, _FusedQKV):
-                width = a.c_attn.weight.shape[1] // 3
-                a.c_attn = _FusedQKV(a.c_attn, width)
-            # the attention splits c_attn's output in three of split_size columns and views q, k, v
-            # with -1 heads of head_dim (transformers 5.x): per rank E / tp columns, heads / tp heads
-            a.split_size = a.split_size // tp
-            a.num_heads = a.num_heads // tp
-            layers = {k: v for k, v in _GPT2_CONVS.items() if k != "attn.c_attn"}
-            for part in ("q", "k", "v"):
-                layers[f"attn.c_attn.{part}"] = "col"
-        for name, kind in layers.items():
-            if kind == "col":
-                bplan[name] = col()
-            else:
-                bplan[name] = row(output_layouts=seq, use_local_output=False)
-        if sp:
-            for n in norms:
-                bplan[n] = SeqPar()
-            # transformers call the attention with hidden_states as a keyword (Llama) or first
-            # argument (GPT-2), the MLP with it first: gathered from the sequence shards here
-            if family == "llama":
-                bplan[attn] = PrepareInput(input_kwarg_layouts={"hidden_states": Shard(1)},
-                                           desired_input_kwarg_layouts={"hidden_states": Replicate()})
-            else:
-                bplan[attn] = PrepareInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-            bplan[mlp] = PrepareInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-        gap = _uncovered(block, set(bplan) | set(norms))
-        if gap is not None:
-            raise InputError(f"tensor parallel has no plan for {path}.{gap} "
-                             f"({type(block.get_submodule(gap)).__name__}): the {family} plan covers "
-                             f"{', '.join(sorted(set(layers) | set(norms)))}")
-        if family == "llama":
-            a = block.get_submodule(attn)
-            # transformers 5.x views q, k, v as (*input_shape, -1, head_dim): the head count follows
-            # from the local width, nothing to change; kept consistent where a model stores them
-            for name in ("num_heads", "num_key_value_heads"):
-                if isinstance(getattr(a, name, None), int):
-                    setattr(a, name, getattr(a, name) // tp)
-        parallelize_module(block, tp_mesh, bplan)
+        _parallelize_block(path, block, lay)
     gap = _uncovered(model, covered | {p for p, _ in model.named_modules()
                                        if any(p == b or p.startswith(b + ".") for b, _ in blocks)})
     if gap is not None:

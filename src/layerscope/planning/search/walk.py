@@ -232,20 +232,8 @@ class _Walk:
             self._take(c, fits, ooms)
 
 
-def walk_space(cands: list[ParallelConfig], evaluate: Callable[[ParallelConfig], ParallelPlan], *, limit: int,
-               params: int, max_passes: int | None = None, progress: bool = False,
-               bounds: Callable[[ParallelConfig, bool], PipelineBounds | None] | None = None,
-               for_bounds: Callable[[], int] | None = None):
-    """The search over ``cands`` with ``evaluate(config) -> plan`` (fits, over_bytes, step_time) and
-    ``bounds(config, may_simulate)``, a pipeline's lower bounds or None (``for_bounds()``: how many
-    configurations it simulated so far), simulating at most ``max_passes`` (module docstring; None: no
-    limit): the candidates ranked (fitting by step time, the misses by excess, the rest), each family's line
-    why it lost, how many were evaluated and the limit's work done."""
-    count = [0]
-
-    def ev(c):
-        count[0] += 1
-        return evaluate(c)
+def _families(cands: list[ParallelConfig]) -> tuple[dict[str, list[ParallelConfig]], list[str]]:
+    """The candidates by family, each fastest first, and the families in the limit's order."""
     families: dict[str, list[ParallelConfig]] = {}
     for c in cands:
         families.setdefault(family_of(c), []).append(c)
@@ -255,9 +243,11 @@ def walk_space(cands: list[ParallelConfig], evaluate: Callable[[ParallelConfig],
     # without a pipeline first, then the pipelines cheapest to simulate first (the limit's order)
     order = sorted(families, key=lambda k: (families[k][0].pp > 1, _passes(families[k][0]), families[k][0].tp,
                                             families[k][0].replicate))
-    result: dict[int, Candidate] = {}
-    fam_why: dict[str, str] = {}
-    walk = _Walk(ev, limit, params, max_passes, result, bounds, for_bounds)
+    return families, order
+
+
+def _walk_all(walk: _Walk, families: dict[str, list[ParallelConfig]], order: list[str], progress: bool) -> None:
+    """Every family walked: each group's heads first, then its families by their heads' step times."""
     bar = ProgressBar(len(order), "searching configurations") if progress else None
     try:
         # every family's head first (its lower bound, memory aside), then the families in the order of
@@ -276,51 +266,82 @@ def walk_space(cands: list[ParallelConfig], evaluate: Callable[[ParallelConfig],
     finally:
         if bar is not None:
             bar.close()
-    best = walk.best
-    if best is not None:      # the limit left these, but their bounds are no faster than the best found
-        for k, c in list(result.items()):
-            if c.status == "unsearched" and c.bound is not None and c.bound >= best.plan.step_time:
-                result[k] = Candidate(c.config, "slower", f"its step takes at least {c.bound * 1e3:,.1f} ms, no "
-                                      "faster than the best found", by=label(best.config), bound=c.bound)
-    out = [result.get(id(c)) or Candidate(c, "unsearched", "not reached") for c in cands]
+
+
+def _bounded_out(result: dict[int, Candidate], best: Candidate | None) -> None:
+    """The candidates the limit left whose bounds are no faster than the best found: slower."""
+    if best is None:
+        return
+    for k, c in list(result.items()):
+        if c.status == "unsearched" and c.bound is not None and c.bound >= best.plan.step_time:
+            result[k] = Candidate(c.config, "slower", f"its step takes at least {c.bound * 1e3:,.1f} ms, no "
+                                  "faster than the best found", by=label(best.config), bound=c.bound)
+
+
+def _ranked(out: list[Candidate]) -> list[Candidate]:
+    """Fitting by step time, the misses by excess, the rest in their order."""
     fitting = sorted((c for c in out if c.status == "fits"), key=lambda c: c.plan.step_time)
     misses = sorted((c for c in out if c.status in ("oom", "oom-bound", "dominated")),
                     key=lambda c: (c.over_bytes is None, c.over_bytes or 0))
     rest = [c for c in out if c.status not in ("fits", "oom", "oom-bound", "dominated")]
-    for key, fam in families.items():
-        if best is not None and family_of(best.config) == key:
-            continue
-        mine = [result.get(id(c)) or Candidate(c, "unsearched", "not reached") for c in fam]
-        fit = [c for c in mine if c.status == "fits"]
-        if fit and best is not None:
-            fam_why[key] = _why(min(fit, key=lambda c: c.plan.step_time).plan, best.plan)
-        elif mine and all(c.status in ("oom", "oom-bound", "dominated") for c in mine):
-            least = min((c for c in mine if c.status == "oom"), key=lambda c: c.over_bytes, default=None)
-            bound = min((c for c in mine if c.status == "oom-bound"), key=lambda c: c.over_bytes, default=None)
-            fam_why[key] = (f"out of memory: its leanest simulated member ({label(least.config)}) is over by "
-                            f"{iec(least.over_bytes)}" if least is not None else
-                            f"out of memory: every member over by at least {iec(bound.over_bytes)} (the lower "
-                            f"bound of {label(bound.config)})" if bound is not None else "out of memory")
-        elif any(c.status == "unsearched" for c in mine):
-            left = [c for c in mine if c.status == "unsearched"]
-            least = min((c.bound for c in left if c.bound is not None), default=None)
-            fam_why[key] = (f"{len(left)} of its {len(fam)} members not simulated within the search's limit"
-                            + (f" (the least of their lower bounds: {least * 1e3:,.1f} ms)" if least is not None
-                               else ""))
-        elif any(c.status == "slower" for c in mine) and best is not None:
-            head = result.get(id(fam[0]))
-            if head is not None and head.plan is not None and head.plan.step_time >= best.plan.step_time:
-                fam_why[key] = "its fastest member, memory aside: " + _why(head.plan, best.plan)
-            elif fam[0].pp == 1 and head is not None and head.status == "slower" and head.bound is not None and \
-                    not any(c.status in ("oom", "oom-bound", "dominated") for c in mine):
-                fam_why[key] = (f"no faster than the best: its fastest member's step takes at least "
-                                f"{head.bound * 1e3:,.1f} ms (a lower bound)")
-            else:
-                over = (f" (its fastest over by {'at least ' if head.status == 'oom-bound' else ''}"
-                        f"{iec(head.over_bytes)})" if head is not None and head.over_bytes else "")
-                fam_why[key] = f"its members faster than the best do not fit{over}; the rest are no faster"
-        elif any(c.status == "error" for c in mine):
-            fam_why[key] = next(c.why for c in mine if c.status == "error")
-        else:
-            fam_why[key] = "not searched (the search's limit)"
-    return tuple(fitting + misses + rest), tuple(fam_why.items()), count[0], walk.spent
+    return fitting + misses + rest
+
+
+def _family_why(fam: list[ParallelConfig], result: dict[int, Candidate], best: Candidate | None) -> str:
+    """Why a family other than the best's lost, in one line."""
+    mine = [result.get(id(c)) or Candidate(c, "unsearched", "not reached") for c in fam]
+    fit = [c for c in mine if c.status == "fits"]
+    if fit and best is not None:
+        return _why(min(fit, key=lambda c: c.plan.step_time).plan, best.plan)
+    if mine and all(c.status in ("oom", "oom-bound", "dominated") for c in mine):
+        least = min((c for c in mine if c.status == "oom"), key=lambda c: c.over_bytes, default=None)
+        bound = min((c for c in mine if c.status == "oom-bound"), key=lambda c: c.over_bytes, default=None)
+        return (f"out of memory: its leanest simulated member ({label(least.config)}) is over by "
+                f"{iec(least.over_bytes)}" if least is not None else
+                f"out of memory: every member over by at least {iec(bound.over_bytes)} (the lower "
+                f"bound of {label(bound.config)})" if bound is not None else "out of memory")
+    if any(c.status == "unsearched" for c in mine):
+        left = [c for c in mine if c.status == "unsearched"]
+        least = min((c.bound for c in left if c.bound is not None), default=None)
+        return (f"{len(left)} of its {len(fam)} members not simulated within the search's limit"
+                + (f" (the least of their lower bounds: {least * 1e3:,.1f} ms)" if least is not None else ""))
+    if any(c.status == "slower" for c in mine) and best is not None:
+        head = result.get(id(fam[0]))
+        if head is not None and head.plan is not None and head.plan.step_time >= best.plan.step_time:
+            return "its fastest member, memory aside: " + _why(head.plan, best.plan)
+        if fam[0].pp == 1 and head is not None and head.status == "slower" and head.bound is not None and \
+                not any(c.status in ("oom", "oom-bound", "dominated") for c in mine):
+            return (f"no faster than the best: its fastest member's step takes at least "
+                    f"{head.bound * 1e3:,.1f} ms (a lower bound)")
+        over = (f" (its fastest over by {'at least ' if head.status == 'oom-bound' else ''}"
+                f"{iec(head.over_bytes)})" if head is not None and head.over_bytes else "")
+        return f"its members faster than the best do not fit{over}; the rest are no faster"
+    if any(c.status == "error" for c in mine):
+        return next(c.why for c in mine if c.status == "error")
+    return "not searched (the search's limit)"
+
+
+def walk_space(cands: list[ParallelConfig], evaluate: Callable[[ParallelConfig], ParallelPlan], *, limit: int,
+               params: int, max_passes: int | None = None, progress: bool = False,
+               bounds: Callable[[ParallelConfig, bool], PipelineBounds | None] | None = None,
+               for_bounds: Callable[[], int] | None = None):
+    """The search over ``cands`` with ``evaluate(config) -> plan`` (fits, over_bytes, step_time) and
+    ``bounds(config, may_simulate)``, a pipeline's lower bounds or None (``for_bounds()``: how many
+    configurations it simulated so far), simulating at most ``max_passes`` (module docstring; None: no
+    limit): the candidates ranked (fitting by step time, the misses by excess, the rest), each family's line
+    why it lost, how many were evaluated and the limit's work done."""
+    count = [0]
+
+    def ev(c):
+        count[0] += 1
+        return evaluate(c)
+    families, order = _families(cands)
+    result: dict[int, Candidate] = {}
+    walk = _Walk(ev, limit, params, max_passes, result, bounds, for_bounds)
+    _walk_all(walk, families, order, progress)
+    best = walk.best
+    _bounded_out(result, best)
+    out = [result.get(id(c)) or Candidate(c, "unsearched", "not reached") for c in cands]
+    fam_why = {key: _family_why(fam, result, best) for key, fam in families.items()
+               if best is None or family_of(best.config) != key}
+    return tuple(_ranked(out)), tuple(fam_why.items()), count[0], walk.spent

@@ -108,6 +108,56 @@ def _value_reads(model: nn.Module, fakes, reals):
     return OpRecorder(Session(model, CostOptions(), track_seq=False, simulated=True, known=known))
 
 
+def _rank_actions(config: ParallelConfig, coord: int) -> list:
+    """The actions of the rank on pipeline coordinate ``coord``, lowered for torch's runtime schedules."""
+    per_rank = schedule_of(config.schedule).per_rank(config.stages_per_rank)
+    actions = rank_orders(config.schedule, config.stages, config.microbatches, per_rank)[coord]
+    if schedule_of(config.schedule).multi:
+        # torch's runtime schedules all-gather an FSDP stage's parameters ahead (UNSHARD), reshard it after
+        # (RESHARD) and reduce each stage's gradients right after its last backward (REDUCE_GRAD)
+        actions = _compat.runtime_lowered(actions, config.microbatches)
+    return actions
+
+
+def _tie_reduces(held, mine: list[int], config: ParallelConfig) -> list[tuple]:
+    """One all-reduce per tie over the ranks holding a copy (the copies on this rank summed on it first:
+    zbv's V puts the first and the last stage on one rank); none where this rank holds them all."""
+    coords = stage_coords(config)
+    ties = []
+    for h in held:
+        here, ranks = [s for s in mine if s in h], len({coords[s] for s in h})
+        if here and ranks > 1:
+            ties.append((h[here[0]], ranks, here[0]))
+    return ties
+
+
+def _stage_modules(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, privates: dict,
+                   dtype: torch.dtype, device: torch.device):
+    """The rank's stage modules, recorded on a fake probe of the whole model with the real micro-batch's
+    values, each parallelized on the mesh; returns them (stage -> (module, owned)), the mesh and the fake
+    mode they live in."""
+    from ..apply import build_mesh
+    probe_model = meta_copy(model, dtype)
+    no_kv_cache(probe_model)
+    ra, rk = split_micro(tuple(args), dict(kwargs), 0, config.microbatches)   # the real values
+    mesh = build_mesh(config, device.type)
+    fake_mode = _compat.new_fake_mode(allow_non_fake_inputs=True)
+    built = {}
+    with fake_mode, eager_paths(fake_mode):
+        probe_model.to_empty(device=device)
+        fa, fk = map_tensors((tuple(args), dict(kwargs)), lambda t: empty_like_on(t, device))
+        ma, mk = split_micro(fa, fk, 0, config.microbatches)
+        probe_model.train()
+        for stage in privates:
+            built[stage] = stage_module(privates[stage], config, stage, ma, mk, record_on=probe_model,
+                                        record_context=functools.partial(_value_reads, probe_model, (ma, mk),
+                                                                         (ra, rk)))
+        del probe_model, fa, fk, ma, mk
+    for mod, own in built.values():
+        parallelize_stage(mod, own, config, mesh)
+    return built, mesh, fake_mode
+
+
 def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, rank: int,
                         step: RankStep) -> RankRun:
     """Simulate global rank ``rank`` of ``config`` (``pp`` > 1) training ``model``: its stages (one, or
@@ -124,55 +174,24 @@ def simulate_stage_rank(model: nn.Module, args: tuple, kwargs: dict, config: Par
     loss_fn, target, block_size, gloo, workspace, rng_state, device_type = (
         step.loss_fn, step.target, step.block_size, step.gloo, step.workspace, step.rng_state, step.device_type)
     import torch.distributed.fsdp  # noqa: F401  (registers FSDP2's ops before the registry is copied)
-    from ..apply import build_mesh
     if config.pp < 2:
         raise InputError("simulate_stage_rank simulates a pipeline stage: pp must be 2 or more (simulate_rank "
                          "does pp = 1)")
     if not 0 <= rank < config.world:
         raise InputError(f"rank {rank} is not in the configuration's {config.world} ranks")
-    per_rank = schedule_of(config.schedule).per_rank(config.stages_per_rank)
     coord = rank // (config.world // config.pp)
+    actions = _rank_actions(config, coord)
     mine = rank_stages(config, coord)
     dtype = torch.float32 if config.mixed_precision == "bf16" else config.model_dtype
     device = torch.device("cpu")
     tracker = RankTracker(block_size, gloo=gloo, workspace=workspace, cuda=device_type == "cuda")
-    actions = rank_orders(config.schedule, config.stages, config.microbatches, per_rank)[coord]
-    if schedule_of(config.schedule).multi:
-        # torch's runtime schedules all-gather an FSDP stage's parameters ahead (UNSHARD), reshard it after
-        # (RESHARD) and reduce each stage's gradients right after its last backward (REDUCE_GRAD)
-        actions = _compat.runtime_lowered(actions, config.microbatches)
     with fake_world(rank, config.world), simulation_warnings():
         privates = {}
         for stage in mine:
             privates[stage] = meta_copy(model, dtype)
             no_kv_cache(privates[stage])
-        held = stage_ties(privates[mine[0]], config)
-        # one all-reduce per tie over the ranks holding a copy (the copies on this rank summed on it first:
-        # zbv's V puts the first and the last stage on one rank); none where this rank holds them all
-        coords = stage_coords(config)
-        ties = []
-        for h in held:
-            here, ranks = [s for s in mine if s in h], len({coords[s] for s in h})
-            if here and ranks > 1:
-                ties.append((h[here[0]], ranks, here[0]))
-        probe_model = meta_copy(model, dtype)
-        no_kv_cache(probe_model)
-        ra, rk = split_micro(tuple(args), dict(kwargs), 0, config.microbatches)   # the real values
-        mesh = build_mesh(config, device.type)
-        fake_mode = _compat.new_fake_mode(allow_non_fake_inputs=True)
-        built = {}
-        with fake_mode, eager_paths(fake_mode):
-            probe_model.to_empty(device=device)
-            fa, fk = map_tensors((tuple(args), dict(kwargs)), lambda t: empty_like_on(t, device))
-            ma, mk = split_micro(fa, fk, 0, config.microbatches)
-            probe_model.train()
-            for stage in mine:
-                built[stage] = stage_module(privates[stage], config, stage, ma, mk, record_on=probe_model,
-                                            record_context=functools.partial(_value_reads, probe_model, (ma, mk),
-                                                                             (ra, rk)))
-            del probe_model, fa, fk, ma, mk
-        for mod, own in built.values():
-            parallelize_stage(mod, own, config, mesh)
+        ties = _tie_reduces(stage_ties(privates[mine[0]], config), mine, config)
+        built, mesh, fake_mode = _stage_modules(model, args, kwargs, config, privates, dtype, device)
         host = config.offload and device_type != "cpu"
         mods = {stage: mod for stage, (mod, _) in built.items()}
         whole = as_module([mods[s] for s in mine])

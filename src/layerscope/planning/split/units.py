@@ -133,6 +133,153 @@ class SplitUnits:
         return self.units[i]
 
 
+@dataclass
+class _Tally:
+    """What split_units counts per unit (index g of ``groups``), filled in by its steps in order."""
+
+    recs: list
+    groups: list[list[int]]
+    member: list[int]              # record -> its unit, -1 for glue
+    fwd_t: list                    # per record: forward costs of its subtree
+    bwd_t: list                    # and backward
+    memory_layers: list | None
+    glue_fwd: list[Costs]
+    weight_flops: list[int]
+    deferred: list[int]
+    glue_owner: dict[int, int] = field(default_factory=dict)   # glue record -> the unit its backward goes to
+    glue_bwd: list[Costs] = field(default_factory=list)
+    glue_saved: list[int] = field(default_factory=list)
+    received: list[int] = field(default_factory=list)   # saved storages that existed before the unit began: its inputs
+    out_saved: list[int] = field(default_factory=list)  # saved storages the unit made and returns: its outputs
+    params_of: list[dict] = field(default_factory=list)  # unit -> id -> parameter (from the live model)
+
+
+def _forward_glue(flow: _Flow, t: _Tally, g_first: list[int]) -> None:
+    """Each op's forward: the glue's costs to the unit that follows it, the weight-reading ops' FLOPs and
+    written bytes to their unit; each glue record's owner, the unit that received most of its forward."""
+    n_units = len(t.groups)
+    of_state: set[int] = set()              # free ops (views) of parameters and buffers
+    share: dict[int, dict[int, int]] = {}   # glue record -> unit -> forward flops it got
+    for n, op in enumerate(flow.fops):
+        g = t.member[op.layer]
+        if g < 0:
+            g = min(bisect.bisect_left(g_first, n), n_units - 1)
+        # reads a parameter directly or through free ops (nn.Linear's transpose, a tied weight's view)
+        if any(q == PRODUCER_STATE or q in of_state for q in op.producers):
+            if op.status == "free":
+                of_state.add(op.index)
+            else:
+                t.weight_flops[g] += op.costs.flops
+                t.deferred[g] += op.costs.bytes_written
+        if t.member[op.layer] >= 0:
+            continue
+        t.glue_fwd[g] = t.glue_fwd[g] + op.costs
+        d = share.setdefault(op.layer, {})
+        d[g] = d.get(g, 0) + op.costs.flops + 1
+    t.glue_owner = {r: max(d, key=d.get) for r, d in share.items()}
+
+
+def _backward_glue(t: _Tally, bwd_self: list) -> None:
+    """The glue's backward and saved activations to its owner; each unit's saved storages that are its
+    inputs (made before it began) and its outputs."""
+    n_units = len(t.groups)
+    t.glue_bwd = [Costs() for _ in t.groups]
+    t.glue_saved = [0] * n_units
+    t.received = [0] * n_units
+    t.out_saved = [0] * n_units
+    recs, memory_layers = t.recs, t.memory_layers
+    for i, r in enumerate(recs):
+        g = t.member[i]
+        if g < 0:
+            g = t.glue_owner.get(i, n_units - 1 if i == 0 else t.glue_owner.get(recs[i].parent, 0))
+            t.glue_bwd[g] = t.glue_bwd[g] + bwd_self[i]
+            if memory_layers is not None:
+                t.glue_saved[g] += memory_layers[i].saved_bytes
+        if memory_layers is not None:
+            start = memory_layers[t.groups[g][0]].first_op
+            outs = set(memory_layers[t.groups[g][-1]].output_allocs)
+            for at, nb in memory_layers[i].saved_blocks:
+                if at < start:
+                    t.received[g] += nb
+                elif (at, nb) in outs:   # made by the op that returned the output, and its size
+                    t.out_saved[g] += nb
+
+
+def _unit_params(model, t: _Tally, optimizer_ratio: float) -> list[Tie]:
+    """Parameters per unit from the live model (tied weights in every holder); the ties."""
+    ties: list[Tie] = []
+    named: dict[int, list[str]] = {}
+    owner_paths = {}
+    for g, idx in enumerate(t.groups):
+        for i in idx:
+            owner_paths[t.recs[i].path] = g
+    for name, p in model.named_parameters(remove_duplicate=False):
+        mod = name.rpartition(".")[0]
+        g = owner_of(mod, owner_paths)
+        if g is None:
+            continue
+        t.params_of[g][id(p)] = p
+        named.setdefault(id(p), []).append(name)
+    holders: dict[int, list[int]] = {}
+    for g, d in enumerate(t.params_of):
+        for pid in d:
+            holders.setdefault(pid, []).append(g)
+    for pid, gs in holders.items():
+        if len(gs) > 1:
+            p = t.params_of[gs[0]][pid]
+            nb = p.numel() * p.element_size()
+            ties.append(Tie(names=tuple(named[pid]), units=tuple(gs),
+                            state_bytes=nb * (1 + p.requires_grad + (optimizer_ratio if p.requires_grad else 0))))
+    return ties
+
+
+def _unit(t: _Tally, g: int, model, optimizer_ratio: float, latencies: dict | None, need: list) -> Unit:
+    """Unit g: its records' costs and the glue's it got, its parameters, state, saved and working bytes."""
+    recs, memory_layers, idx = t.recs, t.memory_layers, t.groups[g]
+    name, paths, typ = _name(recs, idx)
+    f = t.glue_fwd[g]
+    b = t.glue_bwd[g]
+    for i in idx:
+        f = f + t.fwd_t[i]
+        b = b + t.bwd_t[i]
+    if model is not None:
+        ps = list(t.params_of[g].values())
+        numel = sum(p.numel() for p in ps)
+        pbytes = sum(p.numel() * p.element_size() for p in ps)
+        gbytes = sum(p.numel() * p.element_size() for p in ps if p.requires_grad)
+    else:
+        numel = sum(recs[i].subtree_params for i in idx)
+        pbytes = gbytes = 0
+    saved = t.glue_saved[g]
+    obytes = 0
+    if memory_layers is not None:
+        saved += sum(memory_layers[i].saved_total for i in idx)
+        if model is None:
+            pbytes = sum(memory_layers[i].param_total for i in idx)
+            gbytes = sum(memory_layers[i].grad_total for i in idx)
+        obytes = sum(memory_layers[i].optimizer_total for i in idx)
+        if model is not None:   # state of tied copies counted at another owner in the report
+            obytes = max(obytes, int(round(gbytes * optimizer_ratio)))
+    work = 0
+    if memory_layers is not None:
+        for i in idx:
+            fw, bw = memory_layers[i].forward, memory_layers[i].backward
+            if fw is not None:
+                work = max(work, fw.peak - fw.exit)
+            if bw is not None:
+                work = max(work, bw.peak - bw.entry)
+    in_rec, out_rec = recs[idx[0]], recs[idx[-1]]
+    return Unit(
+        index=g, name=name, paths=paths, type=typ, params=numel, param_bytes=pbytes,
+        grad_bytes=gbytes, optimizer_bytes=obytes, saved_bytes=saved,
+        input_bytes=sum(s.nbytes for s in in_rec.inputs if s.dtype in _FLOAT),
+        output_bytes=sum(s.nbytes for s in out_rec.outputs if s.dtype in _FLOAT),
+        forward=f, backward=b, latency=(latencies or {}).get(name),
+        needs_inputs=need[g] and g > 0, work_bytes=int(work), received_saved_bytes=int(t.received[g]),
+        output_saved_bytes=int(t.out_saved[g]), weight_flops=int(t.weight_flops[g]),
+        deferred_bytes=int(t.deferred[g]))
+
+
 def split_units(trace: Trace, *, memory_layers=None, model=None, optimizer_ratio: float = 0.0,
                 latencies: dict | None = None, micro_batch: int | None = None,
                 loss_bytes: int = 0, loss_saved_bytes: int = 0, workspace_bytes: int = 0) -> SplitUnits:
@@ -141,125 +288,20 @@ def split_units(trace: Trace, *, memory_layers=None, model=None, optimizer_ratio
     ``model`` finds tied parameters; ``latencies`` maps unit names to measured seconds."""
     from ...analyses.flops import layer_costs
 
-    recs = trace.layers
     _, bwd_self, fwd_t, bwd_t, _ = layer_costs(trace)
     flow = _Flow(trace)
     groups = _units(flow)
     _, need, g_first = flow.check(groups)
-    fops = flow.fops
-    member = flow.member(groups)
     # glue: ops of records inside no unit
-    glue_fwd = [Costs() for _ in groups]
-    weight_flops = [0] * len(groups)
-    deferred = [0] * len(groups)
-    of_state: set[int] = set()              # free ops (views) of parameters and buffers
-    share: dict[int, dict[int, int]] = {}   # glue record -> unit -> forward flops it got
-    for n, op in enumerate(fops):
-        g = member[op.layer]
-        if g < 0:
-            g = min(bisect.bisect_left(g_first, n), len(groups) - 1)
-        # reads a parameter directly or through free ops (nn.Linear's transpose, a tied weight's view)
-        if any(q == PRODUCER_STATE or q in of_state for q in op.producers):
-            if op.status == "free":
-                of_state.add(op.index)
-            else:
-                weight_flops[g] += op.costs.flops
-                deferred[g] += op.costs.bytes_written
-        if member[op.layer] >= 0:
-            continue
-        glue_fwd[g] = glue_fwd[g] + op.costs
-        d = share.setdefault(op.layer, {})
-        d[g] = d.get(g, 0) + op.costs.flops + 1
-    glue_owner = {r: max(d, key=d.get) for r, d in share.items()}
-    glue_bwd = [Costs() for _ in groups]
-    glue_saved = [0] * len(groups)
-    received = [0] * len(groups)   # saved storages that existed before the unit began: its inputs
-    out_saved = [0] * len(groups)  # saved storages the unit made and returns: its outputs
-    for i, r in enumerate(recs):
-        g = member[i]
-        if g < 0:
-            g = glue_owner.get(i, len(groups) - 1 if i == 0 else glue_owner.get(recs[i].parent, 0))
-            glue_bwd[g] = glue_bwd[g] + bwd_self[i]
-            if memory_layers is not None:
-                glue_saved[g] += memory_layers[i].saved_bytes
-        if memory_layers is not None:
-            start = memory_layers[groups[g][0]].first_op
-            outs = set(memory_layers[groups[g][-1]].output_allocs)
-            for at, nb in memory_layers[i].saved_blocks:
-                if at < start:
-                    received[g] += nb
-                elif (at, nb) in outs:   # made by the op that returned the output, and its size
-                    out_saved[g] += nb
+    t = _Tally(recs=trace.layers, groups=groups, member=flow.member(groups), fwd_t=fwd_t, bwd_t=bwd_t,
+               memory_layers=memory_layers, glue_fwd=[Costs() for _ in groups], weight_flops=[0] * len(groups),
+               deferred=[0] * len(groups))
+    _forward_glue(flow, t, g_first)
+    _backward_glue(t, bwd_self)
     # parameters per unit, from the live model when there is one (tied weights in every holder)
-    params_of: list[dict] = [dict() for _ in groups]
-    ties: list[Tie] = []
-    named: dict[int, list[str]] = {}
-    if model is not None:
-        owner_paths = {}
-        for g, idx in enumerate(groups):
-            for i in idx:
-                owner_paths[recs[i].path] = g
-        for name, p in model.named_parameters(remove_duplicate=False):
-            mod = name.rpartition(".")[0]
-            g = owner_of(mod, owner_paths)
-            if g is None:
-                continue
-            params_of[g][id(p)] = p
-            named.setdefault(id(p), []).append(name)
-        holders: dict[int, list[int]] = {}
-        for g, d in enumerate(params_of):
-            for pid in d:
-                holders.setdefault(pid, []).append(g)
-        for pid, gs in holders.items():
-            if len(gs) > 1:
-                p = params_of[gs[0]][pid]
-                nb = p.numel() * p.element_size()
-                ties.append(Tie(names=tuple(named[pid]), units=tuple(gs),
-                                state_bytes=nb * (1 + p.requires_grad + (optimizer_ratio if p.requires_grad else 0))))
-    units = []
-    for g, idx in enumerate(groups):
-        name, paths, typ = _name(recs, idx)
-        f = glue_fwd[g]
-        b = glue_bwd[g]
-        for i in idx:
-            f = f + fwd_t[i]
-            b = b + bwd_t[i]
-        if model is not None:
-            ps = list(params_of[g].values())
-            numel = sum(p.numel() for p in ps)
-            pbytes = sum(p.numel() * p.element_size() for p in ps)
-            gbytes = sum(p.numel() * p.element_size() for p in ps if p.requires_grad)
-        else:
-            numel = sum(recs[i].subtree_params for i in idx)
-            pbytes = gbytes = 0
-        saved = glue_saved[g]
-        obytes = 0
-        if memory_layers is not None:
-            saved += sum(memory_layers[i].saved_total for i in idx)
-            if model is None:
-                pbytes = sum(memory_layers[i].param_total for i in idx)
-                gbytes = sum(memory_layers[i].grad_total for i in idx)
-            obytes = sum(memory_layers[i].optimizer_total for i in idx)
-            if model is not None:   # state of tied copies counted at another owner in the report
-                obytes = max(obytes, int(round(gbytes * optimizer_ratio)))
-        work = 0
-        if memory_layers is not None:
-            for i in idx:
-                fw, bw = memory_layers[i].forward, memory_layers[i].backward
-                if fw is not None:
-                    work = max(work, fw.peak - fw.exit)
-                if bw is not None:
-                    work = max(work, bw.peak - bw.entry)
-        in_rec, out_rec = recs[idx[0]], recs[idx[-1]]
-        units.append(Unit(
-            index=g, name=name, paths=paths, type=typ, params=numel, param_bytes=pbytes,
-            grad_bytes=gbytes, optimizer_bytes=obytes, saved_bytes=saved,
-            input_bytes=sum(s.nbytes for s in in_rec.inputs if s.dtype in _FLOAT),
-            output_bytes=sum(s.nbytes for s in out_rec.outputs if s.dtype in _FLOAT),
-            forward=f, backward=b, latency=(latencies or {}).get(name),
-            needs_inputs=need[g] and g > 0, work_bytes=int(work), received_saved_bytes=int(received[g]),
-            output_saved_bytes=int(out_saved[g]), weight_flops=int(weight_flops[g]),
-            deferred_bytes=int(deferred[g])))
+    t.params_of = [dict() for _ in groups]
+    ties = _unit_params(model, t, optimizer_ratio) if model is not None else []
+    units = [_unit(t, g, model, optimizer_ratio, latencies, need) for g in range(len(groups))]
     return SplitUnits(model_name=trace.model_name, units=tuple(units), ties=tuple(ties),
                       micro_batch=micro_batch, loss_bytes=int(loss_bytes),
                       loss_saved_bytes=int(loss_saved_bytes), workspace_bytes=int(workspace_bytes))
