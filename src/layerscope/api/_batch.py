@@ -88,82 +88,101 @@ def max_batch_size(model: nn.Module, *args: Any, limit, batch_dim: int = 0, max_
     progress = opts.progress
     opts = dataclasses.replace(opts, batch_dim=batch_dim if opts.batch_dim is None else opts.batch_dim,
                                progress=False)
-    limit_bytes = parse_bytes(limit)
-    reports: dict[int, Any] = {}
+    return _Search(model, args, kwargs, opts, parse_bytes(limit), max_batch, progress).run()
 
-    def peak(b: int) -> int:
-        if b not in reports:
+
+class _Search:
+    """max_batch_size()'s simulated search: every batch simulated (``reports``), the largest known to fit
+    (``lo``) and the smallest known not to (``hi``; None: none yet), then the real steps that check it."""
+
+    def __init__(self, model: nn.Module, args: tuple, kwargs: dict, opts: MemoryOptions, limit_bytes: int,
+                 max_batch: int, progress: bool):
+        self.model, self.args, self.kwargs, self.opts = model, args, kwargs, opts
+        self.limit_bytes, self.max_batch, self.progress = limit_bytes, max_batch, progress
+        self.reports: dict[int, Any] = {}
+        self.lo, self.hi = 2, None
+
+    def run(self) -> BatchFit:
+        peak, limit_bytes = self.peak, self.limit_bytes
+        if peak(1) > limit_bytes:
+            return self.done(0)
+        slope = peak(2) - peak(1)
+        if peak(2) > limit_bytes:
+            return self.done(1)
+        if slope <= 0:
+            raise InputError("the predicted peak does not grow with the batch size; check batch_dim")
+        if self.max_batch <= 2:
+            return self.done(self.max_batch)
+        # The answer is the largest batch that fits, once one that fits (lo) and the next that does not
+        # (hi = lo + 1) are both simulated, or lo reaches max_batch. Where the peak is affine in the
+        # batch size, the line through batches 1 and 2 predicts the answer exactly: it and one above are
+        # simulated to prove it (4 simulations in all). Where it is not (the peak moves from one phase
+        # to another as activations grow, or allocation blocks round), the line through the last two
+        # batches simulated, next to each other, predicts again; then doubling and bisection, as before.
+        self._follow_lines(min(self.max_batch, max(3, 1 + (limit_bytes - peak(1)) // slope)))
+        if self.settled():
+            return self.done(self.lo)
+        return self._bracket()
+
+    def peak(self, b: int) -> int:
+        if b not in self.reports:
             # simulated only: the real steps are _checked's, each within what the host can hold
-            reports[b] = memory_with(model, args, kwargs, dataclasses.replace(opts, batch_size=b, measure=False))
-        return reports[b].peak_bytes
+            self.reports[b] = memory_with(self.model, self.args, self.kwargs,
+                                          dataclasses.replace(self.opts, batch_size=b, measure=False))
+        return self.reports[b].peak_bytes
 
-    def result(b: int) -> BatchFit:
+    def done(self, b: int) -> BatchFit:
+        """The answer ``b``, checked by real steps where the model allows (``_checked``)."""
+        reports = self.reports
         samples = sorted((k, r.peak_bytes) for k, r in reports.items())
-        fit = BatchFit(b, reports[b].peak_bytes if b else None, limit_bytes, samples, reports.get(b))
-        fit.capped = b >= max_batch
-        return fit
+        fit = BatchFit(b, reports[b].peak_bytes if b else None, self.limit_bytes, samples, reports.get(b))
+        fit.capped = b >= self.max_batch
+        return _checked(fit, self.model, self.args, self.kwargs, self.opts, self.limit_bytes, reports,
+                        self.progress)
 
-    def done(b: int) -> BatchFit:
-        return _checked(result(b), model, args, kwargs, opts, limit_bytes, reports, progress)
+    def settled(self) -> bool:
+        return self.lo >= self.max_batch or self.hi == self.lo + 1
 
-    if peak(1) > limit_bytes:
-        return done(0)
-    slope = peak(2) - peak(1)
-    if peak(2) > limit_bytes:
-        return done(1)
-    if slope <= 0:
-        raise InputError("the predicted peak does not grow with the batch size; check batch_dim")
-    if max_batch <= 2:
-        return done(max_batch)
-    # The answer is the largest batch that fits, once one that fits (lo) and the next that does not
-    # (hi = lo + 1) are both simulated, or lo reaches max_batch. Where the peak is affine in the
-    # batch size, the line through batches 1 and 2 predicts the answer exactly: it and one above are
-    # simulated to prove it (4 simulations in all). Where it is not (the peak moves from one phase
-    # to another as activations grow, or allocation blocks round), the line through the last two
-    # batches simulated, next to each other, predicts again; then doubling and bisection, as before.
-    lo, hi = 2, None
-
-    def settled() -> bool:
-        return lo >= max_batch or hi == lo + 1
-
-    def fits(b: int) -> bool:
-        nonlocal lo, hi
-        ok = peak(b) <= limit_bytes
+    def fits(self, b: int) -> bool:
+        ok = self.peak(b) <= self.limit_bytes
         if ok:
-            lo = max(lo, b)
+            self.lo = max(self.lo, b)
         else:
-            hi = b if hi is None else min(hi, b)
+            self.hi = b if self.hi is None else min(self.hi, b)
         return ok
 
-    b = min(max_batch, max(3, 1 + (limit_bytes - peak(1)) // slope))
-    for _ in range(3):
-        # the prediction, and its neighbour on the side that would prove it
-        near = b + 1 if fits(b) else b - 1
-        if settled():
-            break
-        if lo < near < (hi if hi is not None else max_batch + 1):
-            fits(near)
-            if settled():
-                break
-        a, z = min(b, near), max(b, near)
-        local = peak(z) - peak(a) if (a in reports and z in reports and z == a + 1) else 0
-        if local <= 0:
-            break
-        b = a + (limit_bytes - peak(a)) // local      # the last batch on the local line that fits
-        b = min(max_batch, max(lo + 1, b if hi is None else min(b, hi - 1)))
-        if b in reports:
-            break
-    if settled():
-        return done(lo)
-    b = lo
-    while hi is None:  # doubling until one fails
-        b = min(max_batch, b * 2)
-        if fits(b) and b >= max_batch:
-            return done(b)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        fits(mid)
-    return done(lo)
+    def _follow_lines(self, b: int) -> None:
+        """Up to three predictions, each from the line through the last two neighbouring batches simulated,
+        starting from ``b``: the prediction, and its neighbour on the side that would prove it."""
+        reports, peak = self.reports, self.peak
+        for _ in range(3):
+            near = b + 1 if self.fits(b) else b - 1
+            if self.settled():
+                return
+            if self.lo < near < (self.hi if self.hi is not None else self.max_batch + 1):
+                self.fits(near)
+                if self.settled():
+                    return
+            a, z = min(b, near), max(b, near)
+            local = peak(z) - peak(a) if (a in reports and z in reports and z == a + 1) else 0
+            if local <= 0:
+                return
+            b = a + (self.limit_bytes - peak(a)) // local      # the last batch on the local line that fits
+            b = min(self.max_batch, max(self.lo + 1, b if self.hi is None else min(b, self.hi - 1)))
+            if b in reports:
+                return
+
+    def _bracket(self) -> BatchFit:
+        """Doubling from lo until a batch fails (or max_batch fits), then bisection."""
+        b = self.lo
+        while self.hi is None:  # doubling until one fails
+            b = min(self.max_batch, b * 2)
+            if self.fits(b) and b >= self.max_batch:
+                return self.done(b)
+        while self.hi - self.lo > 1:
+            mid = (self.lo + self.hi) // 2
+            self.fits(mid)
+        return self.done(self.lo)
 
 
 def real_step_bound(batch: int) -> int:

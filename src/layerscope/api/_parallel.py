@@ -97,6 +97,42 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     the fields held fixed, ``gpus`` among them); an option given both there and as a keyword is an
     InputError, as for memory().
     """
+    conf, kwargs = _configure(gpus, {"fsdp": fsdp, "tp": tp, "pp": pp, "ac": ac}, optimizer, config, options,
+                              forward_kwargs, kwargs)
+    opts, run = conf.opts, {k: getattr(conf.opts, k) for k in _RUN_OPTIONS}
+    fracs = fractions(run["fractions"])
+    loss, loss_fn, backend = _checked_run(model, run, conf.config, opts.gpu)
+    args = example_inputs(args, kwargs, run["input_size"], run["dtypes"], None, torch.device("meta"), "parallel")
+    materialize_lazy(model, args, kwargs)
+    local = _local_batch(args, kwargs)
+    step_loss = _step_loss(model, args, kwargs, loss_fn, loss, run["loss_fn"])
+    config = conf.config
+    if config is not None and local is not None and config.local_batch is None:
+        config = dataclasses.replace(config, local_batch=local)
+    ranks = _ranks_of(opts, run["device"] == "cuda", backend, fracs)
+    if run["search"]:
+        return _searched(model, args, kwargs, conf, ranks, run, step_loss)
+    plan, notes = _planned(model, args, kwargs, config, ranks, run, step_loss, opts.gpu)
+    if ranks.limit is not None:
+        over = max(0, plan.peak_bytes - ranks.limit)
+        plan = dataclasses.replace(plan, limit_bytes=ranks.limit, fits=over == 0, over_bytes=over)
+    return ParallelReport(model_name=type(model).__name__, options=ranks.echo, plans=(plan,), notes=tuple(notes))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Configured:
+    """parallel()'s call resolved: its options, the configuration (None for a search) and, for a search,
+    the ranks and the configuration's fields held fixed (``held``: the degrees named in the signature)."""
+    opts: ParallelOptions
+    config: ParallelConfig | None
+    gpus: int
+    held: dict
+    given: dict
+
+
+def _configure(gpus: int, degrees: dict, optimizer, config, options, forward_kwargs, kwargs: dict):
+    """The options and the configuration from ``config=``, ``options=`` or the keywords (its fields popped
+    from ``kwargs``), and the forward's keywords left."""
     fields = {f.name for f in dataclasses.fields(ParallelConfig)} - {"local_batch"}
     given = {k: kwargs.pop(k) for k in list(kwargs) if k in fields}
     # the signature's optimizer default is the field's: a keyword counts as given only where it differs
@@ -106,15 +142,13 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     opts, kwargs = entry_options(ParallelOptions, options, kwargs, forward_kwargs, **named)
     if optimizer is None and options is None:     # None: no optimizer step (entry_options reads None as not given)
         opts = dataclasses.replace(opts, optimizer=None)
-    optimizer, gpu, memory_limit, config = opts.optimizer, opts.gpu, opts.memory_limit, opts.config
+    config = opts.config
     if isinstance(config, dict):                  # options= for a search: the configuration's fields held fixed
         held_given = dict(config)
         gpus, config = held_given.pop("gpus", gpus), None
         given = {**held_given, **given}
-    run = {k: getattr(opts, k) for k in _RUN_OPTIONS}
-    search = run["search"]
-    held = {k: v for k, v in (("fsdp", fsdp), ("tp", tp), ("pp", pp), ("ac", ac)) if v is not None}
-    if search:
+    held = {k: v for k, v in degrees.items() if v is not None}
+    if opts.search:
         if config is not None:
             raise InputError("search=True searches the configuration: give the degrees to hold fixed as keywords "
                              "(tp=, pp=, ac=, ...), not config=")
@@ -122,13 +156,17 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
         config = ParallelConfig(gpus=gpus, **{"tp": 1, "pp": 1, "ac": "none", **held}, **given)
     elif given or gpus != 1 or held:
         raise InputError("give the configuration either as config= or as keywords, not both")
-    steps, loss_fn, input_size, dtypes, device, progress, backend, target = (
-        run[k] for k in ("steps", "loss_fn", "input_size", "dtypes", "device", "progress", "backend", "target"))
-    fracs = fractions(run["fractions"])
+    return _Configured(opts, config, gpus, held, given), kwargs
+
+
+def _checked_run(model: nn.Module, run: dict, config: ParallelConfig | None, gpu):
+    """The loss, the loss_fn (with ``target=`` bound where there is no pipeline) and the backend, once the
+    loss options, the model, the device and the backend are checked (in that order: the first error wins)."""
+    loss_fn, device, backend, target = run["loss_fn"], run["device"], run["backend"], run["target"]
     loss = check_loss(run["loss"])
     if loss_fn is not None and loss != "auto":
         raise InputError(f"give loss_fn= or loss= ({loss!r}), not both: a loss_fn is the loss")
-    if search and target is not None:
+    if run["search"] and target is not None:
         raise InputError("target= is a tensor of one local batch, which the search changes: give loss_fn alone")
     if target is not None:
         if loss_fn is None or not isinstance(target, torch.Tensor):
@@ -144,61 +182,95 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
         raise InputError(f"backend for {device} ranks is {' or '.join(_BACKENDS.get(device, ()))}, got {backend!r}")
     if gpu is not None and device != "cuda":
         raise InputError("gpu= names a CUDA GPU: leave device at 'cuda'")
-    args = example_inputs(args, kwargs, input_size, dtypes, None, torch.device("meta"), "parallel")
-    materialize_lazy(model, args, kwargs)
-    local = _local_batch(args, kwargs)
-    # the step's loss (capture/loss.py): a language model's own by default; simulate_world gives the forward
-    # its labels where there is no pipeline
-    given_fn = loss_fn
+    return loss, loss_fn, backend
+
+
+@dataclasses.dataclass(frozen=True)
+class _StepLoss:
+    """The step's loss: ``given`` (the caller's loss_fn, None: none), ``fn`` (what the ranks call),
+    ``loss`` (the loss= option) and ``note`` (what the notes say of it)."""
+    given: Any
+    fn: Any
+    loss: str
+    note: Any
+
+
+def _step_loss(model: nn.Module, args: tuple, kwargs: dict, loss_fn, loss: str, caller_fn) -> _StepLoss:
+    """The step's loss (capture/loss.py): a language model's own by default; simulate_world gives the
+    forward its labels where there is no pipeline."""
     choice = choose_loss(model, args, kwargs, loss) if loss_fn is None else None
-    loss_fn = loss_fn or choice
-    loss_note = choice.describe if choice is not None else lambda: given_note(run["loss_fn"])
-    if config is not None and local is not None and config.local_batch is None:
-        config = dataclasses.replace(config, local_batch=local)
-    factory = optimizer_factory(optimizer)
-    cuda = device == "cuda"
-    named = resolve_gpu(gpu) if gpu is not None else None
+    note = choice.describe if choice is not None else lambda: given_note(caller_fn)
+    return _StepLoss(loss_fn, loss_fn or choice, loss, note)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ranks:
+    """What the simulated ranks run with, resolved once from the options: the optimizer factory, CUDA or
+    not, the backend, the GPU named (None: none), the memory limit, the achievable fractions, a new
+    attention router per rank, and the options as the report echoes them."""
+    factory: Any
+    cuda: bool
+    backend: str
+    named: Any
+    limit: int | None
+    fracs: Any
+    new_router: Any
+    echo: dict
+
+
+def _ranks_of(opts: ParallelOptions, cuda: bool, backend: str, fracs) -> _Ranks:
+    factory = optimizer_factory(opts.optimizer)
+    named = resolve_gpu(opts.gpu) if opts.gpu is not None else None
 
     def new_router():      # one per simulated rank: each counts its own SDPA calls
         # the ranks run on fake CPU tensors here, also where CUDA is at hand: CUDA ranks are always routed
         return router_for(named or resolve_gpu(None) if cuda else None, "auto", simulated=True, cuda_target=cuda,
                           autocast_device="cpu")
-    limit = parse_bytes(memory_limit) if memory_limit is not None else (named.memory if named is not None else None)
-    options = {**echo(opts, backend=backend, gpu=named.name if named is not None else None, optimizer=factory),
-               "allocation_block": 512 if cuda else 1}
-    if search:
-        if not cuda:
-            raise InputError("the search ranks configurations by their predicted step time on GPUs: leave device at "
-                             "'cuda' and name the GPU (gpu='H100')")
-        if limit is None:
-            raise InputError("the search needs the memory a GPU has: name the GPU (gpu='H100') or give memory_limit=")
+    limit = (parse_bytes(opts.memory_limit) if opts.memory_limit is not None
+             else (named.memory if named is not None else None))
+    echoed = {**echo(opts, backend=backend, gpu=named.name if named is not None else None, optimizer=factory),
+              "allocation_block": 512 if cuda else 1}
+    return _Ranks(factory, cuda, backend, named, limit, fracs, new_router, echoed)
 
-        world = WorldRun(factory, steps, loss_fn, cuda, backend, new_router)
 
-        def simulate(m, a, k, c):
-            return simulate_world(m, a, k, c, world)
-        rep = search_report(model, args, kwargs, gpus=gpus, held={**held, **given}, gpu=named or resolve_gpu(None),
-                            limit=limit, simulate=simulate, fracs=fracs, options=options, progress=progress,
-                            search_limit=run["search_limit"])
-        rep.add_notes(loss_note())
-        return rep
-    notes: list = []
+def _searched(model: nn.Module, args: tuple, kwargs: dict, conf: _Configured, ranks: _Ranks, run: dict,
+              step_loss: _StepLoss):
+    """search=True: the fastest configuration that fits (planning/search/space.py), its report."""
+    if not ranks.cuda:
+        raise InputError("the search ranks configurations by their predicted step time on GPUs: leave device at "
+                         "'cuda' and name the GPU (gpu='H100')")
+    if ranks.limit is None:
+        raise InputError("the search needs the memory a GPU has: name the GPU (gpu='H100') or give memory_limit=")
+
+    world = WorldRun(ranks.factory, run["steps"], step_loss.fn, ranks.cuda, ranks.backend, ranks.new_router)
+
+    def simulate(m, a, k, c):
+        return simulate_world(m, a, k, c, world)
+    rep = search_report(model, args, kwargs, gpus=conf.gpus, held={**conf.held, **conf.given},
+                        gpu=ranks.named or resolve_gpu(None), limit=ranks.limit, simulate=simulate, fracs=ranks.fracs,
+                        options=ranks.echo, progress=run["progress"], search_limit=run["search_limit"])
+    rep.add_notes(step_loss.note())
+    return rep
+
+
+def _planned(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, ranks: _Ranks, run: dict,
+             step_loss: _StepLoss, gpu):
+    """One configuration's plan and notes: memory()'s step where every degree is 1, else the simulated
+    world (with its predicted step time on CUDA ranks)."""
     if config.trivial:
-        plan, notes = _one_device(model, args, kwargs, config, factory, steps, given_fn, loss, cuda, gpu)
-    else:
-        world = WorldRun(factory, steps, loss_fn, cuda, backend, new_router, progress, target)
-        ranks, rr, roles_of, router, runs = simulate_world(model, args, kwargs, config, world)
-        plan = plan_of(config, ranks)
-        notes.append(loss_note())
-        if cuda:
-            plan, more = _timed(plan, runs, config, named or resolve_gpu(None), global_tokens(args, kwargs, config),
-                                fracs)
-            notes += more
-        notes += _world_notes(config, plan, rr, roles_of, router, cuda, gpu)
-    if limit is not None:
-        over = max(0, plan.peak_bytes - limit)
-        plan = dataclasses.replace(plan, limit_bytes=limit, fits=over == 0, over_bytes=over)
-    return ParallelReport(model_name=type(model).__name__, options=options, plans=(plan,), notes=tuple(notes))
+        return _one_device(model, args, kwargs, config, ranks.factory, run["steps"], step_loss.given, step_loss.loss,
+                           ranks.cuda, gpu)
+    world = WorldRun(ranks.factory, run["steps"], step_loss.fn, ranks.cuda, ranks.backend, ranks.new_router,
+                     run["progress"], run["target"])
+    rank_runs, rr, roles_of, router, runs = simulate_world(model, args, kwargs, config, world)
+    plan = plan_of(config, rank_runs)
+    notes: list = [step_loss.note()]
+    if ranks.cuda:
+        plan, more = _timed(plan, runs, config, ranks.named or resolve_gpu(None), global_tokens(args, kwargs, config),
+                            ranks.fracs)
+        notes += more
+    notes += _world_notes(config, plan, rr, roles_of, router, ranks.cuda, gpu)
+    return plan, notes
 
 
 def _world_notes(config: ParallelConfig, plan: ParallelPlan, rr, roles_of, router, cuda: bool, gpu) -> list[Note]:

@@ -74,76 +74,107 @@ def partition(model_or_report, *args: Any, stages: int | None = None, by=None, s
                                  stages=stages, by=by, schedule=schedule, microbatches=microbatches,
                                  memory_limit=memory_limit, optimizer=optimizer)
     from ..reports.memory import MemoryReport
-    from ..planning.steptime.schedule import ZERO_BUBBLE
-    from ..planning.steptime.unit_timing import unit_latencies, unit_weight_shares, unit_work_bytes
-    from ..planning.split.units import split_units
     from ..reports.plan_build import build_plan
 
-    o = opts
     notes: list[Note] = []
     recorded = {"optimizer": None, "autocast": None}
-    if not isinstance(o.microbatches, int) or o.microbatches < 1:      # before micro_batch() divides by it
-        raise InputError(f"microbatches must be a positive integer, got {o.microbatches!r}")
-    if isinstance(model_or_report, Report):
-        units = split_units(model_or_report.trace, model=model_or_report._model() if model_or_report._model
-                            else None)
-        notes.append(Note("partition-from-report", {}))
-    elif isinstance(model_or_report, MemoryReport):
-        rep = model_or_report
-        units = units_from_memory(rep, rep._model() if rep._model else None)
-        recorded.update(optimizer=rep.options.get("optimizer"), autocast=rep.options.get("autocast"))
+    if not isinstance(opts.microbatches, int) or opts.microbatches < 1:      # before micro_batch() divides by it
+        raise InputError(f"microbatches must be a positive integer, got {opts.microbatches!r}")
+    if isinstance(model_or_report, (Report, MemoryReport)):
+        units = _units_of_report(model_or_report, notes, recorded)
     else:
-        from ..formats.exported import refuse_exported
-        refuse_exported(model_or_report, "partition")   # issue 22
-        model = check_model(model_or_report)
-        args = example_inputs(args, kwargs, o.input_size, o.dtypes, None, model_device(model), "partition")
-        mb_args, mb_kwargs, mb = micro_batch(args, kwargs, o.microbatches, o.batch_dim)
-        # one simulated step: the units take the last pass's trace, per-layer memory and the
-        # optimizer's state, which its first step() creates; a second step only adds that state as a
-        # constant under every live-bytes difference the units keep (checked equal, tests/pipeline)
-        # the loss: loss_fn, else the sum of the output, as the units' timings and `split --run`'s stages
-        # take it (memory()'s default, a language model's own loss, is not planned per stage yet)
-        rep = memory(model, *mb_args, optimizer=o.optimizer, autocast_dtype=o.autocast_dtype, device=o.device,
-                     steps=1, batch_dim=o.batch_dim, loss_fn=o.loss_fn, loss="auto" if o.loss_fn else "sum",
-                     forward_kwargs=mb_kwargs)
-        no_data = model_device(model).type == "meta" or is_fake_model(model)
-        if o.by == "latency" and no_data:
-            raise InputError("by='latency' times the units on the real model; this one has no data "
-                             "(meta or fake tensors)")
-        units = units_from_memory(rep, model, micro=mb)
-        if o.measure_working and no_data:
-            raise InputError("measure_working=True runs a real step; this model has no data (meta or "
-                             "fake tensors)")
-        # the real step runs as the model is: not for another device or under autocast
-        here = (o.device is None or torch.device(o.device).type == model_device(model).type) and \
-            o.autocast_dtype is None
-        if o.measure_working and not here:
-            raise InputError("measure_working=True measures on the model's own device without "
-                             "autocast; leave device= and autocast_dtype= unset for it")
-        if o.measure_working or (o.measure_working is None and not no_data and here
-                                 and rep.totals.get("gradient_bytes")):
-            with gc_paused():
-                work = unit_work_bytes(model, units, mb_args, mb_kwargs, loss_fn=o.loss_fn)
-            units = with_work(units, work)
-            notes.append(Note("partition-working-measured", {"device": str(model_device(model))}))
-        if o.by == "latency":
-            with gc_paused():
-                lat = unit_latencies(model, units, mb_args, mb_kwargs, repeats=o.latency_repeats,
-                                     loss_fn=o.loss_fn)
-            units = with_latencies(units, lat)
-            if o.schedule in ZERO_BUBBLE:
-                with gc_paused():
-                    shares = unit_weight_shares(model, units, mb_args, mb_kwargs, repeats=o.latency_repeats,
-                                                loss_fn=o.loss_fn)
-                units = with_weight_shares(units, shares)
-                notes.append(Note("partition-weight-shares", {}))
-        recorded.update(optimizer=rep.options.get("optimizer"), autocast=rep.options.get("autocast"),
-                        device=rep.options.get("device"))
+        units, args, kwargs = _units_of_model(model_or_report, args, kwargs, opts, notes, recorded)
+    units = _with_kept(units, opts, isinstance(model_or_report, (Report, MemoryReport)), args, kwargs, recorded)
+    if opts.by == "roofline":
+        units = _roofline_units(units, opts, notes, recorded)
+    return build_plan(units, opts, notes=notes, recorded=recorded)
+
+
+def _units_of_report(rep, notes: list, recorded: dict):
+    """The units of a Report (costs and parameters only) or of a MemoryReport (one micro-batch's step)."""
+    from ..planning.split.units import split_units
+
+    if isinstance(rep, Report):
+        units = split_units(rep.trace, model=rep._model() if rep._model else None)
+        notes.append(Note("partition-from-report", {}))
+        return units
+    units = units_from_memory(rep, rep._model() if rep._model else None)
+    recorded.update(optimizer=rep.options.get("optimizer"), autocast=rep.options.get("autocast"))
+    return units
+
+
+def _units_of_model(model_or_report, args: tuple, kwargs: dict, o: PartitionOptions, notes: list, recorded: dict):
+    """The units of a model and its inputs: one simulated step of a micro-batch, with the working memory
+    measured by a real step and the times measured (``by="latency"``) where asked. Returns the units and
+    the example inputs."""
+    from ..formats.exported import refuse_exported
+    refuse_exported(model_or_report, "partition")   # issue 22
+    model = check_model(model_or_report)
+    args = example_inputs(args, kwargs, o.input_size, o.dtypes, None, model_device(model), "partition")
+    mb_args, mb_kwargs, mb = micro_batch(args, kwargs, o.microbatches, o.batch_dim)
+    # one simulated step: the units take the last pass's trace, per-layer memory and the
+    # optimizer's state, which its first step() creates; a second step only adds that state as a
+    # constant under every live-bytes difference the units keep (checked equal, tests/pipeline)
+    # the loss: loss_fn, else the sum of the output, as the units' timings and `split --run`'s stages
+    # take it (memory()'s default, a language model's own loss, is not planned per stage yet)
+    rep = memory(model, *mb_args, optimizer=o.optimizer, autocast_dtype=o.autocast_dtype, device=o.device,
+                 steps=1, batch_dim=o.batch_dim, loss_fn=o.loss_fn, loss="auto" if o.loss_fn else "sum",
+                 forward_kwargs=mb_kwargs)
+    no_data = model_device(model).type == "meta" or is_fake_model(model)
+    if o.by == "latency" and no_data:
+        raise InputError("by='latency' times the units on the real model; this one has no data "
+                         "(meta or fake tensors)")
+    units = units_from_memory(rep, model, micro=mb)
+    if o.measure_working and no_data:
+        raise InputError("measure_working=True runs a real step; this model has no data (meta or "
+                         "fake tensors)")
+    # the real step runs as the model is: not for another device or under autocast
+    here = (o.device is None or torch.device(o.device).type == model_device(model).type) and \
+        o.autocast_dtype is None
+    if o.measure_working and not here:
+        raise InputError("measure_working=True measures on the model's own device without "
+                         "autocast; leave device= and autocast_dtype= unset for it")
+    if o.measure_working or (o.measure_working is None and not no_data and here
+                             and rep.totals.get("gradient_bytes")):
+        from ..planning.steptime.unit_timing import unit_work_bytes
+        with gc_paused():
+            work = unit_work_bytes(model, units, mb_args, mb_kwargs, loss_fn=o.loss_fn)
+        units = with_work(units, work)
+        notes.append(Note("partition-working-measured", {"device": str(model_device(model))}))
+    if o.by == "latency":
+        units = _timed_units(model, units, (mb_args, mb_kwargs), o, notes)
+    recorded.update(optimizer=rep.options.get("optimizer"), autocast=rep.options.get("autocast"),
+                    device=rep.options.get("device"))
+    return units, args, kwargs
+
+
+def _timed_units(model, units, micro: tuple, o: PartitionOptions, notes: list):
+    """The units with their measured forward and backward times (and, for a zero-bubble schedule, each
+    backward's weight-gradient share)."""
+    from ..planning.steptime.schedule import ZERO_BUBBLE
+    from ..planning.steptime.unit_timing import unit_latencies, unit_weight_shares
+
+    mb_args, mb_kwargs = micro
+    with gc_paused():
+        lat = unit_latencies(model, units, mb_args, mb_kwargs, repeats=o.latency_repeats, loss_fn=o.loss_fn)
+    units = with_latencies(units, lat)
+    if o.schedule in ZERO_BUBBLE:
+        with gc_paused():
+            shares = unit_weight_shares(model, units, mb_args, mb_kwargs, repeats=o.latency_repeats,
+                                        loss_fn=o.loss_fn)
+        units = with_weight_shares(units, shares)
+        notes.append(Note("partition-weight-shares", {}))
+    return units
+
+
+def _with_kept(units, o: PartitionOptions, from_report: bool, args: tuple, kwargs: dict, recorded: dict):
+    """The units with what the caller of ``schedule.step()`` keeps alive: the outputs returned, the
+    whole batch's inputs (``count_inputs``) and targets."""
     count_inputs = o.count_inputs
-    if count_inputs and isinstance(model_or_report, (Report, MemoryReport)):
+    if count_inputs and from_report:
         raise InputError("count_inputs=True counts the whole batch's inputs: pass the model and its inputs")
     if count_inputs is None:
-        count_inputs = not isinstance(model_or_report, (Report, MemoryReport))
+        count_inputs = not from_report
     if o.return_outputs or count_inputs or o.target_bytes:
         import dataclasses
         seen: dict[int, int] = {}
@@ -153,19 +184,23 @@ def partition(model_or_report, *args: Any, stages: int | None = None, by=None, s
         units = dataclasses.replace(units, kept_outputs=bool(o.return_outputs),
                                     input_batch_bytes=sum(seen.values()), target_bytes=int(o.target_bytes))
         recorded.update(return_outputs=bool(o.return_outputs))
-    if o.by == "roofline":
-        from ..analyses.roofline import roofline_for
-        from ..planning.split.units import roofline_times
-        where = torch.device(recorded.get("device") or "cpu")
-        if o.roofline is None and where.type == "cuda" and not torch.cuda.is_available():
-            raise InputError("by='roofline' for a GPU that is not here needs its peaks: roofline='H100' (or "
-                             "another name of the built-in table) or (peak_flops, peak_bytes_per_s)")
-        roof = roofline_for(o.roofline or "auto", where, _plan_dtype(units))
-        units = with_latencies(units, roofline_times(units, roof))
-        notes.append(Note("partition-roofline", {"name": roof.name, "peak_flops": roof.peak_flops,
-                                                 "peak_bandwidth": roof.peak_bandwidth, "source": roof.source}))
-        recorded["roofline"] = roof.to_dict()
-    return build_plan(units, opts, notes=notes, recorded=recorded)
+    return units
+
+
+def _roofline_units(units, o: PartitionOptions, notes: list, recorded: dict):
+    """``by="roofline"``: the units with times predicted from their FLOPs and bytes under the roofline."""
+    from ..analyses.roofline import roofline_for
+    from ..planning.split.units import roofline_times
+    where = torch.device(recorded.get("device") or "cpu")
+    if o.roofline is None and where.type == "cuda" and not torch.cuda.is_available():
+        raise InputError("by='roofline' for a GPU that is not here needs its peaks: roofline='H100' (or "
+                         "another name of the built-in table) or (peak_flops, peak_bytes_per_s)")
+    roof = roofline_for(o.roofline or "auto", where, _plan_dtype(units))
+    units = with_latencies(units, roofline_times(units, roof))
+    notes.append(Note("partition-roofline", {"name": roof.name, "peak_flops": roof.peak_flops,
+                                             "peak_bandwidth": roof.peak_bandwidth, "source": roof.source}))
+    recorded["roofline"] = roof.to_dict()
+    return units
 
 
 def _plan_dtype(units) -> torch.dtype:

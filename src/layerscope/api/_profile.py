@@ -60,7 +60,21 @@ def profile(model: nn.Module, *args: Any, warmup: int | str = "auto", repeats: i
     """
     opts, kwargs = entry_options(ProfileOptions, options, kwargs, forward_kwargs, warmup=warmup, repeats=repeats,
                                  backward=backward, device=device, input_size=input_size, roofline=roofline)
-    warmup, repeats, backward, loss_fn = opts.warmup, opts.repeats, opts.backward, opts.loss_fn
+    here = _real_device(model, opts)
+    args = example_inputs(args, kwargs, opts.input_size, opts.dtypes, None, here, "profile")
+    costs = _costs(model, args, kwargs, opts.backward)
+    roof = roofline_for(opts.roofline, here, float_dtype(model))
+    calls, plain, hooked, ran = _time_model(model, args, kwargs, opts, here)
+    totals = latency_totals(calls, hooked, plain, opts.backward)
+    totals["flops"] = costs.totals.flops
+    return LatencyReport(model_name=type(model).__name__, device=str(here),
+                         options=_run_echo(ran, opts),
+                         layers=tuple(latency_layers(calls, costs, opts.backward)), totals=totals,
+                         roofline=roof)
+
+
+def _real_device(model: nn.Module, opts: ProfileOptions) -> torch.device:
+    """The model's device, once it is checked to hold real data and to be where ``device=`` asks."""
     check_model(model)
     here = model_device(model)
     if here.type == "meta" or is_fake_model(model):
@@ -69,13 +83,22 @@ def profile(model: nn.Module, *args: Any, warmup: int | str = "auto", repeats: i
     if opts.device is not None and torch.device(opts.device).type != here.type:
         raise InputError(f"the model is on {here} but device={str(opts.device)!r} was asked; layerscope never "
                          "moves a model: move it first")
-    args = example_inputs(args, kwargs, opts.input_size, opts.dtypes, None, here, "profile")
+    return here
+
+
+def _costs(model: nn.Module, args: tuple, kwargs: dict, backward: bool):
+    """Each call's FLOPs and bytes: an analysis on meta copies of the weights, or on the real tensors
+    for a model that reads values."""
     try:
-        costs = analyze(model, *args, options=AnalyzeOptions(device="meta", mode="same", backward=backward),
-                        forward_kwargs=kwargs)
+        return analyze(model, *args, options=AnalyzeOptions(device="meta", mode="same", backward=backward),
+                       forward_kwargs=kwargs)
     except LayerscopeError:   # a model that reads values: count on the real tensors
-        costs = analyze(model, *args, options=AnalyzeOptions(mode="same", backward=backward), forward_kwargs=kwargs)
-    roof = roofline_for(opts.roofline, here, float_dtype(model))
+        return analyze(model, *args, options=AnalyzeOptions(mode="same", backward=backward), forward_kwargs=kwargs)
+
+
+def _time_model(model: nn.Module, args: tuple, kwargs: dict, opts: ProfileOptions, here: torch.device):
+    """The timed runs (capture/repeats.py): (calls, plain, hooked, what ran), the model restored after."""
+    warmup, repeats, backward, loss_fn = opts.warmup, opts.repeats, opts.backward, opts.loss_fn
 
     def run():
         if backward:
@@ -101,18 +124,17 @@ def profile(model: nn.Module, *args: Any, warmup: int | str = "auto", repeats: i
         guard.restore()
         if bar:
             bar.close()
-    totals = latency_totals(calls, hooked, plain, backward)
-    totals["flops"] = costs.totals.flops
-    options = {"warmup": ran["warmup"], "repeats": ran["repeats"], "backward": backward, "unit": "repeat"}
+    return calls, plain, hooked, ran
+
+
+def _run_echo(ran: dict, opts: ProfileOptions) -> dict:
+    """The report's options: how many warm-up runs and repeats ran, and (counts chosen) why they stopped."""
+    warmup, repeats = opts.warmup, opts.repeats
+    options = {"warmup": ran["warmup"], "repeats": ran["repeats"], "backward": opts.backward, "unit": "repeat"}
     if repeats == "auto" or warmup == "auto":     # how the counts were chosen (a fixed pair: as before)
         options["stopped"] = ran["stopped"]
         options["repeats_rule"] = "auto" if repeats == "auto" else "fixed"
         options["warmup_rule"] = "auto" if warmup == "auto" else "fixed"
         if "worst" in ran:
             options["least_precise"] = {"name": ran["worst"][1], "tolerance_ratio": ran["worst"][0]}
-    return LatencyReport(model_name=type(model).__name__, device=str(here),
-                         options=options,
-                         layers=tuple(latency_layers(calls, costs, backward)), totals=totals,
-                         roofline=roof)
-
-
+    return options
