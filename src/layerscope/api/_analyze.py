@@ -56,6 +56,12 @@ def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, device=N
     """
     opts, kwargs = entry_options(AnalyzeOptions, options, kwargs, forward_kwargs, input_size=input_size,
                                  dtypes=dtypes, device=device, mode=mode, backward=backward)
+    return analyze_with(model, args, kwargs, opts)
+
+
+def analyze_with(model, args: tuple, kwargs: dict, opts: AnalyzeOptions) -> Report:
+    """analyze()'s run for one options object, below the entry point: what profile() calls for its
+    costs (no entry point calls another; the caller holds the model exclusively, as analyze() does)."""
     if opts.costs is not None:
         _check_costs(model, opts.costs)
     if (opts.gpu is not None or opts.attention != "auto") and (

@@ -12,11 +12,12 @@ from ..capture.guard import exclusive, gc_paused
 from ..capture.notes import Note
 from ..capture.prepare import check_model, example_inputs, is_fake_model, micro_batch
 from ..errors import InputError
-from ..options import entry_options
+from ..options import MemoryOptions, entry_options
 from ..planning.config import LAUNCHER_FIELDS, PartitionOptions
 from ..planning.split.units import units_from_memory, with_latencies, with_weight_shares, with_work
 from ..reports.summary import Report
-from ._memory import memory
+from ..analyses.memory_step import memory_step
+from ..reports.memory import MemoryReport
 
 __all__ = ["partition"]
 
@@ -117,9 +118,11 @@ def _units_of_model(model_or_report, args: tuple, kwargs: dict, o: PartitionOpti
     # constant under every live-bytes difference the units keep (checked equal, tests/pipeline)
     # the loss: loss_fn, else the sum of the output, as the units' timings and `split --run`'s stages
     # take it (memory()'s default, a language model's own loss, is not planned per stage yet)
-    rep = memory(model, *mb_args, optimizer=o.optimizer, autocast_dtype=o.autocast_dtype, device=o.device,
-                 steps=1, batch_dim=o.batch_dim, loss_fn=o.loss_fn, loss="auto" if o.loss_fn else "sum",
-                 forward_kwargs=mb_kwargs)
+    # memory()'s step below the entry point (no entry point calls another; partition holds the model
+    # exclusively, as memory() would)
+    rep = MemoryReport(**memory_step(model, tuple(mb_args), dict(mb_kwargs), MemoryOptions(
+        optimizer=o.optimizer, autocast_dtype=o.autocast_dtype, device=o.device, steps=1, batch_dim=o.batch_dim,
+        loss_fn=o.loss_fn, loss="auto" if o.loss_fn else "sum")))
     no_data = model_device(model).type == "meta" or is_fake_model(model)
     if o.by == "latency" and no_data:
         raise InputError("by='latency' times the units on the real model; this one has no data "

@@ -18,7 +18,7 @@ from ..options import AnalyzeOptions, ProfileOptions, entry_options
 from ..progress import ProgressBar
 from ..reports.latency import LatencyReport
 from ..reports.latency import latency_layers, latency_totals
-from ._analyze import analyze
+from ._analyze import analyze_with
 
 __all__ = ["profile"]
 
@@ -90,10 +90,9 @@ def _costs(model: nn.Module, args: tuple, kwargs: dict, backward: bool):
     """Each call's FLOPs and bytes: an analysis on meta copies of the weights, or on the real tensors
     for a model that reads values."""
     try:
-        return analyze(model, *args, options=AnalyzeOptions(device="meta", mode="same", backward=backward),
-                       forward_kwargs=kwargs)
+        return analyze_with(model, args, kwargs, AnalyzeOptions(device="meta", mode="same", backward=backward))
     except LayerscopeError:   # a model that reads values: count on the real tensors
-        return analyze(model, *args, options=AnalyzeOptions(mode="same", backward=backward), forward_kwargs=kwargs)
+        return analyze_with(model, args, kwargs, AnalyzeOptions(mode="same", backward=backward))
 
 
 def _time_model(model: nn.Module, args: tuple, kwargs: dict, opts: ProfileOptions, here: torch.device):
