@@ -95,6 +95,24 @@ def launch(spec: str, *, stages: int | None = None, by=None, schedule: str | Non
     with one process (``RunResult.grad_rel_diff``)."""
     opts = _launch_options(options, {"stages": stages, "by": by, "schedule": schedule,
                                      "microbatches": microbatches, "steps": steps, **kwargs})
+    opts, procs = _checked(opts)
+    with tempfile.TemporaryDirectory(prefix="layerscope-run-") as tmp:
+        cfg_path = os.path.join(tmp, "run.json")
+        _write_cfg(cfg_path, spec, tmp, opts)     # refuses what JSON cannot carry (the options must be JSON)
+        ref, ref_grads, plan = _reference(spec, opts, procs)
+        if plan.num_stages > 1 and opts.cuts is None:
+            by = "flops" if opts.by in TIME_COSTS else opts.by     # nothing to time
+            _write_cfg(cfg_path, spec, tmp, dataclasses.replace(opts, cuts=list(plan.split_points), by=by))
+        ranks = _run_ranks(cfg_path, tmp, opts, procs)
+        diff = _grad_diff(tmp, procs, ref_grads) if opts.compare_grads else None
+    holder = next(r for r in ranks if plan.num_stages - 1 in r["stages"])    # zbv: rank 0
+    return RunResult(plan=plan, ranks=tuple(ranks), reference=tuple(ref), losses=tuple(holder["losses"]),
+                     path=ranks[0]["path"], grad_rel_diff=diff, return_outputs=bool(opts.return_outputs))
+
+
+def _checked(opts: PartitionOptions) -> tuple[PartitionOptions, int]:
+    """(the options, with module-ownership stages where the schedule needs them, the number of
+    ranks); what torch's runtime schedules cannot run -> InputError."""
     kind, stages, microbatches = schedule_of(opts.schedule), opts.stages, opts.microbatches
     if not isinstance(stages, int) or stages < 1:
         raise InputError(f"stages must be a positive integer, got {stages!r}")
@@ -120,54 +138,58 @@ def launch(spec: str, *, stages: int | None = None, by=None, schedule: str | Non
     if microbatches > opts.batch_size:
         raise InputError(f"{microbatches} micro-batches need a batch of at least {microbatches} "
                          f"(--batch-size {opts.batch_size})")
-    with tempfile.TemporaryDirectory(prefix="layerscope-run-") as tmp:
-        cfg_path = os.path.join(tmp, "run.json")
-        _write_cfg(cfg_path, spec, tmp, opts)     # refuses what JSON cannot carry (the options must be JSON)
-        # the single process first: it plans exactly as every rank will, so a plan that cannot be
-        # made (a memory limit no split fits, inputs the model refuses) fails here, in one line. It
-        # runs with the threads each rank will have, so that times measured for the plan
-        # (by="latency") are those of the run; the ranks then take this plan's cuts, not their own
-        # measurements (which differ from rank to rank)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // procs))
-        try:
-            ref, ref_grads, plan = reference_run(build_setup(spec, opts), opts)
-        finally:
-            torch.set_num_threads(threads)
-        if plan.num_stages > 1 and opts.cuts is None:
-            by = "flops" if opts.by in TIME_COSTS else opts.by     # nothing to time
-            _write_cfg(cfg_path, spec, tmp, dataclasses.replace(opts, cuts=list(plan.split_points), by=by))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
-               "--master_port", str(_free_port()), "-m", "layerscope.torchrun", cfg_path]
-        env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // procs)))
-        try:
-            proc = run_torchrun(cmd, opts.timeout, env)
-        except subprocess.TimeoutExpired:
-            raise InputError(f"the pipeline run did not finish in {opts.timeout:g} s") from None
-        if proc.returncode != 0:
-            raise InputError(f"the pipeline run failed (torchrun exit {proc.returncode}):\n"
-                             + _worker_error(proc.stderr or proc.stdout or ""))
-        ranks = []
-        for r in range(procs):
-            with open(os.path.join(tmp, f"rank{r}.json")) as f:
-                ranks.append(json.load(f))
-        diff = None
-        if opts.compare_grads:
-            diff = 0.0
-            seen = set()
-            for r in range(procs):
-                for name, g in torch.load(os.path.join(tmp, f"grads{r}.pt")).items():
-                    if name not in ref_grads:
-                        raise InputError(f"rank {r} has a gradient for {name}, which the model lacks")
-                    want = ref_grads[name].double()
-                    scale = float(want.norm()) or 1.0
-                    diff = max(diff, float((g.double() - want).norm()) / scale)
-                    seen.add(name)
-            missing = {n for n in ref_grads} - seen
-            # a tied parameter has several names in the model; one stage's name covers it
-            if any(not any(ref_grads[n] is ref_grads[s] or torch.equal(ref_grads[n], ref_grads[s])
-                           for s in seen) for n in missing):
-                raise InputError(f"no rank returned the gradients of {sorted(missing)[:5]}")
-    holder = next(r for r in ranks if plan.num_stages - 1 in r["stages"])    # zbv: rank 0
-    return RunResult(plan=plan, ranks=tuple(ranks), reference=tuple(ref), losses=tuple(holder["losses"]),
-                     path=ranks[0]["path"], grad_rel_diff=diff, return_outputs=bool(opts.return_outputs))
+    return opts, procs
+
+
+def _reference(spec: str, opts: PartitionOptions, procs: int):
+    """The single process's (losses, first gradients, plan), run first: it plans exactly as every
+    rank will, so a plan that cannot be made (a memory limit no split fits, inputs the model
+    refuses) fails here, in one line. It runs with the threads each rank will have, so that times
+    measured for the plan (by="latency") are those of the run; the ranks then take this plan's
+    cuts, not their own measurements (which differ from rank to rank)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // procs))
+    try:
+        return reference_run(build_setup(spec, opts), opts)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_ranks(cfg_path: str, tmp: str, opts: PartitionOptions, procs: int) -> list[dict]:
+    """torchrun's ``procs`` ranks on ``cfg_path``: what each wrote; a failed run -> InputError."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
+           "--master_port", str(_free_port()), "-m", "layerscope.torchrun", cfg_path]
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // procs)))
+    try:
+        proc = run_torchrun(cmd, opts.timeout, env)
+    except subprocess.TimeoutExpired:
+        raise InputError(f"the pipeline run did not finish in {opts.timeout:g} s") from None
+    if proc.returncode != 0:
+        raise InputError(f"the pipeline run failed (torchrun exit {proc.returncode}):\n"
+                         + _worker_error(proc.stderr or proc.stdout or ""))
+    ranks = []
+    for r in range(procs):
+        with open(os.path.join(tmp, f"rank{r}.json")) as f:
+            ranks.append(json.load(f))
+    return ranks
+
+
+def _grad_diff(tmp: str, procs: int, ref_grads: dict) -> float:
+    """The largest relative difference of the ranks' first gradients from one process's; a
+    gradient the model lacks, or one no rank returned -> InputError."""
+    diff = 0.0
+    seen = set()
+    for r in range(procs):
+        for name, g in torch.load(os.path.join(tmp, f"grads{r}.pt")).items():
+            if name not in ref_grads:
+                raise InputError(f"rank {r} has a gradient for {name}, which the model lacks")
+            want = ref_grads[name].double()
+            scale = float(want.norm()) or 1.0
+            diff = max(diff, float((g.double() - want).norm()) / scale)
+            seen.add(name)
+    missing = {n for n in ref_grads} - seen
+    # a tied parameter has several names in the model; one stage's name covers it
+    if any(not any(ref_grads[n] is ref_grads[s] or torch.equal(ref_grads[n], ref_grads[s])
+                   for s in seen) for n in missing):
+        raise InputError(f"no rank returned the gradients of {sorted(missing)[:5]}")
+    return diff

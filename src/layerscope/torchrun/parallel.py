@@ -87,6 +87,29 @@ def launch_parallel(spec: str, config: ParallelConfig, *, input_ids: tuple[int, 
     spec that builds its own) under ``config`` with torchrun (gloo, one process per rank, this
     machine's CPU) on a global batch of ``input_ids`` = (batch, sequence) token ids, and the same in
     one process; compare losses (``ParallelRunResult.loss_equal``) and step 1's gradients."""
+    batch, seq = _checked(config, input_ids, steps, optimizer)
+    model_dtype = None if config.model_dtype == torch.float32 else dtype_short(config.model_dtype)   # fp32: as built
+    procs = config.world
+    with tempfile.TemporaryDirectory(prefix="layerscope-parallel-") as tmp:
+        cfg_path = os.path.join(tmp, "run.json")
+        cfg = {"kind": "parallel", "spec": spec, "overrides": overrides or {}, "model_dtype": model_dtype, "head": head,
+               "config": _config_dict(config), "batch": batch, "seq": seq, "steps": steps,
+               "optimizer": optimizer, "lr": lr, "seed": seed, "out": tmp}
+        with open(cfg_path, "w") as f:
+            json.dump(cfg, f)
+        ref, ref_grads = _reference(cfg, procs)
+        ranks = _run_ranks(cfg_path, tmp, config, procs, timeout)
+        grads: dict = {}
+        for path in sorted(glob.glob(os.path.join(tmp, f"rank*.{GRADS}"))):     # one rank of each stage
+            grads.update(torch.load(path))
+    diff = _grad_diff(ref_grads, grads)
+    rtol = BF16_LOSS_RTOL if config.mixed_precision == "bf16" else FP32_LOSS_RTOL
+    return ParallelRunResult(config=config, ranks=tuple(ranks), losses=tuple(ranks[0]["losses"]),
+                             reference_losses=tuple(ref), loss_rtol=rtol, max_rel_grad_diff=diff)
+
+
+def _checked(config: ParallelConfig, input_ids, steps: int, optimizer: str) -> tuple[int, int]:
+    """The global batch's (batch, sequence); what a run cannot take -> InputError."""
     if not isinstance(config, ParallelConfig):
         raise InputError(f"launch_parallel takes a ParallelConfig, got {type(config).__name__}")
     if config.pp > 1 and config.accumulation > 1:
@@ -110,53 +133,58 @@ def launch_parallel(spec: str, config: ParallelConfig, *, input_ids: tuple[int, 
     if config.local_batch is not None and config.local_batch * per != batch:
         raise InputError(f"local_batch {config.local_batch} x dp {config.dp} x accumulation {config.accumulation} "
                          f"!= the global batch {batch}")
-    model_dtype = None if config.model_dtype == torch.float32 else dtype_short(config.model_dtype)   # fp32: as built
-    procs = config.world
-    with tempfile.TemporaryDirectory(prefix="layerscope-parallel-") as tmp:
-        cfg_path = os.path.join(tmp, "run.json")
-        with open(cfg_path, "w") as f:
-            json.dump({"kind": "parallel", "spec": spec, "overrides": overrides or {}, "model_dtype": model_dtype, "head": head,
-                       "config": _config_dict(config), "batch": batch, "seq": seq, "steps": steps,
-                       "optimizer": optimizer, "lr": lr, "seed": seed, "out": tmp}, f)
-        # the single process first, with the threads of one rank: a model the spec cannot build
-        # fails here in one line
-        threads = torch.get_num_threads()
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // procs))
+    return batch, seq
+
+
+def _reference(cfg: dict, procs: int):
+    """One process's (losses, first gradients) of the run ``cfg`` describes, run first with the
+    threads of one rank: a model the spec cannot build fails here in one line."""
+    spec, seed, steps = cfg["spec"], cfg["seed"], cfg["steps"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // procs))
+    try:
+        torch.manual_seed(seed)
+        model = _build(spec, cfg["overrides"], cfg["model_dtype"], cfg["head"])
+        vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
+        if vocab < 1:
+            raise InputError(f"{spec}: the model has no config.vocab_size to draw token ids from")
+        ids, labels = make_batch(vocab, cfg["batch"], cfg["seq"], seed + 1)
+        ref, ref_grads = reference_run(model, ids, labels, steps=steps, optimizer=cfg["optimizer"], lr=cfg["lr"])
+        del model
+    finally:
+        torch.set_num_threads(threads)
+    return ref, ref_grads
+
+
+def _run_ranks(cfg_path: str, tmp: str, config: ParallelConfig, procs: int, timeout: float) -> list[dict]:
+    """torchrun's ``procs`` ranks on ``cfg_path``: what each wrote; a failed run -> InputError."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // procs)))
+    for attempt in range(3):
+        # the port is free when chosen, not always when torchrun binds it (another process, or a
+        # gloo connection of the run before, may take it in between): a rendezvous that fails on
+        # the network is tried again on another port
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
+               "--master_port", str(_free_port()), "-m", "layerscope.torchrun", cfg_path]
         try:
-            torch.manual_seed(seed)
-            model = _build(spec, overrides or {}, model_dtype, head)
-            vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
-            if vocab < 1:
-                raise InputError(f"{spec}: the model has no config.vocab_size to draw token ids from")
-            ids, labels = make_batch(vocab, batch, seq, seed + 1)
-            ref, ref_grads = reference_run(model, ids, labels, steps=steps, optimizer=optimizer, lr=lr)
-            del model
-        finally:
-            torch.set_num_threads(threads)
-        env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // procs)))
-        for attempt in range(3):
-            # the port is free when chosen, not always when torchrun binds it (another process, or a
-            # gloo connection of the run before, may take it in between): a rendezvous that fails on
-            # the network is tried again on another port
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs),
-                   "--master_port", str(_free_port()), "-m", "layerscope.torchrun", cfg_path]
-            try:
-                proc = run_torchrun(cmd, timeout, env)
-            except subprocess.TimeoutExpired:
-                raise InputError(f"the parallel run ({config.label()}) did not finish in {timeout:g} s") from None
-            text = proc.stderr or proc.stdout or ""
-            if proc.returncode == 0 or not any(m in text for m in _RUN_AGAIN):
-                break
-        if proc.returncode != 0:
-            raise InputError(f"the parallel run ({config.label()}) failed (torchrun exit {proc.returncode}): "
-                             + _one_line(_worker_error((proc.stderr or proc.stdout or "") + _measured_stderr(tmp))))
-        ranks = []
-        for r in range(procs):
-            with open(os.path.join(tmp, f"rank{r}.json")) as f:
-                ranks.append(json.load(f))
-        grads: dict = {}
-        for path in sorted(glob.glob(os.path.join(tmp, f"rank*.{GRADS}"))):     # one rank of each stage
-            grads.update(torch.load(path))
+            proc = run_torchrun(cmd, timeout, env)
+        except subprocess.TimeoutExpired:
+            raise InputError(f"the parallel run ({config.label()}) did not finish in {timeout:g} s") from None
+        text = proc.stderr or proc.stdout or ""
+        if proc.returncode == 0 or not any(m in text for m in _RUN_AGAIN):
+            break
+    if proc.returncode != 0:
+        raise InputError(f"the parallel run ({config.label()}) failed (torchrun exit {proc.returncode}): "
+                         + _one_line(_worker_error((proc.stderr or proc.stdout or "") + _measured_stderr(tmp))))
+    ranks = []
+    for r in range(procs):
+        with open(os.path.join(tmp, f"rank{r}.json")) as f:
+            ranks.append(json.load(f))
+    return ranks
+
+
+def _grad_diff(ref_grads: dict, grads: dict) -> float:
+    """The largest relative difference of the run's first gradients from one process's; a
+    parameter the run returned no gradient for -> InputError."""
     diff = 0.0
     missing = sorted(set(ref_grads) - set(grads))
     if missing:
@@ -164,9 +192,7 @@ def launch_parallel(spec: str, config: ParallelConfig, *, input_ids: tuple[int, 
     for name, want in ref_grads.items():
         want = want.double()
         diff = max(diff, float((grads[name].double() - want).norm()) / (float(want.norm()) or 1.0))
-    rtol = BF16_LOSS_RTOL if config.mixed_precision == "bf16" else FP32_LOSS_RTOL
-    return ParallelRunResult(config=config, ranks=tuple(ranks), losses=tuple(ranks[0]["losses"]),
-                             reference_losses=tuple(ref), loss_rtol=rtol, max_rel_grad_diff=diff)
+    return diff
 
 
 def _measured_stderr(out_dir: str) -> str:

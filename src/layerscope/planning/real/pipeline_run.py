@@ -89,7 +89,7 @@ def run_rank(setup: Callable[[], Setup], options: PartitionOptions, out_dir: str
     step's gradients to grads<R>.pt with ``options.compare_grads``)."""
     import torch.distributed as dist
 
-    from ...capture.measure import measure_cpu, state_bytes
+    from ...capture.measure import state_bytes
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     cuda = torch.cuda.is_available() and torch.device(options.device or "cpu").type == "cuda"
@@ -98,10 +98,7 @@ def run_rank(setup: Callable[[], Setup], options: PartitionOptions, out_dir: str
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
         model, args, kwargs, mb_args, mb_kwargs, plan, target = setup()
-        ranks = max(s.rank for s in plan.stages) + 1
-        if ranks != world:
-            raise InputError(f"the plan puts its {plan.num_stages} stages on {ranks} ranks, not {world}")
-        mine = [s.index for s in plan.stages if s.rank == rank]
+        mine = _my_stages(plan, rank, world)
         # ranks on one machine's CPU slow each other down when they compute at once: measured here,
         # before the stages exist (they hook the model) and the steps, for the prediction (GPUs:
         # one per rank, nothing shared)
@@ -109,21 +106,13 @@ def run_rank(setup: Callable[[], Setup], options: PartitionOptions, out_dir: str
             else (1.0, None)
         stages, sync, path = pipeline_stage(plan, model, rank, mb_args, mb_kwargs, device=device,
                                             path=options.path, all_local=True)
-        busy = Busy(stages)
-        params = [p for st in stages for p in st.submod.parameters() if p.requires_grad]
-        opt = optimizer_factory(options.optimizer)(params)
-        loss_fn = busy.loss(pipeline_loss)
-        m = options.microbatches
-        kind = schedule_of(options.schedule)
-        # a runtime schedule takes the rank's stages, the others its one stage
-        sched = kind.torch_schedule()(stages if kind.multi else stages[0], n_microbatches=m, loss_fn=loss_fn)
+        busy, opt, sched = _schedule(stages, options)
         tensors, _ = flat_inputs(args, kwargs)
         tensors = [t.to(device) for t in tensors]
         target = target.to(device)
         first, last = 0 in mine, plan.num_stages - 1 in mine
         keep = bool(options.return_outputs)
-        times, losses, busy_s, blocks = [], [], [], []
-        busy_stage: dict[int, list] = {i: [] for i in mine}
+        rec = _Record(mine)
 
         def one_step():
             opt.zero_grad(set_to_none=True)
@@ -136,13 +125,13 @@ def run_rank(setup: Callable[[], Setup], options: PartitionOptions, out_dir: str
             del out     # the merged outputs (return_outputs=True) are the caller's: dropped here
             sync()
             opt.step()
-            times.append(time.perf_counter() - t0)
-            blocks.append(busy.blocks)
-            busy_s.append(busy.seconds - b0)
+            rec.times.append(time.perf_counter() - t0)
+            rec.blocks.append(busy.blocks)
+            rec.busy_s.append(busy.seconds - b0)
             for i in mine:
-                busy_stage[i].append(busy.per_stage[i] - s0[i])
+                rec.busy_stage[i].append(busy.per_stage[i] - s0[i])
             if mb_losses:
-                losses.append(sum(x.item() for x in mb_losses) / len(mb_losses))
+                rec.losses.append(sum(x.item() for x in mb_losses) / len(mb_losses))
 
         steps = options.steps
         # live tensor bytes of this rank from here on: what exists before the step and that the
@@ -154,67 +143,123 @@ def run_rank(setup: Callable[[], Setup], options: PartitionOptions, out_dir: str
         before = state_bytes(held + (list(tensors) if first else []) + ([target] if last else []))
 
         first_grads: dict = {}
-
-        def all_steps(on_step):
-            for i in range(steps):
-                on_step(i, "begin")
-                one_step()
-                on_step(i, "end")
-                if i == 0 and options.compare_grads:   # outside the measured step: not in its peak
-                    for st in stages:
-                        for n, p in st.submod.named_parameters():
-                            if p.grad is not None:
-                                first_grads[_model_name(n)] = p.grad.detach().cpu().clone()
-
-        if device.type == "cpu":
-            measured = measure_cpu(all_steps, before, steps)
-            peak, step_peaks = measured.step_peaks[-1], list(measured.step_peaks)
-            # the times: the profiler above records every allocation, and its growing buffers slow
-            # the later steps down (1F1B on GPT-2: 430 ms steps became 830 ms by the fifth), so
-            # ``steps`` more steps are timed without it (all in steady state: after the first)
-            n_losses = len(losses)
-            times.clear()
-            busy_s.clear()
-            blocks.clear()
-            for i in mine:
-                busy_stage[i].clear()
-            for _ in range(steps):
-                one_step()
-            del losses[n_losses:]
-        else:
-            step_peaks = []
-
-            def on_step(i, when):
-                torch.cuda.synchronize(device)
-                if when == "begin":
-                    torch.cuda.reset_peak_memory_stats(device)
-                else:
-                    step_peaks.append(torch.cuda.max_memory_allocated(device))
-            all_steps(on_step)
-            peak = step_peaks[-1]
-        own = [plan.stages[s].memory for s in mine]
-        if len(mine) == 1:
-            predicted = own[0]["total"]
-        else:
-            # several stages: their memory over the order this rank's schedule runs them in
-            kinds = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "I", "BACKWARD_WEIGHT": "W"}
-            order = [(a.stage_index, kinds[a.computation_type.name]) for a in sched.pipeline_order[rank]
-                     if a is not None and a.computation_type.name in kinds]
-            predicted = rank_memory(plan.units, [plan.stages[s] for s in mine], plan.num_stages, order, m)
-        out = {"rank": rank, "stages": mine, "path": path, "times": times, "busy": busy_s,
+        all_steps = _all_steps(one_step, steps, stages, first_grads if options.compare_grads else None)
+        peak, step_peaks = _measure(all_steps, one_step, rec, before, steps, device)
+        own, predicted = _predicted(plan, mine, sched, rank, options.microbatches)
+        out = {"rank": rank, "stages": mine, "path": path, "times": rec.times, "busy": rec.busy_s,
                "steady": device.type == "cpu",      # the times are of steps after the measured ones
-               "busy_per_stage": {str(k): v for k, v in busy_stage.items()}, "losses": losses,
-               "blocks": blocks, "corun": corun, "alone_s": alone_s,
+               "busy_per_stage": {str(k): v for k, v in rec.busy_stage.items()}, "losses": rec.losses,
+               "blocks": rec.blocks, "corun": corun, "alone_s": alone_s,
                "peak_bytes": peak, "step_peaks": step_peaks, "before_bytes": before,
                "predicted_bytes": int(predicted), "predicted_parts": own,
                "inputs": [list(t.shape) for t in tensors] if first else [],
                "params": sum(p.numel() for st in stages for p in st.submod.parameters())}
-        if options.compare_grads:
-            torch.save(first_grads, os.path.join(out_dir, f"grads{rank}.pt"))
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(out, f)
+        _write(out_dir, rank, out, first_grads if options.compare_grads else None)
     finally:
         dist.destroy_process_group()
+
+
+class _Record:
+    """What a rank's steps record: each step's seconds, busy seconds (all, per stage), busy blocks
+    and mean micro-batch loss."""
+
+    def __init__(self, mine: list[int]):
+        self.times: list = []
+        self.losses: list = []
+        self.busy_s: list = []
+        self.blocks: list = []
+        self.busy_stage: dict[int, list] = {i: [] for i in mine}
+
+
+def _my_stages(plan, rank: int, world: int) -> list[int]:
+    """This rank's stage indices; a plan for another world size -> InputError."""
+    ranks = max(s.rank for s in plan.stages) + 1
+    if ranks != world:
+        raise InputError(f"the plan puts its {plan.num_stages} stages on {ranks} ranks, not {world}")
+    return [s.index for s in plan.stages if s.rank == rank]
+
+
+def _schedule(stages: list, options: PartitionOptions):
+    """(the busy-time recorder, the optimizer, torch's schedule) over this rank's stages."""
+    busy = Busy(stages)
+    params = [p for st in stages for p in st.submod.parameters() if p.requires_grad]
+    opt = optimizer_factory(options.optimizer)(params)
+    loss_fn = busy.loss(pipeline_loss)
+    kind = schedule_of(options.schedule)
+    # a runtime schedule takes the rank's stages, the others its one stage
+    sched = kind.torch_schedule()(stages if kind.multi else stages[0], n_microbatches=options.microbatches,
+                                  loss_fn=loss_fn)
+    return busy, opt, sched
+
+
+def _all_steps(one_step: Callable, steps: int, stages: list, first_grads: dict | None) -> Callable:
+    """The measured run: ``steps`` steps, ``on_step(i, "begin"/"end")`` around each; the first
+    step's gradients copied into ``first_grads`` (unless None) outside the step."""
+    def all_steps(on_step):
+        for i in range(steps):
+            on_step(i, "begin")
+            one_step()
+            on_step(i, "end")
+            if i == 0 and first_grads is not None:   # outside the measured step: not in its peak
+                for st in stages:
+                    for n, p in st.submod.named_parameters():
+                        if p.grad is not None:
+                            first_grads[_model_name(n)] = p.grad.detach().cpu().clone()
+    return all_steps
+
+
+def _write(out_dir: str, rank: int, out: dict, first_grads: dict | None) -> None:
+    """rank<R>.json, and grads<R>.pt unless ``first_grads`` is None."""
+    if first_grads is not None:
+        torch.save(first_grads, os.path.join(out_dir, f"grads{rank}.pt"))
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+
+
+def _measure(all_steps: Callable, one_step: Callable, rec: _Record, before: int, steps: int,
+             device: torch.device):
+    """(the last step's peak bytes, each step's) of ``all_steps``; on CPU the times recorded are
+    of ``steps`` more steps run after the measured ones."""
+    from ...capture.measure import measure_cpu
+
+    if device.type == "cpu":
+        measured = measure_cpu(all_steps, before, steps)
+        peak, step_peaks = measured.step_peaks[-1], list(measured.step_peaks)
+        # the times: the profiler above records every allocation, and its growing buffers slow
+        # the later steps down (1F1B on GPT-2: 430 ms steps became 830 ms by the fifth), so
+        # ``steps`` more steps are timed without it (all in steady state: after the first)
+        n_losses = len(rec.losses)
+        rec.times.clear()
+        rec.busy_s.clear()
+        rec.blocks.clear()
+        for i in rec.busy_stage:
+            rec.busy_stage[i].clear()
+        for _ in range(steps):
+            one_step()
+        del rec.losses[n_losses:]
+        return peak, step_peaks
+    step_peaks = []
+
+    def on_step(i, when):
+        torch.cuda.synchronize(device)
+        if when == "begin":
+            torch.cuda.reset_peak_memory_stats(device)
+        else:
+            step_peaks.append(torch.cuda.max_memory_allocated(device))
+    all_steps(on_step)
+    return step_peaks[-1], step_peaks
+
+
+def _predicted(plan, mine: list[int], sched, rank: int, microbatches: int):
+    """(this rank's stages' planned memory, the rank's predicted bytes)."""
+    own = [plan.stages[s].memory for s in mine]
+    if len(mine) == 1:
+        return own, own[0]["total"]
+    # several stages: their memory over the order this rank's schedule runs them in
+    kinds = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "I", "BACKWARD_WEIGHT": "W"}
+    order = [(a.stage_index, kinds[a.computation_type.name]) for a in sched.pipeline_order[rank]
+             if a is not None and a.computation_type.name in kinds]
+    return own, rank_memory(plan.units, [plan.stages[s] for s in mine], plan.num_stages, order, microbatches)
 
 
 def _model_name(name: str) -> str:

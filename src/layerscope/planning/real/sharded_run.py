@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -103,7 +103,7 @@ def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: i
     grads.pt (step 1's gradients, full tensors named as in the unparallelized model)."""
     import torch.distributed as dist
 
-    from ...capture.measure import count_cpu_allocations, measure_cpu, state_bytes
+    from ...capture.measure import count_cpu_allocations, measure_cpu
 
     # the CPU allocator counts every thread's blocks from here on, before the model and the gloo group
     # exist: gloo's worker threads make buffers and free the step's tensors the profiler never sees
@@ -114,63 +114,19 @@ def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: i
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
-        torch.manual_seed(seed)                  # same weights on every rank before sharding
-        model = build()
-        no_kv_cache(model)
-        model.train()
-        vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
-        if vocab < 1:
-            raise InputError("the model has no config.vocab_size to draw token ids from")
+        model, vocab = _build_model(build, seed)
         ids, labels = make_batch(vocab, batch, seq, seed + 1)
         mesh = build_mesh(config, "cpu")
-        dp_rank, acc = data_parallel_rank(config, mesh), config.accumulation
+        dp_rank = data_parallel_rank(config, mesh)
         rows = batch // config.dp
         my_ids, my_labels = ids[dp_rank * rows:(dp_rank + 1) * rows], labels[dp_rank * rows:(dp_rank + 1) * rows]
-        pipe = None
-        if config.pp > 1:
-            # this rank's stages of the uniform split (one, or several under interleaved 1F1B and zero
-            # bubble, each cut from a model built alike), torch's PipelineStage and schedule on the pp group; one
-            # schedule step per optimizer step (its micro-batches accumulate the gradients)
-            from ..simulate.uniform_stages import as_module, model_name, rank_stages
-            mine = rank_stages(config, mesh.get_local_rank("pp"))
-            tied = tie_groups(model, config, mesh, mine)
-            mods, pipe, sched = _rank_pipeline(build, config, mesh, mine, my_ids, seed=seed, model=model)
-            ties = [(m, tied[stage]) for m, stage in zip(mods, mine)]
-            model = as_module(mods)
-        else:
-            parallelize(model, config, mesh)
-            chunks = list(zip(my_ids.tensor_split(acc), my_labels.tensor_split(acc)))
+        placed = _place(build, model, config, mesh, (my_ids, my_labels), seed)
+        model, pipe = placed.model, placed.pipe
         opt = _optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], lr)
         losses: list[float] = []
         times: list[float] = []
-        grads: dict = {}
         # the ranks that hold the loss: every rank, or the last stage's (the others add 0)
-        holders = world // config.pp
-
-        def one_step(record: bool) -> None:
-            t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            total = torch.zeros(())
-            if pipe is not None:
-                micro: list = []
-                with loss_context(config), amp_context(config, "cpu"):
-                    pipeline_step(sched, pipe, my_ids, my_labels, micro)
-                sum_tied_grads(ties)
-                for loss in micro:
-                    total += _local(loss).detach().float() / len(micro)
-            else:
-                for x, y in chunks:
-                    with loss_context(config):
-                        with amp_context(config, "cpu"):
-                            loss = training_loss(model, x, y)
-                        (loss / acc).backward()
-                    total += _local(loss).detach().float() / acc
-            opt.step()
-            times.append(time.perf_counter() - t0)
-            if record:
-                # the mean over the data-parallel ranks (tensor-parallel ranks hold the same loss)
-                dist.all_reduce(total)
-                losses.append(float(total) / holders)
+        one_step = _step_fn(placed, opt, config, (my_ids, my_labels), (times, losses), world // config.pp)
 
         def all_steps(on_step) -> None:
             for i in range(2, steps):
@@ -186,31 +142,21 @@ def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: i
         # state, does not show. Each measured step starts with the optimizer's state and the last
         # step's gradients alive (and a pipeline stage's receive buffers).
         one_step(True)
-        keeper = mesh is None or all(mesh.get_local_rank(n) == 0 for n in mesh.mesh_dim_names if n != "pp")
+        # inline, not a helper: ``g`` (the last gradient gathered) stays alive to the end, as it did
+        keeper, grads = _keeper(mesh), {}
         for n, p in model.named_parameters():
             if p.grad is not None:
                 g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
                 if keeper:
                     # a stage module wraps the model as ``model`` (several: a list of them, "0.model.")
-                    grads[model_name(n) if pipe is not None else n] = g.detach().clone()
+                    grads[_model_name(n) if pipe is not None else n] = g.detach().clone()
         one_step(True)
-        held = [_local(t) for t in (*model.parameters(), *model.buffers())] + [my_ids, my_labels]
-        held += [_local(p.grad) for p in model.parameters() if p.grad is not None]
-        held += [_local(t) for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
-        if pipe is not None:
-            held += [t for p in pipe for t in _stage_buffers(p)]
-        before = state_bytes(held)
-        # let go of them: this list kept the warm-up's gradients alive through every measured step
-        # (zero_grad freed nothing), 180,864 B (every gradient) above the real peak on FSDP 2
-        del held
+        before = _before_bytes(model, opt, pipe, (my_ids, my_labels))
         # every thread's allocations and frees: gloo's worker threads allocate buffers and free the
         # step's tensors (recorded on the step's thread alone, the peaks drifted up step after step)
         measured = measure_cpu(all_steps, before, steps - 2, threads=True,
                                log_path=os.path.join(out_dir, f"rank{rank}.{STDERR_LOG}"))
-        count_cpu_allocations(on=False)   # the timed steps without the count's lock and table
-        times.clear()
-        for _ in range(steps):          # timed without the profiler
-            one_step(False)
+        _time_steps(one_step, times, steps)
         coords = {}
         if mesh is not None:
             coords = {n: mesh.get_local_rank(n) for n in mesh.mesh_dim_names}
@@ -218,12 +164,136 @@ def run_rank(build: Callable[[], nn.Module], config: ParallelConfig, *, batch: i
                "before_bytes": before, "times": times, "losses": losses,
                "local_params": sum(_local(p).numel() for p in model.parameters()),
                "batch_rows": int(my_ids.shape[0])}
-        if keeper:
-            torch.save(canonical_tensors(grads), os.path.join(out_dir, f"rank{rank}.{GRADS}"))
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(out, f)
+        _write(out_dir, rank, out, grads if keeper else None)
     finally:
         dist.destroy_process_group()
+
+
+def _keeper(mesh) -> bool:
+    """Whether this rank keeps its stage's first gradients: the first rank of its stage."""
+    return mesh is None or all(mesh.get_local_rank(n) == 0 for n in mesh.mesh_dim_names if n != "pp")
+
+
+def _model_name(name: str) -> str:
+    """A stage module's parameter name in the model (uniform_stages.model_name)."""
+    from ..simulate.uniform_stages import model_name
+    return model_name(name)
+
+
+def _time_steps(one_step: Callable, times: list, steps: int) -> None:
+    """``steps`` more steps timed into ``times``, without the allocation count or the profiler."""
+    from ...capture.measure import count_cpu_allocations
+
+    count_cpu_allocations(on=False)   # the timed steps without the count's lock and table
+    times.clear()
+    for _ in range(steps):          # timed without the profiler
+        one_step(False)
+
+
+def _build_model(build: Callable[[], nn.Module], seed: int) -> tuple[nn.Module, int]:
+    """(the model built with ``seed``, in training mode without a KV cache, its vocabulary size);
+    a model without ``config.vocab_size`` -> InputError."""
+    torch.manual_seed(seed)                  # same weights on every rank before sharding
+    model = build()
+    no_kv_cache(model)
+    model.train()
+    vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
+    if vocab < 1:
+        raise InputError("the model has no config.vocab_size to draw token ids from")
+    return model, vocab
+
+
+class _Placed(NamedTuple):
+    """What a rank trains: its model (parallelized, or its pipeline stages as one module), and under
+    pipeline parallelism its PipelineStages, torch's schedule and each stage's ties; without it, the
+    rank's batch in its accumulation chunks."""
+
+    model: nn.Module
+    pipe: Any = None
+    sched: Any = None
+    ties: Any = None
+    chunks: Any = None
+
+
+def _place(build: Callable[[], nn.Module], model: nn.Module, config: ParallelConfig, mesh,
+           batch: tuple, seed: int) -> _Placed:
+    """``model`` parallelized by ``config`` on ``mesh``, or (pipeline parallel) this rank's stages of
+    the uniform split (one, or several under interleaved 1F1B and zero bubble, each cut from a model
+    built alike), torch's PipelineStage and schedule on the pp group; one schedule step per
+    optimizer step (its micro-batches accumulate the gradients)."""
+    my_ids, my_labels = batch
+    if config.pp <= 1:
+        parallelize(model, config, mesh)
+        acc = config.accumulation
+        return _Placed(model, chunks=list(zip(my_ids.tensor_split(acc), my_labels.tensor_split(acc))))
+    from ..simulate.uniform_stages import as_module, rank_stages
+    mine = rank_stages(config, mesh.get_local_rank("pp"))
+    tied = tie_groups(model, config, mesh, mine)
+    mods, pipe, sched = _rank_pipeline(build, config, mesh, mine, my_ids, seed=seed, model=model)
+    ties = [(m, tied[stage]) for m, stage in zip(mods, mine)]
+    return _Placed(as_module(mods), pipe, sched, ties)
+
+
+def _step_fn(placed: _Placed, opt, config: ParallelConfig, batch: tuple, kept: tuple,
+             holders: int) -> Callable[[bool], None]:
+    """One training step of the rank: ``one_step(record)`` appends its seconds to ``kept``'s
+    times and, with ``record``, the loss (averaged over the ``holders`` ranks that hold it) to its
+    losses."""
+    import torch.distributed as dist
+
+    model, pipe, sched, ties, chunks = placed
+    my_ids, my_labels = batch
+    times, losses = kept
+    acc = config.accumulation
+
+    def one_step(record: bool) -> None:
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        total = torch.zeros(())
+        if pipe is not None:
+            micro: list = []
+            with loss_context(config), amp_context(config, "cpu"):
+                pipeline_step(sched, pipe, my_ids, my_labels, micro)
+            sum_tied_grads(ties)
+            for loss in micro:
+                total += _local(loss).detach().float() / len(micro)
+        else:
+            for x, y in chunks:
+                with loss_context(config):
+                    with amp_context(config, "cpu"):
+                        loss = training_loss(model, x, y)
+                    (loss / acc).backward()
+                total += _local(loss).detach().float() / acc
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        if record:
+            # the mean over the data-parallel ranks (tensor-parallel ranks hold the same loss)
+            dist.all_reduce(total)
+            losses.append(float(total) / holders)
+    return one_step
+
+
+def _before_bytes(model: nn.Module, opt, pipe, batch: tuple) -> int:
+    """The bytes alive before the measured steps: parameters, buffers, the rank's batch, gradients,
+    the optimizer's state, a pipeline stage's receive buffers. The list of them dies on return: held,
+    it kept the warm-up's gradients alive through every measured step (zero_grad freed nothing),
+    180,864 B (every gradient) above the real peak on FSDP 2."""
+    from ...capture.measure import state_bytes
+
+    held = [_local(t) for t in (*model.parameters(), *model.buffers())] + list(batch)
+    held += [_local(p.grad) for p in model.parameters() if p.grad is not None]
+    held += [_local(t) for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+    if pipe is not None:
+        held += [t for p in pipe for t in _stage_buffers(p)]
+    return state_bytes(held)
+
+
+def _write(out_dir: str, rank: int, out: dict, grads: dict | None) -> None:
+    """rank<R>.json, and rank<R>.grads.pt unless ``grads`` is None (not the keeper of its stage)."""
+    if grads is not None:
+        torch.save(canonical_tensors(grads), os.path.join(out_dir, f"rank{rank}.{GRADS}"))
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
 
 
 def measure_one_rank(build: Callable[[], nn.Module], config: ParallelConfig, rank: int, ids: torch.Tensor,

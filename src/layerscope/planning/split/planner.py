@@ -37,20 +37,56 @@ def plan_split(units: SplitUnits, options: PartitionOptions, notes=()) -> PlanRe
     ``optimizer_bandwidth`` (bytes/s) each rank's optimizer step; without them neither is in the
     predicted step time, and the plan says so."""
     stages, by, schedule, microbatches = options.stages, options.by, options.schedule, options.microbatches
-    stages_per_rank, objective, cuts = options.stages_per_rank, options.objective, options.cuts
+    stages_per_rank = options.stages_per_rank
     kind = schedule_of(schedule)
+    _check_shape(units, options, kind)
+    timed = all(u.forward_time is not None and u.backward_time is not None for u in units.units)
+    given = None if options.cuts is None else given_bounds(units, stages, options.cuts)
+    objective = _objective(options, kind, timed, given)
+    notes = list(notes)
+    limits, device_limits = _limits(options, kind, notes)
+    unit_cost(by) if by != "memory" else None   # validates ``by`` early
+    found = solve(units, stages, by, limits, schedule, microbatches, stages_per_rank)
+    if found is None:
+        raise _no_fit(units, options, limits, device_limits)
+    bounds = [x for x, _ in found[0]] + [len(units)]
+    times = _step_times(units, options.link_bandwidth, options.optimizer_bandwidth, notes) if timed else None
+    bounds, exact = _choose_bounds(units, options, objective, bounds, given, times, limits)
+    out = _stage_figures(units, options, bounds, times, device_limits)
+    timeline = None
+    if times is not None:
+        timeline = _timeline(out, options)
+        if kind.zero_bubble:
+            measured = all(u.measured_weight_share is not None for u in units.units)
+            notes.append(Note("split-zero-bubble", {"measured": measured}))
+    rank_bytes = _rank_bytes(units, options, out) if kind.multi else None
+    if objective == "step_time" and not exact:
+        notes.append(Note("split-descent", {}))
+    return PlanResult(units=units, stages=tuple(out), by=by if isinstance(by, str) else "custom",
+                      schedule=schedule, microbatches=microbatches,
+                      bottleneck=max(st.cost for st in out), notes=tuple(notes),
+                      objective=objective, timeline=timeline, stages_per_rank=stages_per_rank,
+                      rank_bytes=rank_bytes)
+
+
+def _check_shape(units: SplitUnits, options: PartitionOptions, kind) -> None:
+    """The stage and microbatch counts are valid for the schedule and the units."""
+    stages, microbatches = options.stages, options.microbatches
     if not isinstance(stages, int) or stages < 1:
         raise InputError(f"stages must be a positive integer, got {stages!r}")
     if microbatches < 1:
         raise InputError(f"microbatches must be at least 1, got {microbatches}")
-    kind.check_stages(stages, stages_per_rank)
+    kind.check_stages(stages, options.stages_per_rank)
     n = len(units)
     if stages > n:
         raise PlanError(f"{units.model_name} has only {n} split units "
                         f"({', '.join(u.name for u in units.units[:8])}{' ...' if n > 8 else ''}); "
                         f"it cannot be cut into {stages} stages", min_stages=None)
-    timed = all(u.forward_time is not None and u.backward_time is not None for u in units.units)
-    given = None if cuts is None else given_bounds(units, stages, cuts)
+
+
+def _objective(options: PartitionOptions, kind, timed: bool, given) -> str:
+    """The objective the split optimises: "given" with cuts, else the asked or default one, checked."""
+    objective, by, stages_per_rank = options.objective, options.by, options.stages_per_rank
     if given is not None:
         objective = "given"
     if objective is None:
@@ -61,7 +97,13 @@ def plan_split(units: SplitUnits, options: PartitionOptions, notes=()) -> PlanRe
         raise InputError("objective='step_time' needs each unit's forward and backward time: by='latency' "
                          "measures them on the real model, by='roofline' predicts them from FLOPs and bytes")
     if kind.multi and timed:
-        kind.rank_order(0, stages_per_rank, stages // stages_per_rank, microbatches)   # torch's rule
+        kind.rank_order(0, stages_per_rank, options.stages // stages_per_rank, options.microbatches)   # torch's rule
+    return objective
+
+
+def _limits(options: PartitionOptions, kind, notes: list):
+    """(each stage's byte limit, each device's byte limit), both None without a memory limit."""
+    stages, stages_per_rank = options.stages, options.stages_per_rank
     limits = None
     memory_limit = options.memory_limit
     if memory_limit is not None:
@@ -69,21 +111,21 @@ def plan_split(units: SplitUnits, options: PartitionOptions, notes=()) -> PlanRe
         if len(raw) != stages:
             raise InputError(f"memory_limit has {len(raw)} entries for {stages} stages")
         limits = [float(parse_bytes(v)) for v in raw]
-    notes = list(notes)
     device_limits = limits
     if limits is not None and kind.multi:
         # a rank holds stages_per_rank stages: each stage held to its share of the device, which is
         # sufficient (the rank's peak is at most the sum of its stages' peaks) but not necessary
         limits = [v / stages_per_rank for v in limits]
-        notes.append(Note("split-stage-share", {"schedule": schedule, "stages_per_rank": stages_per_rank}))
-    unit_cost(by) if by != "memory" else None   # validates ``by`` early
-    found = solve(units, stages, by, limits, schedule, microbatches, stages_per_rank)
-    if found is None:
-        raise _no_fit(units, options, limits, device_limits)
-    bounds = [x for x, _ in found[0]] + [n]
-    exact = True
-    times = _step_times(units, options.link_bandwidth, options.optimizer_bandwidth, notes) if timed else None
+        notes.append(Note("split-stage-share", {"schedule": options.schedule, "stages_per_rank": stages_per_rank}))
+    return limits, device_limits
 
+
+def _choose_bounds(units: SplitUnits, options: PartitionOptions, objective: str, bounds: list, given,
+                   times, limits):
+    """(the split's stage bounds, whether the step-time search was exact) for ``objective``, starting
+    from the bottleneck split ``bounds``; a uniform or given split over the limits -> PlanError."""
+    stages, schedule, microbatches = options.stages, options.schedule, options.microbatches
+    stages_per_rank = options.stages_per_rank
     seen: dict[tuple[int, int, int], bool] = {}     # the searches ask about the same stages often
 
     def fits(s: int, x: int, y: int) -> bool:
@@ -106,13 +148,20 @@ def plan_split(units: SplitUnits, options: PartitionOptions, notes=()) -> PlanRe
         for part in ("forward_time", "backward_time"):
             alt = solve(units, stages, lambda u, p=part: getattr(u, p), limits, schedule, microbatches,
                         stages_per_rank)
-            seeds.append([x for x, _ in alt[0]] + [n] if alt else None)
+            seeds.append([x for x, _ in alt[0]] + [len(units)] if alt else None)
         best = best_step_split(times, stages, schedule, microbatches, stages_per_rank, fits, seeds)
-        bounds, exact = best[0], best[2]
+        return best[0], best[2]
+    return bounds, True
+
+
+def _stage_figures(units: SplitUnits, options: PartitionOptions, bounds: list, times,
+                   device_limits) -> list[StageFigures]:
+    """Each stage's figures for the split at ``bounds``: units, cost, memory, times, rank."""
+    stages, by, schedule, microbatches = options.stages, options.by, options.schedule, options.microbatches
+    stages_per_rank = options.stages_per_rank
     cost_of = None if by == "memory" else unit_cost(by)
     where = stage_ranks(schedule, stages, stages_per_rank)
-    p = max(where) + 1
-    zero_bubble = kind.zero_bubble
+    zero_bubble = schedule_of(schedule).zero_bubble
     if zero_bubble and times is not None:
         weights = times.stage_times(torch.tensor([bounds]))[4][0].tolist()   # the first stage's: all of it
     out = []
@@ -132,28 +181,26 @@ def plan_split(units: SplitUnits, options: PartitionOptions, notes=()) -> PlanRe
                          flops=sum(u.flops for u in us), macs=sum(u.macs for u in us),
                          params=sum(u.params for u in us), memory=mem,
                          limit=int(device_limits[s]) if device_limits else None, rank=where[s], **timing))
-    timeline = None
-    if times is not None:
-        timeline = simulate(schedule, [st.forward_time for st in out], [st.backward_time for st in out],
-                            microbatches, send=[st.send_time for st in out[:-1]],
-                            optimizer=[st.optimizer_time for st in out], stages_per_rank=stages_per_rank,
-                            weight=[st.weight_time for st in out] if zero_bubble else None)
-        if zero_bubble:
-            measured = all(u.measured_weight_share is not None for u in units.units)
-            notes.append(Note("split-zero-bubble", {"measured": measured}))
-    rank_bytes = None
-    if kind.multi:
-        orders = rank_orders(schedule, stages, microbatches, stages_per_rank)
-        rank_bytes = tuple(
-            rank_memory(units, [st for st in out if st.rank == r], stages,
-                        [(a.stage, a.kind) for a in orders[r]], microbatches) for r in range(p))
-    if objective == "step_time" and not exact:
-        notes.append(Note("split-descent", {}))
-    return PlanResult(units=units, stages=tuple(out), by=by if isinstance(by, str) else "custom",
-                      schedule=schedule, microbatches=microbatches,
-                      bottleneck=max(st.cost for st in out), notes=tuple(notes),
-                      objective=objective, timeline=timeline, stages_per_rank=stages_per_rank,
-                      rank_bytes=rank_bytes)
+    return out
+
+
+def _timeline(out: list[StageFigures], options: PartitionOptions):
+    """The simulated step of the schedule over the stages' times."""
+    zero_bubble = schedule_of(options.schedule).zero_bubble
+    return simulate(options.schedule, [st.forward_time for st in out], [st.backward_time for st in out],
+                    options.microbatches, send=[st.send_time for st in out[:-1]],
+                    optimizer=[st.optimizer_time for st in out], stages_per_rank=options.stages_per_rank,
+                    weight=[st.weight_time for st in out] if zero_bubble else None)
+
+
+def _rank_bytes(units: SplitUnits, options: PartitionOptions, out: list[StageFigures]) -> tuple:
+    """Each rank's memory when a rank holds several stages."""
+    schedule, stages, microbatches = options.schedule, options.stages, options.microbatches
+    orders = rank_orders(schedule, stages, microbatches, options.stages_per_rank)
+    p = max(stage_ranks(schedule, stages, options.stages_per_rank)) + 1
+    return tuple(
+        rank_memory(units, [st for st in out if st.rank == r], stages,
+                    [(a.stage, a.kind) for a in orders[r]], microbatches) for r in range(p))
 
 
 def _no_fit(units: SplitUnits, options: PartitionOptions, limits: list[float] | None,
