@@ -163,6 +163,10 @@ def parallelize(model: nn.Module, config: ParallelConfig, mesh, *, blocks: list 
         return model
     if mesh is None:
         raise InputError(f"{config.label()} needs a device mesh (build_mesh)")
+    for name, what in (("cp", "context"), ("ep", "expert")):
+        if getattr(config, name) > 1:
+            # refused until the dimension is applied: a degree accepted and not applied would be a silent wrong figure
+            raise InputError(f"{what} parallel ({name} {getattr(config, name)}) is not applied yet: leave {name} at 1")
     if config.pp > 1:
         raise InputError("parallelize does not split pipeline stages (pp > 1): the stages come from "
                          "layerscope's pipeline split, each parallelized on its own mesh without pp")

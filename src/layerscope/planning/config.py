@@ -194,6 +194,22 @@ LAUNCHER_FIELDS = ("overrides", "head", "input_ids", "model_dtype", "allow_pickl
 
 # --- sharded training (parallel/): one configuration -------------------------------------------
 
+def _parse_routing(value) -> str:
+    """``even`` or ``skew:F`` (F >= 1, the hottest expert's tokens over its even share), normalised."""
+    if value == "even":
+        return value
+    text = str(value)
+    kind, _, f = text.partition(":")
+    try:
+        skew = float(f) if kind == "skew" else None
+    except ValueError:
+        skew = None
+    if skew is None or not skew >= 1 or skew == float("inf"):
+        raise InputError(f"routing must be even or skew:F with F >= 1 (the hottest expert's tokens over its even "
+                         f"share), got {value!r}")
+    return "even" if skew == 1 else f"skew:{skew:g}"
+
+
 AcMode = Literal["none", "full", "selective-layer", "selective-op"]
 Precision = Literal["bf16", "off"]
 
@@ -209,7 +225,13 @@ class ParallelConfig:
     loss on vocabulary-sharded logits); ``pp`` splits the layers into stages run by ``schedule``: one
     stage per pipeline rank, or ``stages_per_rank`` under a schedule that puts several on each
     (interleaved: ``pp x stages_per_rank`` stages, rank r holding stages r, r + pp, ...).
-    ``cp`` (context) and ``ep`` (expert) parallel are reserved for what comes next and must be 1.
+    ``cp`` splits each sequence across ranks (torch's context parallel: ring attention); FSDP then
+    shards over ``fsdp x cp`` ranks, as torchtitan's does. ``ep`` splits a mixture-of-experts block's
+    routed experts across ranks it borrows from ``fsdp x cp x tp`` (torchtitan's mesh at commit
+    b5bcd76c66d0acb1a08b176d9639425bc55e0b2a, ``parallel_dims.py``: ep must divide
+    ``dp_shard x cp x tp``; the experts are sharded by FSDP over the rest, ``efsdp``); there is no
+    expert tensor parallel (torchtitan deprecated it). ``routing``: the assumption about the router's
+    data-dependent dispatch (``even``, or ``skew:F``: the hottest expert receives F times its share).
 
     Batches: ``local_batch`` is what one data-parallel rank processes per optimizer step;
     ``microbatches`` splits it for the pipeline; ``accumulation`` runs that many forward/backward
@@ -232,8 +254,15 @@ class ParallelConfig:
     tp: int = opt(1, least=1, searched=True, help="tensor-parallel degree (default 1)")
     pp: int = opt(1, least=1, searched=True, help="pipeline stages: the uniform split of the blocks (default 1; the "
                                                   "cost-balanced split: `split`)")
-    cp: int = 1
-    ep: int = 1
+    cp: int = opt(1, least=1, searched=True,
+                  help="context-parallel degree: each sequence split across this many ranks, attention as torch's\n"
+                       "ring (default 1)")
+    ep: int = opt(1, least=1, searched=True,
+                  help="expert-parallel degree: a MoE block's routed experts split across this many ranks, borrowed\n"
+                       "from fsdp x cp x tp as torchtitan's mesh does (default 1)")
+    routing: str = opt("even", metavar="ROUTING",
+                       help="how the router spreads tokens over the experts (it depends on the data): even (default),\n"
+                            "or skew:F, the hottest expert receiving F times its even share (F >= 1)")
     schedule: str = opt("1f1b", searched=True,
                         help="pipeline schedule, gpipe, 1f1b, interleaved, zb or zbv (default 1f1b; with --pp); zb "
                              "and zbv: zero bubble, each backward split in the input's gradient and the weights'")
@@ -271,8 +300,7 @@ class ParallelConfig:
         for k, v in ints.items():
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise InputError(f"{k} must be a positive whole number, got {v!r}")
-        if self.cp != 1 or self.ep != 1:
-            raise InputError("context and expert parallel (cp, ep) are not simulated yet: leave them at 1")
+        object.__setattr__(self, "routing", _parse_routing(self.routing))
         ac = self.ac
         if isinstance(ac, str) and ac.startswith("selective-layer:"):
             every = ac.partition(":")[2]
@@ -300,12 +328,16 @@ class ParallelConfig:
         zero_bubble_fsdp = self.pp > 1 and kind.zero_bubble and self.reshard_after_forward
         if self.fsdp is None:
             if fixed or rest < 1:
-                raise InputError(f"gpus ({self.gpus}) must be a multiple of replicate x tp x pp "
-                                 f"({self.replicate} x {self.tp} x {self.pp})")
+                raise InputError(f"gpus ({self.gpus}) must be a multiple of replicate x tp x pp x cp "
+                                 f"({self.replicate} x {self.tp} x {self.pp} x {self.cp})")
             object.__setattr__(self, "fsdp", rest)
         if self.world != self.gpus:
             raise InputError(f"the degrees make {self.world} ranks (replicate {self.replicate} x fsdp {self.fsdp} x "
-                             f"tp {self.tp} x pp {self.pp}), not the {self.gpus} GPUs given")
+                             f"tp {self.tp} x pp {self.pp} x cp {self.cp}), not the {self.gpus} GPUs given")
+        if (self.fsdp * self.cp * self.tp) % self.ep:
+            # torchtitan's ParallelDims._validate: EP borrows its ranks from the sparse region dp_shard x cp x tp
+            raise InputError(f"ep ({self.ep}) must divide fsdp x cp x tp ({self.fsdp} x {self.cp} x {self.tp} = "
+                             f"{self.fsdp * self.cp * self.tp}): expert parallel borrows its ranks from them")
         if zero_bubble_fsdp and self.dp > 1:
             # run on torch 2.13 (FSDP 2 x PP 2, a 4-block Llama): torch's I ties the weights' gradients to the
             # parameters registered when it starts, the sharded ones (outside the graph) where FSDP resharded a
@@ -354,8 +386,20 @@ class ParallelConfig:
     @property
     def mesh_shape(self) -> tuple[tuple[str, int], ...]:
         """The mesh's named dimensions of size > 1, outermost first (torchtitan's order)."""
-        dims = (("pp", self.pp), ("dp_replicate", self.replicate), ("dp_shard", self.fsdp), ("tp", self.tp))
+        dims = (("pp", self.pp), ("dp_replicate", self.replicate), ("dp_shard", self.fsdp), ("cp", self.cp),
+                ("tp", self.tp))
         return tuple((n, s) for n, s in dims if s > 1)
+
+    @property
+    def efsdp(self) -> int:
+        """FSDP's degree over the experts under expert parallel: the sparse region's ranks EP leaves
+        (torchtitan's ``efsdp = dp_shard x cp x tp / ep``)."""
+        return self.fsdp * self.cp * self.tp // self.ep
+
+    @property
+    def routing_skew(self) -> float:
+        """The hottest expert's tokens over its even share: 1.0 under ``even``."""
+        return 1.0 if self.routing == "even" else float(self.routing.partition(":")[2])
 
     @property
     def param_dtype(self) -> torch.dtype | None:
@@ -366,6 +410,7 @@ class ParallelConfig:
         pp = f"pp {self.pp}" + (f" ({self.schedule}, {self.stages // self.pp} stages per rank)"
                                  if self.pp > 1 and self.stages > self.pp else "")
         parts = [f"fsdp {self.fsdp}" + (f" x replicate {self.replicate}" if self.replicate > 1 else ""),
-                 f"tp {self.tp}", pp]
+                 f"tp {self.tp}", pp] + [f"{k} {v}" for k, v in (("cp", self.cp), ("ep", self.ep)) if v > 1] \
+            + ([f"routing {self.routing}"] if self.ep > 1 and self.routing != "even" else [])
         return ", ".join(parts) + f", ac {self.ac}" + (f":{self.ac_every}" if self.ac == "selective-layer" else "") \
             + (", CPU offload" if self.offload else "")
