@@ -147,7 +147,7 @@ class RingCount:
     tracker: object = None
     forward: int = 0
     backward: int = 0
-    shapes: list = field(default_factory=list)      # (q, k, v) local shapes of the first forward call
+    shapes: list = field(default_factory=list)      # (q, k, v) global shapes of the first forward call (DTensors)
 
 
 def ring_bytes(q_shape, kv_heads: int, cp: int, itemsize: int) -> dict:
@@ -177,7 +177,7 @@ def ring_attention(mesh, config: ParallelConfig, count: RingCount | None = None)
     def wrap(handler):
         def counted(op_call, args, kwargs):
             fwd = op_call._opname in _RING_FORWARD
-            if fwd:
+            if fwd and not _compat.in_recompute():     # a checkpointed block's recompute is not a forward
                 count.forward += 1
                 if not count.shapes:
                     count.shapes.append(tuple(tuple(a.shape) for a in args[:3]))

@@ -140,7 +140,10 @@ class ParallelPlan:
         dp = f"fsdp {self.fsdp}" + (f" x replicate {self.replicate}" if self.replicate > 1 else "")
         pp = f"pp {self.pp}" + (f" ({self.schedule}, {self.stages // self.pp} stages per rank)"
                                  if self.stages > self.pp else "")
-        return f"{dp}, tp {self.tp}, {pp}, ac {self.ac}" + (", CPU offload" if self.offload else "")
+        # context parallel's degree from the ranks' coordinates (the plan's fields, and so its JSON, as before)
+        cp = 1 + max((r.coords.get("cp", 0) for r in self.ranks), default=0)
+        return f"{dp}, tp {self.tp}, {pp}" + (f", cp {cp}" if cp > 1 else "") + f", ac {self.ac}" + \
+            (", CPU offload" if self.offload else "")
 
     @property
     def largest(self) -> RankMemory:

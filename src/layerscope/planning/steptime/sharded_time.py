@@ -364,8 +364,9 @@ class StepTime:
     cp_comm: float = 0.0      # context parallel's ring collectives, on the critical path
 
     def to_dict(self) -> dict:
+        # cp_comm only under context parallel (a plan's JSON without it is as it was)
         return {"step_time": self.step_time, "compute": self.compute, "host_wait": self.host_wait,
-                "tp_comm": self.tp_comm, "cp_comm": self.cp_comm,
+                "tp_comm": self.tp_comm, **({"cp_comm": self.cp_comm} if self.cp_comm else {}),
                 "exposed_comm": self.exposed_comm, "bubble": self.bubble, "tokens_per_s": self.tokens_per_s,
                 "mfu": self.mfu, "uncounted_ops": self.uncounted_ops, "gpu": self.gpu,
                 "fractions": dict(self.fractions)}
