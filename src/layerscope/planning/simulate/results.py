@@ -219,7 +219,7 @@ def collective_group(name: str, read: int, written: int, config: ParallelConfig,
 
 def ring_op(rr: RankRun, p, op) -> bool:
     """Whether trace op ``op`` of pass ``p`` is a collective torch's context-parallel ring issued."""
-    ops = getattr(rr.tracker, "ring_ops", None)
+    ops = getattr(getattr(rr, "ring", None), "tracker", None) and rr.tracker.ring_ops
     return bool(ops) and p.offset + op.index in ops
 
 

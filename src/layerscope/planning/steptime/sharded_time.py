@@ -399,7 +399,8 @@ def assemble(secs: Mapping[int, RankSeconds], send: float, config: ParallelConfi
         return StepTime(total, s.forward + s.backward + s.optimizer, s.host_forward + s.host_backward, s.tp,
                         s.exposed_fsdp, 0.0,
                         tokens / total if tokens and total else None,
-                        model_flops / (total * world_flops) if total else None, uncounted, gpu.name, f, s.cp)
+                        model_flops / (total * world_flops) if total else None, uncounted, gpu.name, f,
+                        getattr(s, "cp", 0.0))
     from .schedule import simulate
     per_stage = config.world // config.pp
     stage_of: dict[int, RankSeconds] = {}
@@ -414,8 +415,8 @@ def assemble(secs: Mapping[int, RankSeconds], send: float, config: ParallelConfi
     for c, s in stage_of.items():
         busy = max(s.forward + s.backward, 1e-30)
         for st in (c + i * config.pp for i in range(spr)):     # stage st on rank st % pp
-            fw[st] = (s.forward + s.host_forward + (s.tp + s.cp) * s.forward / busy) / (m * spr)
-            bw[st] = (s.backward + s.host_backward + (s.tp + s.cp) * s.backward / busy) / (m * spr)
+            fw[st] = (s.forward + s.host_forward + s.tp * s.forward / busy) / (m * spr)
+            bw[st] = (s.backward + s.host_backward + s.tp * s.backward / busy) / (m * spr)
         opt[c] = s.exposed_fsdp + s.optimizer
     hop = collective_seconds(send, 2, link_of(config, "pp"), gpu, f) if send else 0.0
     tl = simulate(config.schedule, fw, bw, m, send=[hop] * (k - 1), optimizer=opt, stages_per_rank=spr)
