@@ -32,6 +32,7 @@ def _one_line(capsys, needle: str) -> None:
     assert "Traceback" not in cap.err
 
 
+@pytest.mark.slow      # about 10 s of CPU: two ranks simulated for two steps, behind the CLI
 def test_cli_cp_end_to_end_prices_the_ring(capsys):
     # hf:LlamaConfig shrunk (LlamaModel: the summed output is the loss), one sample of 64 tokens, 4 H100s:
     # fsdp 2 x cp 2
