@@ -52,7 +52,13 @@ def test_cli_cp_end_to_end_prices_the_ring(capsys):
     nv = gpu_row("H100").nvlink
     want = 4 * (4096 / (nv * 0.8) + 3e-6) + 4 * (8192 / (nv * 0.8) + 3e-6)
     assert plan["timing"]["cp_comm"] == pytest.approx(want, rel=1e-9)
+    # FSDP shards over fsdp x cp = 4 ranks (torchtitan's fsdp dimension): LlamaModel's 90,432 parameters
+    # (embedding 256 x 64; a layer: q, o 64 x 64, k, v 32 x 64, gate, up, down 128 x 64, two norms of 64;
+    # the final norm) each cut in 4 on dim 0, each fp32 shard one allocator block rounded up to 512 B:
+    # embedding 16,384 + 2 x (4,096 x 2 + 2,048 x 2 + 8,192 x 3 + 512 x 2) + 512 = 92,672 B a rank
+    assert plan["ranks"][0]["breakdown"]["sharded parameters"] == 92_672
     coll = {c["op"]: c for c in plan["ranks"][0]["collectives"]}
+    assert coll["c10d._allgather_base_"]["group_size"] == 4
     assert coll["cp._c10d_functional.all_gather_into_tensor"]["ring_bytes"] == 4 * 4096
     assert coll["cp._c10d_functional.all_to_all_single"]["ring_bytes"] == 4 * 8192
 
@@ -112,3 +118,23 @@ def test_cp_real_run_is_refused():
     from layerscope.torchrun.parallel import _checked
     with pytest.raises(InputError, match="simulated, not run"):
         _checked(ParallelConfig(gpus=2, cp=2), (2, 64), 3, "adamw")
+
+
+@pytest.mark.slow
+def test_cp_with_tp_hsdp_and_checkpointing():
+    # the ring's collectives are the cp group's, tensor parallel's the tp group's (the same functional ops)
+    ids = torch.randint(0, 256, (1, 64))
+    rep = layerscope.parallel(_llama(), input_ids=ids, gpus=8, replicate=2, tp=2, cp=2, gpu="H100", steps=1)
+    coll = {c.op: c for c in rep.plan.ranks[0].collectives}
+    # 2 layers: forward + backward all-gathers of K/V, cp = 2 gradient passes a layer
+    assert (coll["cp._c10d_functional.all_gather_into_tensor"].calls,
+            coll["cp._c10d_functional.all_to_all_single"].calls) == (4, 4)
+    assert coll["cp._c10d_functional.all_gather_into_tensor"].group_size == 2
+    assert coll["_c10d_functional.all_gather_into_tensor"].group == "tp"
+    assert coll["c10d.allreduce_"].group == "replicate" and coll["c10d._allgather_base_"].group_size == 2
+    assert "cp 2" in rep.plan.label
+    # full checkpointing: each layer's ring forward runs again in the recompute: 2 x (2 + 1) all-gathers
+    rep = layerscope.parallel(_llama(), input_ids=ids, gpus=4, cp=2, ac="full", gpu="H100", steps=1)
+    coll = {c.op: c for c in rep.plan.ranks[0].collectives}
+    assert coll["cp._c10d_functional.all_gather_into_tensor"].calls == 6
+    assert coll["cp._c10d_functional.all_to_all_single"].calls == 4

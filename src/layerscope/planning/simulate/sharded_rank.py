@@ -132,6 +132,8 @@ def simulation_warnings():
         # the simulation's own CPU mesh
         warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+        # HSDP x cp: FSDP's 2-D mesh (dp_replicate, dp_shard_cp) sliced from the root (context_parallel.fsdp_mesh)
+        warnings.filterwarnings("ignore", message="Slicing a flattened dim from root mesh")
         # torch 2.14: the simulation's own saved-tensor hook (it marks what autograd saves) around a
         # selective-checkpoint region
         warnings.filterwarnings("ignore", message="A saved_tensors_hooks context .* selective activation checkpoint")
