@@ -49,7 +49,7 @@ from ..errors import InputError
 from .config import ParallelConfig
 
 __all__ = ["check_context_parallel", "check_ring", "fsdp_mesh", "ring_attention", "RingCount", "sequence_length",
-           "shard_sequence", "ring_bytes"]
+           "shard_sequence"]
 
 _FEATURE = "context parallel's ring attention"
 # the ring's forward ops (torch's call_maps): one call a layer's attention
@@ -148,18 +148,6 @@ class RingCount:
     forward: int = 0
     backward: int = 0
     shapes: list = field(default_factory=list)      # (q, k, v) global shapes of the first forward call (DTensors)
-
-
-def ring_bytes(q_shape, kv_heads: int, cp: int, itemsize: int) -> dict:
-    """A hand-checkable account of what the ring moves for one attention call of a rank (torch 2.13,
-    rotation ALL_GATHER): the forward's all-gather of cat(K, V) (``local`` bytes sent, ``cp x local``
-    received into the rotating buffer); the backward's all-gather of the same and its ``cp`` all-to-alls
-    of the fp32 K/V gradients (``local_grad`` each). ``q_shape``: the local [B, H, S/cp, D]."""
-    b, _, s, d = q_shape
-    local = 2 * b * kv_heads * s * d * itemsize
-    local_grad = 2 * b * kv_heads * s * d * 4
-    return {"forward_gather": local, "forward_buffer": cp * local, "backward_gather": local,
-            "backward_grad_sends": cp, "grad_send": local_grad}
 
 
 @contextlib.contextmanager

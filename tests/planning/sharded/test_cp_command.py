@@ -109,9 +109,14 @@ class _NoAttention(nn.Module):
 
 def test_cp_model_without_sdpa_is_refused_after_its_forward():
     # nothing says beforehand that this model has no SDPA: the ring counts its calls, and none ran
+    from torch.distributed.tensor import DTensor
+    sdpa, handlers = torch.nn.functional.scaled_dot_product_attention, DTensor._op_dispatcher._custom_op_handlers
     with pytest.raises(InputError, match="ran no scaled_dot_product_attention"):
         layerscope.parallel(_NoAttention(), input_ids=torch.randint(0, 64, (1, 16)), gpus=2, cp=2, gpu="H100",
                             steps=1)
+    # torch's process-wide CP switches are put back (the patched SDPA, DTensor's handlers)
+    assert torch.nn.functional.scaled_dot_product_attention is sdpa
+    assert DTensor._op_dispatcher._custom_op_handlers == handlers
 
 
 def test_cp_real_run_is_refused():
