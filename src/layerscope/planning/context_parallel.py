@@ -103,9 +103,8 @@ def check_context_parallel(model, args: tuple, kwargs: dict, config: ParallelCon
 def fsdp_mesh(mesh):
     """The mesh FSDP shards over under context parallel: ``dp_shard`` and ``cp`` flattened into one
     dimension, ``dp_shard_cp`` (torchtitan's ``fsdp = dp_shard x cp``), after ``dp_replicate`` under
-    HSDP. The cp ranks hold different tokens of the same samples, so their gradients are summed as
-    data-parallel ranks' are (FSDP2 averages over the whole shard group, and each rank's loss is the
-    mean over its own tokens: the mean of the means, as torchtitan's)."""
+    HSDP. The cp ranks hold different tokens of the same samples: their gradients are reduced over the
+    same group as the data-parallel ranks' (FSDP2's reduce-scatter over dp_shard x cp)."""
     names = mesh.mesh_dim_names or ()
     shard = tuple(n for n in ("dp_shard", "cp") if n in names)
     flat = _compat.mesh_flatten(mesh[shard], "dp_shard_cp") if len(shard) > 1 else mesh[shard[0]]
@@ -117,8 +116,8 @@ def fsdp_mesh(mesh):
 
 def shard_sequence(model, args: tuple, kwargs: dict, mesh, config: ParallelConfig) -> tuple[tuple, dict]:
     """This rank's shard of the step's inputs (the module docstring): every tensor whose dim 1 is the
-    sequence, head-tail reordered and cut on the ``cp`` mesh dimension. torch's ``_context_parallel_shard`` sets its process-wide
-    options as it shards; they are put back."""
+    sequence, head-tail reordered and cut on the ``cp`` mesh dimension. torch's ``_context_parallel_shard``
+    sets its process-wide options as it shards; they are put back."""
     s = sequence_length(args, kwargs)
     if config.cp == 1 or s is None:
         return args, kwargs
