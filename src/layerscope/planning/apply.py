@@ -151,7 +151,9 @@ def parallelize(model: nn.Module, config: ParallelConfig, mesh, *, blocks: list 
                 tp_root: str = "") -> nn.Module:
     """Apply ``config`` to ``model`` in place, in torchtitan's order: 1) tensor parallel on the
     ``tp`` mesh dimension, 2) activation checkpointing per block, 3) FSDP2 on the data-parallel
-    dimensions (``dp_shard``, or ``(dp_replicate, dp_shard)`` for HSDP). With one rank
+    dimensions (``dp_shard``, or ``(dp_replicate, dp_shard)`` for HSDP; under context parallel ``dp_shard``
+    and ``cp`` flattened, as torchtitan's: the ring itself is entered around the step,
+    planning/context_parallel.py). With one rank
     (``config.world == 1``) nothing is done. Returns the model.
 
     A pipeline stage (planning/simulate/pipeline_rank.py) is parallelized with a configuration whose ``pp`` is 1 on
