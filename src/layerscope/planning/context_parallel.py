@@ -150,13 +150,17 @@ class RingCount:
 
 
 @contextlib.contextmanager
-def ring_attention(mesh, config: ParallelConfig, count: RingCount | None = None):
+def ring_attention(mesh, config: ParallelConfig, count: RingCount | None = None, router=None):
     """While the step runs, SDPA as torch's ring over the ``cp`` mesh dimension, with torch's load
     balancing of a causal mask and its default rotation; ``count`` (a RingCount) counts the ring's calls
-    and tells its tracker (``in_ring``) while each runs. Nothing with cp 1."""
+    and tells its tracker (``in_ring``) while each runs; ``router`` (the rank's SdpaRouter): a call it
+    gives CPU's math kernel, which has no ring (an fp32 GQA call on an H100: the efficient kernel takes no
+    GQA there), fails inside DTensor's dispatch, and is one line instead. Nothing with cp 1."""
     if config.cp == 1:
         yield count
         return
+    if router is not None:
+        router = _MathRefused(router, config)
     cpm = _compat.context_parallel(_FEATURE)
     saved = (cpm._dispatch_mode, cpm._cp_options.enable_load_balance)
     count = count if count is not None else RingCount()
@@ -188,6 +192,8 @@ def ring_attention(mesh, config: ParallelConfig, count: RingCount | None = None)
         restore = _compat.wrap_cp_handlers(wrap)
         yield count
     finally:
+        if router is not None:
+            router.undo()
         if restore is not None:
             restore()
         cpm._disable_context_parallel_dispatcher_impl()
@@ -202,9 +208,35 @@ def check_ring(count: RingCount, config: ParallelConfig, router) -> None:
     if config.cp == 1:
         return
     math = router.picked.get("math", 0) if router is not None else 0
-    if count.forward == 0 or math:
-        why = (f"{math} of its SDPA calls took the math kernel, which torch's ring does not run (flash, "
-               "memory-efficient and cuDNN only)" if math else
-               "the model ran no scaled_dot_product_attention, so each rank would attend to its own tokens only")
-        raise InputError(f"context parallel (cp {config.cp}) runs attention as torch's ring, and {why}: "
-                         "use a model whose attention is SDPA (transformers: attn_implementation='sdpa')")
+    if math:
+        passed = router.reasons.get("math")
+        raise InputError(f"context parallel (cp {config.cp}) runs attention as torch's ring, which takes the flash, "
+                         "memory-efficient and cuDNN kernels, and an SDPA call took the math kernel"
+                         + (f" ({passed})" if passed else "") + ": compute in bf16 (mixed_precision bf16) or give "
+                         "a GPU and shapes a fused kernel takes")
+    if count.forward == 0:
+        raise InputError(f"context parallel (cp {config.cp}) runs attention as torch's ring, and the model ran no "
+                         "scaled_dot_product_attention, so each rank would attend to its own tokens only: use a "
+                         "model whose attention is SDPA (transformers: attn_implementation='sdpa')")
+
+
+class _MathRefused:
+    """The router's ``call`` replaced on that one instance while the ring is on: a call it routed to the
+    math kernel that then fails is the refusal check_ring words, raised at once."""
+
+    def __init__(self, router, config: ParallelConfig) -> None:
+        self.router, self.config = router, config
+        call = router.call
+
+        def guarded(args, kwargs):
+            before = router.picked.get("math", 0)
+            try:
+                return call(args, kwargs)
+            except RuntimeError:
+                if router.picked.get("math", 0) > before:
+                    check_ring(RingCount(forward=1), config, router)
+                raise
+        router.call = guarded
+
+    def undo(self) -> None:
+        del self.router.call      # the class's own method again

@@ -143,3 +143,12 @@ def test_cp_with_tp_hsdp_and_checkpointing():
     coll = {c.op: c for c in rep.plan.ranks[0].collectives}
     assert coll["cp._c10d_functional.all_gather_into_tensor"].calls == 6
     assert coll["cp._c10d_functional.all_to_all_single"].calls == 4
+
+
+def test_cp_math_kernel_is_one_line():
+    # fp32 with grouped KV heads on the H100: flash takes 16-bit only and the efficient kernel no GQA, so the
+    # router picks CPU's math kernel, which has no ring (torch's own run fails inside DTensor's dispatch too)
+    ids = torch.randint(0, 256, (1, 32))
+    with pytest.raises(InputError, match="took the math kernel.*compute in bf16"):
+        layerscope.parallel(_llama(), input_ids=ids, gpus=2, cp=2, gpu="H100", steps=1, mixed_precision="off")
+    assert type(torch.nn.functional.scaled_dot_product_attention).__name__ == "builtin_function_or_method"

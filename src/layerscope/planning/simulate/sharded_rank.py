@@ -491,7 +491,7 @@ def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelC
             private.to_empty(device=device)
             watch_fsdp(private, tracker, host=host)
             watch_checkpoint_rng(private, tracker, rng_state)
-            with ring_attention(mesh, config, ring):
+            with ring_attention(mesh, config, ring, step.attention):
                 run = train_fake(private, args, kwargs, config, tracker, device, step)
             layouts = param_layouts(private)
     check_ring(ring, config, step.attention)
