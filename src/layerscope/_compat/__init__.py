@@ -409,6 +409,41 @@ def fake_store():
     return need("FakeStore", "a simulated process group (the 'fake' backend)")()
 
 
+def context_parallel(feature: str):
+    """torch's context-parallel module (its ring attention, options and SDPA handlers)."""
+    return need("context_parallel", feature)
+
+
+def wrap_cp_handlers(wrap: Callable) -> Callable[[], None]:
+    """DTensor's custom op handlers with context parallel's SDPA handlers (enabled already) each replaced by
+    ``wrap(handler)``; returns what puts torch's back."""
+    from torch.distributed.tensor import DTensor
+    dispatcher = DTensor._op_dispatcher
+    before = dispatcher._custom_op_handlers
+    ops = context_parallel("context parallel's ring attention").custom_ops
+    dispatcher._custom_op_handlers = {op: wrap(h) if op in ops else h for op, h in before.items()}
+
+    def restore() -> None:
+        dispatcher._custom_op_handlers = before
+    return restore
+
+
+def head_tail_balancer(seq_len: int, world: int, device):
+    """torch's head-tail load balancer of a causal sequence over ``world`` context-parallel ranks."""
+    return need("head_tail_balancer", "context parallel's load balancing")(seq_len, world, device)
+
+
+def process_group_backend() -> str | None:
+    """The default process group's backend ("gloo", "nccl", "fake"), None without one."""
+    import torch.distributed as dist
+    return dist.get_backend() if dist.is_available() and dist.is_initialized() else None
+
+
+def mesh_flatten(mesh, name: str):
+    """``mesh`` (a sub-mesh of several dimensions) flattened into one dimension called ``name``."""
+    return need("mesh_flatten", "FSDP over the data-parallel and context-parallel ranks")(mesh, name)
+
+
 def checkpoint_wrapper(module, **kwargs):
     """torch's activation-checkpoint wrapper (what torchtitan applies per block)."""
     return need("checkpoint_wrapper", "activation checkpointing of the blocks")(module, **kwargs)

@@ -110,6 +110,17 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
                             "torch.distributed.tensor._redistribute.clear_redistribute_planner_cache where they "
                             "exist)", "2.5",
                             lambda: _dtensor_mesh_caches()),
+    # planning (context parallel): torch's ring attention (the SDPA handlers DTensor's dispatcher calls, its
+    # options, the head-tail load balancer) and DeviceMesh's flattening of two dimensions into one (FSDP over
+    # dp_shard x cp, as torchtitan's mesh)
+    "context_parallel": ("torch.distributed.tensor.experimental._context_parallel._attention", "2.9",
+                         lambda: _module("torch.distributed.tensor.experimental._context_parallel._attention")),
+    "head_tail_balancer": ("torch.distributed.tensor.experimental._context_parallel._load_balancer"
+                           "._HeadTailLoadBalancer", "2.9",
+                           lambda: _module("torch.distributed.tensor.experimental._context_parallel._load_balancer")
+                           ._HeadTailLoadBalancer),
+    "mesh_flatten": ("torch.distributed.device_mesh.DeviceMesh._flatten", "2.6",
+                     lambda: _module("torch.distributed.device_mesh").DeviceMesh._flatten),
     "c10d_reduce_scatter": ("torch.ops._c10d_functional.reduce_scatter_tensor", "2.4",
                             lambda: torch.ops._c10d_functional.reduce_scatter_tensor.default),
     "flex_attention_hop": ("torch._higher_order_ops.flex_attention", "2.5",

@@ -280,7 +280,10 @@ def _world_notes(config: ParallelConfig, plan: ParallelPlan, rr, roles_of, route
     if len(roles_of) == 1:
         notes.append(Note("world-one-role", {"world": config.world}))
     else:
-        notes.append(Note("world-roles", {"roles": tuple(roles_of), "pp": config.pp}))
+        notes.append(Note("world-roles", {"roles": tuple(roles_of), "pp": config.pp, "cp": config.cp}))
+    if rr.ring is not None:
+        notes.append(Note("world-context-parallel", {"cp": config.cp, "seq": rr.ring.shapes[0][0][2],
+                                                     "calls": rr.ring.forward // max(1, len(rr.run.passes))}))
     if rr.run.log is not None:
         log = rr.run.log
         if config.pp > 1:     # a stage's modules sit in its wrapper ("model.", "0.model."): the model's paths

@@ -28,6 +28,7 @@ from .. import _compat
 from ..errors import InputError
 from .config import ParallelConfig
 from .blocks import _parent, find_blocks
+from .context_parallel import fsdp_mesh
 from .tensor_parallel import _apply_tp
 
 # find_blocks is public here: docs/parallel.md imports it from layerscope.planning.apply
@@ -150,7 +151,9 @@ def parallelize(model: nn.Module, config: ParallelConfig, mesh, *, blocks: list 
                 tp_root: str = "") -> nn.Module:
     """Apply ``config`` to ``model`` in place, in torchtitan's order: 1) tensor parallel on the
     ``tp`` mesh dimension, 2) activation checkpointing per block, 3) FSDP2 on the data-parallel
-    dimensions (``dp_shard``, or ``(dp_replicate, dp_shard)`` for HSDP). With one rank
+    dimensions (``dp_shard``, or ``(dp_replicate, dp_shard)`` for HSDP; under context parallel ``dp_shard``
+    and ``cp`` flattened, as torchtitan's: the ring itself is entered around the step,
+    planning/context_parallel.py). With one rank
     (``config.world == 1``) nothing is done. Returns the model.
 
     A pipeline stage (planning/simulate/pipeline_rank.py) is parallelized with a configuration whose ``pp`` is 1 on
@@ -163,10 +166,15 @@ def parallelize(model: nn.Module, config: ParallelConfig, mesh, *, blocks: list 
         return model
     if mesh is None:
         raise InputError(f"{config.label()} needs a device mesh (build_mesh)")
-    for name, what in (("cp", "context"), ("ep", "expert")):
+    for name, what in (("ep", "expert"),):
         if getattr(config, name) > 1:
             # refused until the dimension is applied: a degree accepted and not applied would be a silent wrong figure
             raise InputError(f"{what} parallel ({name} {getattr(config, name)}) is not applied yet: leave {name} at 1")
+    if config.cp > 1 and _compat.process_group_backend() != "fake":
+        # the ring runs CUDA's SDPA kernels only, and layerscope's real runs neither shard the inputs on the
+        # sequence nor enter the ring (context_parallel.py): a real run would train something else
+        raise InputError(f"context parallel (cp {config.cp}) is simulated, not run: layerscope's real runs do not "
+                         "shard sequences (and torch's ring needs CUDA's SDPA kernels)")
     if config.pp > 1:
         raise InputError("parallelize does not split pipeline stages (pp > 1): the stages come from "
                          "layerscope's pipeline split, each parallelized on its own mesh without pp")
@@ -177,7 +185,9 @@ def parallelize(model: nn.Module, config: ParallelConfig, mesh, *, blocks: list 
         _apply_tp(inner, [(p[cut:], m) for p, m in blocks], mesh["tp"], config)
     if config.ac != "none":
         blocks = _apply_ac(model, blocks, config)
-    dp_mesh = _dp_mesh(mesh) if any(n in names for n in ("dp_replicate", "dp_shard")) else None
+    # under context parallel FSDP shards over dp_shard x cp (torchtitan's fsdp dimension): context_parallel.py
+    dp_mesh = fsdp_mesh(mesh) if "cp" in names else \
+        _dp_mesh(mesh) if any(n in names for n in ("dp_replicate", "dp_shard")) else None
     if dp_mesh is not None:
         _apply_fsdp(model, blocks, dp_mesh, config)
     return model
@@ -204,6 +214,6 @@ def loss_context(config: ParallelConfig):
 def amp_context(config: ParallelConfig, device_type: str):
     """bf16 compute without FSDP (no data parallelism to carry a MixedPrecisionPolicy): torch.autocast,
     as torchtitan's ``maybe_enable_amp`` does; with FSDP (or ``mixed_precision="off"``) nothing."""
-    if config.mixed_precision == "bf16" and config.dp == 1 and config.world > 1:
+    if config.mixed_precision == "bf16" and config.dp * config.cp == 1 and config.world > 1:   # cp: FSDP over it
         return torch.autocast(device_type, dtype=config.param_dtype)
     return contextlib.nullcontext()

@@ -79,8 +79,23 @@ def _roles(d: Mapping[str, Any]) -> str:
         return (f"{len(d['roles'])} roles (the pipeline stages of each of the {d['pp']} pipeline ranks, the "
                 "uniform split of the blocks, and within them ranks whose shards differ in size): ranks "
                 + ranks + " were simulated")
+    if d.get("cp", 1) > 1:
+        return (f"{len(d['roles'])} roles (each place in context parallel's ring of {d['cp']}, which sets the "
+                "halves of its chunks each ring step attends, and ranks whose shards differ in size): ranks "
+                + ranks + " were simulated")
     return (f"{len(d['roles'])} roles (ranks whose shards differ in size, where a dimension does not "
             "divide evenly): ranks " + ranks + " were simulated")
+
+
+def _context_parallel(d: Mapping[str, Any]) -> str:
+    return (f"context parallel {d['cp']}: each sequence of {d['seq']:,} tokens in {2 * d['cp']} chunks, rank r "
+            f"holding chunks r and {2 * d['cp'] - 1}-r (torch's head-tail load balancing: {d['seq'] // d['cp']:,} "
+            "tokens a rank); attention as torch's ring (torch 2.13's context_parallel, rotation all-gather: "
+            "each layer's K and V gathered whole, forward and backward, and the K/V gradients passed round in "
+            "fp32), assuming causal attention with no mask tensor, position ids of the rank's own tokens "
+            "(their bytes; the simulation makes none) and labels sharded as the ids; the ring's collectives "
+            "are priced on the critical path, with no overlap credited; FSDP shards over fsdp x cp; "
+            f"{d['calls']} ring call(s) per forward")
 
 
 def _offload(d: Mapping[str, Any]) -> str:
@@ -146,6 +161,7 @@ WORDING: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "world-one-role": lambda d: (
         f"every rank holds the same shard sizes: rank 0 was simulated for all {d['world']}"),
     "world-roles": _roles,
+    "world-context-parallel": _context_parallel,
     "world-no-gpu-named": lambda d: (
         f"no GPU named: attention is priced with the {d['gpu']}'s rules and there is no "
         "memory limit to fit (give gpu= / --gpu, or memory_limit=)"),

@@ -69,7 +69,7 @@ def _gib(n: int) -> str:
 # the predicted step's parts (``timing``'s keys) in the order they add up, with their names; the
 # terminal's step line and the HTML page's step bar both read it
 STEP_PARTS = (("compute", "compute"), ("host_wait", "GPU waiting for the host"), ("tp_comm", "TP communication"),
-              ("exposed_comm", "exposed data-parallel/pipeline communication"))
+              ("cp_comm", "CP ring communication"), ("exposed_comm", "exposed data-parallel/pipeline communication"))
 
 
 def _step_line(p: ParallelPlan) -> str:

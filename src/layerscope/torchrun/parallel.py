@@ -112,6 +112,10 @@ def _checked(config: ParallelConfig, input_ids, steps: int, optimizer: str) -> t
     """The global batch's (batch, sequence); what a run cannot take -> InputError."""
     if not isinstance(config, ParallelConfig):
         raise InputError(f"launch_parallel takes a ParallelConfig, got {type(config).__name__}")
+    if config.cp > 1:
+        # torch's ring runs CUDA's SDPA kernels only (planning/context_parallel.py): not on this CPU build's gloo
+        raise InputError(f"context parallel (cp {config.cp}) is simulated, not run: torch's ring attention needs "
+                         "CUDA's SDPA kernels (flash, memory-efficient, cuDNN), which gloo's CPU ranks do not have")
     if config.pp > 1 and config.accumulation > 1:
         # one schedule step per optimizer step: its micro-batches are the accumulation
         raise InputError("a pipeline run accumulates over its micro-batches: give --microbatches, not --accumulation")

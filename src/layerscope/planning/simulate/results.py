@@ -42,7 +42,7 @@ from .uniform_stages import model_name
 
 __all__ = ["COLLECTIVES", "Collective", "collective_group", "RankMemory", "ParallelPlan", "ESTIMATES", "NCCL_BYTES_PER_COMMUNICATOR",
            "rank_memory",
-           "collectives_of", "mesh_coords", "local_numels", "roles", "ParallelRunResult", "measured_figures"]
+           "collectives_of", "ring_op", "mesh_coords", "local_numels", "roles", "ParallelRunResult", "measured_figures"]
 
 NCCL_BYTES_PER_COMMUNICATOR = 16 * 4 * 2**20      # 16 channels x NCCL_BUFFSIZE (4 MiB): an estimate
 ESTIMATES = ("NCCL buffers (estimate)", "gloo late free (estimate)")
@@ -140,7 +140,10 @@ class ParallelPlan:
         dp = f"fsdp {self.fsdp}" + (f" x replicate {self.replicate}" if self.replicate > 1 else "")
         pp = f"pp {self.pp}" + (f" ({self.schedule}, {self.stages // self.pp} stages per rank)"
                                  if self.stages > self.pp else "")
-        return f"{dp}, tp {self.tp}, {pp}, ac {self.ac}" + (", CPU offload" if self.offload else "")
+        # context parallel's degree from the ranks' coordinates (the plan's fields, and so its JSON, as before)
+        cp = 1 + max((r.coords.get("cp", 0) for r in self.ranks), default=0)
+        return f"{dp}, tp {self.tp}, {pp}" + (f", cp {cp}" if cp > 1 else "") + f", ac {self.ac}" + \
+            (", CPU offload" if self.offload else "")
 
     @property
     def largest(self) -> RankMemory:
@@ -151,8 +154,9 @@ def mesh_coords(config: ParallelConfig, rank: int) -> dict[str, int]:
     """A global rank's coordinates on the mesh [pp, dp_replicate, dp_shard, tp] (tp innermost; the
     dimension names are the mesh's own)."""
     out = {}
-    for name, size in reversed((("pp", config.pp), ("dp_replicate", config.replicate), ("dp_shard", config.fsdp),
-                                ("tp", config.tp))):
+    dims = (("pp", config.pp), ("dp_replicate", config.replicate), ("dp_shard", config.fsdp)) + \
+        ((("cp", config.cp),) if config.cp > 1 else ()) + (("tp", config.tp),)     # cp: only where there is one
+    for name, size in reversed(dims):
         rank, out[name] = divmod(rank, size)
     return dict(reversed(list(out.items())))
 
@@ -164,6 +168,9 @@ def local_numels(layouts, config: ParallelConfig, rank: int) -> tuple[int, ...]:
     parameter, its global shape and its (mesh dimension, tensor dimension) shards."""
     coords = mesh_coords(config, rank)
     sizes = dict(config.mesh_shape)
+    if config.cp > 1:       # FSDP's dimension under context parallel (context_parallel.fsdp_mesh)
+        sizes["dp_shard_cp"] = config.fsdp * config.cp
+        coords["dp_shard_cp"] = coords["dp_shard"] * config.cp + coords["cp"]
     out = []
     for shape, shards in layouts:
         s = list(shape)
@@ -183,23 +190,37 @@ def roles(layouts, config: ParallelConfig) -> dict[int, list[int]]:
     for (the first of each group represents it)."""
     groups: dict[tuple, list[int]] = {}
     for r in range(config.world):
-        key = (mesh_coords(config, r)["pp"], local_numels(layouts, config, r))
+        c = mesh_coords(config, r)
+        # a cp rank's place in the ring sets which halves of its chunks each ring step attends: each its own role
+        key = (c["pp"], c.get("cp", 0), local_numels(layouts, config, r))
         groups.setdefault(key, []).append(r)
     return {g[0]: g for g in groups.values()}
 
 
 def _group_size(config: ParallelConfig, group: str) -> int:
-    return {"fsdp": config.fsdp, "replicate": config.replicate, "tp": config.tp}[group]
+    # FSDP shards over dp_shard x cp under context parallel (context_parallel.fsdp_mesh)
+    return {"fsdp": config.fsdp * config.cp, "replicate": config.replicate, "tp": config.tp, "cp": config.cp}[group]
 
 
-def collective_group(name: str, read: int, written: int, config: ParallelConfig) -> tuple[str, str, int, int]:
+def collective_group(name: str, read: int, written: int, config: ParallelConfig, ring: bool = False
+                     ) -> tuple[str, str, int, int]:
     """A collective op's kind, its mesh dimension, its group's size and the bytes of the whole tensor it
-    gathers or reduces (what it writes for an all-gather, what it reads otherwise)."""
+    gathers or reduces (what it writes for an all-gather, what it reads otherwise). ``ring``: issued by
+    context parallel's ring (``ring_op``): the cp group's (an all-to-all there is the ring's pass of one
+    rank's K/V gradients to the next rank, ``permute_tensor``: ``read`` bytes through each rank)."""
     kind, group = COLLECTIVES[name]
+    if ring:
+        group = "cp"
     n = _group_size(config, group)
     if n == 1 and group == "replicate":       # an all-reduce outside HSDP: the data-parallel group
-        n = config.dp
+        n = config.dp * config.cp
     return kind, group, n, written if kind == "all-gather" else read
+
+
+def ring_op(rr: RankRun, p, op) -> bool:
+    """Whether trace op ``op`` of pass ``p`` is a collective torch's context-parallel ring issued."""
+    ops = getattr(getattr(rr, "ring", None), "tracker", None) and rr.tracker.ring_ops
+    return bool(ops) and p.offset + op.index in ops
 
 
 def collectives_of(rr: RankRun, config: ParallelConfig, micro: int | None = None) -> tuple[Collective, ...]:
@@ -212,15 +233,16 @@ def collectives_of(rr: RankRun, config: ParallelConfig, micro: int | None = None
             continue
         for op in p.trace.ops:
             if op.op in COLLECTIVES:
-                a = acc.setdefault(op.op, [0, 0, 0])
+                a = acc.setdefault((op.op, ring_op(rr, p, op)), [0, 0, 0])
                 a[0] += 1
                 a[1] += op.costs.bytes_read
                 a[2] += op.costs.bytes_written
     out = []
-    for name, (calls, read, written) in acc.items():
-        kind, group, n, whole = collective_group(name, read, written, config)
-        ring = whole * (n - 1) // n * (2 if kind == "all-reduce" else 1)
-        out.append(Collective(name, kind, group, n, calls, read, written, ring))
+    for (name, in_ring), (calls, read, written) in acc.items():
+        kind, group, n, whole = collective_group(name, read, written, config, in_ring)
+        # the ring's all-to-all is a permute: each rank sends all it reads to the next one
+        ring = read if in_ring and kind == "all-to-all" else whole * (n - 1) // n * (2 if kind == "all-reduce" else 1)
+        out.append(Collective(("cp." if in_ring else "") + name, kind, group, n, calls, read, written, ring))
     if rr.p2p is not None:
         sent, received, transfers = rr.p2p
         if transfers:

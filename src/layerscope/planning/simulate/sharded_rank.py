@@ -61,6 +61,7 @@ from ..config import ParallelConfig
 from ...trace import OPTIMIZER
 from ..apply import build_mesh, loss_context, parallelize
 from ..blocks import no_kv_cache
+from ..context_parallel import RingCount, check_context_parallel, check_ring, ring_attention, shard_sequence
 
 __all__ = ["RankRun", "RankTracker", "simulate_rank", "PARTS", "HOST_PART", "COMM_OPS", "PIPELINE", "meta_copy",
            "fake_world", "param_layouts", "cost_registry", "watch_fsdp", "prepare_offload", "train_fake", "RankStep"]
@@ -131,6 +132,8 @@ def simulation_warnings():
         # the simulation's own CPU mesh
         warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+        # HSDP x cp: FSDP's 2-D mesh (dp_replicate, dp_shard_cp) sliced from the root (context_parallel.fsdp_mesh)
+        warnings.filterwarnings("ignore", message="Slicing a flattened dim from root mesh")
         # torch 2.14: the simulation's own saved-tensor hook (it marks what autograd saves) around a
         # selective-checkpoint region
         warnings.filterwarnings("ignore", message="A saved_tensors_hooks context .* selective activation checkpoint")
@@ -167,6 +170,8 @@ class RankRun:
     ties: tuple = ()
     # FSDP2's CPU offload onto a device rank: what lives in the host's memory is HOST_PART, not the device's
     offload: bool = False
+    # context parallel: what torch's ring ran (planning/context_parallel.py RingCount)
+    ring: Any = None
 
     def part(self, b) -> str:
         """The breakdown part a storage block belongs to (``HOST_PART``: not on the device; with CPU
@@ -222,6 +227,10 @@ class RankTracker(StorageTracker):
         # while a zero-bubble schedule's I runs: where the holds its checkpointed blocks end go instead, to be
         # let go of when the micro-batch's W has run (watch_checkpoint_rng)
         self.deferred: list | None = None
+        # context parallel: while torch's ring runs (in_ring), the op clock of each collective it issues: the
+        # cp group's, not tensor parallel's (the same functional ops)
+        self.in_ring = False
+        self.ring_ops: set[int] = set()
 
     def on_op(self, ins, outs, sizes=None) -> None:
         name = self.op_name
@@ -235,6 +244,8 @@ class RankTracker(StorageTracker):
                 if "reduce_scatter" in name:
                     self.gloo_late_bytes = max(self.gloo_late_bytes, nbytes)
         super().on_op(ins, outs, sizes)
+        if self.in_ring and name in COMM_OPS:
+            self.ring_ops.add(self.clock)
         if name in _COMM_TENSOR_OPS:
             for t in (*ins, *outs):
                 b = self.block_of(t) if isinstance(t, torch.Tensor) else None
@@ -443,7 +454,7 @@ def train_fake(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConf
     tensor parallel shards the vocabulary, bf16 compute without FSDP as autocast (apply.amp_context's
     rule), the output let go of before the backward as torchtitan's train step does (``del pred``).
     ``pipeline``: a pipeline rank's actions (planning/simulate/pipeline_rank.py)."""
-    amp = config.param_dtype if config.mixed_precision == "bf16" and config.dp == 1 else None
+    amp = config.param_dtype if config.mixed_precision == "bf16" and config.dp * config.cp == 1 else None
     spec = StepSpec(model, args, kwargs, optimizer=step.optimizer, autocast_dtype=amp, loss_fn=step.loss_fn,
                     steps=step.steps, accumulation=config.accumulation, keep_output=False, device=device,
                     foreach_default=step.foreach_default, probe_kernels=step.probe,
@@ -461,6 +472,7 @@ def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelC
     block_size, gloo, workspace, rng_state, device_type = (step.block_size, step.gloo, step.workspace,
                                                            step.rng_state, step.device_type)
     import torch.distributed.fsdp  # noqa: F401  (registers FSDP2's ops before the registry is copied)
+    check_context_parallel(model, args, kwargs, config, device_type if step.attention is not None else "cpu")
     dtype = torch.float32 if config.mixed_precision == "bf16" else config.model_dtype
     device = torch.device("cpu")
     host = config.offload and device_type != "cpu"
@@ -470,6 +482,8 @@ def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelC
         no_kv_cache(private)                  # as training runs (and as the real runs do)
         mesh = build_mesh(config, device.type)
         parallelize(private, config, mesh)
+        ring = RingCount(tracker)
+        args, kwargs = shard_sequence(private, args, kwargs, mesh, config)
         if config.offload:
             prepare_offload(private, tracker, host=host)
         fake_mode = _compat.new_fake_mode(allow_non_fake_inputs=True)
@@ -477,6 +491,8 @@ def simulate_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelC
             private.to_empty(device=device)
             watch_fsdp(private, tracker, host=host)
             watch_checkpoint_rng(private, tracker, rng_state)
-            run = train_fake(private, args, kwargs, config, tracker, device, step)
+            with ring_attention(mesh, config, ring, step.attention):
+                run = train_fake(private, args, kwargs, config, tracker, device, step)
             layouts = param_layouts(private)
-    return RankRun(rank, run, tracker, layouts=layouts, offload=host)
+    check_ring(ring, config, step.attention)
+    return RankRun(rank, run, tracker, layouts=layouts, offload=host, ring=ring if config.cp > 1 else None)

@@ -86,7 +86,7 @@ from ...costs.gpus import GPU
 from ...errors import InputError
 from ..config import ParallelConfig
 from ...trace import BACKWARD, FORWARD, LOSS
-from ..simulate.results import COLLECTIVES, collective_group
+from ..simulate.results import COLLECTIVES, collective_group, ring_op
 
 __all__ = ["FRACTIONS", "RankSeconds", "StepTime", "assemble", "attention_seconds", "collective_seconds",
            "fractions", "host_op_seconds", "link_of", "op_class", "op_seconds", "optimizer_seconds",
@@ -225,9 +225,11 @@ def optimizer_seconds(run, gpu: GPU, f: Mapping[str, float]) -> float:
 def link_of(config: ParallelConfig, group: str) -> tuple[str, int]:
     """("nvlink", 1) when every group of this mesh dimension lies within a node; else ("network", g),
     ``g`` the group's members on each node (each with its own NIC)."""
-    inner = {"tp": 1, "fsdp": config.tp, "replicate": config.tp * config.fsdp,
-             "pp": config.tp * config.fsdp * config.replicate}[group]
-    size = {"tp": config.tp, "fsdp": config.fsdp, "replicate": config.replicate, "pp": 2}[group]
+    # the mesh [pp, replicate, dp_shard, cp, tp]: FSDP's group is dp_shard x cp under context parallel
+    cp = config.cp
+    inner = {"tp": 1, "cp": config.tp, "fsdp": config.tp, "replicate": config.tp * config.fsdp * cp,
+             "pp": config.tp * config.fsdp * cp * config.replicate}[group]
+    size = {"tp": config.tp, "cp": cp, "fsdp": config.fsdp * cp, "replicate": config.replicate, "pp": 2}[group]
     if inner * size <= config.gpus_per_node:
         return "nvlink", 1
     return "network", max(1, config.gpus_per_node // inner)
@@ -251,11 +253,13 @@ def collective_seconds(ring_bytes: float, n: int, link, gpu: GPU, f: Mapping[str
     return ring_bytes / (bw * f["link"]) + (n - 1) * f[f"{name}_latency_s"]
 
 
-def _one_collective(op, config: ParallelConfig, gpu: GPU, f) -> float:
-    kind, group, n, whole = collective_group(op.op, op.costs.bytes_read, op.costs.bytes_written, config)
+def _one_collective(op, config: ParallelConfig, gpu: GPU, f, in_ring: bool = False) -> float:
+    kind, group, n, whole = collective_group(op.op, op.costs.bytes_read, op.costs.bytes_written, config, in_ring)
     if group == "replicate" and config.replicate == 1:     # outside HSDP the data-parallel ranks are FSDP's
         group = "fsdp"
     ring = whole * (n - 1) / max(n, 1) * (2 if kind == "all-reduce" else 1)
+    if in_ring and kind == "all-to-all":      # the ring's permute: a rank sends all it reads to the next
+        ring = op.costs.bytes_read
     return collective_seconds(ring, n, link_of(config, group), gpu, f)
 
 
@@ -274,6 +278,7 @@ class RankSeconds:
     end: float                # the two streams' end, before the optimizer
     uncounted_ops: int
     forward_flops: int        # FLOPs of the forward's contractions and attention (not the recompute)
+    cp: float = 0.0           # context parallel's ring collectives (on the critical path)
 
 
 def rank_seconds(rr, config: ParallelConfig, gpu: GPU, f: Mapping[str, float], *, micro: int | None = None
@@ -285,7 +290,7 @@ def rank_seconds(rr, config: ParallelConfig, gpu: GPU, f: Mapping[str, float], *
     last = max((p.step for p in run.passes), default=0)
     per_op = host_op_seconds(config, f)
     tc = tn = issue = host = 0.0
-    fwd = bwd = tp = fsdp = 0.0
+    fwd = bwd = tp = fsdp = cp = 0.0
     wait = {FORWARD: 0.0, BACKWARD: 0.0}
     uncounted = 0
     fflops = 0
@@ -295,8 +300,18 @@ def rank_seconds(rr, config: ParallelConfig, gpu: GPU, f: Mapping[str, float], *
         for op in p.trace.ops:
             host += per_op              # the host issues every op, a view too, in program order
             if op.op in COLLECTIVES:
-                d = _one_collective(op, config, gpu, f)
-                if op.op in _INLINE:
+                in_ring = ring_op(rr, p, op)
+                d = _one_collective(op, config, gpu, f, in_ring)
+                if in_ring:
+                    # context parallel's ring: each attention waits for its K/V (the forward's all-gather
+                    # before its second chunk, the backward's gradient pass before the next step): on the
+                    # critical path, as tensor parallel's, with no overlap credited (an upper bound)
+                    if host > tc:
+                        wait[BACKWARD if op.phase == BACKWARD else FORWARD] += host - tc
+                        tc = host
+                    tc += d
+                    cp += d
+                elif op.op in _INLINE:
                     if host > tc:
                         wait[BACKWARD if op.phase == BACKWARD else FORWARD] += host - tc
                         tc = host
@@ -327,8 +342,8 @@ def rank_seconds(rr, config: ParallelConfig, gpu: GPU, f: Mapping[str, float], *
                 bwd += d
     end = max(tc, tn)
     opt = optimizer_seconds(run, gpu, f)
-    exposed = max(0.0, end - (fwd + bwd + tp + wait[FORWARD] + wait[BACKWARD]))
-    return RankSeconds(fwd, bwd, wait[FORWARD], wait[BACKWARD], tp, fsdp, exposed, opt, end, uncounted, fflops)
+    exposed = max(0.0, end - (fwd + bwd + tp + cp + wait[FORWARD] + wait[BACKWARD]))
+    return RankSeconds(fwd, bwd, wait[FORWARD], wait[BACKWARD], tp, fsdp, exposed, opt, end, uncounted, fflops, cp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,10 +361,12 @@ class StepTime:
     uncounted_ops: int
     gpu: str
     fractions: Mapping[str, float]
+    cp_comm: float = 0.0      # context parallel's ring collectives, on the critical path
 
     def to_dict(self) -> dict:
+        # cp_comm only under context parallel (a plan's JSON without it is as it was)
         return {"step_time": self.step_time, "compute": self.compute, "host_wait": self.host_wait,
-                "tp_comm": self.tp_comm,
+                "tp_comm": self.tp_comm, **({"cp_comm": self.cp_comm} if self.cp_comm else {}),
                 "exposed_comm": self.exposed_comm, "bubble": self.bubble, "tokens_per_s": self.tokens_per_s,
                 "mfu": self.mfu, "uncounted_ops": self.uncounted_ops, "gpu": self.gpu,
                 "fractions": dict(self.fractions)}
@@ -382,7 +399,8 @@ def assemble(secs: Mapping[int, RankSeconds], send: float, config: ParallelConfi
         return StepTime(total, s.forward + s.backward + s.optimizer, s.host_forward + s.host_backward, s.tp,
                         s.exposed_fsdp, 0.0,
                         tokens / total if tokens and total else None,
-                        model_flops / (total * world_flops) if total else None, uncounted, gpu.name, f)
+                        model_flops / (total * world_flops) if total else None, uncounted, gpu.name, f,
+                        getattr(s, "cp", 0.0))
     from .schedule import simulate
     per_stage = config.world // config.pp
     stage_of: dict[int, RankSeconds] = {}
