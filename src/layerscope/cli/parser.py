@@ -51,6 +51,10 @@ def _input_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--allow-pickle", action="store_true",
                    help="load a .pt/.pth that is a pickled nn.Module (unpickling RUNS code from the file:\n"
                         "only for files you trust); without it only TorchScript and weights_only loads")
+    s.add_argument("--trust-remote-code", action="store_true",
+                   help="build an hf: config that names code of its own (auto_map: transformers'\n"
+                        "trust_remote_code RUNS Python from the repository or directory: only for ones you\n"
+                        "trust); without it such a config is refused, unless transformers knows its model_type")
 
 
 def _model_args(s: argparse.ArgumentParser, formats=FORMATS) -> None:
