@@ -234,7 +234,7 @@ def model_builder(spec: str, config, cls_name: str, head: str | None, trust_remo
         builder = getattr(transformers, cls_name, None)
         if builder is not None:
             return lambda: builder(config)
-        auto = hf_sources.auto_class_for(config, cls_name)
+        auto = auto_class_for(config, cls_name)
         if auto is None:
             raise SpecError(f"{spec}: transformers has no model class {cls_name!r}")
         if not trust_remote_code:
