@@ -22,9 +22,12 @@ the same figures.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,7 +132,8 @@ def load_config(spec: str, target: HfTarget, trust_remote_code: bool) -> tuple[t
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     kwargs = {"revision": target.revision} if target.revision else {}
     try:
-        data, _ = PretrainedConfig.get_config_dict(target.where, **kwargs)
+        with _quiet_retries():
+            data, _ = PretrainedConfig.get_config_dict(target.where, **kwargs)
     except Exception as e:  # noqa: BLE001 - every failure of the Hub or a file becomes one line
         raise SpecError(_read_error(spec, target, e)) from e
     notes = []
@@ -156,6 +160,23 @@ def load_config(spec: str, target: HfTarget, trust_remote_code: bool) -> tuple[t
         notes.append(f"the config's dtype {dtypes[0]} is not applied: weights are fp32 unless --model-dtype "
                      "(build_model(dtype=...)) says otherwise")
     return cls, data, notes
+
+
+@contextlib.contextmanager
+def _quiet_retries():
+    """huggingface_hub logs a warning at each retry of a request that failed ("... thrown while
+    requesting HEAD ..."): when every retry fails, the one-line error says why; when one succeeds, the
+    config was read. Dropped for this thread's records only, on the one logger that logs them."""
+    me = threading.get_ident()
+    log = logging.getLogger("huggingface_hub.utils._http")
+
+    def keep(record) -> bool:
+        return not (record.thread == me and "thrown while requesting" in record.getMessage())
+    log.addFilter(keep)
+    try:
+        yield
+    finally:
+        log.removeFilter(keep)
 
 
 def settings_with(data: dict, overrides: dict) -> dict:
