@@ -337,6 +337,8 @@ def _from_hf(spec: str, rest: str, device, overrides, head: str | None,
     try:
         with quiet_token_ids(user_keys):
             config = cfg_cls.from_dict(overrides) if target is not None else cfg_cls(**overrides)
+        if target is not None:      # where a config's own code (auto_map) is found, as from_pretrained sets it
+            config._name_or_path = target.where
     except Exception as e:
         # one line: transformers' strict dataclass validation says it in several
         why = " ".join(str(e).split())

@@ -1,0 +1,205 @@
+"""Models from what users have (issue 60, item 5): hf:PATH (a directory holding config.json, or the
+file), hf:ORG/NAME[@REVISION] read from a prepared Hugging Face cache (the hub cache layout, offline; no
+network in any test here), the unreachable-Hub line, trust_remote_code behind its flag. A Hub id and a
+config.json directory give the same figures as the preset they equal."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from layerscope.cli import main
+from layerscope.errors import SpecError
+from layerscope.specs import build_model, presets
+
+REPO = "meta-llama/Llama-3.2-1B"
+REV_A = "a" * 40            # refs/main: the preset's config, with the Hub's torch_dtype as published
+REV_B = "b" * 40            # an older revision: 2 layers more
+
+
+def _count(model) -> int:
+    return sum(t.numel() for t in {id(t): t for t in model.parameters()}.values())
+
+
+def _preset_config(name: str) -> dict:
+    return json.loads((Path(presets()[name]["path"]) / "config.json").read_text())
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """A Hugging Face cache as the Hub client lays it out (models--ORG--NAME/snapshots/<rev>/config.json,
+    refs/main), HF_HOME and HF_HUB_CACHE pointed at it, offline. huggingface_hub reads these variables
+    when it is imported, so its module constants are set too (the subprocess test below sets only the
+    environment)."""
+    from huggingface_hub import constants
+    cache = tmp_path / "hf" / "hub"
+    root = cache / ("models--" + REPO.replace("/", "--"))
+    cfg = {**_preset_config("llama-3.2-1b"), "torch_dtype": "bfloat16"}
+    for rev, layers in ((REV_A, 16), (REV_B, 18)):
+        snap = root / "snapshots" / rev
+        snap.mkdir(parents=True)
+        (snap / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": layers}))
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(REV_A)
+    for key, value in (("HF_HOME", str(tmp_path / "hf")), ("HF_HUB_CACHE", str(cache)), ("HF_HUB_OFFLINE", "1")):
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+def test_hub_id_from_the_cache_builds_the_preset_it_equals(hub):
+    import torch
+    built = build_model(f"hf:{REPO}")
+    # the preset's count: 1,235,814,400 (tests/test_presets.py; the model card's 1.23B)
+    assert _count(built.model) == _count(build_model("hf:llama-3.2-1b").model) == 1_235_814_400
+    assert type(built.model).__name__ == "LlamaForCausalLM"            # from the config's architectures
+    # the published torch_dtype (bfloat16) is not applied: fp32 as every hf: spec, said in a note
+    assert {p.dtype for p in built.model.parameters()} == {torch.float32}
+    assert any("bfloat16 is not applied" in n for n in built.notes)
+    assert build_model(f"hf:{REPO}", dtype="bf16").model.model.embed_tokens.weight.dtype == torch.bfloat16
+
+
+def test_hub_revision_reads_that_snapshot(hub):
+    # @REV_B has 18 layers: 2 more Llama 3.2 1B layers of 2 x 2048^2 + 2 x 2048 x 512 (q, o; k, v with 8
+    # KV heads of 64) + 3 x 2048 x 8192 + 2 x 2048 (norms) = 60,821,504 each
+    a = _count(build_model(f"hf:{REPO}@main").model)
+    b = _count(build_model(f"hf:{REPO}@{REV_B}").model)
+    assert a == 1_235_814_400 and b - a == 2 * 60_821_504
+    with pytest.raises(SpecError, match="no revision|not in the Hugging Face cache") as e:
+        build_model(f"hf:{REPO}@{'c' * 40}")
+    assert "\n" not in str(e.value)
+
+
+def test_unreachable_hub_is_one_line_naming_the_offline_options(hub):
+    with pytest.raises(SpecError) as e:
+        build_model("hf:someone/not-cached")
+    msg = str(e.value)
+    assert "\n" not in msg and "HF_HUB_OFFLINE=1" in msg and "hf:path/to/config.json" in msg
+    assert "not in the Hugging Face cache" in msg
+
+
+def test_set_applies_on_top_and_layer_types_follow_the_layer_count(hub, tmp_path):
+    # a config that writes its per-layer attention pattern out (gpt-oss publishes layer_types) keeps it
+    # from the first layer when --set num_hidden_layers cuts it: transformers refuses a mismatched list
+    d = tmp_path / "gptoss"
+    d.mkdir()
+    cfg = _preset_config("gpt-oss-20b")
+    assert len(cfg["layer_types"]) == 24
+    (d / "config.json").write_text(json.dumps(cfg))
+    model = build_model(f"hf:{d}", overrides={"num_hidden_layers": 3, "num_local_experts": 4}).model
+    assert model.config.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
+    assert len(model.model.layers) == 3 and model.model.layers[0].mlp.experts.gate_up_proj.shape[0] == 4
+    with pytest.raises(SpecError, match="no such key"):
+        build_model(f"hf:{REPO}", overrides={"num_hiden_layers": 2})
+
+
+def test_local_directory_and_file_equal_the_preset(tmp_path, capsys):
+    # config.json alone (no layerscope.json beside it): same class and count as the preset, and the same
+    # summary (params, MACs, FLOPs) for the same inputs
+    d = tmp_path / "qwen3moe"
+    d.mkdir()
+    shutil.copy(Path(presets()["qwen3-30b-a3b"]["path"]) / "config.json", d / "config.json")
+    other = tmp_path / "my-model.json"
+    shutil.copy(d / "config.json", other)
+    totals = []
+    for spec in ("hf:qwen3-30b-a3b", f"hf:{d}", f"hf:{d / 'config.json'}", f"hf:{other}"):
+        assert main(["summary", spec, "--set", "num_hidden_layers=2", "--input-ids", "1,16", "--depth", "0",
+                     "--format", "json"]) == 0, capsys.readouterr().err
+        totals.append(json.loads(capsys.readouterr().out)["totals"])
+    assert all(t == totals[0] for t in totals)
+    # 2 layers of Qwen3-30B-A3B: embedding and head 2 x 151,936 x 2048 = 622,329,856; a layer: q, o 2 x 2048 x
+    # 4096 + k, v 2 x 2048 x 512 (4 KV heads of 128) + q/k norms 2 x 128 = 18,874,624, 128 experts x 3 x 2048
+    # x 768 = 603,979,776, router 2048 x 128 = 262,144, norms 2 x 2048: 623,120,640; + final norm 2048:
+    # 622,329,856 + 2 x 623,120,640 + 2048 = 1,868,573,184
+    assert totals[0]["params"] == 1_868_573_184
+
+
+def test_bad_paths_and_names_are_one_line(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    for spec, words in ((f"hf:{tmp_path / 'empty'}", "holds no config.json"),
+                        ("hf:./nowhere/config.json", "no such file"),
+                        ("hf:NoSuchConfig", "neither a preset"),
+                        ("hf:llama-3.1-8", "did you mean the preset 'llama-3.1-8b'")):
+        assert main(["summary", spec]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err, (spec, err)
+
+
+CONFIG_PY = '''
+from transformers import PretrainedConfig
+class TinyConfig(PretrainedConfig):
+    model_type = "tiny-custom"
+    def __init__(self, width=8, **kwargs):
+        self.width = width
+        super().__init__(**kwargs)
+'''
+MODEL_PY = '''
+import torch
+from transformers import PreTrainedModel
+from .configuration_tiny import TinyConfig
+class TinyModel(PreTrainedModel):
+    config_class = TinyConfig
+    def __init__(self, config):
+        super().__init__(config)
+        self.fc = torch.nn.Linear(config.width, config.width)
+    def forward(self, x):
+        return self.fc(x)
+'''
+
+
+@pytest.fixture
+def custom(tmp_path, monkeypatch):
+    """A directory whose config needs its own code (auto_map), as a trust_remote_code repository has."""
+    import transformers.dynamic_module_utils as dyn
+    monkeypatch.setattr(dyn, "HF_MODULES_CACHE", str(tmp_path / "modules"))   # where transformers copies it
+    d = tmp_path / "tiny"
+    d.mkdir()
+    (d / "configuration_tiny.py").write_text(CONFIG_PY)
+    (d / "modeling_tiny.py").write_text(MODEL_PY)
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "tiny-custom", "architectures": ["TinyModel"], "width": 8,
+        "auto_map": {"AutoConfig": "configuration_tiny.TinyConfig", "AutoModel": "modeling_tiny.TinyModel"}}))
+    return d
+
+
+def test_remote_code_only_behind_the_flag(custom, capsys):
+    assert main(["summary", f"hf:{custom}", "--input-size", "1,8"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--trust-remote-code" in err and "configuration_tiny.TinyConfig" in err
+    with pytest.raises(SpecError, match="--trust-remote-code"):
+        build_model(f"hf:{custom}")
+    # with it: the directory's own classes, 8 x 8 + 8 = 72 parameters
+    model = build_model(f"hf:{custom}", trust_remote_code=True).model
+    assert type(model).__name__ == "TinyModel" and _count(model) == 72
+    assert main(["summary", f"hf:{custom}", "--trust-remote-code", "--input-size", "1,8", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["totals"]["params"] == 72
+    with pytest.raises(SpecError, match="applies to hf: specs only"):
+        build_model("layerscope.examples:small_cnn", trust_remote_code=True)
+
+
+@pytest.mark.slow      # two fresh processes importing torch and transformers: 20-50 s on 2 shared cores
+def test_cli_honours_the_environment_in_a_fresh_process(hub, tmp_path, capsys):
+    # HF_HOME / HF_HUB_CACHE / HF_HUB_OFFLINE as a user sets them, read by huggingface_hub at import:
+    # the Hub id gives the preset's summary totals
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src")] + sys.path),
+           "OMP_NUM_THREADS": "1"}
+    args = ["summary", "--set", "num_hidden_layers=2", "--input-ids", "1,16", "--depth", "0", "--format", "json"]
+    out = subprocess.run([sys.executable, "-m", "layerscope.cli", *args[:1], f"hf:{REPO}", *args[1:]], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    hub_totals = json.loads(out.stdout)["totals"]
+    assert main([*args[:1], "hf:llama-3.2-1b", *args[1:]]) == 0
+    assert json.loads(capsys.readouterr().out)["totals"] == hub_totals
+    # 2 layers of Llama 3.2 1B: 128,256 x 2048 (tied) = 262,668,288, + 2 x 60,821,504 + 2048 = 384,313,344
+    assert hub_totals["params"] == 384_313_344
+    env["HF_HUB_CACHE"] = str(tmp_path / "empty-cache")
+    out = subprocess.run([sys.executable, "-m", "layerscope.cli", *args[:1], f"hf:{REPO}", *args[1:]], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1 and "HF_HUB_OFFLINE is set" in out.stderr
