@@ -56,8 +56,9 @@ _EXAMPLES = {
   layerscope summary hf:llama-2-70b --depth 2                  # on meta: nothing is allocated
   layerscope summary hf:llama-2-7b --model-dtype bf16 --depth 1   # weights in bf16: Params size 12.55 GiB
   layerscope summary hf:gpt2 --input-ids 4,512 --backward --format json -o gpt2.json
-  layerscope summary hf:Qwen/Qwen3-30B-A3B --depth 2         # a Hub id: its config.json only (cached)
-  layerscope summary hf:path/to/model_dir --input-ids 1,4096   # a directory holding config.json
+  layerscope summary hf:llama-3.2-1b --input-ids 1,2048 --depth 1   # a preset: hf_presets/llama-3.2-1b/config.json
+  # the same from the Hub's config.json (or its cached copy, HF_HUB_OFFLINE=1): hf:meta-llama/Llama-3.2-1B;
+  # from a directory holding config.json: hf:path/to/dir
   layerscope summary path/to/net.py:build --input-size 1,3,224,224 --format html -o net.html""",
     "memory": """examples:
   layerscope memory hf:gpt2 --input-ids 8,1024 --optimizer adamw --autocast bf16
