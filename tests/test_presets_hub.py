@@ -203,3 +203,38 @@ def test_cli_honours_the_environment_in_a_fresh_process(hub, tmp_path, capsys):
     out = subprocess.run([sys.executable, "-m", "layerscope.cli", *args[:1], f"hf:{REPO}", *args[1:]], env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "HF_HUB_OFFLINE is set" in out.stderr
+
+
+def test_deepseek_v3_hub_config_as_published_gives_the_preset_figures(hub, capsys):
+    # DeepSeek-V3's config.json as the Hub publishes it: its own code named in auto_map, fp8 weights
+    # (quantization_config), bf16, one MTP layer (num_nextn_predict_layers, which transformers does not
+    # build). Without --trust-remote-code it is built with transformers' DeepseekV3Config (the model_type
+    # is known), neither the fp8 quantization nor the dtype applied: the preset's figures, shrunk alike.
+    repo = "deepseek-ai/DeepSeek-V3"
+    cfg = {**_preset_config("deepseek-v3"), "torch_dtype": "bfloat16", "num_nextn_predict_layers": 1,
+           "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+                        "AutoModel": "modeling_deepseek.DeepseekV3Model",
+                        "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
+           "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                   "weight_block_size": [128, 128]}}
+    root = hub / ("models--" + repo.replace("/", "--"))
+    (root / "snapshots" / REV_A).mkdir(parents=True)
+    (root / "snapshots" / REV_A / "config.json").write_text(json.dumps(cfg))
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(REV_A)
+    built = build_model(f"hf:{repo}", overrides={"num_hidden_layers": 4, "n_routed_experts": 16})
+    assert any("fp8" in n for n in built.notes) and any("code of its own" in n for n in built.notes)
+    totals = []
+    for spec in (f"hf:{repo}", "hf:deepseek-v3"):
+        assert main(["summary", spec, "--set", "num_hidden_layers=4", "--set", "n_routed_experts=16", "--set", "vocab_size=1024",
+                     "--input-ids", "1,16", "--depth", "0", "--format", "json"]) == 0, capsys.readouterr().err
+        totals.append(json.loads(capsys.readouterr().out)["totals"])
+    assert totals[0] == totals[1]
+    # 4 layers (3 dense, 1 MoE of 16 experts + 1 shared: 8 groups of 2, top-4 groups, top-8), a vocabulary
+    # of 1024, by hand: embedding and head 2 x 1024 x 7168 = 14,680,064; attention (MLA) a layer: q_a 7168
+    # x 1536 + q norm 1536 + q_b 1536 x 128 x 192 + kv_a 7168 x 576 + kv norm 512 + kv_b 512 x 128 x 256 + o
+    # 128 x 128 x 7168 = 187,107,328; dense MLP 3 x 7168
+    # x 18432 = 396,361,728; MoE 17 experts x 3 x 7168 x 2048 + router 16 x 7168 = 748,797,952; 2 norms a
+    # layer 14,336; final norm 7168: 14,680,064 + 4 x 187,107,328 + 3 x 396,361,728 + 748,797,952 +
+    # 4 x 14,336 + 7168 = 2,701,057,024 (the router's e_score_correction_bias is a buffer)
+    assert totals[0]["params"] == 2_701_057_024

@@ -155,6 +155,10 @@ def load_config(spec: str, target: HfTarget, trust_remote_code: bool) -> tuple[t
         cls = type(AutoConfig.from_pretrained(target.where, trust_remote_code=trust_remote_code, **kwargs))
     except Exception as e:  # noqa: BLE001
         raise SpecError(_read_error(spec, target, e)) from e
+    quant = data.pop("quantization_config", None)
+    if isinstance(quant, dict):
+        notes.append(f"the config's quantization_config ({quant.get('quant_method', '?')}) is not applied: the "
+                     "weights are built unquantized, in --model-dtype")
     dtypes = [value for value in (data.pop(key, None) for key in _DTYPE_KEYS) if value is not None]
     if dtypes:
         notes.append(f"the config's dtype {dtypes[0]} is not applied: weights are fp32 unless --model-dtype "
