@@ -226,7 +226,8 @@ def test_deepseek_v3_hub_config_as_published_gives_the_preset_figures(hub, capsy
     assert any("fp8" in n for n in built.notes) and any("code of its own" in n for n in built.notes)
     totals = []
     for spec in (f"hf:{repo}", "hf:deepseek-v3"):
-        assert main(["summary", spec, "--set", "num_hidden_layers=4", "--set", "n_routed_experts=16", "--set", "vocab_size=1024",
+        assert main(["summary", spec, "--set", "num_hidden_layers=4", "--set", "n_routed_experts=16",
+                     "--set", "vocab_size=1024",
                      "--input-ids", "1,16", "--depth", "0", "--format", "json"]) == 0, capsys.readouterr().err
         totals.append(json.loads(capsys.readouterr().out)["totals"])
     assert totals[0] == totals[1]
@@ -238,3 +239,16 @@ def test_deepseek_v3_hub_config_as_published_gives_the_preset_figures(hub, capsy
     # layer 14,336; final norm 7168: 14,680,064 + 4 x 187,107,328 + 3 x 396,361,728 + 748,797,952 +
     # 4 x 14,336 + 7168 = 2,701,057,024 (the router's e_score_correction_bias is a buffer)
     assert totals[0]["params"] == 2_701_057_024
+
+
+def test_resolution_order_preset_then_path_then_hub(hub, tmp_path, monkeypatch):
+    # an existing directory named like the Hub id wins over the Hub (the order --help states); a preset
+    # name wins over a directory of that name
+    local = tmp_path / "work" / REPO
+    local.mkdir(parents=True)
+    (local / "config.json").write_text(json.dumps({**_preset_config("llama-3.2-1b"), "num_hidden_layers": 1}))
+    (tmp_path / "work" / "llama-3.2-1b").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    # 1 layer: 262,668,288 (tied embedding) + 60,821,504 + 2048; the cache's refs/main has 16 layers
+    assert _count(build_model(f"hf:{REPO}").model) == 323_491_840
+    assert _count(build_model("hf:llama-3.2-1b").model) == 1_235_814_400

@@ -34,7 +34,8 @@ from typing import Any
 
 from .errors import SpecError
 
-__all__ = ["HfTarget", "presets", "resolve", "load_config", "settings_with", "auto_class_for", "model_builder", "HEADS", "SIDECAR"]
+__all__ = ["HEADS", "SIDECAR", "HfTarget", "auto_class_for", "load_config", "model_builder", "presets", "resolve",
+           "settings_with"]
 
 PRESET_DIR = Path(__file__).with_name("hf_presets")
 SIDECAR = "layerscope.json"
@@ -225,7 +226,8 @@ def _read_error(spec: str, target: HfTarget, e: BaseException) -> str:
     repo = target.where + (f"@{target.revision}" if target.revision else "")
     login = "log in (hf auth login) or set HF_TOKEN"
     if "GatedRepoError" in names:
-        return f"{spec}: {target.where} is gated: accept its terms on https://huggingface.co/{target.where}, then {login}"
+        return (f"{spec}: {target.where} is gated: accept its terms on https://huggingface.co/{target.where}, "
+                f"then {login}")
     if "RevisionNotFoundError" in names:
         return f"{spec}: {target.where} has no revision {target.revision!r}"
     if "RepositoryNotFoundError" in names:

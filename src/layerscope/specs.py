@@ -466,7 +466,8 @@ def _build_spec(spec, device, overrides, head, allow_pickle, trust_remote_code=F
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
         raise SpecError(f"model spec {spec!r} is not one of path/to/file.py:factory, package.module:factory, "
-                        "hf:PRESET, hf:ConfigClass, hf:path/to/config.json, hf:ORG/NAME, torchvision:name, timm:name, model.onnx, model.pt")
+                        "hf:PRESET, hf:ConfigClass, hf:path/to/config.json, hf:ORG/NAME, torchvision:name, "
+                        "timm:name, model.onnx, model.pt")
     if target.endswith(".py") or os.sep in target:
         return _from_file(spec, target, attr, device, overrides)
     return _from_module(spec, target, attr, device, overrides)
