@@ -252,3 +252,19 @@ def test_resolution_order_preset_then_path_then_hub(hub, tmp_path, monkeypatch):
     # 1 layer: 262,668,288 (tied embedding) + 60,821,504 + 2048; the cache's refs/main has 16 layers
     assert _count(build_model(f"hf:{REPO}").model) == 323_491_840
     assert _count(build_model("hf:llama-3.2-1b").model) == 1_235_814_400
+
+
+@pytest.mark.slow      # huggingface_hub retries a refused connection with back-off: about 30 s
+def test_hub_that_refuses_connections_is_one_line(hub, monkeypatch, caplog):
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")     # nothing listens on port 9 (discard)
+    with pytest.raises(SpecError) as e:
+        build_model("hf:someone/not-cached")
+    msg = str(e.value)
+    assert "\n" not in msg and "cannot be reached" in msg and "HF_HUB_OFFLINE=1" in msg
+    # each retry's warning is dropped: the one line says what happened
+    assert not any("thrown while requesting" in r.getMessage() for r in caplog.records)
+    # a cached config is still read when the Hub cannot be reached (transformers falls back to the cache)
+    assert _count(build_model(f"hf:{REPO}").model) == 1_235_814_400

@@ -98,7 +98,8 @@ def resolve(spec: str, rest: str, is_config_class) -> HfTarget | None:
     """``rest`` (what follows ``hf:``) resolved in the module docstring's order; None for a transformers
     config class (``is_config_class(name)``), which the caller builds from its defaults."""
     target, _, cls_name = rest.partition(":")
-    if (PRESET_DIR / target / SIDECAR).is_file() and "/" not in target and target not in (".", ".."):
+    if "/" not in target and os.sep not in target and target not in ("", ".", "..") \
+            and (PRESET_DIR / target / SIDECAR).is_file():
         return HfTarget("preset", str(PRESET_DIR / target), None, cls_name, _read_json(PRESET_DIR / target / SIDECAR))
     if is_config_class(target):
         return None
