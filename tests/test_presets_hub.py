@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -268,3 +269,31 @@ def test_hub_that_refuses_connections_is_one_line(hub, monkeypatch, caplog):
     assert not any("thrown while requesting" in r.getMessage() for r in caplog.records)
     # a cached config is still read when the Hub cannot be reached (transformers falls back to the cache)
     assert _count(build_model(f"hf:{REPO}").model) == 1_235_814_400
+
+
+def test_set_reaches_a_sub_configuration(tmp_path):
+    # a multimodal config (Gemma 3: text_config, vision_config) shrinks with dotted keys; the text
+    # config's written-out layer_types follow its layer count, as at the top level
+    text = {**_preset_config("gemma-3-27b"), "num_hidden_layers": 6,
+            "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}
+    for key in ("architectures", "model_type"):
+        text.pop(key)
+    d = tmp_path / "gemma3"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+        "text_config": {**text, "model_type": "gemma3_text"},
+        "vision_config": {"model_type": "siglip_vision_model", "num_hidden_layers": 27, "hidden_size": 1152,
+                          "intermediate_size": 4304, "num_attention_heads": 16, "image_size": 896, "patch_size": 14}}))
+    model = build_model(f"hf:{d}", overrides={"text_config.num_hidden_layers": 2,
+                                              "vision_config.num_hidden_layers": 1}).model
+    assert type(model).__name__ == "Gemma3ForConditionalGeneration"
+    assert model.config.text_config.layer_types == ["sliding_attention"] * 2
+    assert len(model.model.language_model.layers) == 2 and len(model.model.vision_tower.encoder.layers) == 1
+    small = build_model("hf:Gemma3Config", overrides={"text_config.num_hidden_layers": 1}).model
+    assert len(small.language_model.layers) == 1          # AutoModel: Gemma3Model
+    for overrides, words in (({"text_config.num_hiden_layers": 2}, "did you mean 'num_hidden_layers'"),
+                             ({"audio_config.num_hidden_layers": 2}, "no sub-configuration 'audio_config'"),
+                             ({"text_config.num_hidden_layers": -1}, "cannot be negative")):
+        with pytest.raises(SpecError, match=re.escape(words)):
+            build_model(f"hf:{d}", overrides=overrides)

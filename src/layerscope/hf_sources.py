@@ -35,7 +35,7 @@ from typing import Any
 from .errors import SpecError
 
 __all__ = ["HEADS", "SIDECAR", "HfTarget", "auto_class_for", "load_config", "model_builder", "presets", "resolve",
-           "settings_with"]
+           "settings_with", "split_nested", "sub_config_class"]
 
 PRESET_DIR = Path(__file__).with_name("hf_presets")
 SIDECAR = "layerscope.json"
@@ -185,12 +185,46 @@ def _quiet_retries():
         log.removeFilter(keep)
 
 
+def split_nested(overrides: dict) -> tuple[dict, dict[str, dict]]:
+    """``--set text_config.num_hidden_layers=2`` (a key of a sub-configuration: a multimodal model's text
+    or vision config) apart from the top-level keys: (top-level, {sub-config name: its keys})."""
+    flat: dict = {}
+    nested: dict[str, dict] = {}
+    for key, value in overrides.items():
+        head, dot, rest = key.partition(".")
+        if dot:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            flat[key] = value
+    return flat, nested
+
+
+def sub_config_class(cfg_cls: type, head: str, data: dict) -> type | None:
+    """The config class of ``cfg_cls``'s sub-configuration ``head`` (transformers' ``sub_configs``; an
+    AutoConfig entry resolved by the file's model_type, else by the class's default), None if none."""
+    sub = (getattr(cfg_cls, "sub_configs", None) or {}).get(head)
+    if sub is None or sub.__name__ != "AutoConfig":
+        return sub
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    given = data.get(head)
+    if isinstance(given, dict) and given.get("model_type") in CONFIG_MAPPING:
+        return CONFIG_MAPPING[given["model_type"]]
+    try:
+        return type(getattr(cfg_cls(), head))
+    except Exception:  # noqa: BLE001 - a config that needs arguments: its sub-config's keys cannot be checked
+        return None
+
+
 def settings_with(data: dict, overrides: dict) -> dict:
-    """The config's dict with the overrides on top. A per-layer list (``layer_types``: sliding or full
-    attention, layer by layer) written out in the file follows a --set of ``num_hidden_layers``: the
-    pattern is kept from its first layer, cut or repeated to the new count (transformers refuses a list
-    whose length is not the layer count)."""
+    """The config's dict with the overrides on top (``a.b`` keys inside sub-configuration ``a``). A
+    per-layer list (``layer_types``: sliding or full attention, layer by layer) written out in the file
+    follows a --set of ``num_hidden_layers``: the pattern is kept from its first layer, cut or repeated
+    to the new count (transformers refuses a list whose length is not the layer count)."""
+    overrides, nested = split_nested(overrides)
     out = {**data, **overrides}
+    for head, sub in nested.items():
+        base = out.get(head)
+        out[head] = settings_with(base if isinstance(base, dict) else {}, sub)
     n_old, n_new = data.get("num_hidden_layers"), overrides.get("num_hidden_layers")
     if isinstance(n_new, int) and n_new > 0 and n_new != n_old:
         for key, value in data.items():

@@ -331,9 +331,17 @@ def _from_hf(spec: str, rest: str, device, overrides, head: str | None,
         cfg_cls, data, notes = hf_sources.load_config(spec, target, trust_remote_code)
         cfg_name = cfg_cls.__name__
         cls_name = target.cls_name or ("" if head else (data.get("architectures") or [""])[0])
-    _check_keys(spec, user_keys, _config_keys(cfg_cls), cfg_name)
+    flat, nested = hf_sources.split_nested(user_keys)
+    _check_keys(spec, flat, _config_keys(cfg_cls), cfg_name)
     _check_counts(spec, user_keys)
-    overrides = hf_sources.settings_with(data, {**overrides, **_check_types(spec, user_keys, cfg_cls)})
+    floats = _check_types(spec, flat, cfg_cls)
+    for part, sub in nested.items():         # --set text_config.num_hidden_layers=2
+        sub_cls = hf_sources.sub_config_class(cfg_cls, part, data)
+        if sub_cls is None:
+            raise SpecError(f"{spec}: --set {part}.{next(iter(sub))}: {cfg_name} has no sub-configuration {part!r}")
+        _check_keys(spec, sub, _config_keys(sub_cls), f"{cfg_name}'s {part} ({sub_cls.__name__})")
+        floats.update({f"{part}.{k}": v for k, v in _check_types(spec, sub, sub_cls).items()})
+    overrides = hf_sources.settings_with(data, {**overrides, **floats})
     try:
         with quiet_token_ids(user_keys):
             config = cfg_cls.from_dict(overrides) if target is not None else cfg_cls(**overrides)

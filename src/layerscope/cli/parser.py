@@ -43,7 +43,8 @@ def _input_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--input-ids", type=arg_ints, metavar="B,S", help="token ids of shape B,S (int64)")
     s.add_argument("--dtype", type=arg_dtype, action="append", help="dtype per --input-size (default float32)")
     s.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="config/factory override (repeatable; a key the config or factory lacks is refused)")
+                   help="config/factory override (repeatable; a key the config or factory lacks is refused;\n"
+                        "text_config.KEY=VALUE sets a key of a sub-configuration)")
     s.add_argument("--model-dtype", choices=("bf16", "fp16", "fp32"),
                    help="dtype of the model's floating-point weights and buffers (default: as built, fp32\n"
                         "for hf: specs); parameter, gradient and optimizer-state bytes follow it")
