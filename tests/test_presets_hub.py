@@ -67,6 +67,17 @@ def test_hub_id_from_the_cache_builds_the_preset_it_equals(hub):
     assert build_model(f"hf:{REPO}", dtype="bf16").model.model.embed_tokens.weight.dtype == torch.bfloat16
 
 
+def test_cli_says_what_the_config_asked_for_and_was_not_applied(hub, capsys):
+    assert main(["summary", f"hf:{REPO}", "--set", "num_hidden_layers=1", "--input-ids", "1,8", "--depth", "0",
+                 "--format", "json"]) == 0
+    err = capsys.readouterr().err
+    assert err == (f"layerscope: note: hf:{REPO}: the config's dtype bfloat16 is not applied: weights are fp32 "
+                   "unless --model-dtype (build_model(dtype=...)) says otherwise\n")
+    assert main(["summary", "hf:llama-3.2-1b", "--set", "num_hidden_layers=1", "--input-ids", "1,8", "--depth", "0",
+                 "--format", "json"]) == 0
+    assert capsys.readouterr().err == ""              # a preset asks for nothing it does not get
+
+
 def test_hub_revision_reads_that_snapshot(hub):
     # @REV_B has 18 layers: 2 more Llama 3.2 1B layers of 2 x 2048^2 + 2 x 2048 x 512 (q, o; k, v with 8
     # KV heads of 64) + 3 x 2048 x 8192 + 2 x 2048 (norms) = 60,821,504 each

@@ -191,6 +191,8 @@ def build_spec(ns: argparse.Namespace, device: str | None):
         built = build_model(ns.spec, device, parse_overrides(ns.set), ns.head,
                             allow_pickle=getattr(ns, "allow_pickle", False), dtype=ns.model_dtype,
                             trust_remote_code=getattr(ns, "trust_remote_code", False))
+    for note in built.notes:     # what the config asked for and was not applied (hf_sources): said, not silent
+        print(f"layerscope: note: {ns.spec}: {note}", file=sys.stderr)
     model = built.model
     if isinstance(model, torch.jit.ScriptModule) and ns.command != "summary":
         raise InputError(f"{ns.command} {ns.spec}: {_FILE_SUPPORT['torchscript']}")
