@@ -2,10 +2,18 @@
 
   path/to/file.py:factory        runs the file (user code!) and calls factory()
   package.module:factory         imports the module and calls factory()
-  hf:PRESET                      a well-known architecture shipped as a config file (hf_presets/*.json:
-                                 gpt2, llama-2-70b, ...), built on meta unless a device is given
-  hf:ConfigClass[:ModelClass]    a transformers config with its defaults (overrides via --set), the
-                                 base model (AutoModel) or the named model class / --head
+  hf:PRESET                      a well-known architecture shipped as a config file
+                                 (hf_presets/NAME/config.json: gpt2, llama-3.1-8b, deepseek-v3, ...)
+  hf:ConfigClass[:ModelClass]    a transformers config with its defaults (overrides via --set)
+  hf:PATH[:ModelClass]           a directory holding config.json, or the config file itself
+  hf:ORG/NAME[@REVISION][:ModelClass]
+                                 a Hub id: only its config.json is read, through transformers' AutoConfig
+                                 (the Hugging Face cache, HF_HUB_OFFLINE and the login token honoured)
+                                 hf: names are resolved in that order: a shipped preset, a config class,
+                                 an existing path, a Hub id (hf_sources). Built on meta unless a device
+                                 is given, the model class from the config's ``architectures`` (or
+                                 :ModelClass, or --head's Auto class; AutoModel for a bare config class);
+                                 a config's own code (auto_map) only with trust_remote_code
   torchvision:name, timm:name    when those packages are installed
 """
 
@@ -25,6 +33,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from . import hf_sources
 from ._transformers import quiet_token_ids
 from .capture.inputs import check_shape, make_inputs
 from .capture.measure import available_bytes
@@ -34,14 +43,7 @@ from .options import DTYPES
 __all__ = ["BuiltModel", "build_model", "check_command_shapes", "parse_overrides", "token_ids", "HEADS", "presets", "model_dtype",
            "MODEL_DTYPES", "weight_bytes", "available_bytes", "check_fits"]
 
-HEADS = {
-    "causal-lm": "AutoModelForCausalLM",
-    "masked-lm": "AutoModelForMaskedLM",
-    "seq2seq-lm": "AutoModelForSeq2SeqLM",
-    "seq-cls": "AutoModelForSequenceClassification",
-    "token-cls": "AutoModelForTokenClassification",
-    "image-cls": "AutoModelForImageClassification",
-}
+HEADS = hf_sources.HEADS
 
 
 @dataclass
@@ -297,15 +299,11 @@ def command_inputs(spec: str, model: nn.Module, default_inputs, dev: torch.devic
 
 
 def presets() -> dict[str, dict]:
-    """The architectures shipped as config files (``hf:NAME``): name -> {description, config, model,
-    params (the published count; a test builds each and checks it), settings, inputs}."""
-    from importlib import resources
-    import json
-    import re
-    files = [f for f in resources.files("layerscope.hf_presets").iterdir() if f.name.endswith(".json")]
-    # natural order: gpt2 before gpt2-medium, llama-2-7b before llama-2-13b
-    natural = lambda f: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", f.name[:-5])]  # noqa: E731
-    return {f.name[:-5]: json.loads(f.read_text(encoding="utf-8")) for f in sorted(files, key=natural)}
+    """The architectures shipped as config files (``hf:NAME``, ``hf_presets/NAME/config.json`` with
+    ``layerscope.json`` beside it): name -> {description, model, model_type, params (the count the config
+    builds; a test builds each and checks it), published (the model card's figure and its source), inputs,
+    source, path}."""
+    return hf_sources.presets()
 
 
 def _preset_inputs(shapes: dict[str, list[int]], vocab: int | None):
@@ -317,52 +315,53 @@ def _preset_inputs(shapes: dict[str, list[int]], vocab: int | None):
     return build
 
 
-def _from_hf(spec: str, rest: str, device, overrides, head: str | None) -> BuiltModel:
+def _from_hf(spec: str, rest: str, device, overrides, head: str | None,
+             trust_remote_code: bool = False) -> BuiltModel:
     try:
         import transformers
     except ImportError as e:
         raise SpecError(f"{spec}: the transformers package is not installed (pip install transformers)") from e
-    cfg_name, _, cls_name = rest.partition(":")
-    preset = presets().get(cfg_name)
+    target = hf_sources.resolve(spec, rest, lambda name: isinstance(getattr(transformers, name, None), type)
+                                and name.endswith("Config"))
     user_keys = dict(overrides)
-    if preset is not None:
-        cfg_name, overrides = preset["config"], {**preset["settings"], **overrides}
-        cls_name = cls_name or ("" if head else preset["model"])
-    cfg_cls = getattr(transformers, cfg_name, None)
-    if cfg_cls is None or not isinstance(cfg_cls, type):
-        raise SpecError(f"{spec}: {cfg_name!r} is neither a preset (layerscope list-presets) nor a "
-                        "transformers config class (e.g. hf:gpt2, hf:GPT2Config)")
-    _check_keys(spec, user_keys, _config_keys(cfg_cls), cfg_name)
+    if target is None:                                  # hf:ConfigClass[:ModelClass]: its defaults
+        cfg_name, _, cls_name = rest.partition(":")
+        cfg_cls, data, notes = getattr(transformers, cfg_name), {}, []
+    else:
+        cfg_cls, data, notes = hf_sources.load_config(spec, target, trust_remote_code)
+        cfg_name = cfg_cls.__name__
+        cls_name = target.cls_name or ("" if head else (data.get("architectures") or [""])[0])
+    flat, nested = hf_sources.split_nested(user_keys)
+    _check_keys(spec, flat, _config_keys(cfg_cls), cfg_name)
     _check_counts(spec, user_keys)
-    overrides = {**overrides, **_check_types(spec, user_keys, cfg_cls)}
+    floats = _check_types(spec, flat, cfg_cls)
+    for part, sub in nested.items():         # --set text_config.num_hidden_layers=2
+        sub_cls = hf_sources.sub_config_class(cfg_cls, part, data)
+        if sub_cls is None:
+            raise SpecError(f"{spec}: --set {part}.{next(iter(sub))}: {cfg_name} has no sub-configuration {part!r}")
+        _check_keys(spec, sub, _config_keys(sub_cls), f"{cfg_name}'s {part} ({sub_cls.__name__})")
+        floats.update({f"{part}.{k}": v for k, v in _check_types(spec, sub, sub_cls).items()})
+    overrides = hf_sources.settings_with(data, {**overrides, **floats})
     try:
         with quiet_token_ids(user_keys):
-            config = cfg_cls(**overrides)
+            config = cfg_cls.from_dict(overrides) if target is not None else cfg_cls(**overrides)
+        if target is not None:      # where a config's own code (auto_map) is found, as from_pretrained sets it
+            config._name_or_path = target.where
     except Exception as e:
         # one line: transformers' strict dataclass validation says it in several
         why = " ".join(str(e).split())
-        raise SpecError(f"{spec}: {cfg_name}({overrides}) failed: {type(e).__name__}: {why}") from e
-    if cls_name and head:
-        raise SpecError(f"{spec}: give a model class or --head, not both")
-    if cls_name:
-        builder = getattr(transformers, cls_name, None)
-        if builder is None:
-            raise SpecError(f"{spec}: transformers has no model class {cls_name!r}")
-        make = lambda: builder(config)  # noqa: E731
-    else:
-        auto_name = HEADS.get(head or "", "AutoModel")
-        if head and head not in HEADS:
-            raise SpecError(f"unknown --head {head!r}; choose from {', '.join(HEADS)}")
-        auto = getattr(transformers, auto_name)
-        make = lambda: auto.from_config(config)  # noqa: E731
+        shown = user_keys if target is not None else overrides
+        raise SpecError(f"{spec}: {cfg_name}({shown}) failed: {type(e).__name__}: {why}") from e
+    make = hf_sources.model_builder(spec, config, cls_name, head, trust_remote_code)
     try:
         with _device_ctx(device or "meta"), quiet_token_ids(user_keys):
             model = make()
     except Exception as e:
         raise SpecError(f"{spec}: building the model failed: {type(e).__name__}: {e}") from e
-    if preset is not None:
-        return BuiltModel(model, _preset_inputs(preset["inputs"], getattr(config, "vocab_size", None)))
-    return BuiltModel(model, _hf_inputs(model, config))
+    inputs = (target.meta.get("inputs") if target is not None else None)
+    if inputs:
+        return BuiltModel(model, _preset_inputs(inputs, getattr(config, "vocab_size", None)), notes)
+    return BuiltModel(model, _hf_inputs(model, config), notes)
 
 
 def _config_keys(cfg_cls) -> set[str]:
@@ -405,18 +404,19 @@ _TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".torchscript")
 
 def build_model(spec: str, device: str | None = None, overrides: dict | None = None,
                 head: str | None = None, allow_pickle: bool = False,
-                dtype: "str | torch.dtype | None" = None) -> BuiltModel:
+                dtype: "str | torch.dtype | None" = None, trust_remote_code: bool = False) -> BuiltModel:
     """The model a spec names. ``dtype`` (bf16, fp16, fp32 or a torch.dtype): the dtype of its
     floating-point parameters and buffers (``Module.to(dtype)`` after building; integer buffers keep
     theirs). None keeps what the spec builds (fp32 for hf: specs). On meta the cast is free; on a real
-    device the model is built in its own dtype first, then cast."""
+    device the model is built in its own dtype first, then cast. ``trust_remote_code``: an ``hf:`` config
+    that names code of its own (``auto_map``) may run it (hf_sources); refused without it."""
     overrides = overrides or {}
     dt = model_dtype(dtype)
     for key in _DTYPE_KEYS:
         if key in overrides:
             raise SpecError(f"--set {key}=... does not change the weights' dtype: use --model-dtype "
                             "bf16|fp16|fp32 (build_model(dtype=...))")
-    built = _build_spec(spec, device, overrides, head, allow_pickle)
+    built = _build_spec(spec, device, overrides, head, allow_pickle, trust_remote_code)
     if dt is not None:
         if isinstance(built.model, torch.jit.ScriptModule):
             raise SpecError("--model-dtype does not apply to a TorchScript file (its weights are saved in it)")
@@ -456,23 +456,26 @@ def check_fits(need: int, device: "str | torch.device", what: str, hint: str) ->
                         f"{hint}")
 
 
-def _build_spec(spec, device, overrides, head, allow_pickle) -> BuiltModel:
+def _build_spec(spec, device, overrides, head, allow_pickle, trust_remote_code=False) -> BuiltModel:
     if spec.endswith(_TORCHSCRIPT_SUFFIXES) and ":" not in os.path.basename(spec):
         if overrides or head:
             raise SpecError("--set and --head do not apply to a saved model file")
         from .formats.torchscript import load_saved_model
         return BuiltModel(load_saved_model(spec, allow_pickle))
     if spec.startswith("hf:"):
-        return _from_hf(spec, spec[3:], device, overrides, head)
+        return _from_hf(spec, spec[3:], device, overrides, head, trust_remote_code)
     if head:
         raise SpecError("--head applies to hf: specs only")
+    if trust_remote_code:
+        raise SpecError("--trust-remote-code applies to hf: specs only")
     for kind in ("torchvision", "timm"):
         if spec.startswith(kind + ":"):
             return _from_zoo(spec, kind, spec[len(kind) + 1:], device, overrides)
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
         raise SpecError(f"model spec {spec!r} is not one of path/to/file.py:factory, package.module:factory, "
-                        "hf:PRESET, hf:ConfigClass, torchvision:name, timm:name, model.onnx, model.pt")
+                        "hf:PRESET, hf:ConfigClass, hf:path/to/config.json, hf:ORG/NAME, torchvision:name, "
+                        "timm:name, model.onnx, model.pt")
     if target.endswith(".py") or os.sep in target:
         return _from_file(spec, target, attr, device, overrides)
     return _from_module(spec, target, attr, device, overrides)

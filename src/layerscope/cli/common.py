@@ -124,7 +124,8 @@ def _check_memory(ns: argparse.Namespace, device: str | None) -> None:
     need = _input_bytes(ns)
     weights = 0
     if ns.spec.startswith(("hf:", "torchvision:", "timm:")):
-        meta = build_model(ns.spec, "meta", parse_overrides(ns.set), ns.head, dtype=ns.model_dtype)
+        meta = build_model(ns.spec, "meta", parse_overrides(ns.set), ns.head, dtype=ns.model_dtype,
+                           trust_remote_code=getattr(ns, "trust_remote_code", False))
         weights = weight_bytes(meta.model)
         del meta
     need += weights
@@ -188,7 +189,10 @@ def build_spec(ns: argparse.Namespace, device: str | None):
     _check_memory(ns, device)
     with status(f"building {ns.spec}", ns):
         built = build_model(ns.spec, device, parse_overrides(ns.set), ns.head,
-                            allow_pickle=getattr(ns, "allow_pickle", False), dtype=ns.model_dtype)
+                            allow_pickle=getattr(ns, "allow_pickle", False), dtype=ns.model_dtype,
+                            trust_remote_code=getattr(ns, "trust_remote_code", False))
+    for note in built.notes:     # what the config asked for and was not applied (hf_sources): said, not silent
+        print(f"layerscope: note: {ns.spec}: {note}", file=sys.stderr)
     model = built.model
     if isinstance(model, torch.jit.ScriptModule) and ns.command != "summary":
         raise InputError(f"{ns.command} {ns.spec}: {_FILE_SUPPORT['torchscript']}")

@@ -29,10 +29,20 @@ _SPEC_HELP = """model spec, one of:
   path/to/file.py:factory   imports and RUNS that file (it is your code: only use files you trust),
                             then calls factory()
   package.module:factory    e.g. layerscope.examples:small_cnn
-  hf:PRESET                 a shipped architecture (built on meta unless --device): gpt2, bert-base,
-                            llama-2-70b, mixtral-8x7b, ... (layerscope list-presets)
-  hf:ConfigClass[:Model]    a transformers config with defaults (built on meta unless --device),
-                            e.g. hf:GPT2Config, hf:BertConfig:BertForMaskedLM
+  hf:PRESET                 a shipped architecture (a config.json): gpt2, llama-3.1-8b,
+                            qwen3-30b-a3b, deepseek-v3, gpt-oss-120b, ... (layerscope list-presets)
+  hf:ConfigClass[:Model]    a transformers config with defaults, e.g. hf:GPT2Config,
+                            hf:BertConfig:BertForMaskedLM
+  hf:PATH[:Model]           a directory holding config.json, or the config file itself
+  hf:ORG/NAME[@REV][:Model] a Hub id: ONLY its config.json is read, through transformers'
+                            AutoConfig (the Hugging Face cache, HF_HUB_OFFLINE=1 and the login
+                            token or HF_TOKEN honoured; never weights), e.g. hf:Qwen/Qwen3-8B
+                            hf: names resolve in this order: a shipped preset, a config class,
+                            an existing path, a Hub id. Built on meta unless --device, in fp32
+                            unless --model-dtype (a config's torch_dtype is not applied); the
+                            model class from the config's architectures, or :Model, or --head;
+                            a config needing its repository's own code only with
+                            --trust-remote-code
   torchvision:name          e.g. torchvision:resnet50 (needs torchvision)
   timm:name                 e.g. timm:vit_base_patch16_224 (needs timm)
   model.onnx                an ONNX model (summary; `layerscope onnx` for its node table)
@@ -46,6 +56,9 @@ _EXAMPLES = {
   layerscope summary hf:llama-2-70b --depth 2                  # on meta: nothing is allocated
   layerscope summary hf:llama-2-7b --model-dtype bf16 --depth 1   # weights in bf16: Params size 12.55 GiB
   layerscope summary hf:gpt2 --input-ids 4,512 --backward --format json -o gpt2.json
+  layerscope summary hf:llama-3.2-1b --input-ids 1,2048 --depth 1   # a preset: hf_presets/llama-3.2-1b/config.json
+  # the same from the Hub's config.json (or its cached copy, HF_HUB_OFFLINE=1): hf:meta-llama/Llama-3.2-1B;
+  # from a directory holding config.json: hf:path/to/dir
   layerscope summary path/to/net.py:build --input-size 1,3,224,224 --format html -o net.html""",
     "memory": """examples:
   layerscope memory hf:gpt2 --input-ids 8,1024 --optimizer adamw --autocast bf16

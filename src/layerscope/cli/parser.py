@@ -43,7 +43,8 @@ def _input_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--input-ids", type=arg_ints, metavar="B,S", help="token ids of shape B,S (int64)")
     s.add_argument("--dtype", type=arg_dtype, action="append", help="dtype per --input-size (default float32)")
     s.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="config/factory override (repeatable; a key the config or factory lacks is refused)")
+                   help="config/factory override (repeatable; a key the config or factory lacks is refused;\n"
+                        "text_config.KEY=VALUE sets a key of a sub-configuration)")
     s.add_argument("--model-dtype", choices=("bf16", "fp16", "fp32"),
                    help="dtype of the model's floating-point weights and buffers (default: as built, fp32\n"
                         "for hf: specs); parameter, gradient and optimizer-state bytes follow it")
@@ -51,6 +52,10 @@ def _input_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--allow-pickle", action="store_true",
                    help="load a .pt/.pth that is a pickled nn.Module (unpickling RUNS code from the file:\n"
                         "only for files you trust); without it only TorchScript and weights_only loads")
+    s.add_argument("--trust-remote-code", action="store_true",
+                   help="build an hf: config that names code of its own (auto_map: transformers'\n"
+                        "trust_remote_code RUNS Python from the repository or directory: only for ones you\n"
+                        "trust); without it such a config is refused, unless transformers knows its model_type")
 
 
 def _model_args(s: argparse.ArgumentParser, formats=FORMATS) -> None:
