@@ -162,7 +162,7 @@ def _derived_root(model: nn.Module, blocks: list[tuple[str, nn.Module]]) -> dict
 
 def tp_plan_label(model: nn.Module, ep: int = 1) -> str | None:
     """Which TP plan ``model`` gets (what the plan says it applied): "derived from <Config>.base_model_tp_plan",
-    "hand-written Llama plan", "hand-written GPT-2 plan", or None (no plan: TP refused)."""
+    "hand-written for Llama-like blocks", "hand-written for GPT-2", or None (no plan: TP refused)."""
     try:
         blocks = find_blocks(model)
         derived = derive_plan(model, blocks, ep)
@@ -171,7 +171,7 @@ def tp_plan_label(model: nn.Module, ep: int = 1) -> str | None:
     if derived is not None:
         return derived.label
     family = tp_family(model, blocks)
-    return {"llama": "hand-written Llama plan", "gpt2": "hand-written GPT-2 plan"}.get(family)
+    return {"llama": "hand-written for Llama-like blocks", "gpt2": "hand-written for GPT-2"}.get(family)
 
 
 def _uncovered(model: nn.Module, covered: set[str]) -> str | None:

@@ -133,9 +133,9 @@ def test_which_plan_is_said():
     # GPT-2 has no base_model_tp_plan: its hand-written plan (Conv1D, fused c_attn split per head)
     gpt2 = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=32)
     with torch.device("meta"):
-        assert tp_plan_label(transformers.GPT2LMHeadModel(gpt2)) == "hand-written GPT-2 plan"
+        assert tp_plan_label(transformers.GPT2LMHeadModel(gpt2)) == "hand-written for GPT-2"
     # StableLM ships no plan and has Llama's module names: the hand-written Llama plan
-    assert tp_plan_label(build("StableLmConfig")) == "hand-written Llama plan"
+    assert tp_plan_label(build("StableLmConfig")) == "hand-written for Llama-like blocks"
 
 
 def test_a_plan_that_leaves_a_linear_whole_is_refused_in_one_line():
