@@ -156,3 +156,12 @@ def test_an_unknown_style_is_one_line():
     with pytest.raises(InputError, match="style 'local_rowwise', which layerscope does not map") as e:
         derive_plan(model, find_blocks(model))
     assert "\n" not in str(e.value)
+
+
+def test_the_report_says_which_plan_ran():
+    import layerscope
+    model = build("Qwen3Config", head_dim=16)
+    rep = layerscope.parallel(model, torch.zeros(2, 16, dtype=torch.long), gpus=2, tp=2, fsdp=1, device="cpu",
+                              mixed_precision="off")
+    assert "tensor parallel: the plan derived from Qwen3Config.base_model_tp_plan" in rep.notes
+    assert "tensor parallel: the plan derived from Qwen3Config.base_model_tp_plan" in rep.table()
