@@ -291,9 +291,9 @@ def _parallelize_block(path: str, block: nn.Module, lay: _TpLayout) -> None:
 
     Replicate, Shard, _, _, _, PrepareInput, _, SeqPar = lay.styles
     if lay.family == "derived":
-        bplan, _norms, heads_split = block_plan(path, block, lay.derived, lay)
-        if heads_split:
-            _split_heads(block, lay.tp)
+        bplan, _norms, split = block_plan(path, block, lay.derived, lay)
+        for parent in split:
+            _split_heads(block.get_submodule(parent) if parent else block, lay.tp)
         parallelize_module(block, lay.mesh, bplan)
         return
     if lay.family == "llama":

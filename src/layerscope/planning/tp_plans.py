@@ -127,7 +127,6 @@ class _BlockPlan:
 
     styles: dict
     covered: set
-    heads_split: bool = False
     split_parents: set = field(default_factory=set)    # modules holding a colwise projection (split heads)
 
 
@@ -148,7 +147,6 @@ def _entry_styles(block: nn.Module, derived: DerivedPlan, lay, where: str) -> _B
         if style == "colwise":
             bp.styles[path] = Colwise()
             bp.split_parents.add(path.rpartition(".")[0])
-            bp.heads_split = bp.heads_split or path.rsplit(".", 1)[-1] in ("q_proj", "k_proj", "qkv_proj")
         elif style in _COL:
             bp.styles[path] = Colwise(output_layouts=Replicate())
         elif style == "rowwise":
@@ -201,14 +199,14 @@ def _leftovers(block: nn.Module, bp: _BlockPlan, derived: DerivedPlan, lay, wher
     return norms
 
 
-def block_plan(path: str, block: nn.Module, derived: DerivedPlan, lay) -> tuple[dict, list[str], bool]:
+def block_plan(path: str, block: nn.Module, derived: DerivedPlan, lay) -> tuple[dict, list[str], list[str]]:
     """The torch plan of one block (path in the block -> style), its residual-stream norms (SequenceParallel
-    under sequence parallel, else left as the hand-written plans leave them), and whether the colwise
-    projections split the attention's heads (the caller divides the head counts the attention stores)."""
+    under sequence parallel, else left as the hand-written plans leave them), and the modules whose colwise
+    projections split their heads (the caller divides the head counts an attention stores)."""
     bp = _entry_styles(block, derived, lay, path)
     norms = _leftovers(block, bp, derived, lay, path)
     if lay.sp:
         SeqPar = lay.styles[7]
         for n in norms:
             bp.styles[n] = SeqPar()
-    return bp.styles, norms, bp.heads_split
+    return bp.styles, norms, sorted(bp.split_parents)
