@@ -31,20 +31,23 @@ ARCH = {
 }
 
 
-def run_plan(capsys, cfg_name: str) -> dict:
+def run_plan(capsys, cfg_name: str, ac: str = "none") -> dict:
     from layerscope.cli import main
     sets = [x for k, v in {**BASE, **ARCH[cfg_name]}.items() for x in ("--set", f"{k}={v}")]
     argv = ["parallel", f"hf:{cfg_name}", "--head", "causal-lm", *sets, "--input-ids", "4,16", "--gpus", "4",
-            "--tp", "2", "--device", "cpu", "--mixed-precision", "off", "--run", "--steps", "3", "-q", "--format",
+            "--tp", "2", "--device", "cpu", "--mixed-precision", "off", "--ac", ac, "--run", "--steps", "3", "-q", "--format",
             "json"]
     assert main(argv) == 0
     return json.loads(capsys.readouterr().out)["plans"][0]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cfg_name", list(ARCH))
-def test_derived_plan_trains_as_one_process_under_fsdp_x_tp(capsys, cfg_name):
-    plan = run_plan(capsys, cfg_name)
+@pytest.mark.parametrize("cfg_name, ac", [(n, "none") for n in ARCH] + [("MixtralConfig", "full"), ("Qwen3Config", "full")],
+                         ids=list(ARCH) + ["MixtralConfig-ac-full", "Qwen3Config-ac-full"])
+def test_derived_plan_trains_as_one_process_under_fsdp_x_tp(capsys, cfg_name, ac):
+    # with full checkpointing (measured 2026-11-29): the experts' and the replicated norms' local-parameter swaps
+    # run again in the recompute; Mixtral +0.06% (one rank +0.99%), Qwen3 +0.77% of the band's low end
+    plan = run_plan(capsys, cfg_name, ac)
     m = plan["measured"]
     assert m["loss_equal"] and m["max_rel_loss_diff"] <= 1e-4, m
     assert all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(m["losses"], m["reference_losses"])), m
