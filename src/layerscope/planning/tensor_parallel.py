@@ -154,7 +154,7 @@ def _derived_root(model: nn.Module, blocks: list[tuple[str, nn.Module]]) -> dict
     inside = {p for p, _ in blocks}
     norms = [p for p, m in model.named_modules()
              if p and not any(p == b or p.startswith(b + ".") for b in inside) and p not in want.values()
-             and list(m.parameters(recurse=False)) and all(x.ndim == 1 for x in m.parameters(recurse=False))]
+             and list(m.parameters(recurse=False)) and all(x.ndim == 1 for x in m.parameters())]
     if len(norms) == 1:
         want["norm"] = norms[0]
     return want

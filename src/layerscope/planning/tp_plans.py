@@ -70,7 +70,28 @@ def derive_plan(model: nn.Module, blocks: list[tuple[str, nn.Module]], ep: int =
     if found is None or not blocks:
         return None
     source, plan = found
-    container = blocks[0][0].rsplit(".", 1)[0] if "." in blocks[0][0] else ""
+    # the blocks may sit in several lists (HRM's L_module.layers and H_module.layers): each list's entries
+    per = {c: _entries(source, plan, c) for c in dict.fromkeys(p.rsplit(".", 1)[0] if "." in p else "" for p, _ in blocks)}
+    entries = next(iter(per.values()))
+    if any(e != entries for e in per.values()):
+        if not all(per.values()):
+            return None
+        raise InputError(f"tensor parallel: {source} gives the repeated blocks of {', '.join(per)} different plans, "
+                         "which layerscope's derived plans do not apply")
+    if not entries:
+        return None
+    left: tuple[str, ...] = ()
+    if ep > 1:
+        # expert parallel owns the routed experts (planning/expert_parallel.py): their TP entries (the
+        # experts module and its parameters) are left out here, and the experts are not refused as uncovered
+        left = tuple(p for p, s in entries if s == "moe_tp_experts")
+        entries = [(p, s) for p, s in entries if not any(p == e or p.startswith(e + ".") for e in left)]
+    return DerivedPlan(source, tuple(entries), left)
+
+
+def _entries(source: str, plan: dict, container: str) -> list[tuple[str, str]]:
+    """The plan's entries that name the blocks of ``container`` (``"layers.*.X"`` where the blocks are
+    ``...layers.N``): (X, style) in the plan's order."""
     entries: list[tuple[str, str]] = []
     for key, style in plan.items():
         if ".*." not in key:
@@ -85,15 +106,7 @@ def derive_plan(model: nn.Module, blocks: list[tuple[str, nn.Module]], ep: int =
             raise InputError(f"tensor parallel: {source} gives {key!r} the style {style!r}, which layerscope does not "
                              f"map onto torch's parallel styles (it maps {', '.join(_STYLES)})")
         entries.append((rest, style))
-    if not entries:
-        return None
-    left: tuple[str, ...] = ()
-    if ep > 1:
-        # expert parallel owns the routed experts (planning/expert_parallel.py): their TP entries (the
-        # experts module and its parameters) are left out here, and the experts are not refused as uncovered
-        left = tuple(p for p, s in entries if s == "moe_tp_experts")
-        entries = [(p, s) for p, s in entries if not any(p == e or p.startswith(e + ".") for e in left)]
-    return DerivedPlan(source, tuple(entries), left)
+    return entries
 
 
 def _kind(block: nn.Module, path: str) -> str | None:
@@ -179,16 +192,20 @@ def _leftovers(block: nn.Module, bp: _BlockPlan, derived: DerivedPlan, lay, wher
         if not path or not _own_params(m) or any(path == c or path.startswith(c + ".") for c in covered):
             continue
         parent = path.rpartition(".")[0]
-        if "." not in path and all(p.ndim == 1 for p in _own_params(m)):
+        # a norm-like module: 1-D parameters only, none below it (a module holding projections as well, as
+        # Qwen3.5's linear attention, is not one: its own parameters would be replicated beside sharded ones)
+        leaf_1d = all(p.ndim == 1 for p in m.parameters())
+        if "." not in path and leaf_1d:
             norms.append(path)           # on the residual stream: SequenceParallel, or left as is
         elif parent in experts and _is_router(m, block.get_submodule(experts[parent])):
             bp.styles[path] = Local()
-        elif all(p.ndim == 1 for p in _own_params(m)) and parent not in bp.split_parents:
+        elif leaf_1d and parent not in bp.split_parents:
             bp.styles[path] = Local()
         else:
-            raise InputError(f"tensor parallel: {derived.source} leaves {where}.{path} ({type(m).__name__}) whole, and "
-                             "layerscope does not replicate it (it would compute with the whole weight on every rank, "
-                             "or normalise heads a colwise projection split); use tp=1 for this model")
+            raise InputError(f"tensor parallel: {derived.source} leaves the parameters of {where}.{path} "
+                             f"({type(m).__name__}) unsharded, and layerscope does not replicate them (they would be "
+                             "computed whole on every rank, or normalise heads a colwise projection split); use tp=1 "
+                             "for this model")
         covered.add(path)
     for parent in experts:
         bp.styles[parent] = LocalBlock(lay.seq)

@@ -102,8 +102,11 @@ def tp_styles():
             module.register_forward_pre_hook(hook, with_kwargs=True)
             return module
 
-    def replicate_params(_name, module, mesh):
-        # the model is built alike on every rank (same seed), as torch's SequenceParallel assumes
+    def replicate_params(name_in_style, module, mesh):
+        # the styled module's own parameters only (distribute_module calls this for every submodule); the
+        # model is built alike on every rank (same seed), as torch's SequenceParallel assumes
+        if name_in_style:
+            return
         for name, p in list(module.named_parameters(recurse=False)):
             module.register_parameter(name, nn.Parameter(DTensor.from_local(p, mesh, [Replicate()], run_check=False),
                                                          requires_grad=p.requires_grad))
@@ -139,7 +142,9 @@ def tp_styles():
             return Replicate() if ndim == 1 else Shard(ndim - 1)     # rowwise: [E, H, I] on I
 
         def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
-            def shard(_name, mod, mesh):
+            def shard(name_in_style, mod, mesh):
+                if name_in_style:     # the experts' own parameters only (distribute_module walks every submodule)
+                    return
                 for name, p in list(mod.named_parameters(recurse=False)):
                     mod.register_parameter(name, nn.Parameter(
                         distribute_tensor(p, mesh, [self._placement(name, p.ndim)], src_data_rank=None),

@@ -147,7 +147,7 @@ def test_a_plan_that_leaves_a_linear_whole_is_refused_in_one_line():
                            kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
                            first_k_dense_replace=1, n_group=1, topk_group=1), 2, tp=2, fsdp=1)
     msg = str(e.value)
-    assert "\n" not in msg and "DeepseekV3Config.base_model_tp_plan leaves model.layers.0.self_attn." in msg
+    assert "\n" not in msg and "DeepseekV3Config.base_model_tp_plan leaves the parameters of model.layers.0.self_attn.q_a_proj" in msg
 
 
 def test_an_unknown_style_is_one_line():
