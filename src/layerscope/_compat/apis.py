@@ -134,6 +134,9 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
                              lambda: _c10_cpu_report_flags()),
     "module_hook_dicts": ("torch.nn.Module's forward hook dicts (_forward_pre_hooks, _forward_hooks and their "
                           "_with_kwargs / _always_called companions)", "2.4", lambda: _module_hook_dicts()),
+    # planning/tp_styles: transformers' packed_colwise shards a fused [gate | up] weight as torch's strided shard
+    "StridedShard": ("torch.distributed.tensor.placement_types._StridedShard", "2.5",
+                     lambda: _module("torch.distributed.tensor.placement_types")._StridedShard),
 }
 
 # What nn.Module.register_forward_pre_hook(with_kwargs=True) and register_forward_hook(with_kwargs=True,

@@ -22,6 +22,7 @@ from ..options import MemoryOptions, ParallelOptions, check_loss, echo, entry_op
 from ..planning.config import ParallelConfig
 from ..planning.simulate.results import ESTIMATES, ParallelPlan, RankMemory, mesh_coords
 from ..planning.apply import checkpoint_blocks
+from ..planning.tensor_parallel import tp_plan_label
 from ..planning.blocks import no_kv_cache
 from ..planning.simulate.sharded_rank import meta_copy
 from ..planning.simulate.uniform_stages import model_name
@@ -265,6 +266,8 @@ def _planned(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig
     rank_runs, rr, roles_of, router, runs = simulate_world(model, args, kwargs, config, world)
     plan = plan_of(config, rank_runs)
     notes: list = [step_loss.note()]
+    if config.tp > 1:     # which TP plan ran: derived from the config's base_model_tp_plan, or a hand-written one
+        notes.append(Note("world-tp-plan", {"plan": tp_plan_label(model, config.ep)}))
     if ranks.cuda:
         plan, more = _timed(plan, runs, config, ranks.named or resolve_gpu(None), global_tokens(args, kwargs, config),
                             ranks.fracs)

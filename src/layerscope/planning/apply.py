@@ -9,9 +9,9 @@ under torchrun (``planning/real/sharded_run.py``). What torchtitan does is follo
 the last one with per-model TP plans and the op save list ``_op_sac_save_list`` before torchtitan
 moved both into its own module protocol. Where this departs from it, the comment says why.
 
-TP plans exist for transformers' Llama, Mistral and Qwen2 (``q/k/v/o_proj``, ``gate/up/down_proj``)
-and for GPT-2 (``Conv1D``, fused ``c_attn``: see ``_FusedQKV``); any other model with ``tp > 1`` is
-refused with one line naming the module no plan covers. FSDP and checkpointing work on any model
+TP plans are derived from the config's ``base_model_tp_plan`` (planning/tp_plans.py), or hand-written for
+GPT-2 (``Conv1D``, fused ``c_attn``: see ``_FusedQKV``) and Llama-shaped blocks without one; any other model
+with ``tp > 1`` is refused with one line naming the module no plan covers. FSDP and checkpointing work on any model
 whose repeated blocks ``find_blocks`` finds. Pipeline stages are not applied here (pipeline/).
 """
 

@@ -1,6 +1,13 @@
 """Tensor parallel applied with torch's ``parallelize_module``, as torchtitan's ``apply_tp`` does it
-(planning/apply.py's docstring): the plans of transformers' Llama, Mistral and Qwen2 and of GPT-2 (its
-``Conv1D`` and fused ``c_attn``: ``_FusedQKV``), and the one-line refusal of any module no plan covers."""
+(planning/apply.py's docstring): the plan derived from the model's config's ``base_model_tp_plan``
+(planning/tp_plans.py) where transformers ships one that names the blocks, else a hand-written one, and the
+one-line refusal of any module no plan covers.
+
+The hand-written plans are kept where a derived one cannot do their work: GPT-2 (no ``base_model_tp_plan``;
+its ``Conv1D`` layers, which torch's styles refuse, and its fused ``c_attn``, whose column-wise split would
+give one rank all of q's heads and none of v's: ``_FusedQKV`` re-lays it per head) and Llama-shaped blocks
+whose config ships no plan (``q/k/v/o_proj``, ``gate/up/down_proj``: StableLM, a user's own modules named
+as Llama's)."""
 
 from __future__ import annotations
 
@@ -13,8 +20,9 @@ from torch import nn
 from ..errors import InputError
 from .config import ParallelConfig
 from .blocks import find_blocks
+from .tp_plans import DerivedPlan, block_plan, derive_plan
 
-__all__ = ["tp_family"]
+__all__ = ["tp_family", "tp_plan_label"]
 
 
 def _styles():
@@ -118,15 +126,52 @@ def tp_family(model: nn.Module, blocks: list[tuple[str, nn.Module]] | None = Non
     return None
 
 
-def _root_paths(model: nn.Module, family: str) -> dict[str, str]:
+def _root_paths(model: nn.Module, family: str, blocks: list) -> dict[str, str]:
     """Paths of the embeddings, final norm and output head TP shards outside the blocks."""
-    if family == "llama":
+    if family == "derived":
+        want = _derived_root(model, blocks)
+    elif family == "llama":
         want = {"embed": "model.embed_tokens", "norm": "model.norm", "head": "lm_head"}
     else:
         want = {"embed": "transformer.wte", "pos": "transformer.wpe", "norm": "transformer.ln_f", "head": "lm_head"}
     # a module without parameters is left alone: a pipeline stage's stub for what another stage owns
     return {k: p for k, p in want.items()
             if _has(model, p, nn.Module) and any(True for _ in model.get_submodule(p).parameters())}
+
+
+def _derived_root(model: nn.Module, blocks: list[tuple[str, nn.Module]]) -> dict[str, str]:
+    """A derived plan's paths outside the blocks: the input embeddings, the output head (transformers'
+    get_input/output_embeddings) and the final norm (the one module of 1-D parameters outside the blocks)."""
+    paths = {id(m): p for p, m in model.named_modules()}
+    want = {}
+    for key, get in (("embed", "get_input_embeddings"), ("head", "get_output_embeddings")):
+        try:
+            m = getattr(model, get)()
+        except (AttributeError, NotImplementedError):
+            m = None
+        if m is not None and id(m) in paths:
+            want[key] = paths[id(m)]
+    inside = {p for p, _ in blocks}
+    norms = [p for p, m in model.named_modules()
+             if p and not any(p == b or p.startswith(b + ".") for b in inside) and p not in want.values()
+             and list(m.parameters(recurse=False)) and all(x.ndim == 1 for x in m.parameters())]
+    if len(norms) == 1:
+        want["norm"] = norms[0]
+    return want
+
+
+def tp_plan_label(model: nn.Module, ep: int = 1) -> str | None:
+    """Which TP plan ``model`` gets (what the plan says it applied): "derived from <Config>.base_model_tp_plan",
+    "hand-written for Llama-like blocks", "hand-written for GPT-2", or None (no plan: TP refused)."""
+    try:
+        blocks = find_blocks(model)
+        derived = derive_plan(model, blocks, ep)
+    except InputError:
+        return None
+    if derived is not None:
+        return derived.label
+    family = tp_family(model, blocks)
+    return {"llama": "hand-written for Llama-like blocks", "gpt2": "hand-written for GPT-2"}.get(family)
 
 
 def _uncovered(model: nn.Module, covered: set[str]) -> str | None:
@@ -148,7 +193,7 @@ class _TpLayout:
     """What every part of one model's TP plan shares: the model's family, the mesh, the degree, the
     switches and the placement classes (torch's styles; the family's column/row-wise ones)."""
 
-    family: str
+    family: str               # "derived", "llama" or "gpt2"
     mesh: object
     tp: int
     sp: bool                  # sequence parallel
@@ -157,6 +202,7 @@ class _TpLayout:
     seq: object               # the hidden states' placement between the blocks
     col: type
     row: type
+    derived: DerivedPlan | None = None
 
 
 def _refuse_unplanned(model: nn.Module, blocks: list[tuple[str, nn.Module]]) -> None:
@@ -165,9 +211,9 @@ def _refuse_unplanned(model: nn.Module, blocks: list[tuple[str, nn.Module]]) -> 
     first, block = blocks[0]
     what = _uncovered(block, set())
     where = f"{first}.{what}" if what else first
-    raise InputError(f"tensor parallel has no plan for {where} ({type(model).__name__}): TP plans cover "
-                     "transformers' Llama, Mistral, Qwen2 and GPT-2; use tp=1 (FSDP and checkpointing work "
-                     "on any model with repeated blocks)")
+    raise InputError(f"tensor parallel has no plan for {where} ({type(model).__name__}): TP plans come from the "
+                     "config's base_model_tp_plan (transformers), or are the hand-written Llama-like and GPT-2 ones; "
+                     "use tp=1 (FSDP and checkpointing work on any model with repeated blocks)")
 
 
 def _check_widths(model: nn.Module, tp: int) -> None:
@@ -182,6 +228,9 @@ def _check_widths(model: nn.Module, tp: int) -> None:
     inner = getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None)
     if inner:
         _check_divisible("MLP width", inner, tp)
+    moe = getattr(cfg, "moe_intermediate_size", None)
+    if isinstance(moe, int) and moe:
+        _check_divisible("experts' MLP width", moe, tp)
     vocab = getattr(cfg, "vocab_size", None)
     if vocab:
         # the head's output is sharded on the vocabulary: uneven shards do not fit the model's own
@@ -189,14 +238,14 @@ def _check_widths(model: nn.Module, tp: int) -> None:
         _check_divisible("vocabulary", vocab, tp)
 
 
-def _parallelize_root(model: nn.Module, lay: _TpLayout) -> set[str]:
+def _parallelize_root(model: nn.Module, lay: _TpLayout, blocks: list) -> set[str]:
     """The embeddings row-wise, the final norm SequenceParallel, the head column-wise (its tie to the
     embeddings restored); returns the paths the plan covers outside the blocks."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     Replicate, Shard, _, _, Colwise, _, Rowwise, SeqPar = lay.styles
     seq = lay.seq
-    root = _root_paths(model, lay.family)
+    root = _root_paths(model, lay.family, blocks)
     plan: dict = {}
     for key in ("embed", "pos"):
         if key in root:
@@ -241,6 +290,12 @@ def _parallelize_block(path: str, block: nn.Module, lay: _TpLayout) -> None:
     from torch.distributed.tensor.parallel import parallelize_module
 
     Replicate, Shard, _, _, _, PrepareInput, _, SeqPar = lay.styles
+    if lay.family == "derived":
+        bplan, _norms, split = block_plan(path, block, lay.derived, lay)
+        for parent in split:
+            _split_heads(block.get_submodule(parent) if parent else block, lay.tp)
+        parallelize_module(block, lay.mesh, bplan)
+        return
     if lay.family == "llama":
         norms, attn, mlp = _LLAMA_NORMS, "self_attn", "mlp"
         layers = _LLAMA_LINEARS
@@ -270,13 +325,17 @@ def _parallelize_block(path: str, block: nn.Module, lay: _TpLayout) -> None:
                          f"({type(block.get_submodule(gap)).__name__}): the {lay.family} plan covers "
                          f"{', '.join(sorted(set(layers) | set(norms)))}")
     if lay.family == "llama":
-        a = block.get_submodule(attn)
-        # transformers 5.x views q, k, v as (*input_shape, -1, head_dim): the head count follows
-        # from the local width, nothing to change; kept consistent where a model stores them
-        for name in ("num_heads", "num_key_value_heads"):
-            if isinstance(getattr(a, name, None), int):
-                setattr(a, name, getattr(a, name) // lay.tp)
+        _split_heads(block.get_submodule(attn), lay.tp)
     parallelize_module(block, lay.mesh, bplan)
+
+
+def _split_heads(module: nn.Module, tp: int) -> None:
+    """transformers 5.x views q, k, v as (*input_shape, -1, head_dim): the head count follows from the
+    local width, nothing to change; kept consistent where an attention stores them."""
+    for m in module.modules():
+        for name in ("num_heads", "num_key_value_heads"):
+            if isinstance(getattr(m, name, None), int):
+                setattr(m, name, getattr(m, name) // tp)
 
 
 def _apply_tp(model: nn.Module, blocks: list[tuple[str, nn.Module]], tp_mesh, config: ParallelConfig) -> None:
@@ -287,7 +346,8 @@ def _apply_tp(model: nn.Module, blocks: list[tuple[str, nn.Module]], tp_mesh, co
     styles = _styles()
     Replicate, Shard, _, _, Colwise, _, Rowwise, _ = styles
     tp, sp, lp = config.tp, config.sequence_parallel, config.loss_parallel
-    family = tp_family(model, blocks)
+    derived = derive_plan(model, blocks, config.ep)
+    family = "derived" if derived is not None else tp_family(model, blocks)
     if family is None:
         _refuse_unplanned(model, blocks)
     _check_widths(model, tp)
@@ -298,8 +358,8 @@ def _apply_tp(model: nn.Module, blocks: list[tuple[str, nn.Module]], tp_mesh, co
     # models build the positions and the causal mask from the embeddings' shape (a local shard has
     # seq / tp positions) and add the residual, a DTensor, to the attention's and MLP's outputs
     seq = Shard(1) if sp else Replicate()
-    lay = _TpLayout(family, tp_mesh, tp, sp, lp, styles, seq, Colwise, Rowwise)
-    covered = _parallelize_root(model, lay)
+    lay = _TpLayout(family, tp_mesh, tp, sp, lp, styles, seq, Colwise, Rowwise, derived)
+    covered = _parallelize_root(model, lay, blocks)
     if family == "gpt2":      # transformers' Conv1D: torch's styles take nn.Linear and nn.Embedding only
         col, row = _conv1d_styles()
         lay = replace(lay, col=col, row=row)

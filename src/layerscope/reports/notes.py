@@ -169,6 +169,7 @@ WORDING: dict[str, Callable[[Mapping[str, Any]], str]] = {
         "the CUDA caching allocator's fragmentation is not estimated (its 512-byte rounding is "
         "simulated); NCCL's buffers are an estimate, on a line of its own"),
     "world-offload": _offload,
+    "world-tp-plan": lambda d: f"tensor parallel: the plan {d['plan']}",
     "world-gloo-late": lambda d: (
         f"gloo's reduce-scatter all-reduces a clone of its input that its worker thread may free "
         f"after the step has gone on: up to {d['bytes']:,} B more, an estimate on a line of its own"),
