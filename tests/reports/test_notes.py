@@ -46,6 +46,7 @@ EXAMPLES = {
     "world-offload": {"cuda": True, "host_bytes": 1024},
     "world-gloo-late": {"bytes": 2048},
     "world-tp-plan": {"plan": "derived from Qwen3Config.base_model_tp_plan"},
+    "world-context-parallel": {"cp": 2, "seq": 4096, "calls": 2},
     "world-uncounted-ops": {"ops": 3, "launch_us": 5.0},
     "world-one-device": {"ac": "none", "bf16": True},
     "search-searched": {"candidates": 12, "gpus": 8, "global_batch": 64, "seconds": 3.2, "simulated": 5,
