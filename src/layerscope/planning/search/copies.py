@@ -21,6 +21,7 @@ from ..simulate.uniform_stages import stage_blocks
 from ..steptime.sharded_time import RankSeconds, assemble, rank_seconds, send_bytes
 from ..simulate.world import plan_of
 from .candidates import BLOCKS, _mbs
+from .sparse import sparse_state_bytes, stage_split
 
 __all__ = []
 
@@ -115,6 +116,7 @@ class _Evaluator:
         self._models: dict[int, nn.Module] = {}
         self.figures: dict[tuple, BlockFigures | None] = {}    # block figures by _figure_key
         self._numels: dict[int, tuple[list[int], list[int]]] = {}
+        self._splits: dict[int, list[tuple[int, int]]] = {}     # per stage count: (dense, routed) elements
         self.proxies = 0                                        # configurations simulated for bounds alone
 
     def _model(self, n: int) -> nn.Module:
@@ -163,8 +165,10 @@ class _Evaluator:
         and near linear where its ops are compute-bound), with ``simulate`` first simulating, on a copy with
         two blocks, micro-batches 1 and 2 where fewer than two are known; or else those of one smaller
         micro-batch. None: no figures, or their simulations failed."""
-        if c.ac == "selective-layer" or c.cp > 1:   # selective-layer: its blocks are not alike;
-            return None                             # context parallel: not checked
+        if c.ep > 1 or c.cp > 1:       # no block figures of a rank with them: the exact state alone
+            return self._sparse_bounds(c)
+        if c.ac == "selective-layer":  # its blocks are not alike
+            return None
         mbs = _mbs(c)
         q = proxy_config(c, mbs)
         if q is None:
@@ -189,6 +193,15 @@ class _Evaluator:
                 self.proxies += 1
             have = known()
         return self._bounds_from(c, figures_at(have, mbs)) if have else None
+
+    def _sparse_bounds(self, c: ParallelConfig) -> PipelineBounds:
+        """A candidate with expert or context parallel: the state its ranks hold at least
+        (planning/search/sparse.py), with the optimizer's least state ratio any simulated rank held; no
+        step bound."""
+        if c.stages not in self._splits:
+            self._splits[c.stages] = stage_split(self.model, c.stages)
+        ratio = min((f.optimizer_ratio for f in self.figures.values() if f is not None), default=0.0)
+        return PipelineBounds(sparse_state_bytes(c, self._splits[c.stages], ratio), None, 0)
 
     def _bounds_from(self, c: ParallelConfig, fig: BlockFigures) -> PipelineBounds:
         if self._numels.get(c.stages) is None:

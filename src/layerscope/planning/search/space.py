@@ -85,8 +85,12 @@ from torch import nn
 from ...capture.inputs import iter_tensors
 from ...errors import InputError
 from ..blocks import find_blocks
+from ..moe import routed_experts
 from ..steptime.sharded_time import FRACTIONS
-from .candidates import SearchResult, space
+from ..config import ParallelConfig
+from .candidates import Candidate, SearchResult, space
+from .refusals import refusals, refused_candidate, uses
+from .sparse import sparse_model, stage_split
 from .copies import _Evaluator
 from .walk import walk_space
 
@@ -129,15 +133,44 @@ def search(model: nn.Module, args: tuple, kwargs: dict, task: SearchTask, simula
         raise InputError("the search needs an input with a batch dimension (token ids [B, S], images [B, C, H, W])")
     batch0 = int(first.shape[0])
     blocks = len(find_blocks(model))
-    cands = space(gpus, blocks, global_batch, gpus_per_node=gpus_per_node, fixed=fixed, base=base)
+    # the expert dimension for a model with routed experts (found from its structure), the context dimension
+    # for token ids [B, S] (a sequence to split)
+    seq = int(first.shape[1]) if first.dim() == 2 and not first.is_floating_point() else None
+    cands = space(gpus, blocks, global_batch, gpus_per_node=gpus_per_node, fixed=fixed, base=base,
+                  experts=routed_experts(model), seq=seq)
     if not cands:
         raise InputError(f"no configuration of {gpus} GPUs splits a global batch of {global_batch} (every "
                          "data-parallel degree must divide it) with what was fixed")
+    cands, refused = _gate(model, cands, blocks, seq, limit)
     f = fractions or FRACTIONS
     params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     ev = _Evaluator(model, args, kwargs, batch0=batch0, simulate=simulate, gpu=gpu, limit=limit, fracs=f,
                     tokens_of=lambda c: tokens_per_sample * global_batch if tokens_per_sample else None)
     ranked, why, count, passes = walk_space(cands, ev, limit=limit, params=params, max_passes=max_passes,
                                             progress=progress, bounds=ev.bounds, for_bounds=lambda: ev.proxies)
+    ranked = ranked + tuple(refused)
     return SearchResult(ranked, why, count, time.perf_counter() - t0, global_batch, limit, ev.proxies, passes,
                         max_passes)
+
+
+def _gate(model: nn.Module, cands: list[ParallelConfig], blocks: int, seq: int | None, limit: int
+          ) -> tuple[list[ParallelConfig], list[Candidate]]:
+    """The candidates this build can simulate, and the others listed as refused with parallelize's line
+    and their exact figures (planning/search/refusals.py); none left: that line, as an InputError."""
+    refused = refusals(cands)
+    if not refused:
+        return cands, []
+    facts = sparse_model(model, blocks)
+    splits: dict[int, list[tuple[int, int]]] = {}
+    keep, out = [], []
+    for c in cands:
+        d = uses(c, refused)
+        if d is None:
+            keep.append(c)
+            continue
+        if c.stages not in splits:
+            splits[c.stages] = stage_split(model, c.stages)
+        out.append(refused_candidate(c, refused[d], facts, splits[c.stages], seq, limit))
+    if not keep:
+        raise InputError(f"every configuration left uses what this build does not apply: {refused[uses(cands[0], refused)]}")
+    return keep, out
