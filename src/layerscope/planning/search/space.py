@@ -142,6 +142,9 @@ def search(model: nn.Module, args: tuple, kwargs: dict, task: SearchTask, simula
         raise InputError(f"no configuration of {gpus} GPUs splits a global batch of {global_batch} (every "
                          "data-parallel degree must divide it) with what was fixed")
     cands, refused = _gate(model, cands, blocks, seq, limit)
+    if not cands:
+        raise InputError(f"no configuration of {gpus} GPUs splits a global batch of {global_batch} that this build "
+                         f"can simulate: every one left uses {refused[0].why.partition('; ')[0]}")
     f = fractions or FRACTIONS
     params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     ev = _Evaluator(model, args, kwargs, batch0=batch0, simulate=simulate, gpu=gpu, limit=limit, fracs=f,
@@ -171,6 +174,4 @@ def _gate(model: nn.Module, cands: list[ParallelConfig], blocks: int, seq: int |
         if c.stages not in splits:
             splits[c.stages] = stage_split(model, c.stages)
         out.append(refused_candidate(c, refused[d], facts, splits[c.stages], seq, limit))
-    if not keep:
-        raise InputError(f"every configuration left uses what this build does not apply: {refused[uses(cands[0], refused)]}")
     return keep, out
