@@ -9,6 +9,19 @@ that differs; ``reshard_after_forward`` on and off; each checkpointing mode (``n
 ``full``); the local batch ``G / dp`` split into micro-batches of every size that divides it (without a
 pipeline the rest is gradient accumulation; with one, at least ``pp`` micro-batches); each pipeline
 schedule whose entry of the table is ``searched`` (planning/config.py). What the caller fixes is not searched.
+Context parallel (``cp``), for token ids ``[B, S]``: every degree dividing ``gpus / tp`` whose ``2 x cp``
+divides ``S`` (torch's load-balanced ring cuts a sequence into ``2 x cp`` chunks, two a rank); it takes its
+ranks from the data-parallel ones (``dp = gpus / (tp x pp x cp)``). Expert parallel (``ep``), for a model
+with routed experts (planning/moe.py, found from the structure): every degree dividing ``fsdp x cp x tp``
+(the ranks EP borrows in torchtitan b5bcd76's mesh) and the experts' count (whole experts a rank); ep
+takes no ranks of its own, so it multiplies the candidates of each data-parallel layout.
+
+A candidate using a dimension ``parallelize`` refuses (not applied by this build:
+planning/search/refusals.py asks it once a dimension) is neither simulated nor dropped: it is listed
+``refused`` with that line and what is exact about it (planning/search/sparse.py), after the ranked
+ones, and the walk below runs on the rest. Where ``parallelize`` applies it, such a candidate is walked as
+any other, its lower bound (3) the exact state alone (sparse.py: no activations, no step bound: a
+block's figures come from a rank without the dimension, which do not bound one with it).
 
 A family is the candidates that share ``tp``, ``pp``, the data-parallel layout and the schedule. Its
 members differ in ``reshard_after_forward``, checkpointing and micro-batch size, and both models are
