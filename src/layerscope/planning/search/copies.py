@@ -149,8 +149,10 @@ class _Evaluator:
 
     def _keep_figures(self, model, c: ParallelConfig, ranks, groups, runs) -> None:
         key = self._figure_key(c)
-        if self.figures.get(key) is not None or 0 not in runs or c.reshard_after_forward:
-            return          # resharding adds ops to a block (the host's bound counts them): as the stand-ins, none
+        if self.figures.get(key) is not None or 0 not in runs or c.reshard_after_forward or c.ep > 1 or c.cp > 1:
+            # resharding adds ops to a block (the host's bound counts them): as the stand-ins, none; a rank with
+            # expert or context parallel runs other blocks than the candidates without (sparse.py bounds those)
+            return
         paths = [p for p, _ in find_blocks(model)]
         fig = block_figures(runs[0], c, self.gpu, self.f, paths, nccl=ranks[0].breakdown.get(ESTIMATES[0], 0) > 0,
                             one_role=len(groups) == 1)
