@@ -1,4 +1,5 @@
-"""One candidate simulated on copies of the model with ``BLOCKS`` blocks per pipeline stage, its per-rank
+"""One candidate simulated on copies of the model with ``BLOCKS`` blocks per pipeline stage (more where the
+model's first blocks are unlike the rest: ``copy_points``), its per-rank
 memory, seconds and collectives extended linearly to the model's blocks (planning/search/space.py's
 docstring: the blocks of a transformer repeat)."""
 
@@ -57,6 +58,36 @@ def _shrunk(model: nn.Module, n: int) -> nn.Module:
     return small
 
 
+def _signature(block: nn.Module) -> tuple:
+    """What a block is made of: its type and its parameters' names and shapes."""
+    return type(block).__name__, tuple((n, tuple(p.shape)) for n, p in block.named_parameters())
+
+
+def alike_from(model: nn.Module) -> int:
+    """The first block from which every block is alike (``_signature``): 0 for a Llama; 3 for DeepSeek-V3,
+    whose first three blocks (``first_k_dense_replace``) have a dense MLP and the rest routed experts."""
+    sigs = [_signature(b) for _, b in find_blocks(model)]
+    f = len(sigs) - 1
+    while f > 0 and sigs[f - 1] == sigs[-1]:
+        f -= 1
+    return f
+
+
+def copy_points(head: int) -> tuple[int, int]:
+    """The copies' blocks per stage: ``BLOCKS``, or past a head of ``head`` blocks unlike the rest, enough
+    of the rest that the place a rank peaks looks the same in both copies. Extending from ``k`` to ``k + 1``
+    blocks must add one block alike the model's remaining ones, and a rank's peak spans a block's neighbours
+    (FSDP2 gathers the next block while one runs, and reduce-scatters the last one's gradients). From
+    DeepSeek-V3's 3 dense blocks to 3 dense + 1 MoE the difference was the whole MoE block's transient peak
+    (its experts gathered, 22.5 GB in bf16), which extended x 58 gave a rank 6.4 TB (fsdp 512, 2026-11-29);
+    from 4 to 5 blocks the peak at the second MoE block still had a dense neighbour where the first had
+    none (3.98 TB); from 5 to 6, two MoE blocks either side in both."""
+    if head == 0:
+        return BLOCKS
+    k = max(BLOCKS[0], head + 2)
+    return k, k + 1
+
+
 def _rank_blocks(config: ParallelConfig, rank: int, per_stage_blocks: list[int]) -> int:
     """Blocks the pipeline rank of global ``rank`` holds (its stages' sum)."""
     c = rank // (config.world // config.pp)
@@ -112,6 +143,8 @@ class _Evaluator:
         self.simulate, self.gpu, self.limit, self.f, self.tokens_of = simulate, gpu, limit, fracs, tokens_of
         blocks = find_blocks(model)
         self.blocks = len(blocks)
+        self.head = alike_from(model)                 # blocks unlike the rest at the front (copy_points)
+        self.points = copy_points(self.head)
         self.shrinkable = len({p.rpartition(".")[0] for p, _ in blocks}) == 1
         self._models: dict[int, nn.Module] = {}
         self.figures: dict[tuple, BlockFigures | None] = {}    # block figures by _figure_key
@@ -189,7 +222,8 @@ class _Evaluator:
                 self.figures[kb] = None
                 args, kwargs = _resized(self.args, self.kwargs, self.batch0, b)
                 try:
-                    self._one(self._model(2), proxy_config(c, b), args, kwargs)
+                    # two blocks alike the rest past any unlike head: the figures' least block covers both kinds
+                    self._one(self._model(self.head + 2), proxy_config(c, b), args, kwargs)
                 except (InputError, ForwardError):
                     pass
                 self.proxies += 1
@@ -215,7 +249,7 @@ class _Evaluator:
     def __call__(self, c: ParallelConfig) -> ParallelPlan:
         args, kwargs = _resized(self.args, self.kwargs, self.batch0, c.local_batch)
         counts = [len(r) for r in stage_blocks(self.blocks, c.stages)]
-        points = [k for k in BLOCKS if k * c.stages < self.blocks] if self.shrinkable else []
+        points = [k for k in self.points if k * c.stages < self.blocks] if self.shrinkable else []
         if len(points) < 2:                 # small enough to simulate whole
             ranks, secs, send = self._one(self.model, c, args, kwargs)
         else:
