@@ -75,16 +75,18 @@ def alike_from(model: nn.Module) -> int:
 
 def copy_points(head: int) -> tuple[int, int]:
     """The copies' blocks per stage: ``BLOCKS``, or past a head of ``head`` blocks unlike the rest, enough
-    of the rest that the place a rank peaks looks the same in both copies. Extending from ``k`` to ``k + 1``
-    blocks must add one block alike the model's remaining ones, and a rank's peak spans a block's neighbours
-    (FSDP2 gathers the next block while one runs, and reduce-scatters the last one's gradients). From
-    DeepSeek-V3's 3 dense blocks to 3 dense + 1 MoE the difference was the whole MoE block's transient peak
-    (its experts gathered, 22.5 GB in bf16), which extended x 58 gave a rank 6.4 TB (fsdp 512, 2026-11-29);
-    from 4 to 5 blocks the peak at the second MoE block still had a dense neighbour where the first had
-    none (3.98 TB); from 5 to 6, two MoE blocks either side in both."""
+    of the rest that a rank peaks at the same place, among blocks alike the rest, in both copies. Extending
+    from ``k`` to ``k + 1`` blocks must add one block's worth of state and nothing else, and a rank's peak
+    in the backward spans a block's neighbours (FSDP2 gathers the next block while one runs, and
+    reduce-scatters the last one's gradients). DeepSeek-V3 671B on fsdp 512 (3 dense blocks, then MoE;
+    2026-11-29), each difference extended x (61 - k): copies of 3 and 4 blocks put the first MoE block's
+    transient (its experts gathered, 22.5 GB in bf16) in the difference: 6.39 TB a rank; 4 and 5: 3.98 TB;
+    5 and 6: 1.51 TB (the 5-block copy peaked at block 3, beside a dense block, 189.3 GB; the 6-block one
+    at block 4, 212.9 GB: the peak moved, its 23.6 GB of unsharded gradients in the difference); 6 and 7:
+    both past it."""
     if head == 0:
         return BLOCKS
-    k = max(BLOCKS[0], head + 2)
+    k = max(BLOCKS[0], head + 3)
     return k, k + 1
 
 
