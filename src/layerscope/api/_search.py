@@ -17,7 +17,7 @@ from ..reports.parallel import ParallelReport
 __all__ = ["search_report", "SEARCHED"]
 
 # the fields the search varies unless held; every other ParallelConfig field is the same for all candidates
-SEARCHED = ("tp", "pp", "fsdp", "replicate", "ac", "reshard_after_forward", "schedule", "microbatches",
+SEARCHED = ("tp", "pp", "cp", "ep", "fsdp", "replicate", "ac", "reshard_after_forward", "schedule", "microbatches",
             "accumulation")
 # why options.SEARCH_LIMIT (the search's limit, planning/search/space.py _passes) is 40: the simulation work
 # after which no new candidate is simulated. The 70B Llama on 64 H100s (README) with a limit of 60 found its answer (tp 4 x fsdp 16, full, 4,953
@@ -34,7 +34,7 @@ def _row(c) -> dict[str, Any]:
             "by": c.by, "peak_bytes": c.peak_bytes, "over_bytes": c.over_bytes,
             "step_time": p.step_time if p is not None else None, "step_time_at_least": c.bound,
             "tokens_per_s": p.tokens_per_s if p is not None else None, "mfu": p.mfu if p is not None else None,
-            "config": {"tp": c.config.tp, "pp": c.config.pp, "fsdp": c.config.fsdp, "replicate": c.config.replicate,
+            "config": {"tp": c.config.tp, "pp": c.config.pp, "cp": c.config.cp, "ep": c.config.ep, "fsdp": c.config.fsdp, "replicate": c.config.replicate,
                        "ac": c.config.ac, "reshard_after_forward": c.config.reshard_after_forward,
                        "schedule": c.config.schedule, "microbatches": c.config.microbatches,
                        "accumulation": c.config.accumulation, "local_batch": c.config.local_batch}}
@@ -56,6 +56,7 @@ def command_line(c) -> str:
     """The chosen configuration as `layerscope parallel` options."""
     cfg = c.config
     out = [f"--tp {cfg.tp}", f"--pp {cfg.pp}", f"--fsdp {cfg.fsdp}", f"--ac {cfg.ac}"]
+    out += [f"--{k} {v}" for k, v in (("cp", cfg.cp), ("ep", cfg.ep)) if v > 1]
     if cfg.replicate > 1:
         out.append(f"--replicate {cfg.replicate}")
     if not cfg.reshard_after_forward:

@@ -4,6 +4,8 @@ the JSON's ``plans[i].ranks``."""
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -104,6 +106,13 @@ def _search_facts(search: dict | None) -> list[Fact]:
         amount = ("at least " if r["status"] != "oom" else "") + _gib(over) if over is not None else "?"
         out.append(Fact("Out of memory", f"{r['label']}: over by {amount}"
                         + (f" ({r['why']})" if r["status"] != "oom" else ""), alert=True))
+    refused = [r for r in rows if r["status"] == "refused"]
+    # one line a refused dimension (parallelize's refusal, its degree left out: it varies), the rows in the JSON
+    lines = [re.sub(r" \((cp|ep) \d+\)", "", r["why"].partition("; what is exact")[0]) for r in refused]
+    for why in dict.fromkeys(lines):
+        mine = [r for r, line in zip(refused, lines) if line == why]
+        out.append(Fact("Refused", f"{len(mine):,} configurations ({len({r['family'] for r in mine}):,} families): "
+                        f"{why}; each listed in the JSON with what is exact about it"))
     later = [f["family"] for f in search["families"] if f["why"].startswith("not searched")]
     for f in search["families"]:
         if not f["why"].startswith("not searched"):
@@ -123,7 +132,8 @@ def _search_headline(search: dict | None) -> Fact | None:
     if not search or "proven" not in search:     # a report saved before the search said so
         return None
     rows = search["candidates"]
-    n, total = search["simulated"], len(rows)
+    # a configuration refused (a dimension this build does not apply: its own line) is not one searched
+    n, total = search["simulated"], sum(r["status"] != "refused" for r in rows)
     best = next((r for r in rows if r["status"] == "fits"), None)
     left = [r for r in rows if r["status"] == "unsearched"]
     if best is None:

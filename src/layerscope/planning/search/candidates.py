@@ -26,7 +26,9 @@ class Candidate:
     """One configuration of the space and what became of it. ``status``: "fits"; "oom" (simulated, over
     the limit by ``over_bytes``); "oom-bound" (its sharded state alone is over: ``over_bytes`` at
     least); "dominated" (holds at least what ``by`` held, which did not fit); "slower" (cannot be faster
-    than ``by``, which fits); "error" (the configuration cannot be built: ``why``)."""
+    than ``by``, which fits); "error" (the configuration cannot be built: ``why``); "refused" (a
+    dimension it uses, context or expert parallel, is not applied by this build: ``why``, parallelize's
+    own line; planning/search/refusals.py)."""
 
     config: ParallelConfig
     status: str
@@ -86,7 +88,8 @@ def _divisors(n: int) -> list[int]:
 def family_of(c: ParallelConfig) -> str:
     """The family a candidate belongs to: its degrees, data-parallel layout and schedule."""
     dp = f"fsdp {c.fsdp}" + (f" x replicate {c.replicate}" if c.replicate > 1 else "")
-    return f"tp {c.tp}, {dp}, pp {c.pp}" + (f" {c.schedule}" if c.pp > 1 else "")
+    more = "".join(f", {k} {v}" for k, v in (("cp", c.cp), ("ep", c.ep)) if v > 1)
+    return f"tp {c.tp}, {dp}, pp {c.pp}" + (f" {c.schedule}" if c.pp > 1 else "") + more
 
 
 def label(c: ParallelConfig) -> str:
@@ -95,59 +98,102 @@ def label(c: ParallelConfig) -> str:
     return f"{family_of(c)}, ac {c.ac}, {batches}" + ("" if c.reshard_after_forward else ", no reshard")
 
 
+def _cps(gpus: int, tp: int, seq: int | None) -> list[int]:
+    """Context-parallel degrees: 1, and each ``cp`` > 1 dividing the ranks left by ``tp`` whose ``2 x cp``
+    divides the sequence (torch's load balancing cuts each sequence into 2 x cp chunks, a rank taking the
+    i-th and the (2 cp - 1 - i)-th: both must be whole); none but 1 where the input has no sequence."""
+    if not seq:
+        return [1]
+    return [c for c in _divisors(gpus // tp) if c == 1 or seq % (2 * c) == 0]
+
+
+def _eps(sparse: int, experts: int | None) -> list[int]:
+    """Expert-parallel degrees: 1, and for a model with routed experts each divisor of the sparse region
+    ``fsdp x cp x tp`` (the ranks EP borrows, torchtitan b5bcd76's mesh) that also divides the routed-expert
+    count (each rank holds a whole number of experts, as torchtitan's expert sharding takes)."""
+    if not experts:
+        return [1]
+    return [e for e in _divisors(sparse) if experts % e == 0]
+
+
+def _batches(local: int, pp: int, fixed: Mapping[str, Any]) -> list[tuple[int, int, int]]:
+    """(micro-batch size, micro-batches, accumulation) of the local batch, largest micro-batch first."""
+    out = []
+    for mbs in sorted(_divisors(local), reverse=True):
+        m = local // mbs
+        if pp > 1:
+            if m < pp or fixed.get("microbatches", m) != m:
+                continue
+            out.append((mbs, m, 1))
+        else:
+            if fixed.get("accumulation", m) != m:
+                continue
+            out.append((mbs, 1, m))
+    return out
+
+
+def _held(fixed: Mapping[str, Any], key: str, values: list) -> list:
+    return [fixed[key]] if key in fixed else values
+
+
 def space(gpus: int, blocks: int, global_batch: int, *, gpus_per_node: int = 8, fixed: Mapping[str, Any] | None = None,
-          base: Mapping[str, Any] | None = None) -> list[ParallelConfig]:
+          base: Mapping[str, Any] | None = None, experts: int | None = None, seq: int | None = None
+          ) -> list[ParallelConfig]:
     """Every configuration of the space (module docstring), with ``fixed`` fields held; ``base``: the
-    other fields every candidate takes (precision, dtypes, offload). A combination ParallelConfig
-    refuses is left out."""
+    other fields every candidate takes (precision, dtypes, offload); ``experts``: the model's routed
+    experts (planning/moe.py; None: dense, no expert dimension); ``seq``: the input's sequence length
+    (None: no context dimension). A combination ParallelConfig refuses is left out."""
     fixed = dict(fixed or {})
     base = dict(base or {})
     out = []
-    tps = [fixed["tp"]] if "tp" in fixed else [t for t in _divisors(gpus_per_node) if gpus % t == 0]
-    for tp in tps:
-        pps = [fixed["pp"]] if "pp" in fixed else [p for p in _divisors(gpus // tp) if p <= blocks]
-        for pp in pps:
-            if gpus % (tp * pp):
-                continue
-            dp = gpus // (tp * pp)
-            if global_batch % dp:
-                continue
-            local = global_batch // dp
-            node = max(1, gpus_per_node // tp)
-            layouts = [1] if dp <= node or dp % node else [1, dp // node]
-            if "replicate" in fixed:
-                layouts = [fixed["replicate"]]
-            if "fsdp" in fixed:
-                layouts = [r for r in layouts if dp // r == fixed["fsdp"]] or \
-                    ([dp // fixed["fsdp"]] if dp % fixed["fsdp"] == 0 else [])
-            schedules = [fixed.get("schedule", default_schedule())] if pp == 1 or "schedule" in fixed else \
-                [name for name, s in SCHEDULES.items() if s.searched]
-            for rep in layouts:
-                for sched in schedules:
-                    for reshard in ([fixed["reshard_after_forward"]] if "reshard_after_forward" in fixed
-                                    else [False, True]):
-                        for ac in [fixed["ac"]] if "ac" in fixed else list(AC_SEARCHED):
-                            for mbs in sorted(_divisors(local), reverse=True):
-                                m = local // mbs
-                                if pp > 1:
-                                    if m < pp or fixed.get("microbatches", m) != m:
-                                        continue
-                                    acc = 1
-                                else:
-                                    m, acc = 1, local // mbs
-                                    if fixed.get("accumulation", acc) != acc:
-                                        continue
-                                try:
-                                    cfg = ParallelConfig(gpus=gpus, gpus_per_node=gpus_per_node, tp=tp, pp=pp,
-                                                         replicate=rep, fsdp=dp // rep, schedule=sched, ac=ac,
-                                                         microbatches=m, accumulation=acc,
-                                                         local_batch=mbs * m, global_batch=global_batch,
-                                                         reshard_after_forward=reshard, **base)
-                                except InputError:
-                                    continue
-                                if pp > 1 and not _simulable(cfg.stages, blocks):
-                                    continue
-                                out.append(cfg)
+    for tp in _held(fixed, "tp", [t for t in _divisors(gpus_per_node) if gpus % t == 0]):
+        for cp in _held(fixed, "cp", _cps(gpus, tp, seq)):
+            pps = _held(fixed, "pp", [p for p in _divisors(gpus // (tp * cp)) if p <= blocks]
+                        if gpus % (tp * cp) == 0 else [])
+            for pp in pps:
+                if gpus % (tp * pp * cp):
+                    continue
+                dp = gpus // (tp * pp * cp)
+                if global_batch % dp:
+                    continue
+                out += _family_members(gpus, blocks, global_batch, (tp, cp, pp, dp), gpus_per_node, fixed, base,
+                                       experts)
+    return out
+
+
+def _family_members(gpus: int, blocks: int, global_batch: int, degrees: tuple[int, int, int, int],
+                    gpus_per_node: int, fixed: dict, base: dict, experts: int | None) -> list[ParallelConfig]:
+    """The candidates of tensor, context and pipeline degrees ``(tp, cp, pp)`` over ``dp`` data-parallel
+    ranks: each data-parallel layout, expert degree, schedule, resharding, checkpointing and batch split."""
+    tp, cp, pp, dp = degrees
+    out = []
+    local = global_batch // dp
+    node = max(1, gpus_per_node // tp)
+    layouts = [1] if dp <= node or dp % node else [1, dp // node]
+    if "replicate" in fixed:
+        layouts = [fixed["replicate"]]
+    if "fsdp" in fixed:
+        layouts = [r for r in layouts if dp // r == fixed["fsdp"]] or \
+            ([dp // fixed["fsdp"]] if dp % fixed["fsdp"] == 0 else [])
+    schedules = [fixed.get("schedule", default_schedule())] if pp == 1 or "schedule" in fixed else \
+        [name for name, s in SCHEDULES.items() if s.searched]
+    for rep in layouts:
+        for ep in _held(fixed, "ep", _eps((dp // rep) * cp * tp, experts)):
+            for sched in schedules:
+                for reshard in _held(fixed, "reshard_after_forward", [False, True]):
+                    for ac in _held(fixed, "ac", list(AC_SEARCHED)):
+                        for mbs, m, acc in _batches(local, pp, fixed):
+                            try:
+                                cfg = ParallelConfig(gpus=gpus, gpus_per_node=gpus_per_node, tp=tp, pp=pp, cp=cp,
+                                                     ep=ep, replicate=rep, fsdp=dp // rep, schedule=sched, ac=ac,
+                                                     microbatches=m, accumulation=acc, local_batch=mbs * m,
+                                                     global_batch=global_batch, reshard_after_forward=reshard,
+                                                     **base)
+                            except InputError:
+                                continue
+                            if pp > 1 and not _simulable(cfg.stages, blocks):
+                                continue
+                            out.append(cfg)
     return out
 
 

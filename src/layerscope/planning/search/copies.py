@@ -1,4 +1,5 @@
-"""One candidate simulated on copies of the model with ``BLOCKS`` blocks per pipeline stage, its per-rank
+"""One candidate simulated on copies of the model with ``BLOCKS`` blocks per pipeline stage (more where the
+model's first blocks are unlike the rest: ``copy_points``), its per-rank
 memory, seconds and collectives extended linearly to the model's blocks (planning/search/space.py's
 docstring: the blocks of a transformer repeat)."""
 
@@ -21,6 +22,7 @@ from ..simulate.uniform_stages import stage_blocks
 from ..steptime.sharded_time import RankSeconds, assemble, rank_seconds, send_bytes
 from ..simulate.world import plan_of
 from .candidates import BLOCKS, _mbs
+from .sparse import sparse_state_bytes, stage_split
 
 __all__ = []
 
@@ -54,6 +56,38 @@ def _shrunk(model: nn.Module, n: int) -> nn.Module:
     if cfg is not None and hasattr(cfg, "num_hidden_layers"):
         cfg.num_hidden_layers = n
     return small
+
+
+def _signature(block: nn.Module) -> tuple:
+    """What a block is made of: its type and its parameters' names and shapes."""
+    return type(block).__name__, tuple((n, tuple(p.shape)) for n, p in block.named_parameters())
+
+
+def alike_from(model: nn.Module) -> int:
+    """The first block from which every block is alike (``_signature``): 0 for a Llama; 3 for DeepSeek-V3,
+    whose first three blocks (``first_k_dense_replace``) have a dense MLP and the rest routed experts."""
+    sigs = [_signature(b) for _, b in find_blocks(model)]
+    f = len(sigs) - 1
+    while f > 0 and sigs[f - 1] == sigs[-1]:
+        f -= 1
+    return f
+
+
+def copy_points(head: int) -> tuple[int, int]:
+    """The copies' blocks per stage: ``BLOCKS``, or past a head of ``head`` blocks unlike the rest, enough
+    of the rest that a rank peaks at the same place, among blocks alike the rest, in both copies. Extending
+    from ``k`` to ``k + 1`` blocks must add one block's worth of state and nothing else, and a rank's peak
+    in the backward spans a block's neighbours (FSDP2 gathers the next block while one runs, and
+    reduce-scatters the last one's gradients). DeepSeek-V3 671B on fsdp 512 (3 dense blocks, then MoE;
+    2026-11-29), each difference extended x (61 - k): copies of 3 and 4 blocks put the first MoE block's
+    transient (its experts gathered, 22.5 GB in bf16) in the difference: 6.39 TB a rank; 4 and 5: 3.98 TB;
+    5 and 6: 1.51 TB (the 5-block copy peaked at block 3, beside a dense block, 189.3 GB; the 6-block one
+    at block 4, 212.9 GB: the peak moved, its 23.6 GB of unsharded gradients in the difference); 6 and 7:
+    both past it."""
+    if head == 0:
+        return BLOCKS
+    k = max(BLOCKS[0], head + 3)
+    return k, k + 1
 
 
 def _rank_blocks(config: ParallelConfig, rank: int, per_stage_blocks: list[int]) -> int:
@@ -111,10 +145,13 @@ class _Evaluator:
         self.simulate, self.gpu, self.limit, self.f, self.tokens_of = simulate, gpu, limit, fracs, tokens_of
         blocks = find_blocks(model)
         self.blocks = len(blocks)
+        self.head = alike_from(model)                 # blocks unlike the rest at the front (copy_points)
+        self.points = copy_points(self.head)
         self.shrinkable = len({p.rpartition(".")[0] for p, _ in blocks}) == 1
         self._models: dict[int, nn.Module] = {}
         self.figures: dict[tuple, BlockFigures | None] = {}    # block figures by _figure_key
         self._numels: dict[int, tuple[list[int], list[int]]] = {}
+        self._splits: dict[int, list[tuple[int, int]]] = {}     # per stage count: (dense, routed) elements
         self.proxies = 0                                        # configurations simulated for bounds alone
 
     def _model(self, n: int) -> nn.Module:
@@ -147,8 +184,10 @@ class _Evaluator:
 
     def _keep_figures(self, model, c: ParallelConfig, ranks, groups, runs) -> None:
         key = self._figure_key(c)
-        if self.figures.get(key) is not None or 0 not in runs or c.reshard_after_forward:
-            return          # resharding adds ops to a block (the host's bound counts them): as the stand-ins, none
+        if self.figures.get(key) is not None or 0 not in runs or c.reshard_after_forward or c.ep > 1 or c.cp > 1:
+            # resharding adds ops to a block (the host's bound counts them): as the stand-ins, none; a rank with
+            # expert or context parallel runs other blocks than the candidates without (sparse.py bounds those)
+            return
         paths = [p for p, _ in find_blocks(model)]
         fig = block_figures(runs[0], c, self.gpu, self.f, paths, nccl=ranks[0].breakdown.get(ESTIMATES[0], 0) > 0,
                             one_role=len(groups) == 1)
@@ -163,8 +202,10 @@ class _Evaluator:
         and near linear where its ops are compute-bound), with ``simulate`` first simulating, on a copy with
         two blocks, micro-batches 1 and 2 where fewer than two are known; or else those of one smaller
         micro-batch. None: no figures, or their simulations failed."""
-        if c.ac == "selective-layer" or c.cp > 1:   # selective-layer: its blocks are not alike;
-            return None                             # context parallel: not checked
+        if c.ep > 1 or c.cp > 1:       # no block figures of a rank with them: the exact state alone
+            return self._sparse_bounds(c)
+        if c.ac == "selective-layer":  # its blocks are not alike
+            return None
         mbs = _mbs(c)
         q = proxy_config(c, mbs)
         if q is None:
@@ -183,12 +224,22 @@ class _Evaluator:
                 self.figures[kb] = None
                 args, kwargs = _resized(self.args, self.kwargs, self.batch0, b)
                 try:
-                    self._one(self._model(2), proxy_config(c, b), args, kwargs)
+                    # two blocks alike the rest past any unlike head: the figures' least block covers both kinds
+                    self._one(self._model(self.head + 2), proxy_config(c, b), args, kwargs)
                 except (InputError, ForwardError):
                     pass
                 self.proxies += 1
             have = known()
         return self._bounds_from(c, figures_at(have, mbs)) if have else None
+
+    def _sparse_bounds(self, c: ParallelConfig) -> PipelineBounds:
+        """A candidate with expert or context parallel: the state its ranks hold at least
+        (planning/search/sparse.py), with the optimizer's least state ratio any simulated rank held; no
+        step bound."""
+        if c.stages not in self._splits:
+            self._splits[c.stages] = stage_split(self.model, c.stages)
+        ratio = min((f.optimizer_ratio for f in self.figures.values() if f is not None), default=0.0)
+        return PipelineBounds(sparse_state_bytes(c, self._splits[c.stages], ratio), None, 0)
 
     def _bounds_from(self, c: ParallelConfig, fig: BlockFigures) -> PipelineBounds:
         if self._numels.get(c.stages) is None:
@@ -200,7 +251,7 @@ class _Evaluator:
     def __call__(self, c: ParallelConfig) -> ParallelPlan:
         args, kwargs = _resized(self.args, self.kwargs, self.batch0, c.local_batch)
         counts = [len(r) for r in stage_blocks(self.blocks, c.stages)]
-        points = [k for k in BLOCKS if k * c.stages < self.blocks] if self.shrinkable else []
+        points = [k for k in self.points if k * c.stages < self.blocks] if self.shrinkable else []
         if len(points) < 2:                 # small enough to simulate whole
             ranks, secs, send = self._one(self.model, c, args, kwargs)
         else:

@@ -9,6 +9,19 @@ that differs; ``reshard_after_forward`` on and off; each checkpointing mode (``n
 ``full``); the local batch ``G / dp`` split into micro-batches of every size that divides it (without a
 pipeline the rest is gradient accumulation; with one, at least ``pp`` micro-batches); each pipeline
 schedule whose entry of the table is ``searched`` (planning/config.py). What the caller fixes is not searched.
+Context parallel (``cp``), for token ids ``[B, S]``: every degree dividing ``gpus / tp`` whose ``2 x cp``
+divides ``S`` (torch's load-balanced ring cuts a sequence into ``2 x cp`` chunks, two a rank); it takes its
+ranks from the data-parallel ones (``dp = gpus / (tp x pp x cp)``). Expert parallel (``ep``), for a model
+with routed experts (planning/moe.py, found from the structure): every degree dividing ``fsdp x cp x tp``
+(the ranks EP borrows in torchtitan b5bcd76's mesh) and the experts' count (whole experts a rank); ep
+takes no ranks of its own, so it multiplies the candidates of each data-parallel layout.
+
+A candidate using a dimension ``parallelize`` refuses (not applied by this build:
+planning/search/refusals.py asks it once a dimension) is neither simulated nor dropped: it is listed
+``refused`` with that line and what is exact about it (planning/search/sparse.py), after the ranked
+ones, and the walk below runs on the rest. Where ``parallelize`` applies it, such a candidate is walked as
+any other, its lower bound (3) the exact state alone (sparse.py: no activations, no step bound: a
+block's figures come from a rank without the dimension, which do not bound one with it).
 
 A family is the candidates that share ``tp``, ``pp``, the data-parallel layout and the schedule. Its
 members differ in ``reshard_after_forward``, checkpointing and micro-batch size, and both models are
@@ -85,8 +98,12 @@ from torch import nn
 from ...capture.inputs import iter_tensors
 from ...errors import InputError
 from ..blocks import find_blocks
+from ..moe import routed_experts
 from ..steptime.sharded_time import FRACTIONS
-from .candidates import SearchResult, space
+from ..config import ParallelConfig
+from .candidates import Candidate, SearchResult, space
+from .refusals import refusals, refused_candidate, uses
+from .sparse import sparse_model, stage_split
 from .copies import _Evaluator
 from .walk import walk_space
 
@@ -129,15 +146,45 @@ def search(model: nn.Module, args: tuple, kwargs: dict, task: SearchTask, simula
         raise InputError("the search needs an input with a batch dimension (token ids [B, S], images [B, C, H, W])")
     batch0 = int(first.shape[0])
     blocks = len(find_blocks(model))
-    cands = space(gpus, blocks, global_batch, gpus_per_node=gpus_per_node, fixed=fixed, base=base)
+    # the expert dimension for a model with routed experts (found from its structure), the context dimension
+    # for token ids [B, S] (a sequence to split)
+    seq = int(first.shape[1]) if first.dim() == 2 and not first.is_floating_point() else None
+    cands = space(gpus, blocks, global_batch, gpus_per_node=gpus_per_node, fixed=fixed, base=base,
+                  experts=routed_experts(model), seq=seq)
     if not cands:
         raise InputError(f"no configuration of {gpus} GPUs splits a global batch of {global_batch} (every "
                          "data-parallel degree must divide it) with what was fixed")
+    cands, refused = _gate(model, cands, blocks, seq, limit)
+    if not cands:
+        raise InputError(f"no configuration of {gpus} GPUs splits a global batch of {global_batch} that this build "
+                         f"can simulate: every one left uses {refused[0].why.partition('; ')[0]}")
     f = fractions or FRACTIONS
     params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     ev = _Evaluator(model, args, kwargs, batch0=batch0, simulate=simulate, gpu=gpu, limit=limit, fracs=f,
                     tokens_of=lambda c: tokens_per_sample * global_batch if tokens_per_sample else None)
     ranked, why, count, passes = walk_space(cands, ev, limit=limit, params=params, max_passes=max_passes,
                                             progress=progress, bounds=ev.bounds, for_bounds=lambda: ev.proxies)
+    ranked = ranked + tuple(refused)
     return SearchResult(ranked, why, count, time.perf_counter() - t0, global_batch, limit, ev.proxies, passes,
                         max_passes)
+
+
+def _gate(model: nn.Module, cands: list[ParallelConfig], blocks: int, seq: int | None, limit: int
+          ) -> tuple[list[ParallelConfig], list[Candidate]]:
+    """The candidates this build can simulate, and the others listed as refused with parallelize's line
+    and their exact figures (planning/search/refusals.py); none left: that line, as an InputError."""
+    refused = refusals(cands)
+    if not refused:
+        return cands, []
+    facts = sparse_model(model, blocks)
+    splits: dict[int, list[tuple[int, int]]] = {}
+    keep, out = [], []
+    for c in cands:
+        d = uses(c, refused)
+        if d is None:
+            keep.append(c)
+            continue
+        if c.stages not in splits:
+            splits[c.stages] = stage_split(model, c.stages)
+        out.append(refused_candidate(c, refused[d], facts, splits[c.stages], seq, limit))
+    return keep, out

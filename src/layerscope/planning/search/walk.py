@@ -103,6 +103,8 @@ class _Walk:
                 where = f"a rank at pipeline coordinate {b.rank}" if c.pp > 1 else "a rank"
                 held = ("gradients and the activations of the micro-batches in flight" if c.pp > 1 else
                         "and the activations of one micro-batch")
+                if c.ep > 1 or c.cp > 1:        # planning/search/sparse.py: the state alone
+                    held = "activations not counted under expert or context parallel"
                 return Candidate(c, "oom-bound", f"{where} holds at least {iec(b.peak_bytes)} (parameter shards, "
                                  f"optimizer state, gathered parameters, {held})",
                                  over_bytes=b.peak_bytes - self.limit, bound=b.step_time)
