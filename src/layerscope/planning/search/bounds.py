@@ -84,7 +84,7 @@ from ..steptime.schedule import rank_orders, simulate
 from ...trace import BACKWARD, FORWARD
 from ..simulate.results import COLLECTIVES, NCCL_BYTES_PER_COMMUNICATOR, collective_group
 from ..simulate.sharded_rank import COMM_OPS
-from ..simulate.uniform_stages import stage_blocks, stage_plan
+from ..simulate.uniform_stages import stage_blocks, stage_params
 from ..steptime.sharded_time import (_compute_dtype, _one_collective, host_op_seconds, op_seconds, optimizer_seconds)
 
 __all__ = ["BlockFigures", "PipelineBounds", "block_figures", "figures_at", "pipeline_bounds", "proxy_config",
@@ -219,18 +219,8 @@ def figures_at(known: list[tuple[int, BlockFigures]], batch: int) -> BlockFigure
 def stage_numels(model: nn.Module, stages: int, *, trainable: bool = False) -> list[int]:
     """Parameter elements each pipeline stage of the uniform split owns (a parameter shared within a stage
     once; one tied across stages in each stage that holds a copy); ``trainable``: those that get gradients."""
-    plan = stage_plan(model, stages)
-    units = plan.units.units
-    out = []
-    for st in plan.stages:
-        seen: dict[int, int] = {}
-        for u in units[st.first:st.last + 1]:
-            for path in u.paths:
-                for p in model.get_submodule(path).parameters():
-                    if p.requires_grad or not trainable:
-                        seen[id(p)] = p.numel()
-        out.append(sum(seen.values()))
-    return out
+    return [sum(p.numel() for p in owned.values() if p.requires_grad or not trainable)
+            for owned in stage_params(model, stages)]
 
 
 def _itemsize(dtype: torch.dtype) -> int:

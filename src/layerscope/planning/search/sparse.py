@@ -57,7 +57,7 @@ from torch import nn
 
 from ..config import ParallelConfig
 from ..moe import experts_per_token, find_experts
-from ..simulate.uniform_stages import stage_plan
+from ..simulate.uniform_stages import stage_params
 
 __all__ = ["SparseModel", "sparse_model", "sparse_state_bytes", "alltoall_bytes", "ring_bytes", "hottest_share",
            "attention_dims"]
@@ -106,17 +106,8 @@ def _itemsize(dtype: torch.dtype) -> int:
 def stage_split(model: nn.Module, stages: int) -> list[tuple[int, int]]:
     """Per stage of the uniform split: (dense elements, routed-expert elements) it owns."""
     experts = {id(p) for g in find_experts(model) for p in model.get_submodule(g.path).parameters()}
-    plan = stage_plan(model, stages)
-    units = plan.units.units
-    out = []
-    for st in plan.stages:
-        seen: dict[int, int] = {}
-        for u in units[st.first:st.last + 1]:
-            for path in u.paths:
-                for p in model.get_submodule(path).parameters():
-                    seen[id(p)] = p.numel()
-        out.append((sum(v for k, v in seen.items() if k not in experts), sum(v for k, v in seen.items() if k in experts)))
-    return out
+    return [(sum(p.numel() for k, p in owned.items() if k not in experts),
+             sum(p.numel() for k, p in owned.items() if k in experts)) for owned in stage_params(model, stages)]
 
 
 def sparse_state_bytes(c: ParallelConfig, split: list[tuple[int, int]], ratio: float = 0.0) -> int:

@@ -20,7 +20,7 @@ from ..split.units import SplitUnits, Unit, owner_of
 from ..apply import checkpoint_blocks, parallelize
 from ..blocks import find_blocks
 
-__all__ = ["stage_coords", "rank_stages", "as_module", "model_name", "stage_blocks", "stage_plan", "stage_ties",
+__all__ = ["stage_coords", "rank_stages", "as_module", "model_name", "stage_blocks", "stage_plan", "stage_params", "stage_ties",
            "stage_config", "split_micro", "stage_module", "parallelize_stage"]
 
 
@@ -102,6 +102,15 @@ def stage_plan(model: nn.Module, stages: int, schedule: str | None = None, stage
         bounds.append((first, last))
     per_rank = schedule_of(schedule).per_rank(stages_per_rank)
     return outline_plan(units, bounds, schedule, stage_ranks(schedule, stages, per_rank), stages_per_rank=per_rank)
+
+
+def stage_params(model: nn.Module, stages: int) -> list[dict[int, nn.Parameter]]:
+    """Per stage of the uniform split, the parameters it owns by id (one shared within a stage once; one
+    tied across stages in each stage that holds a copy)."""
+    plan = stage_plan(model, stages)
+    units = plan.units.units
+    return [{id(p): p for u in units[st.first:st.last + 1] for path in u.paths
+             for p in model.get_submodule(path).parameters()} for st in plan.stages]
 
 
 def stage_ties(model: nn.Module, config: ParallelConfig) -> list[dict[int, str]]:
