@@ -154,7 +154,10 @@ def mesh_coords(config: ParallelConfig, rank: int) -> dict[str, int]:
     for name, size in reversed((("pp", config.pp), ("dp_replicate", config.replicate), ("dp_shard", config.fsdp),
                                 ("tp", config.tp))):
         rank, out[name] = divmod(rank, size)
-    return dict(reversed(list(out.items())))
+    out = dict(reversed(list(out.items())))
+    if config.ep > 1:           # the sparse mesh's (efsdp, ep) over the same ranks (planning/expert_parallel.py)
+        out["efsdp"], out["ep"] = divmod(out["dp_shard"] * config.tp + out["tp"], config.ep)
+    return out
 
 
 def local_numels(layouts, config: ParallelConfig, rank: int) -> tuple[int, ...]:
@@ -163,11 +166,11 @@ def local_numels(layouts, config: ParallelConfig, rank: int) -> tuple[int, ...]:
     dimensions' of the tensor-parallel shard (FSDP2's strided shard over a TP one). ``layouts``: per
     parameter, its global shape and its (mesh dimension, tensor dimension) shards."""
     coords = mesh_coords(config, rank)
-    sizes = dict(config.mesh_shape)
+    sizes = {**dict(config.mesh_shape), "efsdp": config.efsdp, "ep": config.ep}
     out = []
     for shape, shards in layouts:
         s = list(shape)
-        for name, d in sorted(shards, key=lambda x: x[0] != "tp"):
+        for name, d in sorted(shards, key=lambda x: x[0] not in ("tp", "ep")):
             n = sizes.get(name, 1)
             c = -(-s[d] // n)
             s[d] = max(0, min(c, s[d] - coords[name] * c))
@@ -189,16 +192,23 @@ def roles(layouts, config: ParallelConfig) -> dict[int, list[int]]:
 
 
 def _group_size(config: ParallelConfig, group: str) -> int:
-    return {"fsdp": config.fsdp, "replicate": config.replicate, "tp": config.tp}[group]
+    return {"fsdp": config.fsdp, "replicate": config.replicate, "tp": config.tp, "ep": config.ep}[group]
 
 
 def collective_group(name: str, read: int, written: int, config: ParallelConfig) -> tuple[str, str, int, int]:
     """A collective op's kind, its mesh dimension, its group's size and the bytes of the whole tensor it
     gathers or reduces (what it writes for an all-gather, what it reads otherwise)."""
     kind, group = COLLECTIVES[name]
+    if kind == "all-to-all" and config.ep > 1:
+        group = "ep"                          # expert parallel's dispatch and combine (and its count exchange)
     n = _group_size(config, group)
     if n == 1 and group == "replicate":       # an all-reduce outside HSDP: the data-parallel group
         n = config.dp
+    if kind == "all-to-all":
+        # what crosses the rank's link is the larger side, less its own share: every rank sends the same counts
+        # to this one (planning/expert_parallel.py's assumption; a real run's even routing), so 1/n of what it
+        # receives is its own, and under skew it receives at least what it sends (exact for the rank simulated)
+        return kind, group, n, max(read, written)
     return kind, group, n, written if kind == "all-gather" else read
 
 
