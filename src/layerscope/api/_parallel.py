@@ -22,6 +22,7 @@ from ..options import MemoryOptions, ParallelOptions, check_loss, echo, entry_op
 from ..planning.config import ParallelConfig
 from ..planning.simulate.results import ESTIMATES, ParallelPlan, RankMemory, mesh_coords
 from ..planning.apply import checkpoint_blocks
+from ..planning.expert_parallel import ep_notes
 from ..planning.blocks import no_kv_cache
 from ..planning.simulate.sharded_rank import meta_copy
 from ..planning.simulate.uniform_stages import model_name
@@ -288,6 +289,7 @@ def _world_notes(config: ParallelConfig, plan: ParallelPlan, rr, roles_of, route
         notes += log.records(remedy="--run trains it for real")
     if rr.run.known is not None:
         notes += rr.run.known.notes()
+    notes += ep_notes(config)
     if router is not None:
         notes += router.notes(passes=len(rr.run.passes) or 1)
     if cuda and gpu is None:

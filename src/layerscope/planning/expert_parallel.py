@@ -32,10 +32,11 @@ import torch
 from torch import nn
 
 from .. import _compat
+from ..capture.notes import Note
 from ..errors import InputError
 from .config import ParallelConfig
 
-__all__ = ["expert_modules", "check_experts", "sparse_mesh", "apply_ep", "routing_counts", "EpSplits",
+__all__ = ["ep_notes", "expert_modules", "check_experts", "sparse_mesh", "apply_ep", "routing_counts", "EpSplits",
            "shard_experts_fsdp"]
 
 # the expert-indexed parameters transformers' experts modules hold (dim 0: the experts)
@@ -250,3 +251,14 @@ def shard_experts_fsdp(experts: list, smesh, config: ParallelConfig, kwargs: dic
     for mod in experts:
         fully_shard(mod, reshard_after_forward=config.reshard_after_forward, **{**kwargs, "mesh": dp})
         mod.set_gradient_divide_factor(float(config.replicate * config.fsdp * config.cp))
+
+
+def ep_notes(config: ParallelConfig) -> list:
+    """The routing assumption the figures follow, stated (reports/notes.py words it): with ``ep`` > 1 how
+    the simulated ranks' split sizes were made; without, that the routing changes no figure (transformers'
+    grouped_mm experts have shapes the routing does not change)."""
+    if config.ep > 1:
+        return [Note("ep-routing", {"ep": config.ep, "routing": config.routing, "skew": config.routing_skew})]
+    if config.routing != "even":
+        return [Note("ep-routing-unused", {"routing": config.routing})]
+    return []
