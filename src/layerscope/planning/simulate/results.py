@@ -225,14 +225,17 @@ def collectives_of(rr: RankRun, config: ParallelConfig, micro: int | None = None
             continue
         for op in p.trace.ops:
             if op.op in COLLECTIVES:
-                a = acc.setdefault(op.op, [0, 0, 0])
+                a = acc.setdefault(op.op, [0, 0, 0, 0])
                 a[0] += 1
                 a[1] += op.costs.bytes_read
                 a[2] += op.costs.bytes_written
+                kind, _, n, whole = collective_group(op.op, op.costs.bytes_read, op.costs.bytes_written, config)
+                if kind == "all-to-all":       # each call's larger side (the step time prices them one by one)
+                    a[3] += whole * (n - 1) // n
     out = []
-    for name, (calls, read, written) in acc.items():
+    for name, (calls, read, written, a2a) in acc.items():
         kind, group, n, whole = collective_group(name, read, written, config)
-        ring = whole * (n - 1) // n * (2 if kind == "all-reduce" else 1)
+        ring = a2a if kind == "all-to-all" else whole * (n - 1) // n * (2 if kind == "all-reduce" else 1)
         out.append(Collective(name, kind, group, n, calls, read, written, ring))
     if rr.p2p is not None:
         sent, received, transfers = rr.p2p
