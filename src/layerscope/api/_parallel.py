@@ -117,7 +117,9 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     if ranks.limit is not None:
         over = max(0, plan.peak_bytes - ranks.limit)
         plan = dataclasses.replace(plan, limit_bytes=ranks.limit, fits=over == 0, over_bytes=over)
-    return ParallelReport(model_name=type(model).__name__, options=ranks.echo, plans=(plan,), notes=tuple(notes))
+    # ep and its routing echoed where ep > 1 only (a report without experts keeps its JSON as it was)
+    echoed = {**ranks.echo, **({"ep": config.ep, "routing": config.routing} if config is not None and config.ep > 1 else {})}
+    return ParallelReport(model_name=type(model).__name__, options=echoed, plans=(plan,), notes=tuple(notes))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -67,7 +67,7 @@ def test_routing_counts_by_hand():
 def test_fsdp_x_ep_two_ranks_by_hand():
     base = simulate(gpus=2).plan.ranks[0]
     rep = simulate(gpus=2, ep=2)
-    assert "ep 2 (routing even)" in rep.plan.label
+    assert "ep 2 (routing even)" in rep.table()
     r0 = rep.plan.ranks[0]
     # ep 2 borrows both FSDP ranks (efsdp 1): each rank holds 2 of 4 experts, whole, and half of the dense
     # parameters: 98,304 + 83,712 = 182,016 B (as FSDP 2 alone: half of everything)

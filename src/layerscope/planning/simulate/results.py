@@ -134,16 +134,13 @@ class ParallelPlan:
     schedule: str = field(default_factory=default_schedule)   # the pipeline schedule (with pp > 1)
     stages: int = 1                # pipeline stages: pp, or pp x stages per rank (interleaved)
     timing: dict | None = None     # the step-time prediction's parts (planning/steptime/sharded_time.py StepTime.to_dict)
-    ep: int = 1                    # expert parallel's degree (planning/expert_parallel.py)
-    routing: str = "even"          # the routing assumption its simulated split sizes follow
 
     @property
     def label(self) -> str:
         dp = f"fsdp {self.fsdp}" + (f" x replicate {self.replicate}" if self.replicate > 1 else "")
         pp = f"pp {self.pp}" + (f" ({self.schedule}, {self.stages // self.pp} stages per rank)"
                                  if self.stages > self.pp else "")
-        ep = f", ep {self.ep} (routing {self.routing})" if self.ep > 1 else ""
-        return f"{dp}, tp {self.tp}, {pp}{ep}, ac {self.ac}" + (", CPU offload" if self.offload else "")
+        return f"{dp}, tp {self.tp}, {pp}, ac {self.ac}" + (", CPU offload" if self.offload else "")
 
     @property
     def largest(self) -> RankMemory:

@@ -128,4 +128,4 @@ def plan_of(config: ParallelConfig, ranks: tuple[RankMemory, ...]) -> ParallelPl
         reduce_dtype=dtype_short(config.reduce_dtype), model_dtype=dtype_short(config.model_dtype),
         reshard_after_forward=config.reshard_after_forward, offload=config.offload, schedule=config.schedule,
         stages=config.stages if config.pp > 1 else 1, fits=None, limit_bytes=None, peak_bytes=peak,
-        over_bytes=0, ranks=ranks, ep=config.ep, routing=config.routing)
+        over_bytes=0, ranks=ranks)
