@@ -118,7 +118,8 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
         over = max(0, plan.peak_bytes - ranks.limit)
         plan = dataclasses.replace(plan, limit_bytes=ranks.limit, fits=over == 0, over_bytes=over)
     # ep and its routing echoed where ep > 1 only (a report without experts keeps its JSON as it was)
-    echoed = {**ranks.echo, **({"ep": config.ep, "routing": config.routing} if config is not None and config.ep > 1 else {})}
+    moe = config is not None and config.ep > 1
+    echoed = {**ranks.echo, **({"ep": config.ep, "routing": config.routing} if moe else {})}
     return ParallelReport(model_name=type(model).__name__, options=echoed, plans=(plan,), notes=tuple(notes))
 
 

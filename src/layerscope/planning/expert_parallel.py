@@ -66,25 +66,29 @@ def check_experts(model: nn.Module, config: ParallelConfig) -> list[tuple[str, n
     for path, mod in found:
         if mod.num_experts % config.ep:
             raise InputError(f"ep ({config.ep}) must divide the number of experts: {path} has {mod.num_experts}")
-    if config.tp > 1 or config.cp > 1 or config.pp > 1:
+    if config.tp > 1 or config.cp > 1:
         # each tp / cp rank would dispatch the same (or a shard of the) tokens: torchtitan's sequence-parallel
-        # split of the MoE input is not applied here yet, nor stages of a pipeline with experts sharded
-        raise InputError(f"expert parallel is applied with data parallel only for now: ep {config.ep} with "
-                         f"tp {config.tp}, cp {config.cp}, pp {config.pp} (leave tp, cp and pp at 1)")
+        # split of the MoE input is not applied here yet
+        raise InputError(f"expert parallel is applied with data parallel (and pipeline stages) only for now: "
+                         f"ep {config.ep} with tp {config.tp}, cp {config.cp} (leave tp and cp at 1)")
     return found
 
 
 def sparse_mesh(config: ParallelConfig, device_type: str):
-    """torchtitan's sparse mesh over the default process group's ranks: ``(dp_replicate, efsdp, ep)``
-    (``dp_replicate`` only with HSDP), row-major over the same rank numbers as the dense mesh, so an ep
-    group is ``ep`` consecutive ranks. Built with DeviceMesh's public constructor (it makes one process
-    group per dimension, collectively)."""
+    """torchtitan's sparse mesh, this rank's part of it: ``(dp_replicate, efsdp, ep)`` (``dp_replicate``
+    only with HSDP), row-major over the same rank numbers as the dense mesh, so an ep group is ``ep``
+    consecutive ranks. Built over the whole world with a ``pp`` dimension outermost (``config`` is a
+    pipeline stage's, its pp 1, where the world has stages: every rank builds the same mesh, as torch's
+    process groups need), with DeviceMesh's public constructor, then sliced to this rank's stage."""
+    import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
-    dims = ([("dp_replicate", config.replicate)] if config.replicate > 1 else []) \
+    world = dist.get_world_size()
+    dims = [("pp", world // config.world)] + ([("dp_replicate", config.replicate)] if config.replicate > 1 else []) \
         + [("efsdp", config.efsdp), ("ep", config.ep)]
-    ranks = torch.arange(config.world).reshape(tuple(s for _, s in dims))
-    return DeviceMesh(device_type, ranks, mesh_dim_names=tuple(n for n, _ in dims))
+    ranks = torch.arange(world).reshape(tuple(s for _, s in dims))
+    full = DeviceMesh(device_type, ranks, mesh_dim_names=tuple(n for n, _ in dims))
+    return full[tuple(n for n, _ in dims[1:])]
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,12 @@ def test_routing_counts_by_hand():
 
 
 def test_fsdp_x_ep_two_ranks_by_hand():
-    base = simulate(gpus=2).plan.ranks[0]
+    # without expert parallel the routing changes no figure: transformers' grouped_mm experts (5.24's default)
+    # take every choice in one grouped matmul, and no data-dependent op (nonzero) is taken as "all nonzero"
+    ep1 = simulate(gpus=2, routing="skew:2")
+    base = ep1.plan.ranks[0]
+    ep1_notes = " ".join(str(n) for n in ep1.notes)
+    assert "without expert parallel no figure depends on the routing" in ep1_notes and "nonzero" not in ep1_notes
     rep = simulate(gpus=2, ep=2)
     assert "ep 2 (routing even)" in rep.table()
     r0 = rep.plan.ranks[0]
@@ -134,3 +139,31 @@ def test_bad_expert_parallel_configs_are_one_line():
     # a skew no routing can have: 4 experts, top-2: an expert gets at most every token once, twice its share
     with pytest.raises(InputError, match="routing skew:3 cannot be"):
         simulate(gpus=2, ep=2, routing="skew:3")
+
+
+def _moe(name):
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2)
+    torch.manual_seed(0)
+    if name == "mixtral":
+        return transformers.MixtralForCausalLM(transformers.MixtralConfig(**common, num_local_experts=4,
+                                                                          num_experts_per_tok=2))
+    if name == "gpt-oss":      # transposed expert weights with biases
+        return transformers.GptOssForCausalLM(transformers.GptOssConfig(**common, num_local_experts=4,
+                                                                        num_experts_per_tok=2, head_dim=16))
+    # DeepSeek-V3: a shared expert beside the routed ones, group-limited routing (one group here)
+    return transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(
+        **common, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=0,
+        n_group=1, topk_group=1, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+        v_head_dim=16))
+
+
+@pytest.mark.parametrize("name", ["gpt-oss", pytest.param("mixtral", marks=pytest.mark.slow),
+                                  pytest.param("deepseek-v3", marks=pytest.mark.slow)])
+def test_other_moe_architectures_dispatch_by_hand(name):
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    rep = layerscope.parallel(_moe(name), ids, gpus=2, ep=2, mixed_precision="off", device="cpu", backend="fake")
+    # the same dispatch as Qwen3-MoE's (4 experts, top-2, hidden 64, 32 tokens a rank, 2 MoE layers): 131,136 B
+    c = a2a(rep.plan.ranks[0])
+    assert 2 * (32 + 4 * 2 * TOKENS * ROW_B) == 131_136
+    assert (c.group, c.calls, c.bytes_read, c.bytes_written) == ("ep", 10, 131_136, 131_136)
