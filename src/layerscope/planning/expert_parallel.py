@@ -252,9 +252,15 @@ def shard_experts_fsdp(experts: list, smesh, config: ParallelConfig, kwargs: dic
 
     names = smesh.mesh_dim_names
     dp = smesh[tuple(n for n in ("dp_replicate", "efsdp") if n in names)]
+    import torch.distributed as dist
+    # gloo has no PREMUL_SUM, the reduce op FSDP2 takes for a divide factor other than its group's size:
+    # there, a sum with FSDP2's own division before and after it (NCCL keeps PREMUL_SUM)
+    gloo = dist.get_backend(dp.get_group(0) if dp.ndim > 1 else dp.get_group()) == "gloo"
     for mod in experts:
         fully_shard(mod, reshard_after_forward=config.reshard_after_forward, **{**kwargs, "mesh": dp})
         mod.set_gradient_divide_factor(float(config.replicate * config.fsdp * config.cp))
+        if gloo:
+            mod.set_force_sum_reduction_for_comms(True)
 
 
 def ep_notes(config: ParallelConfig) -> list:
