@@ -64,27 +64,33 @@ def test_routing_counts_by_hand():
         routing_counts(32, 2, 4, 2, 2.5)
 
 
-def test_fsdp_x_ep_two_ranks_by_hand():
+def test_without_ep_fsdp_gathers_the_experts_and_the_routing_changes_nothing():
     # without expert parallel the routing changes no figure: transformers' grouped_mm experts (5.24's default)
     # take every choice in one grouped matmul, and no data-dependent op (nonzero) is taken as "all nonzero"
     ep1 = simulate(gpus=2, routing="skew:2")
     base = ep1.plan.ranks[0]
     ep1_notes = " ".join(str(n) for n in ep1.notes)
     assert "without expert parallel no figure depends on the routing" in ep1_notes and "nonzero" not in ep1_notes
+    # FSDP 2 alone: half of every parameter, 182,016 B (as under ep 2 below); it gathers the experts with their
+    # block: 65,792 + 4 x (50,816 + 98,304) = 662,272; no all-to-all
+    assert base.breakdown["sharded parameters"] == EXPERTS_B // 2 + DENSE_B // 2 == 182_016
+    assert {c.kind: c for c in base.collectives}["all-gather"].bytes_written == ROOT_B + 4 * (
+        BLOCK_DENSE_B + EXPERTS_B // 2) == 662_272
+    assert not [c for c in base.collectives if c.kind == "all-to-all"]
+
+
+def test_fsdp_x_ep_two_ranks_by_hand():
     rep = simulate(gpus=2, ep=2)
     assert "ep 2 (routing even)" in rep.table()
     r0 = rep.plan.ranks[0]
     # ep 2 borrows both FSDP ranks (efsdp 1): each rank holds 2 of 4 experts, whole, and half of the dense
     # parameters: 98,304 + 83,712 = 182,016 B (as FSDP 2 alone: half of everything)
     assert r0.breakdown["sharded parameters"] == EXPERTS_B // 2 + DENSE_B // 2 == 182_016
-    assert base.breakdown["sharded parameters"] == 182_016
     coll = {c.kind: c for c in r0.collectives}
     # the experts are never gathered (efsdp 1): the root once, each block's dense part in forward and backward
     assert (coll["all-gather"].calls, coll["all-gather"].bytes_written) == (5, ROOT_B + 4 * BLOCK_DENSE_B) \
         == (5, 269_056)
-    # FSDP 2 alone gathers the experts with their block: 65,792 + 4 x (50,816 + 98,304) = 662,272
-    assert {c.kind: c for c in base.collectives}["all-gather"].bytes_written == ROOT_B + 4 * (
-        BLOCK_DENSE_B + EXPERTS_B // 2) == 662_272
+    assert r0.breakdown["sharded parameters"] == EXPERTS_B // 2 + DENSE_B // 2 == 182_016
     # reduce-scatters: the root and the 2 blocks' dense gradients (the experts' over efsdp 1: none)
     assert (coll["reduce-scatter"].calls, coll["reduce-scatter"].bytes_read) == (3, DENSE_B)
     # all-to-all per MoE layer: the count exchange (4 int64: 32 B), the dispatch and the combine forward, their
