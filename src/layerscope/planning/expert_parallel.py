@@ -254,8 +254,10 @@ def shard_experts_fsdp(experts: list, smesh, config: ParallelConfig, kwargs: dic
     dp = smesh[tuple(n for n in ("dp_replicate", "efsdp") if n in names)]
     import torch.distributed as dist
     # gloo has no PREMUL_SUM, the reduce op FSDP2 takes for a divide factor other than its group's size:
-    # there, a sum with FSDP2's own division before and after it (NCCL keeps PREMUL_SUM)
-    gloo = dist.get_backend(dp.get_group(0) if dp.ndim > 1 else dp.get_group()) == "gloo"
+    # there, a sum with FSDP2's own division after it (NCCL keeps PREMUL_SUM). Not on an efsdp group of one:
+    # FSDP2 (torch 2.13 foreach_reduce) skips the reduce-scatter and divides by the factor itself, then again
+    # when the sum is forced (measured on gloo, 2 ranks, ep 2: the experts' gradients half of one process's)
+    gloo = config.efsdp > 1 and dist.get_backend(dp.get_group(dp.ndim - 1)) == "gloo"
     for mod in experts:
         fully_shard(mod, reshard_after_forward=config.reshard_after_forward, **{**kwargs, "mesh": dp})
         mod.set_gradient_divide_factor(float(config.replicate * config.fsdp * config.cp))
