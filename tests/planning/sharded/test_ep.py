@@ -173,3 +173,16 @@ def test_other_moe_architectures_dispatch_by_hand(name):
     c = a2a(rep.plan.ranks[0])
     assert 2 * (32 + 4 * 2 * TOKENS * ROW_B) == 131_136
     assert (c.group, c.calls, c.bytes_read, c.bytes_written) == ("ep", 10, 131_136, 131_136)
+
+
+def test_all_to_all_priced_on_the_ep_link():
+    from layerscope.costs.gpus import gpu
+    from layerscope.planning.steptime.sharded_time import FRACTIONS
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    plan = layerscope.parallel(qwen3_moe(), ids, gpus=2, ep=2, gpu="H100", device="cuda", mixed_precision="off").plan
+    # on the critical path (with tensor parallel's, tp_comm): 10 all-to-alls over NVLink (2 ranks in a node),
+    # each what crosses the link (half of 16,384 B for the 8 of tokens, of 32 B for the 2 count exchanges) at
+    # NVLink's bandwidth x the link fraction, plus one hop's latency
+    h100, f = gpu("H100"), FRACTIONS
+    want = (8 * 8_192 + 2 * 16) / (h100.nvlink * f["link"]) + 10 * f["nvlink_latency_s"]
+    assert plan.timing["tp_comm"] == pytest.approx(want, rel=1e-9)
