@@ -120,6 +120,8 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
                             lambda: _dtensor_mesh_caches()),
     "c10d_reduce_scatter": ("torch.ops._c10d_functional.reduce_scatter_tensor", "2.4",
                             lambda: torch.ops._c10d_functional.reduce_scatter_tensor.default),
+    "c10d_all_to_all": ("torch.ops._c10d_functional.all_to_all_single", "2.4",
+                        lambda: torch.ops._c10d_functional.all_to_all_single.default),
     "flex_attention_hop": ("torch._higher_order_ops.flex_attention", "2.5",
                            lambda: _module("torch._higher_order_ops").flex_attention),
     # capture.measure: a measured CUDA step makes cuBLAS's workspaces itself, as a training job's first step

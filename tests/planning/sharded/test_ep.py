@@ -186,3 +186,11 @@ def test_all_to_all_priced_on_the_ep_link():
     h100, f = gpu("H100"), FRACTIONS
     want = (8 * 8_192 + 2 * 16) / (h100.nvlink * f["link"]) + 10 * f["nvlink_latency_s"]
     assert plan.timing["tp_comm"] == pytest.approx(want, rel=1e-9)
+
+
+def test_selective_op_checkpointing_saves_the_all_to_all():
+    # torchtitan b5bcd76's save list holds _c10d_functional.all_to_all_single: the recompute of a checkpointed
+    # block takes the dispatch and combine (and the count exchange) saved, communicating nothing more: the
+    # 10 calls and 131,136 B of test_fsdp_x_ep_two_ranks_by_hand (full checkpointing: 16, 196,736 B)
+    c = a2a(simulate(gpus=2, ep=2, ac="selective-op").plan.ranks[0])
+    assert (c.calls, c.bytes_read) == (10, 131_136)

@@ -24,8 +24,9 @@ def run_cli(capsys, gpus, ep, ac):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("gpus,ep,ac", [(2, 2, "none"), (2, 2, "full"), (4, 2, "none"), (4, 4, "full")],
-                         ids=["ep2", "ep2-full", "efsdp2xep2", "ep4-full"])
+@pytest.mark.parametrize("gpus,ep,ac", [(2, 2, "none"), (2, 2, "full"), (2, 2, "selective-op"), (4, 2, "none"),
+                                        (4, 4, "full")],
+                         ids=["ep2", "ep2-full", "ep2-selective-op", "efsdp2xep2", "ep4-full"])
 def test_fsdp_x_ep_against_one_process_and_the_allocator(capsys, gpus, ep, ac):
     plan = run_cli(capsys, gpus, ep, ac)
     m = plan["measured"]
@@ -41,7 +42,7 @@ def test_fsdp_x_ep_against_one_process_and_the_allocator(capsys, gpus, ep, ac):
     # the simulated all-to-all for the stated routing (even), by hand: per MoE layer the count exchange
     # (4 int64, 32 B), dispatch and combine forward and backward (4 calls) of 32 tokens x top-2 = 64 rows of
     # 256 B each way (every rank receives its share: 64 rows), and one more of each under full checkpointing
-    # (the recompute dispatches again): 2 layers
+    # (the recompute dispatches again; selective-op saves the all-to-all's outputs, as torchtitan does): 2 layers
     per_layer = 32 + 4 * 64 * ROW_B + ((32 + 2 * 64 * ROW_B) if ac == "full" else 0)
     for want in plan["ranks"]:
         (c,) = [c for c in want["collectives"] if c["kind"] == "all-to-all"]
