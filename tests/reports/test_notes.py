@@ -68,6 +68,8 @@ EXAMPLES = {
     "partition-working-measured": {"device": "cpu"},
     "partition-weight-shares": {},
     "partition-roofline": {"name": "H100", "peak_flops": 989e12, "peak_bandwidth": 3.35e12, "source": "table"},
+    "ep-routing": {"ep": 2, "routing": "skew:2", "skew": 2.0},
+    "ep-routing-unused": {"routing": "skew:2"},
 }
 
 

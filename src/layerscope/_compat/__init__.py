@@ -456,8 +456,8 @@ def checkpoint_prefix() -> str:
 
 def sac_save_ops() -> set:
     """torchtitan's selective-op checkpointing save list (``_op_sac_save_list``), as far as this
-    torch has the ops: matmuls, the SDPA kernels, the functional reduce-scatter, ``max``, and
-    flex attention."""
+    torch has the ops: matmuls, the SDPA kernels, the functional reduce-scatter and all-to-all, ``max``,
+    and flex attention."""
     aten = torch.ops.aten
     names = ("mm", "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
              "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math",
@@ -466,7 +466,9 @@ def sac_save_ops() -> set:
              # which is written for CUDA)
              "_scaled_dot_product_flash_attention_for_cpu", "max")
     ops = {getattr(aten, n).default for n in names if hasattr(aten, n)}
-    for name in ("c10d_reduce_scatter", "flex_attention_hop"):
+    # the all-to-all of expert parallel: torchtitan b5bcd76c66d0acb1a08b176d9639425bc55e0b2a saves it too
+    # (torchtitan/distributed/activation_checkpoint.py, its communication ops): a recompute dispatches nothing
+    for name in ("c10d_reduce_scatter", "c10d_all_to_all", "flex_attention_hop"):
         op = get(name)
         if op is not None:
             ops.add(op)

@@ -88,6 +88,14 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
                      lambda: _module("torch.distributed.pipelining.schedules")
                      .ScheduleZBVZeroBubble._calculate_single_rank_operations),
     # planning (applying the parallelisms)
+    # expert parallel's token dispatch (planning/expert_parallel.py), as torchtitan calls them
+    "all_to_all_single_autograd": ("torch.distributed._functional_collectives.all_to_all_single_autograd", "2.4",
+                                   lambda: _module("torch.distributed._functional_collectives")
+                                   .all_to_all_single_autograd),
+    "all_to_all_single": ("torch.distributed._functional_collectives.all_to_all_single", "2.4",
+                          lambda: _module("torch.distributed._functional_collectives").all_to_all_single),
+    "wait_tensor": ("torch.distributed._functional_collectives.wait_tensor", "2.4",
+                    lambda: _module("torch.distributed._functional_collectives").wait_tensor),
     "FakeStore": ("torch.testing._internal.distributed.fake_pg.FakeStore (importing it registers the 'fake' "
                   "process-group backend)", "2.4",
                   lambda: _module("torch.testing._internal.distributed.fake_pg").FakeStore),
@@ -123,6 +131,8 @@ _API: dict[str, tuple[str, str, Callable[[], Any]]] = {
                      lambda: _module("torch.distributed.device_mesh").DeviceMesh._flatten),
     "c10d_reduce_scatter": ("torch.ops._c10d_functional.reduce_scatter_tensor", "2.4",
                             lambda: torch.ops._c10d_functional.reduce_scatter_tensor.default),
+    "c10d_all_to_all": ("torch.ops._c10d_functional.all_to_all_single", "2.4",
+                        lambda: torch.ops._c10d_functional.all_to_all_single.default),
     "flex_attention_hop": ("torch._higher_order_ops.flex_attention", "2.5",
                            lambda: _module("torch._higher_order_ops").flex_attention),
     # capture.measure: a measured CUDA step makes cuBLAS's workspaces itself, as a training job's first step

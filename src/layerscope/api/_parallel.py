@@ -23,6 +23,7 @@ from ..planning.config import ParallelConfig
 from ..planning.simulate.results import ESTIMATES, ParallelPlan, RankMemory, mesh_coords
 from ..planning.apply import checkpoint_blocks
 from ..planning.tensor_parallel import tp_plan_label
+from ..planning.expert_parallel import ep_notes
 from ..planning.blocks import no_kv_cache
 from ..planning.simulate.sharded_rank import meta_copy
 from ..planning.simulate.uniform_stages import model_name
@@ -117,7 +118,10 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     if ranks.limit is not None:
         over = max(0, plan.peak_bytes - ranks.limit)
         plan = dataclasses.replace(plan, limit_bytes=ranks.limit, fits=over == 0, over_bytes=over)
-    return ParallelReport(model_name=type(model).__name__, options=ranks.echo, plans=(plan,), notes=tuple(notes))
+    # ep and its routing echoed where ep > 1 only (a report without experts keeps its JSON as it was)
+    moe = config is not None and config.ep > 1
+    echoed = {**ranks.echo, **({"ep": config.ep, "routing": config.routing} if moe else {})}
+    return ParallelReport(model_name=type(model).__name__, options=echoed, plans=(plan,), notes=tuple(notes))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,6 +298,7 @@ def _world_notes(config: ParallelConfig, plan: ParallelPlan, rr, roles_of, route
         notes += log.records(remedy="--run trains it for real")
     if rr.run.known is not None:
         notes += rr.run.known.notes()
+    notes += ep_notes(config)
     if router is not None:
         notes += router.notes(passes=len(rr.run.passes) or 1)
     if cuda and gpu is None:

@@ -30,6 +30,7 @@ from .config import ParallelConfig
 from .blocks import _parent, find_blocks
 from .context_parallel import fsdp_mesh
 from .tensor_parallel import _apply_tp
+from .expert_parallel import apply_ep, shard_experts_fsdp, sparse_mesh
 
 # find_blocks is public here: docs/parallel.md imports it from layerscope.planning.apply
 __all__ = ["build_mesh", "find_blocks", "parallelize", "loss_context", "amp_context", "data_parallel_rank",
@@ -129,7 +130,8 @@ def _apply_ac(model: nn.Module, blocks: list[tuple[str, nn.Module]], config: Par
     return out
 
 
-def _apply_fsdp(model: nn.Module, blocks: list[tuple[str, nn.Module]], dp_mesh, config: ParallelConfig) -> None:
+def _apply_fsdp(model: nn.Module, blocks: list[tuple[str, nn.Module]], dp_mesh, config: ParallelConfig,
+                experts: tuple | None = None) -> None:
     """fully_shard on every block, then on the root (torchtitan's apply_fsdp without its separate
     groups for the embeddings and for norm + head: those stay in the root's group, which also holds
     tied embeddings, as FSDP2 allows a parameter in one group only). The root is not resharded after
@@ -142,6 +144,8 @@ def _apply_fsdp(model: nn.Module, blocks: list[tuple[str, nn.Module]], dp_mesh, 
     # pinned host memory needs an accelerator: a CPU rank's offload (a no-op there) pins nothing
     kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=dp_mesh.device_type != "cpu") if config.offload \
         else OffloadPolicy()
+    if experts is not None:           # expert parallel: the experts first, over the sparse mesh's efsdp
+        shard_experts_fsdp(*experts, config, kwargs)
     for _, block in blocks:
         fully_shard(block, reshard_after_forward=config.reshard_after_forward, **kwargs)
     fully_shard(model, reshard_after_forward=False, **kwargs)
@@ -166,10 +170,6 @@ def parallelize(model: nn.Module, config: ParallelConfig, mesh, *, blocks: list 
         return model
     if mesh is None:
         raise InputError(f"{config.label()} needs a device mesh (build_mesh)")
-    for name, what in (("ep", "expert"),):
-        if getattr(config, name) > 1:
-            # refused until the dimension is applied: a degree accepted and not applied would be a silent wrong figure
-            raise InputError(f"{what} parallel ({name} {getattr(config, name)}) is not applied yet: leave {name} at 1")
     if config.cp > 1 and _compat.process_group_backend() != "fake":
         # the ring runs CUDA's SDPA kernels only, and layerscope's real runs neither shard the inputs on the
         # sequence nor enter the ring (context_parallel.py): a real run would train something else
@@ -183,13 +183,15 @@ def parallelize(model: nn.Module, config: ParallelConfig, mesh, *, blocks: list 
     if config.tp > 1:
         inner, cut = (model.get_submodule(tp_root), len(tp_root) + 1) if tp_root else (model, 0)
         _apply_tp(inner, [(p[cut:], m) for p, m in blocks], mesh["tp"], config)
+    # expert parallel (planning/expert_parallel.py) after TP and before checkpointing, as torchtitan orders them
+    experts = apply_ep(model, config, smesh := sparse_mesh(config, mesh.device_type)) if config.ep > 1 else ()
     if config.ac != "none":
         blocks = _apply_ac(model, blocks, config)
     # under context parallel FSDP shards over dp_shard x cp (torchtitan's fsdp dimension): context_parallel.py
     dp_mesh = fsdp_mesh(mesh) if "cp" in names else \
         _dp_mesh(mesh) if any(n in names for n in ("dp_replicate", "dp_shard")) else None
     if dp_mesh is not None:
-        _apply_fsdp(model, blocks, dp_mesh, config)
+        _apply_fsdp(model, blocks, dp_mesh, config, experts=(experts, smesh) if experts else None)
     return model
 
 

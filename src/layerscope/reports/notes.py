@@ -124,6 +124,16 @@ def _one_device(d: Mapping[str, Any]) -> str:
             + (" (mixed precision bf16 as autocast over fp32 weights)" if d["bf16"] else ""))
 
 
+def _ep_routing(d: Mapping[str, Any]) -> str:
+    how = ("even: every expert receives the same number of a rank's top-k choices (within one)" if d["skew"] == 1
+           else f"skew:{d['skew']:g}: the hottest expert receives {d['skew']:g} times its even share of every "
+                "rank's top-k choices (capped at one per token), the other experts the rest evenly")
+    return (f"expert parallel (ep {d['ep']}): the router's choices depend on the data; the tokens dispatched "
+            f"with all-to-all follow the routing assumption, {how}. The rank simulated holds the hottest expert "
+            "and receives the most tokens: its figures (the worst rank's) stand for every rank; --run measures "
+            "the real routing")
+
+
 WORDING: dict[str, Callable[[Mapping[str, Any]], str]] = {
     # what a simulation made up (capture/simulation.py SimulationLog.records; its kinds)
     **{f"simulation-{kind}": _simulation for kind in ("random", "read", "nonzero", "meta", "size")},
@@ -158,6 +168,11 @@ WORDING: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "memory-untracked": lambda d: (
         f"{d['count']} tensors without a plain storage (sparse, nested) were not tracked"),
     # a simulated world (api/_parallel.py)
+    # expert parallel's routing assumption (planning/expert_parallel.py)
+    "ep-routing": _ep_routing,
+    "ep-routing-unused": lambda d: (
+        f"routing {d['routing']}: without expert parallel no figure depends on the routing (transformers' "
+        "grouped_mm experts compute every token's choices in one grouped matmul, whatever experts they pick)"),
     "world-one-role": lambda d: (
         f"every rank holds the same shard sizes: rank 0 was simulated for all {d['world']}"),
     "world-roles": _roles,

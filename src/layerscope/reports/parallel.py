@@ -194,7 +194,11 @@ class ParallelReport(NotesField, ReportRecord):
         headline = _search_headline(self.search)
         return ((headline,) if headline is not None else ()) + (Fact("Model", self.model_name),
                 Fact("Configuration", f"{p.gpus} {'rank' if o.get('device') == 'cpu' else 'GPU'}"
-                                      f"{'s' if p.gpus != 1 else ''}: {p.label}"),
+                                      f"{'s' if p.gpus != 1 else ''}: {p.label}"
+                                      # expert parallel and the routing its figures assume (the plan's record
+                                      # keeps its JSON fields: the options echo both)
+                                      + (f", ep {o['ep']} (routing {o.get('routing')})" if o.get("ep", 1) > 1
+                                         else "")),
                 Fact("Batches", f"{batch}, {p.microbatches} micro-batch(es), accumulation {p.accumulation}"
                      + (f", global batch {p.global_batch}" if p.global_batch else "")),
                 Fact("Precision", f"mixed precision {p.mixed_precision} (reduce {p.reduce_dtype}), "

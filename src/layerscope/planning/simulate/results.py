@@ -158,7 +158,12 @@ def mesh_coords(config: ParallelConfig, rank: int) -> dict[str, int]:
         ((("cp", config.cp),) if config.cp > 1 else ()) + (("tp", config.tp),)     # cp: only where there is one
     for name, size in reversed(dims):
         rank, out[name] = divmod(rank, size)
-    return dict(reversed(list(out.items())))
+    out = dict(reversed(list(out.items())))
+    if config.ep > 1:           # the sparse mesh's (efsdp, ep) over the same ranks (planning/expert_parallel.py):
+        # (dp_shard, cp, tp) flattened row-major, then cut into (efsdp, ep), as torchtitan's unflatten does
+        inner = (out["dp_shard"] * config.cp + out.get("cp", 0)) * config.tp + out["tp"]
+        out["efsdp"], out["ep"] = divmod(inner, config.ep)
+    return out
 
 
 def local_numels(layouts, config: ParallelConfig, rank: int) -> tuple[int, ...]:
@@ -167,14 +172,14 @@ def local_numels(layouts, config: ParallelConfig, rank: int) -> tuple[int, ...]:
     dimensions' of the tensor-parallel shard (FSDP2's strided shard over a TP one). ``layouts``: per
     parameter, its global shape and its (mesh dimension, tensor dimension) shards."""
     coords = mesh_coords(config, rank)
-    sizes = dict(config.mesh_shape)
+    sizes = {**dict(config.mesh_shape), "efsdp": config.efsdp, "ep": config.ep}
     if config.cp > 1:       # FSDP's dimension under context parallel (context_parallel.fsdp_mesh)
         sizes["dp_shard_cp"] = config.fsdp * config.cp
         coords["dp_shard_cp"] = coords["dp_shard"] * config.cp + coords["cp"]
     out = []
     for shape, shards in layouts:
         s = list(shape)
-        for name, d in sorted(shards, key=lambda x: x[0] != "tp"):
+        for name, d in sorted(shards, key=lambda x: x[0] not in ("tp", "ep")):
             n = sizes.get(name, 1)
             c = -(-s[d] // n)
             s[d] = max(0, min(c, s[d] - coords[name] * c))
@@ -199,7 +204,8 @@ def roles(layouts, config: ParallelConfig) -> dict[int, list[int]]:
 
 def _group_size(config: ParallelConfig, group: str) -> int:
     # FSDP shards over dp_shard x cp under context parallel (context_parallel.fsdp_mesh)
-    return {"fsdp": config.fsdp * config.cp, "replicate": config.replicate, "tp": config.tp, "cp": config.cp}[group]
+    return {"fsdp": config.fsdp * config.cp, "replicate": config.replicate, "tp": config.tp, "cp": config.cp,
+            "ep": config.ep}[group]
 
 
 def collective_group(name: str, read: int, written: int, config: ParallelConfig, ring: bool = False
@@ -211,9 +217,16 @@ def collective_group(name: str, read: int, written: int, config: ParallelConfig,
     kind, group = COLLECTIVES[name]
     if ring:
         group = "cp"
+    elif kind == "all-to-all" and config.ep > 1:
+        group = "ep"                          # expert parallel's dispatch and combine (and its count exchange)
     n = _group_size(config, group)
     if n == 1 and group == "replicate":       # an all-reduce outside HSDP: the data-parallel group
         n = config.dp * config.cp
+    if kind == "all-to-all" and not ring:
+        # what crosses the rank's link is the larger side, less its own share: every rank sends the same counts
+        # to this one (planning/expert_parallel.py's assumption; a real run's even routing), so 1/n of what it
+        # receives is its own, and under skew it receives at least what it sends (exact for the rank simulated)
+        return kind, group, n, max(read, written)
     return kind, group, n, written if kind == "all-gather" else read
 
 
@@ -233,15 +246,23 @@ def collectives_of(rr: RankRun, config: ParallelConfig, micro: int | None = None
             continue
         for op in p.trace.ops:
             if op.op in COLLECTIVES:
-                a = acc.setdefault((op.op, ring_op(rr, p, op)), [0, 0, 0])
+                in_ring = ring_op(rr, p, op)
+                a = acc.setdefault((op.op, in_ring), [0, 0, 0, 0])
                 a[0] += 1
                 a[1] += op.costs.bytes_read
                 a[2] += op.costs.bytes_written
+                kind, _, n, whole = collective_group(op.op, op.costs.bytes_read, op.costs.bytes_written, config,
+                                                     in_ring)
+                if kind == "all-to-all" and not in_ring:   # each call's larger side (priced one by one)
+                    a[3] += whole * (n - 1) // n
     out = []
-    for (name, in_ring), (calls, read, written) in acc.items():
+    for (name, in_ring), (calls, read, written, a2a) in acc.items():
         kind, group, n, whole = collective_group(name, read, written, config, in_ring)
-        # the ring's all-to-all is a permute: each rank sends all it reads to the next one
-        ring = read if in_ring and kind == "all-to-all" else whole * (n - 1) // n * (2 if kind == "all-reduce" else 1)
+        if kind == "all-to-all":
+            # the ring's all-to-all is a permute: each rank sends all it reads to the next one
+            ring = read if in_ring else a2a
+        else:
+            ring = whole * (n - 1) // n * (2 if kind == "all-reduce" else 1)
         out.append(Collective(("cp." if in_ring else "") + name, kind, group, n, calls, read, written, ring))
     if rr.p2p is not None:
         sent, received, transfers = rr.p2p

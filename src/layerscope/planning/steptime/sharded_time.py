@@ -54,7 +54,11 @@ Overlap, per rank, as two streams over the ops in program order (the order the C
   its block starts (FSDP2's prefetch of the next block, forward and backward), and the block's compute
   waits for it; its reduce-scatters (and HSDP's all-reduce across replicas) run on the same stream after
   the block's backward, the compute going on; the optimizer waits for every one;
-* tensor parallel's collectives are on the critical path: the compute waits for each.
+* tensor parallel's collectives are on the critical path: the compute waits for each; so are expert
+  parallel's all-to-alls (the token count exchange, dispatch and combine, and their backward), counted
+  with them in ``tp_comm``, priced over the ep group's link (ep innermost on the sparse mesh: NVLink when
+  ``ep`` is at most ``gpus_per_node``), what crosses it the larger of the bytes sent and received less
+  the rank's own share (``results.collective_group``).
 The exposed communication is the step time less the compute.
 
 Pipeline (pp > 1): each stage's forward and backward seconds per micro-batch (its stage rank's ops,
@@ -225,11 +229,13 @@ def optimizer_seconds(run, gpu: GPU, f: Mapping[str, float]) -> float:
 def link_of(config: ParallelConfig, group: str) -> tuple[str, int]:
     """("nvlink", 1) when every group of this mesh dimension lies within a node; else ("network", g),
     ``g`` the group's members on each node (each with its own NIC)."""
-    # the mesh [pp, replicate, dp_shard, cp, tp]: FSDP's group is dp_shard x cp under context parallel
+    # the mesh [pp, replicate, dp_shard, cp, tp]: FSDP's group is dp_shard x cp under context parallel; ep is
+    # innermost on the sparse mesh (dp_replicate, efsdp, ep), its ranks consecutive (expert_parallel.py)
     cp = config.cp
-    inner = {"tp": 1, "cp": config.tp, "fsdp": config.tp, "replicate": config.tp * config.fsdp * cp,
+    inner = {"tp": 1, "ep": 1, "cp": config.tp, "fsdp": config.tp, "replicate": config.tp * config.fsdp * cp,
              "pp": config.tp * config.fsdp * cp * config.replicate}[group]
-    size = {"tp": config.tp, "cp": cp, "fsdp": config.fsdp * cp, "replicate": config.replicate, "pp": 2}[group]
+    size = {"tp": config.tp, "ep": config.ep, "cp": cp, "fsdp": config.fsdp * cp, "replicate": config.replicate,
+            "pp": 2}[group]
     if inner * size <= config.gpus_per_node:
         return "nvlink", 1
     return "network", max(1, config.gpus_per_node // inner)
