@@ -139,16 +139,33 @@ def test_state_bound_is_never_above_the_simulated_peak(make, reshard):
     assert 0 < bound <= rank.peak_bytes - left_out
 
 
+def _not_applied(monkeypatch):
+    """parallelize as a build that applies neither context nor expert parallel yet answered the probe (its
+    refusal line, planning/apply.py before issue 60 landed both): the gate's mechanics stay tested."""
+    def refuse(model, config, mesh):
+        for name, what in (("cp", "context"), ("ep", "expert")):
+            if getattr(config, name) > 1:
+                raise InputError(f"{what} parallel ({name} {getattr(config, name)}) is not applied yet: "
+                                 f"leave {name} at 1")
+        return model
+    monkeypatch.setattr(refusals_mod, "parallelize", refuse)
+
+
+def test_this_build_refuses_neither_dimension():
+    probe = [ParallelConfig(gpus=4, fsdp=4, ep=2), ParallelConfig(gpus=4, fsdp=2, cp=2)]
+    assert refusals(probe) == {}
+
+
 def test_refused_dimensions_are_listed_not_simulated(monkeypatch):
-    """Until context and expert parallel are applied, parallelize refuses them: the search lists each such
-    candidate as refused with that line and its exact figures, simulates none, and counts only the rest
-    in its headline. The probe follows parallelize: where it applies a dimension, nothing is refused."""
+    """Where parallelize refuses a dimension (as it did context and expert parallel until they were applied):
+    the search lists each such candidate as refused with that line and its exact figures, simulates none, and
+    counts only the rest in its headline. The probe follows parallelize: where it applies a dimension, nothing
+    is refused."""
     m = _qwen3_moe()
     ids = torch.zeros((1, SEQ), dtype=torch.long, device="meta")
     probe = [ParallelConfig(gpus=4, fsdp=4, ep=2), ParallelConfig(gpus=4, fsdp=2, cp=2)]
+    _not_applied(monkeypatch)
     gated = refusals(probe)
-    if not gated:
-        pytest.skip("this build applies context and expert parallel: nothing is refused")
     assert set(gated) == {"cp", "ep"} and all("not applied yet" in v for v in gated.values())
     rep = layerscope.parallel(m, ids, gpus=4, gpu="H100", search=True, pp=1, tp=1, ac="none",
                               reshard_after_forward=True, global_batch=4)
@@ -171,11 +188,10 @@ def test_refused_dimensions_are_listed_not_simulated(monkeypatch):
     assert refusals(probe) == {}
 
 
-def test_everything_refused_is_one_line():
+def test_everything_refused_is_one_line(monkeypatch):
     m = _qwen3_moe()
     ids = torch.zeros((1, SEQ), dtype=torch.long, device="meta")
-    if not refusals([ParallelConfig(gpus=2, fsdp=2, ep=2)]):
-        pytest.skip("this build applies expert parallel")
+    _not_applied(monkeypatch)
     with pytest.raises(InputError, match=r"no configuration of 2 GPUs .* expert parallel \(ep 2\) is not applied"):
         layerscope.parallel(m, ids, gpus=2, gpu="H100", search=True, ep=2, pp=1, tp=1, global_batch=2)
 
