@@ -29,6 +29,7 @@ from __future__ import annotations
 from torch import nn
 
 from .. import _compat
+from ..capture import hooks
 
 __all__ = ["tp_styles"]
 
@@ -99,7 +100,7 @@ def tp_styles():
                     kwargs = {**kwargs, "hidden_states": self._prepare_input_arg(
                         kwargs["hidden_states"], device_mesh, self.seq, Replicate())}
                 return args, kwargs
-            module.register_forward_pre_hook(hook, with_kwargs=True)
+            hooks.forward_pre_hook(module, hook, with_kwargs=True)
             return module
 
     def replicate_params(name_in_style, module, mesh):
@@ -122,11 +123,11 @@ def tp_styles():
                 return _all_reduce_backward(local, device_mesh) if self.partial_grad else local
             distribute_module(module, device_mesh, replicate_params)
             swap = _Swap(local_of)
-            module.register_forward_pre_hook(
-                lambda m, a, k: (tuple(_to_local(x) for x in a), {n: _to_local(v) for n, v in k.items()}),
+            hooks.forward_pre_hook(
+                module, lambda m, a, k: (tuple(_to_local(x) for x in a), {n: _to_local(v) for n, v in k.items()}),
                 with_kwargs=True)
-            module.register_forward_pre_hook(swap.pre, with_kwargs=True)
-            module.register_forward_hook(swap.post, with_kwargs=True, always_call=True)
+            hooks.forward_pre_hook(module, swap.pre, with_kwargs=True)
+            hooks.forward_hook(module, swap.post, with_kwargs=True, always_call=True)
             return module
 
     class ExpertsTP(ParallelStyle):
@@ -161,10 +162,10 @@ def tp_styles():
 
             distribute_module(module, device_mesh, shard)
             swap = _Swap(lambda _n, p: p.to_local() if isinstance(p, DTensor) else p)
-            module.register_forward_pre_hook(inputs, with_kwargs=True)
-            module.register_forward_pre_hook(swap.pre, with_kwargs=True)
-            module.register_forward_hook(swap.post, with_kwargs=True, always_call=True)
-            module.register_forward_hook(lambda m, a, out: _all_reduce_forward(out, device_mesh))
+            hooks.forward_pre_hook(module, inputs, with_kwargs=True)
+            hooks.forward_pre_hook(module, swap.pre, with_kwargs=True)
+            hooks.forward_hook(module, swap.post, with_kwargs=True, always_call=True)
+            hooks.forward_hook(module, lambda m, a, out: _all_reduce_forward(out, device_mesh))
             return module
 
     class LocalBlock(ParallelStyle):
@@ -193,8 +194,8 @@ def tp_styles():
                 if first.placements != (self.seq,):
                     first = first.redistribute(placements=[self.seq])
                 return (first, *output[1:]) if isinstance(output, tuple) else first
-            module.register_forward_pre_hook(inp, with_kwargs=True)
-            module.register_forward_hook(out)
+            hooks.forward_pre_hook(module, inp, with_kwargs=True)
+            hooks.forward_hook(module, out)
             return module
 
     return GatherHidden, LocalParams, ExpertsTP, LocalBlock
