@@ -64,6 +64,7 @@ def test_routing_counts_by_hand():
         routing_counts(32, 2, 4, 2, 2.5)
 
 
+@pytest.mark.slow        # fast-suite budget (make test under 5 min on 2 cores)
 def test_without_ep_fsdp_gathers_the_experts_and_the_routing_changes_nothing():
     # without expert parallel the routing changes no figure: transformers' grouped_mm experts (5.24's default)
     # take every choice in one grouped matmul, and no data-dependent op (nonzero) is taken as "all nonzero"
@@ -175,6 +176,7 @@ def test_other_moe_architectures_dispatch_by_hand(name):
     assert (c.group, c.calls, c.bytes_read, c.bytes_written) == ("ep", 10, 131_136, 131_136)
 
 
+@pytest.mark.slow        # fast-suite budget (make test under 5 min on 2 cores)
 def test_all_to_all_priced_on_the_ep_link():
     from layerscope.costs.gpus import gpu
     from layerscope.planning.steptime.sharded_time import FRACTIONS
@@ -188,6 +190,7 @@ def test_all_to_all_priced_on_the_ep_link():
     assert plan.timing["tp_comm"] == pytest.approx(want, rel=1e-9)
 
 
+@pytest.mark.slow        # fast-suite budget (make test under 5 min on 2 cores)
 def test_selective_op_checkpointing_saves_the_all_to_all():
     # torchtitan b5bcd76's save list holds _c10d_functional.all_to_all_single: the recompute of a checkpointed
     # block takes the dispatch and combine (and the count exchange) saved, communicating nothing more: the

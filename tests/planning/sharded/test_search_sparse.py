@@ -156,6 +156,7 @@ def test_this_build_refuses_neither_dimension():
     assert refusals(probe) == {}
 
 
+@pytest.mark.slow        # fast-suite budget (make test under 5 min on 2 cores)
 def test_refused_dimensions_are_listed_not_simulated(monkeypatch):
     """Where parallelize refuses a dimension (as it did context and expert parallel until they were applied):
     the search lists each such candidate as refused with that line and its exact figures, simulates none, and

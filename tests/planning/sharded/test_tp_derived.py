@@ -167,6 +167,7 @@ def test_the_report_says_which_plan_ran():
     assert "tensor parallel: the plan derived from Qwen3Config.base_model_tp_plan" in rep.table()
 
 
+@pytest.mark.slow        # fast-suite budget (make test under 5 min on 2 cores)
 @pytest.mark.parametrize("spec, extra", [("hf:Qwen3Config", {"head_dim": 16}), ("hf:MixtralConfig", {"num_local_experts": 4}),
                                          ("hf:Phi3Config", {"pad_token_id": 0})],
                          ids=["qwen3", "mixtral", "phi3"])
