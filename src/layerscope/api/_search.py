@@ -10,6 +10,7 @@ from torch import nn
 from ..capture.inputs import iter_tensors
 from ..capture.notes import Note
 from ..errors import InputError
+from ..planning.expert_parallel import ep_notes
 from ..planning.search.candidates import BLOCKS, SearchResult, family_of, label
 from ..planning.search.space import SearchTask, search
 from ..reports.parallel import ParallelReport
@@ -99,5 +100,11 @@ def search_report(model: nn.Module, args: tuple, kwargs: dict, *, gpus: int, hel
     else:
         notes.append(Note("search-chosen", {"label": label(best.config), "gpus": gpus,
                                             "command": command_line(best)}))
+    # the plan shown with expert parallel: its routing assumption stated and echoed, as parallel() does for one
+    # configuration (api/_parallel.py)
+    cfg = shown.config
+    notes += ep_notes(cfg)
+    if cfg.ep > 1:
+        options = {**options, "ep": cfg.ep, "routing": cfg.routing}
     return ParallelReport(model_name=type(model).__name__, options=options, plans=(shown.plan,), notes=tuple(notes),
                           search=search_dict(res))

@@ -233,3 +233,15 @@ def test_copies_past_an_unlike_head_match_the_whole_model(monkeypatch):
     monkeypatch.setattr(copies, "copy_points", lambda head: (3, 4))      # the old copies: the dense head, + 1 MoE
     old = layerscope.parallel(m, ids, gpus=2, gpu="H100", search=True, global_batch=2, **held)
     assert old.plan.peak_bytes > exact * 1.02
+
+
+def test_a_searched_expert_parallel_plan_states_its_routing():
+    """The search's report shows the plan it chose with expert parallel as parallel() shows one configuration:
+    its ep and the routing assumption its figures follow, in the Configuration line and a note."""
+    m = _qwen3_moe()
+    ids = torch.zeros((1, SEQ), dtype=torch.long, device="meta")
+    rep = layerscope.parallel(m, ids, gpus=4, gpu="H100", search=True, pp=1, tp=1, cp=1, ep=2, ac="none",
+                              global_batch=4, routing="skew:1.5")
+    text = str(rep)
+    assert "ep 2 (routing skew:1.5)" in text
+    assert any(n.startswith("expert parallel (ep 2)") and "skew:1.5" in n for n in rep.notes)
