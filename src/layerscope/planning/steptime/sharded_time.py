@@ -308,21 +308,19 @@ def rank_seconds(rr, config: ParallelConfig, gpu: GPU, f: Mapping[str, float], *
             if op.op in COLLECTIVES:
                 in_ring = ring_op(rr, p, op)
                 d = _one_collective(op, config, gpu, f, in_ring)
-                if in_ring:
-                    # context parallel's ring: each attention waits for its K/V (the forward's all-gather
-                    # before its second chunk, the backward's gradient pass before the next step): on the
-                    # critical path, as tensor parallel's, with no overlap credited (an upper bound)
+                if in_ring or op.op in _INLINE:
+                    # on the critical path, the compute waiting for each: tensor parallel's collectives, and
+                    # context parallel's ring (each attention waits for its K/V: the forward's all-gather
+                    # before its second chunk, the backward's gradient pass before the next step), with no
+                    # overlap credited (an upper bound)
                     if host > tc:
                         wait[BACKWARD if op.phase == BACKWARD else FORWARD] += host - tc
                         tc = host
                     tc += d
-                    cp += d
-                elif op.op in _INLINE:
-                    if host > tc:
-                        wait[BACKWARD if op.phase == BACKWARD else FORWARD] += host - tc
-                        tc = host
-                    tc += d
-                    tp += d
+                    if in_ring:
+                        cp += d
+                    else:
+                        tp += d
                 elif op.op in _FSDP_GATHER:
                     start = max(tn, issue, host)
                     tn = start + d
