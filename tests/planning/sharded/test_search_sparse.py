@@ -120,7 +120,8 @@ def test_exact_figures_by_hand():
     assert ring_bytes(c, facts, SEQ) == 0
 
 
-@pytest.mark.parametrize("make, reshard", [(_qwen3_moe, False), (_llama, True)])
+@pytest.mark.parametrize("make, reshard", [(_qwen3_moe, False),
+                                           pytest.param(_llama, True, marks=pytest.mark.slow)])   # fast-suite budget
 def test_state_bound_is_never_above_the_simulated_peak(make, reshard):
     """The exact state (planning/search/sparse.py) at ep 1 and cp 1, the degrees this build simulates: never
     above the simulated rank's peak less what the bound leaves out by design (cuBLAS's workspaces and the
