@@ -7,6 +7,26 @@ def pytest_addoption(parser):
                      help="rewrite tests/goldens/* from the current output instead of comparing")
 
 
+def pytest_collection_modifyitems(config, items):
+    """``LAYERSCOPE_SWEEP_SHARD=K/N``: of the tests marked ``sweep`` (one torchrun launch per architecture or
+    configuration, 40-90 s each on 2 cores), only the K-th of every N, in collection order; the others are
+    deselected. Unset (the default, and `make test-slow` run by hand): all of them. .ci/run gives each of its
+    two sides one half, so that every sweep test runs once in CI without either side running them all."""
+    import os
+    shard = os.environ.get("LAYERSCOPE_SWEEP_SHARD")
+    if not shard:
+        return
+    k, _, n = shard.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise pytest.UsageError(f"LAYERSCOPE_SWEEP_SHARD must be K/N with 1 <= K <= N, got {shard!r}")
+    k, n = int(k), int(n)
+    sweep = [it for it in items if it.get_closest_marker("sweep") is not None]
+    drop = {id(it) for i, it in enumerate(sweep) if i % n != k - 1}
+    if drop:
+        config.hook.pytest_deselected(items=[it for it in items if id(it) in drop])
+        items[:] = [it for it in items if id(it) not in drop]
+
+
 @pytest.fixture
 def update_goldens(request):
     return request.config.getoption("--update-goldens")

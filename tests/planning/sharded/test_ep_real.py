@@ -24,6 +24,7 @@ def run_cli(capsys, gpus, ep, ac):
 
 
 @pytest.mark.slow
+@pytest.mark.sweep
 @pytest.mark.parametrize("gpus,ep,ac", [(2, 2, "none"), (2, 2, "full"), (2, 2, "selective-op"), (4, 2, "none"),
                                         (4, 4, "full")],
                          ids=["ep2", "ep2-full", "ep2-selective-op", "efsdp2xep2", "ep4-full"])
@@ -51,6 +52,7 @@ def test_fsdp_x_ep_against_one_process_and_the_allocator(capsys, gpus, ep, ac):
 
 
 @pytest.mark.slow
+@pytest.mark.sweep
 def test_ep_x_pp_against_one_process_and_the_allocator(capsys):
     from layerscope.cli import main
     # 4 blocks in 2 stages of 2 (pp 2 x fsdp 2, ep 2 within each stage's 2 ranks: efsdp 1), 1F1B over 2

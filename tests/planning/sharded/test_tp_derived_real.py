@@ -42,6 +42,7 @@ def run_plan(capsys, cfg_name: str, ac: str = "none") -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.sweep
 @pytest.mark.parametrize("cfg_name, ac", [(n, "none") for n in ARCH] + [("MixtralConfig", "full"), ("Qwen3Config", "full")],
                          ids=list(ARCH) + ["MixtralConfig-ac-full", "Qwen3Config-ac-full"])
 def test_derived_plan_trains_as_one_process_under_fsdp_x_tp(capsys, cfg_name, ac):
