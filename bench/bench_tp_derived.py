@@ -18,9 +18,10 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import sys
 
-sys.path.insert(0, __import__("os").path.join(__import__("os").path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # the checkout, for tests/
 from tests.planning.sharded.test_tp_derived_real import ARCH, BASE, SWEEP  # noqa: E402
 
 
