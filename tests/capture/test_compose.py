@@ -52,7 +52,7 @@ def same_reports(model, inputs: dict, **opts):
 
 def llama(layers=7, **extra):
     cfg = tf.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, use_cache=False, **extra)
+                         num_attention_heads=4, num_key_value_heads=2, **{"use_cache": False, **extra})
     torch.manual_seed(0)
     return tf.LlamaForCausalLM(cfg)
 
@@ -253,3 +253,54 @@ def test_optimizers_built_for_the_whole_model(optimizer, composes, outcome):
     model.head = nn.Linear(16, 16)
     same_reports(model, {"input_size": (4, 16)}, optimizer=optimizer)
     assert (not outcome["refused"]) == composes
+
+
+# ---- the KV cache on (transformers' default): each block writes its own slot, picked by its layer_idx ----
+
+def test_blocks_writing_their_kv_cache_slots_compose(outcome):
+    # use_cache=True, as users call the model: the attention reads self.layer_idx to pick the cache's slot
+    # (capture/layer_index.py), every slot a DynamicLayer; the composed report is the whole model's
+    model = llama(use_cache=True)
+    before = snapshot(model)
+    ids = IDS["input_ids"]
+    same_reports(model, {"input_ids": ids, "labels": ids}, optimizer="adamw")
+    assert outcome["widened"] >= 1 and not outcome["refused"]
+    assert_unchanged(before, model)
+
+
+@pytest.mark.slow
+def test_gpt2_with_its_cache_composes_in_training_and_inference(outcome):
+    cfg = tf.GPT2Config(n_layer=6, n_embd=64, n_head=4, vocab_size=128, n_positions=32)   # use_cache on
+    torch.manual_seed(0)
+    model = tf.GPT2LMHeadModel(cfg)
+    assert cfg.use_cache
+    same_reports(model, IDS, optimizer="adamw")
+    same_reports(model, IDS, training=False)
+    assert outcome["widened"] >= 2 and not outcome["refused"]
+
+
+class _Indexed(nn.Module):
+    """A block that uses its own layer index beyond a cache: by arithmetic, or through a config list."""
+
+    def __init__(self, i, config=None):
+        super().__init__()
+        self.layer_idx = i
+        self.config = config
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x):
+        if self.config is not None:          # indexing a list calls nothing Python sees: the list is checked
+            return self.lin(x).relu() if self.config.layer_types[self.layer_idx] == "b" else self.lin(x)
+        return self.lin(x).relu() if self.layer_idx % 4 == 3 else self.lin(x)
+
+
+def test_a_layer_index_used_by_the_block_itself_is_seen(outcome):
+    # place 3 (and 7) differ by arithmetic on the index; the five blocks run (0, 1, 2, 8, 9) all agree
+    torch.manual_seed(0)
+    same_reports(_Stack([_Indexed(i) for i in range(10)]), {"input_size": (4, 16)}, optimizer="adamw")
+    assert outcome["widened"] == 0 and "'layer_idx'" in outcome["refused"][0] and "__mod__" in outcome["refused"][0]
+    # the same through the config's per-layer list: only place 4 is of kind "b", never run by the five
+    cfg = tf.PretrainedConfig(layer_types=["a"] * 4 + ["b"] + ["a"] * 5)
+    torch.manual_seed(0)
+    same_reports(_Stack([_Indexed(i, cfg) for i in range(10)]), {"input_size": (4, 16)}, optimizer="adamw")
+    assert outcome["widened"] == 0 and "layer_types" in outcome["refused"][-1]

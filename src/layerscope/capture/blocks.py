@@ -8,7 +8,9 @@ anywhere else (no ties into or out of a block), and the same non-tensor state: e
 every module of the subtree has the same value in each block (plain values by equality, other
 objects by identity, a shared config), or differs (``layer_idx``) and is never read while the
 simulation runs (each such attribute is moved into a property on a private copy of its module that
-notes every read; a read makes the composition void and the whole model is simulated instead).
+notes every read; a read makes the composition void and the whole model is simulated instead), or is
+a layer index (``layer_idx``) read only by transformers' KV cache to pick the block's slot
+(capture/layer_index.py).
 Such blocks run the same Python code on the same specs of parameters and attributes; given the same
 input specs they make the same ops in the same order with the same shapes, dtypes and storages on
 fake tensors, whose dispatch depends on nothing else. That the input specs are the same, and that the
@@ -33,6 +35,7 @@ from torch import nn
 
 from .. import _compat
 from .inputs import iter_tensors, map_tensors
+from .layer_index import INDEX_NAMES, IndexReads
 from .shadow import MARKER
 
 __all__ = ["BlockRun", "find_run", "truncated", "Truncated", "loop_check_model", "call_signature", "module_state",
@@ -135,11 +138,18 @@ class Truncated:
     run: BlockRun
     originals: dict[int, nn.Module] = field(default_factory=dict)   # id(copy) -> the user's module
     reads: list = field(default_factory=list)                      # (module, attribute) read while running
+    index: IndexReads = field(default_factory=IndexReads)          # layer indices read (capture/layer_index.py)
     # each kept block's first call: how it was called (``call_signature``), and the repeated block's
     # output as specs (no tensor of it is held: that would change when its storages die)
     sigs: dict[int, tuple] = field(default_factory=dict)
     out_spec: object = None
     copies: list = field(default_factory=list)                     # the modules made for the shorter model
+
+    def read_problem(self) -> str | None:
+        """Why what the blocks read of their differing attributes voids the composition, or None."""
+        if self.reads:
+            return f"the forward read {self.reads[0]!r}, which differs between the blocks"
+        return self.index.problem(self.model)
 
     def full_index(self, i: int) -> int:
         """The whole container's child index of the shorter one's child ``i``."""
@@ -208,14 +218,19 @@ _TRACKING: dict[tuple[type, frozenset], type] = {}
 
 def _tracking_class(cls: type, names: frozenset) -> type:
     """A subclass of ``cls`` whose ``names`` are properties noting each read and write in the
-    instance's ``_ls_reads`` list (the values sit in the instance's ``_ls_values``)."""
+    instance's ``_ls_reads`` list (the values sit in the instance's ``_ls_values``); a read of a layer
+    index (``INDEX_NAMES``, an int) hands out a ``LayerIndex`` from the instance's ``_ls_index``, which
+    notes its uses instead."""
     key = (cls, names)
     sub = _TRACKING.get(key)
     if sub is None:
         def prop(name):
             def get(self):
+                value = self.__dict__["_ls_values"][name]
+                if name in INDEX_NAMES and type(value) is int:   # its uses are noted (capture/layer_index.py)
+                    return self.__dict__["_ls_index"].hand(value)
                 self.__dict__["_ls_reads"].append(name)
-                return self.__dict__["_ls_values"][name]
+                return value
 
             def put(self, value):
                 self.__dict__["_ls_reads"].append(name)
@@ -252,6 +267,7 @@ def truncated(model: nn.Module, run: BlockRun) -> Truncated:
             holder = made[rel]
             holder.__dict__["_ls_values"] = {k: holder.__dict__.pop(k) for k in names}
             holder.__dict__["_ls_reads"] = out.reads
+            holder.__dict__["_ls_index"] = out.index
             holder.__class__ = _tracking_class(type(holder), frozenset(names))
         return made[""]
 
@@ -271,6 +287,12 @@ def truncated(model: nn.Module, run: BlockRun) -> Truncated:
         c.__dict__["forward"] = forward
         return c
 
+    for block in kids[s:s + n]:         # every place's index, for the checks of the blocks left out
+        for rel, names in by_block.items():
+            for name in INDEX_NAMES.intersection(names):
+                value = getattr(block.get_submodule(rel), name, None) if rel else getattr(block, name, None)
+                if type(value) is int:
+                    out.index.places.add(value)
     container = _shallow(run.container, out.originals, out.copies)
     container.__dict__["_modules"] = {str(i): twin(watched(k), i - s) if s <= i < s + KEPT else k
                                       for i, k in enumerate(keep)}

@@ -147,8 +147,9 @@ class Composer:
             raise NotComposable("the session's ops and the tracker's clock disagree")
         if run.known is not None and known_before != (run.known.assumed, run.known.cast_ones):
             raise NotComposable("the simulation assumed values (an MoE router's choices)")
-        if self.tr.reads:
-            raise NotComposable(f"the forward read {self.tr.reads[0]!r}, which differs between the blocks")
+        why = self.tr.read_problem()
+        if why is not None:
+            raise NotComposable(why)
         reg = Regions(cap, self.tr, n_ops)
         seg = tracker.blocks[first_block:]
         # the middle blocks' records: alike towards the next block (REP - 1 and REP, whose next ones are

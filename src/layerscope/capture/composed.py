@@ -51,7 +51,10 @@ def run_step(spec: StepSpec, watch: Callable[[], StepWatch],
         w = watch()
         try:
             run = composed_steps(spec, w, check_router=new_router() if new_router is not None else None)
-        except Exception:   # noqa: BLE001 - NotComposable, or anything: the whole model is simulated
+        except Exception as e:   # noqa: BLE001 - NotComposable, or anything: the whole model is simulated
+            import os, traceback
+            if os.environ.get("LS_DEBUG_COMPOSE"):
+                traceback.print_exc()
             run = None      # instead, and raises the error if it is the model's
         w.done()
         if run is not None:
@@ -109,11 +112,16 @@ def _check_loop(tr: Truncated, run: StepRun, spec: StepSpec, router) -> None:
                                      steps=1, accumulation=1, keep_output=True, costs=None, placement=None,
                                      pipeline=None, compose=False)
     seen = run_steps(check_spec, StepWatch(tracker=tracker, attention=router))
-    if tr.reads:
-        raise NotComposable(f"the forward read {tr.reads[0]!r}, which differs between the blocks")
+    why = tr.read_problem()
+    if why is not None:
+        raise NotComposable(why)
     if _outside(tr, run.passes[0].trace) != _outside(tr, seen.passes[0].trace):
         raise NotComposable("the code around the blocks does something at some places only")
-    n, sigs, ran = tr.run.count, shared["sigs"], tr.sigs
+    n = tr.run.count
+    # objects by identity, renumbered in the order each run first passed them: the two runs make their
+    # own (transformers' KV cache, made in each forward) and must pass them alike
+    ran = dict(zip(sorted(tr.sigs), _renumbered([tr.sigs[b] for b in sorted(tr.sigs)])))
+    sigs = dict(zip(sorted(shared["sigs"]), _renumbered([shared["sigs"][i] for i in sorted(shared["sigs"])])))
     if len(sigs) != n or sigs[0] != ran[0] or sigs[n - 1] != ran[KEPT - 1] or \
             any(ran[b] != ran[REP] for b in range(1, KEPT - 1)) or any(sigs[i] != ran[REP] for i in range(1, n - 1)):
         raise NotComposable("the loop calls the blocks differently at some places")
@@ -130,6 +138,20 @@ def _check_loop(tr: Truncated, run: StepRun, spec: StepSpec, router) -> None:
         kept.add(tuple(None if b.free is None else b.free - nxt for b in outs))
     if len(kept) > 1:
         raise NotComposable("the loop keeps the output of some places longer than of others")
+
+
+def _renumbered(sigs: list) -> list:
+    """Call signatures (capture/blocks.call_signature) with every object given by identity renumbered in
+    the order of its first appearance."""
+    seen: dict[int, int] = {}
+
+    def one(v):
+        if isinstance(v, tuple):
+            if len(v) == 2 and v[0] == "id" and isinstance(v[1], int):
+                return "object", seen.setdefault(v[1], len(seen))
+            return tuple(one(x) for x in v)
+        return v
+    return [one(s) for s in sigs]
 
 
 def _outside(tr: Truncated, trace: Trace):
