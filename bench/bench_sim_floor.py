@@ -7,7 +7,10 @@ nothing. Issue 36 item 2 bounds the ratio at 1.5x for the simulation of every bl
 the rest (the default, capture/composed.py), whose report must be the same byte for byte (checked
 here on the JSON with its timeline).
 
-  python bench/bench_sim_floor.py [--model 7b|70b] [--tokens 1024] [--pairs 2]
+  python bench/bench_sim_floor.py [--model 7b|70b] [--tokens 1024] [--pairs 2] [--as-called]
+
+``--as-called``: the model as users call it, transformers' KV cache on (``use_cache=True``, each block
+writing its own slot) and the labels given, so the loss is the model's own (issue 61 item 1).
 
 Each pair of sides alternates (bench/_timing.py), in one process, the model built once on meta.
 """
@@ -31,7 +34,7 @@ SHAPES = {"7b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads
                       intermediate_size=28672)}
 
 
-def bare_steps(model, ids, steps: int = 2) -> None:
+def bare_steps(model, ids, steps: int = 2, labels: bool = False) -> None:
     """The floor: the same steps on fake tensors, nothing recorded."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.func import functional_call
@@ -42,8 +45,8 @@ def bare_steps(model, ids, steps: int = 2) -> None:
         x = torch.empty(ids.shape, dtype=ids.dtype, device="cpu")
         opt = torch.optim.AdamW(list(params.values()))
         for _ in range(steps):
-            out = functional_call(model, {**params, **buffers}, (x,))
-            out.logits.float().sum().backward()
+            out = functional_call(model, {**params, **buffers}, (x,), {"labels": x} if labels else {})
+            (out.loss if labels else out.logits.float().sum()).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
 
@@ -54,21 +57,24 @@ def main() -> None:
     ap.add_argument("--model", default="7b", choices=sorted(SHAPES))
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--pairs", type=int, default=2)
+    ap.add_argument("--as-called", action="store_true", help="use_cache on and labels given")
     ns = ap.parse_args()
-    cfg = tf.LlamaConfig(vocab_size=32000, use_cache=False, **SHAPES[ns.model])
+    cfg = tf.LlamaConfig(vocab_size=32000, use_cache=ns.as_called, **SHAPES[ns.model])
     with torch.device("meta"):
         model = tf.LlamaForCausalLM(cfg).to(torch.bfloat16)
     ids = torch.zeros(1, ns.tokens, dtype=torch.long, device="meta")
-    whole = ls.memory(model, input_ids=ids, optimizer="adamw", compose=False)
-    composed = ls.memory(model, input_ids=ids, optimizer="adamw")
+    kw = {"input_ids": ids, **({"labels": ids} if ns.as_called else {})}
+    whole = ls.memory(model, optimizer="adamw", compose=False, **kw)
+    composed = ls.memory(model, optimizer="adamw", **kw)
     same = whole.to_json() == composed.to_json()
-    what = f"Llama-2-{ns.model.upper()} on meta, bf16, AdamW, 2 steps, 1 x {ns.tokens} tokens, torch {torch.__version__}"
-    r = paired_ratios(lambda: bare_steps(model, ids),
-                      lambda: ls.memory(model, input_ids=ids, optimizer="adamw", compose=False),
+    what = (f"Llama-2-{ns.model.upper()} on meta, bf16, AdamW, 2 steps, 1 x {ns.tokens} tokens"
+            f"{', use_cache on, labels' if ns.as_called else ''}, torch {torch.__version__}")
+    r = paired_ratios(lambda: bare_steps(model, ids, labels=ns.as_called),
+                      lambda: ls.memory(model, optimizer="adamw", compose=False, **kw),
                       pairs=ns.pairs, warmup=0)
     print(f"{what}: memory(compose=False) / bare fake loop {r.describe()}; bare {min(r.a):.1f} s, "
           f"memory(compose=False) {min(r.b):.1f} s")
-    c = paired_ratios(lambda: bare_steps(model, ids), lambda: ls.memory(model, input_ids=ids, optimizer="adamw"),
+    c = paired_ratios(lambda: bare_steps(model, ids, labels=ns.as_called), lambda: ls.memory(model, optimizer="adamw", **kw),
                       pairs=ns.pairs, warmup=0)
     print(f"{what}: memory() (five blocks simulated, {SHAPES[ns.model]['num_hidden_layers'] - 5} composed) / bare "
           f"fake loop {c.describe()}; bare {min(c.a):.1f} s, memory() {min(c.b):.2f} s; report the same as "
