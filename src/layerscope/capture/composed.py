@@ -51,10 +51,7 @@ def run_step(spec: StepSpec, watch: Callable[[], StepWatch],
         w = watch()
         try:
             run = composed_steps(spec, w, check_router=new_router() if new_router is not None else None)
-        except Exception as e:   # noqa: BLE001 - NotComposable, or anything: the whole model is simulated
-            import os, traceback
-            if os.environ.get("LS_DEBUG_COMPOSE"):
-                traceback.print_exc()
+        except Exception:   # noqa: BLE001 - NotComposable, or anything: the whole model is simulated
             run = None      # instead, and raises the error if it is the model's
         w.done()
         if run is not None:
