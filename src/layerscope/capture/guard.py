@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from .inputs import iter_tensors, map_tensors
-from .shadow import attributes_of, live_module, shadow_of, write_back
+from .shadow import attributes_of, live_module, shadow_tree, write_back
 
 __all__ = ["exclusive", "analysing", "gc_paused", "holds_inference_tensors", "any_held", "normal_tensors"]
 
@@ -65,8 +65,8 @@ def exclusive(fn):
                 _RUNNING.depth = getattr(_RUNNING, "depth", 0) + 1
                 try:
                     with gc_paused():     # (a copy of a large tree: many containers at once)
-                        work = shadow_of(model)
-                        before = attributes_of(work)
+                        work, pairs = shadow_tree(model)
+                        before = attributes_of(work, pairs)
                     try:
                         return fn(work, *args, **kwargs)
                     finally:      # what the forward assigned on self reaches the user's modules
