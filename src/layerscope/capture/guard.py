@@ -51,28 +51,33 @@ def exclusive(fn):
         # A model that holds inference tensors (built under inference mode) stays in it: outside,
         # its buffers could not be updated or restored in place; the recorder decomposes
         # composite ops itself, so forward counts are the same (a backward cannot run for it).
-        leave = not (isinstance(model, nn.Module) and holds_inference_tensors(model))
-        with torch.inference_mode(False) if leave else contextlib.nullcontext():
-            args, kwargs = normal_tensors(args, kwargs) if leave else (args, kwargs)
-            if not isinstance(model, nn.Module):
+        if not isinstance(model, nn.Module):
+            with torch.inference_mode(False):
+                args, kwargs = normal_tensors(args, kwargs)
                 return fn(model, *args, **kwargs)
-            live = live_module(model)      # an entry point given a copy (a front end's): the user's lock
-            with _LOCKS_GUARD:
-                lock = _MODEL_LOCKS.get(live)
-                if lock is None:
-                    lock = _MODEL_LOCKS[live] = threading.RLock()
-            with lock:
-                _RUNNING.depth = getattr(_RUNNING, "depth", 0) + 1
-                try:
-                    with gc_paused():     # (a copy of a large tree: many containers at once)
-                        work, pairs = shadow_tree(model)
-                        before = attributes_of(work, pairs)
+        live = live_module(model)      # an entry point given a copy (a front end's): the user's lock
+        with _LOCKS_GUARD:
+            lock = _MODEL_LOCKS.get(live)
+            if lock is None:
+                lock = _MODEL_LOCKS[live] = threading.RLock()
+        with lock:
+            _RUNNING.depth = getattr(_RUNNING, "depth", 0) + 1
+            try:
+                with gc_paused():     # (a copy of a large tree: many containers at once)
+                    # the copy's walk says whether the model holds inference tensors (one walk, not two)
+                    work, pairs, inference = shadow_tree(model, leave_inference=True)
+                    if inference is None:     # no copy made: the model itself, looked at
+                        inference = holds_inference_tensors(model)
+                    before = attributes_of(work, pairs)
+                leave = not inference
+                with torch.inference_mode(False) if leave else contextlib.nullcontext():
+                    args, kwargs = normal_tensors(args, kwargs) if leave else (args, kwargs)
                     try:
                         return fn(work, *args, **kwargs)
                     finally:      # what the forward assigned on self reaches the user's modules
                         write_back(work, before)
-                finally:
-                    _RUNNING.depth -= 1
+            finally:
+                _RUNNING.depth -= 1
     return wrapper
 
 

@@ -33,6 +33,7 @@ from ..errors import ForwardError, InputError, LayerscopeError, RegistryError
 from ..trace import (BACKWARD, FORWARD, OPTIMIZER, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER_UNKNOWN, Costs, OpEvent,
                      Trace)
 from .backward import SeqOwners
+from .cost_keys import SHAPE_ONLY, cost_key
 from .inputs import SpecCache, iter_tensors
 from .known import KnownIndexError
 from .records import build_trace
@@ -108,6 +109,7 @@ class Session:
         self.seq_vals, self.seq_layers = self.owners.seqs, self.owners.owners
         self.cost_cache: dict[Any, Any] = {}
         self.costs_made: dict[tuple, Costs] = {}   # each op's Costs by its value (on_op)
+        self.priced: dict[tuple, tuple] = {}       # a shape-only op's cost by its call's key (cost_keys.py)
 
     def seed_producers(self, inputs: Any, state) -> None:
         """Dataflow sources: the example inputs and the parameters/buffers the ops will read."""
@@ -179,9 +181,12 @@ class Session:
         entry = self.cost_cache.get(id(func))
         if entry is None or entry[0] is not func:
             # the analysis's own registry (CostOptions.registry), else the default one
+            # (and whether its cost is fixed by its arguments' shapes: capture/cost_keys.py)
             entry = self.cost_cache[id(func)] = (func, self.options.lookup(func),
-                                                 f"{func.namespace}.{func._opname}")
-        _, fn, name = entry
+                                                 f"{func.namespace}.{func._opname}",
+                                                 self.options.registry is None and self.known is None and
+                                                 func.namespace == "aten" and func._opname in SHAPE_ONLY)
+        _, fn, name, keyed = entry
         phase = self.phase
         if phase is FORWARD:
             stack = self.stack
@@ -222,7 +227,11 @@ class Session:
             e = known.get(id(t))
             producers.append(e[1] if e is not None and e[0]() is t else PRODUCER_UNKNOWN)
         window, executed, attention = None, 1.0, None
-        if fn is None:
+        key = cost_key(func, args, kwargs, outs) if keyed else None
+        priced = self.priced.get(key) if key is not None else None
+        if priced is not None:    # the same op on the same shapes and arguments earlier in the run
+            status, costs, window, executed, attention = priced
+        elif fn is None:
             status, costs = "uncounted", _NO_COSTS
         elif fn is FREE:
             status, costs = "free", _NO_COSTS
@@ -249,10 +258,12 @@ class Session:
                         bw += t.numel() * t.element_size()
                 # one frozen record per distinct value (a deep model's blocks repeat the same few):
                 # fewer objects made, and fewer for the garbage collector to walk once it runs again
-                key = (int(c.macs), int(c.flops), int(br), int(bw))
-                costs = self.costs_made.get(key)
+                value = (int(c.macs), int(c.flops), int(br), int(bw))
+                costs = self.costs_made.get(value)
                 if costs is None:
-                    costs = self.costs_made[key] = Costs(*key)
+                    costs = self.costs_made[value] = Costs(*value)
+                if key is not None:
+                    self.priced[key] = (status, costs, window, executed, attention)
         ops = self.ops
         index = len(ops)
         ops.append(OpEvent(index, name, layer, phase, status, costs, tuple(producers), window, executed, attention))

@@ -32,6 +32,7 @@ names (``_x``) and values that hold a meta or fake tensor (a simulation's, never
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import operator
@@ -86,16 +87,22 @@ def shadow_of(model: nn.Module) -> nn.Module:
     return shadow_tree(model)[0]
 
 
-def shadow_tree(model: nn.Module) -> tuple[nn.Module, list[tuple[nn.Module, nn.Module]]]:
-    """``shadow_of(model)`` and each (copy, the user's module it stands for) of the tree it made, each
+def shadow_tree(model: nn.Module, leave_inference: bool = False) \
+        -> tuple[nn.Module, list[tuple[nn.Module, nn.Module]], bool | None]:
+    """``shadow_of(model)``; each (copy, the user's module it stands for) of the tree it made, each
     module once (empty where ``model`` itself is returned): what ``attributes_of`` and ``write_back``
     walk, without walking the copy again through ``modules()`` (a generator and a path string per
-    module)."""
+    module); and whether the tree holds an inference tensor as a parameter or buffer (None where
+    ``model`` itself is returned: not looked at), found on the walk that copies it.
+    ``leave_inference``: the copy's tensors are made outside ``torch.inference_mode`` unless the tree
+    holds an inference tensor (what capture/guard.py runs the analysis in), as they were when the
+    guard asked ``holds_inference_tensors`` in a walk of its own first."""
     if _LIVE in model.__dict__:
-        return model, []
+        return model, [], None
     memo: dict[int, nn.Module] = {}
     pairs: list[tuple[nn.Module, nn.Module]] = []
     own_attrs: list[tuple[dict, set]] = []     # (a copy's __dict__, its attributes beyond nn.Module's)
+    inference = False
     classes: dict[type, bool] = {}
     ref = weakref.ref
     todo = [model]
@@ -110,8 +117,10 @@ def shadow_tree(model: nn.Module) -> tuple[nn.Module, list[tuple[nn.Module, nn.M
         # the instance's attributes beyond nn.Module's own bookkeeping (a set difference in C: most
         # modules have two or three, a Linear its in/out features): what _copyable and _remap look at
         extra = m.__dict__.keys() - _MODULE_OWN
-        if not ok or not _copyable(m, extra):
-            return model, []
+        held = _copyable(m, extra) if ok else None
+        if held is None:
+            return model, [], None
+        inference = inference or held
         new = object.__new__(cls)
         d = new.__dict__
         d.update(m.__dict__)
@@ -129,7 +138,8 @@ def shadow_tree(model: nn.Module) -> tuple[nn.Module, list[tuple[nn.Module, nn.M
     buffers: dict[int, torch.Tensor] = {}
     params: dict[int, torch.Tensor] = {}
     kept = _KEPT
-    with torch.no_grad():
+    with torch.no_grad(), torch.inference_mode(False) if leave_inference and not inference else \
+            contextlib.nullcontext():
         for new in memo.values():
             d = new.__dict__
             mods = d["_modules"]
@@ -149,7 +159,7 @@ def shadow_tree(model: nn.Module) -> tuple[nn.Module, list[tuple[nn.Module, nn.M
                 r = _remap(v, memo, 0)
                 if r is not v:
                     d[k] = r
-    return memo[id(model)], pairs
+    return memo[id(model)], pairs, inference
 
 
 def _own_tensors(slots: dict, made: dict[int, torch.Tensor], make) -> None:
@@ -193,26 +203,32 @@ def _copyable_class(cls: type) -> bool:
     return True
 
 
-def _copyable(m: nn.Module, extra) -> bool:
-    """Whether a copy of ``m`` runs as ``m`` does: no tensor still to be created, no instance-level
-    ``forward`` but a bound method of a module. ``extra``: the names of ``m.__dict__`` beyond
-    nn.Module's own (``_MODULE_OWN``)."""
+def _copyable(m: nn.Module, extra) -> bool | None:
+    """None where a copy of ``m`` would not run as ``m`` does (a tensor still to be created, an
+    instance-level ``forward`` that is not a bound method of a module); else whether ``m`` holds an
+    inference tensor as a parameter or buffer of its own. ``extra``: the names of ``m.__dict__``
+    beyond nn.Module's own (``_MODULE_OWN``)."""
     d = m.__dict__
     if not d.keys() >= _OWN_SET:
-        return False
+        return None
     if extra and any(map(str.startswith, extra, itertools.repeat(_COMPOSABLE))):
-        return False                     # fully_shard, replicate, checkpoint: state found by the module
+        return None                      # fully_shard, replicate, checkpoint: state found by the module
     fwd = d.get("forward") if extra else None
     if fwd is not None and not (type(fwd) is types.MethodType and isinstance(fwd.__self__, nn.Module)) and \
             not (type(fwd) is functools.partial and any(isinstance(a, nn.Module) for a in fwd.args)):
-        return False
+        return None
+    inference = False
     for t in m._parameters.values():
-        if isinstance(t, UninitializedTensorMixin):
-            return False
+        if t is not None:
+            if isinstance(t, UninitializedTensorMixin):
+                return None
+            inference = inference or t.is_inference()
     for t in m._buffers.values():
-        if isinstance(t, UninitializedTensorMixin):
-            return False
-    return True
+        if t is not None:
+            if isinstance(t, UninitializedTensorMixin):
+                return None
+            inference = inference or t.is_inference()
+    return inference
 
 
 def _alias(p: torch.Tensor) -> torch.Tensor:
