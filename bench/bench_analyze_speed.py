@@ -13,8 +13,10 @@ calls: per module call on the deep MLP it is the same ratio) for
 Each measurement is a fresh child process that imports layerscope from one ``src`` (this checkout's, or
 ``--base``: another checkout's, e.g. ``git worktree add /tmp/base <commit> --detach``), warms every side
 up, then runs ``--rounds`` rounds of (plain, analyze, FlopCounterMode), the order reversed every other
-round. The parent alternates the two checkouts' children (A B B A ...), ``--pairs`` of each, so a
-drifting machine favours neither. CPU time (time.process_time: this process alone, whatever else the
+round; before each timed side a full collection (untimed), and each side's time ends with a
+generation-0 collection (what it left the collector is walked in its own time). The parent
+alternates the two checkouts' children (A B B A ...), ``--pairs`` of each, so a drifting machine
+favours neither. CPU time (time.process_time: this process alone, whatever else the
 machine runs) is the figure; wall beside it. Each child's ratio is of the medians of its rounds' extras;
 the parent prints the median of the children's ratios with their min and max, and the load average.
 """
@@ -22,6 +24,7 @@ the parent prints the median of the children's ratios with their min and max, an
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -72,8 +75,13 @@ def child(name: str, blocks: int, rounds: int) -> None:
     wall: dict[str, list[float]] = {k: [] for k in sides}
     for r in range(rounds):
         for k in (list(sides) if r % 2 == 0 else list(reversed(sides))):
+            gc.collect()        # (untimed) no side's garbage is left for the next one to walk
             c, w = time.process_time(), time.perf_counter()
             sides[k]()
+            # what each side leaves the collector, walked inside its own time: analyze() keeps the
+            # collector paused while it runs, and its records would otherwise be walked by the first
+            # collection of whichever side runs next
+            gc.collect(0)
             cpu[k].append(time.process_time() - c)
             wall[k].append(time.perf_counter() - w)
     print(json.dumps({"cpu": cpu, "wall": wall, "calls": calls}))
