@@ -28,7 +28,7 @@ from ._exported import analyze_exported_with, analyze_torchscript
 __all__ = ["analyze", "activations"]
 
 
-@exclusive
+@exclusive(paused=True)
 def analyze(model: nn.Module, *args: Any, input_size=None, dtypes=None, device=None, mode: str = "eval",
             backward: bool = False, options: AnalyzeOptions | None = None, forward_kwargs: dict | None = None,
             **kwargs: Any) -> Report:

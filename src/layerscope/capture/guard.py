@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from .inputs import iter_tensors, map_tensors
-from .shadow import attributes_of, live_module, shadow_of, write_back
+from .shadow import attributes_of, live_module, shadow_tree, write_back
 
 __all__ = ["exclusive", "analysing", "gc_paused", "holds_inference_tensors", "any_held", "normal_tensors"]
 
@@ -36,12 +36,23 @@ def analysing() -> bool:
     return getattr(_RUNNING, "depth", 0) > 0
 
 
-def exclusive(fn):
+def exclusive(fn=None, *, paused: bool = False):
     """Every public entry point that runs a model: one analysis at a time per model, outside
     ``torch.inference_mode`` (see ``normal_tensors``), and on a structural copy of the model
     (capture/shadow.py), so that another thread calling the model meanwhile sees none of the
     analysis's mode flips, hooks and swapped tensors (issue 58). A report hands back the user's
-    modules (``shadow.live_module``)."""
+    modules (``shadow.live_module``).
+
+    ``paused`` (``@exclusive(paused=True)``: analyze()): the cyclic garbage collector stays paused
+    (``gc_paused``) from the copy to its release, not only while the copy and the records are made.
+    Each collection that ran between (as the inputs were prepared, after the report, as the copy's
+    attributes were written back) walked every object the analysis had made and still held, the
+    copy of the tree among them (a 1,000-block MLP: 3,001 modules, 24,000 containers): 355 ms with a
+    generation-1 collection after it against 282 ms paused throughout. The copy is freed by reference
+    counting before the collector resumes."""
+    if fn is None:
+        return functools.partial(exclusive, paused=paused)
+
     @functools.wraps(fn)
     def wrapper(model, *args, **kwargs):
         # Under inference_mode autograd does not decompose composite ops (aten.conv2d, aten.linear,
@@ -51,28 +62,35 @@ def exclusive(fn):
         # A model that holds inference tensors (built under inference mode) stays in it: outside,
         # its buffers could not be updated or restored in place; the recorder decomposes
         # composite ops itself, so forward counts are the same (a backward cannot run for it).
-        leave = not (isinstance(model, nn.Module) and holds_inference_tensors(model))
-        with torch.inference_mode(False) if leave else contextlib.nullcontext():
-            args, kwargs = normal_tensors(args, kwargs) if leave else (args, kwargs)
-            if not isinstance(model, nn.Module):
+        if not isinstance(model, nn.Module):
+            with torch.inference_mode(False):
+                args, kwargs = normal_tensors(args, kwargs)
                 return fn(model, *args, **kwargs)
-            live = live_module(model)      # an entry point given a copy (a front end's): the user's lock
-            with _LOCKS_GUARD:
-                lock = _MODEL_LOCKS.get(live)
-                if lock is None:
-                    lock = _MODEL_LOCKS[live] = threading.RLock()
-            with lock:
-                _RUNNING.depth = getattr(_RUNNING, "depth", 0) + 1
-                try:
+        live = live_module(model)      # an entry point given a copy (a front end's): the user's lock
+        with _LOCKS_GUARD:
+            lock = _MODEL_LOCKS.get(live)
+            if lock is None:
+                lock = _MODEL_LOCKS[live] = threading.RLock()
+        with lock:
+            _RUNNING.depth = getattr(_RUNNING, "depth", 0) + 1
+            try:
+                with gc_paused() if paused else contextlib.nullcontext():
                     with gc_paused():     # (a copy of a large tree: many containers at once)
-                        work = shadow_of(model)
-                        before = attributes_of(work)
-                    try:
-                        return fn(work, *args, **kwargs)
-                    finally:      # what the forward assigned on self reaches the user's modules
-                        write_back(work, before)
-                finally:
-                    _RUNNING.depth -= 1
+                        # the copy's walk says whether the model holds inference tensors (one walk, not two)
+                        work, pairs, inference = shadow_tree(model, leave_inference=True)
+                        if inference is None:     # no copy made: the model itself, looked at
+                            inference = holds_inference_tensors(model)
+                        before = attributes_of(work, pairs)
+                    leave = not inference
+                    with torch.inference_mode(False) if leave else contextlib.nullcontext():
+                        args, kwargs = normal_tensors(args, kwargs) if leave else (args, kwargs)
+                        try:
+                            return fn(work, *args, **kwargs)
+                        finally:      # what the forward assigned on self reaches the user's modules
+                            write_back(work, before)
+                            del work, pairs, before     # the copy goes now (paused: not walked first)
+            finally:
+                _RUNNING.depth -= 1
     return wrapper
 
 

@@ -14,6 +14,7 @@ from ..errors import InputError
 from .guard import any_held
 from .inputs import iter_tensors, make_inputs, map_tensors
 from .known import LIMIT
+from .shadow import live_module
 from .state import model_device, non_leaf
 
 __all__ = ["check_model", "as_device", "prepare_inputs", "example_inputs", "rebatch", "micro_batch",
@@ -139,7 +140,11 @@ def float_dtype(model: nn.Module) -> torch.dtype:
 
 
 def _lazy(model: nn.Module) -> bool:
-    """Whether a parameter or buffer is still to be created (``UninitializedParameter``)."""
+    """Whether a parameter or buffer is still to be created (``UninitializedParameter``). Never on an
+    analysis's copy of a model (capture/shadow.py copies no tree that holds one: the user's model is
+    analysed instead), so a copy is not walked again."""
+    if live_module(model) is not model:
+        return False
     return any_held(model, is_lazy)
 
 

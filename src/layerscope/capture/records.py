@@ -88,9 +88,17 @@ def _kernel(module: nn.Module):
     return None
 
 
-def _subtree_params(model: nn.Module, holders: dict[int, int]) -> dict[int, int]:
+def _subtree_params(model: nn.Module, holders: dict[int, int], modules: list[nn.Module] | None = None) \
+        -> dict[int, int]:
     """Unique parameter count of every module's subtree, in one post-order pass. Plain sums are
-    exact unless a parameter is shared; only subtrees holding a shared one are recounted."""
+    exact unless a parameter is shared; only subtrees holding a shared one are recounted.
+    ``modules``: ``model``'s modules in pre-order (named_modules' order), where the caller has them:
+    walked backwards, every child comes before its parent unless a module sits in the tree twice,
+    which the recursive walk below then takes (the same sums; a loop instead of a call a module)."""
+    if modules is not None:
+        got = _subtree_params_reversed(modules, holders)
+        if got is not None:
+            return got
     out: dict[int, int] = {}
     shared_below: dict[int, bool] = {}
 
@@ -115,8 +123,32 @@ def _subtree_params(model: nn.Module, holders: dict[int, int]) -> dict[int, int]
     return out
 
 
-def _freeze_layers(cap, model: nn.Module, holders, first_owner):
-    subtree = _subtree_params(model, holders)
+def _subtree_params_reversed(modules: list[nn.Module], holders: dict[int, int]) -> dict[int, int] | None:
+    """_subtree_params over the pre-order list backwards; None where a child is met before its sums
+    (a module reached twice: the recursive walk's case)."""
+    out: dict[int, int] = {}
+    shared_below: dict[int, bool] = {}
+    for m in reversed(modules):
+        total, shared = 0, False
+        for p in m._parameters.values():
+            if p is not None:
+                total += int(p.numel())
+                shared = shared or holders[id(p)] > 1
+        for child in m._modules.values():
+            if child is not None:
+                t = out.get(id(child))
+                if t is None:
+                    return None
+                total += t
+                shared = shared or shared_below[id(child)]
+        if shared:
+            total = sum(int(p.numel()) for p in m.parameters())
+        out[id(m)], shared_below[id(m)] = total, shared
+    return out
+
+
+def _freeze_layers(cap, model: nn.Module, holders, first_owner, modules: list[nn.Module] | None = None):
+    subtree = _subtree_params(model, holders, modules)
     layers = []
     called = {id(c.module) for c in cap.calls}
     script = torch.jit.ScriptModule
@@ -210,7 +242,8 @@ def build_trace(cap, model: nn.Module, named: list[tuple[str, nn.Module]], input
     options = {**options, "model_dtype": options["model_dtype"] if "model_dtype" in options
                else dtype_text(model, None if isinstance(model, torch.jit.ScriptModule) else params)}
     holders, first_owner = _param_table(modules)
-    layers = _freeze_layers(cap, model, holders, first_owner)
+    layers = _freeze_layers(cap, model, holders, first_owner,
+                            modules if named and named[0][1] is model else None)
     if not layers:
         raise InputError("the model's forward never ran as a module call; nothing to analyse")
     # containers without a forward of their own (ModuleList, ModuleDict) are never called by design

@@ -33,6 +33,7 @@ from ..errors import ForwardError, InputError, LayerscopeError, RegistryError
 from ..trace import (BACKWARD, FORWARD, OPTIMIZER, PRODUCER_INPUT, PRODUCER_STATE, PRODUCER_UNKNOWN, Costs, OpEvent,
                      Trace)
 from .backward import SeqOwners
+from .cost_keys import SHAPE_ONLY, cost_key
 from .inputs import SpecCache, iter_tensors
 from .known import KnownIndexError
 from .records import build_trace
@@ -40,7 +41,7 @@ from .recorder import FAKE_SIZE_FIXES, OpRecorder
 from .rng import PrivateRNG
 from .state import (StateGuard, describe_inputs, empty_state, grad_inputs, held_tensors, model_device, set_mode,
                     swapped_state)
-from .tracker import ModuleTracker, TrackedCall, module_type
+from .tracker import ModuleTracker, TrackedCall, module_type, named_modules, plain_call
 
 __all__ = ["Session", "capture", "run_forward", "run_backward"]
 
@@ -107,6 +108,8 @@ class Session:
         self.owners = SeqOwners()
         self.seq_vals, self.seq_layers = self.owners.seqs, self.owners.owners
         self.cost_cache: dict[Any, Any] = {}
+        self.costs_made: dict[tuple, Costs] = {}   # each op's Costs by its value (on_op)
+        self.priced: dict[tuple, tuple] = {}       # a shape-only op's cost by its call's key (cost_keys.py)
 
     def seed_producers(self, inputs: Any, state) -> None:
         """Dataflow sources: the example inputs and the parameters/buffers the ops will read."""
@@ -130,6 +133,17 @@ class Session:
         # drop the weak references to the model's tensors now: a tensor with a weakref on it cannot
         # be swapped later (module.to_empty() / .to() on tensor subclasses use swap_tensors)
         self.producers = {}
+
+    def close(self) -> None:
+        """Done with the run (its trace built): the tracker lets go of this session's callbacks. The
+        session and its tracker hold each other (the tracker calls back into ``_new_call`` and
+        ``_exited``), and that cycle kept the whole run -- every call record, and through them the
+        analysed modules (an analysis's copy of the tree: capture/shadow.py) -- alive until the
+        cyclic garbage collector found it: 37,000 objects a 1,000-block MLP's analyze() left to it,
+        walked by the next collections. Without the cycle they go when the last reference does."""
+        tracker = self.tracker
+        tracker.new_call = plain_call
+        tracker.pre_fw = tracker.post_fw = tracker.pre_bw = tracker.post_bw = ()
 
     def _new_call(self, module, path, depth, call_index, parent, args, kwargs, type_=None):
         # Module calls during backward are activation-checkpoint recomputations: their ops are
@@ -167,9 +181,12 @@ class Session:
         entry = self.cost_cache.get(id(func))
         if entry is None or entry[0] is not func:
             # the analysis's own registry (CostOptions.registry), else the default one
+            # (and whether its cost is fixed by its arguments' shapes: capture/cost_keys.py)
             entry = self.cost_cache[id(func)] = (func, self.options.lookup(func),
-                                                 f"{func.namespace}.{func._opname}")
-        _, fn, name = entry
+                                                 f"{func.namespace}.{func._opname}",
+                                                 self.options.registry is None and self.known is None and
+                                                 func.namespace == "aten" and func._opname in SHAPE_ONLY)
+        _, fn, name, keyed = entry
         phase = self.phase
         if phase is FORWARD:
             stack = self.stack
@@ -210,7 +227,11 @@ class Session:
             e = known.get(id(t))
             producers.append(e[1] if e is not None and e[0]() is t else PRODUCER_UNKNOWN)
         window, executed, attention = None, 1.0, None
-        if fn is None:
+        key = cost_key(func, args, kwargs, outs) if keyed else None
+        priced = self.priced.get(key) if key is not None else None
+        if priced is not None:    # the same op on the same shapes and arguments earlier in the run
+            status, costs, window, executed, attention = priced
+        elif fn is None:
             status, costs = "uncounted", _NO_COSTS
         elif fn is FREE:
             status, costs = "free", _NO_COSTS
@@ -235,7 +256,14 @@ class Session:
                     bw = 0
                     for t in outs:
                         bw += t.numel() * t.element_size()
-                costs = Costs(int(c.macs), int(c.flops), int(br), int(bw))
+                # one frozen record per distinct value (a deep model's blocks repeat the same few):
+                # fewer objects made, and fewer for the garbage collector to walk once it runs again
+                value = (int(c.macs), int(c.flops), int(br), int(bw))
+                costs = self.costs_made.get(value)
+                if costs is None:
+                    costs = self.costs_made[value] = Costs(*value)
+                if key is not None:
+                    self.priced[key] = (status, costs, window, executed, attention)
         ops = self.ops
         index = len(ops)
         ops.append(OpEvent(index, name, layer, phase, status, costs, tuple(producers), window, executed, attention))
@@ -295,7 +323,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
     if mode not in ("eval", "train", "same"):
         raise InputError(f"mode must be 'eval', 'train' or 'same', got {mode!r}")
     options = options or CostOptions()
-    named = list(model.named_modules())
+    named = named_modules(model)
     modules = [m for _, m in named]
     # the distinct parameters and buffers before the run, found once for the guard and the dataflow seeds
     held = (held_tensors(modules, "_parameters"), held_tensors(modules, "_buffers"))
@@ -328,6 +356,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, mode: str = "eval", 
                                  **({"gpu": attention.gpu.name, "attention": attention.forced}
                                     if attention is not None else {}),
                                  **({"notes": tuple(cap.meta_log.notes())} if cap.meta_log is not None else {})})
+    cap.close()
     return trace, output
 
 
