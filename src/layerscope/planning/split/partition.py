@@ -8,15 +8,15 @@ dynamic programme over (stage, first unit):
 
     best[s][x] = min over y > x of  max(cost_s(x, y), best[s + 1][y])   with  mem_s(x, y) <= limit_s
 
-evaluated a whole row of ``y`` at a time with tensors: O(K·n²) work, exact for any costs (ties between
-equal bottlenecks go to the earliest cut). A stage's memory, per the schedule, is ``memory.py``'s
-model.
+evaluated a whole stage at a time with tensors: O(K·n²) work, exact for any costs (ties between
+equal bottlenecks go to the earliest cut); for additive costs within a band (``solve``). A stage's
+memory, per the schedule, is ``stage_memory.py``'s model.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -90,38 +90,37 @@ class _Tables:
         self.inputs = float(units.input_batch_bytes)
         self.targets = float(units.target_bytes)
 
-    def _grid(self, p, x, y):
-        return p[y][None, :] - p[x][:, None]
-
     def memory(self, x, y, held: int, first: bool, last: bool, pending: int = 0,
                local: tuple[bool, bool] = (False, False)):
-        """Memory of a stage over units [x, y) for every pair in the index vectors x (rows), y (cols).
-        ``pending``: zero bubble's micro-batches between their I and W (``zb_pending``); ``local``:
-        whether its neighbours before and after run on its own rank (``local_neighbours``)."""
-        mem = self._grid(self.state, x, y)
+        """Memory of a stage over units [x, y) for every pair of the index tensors ``x`` (a column,
+        R x 1) and ``y`` (a row, 1 x C, or R x C: each row's own ends), broadcast. ``pending``: zero
+        bubble's micro-batches between their I and W (``zb_pending``); ``local``: whether its
+        neighbours before and after run on its own rank (``local_neighbours``). Each entry is the
+        same arithmetic whatever the grid's shape (the same operations on the same numbers)."""
+        mem = self.state[y] - self.state[x]
         if pending:
-            mem = mem + pending * self._grid(self.deferred, x, y)
+            mem = mem + pending * (self.deferred[y] - self.deferred[x])
         for pre, nbytes in self.ties:
-            cnt = self._grid(pre, x, y)
+            cnt = pre[y] - pre[x]
             mem = mem - torch.clamp(cnt - 1, min=0) * nbytes
         # per micro-batch in flight: saved activations (less the received inputs the first unit
         # saves; on the last stage plus what the loss saved) and the stage's output
-        act = self._grid(self.act, x, y) + (self.loss_saved if last else 0.0) - self.osaved[y][None, :]
+        act = (self.act[y] - self.act[x]) + (self.loss_saved if last else 0.0) - self.osaved[y]
         if not first:
-            act = act - self.recv[x][:, None]
-        mem = mem + in_flight(act, self.outb[y][None, :], self._grid(self.grads, x, y),
-                              self.inb[x][:, None], held, self.m, self.schedule, first, last,
+            act = act - self.recv[x]
+        mem = mem + in_flight(act, self.outb[y], self.grads[y] - self.grads[x],
+                              self.inb[x], held, self.m, self.schedule, first, last,
                               kept=self.kept)
         mem = mem + (self.inputs if first else 0.0) + (self.targets if last else 0.0)
         if not first and not local[0]:
-            mem = mem + (self.m * self.inb[x])[:, None]
+            mem = mem + self.m * self.inb[x]
         if not last and not local[1]:
-            mem = mem + (self.m * self.outb[y])[None, :]
-        work = self.work[x][:, y]
+            mem = mem + self.m * self.outb[y]
+        work = self.work[x, y]
         return mem + (torch.clamp(work, min=self.loss) if last else work)
 
     def cost_grid(self, x, y, mem):
-        return mem if self.by_memory else self._grid(self.cost, x, y)
+        return mem if self.by_memory else self.cost[y] - self.cost[x]
 
 
 def solve(units: SplitUnits, stages: int, by, limits: list[float] | None, schedule: str,
@@ -147,7 +146,9 @@ def solve(units: SplitUnits, stages: int, by, limits: list[float] | None, schedu
     for _ in range(3):             # within the band every value is <= cap: None means not found in it
         if cap >= total:
             break
-        found = _solve(t, k, limits, schedule, microbatches, stages_per_rank, cap)
+        found = _solve_in_reach(t, k, limits, schedule, microbatches, stages_per_rank, cap)
+        if found is None:     # not shown equal to the banded programme's answer: that programme
+            found = _solve(t, k, limits, schedule, microbatches, stages_per_rank, cap)
         if found is not None:
             return found
         cap *= 2
@@ -164,35 +165,25 @@ def _solve(t: "_Tables", k: int, limits, schedule: str, microbatches: int, stage
     for s in range(k - 1, -1, -1):
         lo, hi = s, n - (k - s)                 # stage s starts in [lo, hi]
         ytop = n - (k - s - 1)
-        held = held_microbatches(schedule, k, microbatches, s, stages_per_rank)
-        pending = zb_pending(schedule, k, microbatches, s, stages_per_rank)
-        local = local_neighbours(schedule, k, s, stages_per_rank)
+        stage = _Stage(t, s, k, held_microbatches(schedule, k, microbatches, s, stages_per_rank),
+                       zb_pending(schedule, k, microbatches, s, stages_per_rank),
+                       local_neighbours(schedule, k, s, stages_per_rank), None if limits is None else limits[s])
         nb = torch.full((n + 1,), inf, dtype=torch.float64)
         full = torch.zeros(n + 1, dtype=torch.long)
+        xs = torch.arange(lo, hi + 1)
         if cap is None:
-            spans = [(lo, hi, lo + 1, ytop)]
+            last_y = torch.full_like(xs, ytop)
         else:
-            # y of the last stage end whose cost from x is within the cap, per row x
-            xs = torch.arange(lo, hi + 1)
+            # y of the last stage end whose cost from x is within the cap, per row x; a row takes the
+            # reach of the last row of its block of ``block`` rows (blocks from ``lo``): the band the
+            # programme has always searched, kept so that every answer stays what it was (a row may
+            # so see a stage over the cap: its value is then an upper bound, never below the true one)
             reach = torch.searchsorted(t.cost, t.cost[xs] + cap * (1 + 1e-12), right=True) - 1
-            spans = []
-            for a in range(lo, hi + 1, block):
-                b = min(a + block - 1, hi)
-                y1 = min(int(reach[b - lo]), ytop)
-                if y1 >= a + 1:
-                    spans.append((a, b, a + 1, y1))
-        for a, b, y0, y1 in spans:
-            x = torch.arange(a, b + 1)
-            y = torch.arange(y0, y1 + 1)
-            mem = t.memory(x, y, held, s == 0, s == k - 1, pending, local)
-            val = torch.maximum(t.cost_grid(x, y, mem), best[y][None, :])
-            bad = y[None, :] <= x[:, None]
-            if limits is not None:
-                bad = bad | (mem > limits[s])
-            val = val.masked_fill(bad, inf)
-            row_best, arg = val.min(dim=1)
-            nb[a:b + 1] = row_best
-            full[a:b + 1] = y[arg]
+            ends = torch.clamp(xs - (xs - lo) % block + block - 1, max=hi)
+            last_y = torch.clamp(reach[ends - lo], max=ytop)
+        rows = last_y > xs                        # rows with at least one stage end to try
+        xs, last_y = xs[rows], last_y[rows]
+        _stage_rows(stage, xs, last_y, best, nb, full)
         choice[s] = full
         best = nb
         if not bool(torch.isfinite(nb).any()):   # no stage s .. K-1 fits from any start: infeasible
@@ -205,6 +196,111 @@ def _solve(t: "_Tables", k: int, limits, schedule: str, microbatches: int, stage
         bounds.append((x, y))
         x = y
     return bounds, best[0].item()
+
+
+def _solve_in_reach(t: "_Tables", k: int, limits, schedule: str, microbatches: int, stages_per_rank: int,
+                    cap: float):
+    """The banded programme's answer (``_solve`` with ``cap``) where it can be shown to be, else None,
+    from far fewer cells: each row x tries only its own reach ``R(x)`` (the ends y whose stage costs
+    at most the cap), not its block's, and only the rows that matter are computed: those a path from
+    unit 0 can reach (x <= M_s, with M_0 = 0 and M_{s+1} = R(M_s): the reach is non-decreasing) and
+    those that can still reach the end (x >= m_s, the first row whose reach meets m_{s+1}). On the
+    1,000-block MLP's 2,000 units in 64 stages: a tenth of the cells, 0.2 s instead of 2.
+
+    Why the answers are equal. Let theta be the smallest cost of a stage one unit past a row's reach
+    (over every stage and row): every cell the banded programme has past R(x) is at least theta
+    (costs are non-decreasing), and a masked cell is infinite in both. Claim, by induction from the
+    last stage, for every row x <= M_s: if its value in either programme is below theta, both
+    have the same value and the same first argmin. Its cells at y <= R(x) <= M_{s+1} are
+    max(cost, value of y) with the same cost, so by the claim for y they are the same number where
+    either is below theta and at least theta in both otherwise; its other cells are at least theta.
+    (A row before m_s has only cells at rows before m_{s+1}: at least theta in both, though the
+    banded programme may find a value there past its reach.) So when this programme's value at
+    unit 0 is below theta, it and the path from it are the banded programme's; otherwise (a split
+    over the cap, or none) this returns None and the caller runs ``_solve``."""
+    n = t.n
+    inf = float("inf")
+    reach = torch.searchsorted(t.cost, t.cost + cap * (1 + 1e-12), right=True) - 1     # _solve's, per row
+    tops = [n - (k - s - 1) for s in range(k)]
+    theta = inf
+    for s in range(k):                 # the cheapest cell past a row's reach, over stage s's rows
+        r = torch.clamp(reach[s:n - (k - s) + 1], max=tops[s])
+        past = r < tops[s]
+        if bool(past.any()):
+            xs = torch.arange(s, n - (k - s) + 1)[past]
+            theta = min(theta, float((t.cost[r[past] + 1] - t.cost[xs]).min()))
+    reachable = [0] * (k + 1)          # M_s: the last row a path from unit 0 reaches
+    for s in range(k):
+        reachable[s + 1] = min(int(reach[min(reachable[s], n - (k - s))]), tops[s])
+    live = [n] * (k + 1)               # m_s: the first row from which the end can still be reached
+    for s in range(k - 1, -1, -1):
+        first = int(torch.searchsorted(reach, torch.tensor(live[s + 1])))
+        live[s] = max(first, s)
+        if live[s] > min(reachable[s], n - (k - s)):
+            return None
+    best = torch.full((n + 1,), inf, dtype=torch.float64)
+    best[n] = 0.0
+    choice: list[torch.Tensor] = [None] * k  # type: ignore[list-item]
+    for s in range(k - 1, -1, -1):
+        stage = _Stage(t, s, k, held_microbatches(schedule, k, microbatches, s, stages_per_rank),
+                       zb_pending(schedule, k, microbatches, s, stages_per_rank),
+                       local_neighbours(schedule, k, s, stages_per_rank), None if limits is None else limits[s])
+        xs = torch.arange(live[s], min(reachable[s], n - (k - s)) + 1)
+        last_y = torch.clamp(reach[xs], max=tops[s])
+        rows = last_y > xs
+        nb = torch.full((n + 1,), inf, dtype=torch.float64)
+        full = torch.zeros(n + 1, dtype=torch.long)
+        _stage_rows(stage, xs[rows], last_y[rows], best, nb, full)
+        choice[s], best = full, nb
+    if not float(best[0]) < theta:
+        return None
+    bounds, x = [], 0
+    for s in range(k):
+        y = int(choice[s][x])
+        bounds.append((x, y))
+        x = y
+    return bounds, best[0].item()
+
+
+class _Stage(NamedTuple):
+    """What the programme's row of stage ``index`` is computed with."""
+    tables: "_Tables"
+    index: int
+    stages: int
+    held: int
+    pending: int
+    local: tuple[bool, bool]
+    limit: float | None
+
+
+def _stage_rows(st: _Stage, xs: torch.Tensor, last_y: torch.Tensor, best: torch.Tensor, nb: torch.Tensor,
+                full: torch.Tensor, cells: int = 1 << 21) -> None:
+    """Fill ``nb[x]`` (the best bottleneck from x on) and ``full[x]`` (the end of stage ``st.index`` on
+    that path) for each row x of ``xs``, trying the ends x + 1 .. ``last_y[x]``. Every row's ends
+    are laid out from x + 1 (a grid as wide as the longest row, the rest masked), in a few calls for
+    the whole stage rather than one per block of rows: the per-call overhead was most of the
+    programme on a 2,000-unit model. A row's entries, and so its minimum and its first argmin (ties
+    go to the earliest end), are those of any other layout."""
+    if not len(xs):
+        return
+    t, inf = st.tables, float("inf")
+    first, last = st.index == 0, st.index == st.stages - 1
+    width = int((last_y - xs).max())
+    step = max(1, cells // width)                # rows a call, to bound the grids' memory
+    cols = torch.arange(1, width + 1)
+    for i in range(0, len(xs), step):
+        x = xs[i:i + step, None]
+        y = x + cols[None, :]
+        bad = y > last_y[i:i + step, None]
+        y = torch.clamp(y, max=t.n)              # masked ends index in range
+        mem = t.memory(x, y, st.held, first, last, st.pending, st.local)
+        val = torch.maximum(t.cost_grid(x, y, mem), best[y])
+        if st.limit is not None:
+            bad = bad | (mem > st.limit)
+        row_best, arg = val.masked_fill(bad, inf).min(dim=1)
+        rows = x[:, 0]
+        nb[rows] = row_best
+        full[rows] = torch.gather(y, 1, arg[:, None])[:, 0]
 
 
 def given_bounds(units: SplitUnits, stages: int, cuts) -> list[int]:
