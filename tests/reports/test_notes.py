@@ -49,6 +49,8 @@ EXAMPLES = {
     "world-context-parallel": {"cp": 2, "seq": 4096, "calls": 2},
     "world-uncounted-ops": {"ops": 3, "launch_us": 5.0},
     "world-one-device": {"ac": "none", "bf16": True},
+    "world-composed": {"rank": 0, "blocks": 80, "ran": 5},
+    "world-composed-refused": {"rank": 0, "why": "the blocks are parallelized differently at some places"},
     "search-searched": {"candidates": 12, "gpus": 8, "global_batch": 64, "seconds": 3.2, "simulated": 5,
                         "blocks": (1, 2), "for_bounds": 2, "passes": 40, "max_passes": None,
                         "counts": (("fits", 3), ("oom", 2))},

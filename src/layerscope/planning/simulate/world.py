@@ -21,6 +21,7 @@ from ...progress import ProgressBar
 from .results import ParallelPlan, RankMemory, mesh_coords, rank_memory, roles
 from .sharded_rank import RankStep, simulate_rank
 from .pipeline_rank import simulate_stage_rank
+from .composed_rank import simulate_rank_composed
 from .uniform_stages import rank_stages
 
 __all__ = ["WorldRun", "simulate_world", "plan_of", "global_tokens"]
@@ -33,7 +34,8 @@ class WorldRun:
     ``cuda``: CUDA ranks (512-byte blocks, cuBLAS's workspaces, foreach optimizers) or CPU ones;
     ``backend``: "nccl", "gloo" or "fake"; ``new_router()``: a fresh SdpaRouter for each simulated rank;
     ``progress``: a bar for rank 0's steps; ``target``: a tensor of the local batch for a pipeline's
-    ``loss_fn(output, target)``."""
+    ``loss_fn(output, target)``; ``compose``: each rank without a pipeline composed from five blocks where
+    it equals the whole simulation (planning/simulate/composed_rank.py), its notes saying which."""
 
     optimizer: Callable | None
     steps: int
@@ -43,6 +45,7 @@ class WorldRun:
     new_router: Callable[[], Any] | None = None
     progress: bool = False
     target: Any = None
+    compose: bool = False      # ranks without a pipeline composed from five blocks (composed_rank.py)
 
 
 def simulate_world(model, args, kwargs, config: ParallelConfig, world: WorldRun):
@@ -66,7 +69,8 @@ def simulate_world(model, args, kwargs, config: ParallelConfig, world: WorldRun)
 
     def one(rank: int, bar):
         routers.append(new_router())
-        simulate = simulate_rank if config.pp == 1 else simulate_stage_rank
+        simulate = simulate_stage_rank if config.pp > 1 else \
+            simulate_rank_composed if world.compose else simulate_rank
         step = dataclasses.replace(base, attention=routers[-1],
                                    workspace=workspace_rule(routers[-1].gpu.capability) if cuda else None,
                                    on_step=(lambda s, w: bar.advance() if w == "end" else None) if bar else None)
