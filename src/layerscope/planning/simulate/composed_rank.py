@@ -166,6 +166,30 @@ def _parallel_run(run: BlockRun, private: nn.Module) -> BlockRun:
     return BlockRun(run.path, container, run.start, run.count, tuple(sorted(differing)))
 
 
+def _skip_left_out(private: nn.Module, run: BlockRun) -> None:
+    """FSDP2's root state keeps every group's state (its lazy init finds them all in the whole model: each
+    block's shard is viewed there, as in the whole simulation), and its post-backward callback runs the
+    post-backward of each group that has not run its own: the left-out blocks' (3..n-3) would run one
+    there, which in the whole simulation each ran in its own backward (composed from t2's). So once the
+    lazy init is done, their states are taken out of the root's list."""
+    root = getattr(private, "_get_fsdp_state", None)
+    if root is None:
+        return
+    state = root()
+    kids = list(run.container._modules.values())[run.start:run.start + run.count]
+    left_out = {id(k._get_fsdp_state()) for k in kids[KEPT - 2:-(KEPT - 3)] if hasattr(k, "_get_fsdp_state")}
+    if not left_out:
+        return
+    init = state._lazy_init
+
+    def lazy_init(*a, **kw):
+        out = init(*a, **kw)
+        ctx = state._state_ctx
+        ctx.all_states = [s for s in ctx.all_states if id(s) not in left_out]
+        return out
+    state._lazy_init = lazy_init
+
+
 def composed_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, rank: int,
                   step: RankStep) -> RankRun:
     """``simulate_rank(model, args, kwargs, config, rank, step)`` composed from five blocks (see the
@@ -198,6 +222,7 @@ def composed_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelC
             watch_checkpoint_rng(private, tracker, step.rng_state)
             tr = truncated(private, blocks)
             tr.edges = tr.loose_producers = True
+            _skip_left_out(private, blocks)
             before = module_state([*private.modules(), *tr.copies])
             try:
                 with ring_attention(mesh, config, ring, step.attention):

@@ -21,7 +21,7 @@ from ...progress import ProgressBar
 from .results import ParallelPlan, RankMemory, mesh_coords, rank_memory, roles
 from .sharded_rank import RankStep, simulate_rank
 from .pipeline_rank import simulate_stage_rank
-from .composed_rank import simulate_rank_composed
+from .composed_rank import composed_rank, simulate_rank_composed
 from .uniform_stages import rank_stages
 
 __all__ = ["WorldRun", "simulate_world", "plan_of", "global_tokens"]
@@ -45,7 +45,9 @@ class WorldRun:
     new_router: Callable[[], Any] | None = None
     progress: bool = False
     target: Any = None
-    compose: bool = False      # ranks without a pipeline composed from five blocks (composed_rank.py)
+    # ranks without a pipeline composed from five blocks (composed_rank.py): True, else simulated whole;
+    # "only": else NotComposable (the search then simulates its copies)
+    compose: bool | str = False
 
 
 def simulate_world(model, args, kwargs, config: ParallelConfig, world: WorldRun):
@@ -69,7 +71,7 @@ def simulate_world(model, args, kwargs, config: ParallelConfig, world: WorldRun)
 
     def one(rank: int, bar):
         routers.append(new_router())
-        simulate = simulate_stage_rank if config.pp > 1 else \
+        simulate = simulate_stage_rank if config.pp > 1 else composed_rank if world.compose == "only" else \
             simulate_rank_composed if world.compose else simulate_rank
         step = dataclasses.replace(base, attention=routers[-1],
                                    workspace=workspace_rule(routers[-1].gpu.capability) if cuda else None,
