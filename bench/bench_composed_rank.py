@@ -32,10 +32,10 @@ def _llama70b():
         return LlamaForCausalLM(cfg)
 
 
-def _world(compose):
+def _world(compose, checks=None):
     return WorldRun(optimizer_factory("adamw"), 2, None, True, "nccl",
                     lambda: router_for(H100, "auto", simulated=True, cuda_target=True, autocast_device="cpu"),
-                    compose=compose)
+                    compose=compose, checks=checks)
 
 
 def _evaluator(model, args, composed: bool):
@@ -44,7 +44,8 @@ def _evaluator(model, args, composed: bool):
     def simulate(m, a, k, c):
         return simulate_world(m, a, k, c, plain)
     if composed:
-        simulate.composed = lambda m, a, k, c: simulate_world(m, a, k, c, _world("only"))
+        only = _world("only", {})      # as the search's: one loop check per input shape (a fresh one per evaluator)
+        simulate.composed = lambda m, a, k, c: simulate_world(m, a, k, c, only)
     return _Evaluator(model, args, {}, batch0=1, simulate=simulate, gpu=H100, limit=80 * 10**9, fracs=FRACTIONS,
                       tokens_of=lambda c: 64 * SEQ)
 

@@ -81,12 +81,38 @@ def simulate_rank_composed(model: nn.Module, args: tuple, kwargs: dict, config: 
     return rr
 
 
-def _plain_check(private: nn.Module, args: tuple, kwargs: dict) -> BlockRun:
+def _check_key(model: nn.Module, dtype, args: tuple, kwargs: dict) -> tuple:
+    """What the plain check's answer depends on: the model, the dtype of its copy, the inputs' specs."""
+    def spec(t):
+        return (tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else repr(t)
+    return (id(model), dtype, tuple(spec(a) for a in args), tuple((k, spec(v)) for k, v in sorted(kwargs.items())))
+
+
+def _plain_check(private: nn.Module, args: tuple, kwargs: dict, checks: dict | None = None, key=None) -> BlockRun:
     """The loop check on the plain (not yet parallelized) meta copy: one no-grad forward composed from
-    five blocks, then the loop with stand-ins (capture/composed.py). Its run of identical blocks."""
+    five blocks, then the loop with stand-ins (capture/composed.py). Its run of identical blocks.
+    ``checks``: answers already found for the same model and inputs (``_check_key``; a search's
+    candidates share them: the check depends on neither the configuration nor the rank)."""
     run = find_run(private)
     if run is None:
         raise NotComposable("the model has no run of six or more identical blocks")
+    if checks is not None and key in checks:
+        if checks[key] is not None:
+            raise NotComposable(checks[key])
+        return run
+    try:
+        _loop_check(private, args, kwargs)
+    except NotComposable as e:
+        if checks is not None:
+            checks[key] = str(e)
+        raise
+    if checks is not None:
+        checks[key] = None
+    return run
+
+
+def _loop_check(private: nn.Module, args: tuple, kwargs: dict) -> None:
+    """capture/composed.py's checks on the plain copy (NotComposable where it cannot be composed)."""
     spec = StepSpec(private, args, kwargs, training=False, probe_kernels=False)
     try:
         done = composed_steps(spec, StepWatch(tracker=StorageTracker()))
@@ -96,7 +122,6 @@ def _plain_check(private: nn.Module, args: tuple, kwargs: dict) -> BlockRun:
         raise NotComposable(f"the loop check failed: {type(e).__name__}") from e
     if done is None:
         raise NotComposable("the model has no run of identical blocks")
-    return run
 
 
 def _describe(v):
@@ -191,9 +216,10 @@ def _skip_left_out(private: nn.Module, run: BlockRun) -> None:
 
 
 def composed_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelConfig, rank: int,
-                  step: RankStep) -> RankRun:
+                  step: RankStep, checks: dict | None = None) -> RankRun:
     """``simulate_rank(model, args, kwargs, config, rank, step)`` composed from five blocks (see the
-    module's docstring); NotComposable where it cannot stand for the whole simulation."""
+    module's docstring); NotComposable where it cannot stand for the whole simulation. ``checks``: the
+    loop checks' answers kept across calls (``_plain_check``)."""
     if config.pp != 1:
         raise NotComposable("a pipeline stage")
     import torch.distributed.fsdp  # noqa: F401  (registers FSDP2's ops before the registry is copied)
@@ -203,7 +229,7 @@ def composed_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelC
     host = config.offload and step.device_type != "cpu"
     private = meta_copy(model, dtype)
     no_kv_cache(private)
-    blocks = _plain_check(private, args, kwargs)
+    blocks = _plain_check(private, args, kwargs, checks, _check_key(model, dtype, args, kwargs))
     if blocks.count < KEPT + 1:
         raise NotComposable("the run of identical blocks is too short")
     tracker = RankTracker(step.block_size, gloo=step.gloo, workspace=step.workspace, cuda=step.device_type == "cuda")

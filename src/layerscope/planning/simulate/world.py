@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -48,6 +49,7 @@ class WorldRun:
     # ranks without a pipeline composed from five blocks (composed_rank.py): True, else simulated whole;
     # "only": else NotComposable (the search then simulates its copies)
     compose: bool | str = False
+    checks: dict | None = None     # the composition's loop checks, kept across the worlds that share it (a search)
 
 
 def simulate_world(model, args, kwargs, config: ParallelConfig, world: WorldRun):
@@ -71,7 +73,8 @@ def simulate_world(model, args, kwargs, config: ParallelConfig, world: WorldRun)
 
     def one(rank: int, bar):
         routers.append(new_router())
-        simulate = simulate_stage_rank if config.pp > 1 else composed_rank if world.compose == "only" else \
+        simulate = simulate_stage_rank if config.pp > 1 else \
+            functools.partial(composed_rank, checks=world.checks) if world.compose == "only" else \
             simulate_rank_composed if world.compose else simulate_rank
         step = dataclasses.replace(base, attention=routers[-1],
                                    workspace=workspace_rule(routers[-1].gpu.capability) if cuda else None,
