@@ -101,6 +101,10 @@ def test_too_few_blocks_and_blocks_parallelized_apart_are_simulated_whole():
                      ParallelConfig(gpus=2, mixed_precision="off", ac="selective-layer", ac_every=2),
                      composed=False, cuda=False)
     assert comp[4][0].notes[0].data["why"] == "the blocks are parallelized differently at some places"
+    # CPU offload: not shown equal, refused before anything runs
+    _, comp = _equal(Net(8), (torch.randn(4, 64),), {}, ParallelConfig(gpus=2, mixed_precision="off", offload=True),
+                     composed=False, cuda=False)
+    assert comp[4][0].notes[0].data["why"] == "CPU offload is not shown equal composed"
 
 
 def _llama(layers: int = 6):

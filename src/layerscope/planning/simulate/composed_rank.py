@@ -31,8 +31,16 @@ parameters and, checkpointed, a wrapper in the list. So:
   no pointer two blocks away) shows that what FSDP2 does around a block (its all-gather in the block's
   pre-forward, the previous block's reduce-scatter waited on in the next one's post-backward, the
   prefetched all-gather of the previous block in the backward) is the same at every middle block.
-  Groups that never run (blocks 3..n-3) are finalized by the root's post-backward callback without an
-  op (they were never unsharded).
+  Groups that never run (blocks 3..n-3) are taken out of the root's list of states once its lazy init
+  has viewed their shards (``_skip_left_out``): its post-backward callback would run their
+  post-backward, which the whole simulation runs in each block's own backward (widened from t2's).
+- the regions of the edge blocks reach over FSDP2's post-hooks (capture/regions.py ``Regions._edges``),
+  and an op's producers outside the blocks are not compared (``Truncated.loose_producers``: the lazy
+  init's views; no figure of a rank reads producers).
+Not composed (NotComposable, before anything runs): context parallel (RankTracker keeps the ring's
+collectives by op clock, which the widening does not carry to the copies) and CPU offload (not shown
+equal). Expert parallel is refused by the composition itself: its all-to-alls rest on the routing the
+simulation assumes.
 Anything that differs raises NotComposable; ``simulate_rank_composed`` then simulates the rank whole and
 says why in its notes (``world-composed-refused``); a composed rank says so (``world-composed``).
 """
@@ -222,6 +230,12 @@ def composed_rank(model: nn.Module, args: tuple, kwargs: dict, config: ParallelC
     loop checks' answers kept across calls (``_plain_check``)."""
     if config.pp != 1:
         raise NotComposable("a pipeline stage")
+    if config.cp > 1:
+        # the rank's tracker keeps the ring's collectives by their op clocks (RankTracker.ring_ops), which the
+        # widening does not carry to the copies: their bytes would go to the wrong group
+        raise NotComposable("context parallel's ring collectives are not widened")
+    if config.offload:
+        raise NotComposable("CPU offload is not shown equal composed")
     import torch.distributed.fsdp  # noqa: F401  (registers FSDP2's ops before the registry is copied)
     check_context_parallel(model, args, kwargs, config, step.device_type if step.attention is not None else "cpu")
     dtype = torch.float32 if config.mixed_precision == "bf16" else config.model_dtype
