@@ -54,6 +54,7 @@ EXAMPLES = {
     "search-searched": {"candidates": 12, "gpus": 8, "global_batch": 64, "seconds": 3.2, "simulated": 5,
                         "blocks": (1, 2), "for_bounds": 2, "passes": 40, "max_passes": None,
                         "counts": (("fits", 3), ("oom", 2))},
+    "search-composed": {"composed": 12, "copies": 3, "whole": 0},
     "search-none-fits": {},
     "search-chosen": {"label": "fsdp 8", "gpus": 8, "command": "--fsdp 8"},
     "batch-not-checked": {"why": "the real step would need 80 GiB"},

@@ -200,6 +200,10 @@ WORDING: dict[str, Callable[[Mapping[str, Any]], str]] = {
         f"rank {d['rank']} was simulated whole, not composed from its blocks: {d['why']}"),
     # what a search did and chose (api/_search.py)
     "search-searched": _searched,
+    "search-composed": lambda d: (
+        f"candidates without a pipeline: {d['composed']} composed from five blocks of the whole model (equal to "
+        f"its whole simulation), {d['copies']} on copies of fewer blocks extended linearly (pipelines, and where "
+        f"the composition refused), {d['whole']} simulated whole"),
     "search-none-fits": lambda d: "NO configuration fits: the plan shown is the nearest miss",
     "search-chosen": lambda d: (
         f"chosen: {d['label']}; simulate it whole with: layerscope parallel ... --gpus {d['gpus']} {d['command']}"),
