@@ -201,7 +201,7 @@ WORDING: dict[str, Callable[[Mapping[str, Any]], str]] = {
     # what a search did and chose (api/_search.py)
     "search-searched": _searched,
     "search-composed": lambda d: (
-        f"candidates without a pipeline: {d['composed']} composed from five blocks of the whole model (equal to "
+        f"candidates simulated: {d['composed']} composed from five blocks of the whole model (equal to "
         f"its whole simulation), {d['copies']} on copies of fewer blocks extended linearly (pipelines, and where "
         f"the composition refused), {d['whole']} simulated whole"),
     "search-none-fits": lambda d: "NO configuration fits: the plan shown is the nearest miss",
