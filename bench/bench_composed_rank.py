@@ -2,7 +2,8 @@
 of 4,096 tokens, no resharding, bf16, AdamW, 2 steps) evaluated as the search evaluates it
 (planning/search/copies.py ``_Evaluator.__call__``): on the two shrunk copies extended linearly (before), and
 composed from five blocks of the whole model (after, planning/simulate/composed_rank.py), interleaved A B A B
-in one process. Prints wall and CPU seconds of each, the load average, and every figure of the two plans side
+in one process, and composed once more with the plain model's loop check kept from the composed run before it (a
+search's later candidates of the same inputs: WorldRun.checks). Prints wall and CPU seconds of each, the load average, and every figure of the two plans side
 by side (docs/benchmarks.md, "A sharded rank composed from its blocks"). ``--whole`` also simulates the rank
 whole once, the reference the composed figures must equal. Run by hand: python bench/bench_composed_rank.py"""
 
@@ -15,6 +16,7 @@ import torch
 from layerscope.capture.attention import resolve_gpu, router_for
 from layerscope.options import optimizer_factory
 from layerscope.planning.config import ParallelConfig
+from layerscope.planning.search import bounds
 from layerscope.planning.search.copies import _Evaluator
 from layerscope.planning.simulate.world import WorldRun, simulate_world
 from layerscope.planning.steptime.sharded_time import FRACTIONS
@@ -38,16 +40,28 @@ def _world(compose, checks=None):
                     compose=compose, checks=checks)
 
 
-def _evaluator(model, args, composed: bool):
+def _evaluator(model, args, composed: bool, checks=None):
     plain = _world(False)
 
     def simulate(m, a, k, c):
         return simulate_world(m, a, k, c, plain)
     if composed:
-        only = _world("only", {})      # as the search's: one loop check per input shape (a fresh one per evaluator)
+        # as the search's: one loop check per input shape (a fresh one per evaluator, or ``checks``: those a
+        # search's earlier candidate of the same inputs found)
+        only = _world("only", {} if checks is None else checks)
         simulate.composed = lambda m, a, k, c: simulate_world(m, a, k, c, only)
     return _Evaluator(model, args, {}, batch0=1, simulate=simulate, gpu=H100, limit=80 * 10**9, fracs=FRACTIONS,
                       tokens_of=lambda c: 64 * SEQ)
+
+
+class _Scan:
+    """The block figures' lookup before bounds._BlockOf (6cf53bf): a scan of every block path per record."""
+
+    def __init__(self, blocks):
+        self.blocks = blocks
+
+    def __call__(self, path):
+        return bounds._in_block(path, self.blocks)
 
 
 def _timed(fn):
@@ -70,12 +84,22 @@ def main() -> None:
     c = ParallelConfig(gpus=64, tp=4, fsdp=16, ac="full", local_batch=4, reshard_after_forward=False)
     out = {}
     for rnd in range(2):
-        for name in ("copies", "composed"):
-            ev = _evaluator(model, args, name == "composed")
-            plan, wall, cpu = _timed(lambda: ev(c))
+        checks = {}
+        # "composed, check kept": a later candidate of a search, the loop check found by an earlier one
+        # "composed, scan": as 6cf53bf (the block figures' scan of every block path), interleaved with after
+        for name in ("copies", "composed, scan", "composed", "composed, check kept"):
+            ev = _evaluator(model, args, name != "copies", checks if name in ("composed", "composed, check kept")
+                            else None)
+            fast, bounds._BlockOf = bounds._BlockOf, (_Scan if name == "composed, scan" else bounds._BlockOf)
+            try:
+                plan, wall, cpu = _timed(lambda: ev(c))
+            finally:
+                bounds._BlockOf = fast
             print(f"round {rnd} {name}: wall {wall:.1f} s, CPU {cpu:.1f} s, load {os.getloadavg()[0]:.2f}, "
                   f"used {getattr(ev, 'used', None)}", flush=True)
             out[name] = plan
+    kept = [_figures(out[k]) for k in ("composed, scan", "composed, check kept")]
+    print(f"every composed arm's figures equal: {all(x == _figures(out['composed']) for x in kept)}", flush=True)
     a, b = _figures(out["copies"]), _figures(out["composed"])
     for k in a:
         print(f"{k}: copies {a[k]}\n{' ' * len(k)}  composed {b[k]}", flush=True)

@@ -37,6 +37,15 @@ parameters and, checkpointed, a wrapper in the list. So:
 - the regions of the edge blocks reach over FSDP2's post-hooks (capture/regions.py ``Regions._edges``),
   and an op's producers outside the blocks are not compared (``Truncated.loose_producers``: the lazy
   init's views; no figure of a rank reads producers).
+Why every block is still parallelized and materialised (a third of a 70B candidate's CPU; not yet done):
+a left-out block that FSDP2 never saw would change the record three ways. FSDP2's root lazy init runs
+``reset_sharded_param`` on every group's parameters: one ``view`` each (the step-time model's host issues
+every op, a view too: 9 x 75 views of a 70B rank), and where a shard is uneven a padded copy that replaces
+the parameter's storage (the "sharded parameters" bytes); the root's ``fully_shard`` takes into its own
+group every parameter no block's group holds (so left-out blocks would have to leave the tree while it
+runs); and the run marks every parameter, builds the optimizer over all of them (the composer takes t2's
+state to the copies') and lists their layouts (the ranks' roles). Composing the lazy init's ops and the
+parameters from t2's, as the passes are, is what would let the 75 blocks go unparallelized.
 Not composed (NotComposable, before anything runs): context parallel (RankTracker keeps the ring's
 collectives by op clock, which the widening does not carry to the copies) and CPU offload (not shown
 equal). Expert parallel is refused by the composition itself: its all-to-alls rest on the routing the
