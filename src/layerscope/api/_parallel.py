@@ -251,6 +251,9 @@ def _searched(model: nn.Module, args: tuple, kwargs: dict, conf: _Configured, ra
 
     def simulate(m, a, k, c):
         return simulate_world(m, a, k, c, world)
+    # a candidate without a pipeline: its ranks composed from five blocks, or NotComposable (copies.py)
+    composed = dataclasses.replace(world, compose="only", checks={})     # one loop check per input shape
+    simulate.composed = lambda m, a, k, c: simulate_world(m, a, k, c, composed)
     rep = search_report(model, args, kwargs, gpus=conf.gpus, held={**conf.held, **conf.given},
                         gpu=ranks.named or resolve_gpu(None), limit=ranks.limit, simulate=simulate, fracs=ranks.fracs,
                         options=ranks.echo, progress=run["progress"], search_limit=run["search_limit"])

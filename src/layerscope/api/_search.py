@@ -95,6 +95,9 @@ def search_report(model: nn.Module, args: tuple, kwargs: dict, *, gpus: int, hel
         "candidates": len(res.candidates), "gpus": gpus, "global_batch": global_batch, "seconds": res.seconds,
         "simulated": res.simulated, "blocks": tuple(BLOCKS[:2]), "for_bounds": res.for_bounds,
         "passes": res.passes, "max_passes": res.max_passes, "counts": tuple(sorted(counts.items()))})]
+    used = dict(res.used)
+    if used.get("composed") or used.get("copies"):     # how the candidates were simulated (copies.py _Evaluator)
+        notes.append(Note("search-composed", {k: used.get(k, 0) for k in ("composed", "copies", "whole")}))
     if best is None:
         notes.append(Note("search-none-fits", {}))
     else:

@@ -27,7 +27,6 @@ modules, except those holding an attribute that differs, copied as described.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -144,6 +143,13 @@ class Truncated:
     sigs: dict[int, tuple] = field(default_factory=dict)
     out_spec: object = None
     copies: list = field(default_factory=list)                     # the modules made for the shorter model
+    # the blocks carry hooks whose ops run after a block's call (FSDP2's): the edge blocks' regions extend
+    # over them (capture/regions.py ``Regions._edges``)
+    edges: bool = False
+    # an op's producers outside the blocks are not compared between the middle blocks, and each copy's op
+    # keeps t2's (FSDP2's lazy init views every block's shard in the root's pre-forward; no figure of a
+    # sharded rank reads an op's producers: planning/simulate/composed_rank.py)
+    loose_producers: bool = False
 
     def read_problem(self) -> str | None:
         """Why what the blocks read of their differing attributes voids the composition, or None."""
@@ -170,8 +176,17 @@ class Truncated:
         return f"{pre}{self.full_index(int(head))}{dot}{tail}"
 
 
+def _clone(m: nn.Module) -> nn.Module:
+    """``copy.copy(m)`` without the class's ``__new__``: a new object of ``m``'s class whose attributes are
+    ``m``'s (its dicts shared). FSDP2's ``FSDPModule.__new__`` builds the original class and calls its
+    ``__init__`` without arguments, which copy.copy would run (planning/simulate/composed_rank.py)."""
+    c = object.__new__(type(m))
+    c.__dict__.update(m.__dict__)
+    return c
+
+
 def _shallow(m: nn.Module, originals: dict, copies: list | None = None) -> nn.Module:
-    c = copy.copy(m)
+    c = _clone(m)
     if copies is not None:
         copies.append(c)
     for d in ("_modules", "_parameters", "_buffers"):
@@ -273,7 +288,7 @@ def truncated(model: nn.Module, run: BlockRun) -> Truncated:
 
     def twin(block: nn.Module, b: int) -> nn.Module:
         """A copy of the kept block ``b`` that notes how it is called (and the repeated one its output)."""
-        c = copy.copy(block)        # shares the block's dicts: its parameters are swapped with the block's
+        c = _clone(block)           # shares the block's dicts: its parameters are swapped with the block's
         out.originals[id(c)] = out.originals.get(id(block), block)
         out.copies.append(c)
         plain = type(block).forward

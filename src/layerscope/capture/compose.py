@@ -50,7 +50,7 @@ import copy
 from ..trace import OpEvent
 from .blocks import KEPT, REP, Truncated
 from .optimizer_widen import OptimizerWiden
-from .regions import BWD, FWD, NotComposable, Regions, Widen, block_at, copy_places, far, masked, ref, renote
+from .regions import BWD, FWD, NotComposable, Regions, Widen, block_at, copy_places, far, inner, masked, ref, renote
 
 __all__ = ["Composer"]
 
@@ -101,11 +101,17 @@ class Composer:
             o = reg.owner.get(i)
             return ("abs", i) if o is None else ref(o - b, i - reg.top[o])
 
+        def p_rel(p: int):
+            r = t_rel(p)
+            # an op's producers outside the blocks (FSDP2's lazy init views every block's shard before the
+            # first block runs) are not compared where the run says so (Truncated.loose_producers)
+            return "outside" if loose and r[0] == "abs" else r
+        loose = self.tr.loose_producers
         out = []
         for kind, (a, z) in ((FWD, reg.f[b]), (BWD, reg.b[b])):
             for op in cap.ops[a:z]:
                 out.append(("op", kind, op.index - a, op.op, c_rel(op.layer), op.phase, op.status, op.costs,
-                            tuple(t_rel(p) if p >= 0 else p for p in op.producers), op.window, op.executed,
+                            tuple(p_rel(p) if p >= 0 else p for p in op.producers), op.window, op.executed,
                             op.attention))
         head = cap.calls[reg.top[b]].path
         for i in range(reg.top[b], reg.end[b]):
@@ -288,11 +294,11 @@ class Composer:
         for name, t in self.state.items():
             if not name.startswith(head):
                 continue
-            b = live.get(id(t.untyped_storage()))
+            b = live.get(id(inner(t).untyped_storage()))
             if b is None or b.saved_by is None or b.saved_by[0] != here:
                 continue
             for k in range(1, w.R):
-                c = live.get(id(self.state[self.copy_path(name, k)].untyped_storage()))
+                c = live.get(id(inner(self.state[self.copy_path(name, k)]).untyped_storage()))
                 if c is not None:
                     c.roles |= b.roles
                     if c.saved_by is None:

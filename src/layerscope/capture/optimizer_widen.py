@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 
 from .blocks import KEPT, REP, Truncated
-from .regions import NotComposable, far, full_block_of, kept_of, masked, ref, renote, runs_of
+from .regions import NotComposable, far, inner, full_block_of, kept_of, masked, ref, renote, runs_of
 
 __all__ = ["OptimizerWiden"]
 
@@ -141,7 +141,7 @@ class OptimizerWiden:
 
         def key(t):
             try:
-                st = t.untyped_storage()
+                st = inner(t).untyped_storage()     # a DTensor's: its local shard's (a sharded rank's step)
             except (RuntimeError, NotImplementedError, TypeError):
                 return None
             b = live.get(id(st))

@@ -7,6 +7,8 @@ block's record in relative terms (``ref``, ``far``, ``masked``) and place the co
 
 from __future__ import annotations
 
+import torch
+
 from ..trace import BACKWARD
 from .blocks import KEPT, REP, Truncated
 
@@ -82,12 +84,38 @@ class Regions:
             self.b = [(0, 0)] * KEPT
         self.owner = owner
         self.n_ops = n_ops
+        self.edges = getattr(tr, "edges", False)
+        if self.edges:
+            self._edges(cap, n_ops)
         self._at = None
         self.lf = self.f[REP][1] - self.f[REP][0]
         self.lb = self.b[REP][1] - self.b[REP][0]
         for b in (REP - 1, REP + 1):
             if self.f[b][1] - self.f[b][0] != self.lf or self.b[b][1] - self.b[b][0] != self.lb:
                 raise NotComposable("the middle blocks ran different numbers of ops")
+
+    def _edges(self, cap, n_ops: int) -> None:
+        """Blocks whose calls carry hooks of their own (FSDP2's: planning/simulate/composed_rank.py): the
+        last block's forward region goes on to the end of the forward, and the first block's backward region
+        to the end of the backward. FSDP2 lets go of a block's gathered all-gather output when the next
+        block's all-gather is waited on (in the next block's region), and of its reduce-scatter input when
+        the next one is issued; the last block's go at the root's post-forward, the first block's at the
+        end of the backward, which a middle block's neighbour would hold in its own region. Only where a
+        pointer lands changes: an edge block is not copied, and its region and what follows it are shifted
+        alike. t3's pointers past the last block, and t1's past the first, become pointers to a neighbour,
+        which the pattern check masks as it masks t2's; t1's and t2's there become pointers two blocks
+        away, which it refuses."""
+        ops = cap.ops
+        a, z = self.f[-1]
+        phase = ops[a].phase
+        while z < n_ops and ops[z].phase == phase:
+            z += 1
+        self.f[-1] = (a, z)
+        if self.backward:
+            a, z = self.b[0]
+            while z < n_ops and ops[z].phase == BACKWARD:
+                z += 1
+            self.b[0] = (a, z)
 
     # ---- where a time is ---------------------------------------------------------------------------------
     def region(self, t: int):
@@ -147,6 +175,10 @@ class Widen:
             if b == REP:
                 raise NotComposable("something outside the blocks points into the repeated block")
             return self.shift(t)
+        if self.reg.edges and src != REP and b != REP:
+            # a kept block pointing into a kept block: that block itself (an edge region reaches the other
+            # end of the run: the loss after the last block, freed at the first block's end of backward)
+            return self.block_time(self.full_block(b, 0), kind, off)
         return self.block_time(self.full_block(src, k) + (b - src), kind, off)
 
     def block_time(self, j: int, kind: str, off: int) -> int:
@@ -176,6 +208,17 @@ class Widen:
         if copy_k is not None:
             return reg.top[REP] + copy_k * m + off
         return reg.top[kb] + (0 if kb < REP else (self.R - 1) * m) + off
+
+
+def inner(t):
+    """``t``, or the one tensor a wrapper subclass (DTensor) holds: the storage the tracker knows it by
+    (capture/storage.py ``StorageTracker._storage``)."""
+    while hasattr(type(t), "__tensor_flatten__"):
+        held = [x for x in (getattr(t, n) for n in t.__tensor_flatten__()[0]) if isinstance(x, torch.Tensor)]
+        if len(held) != 1:
+            break
+        t = held[0]
+    return t
 
 
 def ref(d: int, *where):

@@ -137,7 +137,7 @@ def _run(spec: StepSpec, watch: StepWatch, compose: Truncated | None) -> StepRun
                 given = (args, kwargs)
                 args, kwargs = map_tensors((tuple(args), dict(kwargs)), lambda t: empty_like_on(t, device))
                 swap = None if prepared else {**params, **buffers}
-                if compose is not None:
+                if compose is not None and swap is not None:     # a placed model runs its own state
                     short = compose.model
                     swap = {n: swap[compose.full_path(n)] for n, _ in
                             [*short.named_parameters(), *short.named_buffers()]}

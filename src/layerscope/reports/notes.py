@@ -192,8 +192,18 @@ WORDING: dict[str, Callable[[Mapping[str, Any]], str]] = {
         f"step time: {d['ops']} op(s) of a rank's step have no cost formula and are priced at "
         f"one kernel launch ({d['launch_us']:g} us) each"),
     "world-one-device": _one_device,
+    # a rank composed from five of its blocks, or simulated whole (planning/simulate/composed_rank.py)
+    "world-composed": lambda d: (
+        f"rank {d['rank']} was composed from {d['ran']} of its {d['blocks']} identical blocks (equal to its whole "
+        "simulation: the middle blocks left the same record)"),
+    "world-composed-refused": lambda d: (
+        f"rank {d['rank']} was simulated whole, not composed from its blocks: {d['why']}"),
     # what a search did and chose (api/_search.py)
     "search-searched": _searched,
+    "search-composed": lambda d: (
+        f"candidates simulated: {d['composed']} composed from five blocks of the whole model (equal to "
+        f"its whole simulation), {d['copies']} on copies of fewer blocks extended linearly (pipelines, and where "
+        f"the composition refused), {d['whole']} simulated whole"),
     "search-none-fits": lambda d: "NO configuration fits: the plan shown is the nearest miss",
     "search-chosen": lambda d: (
         f"chosen: {d['label']}; simulate it whole with: layerscope parallel ... --gpus {d['gpus']} {d['command']}"),

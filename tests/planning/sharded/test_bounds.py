@@ -145,3 +145,22 @@ def test_frozen_parameters_and_autocast():
     solo = dataclasses.replace(c, gpus=2, fsdp=1)
     b = pipeline_bounds(solo, FIG, [2000, 1000], 8, FRACTIONS)
     assert (b.peak_bytes, b.rank) == (32464, 0)
+
+
+def test_block_of_a_path_as_the_scan_answers():
+    """block_figures finds each record's block by its path's prefixes (bounds._BlockOf) instead of a scan of
+    every block path (bounds._in_block, kept as the definition): the same answer for every path, a block's
+    name a prefix of another's (layers.1 and layers.10), a path that is a block, one above the blocks, one
+    in no block, and a block listed twice (the first place wins)."""
+    from layerscope.planning.search.bounds import _BlockOf, _in_block
+    blocks = [f"model.layers.{i}" for i in range(12)] + ["enc.block.0", "enc.block.0", "dec"]
+    paths = ["", "model", "model.layers", "model.layers.1", "model.layers.10", "model.layers.1.mlp",
+             "model.layers.10.mlp.down_proj", "model.layers.11.self_attn.q_proj", "model.layers.12",
+             "model.layers.1x", "enc.block.0.attn", "enc.block.01", "dec", "dec.x.y", "decoder", "lm_head"]
+    block_of = _BlockOf(blocks)
+    for p in paths + paths:        # twice: the memo answers as the first time
+        assert block_of(p) == _in_block(p, blocks), p
+    assert block_of("model.layers.10.mlp") == 10 and block_of("enc.block.0.attn") == 12
+    assert block_of("model.layers.1x") is None and block_of("decoder") is None
+    for nested in (["a", "a.b"], ["a.b", "a"]):      # a block inside another, either order: the first listed
+        assert _BlockOf(nested)("a.b.c") == _in_block("a.b.c", nested) == 0

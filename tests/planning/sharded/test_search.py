@@ -3,6 +3,7 @@ force over synthetic, monotone memory and time), the space it enumerates, and on
 the chosen plan's figures, extended from copies with 3 and 4 blocks, equal a simulation of the whole."""
 
 import random
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -176,6 +177,11 @@ def test_search_on_a_llama_matches_the_whole_simulation():
     assert rep.plan.ranks[0].breakdown == whole.ranks[0].breakdown
     assert rep.plan.step_time == pytest.approx(whole.step_time, rel=1e-9)
     assert any("chosen:" in n for n in rep.notes)
+    # how the candidates were simulated (6 blocks: more than five, so each pp 1 candidate is composed or, where
+    # refused, on the copies; SearchResult.used): at least every candidate the search counts as simulated
+    (how,) = [n for n in rep.notes if n.startswith("candidates simulated: ")]
+    n = [int(x) for x in re.findall(r"(\d+) (?:composed|on copies|simulated whole)", how)]
+    assert len(n) == 3 and sum(n) >= s["simulated"], how
     text = rep.to_text() if hasattr(rep, "to_text") else str(rep)
     assert "Plan 1" in text
 

@@ -58,6 +58,9 @@ class SearchResult:
     for_bounds: int = 0                   # configurations simulated on two blocks for the bounds alone
     passes: int = 0                       # the limit's work done (_passes of the candidates simulated)
     max_passes: int | None = None         # the limit (None: none)
+    # how the candidates simulated were evaluated (copies.py ``_Evaluator.used``): (("composed", n),
+    # ("copies", n), ("whole", n)); empty where nothing was simulated
+    used: tuple[tuple[str, int], ...] = ()
 
     @property
     def best(self) -> Candidate | None:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ... import _compat
+from ...capture.regions import NotComposable
 from ...errors import ForwardError, InputError
 from ..config import ParallelConfig
 from ..blocks import find_blocks
@@ -249,12 +250,34 @@ class _Evaluator:
         return pipeline_bounds(c, fig, numels, self.blocks, self.f, trainable)
 
     def __call__(self, c: ParallelConfig) -> ParallelPlan:
+        """Candidate ``c``'s plan. Without a pipeline, where ``simulate`` has a ``composed`` form
+        (``simulate.composed(model, args, kwargs, config)``: simulate_world with WorldRun.compose "only"),
+        the whole model's ranks composed from five blocks, equal to its whole simulation
+        (planning/simulate/composed_rank.py); where it refuses (NotComposable), and for pipelines, the two
+        copies extended linearly. ``self.used`` counts which ("composed", "copies", "whole"), for the
+        search's notes."""
         args, kwargs = _resized(self.args, self.kwargs, self.batch0, c.local_batch)
         counts = [len(r) for r in stage_blocks(self.blocks, c.stages)]
         points = [k for k in self.points if k * c.stages < self.blocks] if self.shrinkable else []
-        if len(points) < 2:                 # small enough to simulate whole
+        used = self.__dict__.setdefault("used", {"composed": 0, "copies": 0, "whole": 0})
+        composed = getattr(self.simulate, "composed", None) if c.pp == 1 and len(points) >= 2 else None
+        done = None
+        if composed is not None:
+            plain, self.simulate = self.simulate, composed
+            try:
+                done = self._one(self.model, c, args, kwargs)
+            except NotComposable:
+                done = None
+            finally:
+                self.simulate = plain
+        if done is not None:
+            ranks, secs, send = done
+            used["composed"] += 1
+        elif len(points) < 2:                 # small enough to simulate whole
             ranks, secs, send = self._one(self.model, c, args, kwargs)
+            used["whole"] += 1
         else:
+            used["copies"] += 1
             (ra, sa, send), (rb, sb, _) = (self._one(self._model(k * c.stages), c, args, kwargs) for k in points)
             spr = c.stages // c.pp
             x1, x2 = points[0] * spr, points[1] * spr

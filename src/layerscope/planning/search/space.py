@@ -166,7 +166,7 @@ def search(model: nn.Module, args: tuple, kwargs: dict, task: SearchTask, simula
                                             progress=progress, bounds=ev.bounds, for_bounds=lambda: ev.proxies)
     ranked = ranked + tuple(refused)
     return SearchResult(ranked, why, count, time.perf_counter() - t0, global_batch, limit, ev.proxies, passes,
-                        max_passes)
+                        max_passes, used=tuple(sorted(getattr(ev, "used", {}).items())))
 
 
 def _gate(model: nn.Module, cands: list[ParallelConfig], blocks: int, seq: int | None, limit: int

@@ -172,6 +172,7 @@ class RankRun:
     offload: bool = False
     # context parallel: what torch's ring ran (planning/context_parallel.py RingCount)
     ring: Any = None
+    notes: tuple = ()       # Notes on how it was simulated (composed from its blocks: planning/simulate/composed_rank.py)
 
     def part(self, b) -> str:
         """The breakdown part a storage block belongs to (``HOST_PART``: not on the device; with CPU

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -21,6 +22,7 @@ from ...progress import ProgressBar
 from .results import ParallelPlan, RankMemory, mesh_coords, rank_memory, roles
 from .sharded_rank import RankStep, simulate_rank
 from .pipeline_rank import simulate_stage_rank
+from .composed_rank import composed_rank, simulate_rank_composed
 from .uniform_stages import rank_stages
 
 __all__ = ["WorldRun", "simulate_world", "plan_of", "global_tokens"]
@@ -33,7 +35,8 @@ class WorldRun:
     ``cuda``: CUDA ranks (512-byte blocks, cuBLAS's workspaces, foreach optimizers) or CPU ones;
     ``backend``: "nccl", "gloo" or "fake"; ``new_router()``: a fresh SdpaRouter for each simulated rank;
     ``progress``: a bar for rank 0's steps; ``target``: a tensor of the local batch for a pipeline's
-    ``loss_fn(output, target)``."""
+    ``loss_fn(output, target)``; ``compose``: each rank without a pipeline composed from five blocks where
+    it equals the whole simulation (planning/simulate/composed_rank.py), its notes saying which."""
 
     optimizer: Callable | None
     steps: int
@@ -43,6 +46,10 @@ class WorldRun:
     new_router: Callable[[], Any] | None = None
     progress: bool = False
     target: Any = None
+    # ranks without a pipeline composed from five blocks (composed_rank.py): True, else simulated whole;
+    # "only": else NotComposable (the search then simulates its copies)
+    compose: bool | str = False
+    checks: dict | None = None     # the composition's loop checks, kept across the worlds that share it (a search)
 
 
 def simulate_world(model, args, kwargs, config: ParallelConfig, world: WorldRun):
@@ -66,7 +73,9 @@ def simulate_world(model, args, kwargs, config: ParallelConfig, world: WorldRun)
 
     def one(rank: int, bar):
         routers.append(new_router())
-        simulate = simulate_rank if config.pp == 1 else simulate_stage_rank
+        simulate = simulate_stage_rank if config.pp > 1 else \
+            functools.partial(composed_rank, checks=world.checks) if world.compose == "only" else \
+            simulate_rank_composed if world.compose else simulate_rank
         step = dataclasses.replace(base, attention=routers[-1],
                                    workspace=workspace_rule(routers[-1].gpu.capability) if cuda else None,
                                    on_step=(lambda s, w: bar.advance() if w == "end" else None) if bar else None)
