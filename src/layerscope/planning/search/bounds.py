@@ -8,13 +8,19 @@ The block's figures come from a configuration without a pipeline that runs the s
 micro-batch: the same tensor parallel degree, checkpointing mode and micro-batch size, with or without
 data parallelism as the candidate has it (FSDP2's mixed precision, or torch.autocast without it: they save
 other tensors). For one block of that simulated rank (``block_figures``): the seconds of its forward and
-of its backward (recompute included) that the step-time model gives its ops and its tensor-parallel
-collectives (on the critical path there, priced on the same link), leaving out the other collectives and
-FSDP2's copies in and out of them (their sizes depend on the FSDP degree); and the bytes of the
+of its backward (recompute included) that the step-time model gives its ops, and those of its
+tensor-parallel collectives (on the critical path there, priced on the same link: the same degree and
+bytes), leaving out the other collectives and FSDP2's copies in and out of them (their sizes depend on the
+FSDP degree, and a pipeline gathers a stage once a step); and the bytes of the
 activations its ops made that are still alive when the step's last forward ends (what a micro-batch's
 forward leaves a block holding for its backward: a checkpointed block's input, every tensor an
 unchecked block saves). The model's blocks are taken to be alike, as the search's extension from its
-shrunk copies takes them (``search`` module docstring); the least of the copy's blocks is used.
+shrunk copies takes them (``search`` module docstring); the least of the copy's blocks is used. The
+same seconds of the modules with parameters before the block list (the embedding, on a pipeline's first
+stage) and after it (the final norm and the head, on its last; ``uniform_stages`` gives a stage these
+modules as the split does): the same modules on the same micro-batch, outside any block's checkpointing.
+The loss is not among them: without a pipeline the model's forward computes it, a pipeline's last stage
+with the schedule's loss function.
 
 Memory (``pipeline_bounds``). At the moment a rank of pipeline coordinate ``c`` has run the forwards
 its schedule runs before a backward frees them (``pipeline.schedule.rank_orders``: the warm-up of
@@ -43,30 +49,17 @@ its schedule runs before a backward frees them (``pipeline.schedule.rank_orders`
 * the cuBLAS workspaces the block's rank held, and the estimate of NCCL's buffers (16 channels x 4 MiB
   per communicator, one per mesh dimension), which a simulated rank's peak adds as well.
 
-Step time. Without a pipeline the step-time model's step is its rank's two-stream walk's end plus its
-optimizer step (``timing.assemble``); the walk puts every compute op and tensor-parallel collective of
-every micro-step on one stream in program order, and no op before the host has issued it, so that end
-is no earlier than the sum of its blocks' compute and TP collectives over the micro-steps, nor than the
-host's issue of their ops: the two bounds below with one stage. With a pipeline, the search's step-time
-model gives the step by the schedule's simulation
-(``timing.assemble``) from each stage's seconds per micro-batch: its rank's compute, its host's waits
-and its tensor-parallel collectives over the micro-batches, shared among the rank's stages, then its
-exposed FSDP communication and optimizer step. A rank's compute over ``m`` micro-batches is at least ``m`` times
-its blocks' forward and backward; the schedule's simulation is a longest path through a fixed order of
-actions, so it cannot get shorter when each action's seconds are made smaller. The bound: that
-simulation with each stage's seconds its rank's blocks' compute and tensor-parallel collectives alone,
-no sends, and each rank's optimizer step over the least its shards can hold (the optimizer's seconds
-are linear in those bytes, ``timing.optimizer_seconds``; none with CPU offload); or, if longer, for
-some rank the host's path: the step-time model's walk over a rank's ops charges the host for issuing
-each (a view too) and lets the GPU run an op no earlier than its issue, so the rank's two streams end
-no earlier than the host's issue of its ops, up to its last that takes seconds; in the schedule's
-simulation the rank's actions and then its exposed communication and optimizer step take at least
-those streams' end; and the rank's first action waits for micro-batch 0's forward through the stages
-before it. So the step is no shorter than that forward, the issue of every op of the rank's blocks
-over its micro-batches but one block's (which may trail its last kernel), at ``timing.host_op_seconds``
-an op, and its optimizer step. Both are used where every rank of a stage holds shards of the same
-sizes (the block's simulated rank was the only role): ranks of uneven shards are timed by their
-slowest role, whose compute may be another's.
+Step time (``step_bound``, argued in planning/search/step_bound.py). The step-time model's step is a
+longest path through the schedule's actions (one stage and its micro-steps without a pipeline), each
+pipeline coordinate's role's seconds shared among its stages' actions; the bound is, for a few of those
+paths, the least seconds the path can take given what is known of each role: its blocks' and outer
+modules' forward and backward compute (each action at least its share), those and their tensor-parallel
+collectives together, and the walk's end at least the host's issue of those ops or, in a pipeline with
+FSDP, their compute followed by the stage's last reduce-scatter of its accumulated gradients; each
+rank's optimizer step over the least its shards can hold (the optimizer's seconds are linear in those
+bytes, ``timing.optimizer_seconds``; none with CPU offload). Used where every rank of a stage holds
+shards of the same sizes (the block's simulated rank was the only role): ranks of uneven shards are
+timed by their slowest role, whose compute may be another's.
 
 Both are checked against whole pipeline simulations in tests/planning/sharded/test_bounds.py: never above them.
 """
