@@ -77,6 +77,11 @@ def test_the_host_bound_and_uneven_shards():
     assert pipeline_bounds(c, fast, [1000, 2000], 8, FRACTIONS).step_time == pytest.approx(4.054e-3)
     uneven = dataclasses.replace(FIG, one_role=False)
     assert pipeline_bounds(c, uneven, [1000, 2000], 8, FRACTIONS).step_time is None
+    # without data parallelism nothing makes the GPU wait but the host and the compute: each rank's actions
+    # hold its 4.05 ms of issue, 4.05 / 4 = 1.0125 ms a micro-batch's forward and backward on either stage,
+    # and 1F1B over 2 stages and 4 micro-batches takes (4 + 2 - 1) of them: 5.0625 ms
+    solo = dataclasses.replace(c, gpus=2, fsdp=1)
+    assert pipeline_bounds(solo, fast, [1000, 2000], 8, FRACTIONS).step_time == pytest.approx(5.0625e-3)
 
 
 def test_figures_at_larger_micro_batches():

@@ -37,7 +37,10 @@ which a pipeline computes apart), over ``m`` micro-batches of the configuration'
   tensor-parallel degree (a shard is no smaller) in the reduce dtype or the model's, the smaller (what
   FSDP2 accumulates), ``(n - 1) / n`` of it through each rank of the FSDP group, priced as
   ``collective_seconds`` prices it on the group's link, with one call's latency. HSDP's all-reduce across
-  replicas, after it, is not counted.
+  replicas, after it, is not counted;
+* without data parallelism ``M (fw + bw) >= E`` (i) as well: with no FSDP nothing runs on the communication
+  stream for the compute to wait for (tensor parallel's collectives are on the compute stream), so the
+  walk's compute stream ends at exactly ``F + B + TP + H``, no earlier than the host's issue.
 
 The bound. For a path ``P``, the least of its seconds over every (``fw``, ``bw``, ``e``) that meets these
 is a lower bound on the step, as the model's own values meet them. A role's part of a path with ``a``
@@ -103,7 +106,9 @@ def _roles(c: ParallelConfig, fig, full: list[int], m: int, f, reduce: list[floa
         total = m * (n * (fig.forward + fig.backward + fig.tp) + of + ob + sum(o.tp for o in outer))
         host = per_op * max(0, m * (n * fig.ops + sum(o.ops for o in outer)) - fig.ops)
         last = min((reduce[s] for s in mine), default=0.0)
-        out.append(_Role(lf, lb, max(lf + lb, total / big_m), max(total + last, host), opt[r]))
+        # without data parallelism the role's actions hold the host's waits whole (module docstring)
+        floor = host if c.dp == 1 else 0.0
+        out.append(_Role(lf, lb, max(lf + lb, total / big_m, floor / big_m), max(total + last, host), opt[r]))
     return out
 
 
