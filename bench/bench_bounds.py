@@ -91,7 +91,7 @@ def main_70b() -> None:
     world = WorldRun(optimizer_factory("adamw"), 2, choose_loss(model, args, kwargs, "auto"), True, "nccl",
                      lambda: router_for(H100, "auto", simulated=True, cuda_target=True, autocast_device="cpu"))
     for tp, pp, fsdp, rep, ac, schedule, mbs, m, reshard in LLAMA_70B:
-        batches = dict(microbatches=m) if pp > 1 else dict(accumulation=m)
+        batches = dict(microbatches=m, local_batch=mbs * m) if pp > 1 else dict(accumulation=m, local_batch=mbs)
         c = ParallelConfig(gpus=64, tp=tp, pp=pp, fsdp=fsdp, replicate=rep, ac=ac, schedule=schedule,
                            reshard_after_forward=reshard, global_batch=64, **batches)
         ev = _Evaluator(model, args, kwargs, batch0=1, simulate=lambda md, a, k, cf: simulate_world(md, a, k, cf, world),

@@ -1,7 +1,7 @@
-"""The search's lower bounds (planning/search/bounds.py): by hand on a synthetic block, and never above the
-whole simulation of a configuration (a shrunk transformers Llama; pipelines under 1F1B and interleaved,
-and without a pipeline, with gradient accumulation; with and without FSDP, TP and checkpointing) that
-they let the search skip."""
+"""The search's lower bounds (planning/search/bounds.py, step_bound.py): by hand on a synthetic block, and never
+above the whole simulation of a configuration (a shrunk transformers Llama; pipelines under 1F1B, interleaved,
+GPipe and zero bubble, and without a pipeline, with gradient accumulation; with and without FSDP, its
+resharding, TP and checkpointing) that they let the search skip."""
 
 import dataclasses
 
