@@ -6,7 +6,8 @@ beside its bounds, and their ratios (docs/benchmarks.md, "Pipelines ruled out by
 section after it). Run by hand: python bench/bench_bounds.py (about 3 minutes on a quiet machine).
 
 ``--70b``: Llama-2-70B on 64 fake H100 ranks (`--input-ids 1,4096`, global batch 64, the model's own loss),
-two pipelines and four configurations without one (docs/benchmarks.md), each as the search has it
+two pipelines and five configurations without one (docs/benchmarks.md; the first of them the search's
+answer), each as the search has it
 (planning/search/copies.py): its bounds first, from a fresh evaluator's two-block copies (micro-batches 1
 and 2, larger ones by their line), then the configuration simulated on copies of 3 and 4 blocks a stage
 and extended. A few minutes each."""
@@ -78,11 +79,12 @@ def main() -> None:
 
 LLAMA_70B = [  # tp, pp, fsdp, replicate, ac, schedule, micro-batch size, micro-batches (accumulation), reshard
     (8, 2, 4, 1, "full", "1f1b", 8, 2, False), (4, 2, 8, 1, "none", "1f1b", 1, 8, False),
-    (4, 1, 16, 1, "full", "1f1b", 1, 4, False), (8, 1, 8, 1, "selective-op", "1f1b", 4, 2, False),
+    (4, 1, 16, 1, "full", "1f1b", 4, 1, False), (4, 1, 16, 1, "full", "1f1b", 1, 4, False),
+    (8, 1, 8, 1, "selective-op", "1f1b", 4, 2, False),
     (1, 1, 64, 1, "selective-op", "1f1b", 1, 1, True), (8, 1, 1, 8, "full", "1f1b", 2, 4, False)]
 
 
-def main_70b() -> None:
+def main_70b(rows=None) -> None:
     from layerscope.capture.loss import choose_loss
     from layerscope.planning.search.copies import _Evaluator
     from layerscope.specs import build_model, command_inputs
@@ -90,7 +92,7 @@ def main_70b() -> None:
     args, kwargs = command_inputs("hf:llama-2-70b", model, None, torch.device("meta"), input_ids=(1, 4096))
     world = WorldRun(optimizer_factory("adamw"), 2, choose_loss(model, args, kwargs, "auto"), True, "nccl",
                      lambda: router_for(H100, "auto", simulated=True, cuda_target=True, autocast_device="cpu"))
-    for tp, pp, fsdp, rep, ac, schedule, mbs, m, reshard in LLAMA_70B:
+    for tp, pp, fsdp, rep, ac, schedule, mbs, m, reshard in (rows or LLAMA_70B):
         batches = dict(microbatches=m, local_batch=mbs * m) if pp > 1 else dict(accumulation=m, local_batch=mbs)
         c = ParallelConfig(gpus=64, tp=tp, pp=pp, fsdp=fsdp, replicate=rep, ac=ac, schedule=schedule,
                            reshard_after_forward=reshard, global_batch=64, **batches)
