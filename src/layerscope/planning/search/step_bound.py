@@ -137,24 +137,28 @@ def _held(path: list[int], g, roles: list[_Role], pp: int, big_m: int) -> float:
     return total
 
 
-def _critical(g, fw: list[float], bw: list[float], opt: list[float]) -> list[int]:
-    """The schedule's critical path with these seconds and no sends: from the rank that ends last (its
-    optimizer step included) back through whichever of its previous action and the action it needs ended
-    later."""
+def _critical(g, points: list[tuple[list[float], list[float], list[float]]]) -> list[list[int]]:
+    """The schedule's critical path at each point (each stage's forward and backward seconds, each rank's
+    seconds after its last action) with no sends: from the rank that ends last back through whichever of
+    its previous action and the action it needs ended later. One evaluation of the graph for them all."""
     d = torch.float64
-    k = len(fw)
-    ends = g.ends(torch.tensor([fw], dtype=d), torch.tensor([bw], dtype=d), torch.zeros(1, k - 1, dtype=d))[0].tolist()
-    rank = max(range(g.ranks), key=lambda r: ends[g.orders[r][-1]] + (opt[r] if r < len(opt) else 0.0))
+    k = len(points[0][0])
+    ends = g.ends(torch.tensor([p[0] for p in points], dtype=d), torch.tensor([p[1] for p in points], dtype=d),
+                  torch.zeros(len(points), k - 1, dtype=d)).tolist()
     pos = {i: n for order in g.orders for n, i in enumerate(order)}
-    i = g.orders[rank][-1]
-    path = []
-    while i >= 0:
-        path.append(i)
-        order = g.orders[g.rank_of[i]]
-        prev = order[pos[i] - 1] if pos[i] else -1
-        dep = g.dep[i]
-        i = prev if dep < 0 or (prev >= 0 and ends[prev] >= ends[dep]) else dep
-    return path[::-1]
+    paths = []
+    for row, (_, _, tail) in zip(ends, points):
+        rank = max(range(g.ranks), key=lambda r: row[g.orders[r][-1]] + tail[r])
+        i = g.orders[rank][-1]
+        path = []
+        while i >= 0:
+            path.append(i)
+            order = g.orders[g.rank_of[i]]
+            prev = order[pos[i] - 1] if pos[i] else -1
+            dep = g.dep[i]
+            i = prev if dep < 0 or (prev >= 0 and row[prev] >= row[dep]) else dep
+        paths.append(path[::-1])
+    return paths
 
 
 def step_bound(c: ParallelConfig, fig, full: list[int], opt: list[float], f, reduce: list[float] | None = None
@@ -173,6 +177,7 @@ def step_bound(c: ParallelConfig, fig, full: list[int], opt: list[float], f, red
     for r in range(g.ranks):      # micro-batch 0's forwards up to the rank, then all of the rank's actions
         first = g.actions[g.orders[r][0]].stage
         paths.append([index[(s, "F", 0)] for s in range(first)] + list(g.orders[r]))
+    points = []
     for share in (None, 0.0, 1.0):   # the critical path at three points the constraints allow
         fw, bw, tail = [0.0] * k, [0.0] * k, [0.0] * g.ranks
         for r, ro in enumerate(roles):
@@ -181,5 +186,6 @@ def step_bound(c: ParallelConfig, fig, full: list[int], opt: list[float], f, red
             for st in range(r, k, c.pp):
                 fw[st], bw[st] = ro.lf + w * extra, ro.lb + (1 - w) * extra
             tail[r] = max(0.0, ro.end - big_m * ro.u0) + ro.opt
-        paths.append(_critical(g, fw, bw, tail))
+        points.append((fw, bw, tail))
+    paths += _critical(g, points)
     return max(_held(p, g, roles, c.pp, big_m) for p in paths)
