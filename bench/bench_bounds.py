@@ -3,8 +3,17 @@ they stand for: a transformers Llama of 8 layers (width 512, 256 tokens, vocabul
 ranks, eight pipelines (1F1B and interleaved, FSDP, HSDP, TP, checkpointing, resharding) and eight
 configurations without one (the same, with gradient accumulation). Prints each peak and predicted step
 beside its bounds, and their ratios (docs/benchmarks.md, "Pipelines ruled out by lower bounds" and the
-section after it). Run by hand: python bench/bench_bounds.py (about 3 minutes)."""
+section after it). Run by hand: python bench/bench_bounds.py (about 3 minutes on a quiet machine).
 
+``--70b``: Llama-2-70B on 64 fake H100 ranks (`--input-ids 1,4096`, global batch 64, the model's own loss),
+two pipelines and five configurations without one (docs/benchmarks.md; the first of them the search's
+answer), each as the search has it
+(planning/search/copies.py): its bounds first, from a fresh evaluator's two-block copies (micro-batches 1
+and 2, larger ones by their line), then the configuration simulated on copies of 3 and 4 blocks a stage
+and extended. A few minutes each."""
+
+import os
+import sys
 import time
 
 import torch
@@ -13,9 +22,9 @@ from layerscope.capture.attention import resolve_gpu, router_for
 from layerscope.options import optimizer_factory
 from layerscope.planning.config import ParallelConfig
 from layerscope.planning.blocks import find_blocks
-from layerscope.planning.search.bounds import block_figures, pipeline_bounds, proxy_config, stage_numels
+from layerscope.planning.search.bounds import block_figures, outer_paths, pipeline_bounds, proxy_config, stage_numels
 from layerscope.planning.simulate.results import ESTIMATES
-from layerscope.planning.search.space import _shrunk
+from layerscope.planning.search.copies import _shrunk
 from layerscope.planning.steptime.sharded_time import FRACTIONS, step_time
 from layerscope.planning.simulate.world import WorldRun, simulate_world
 
@@ -60,13 +69,47 @@ def main() -> None:
         q = proxy_config(c, mbs)
         qranks, _, groups, _, qruns = simulate(small, mbs, q)
         fig = block_figures(qruns[0], q, H100, FRACTIONS, paths, nccl=qranks[0].breakdown[ESTIMATES[0]] > 0,
-                            one_role=len(groups) == 1)
-        b = pipeline_bounds(c, fig, stage_numels(model, c.stages), 8, FRACTIONS)
+                            one_role=len(groups) == 1, outer=outer_paths(small, paths))
+        b = pipeline_bounds(c, fig, stage_numels(model, c.stages), 8, FRACTIONS, gpu=H100)
         bound = time.perf_counter() - t
         print(f"{c.label()}, {m} x {mbs}{', resharded' if reshard else ''}: peak {peak / 2**20:.2f} MiB, bound "
               f"{b.peak_bytes / peak:.3f}; step {step * 1e3:.1f} ms, bound {b.step_time / step:.3f} "
               f"(whole {whole:.1f} s, bounds {bound:.1f} s)", flush=True)
 
 
+LLAMA_70B = [  # tp, pp, fsdp, replicate, ac, schedule, micro-batch size, micro-batches (accumulation), reshard
+    (8, 2, 4, 1, "full", "1f1b", 8, 2, False), (4, 2, 8, 1, "none", "1f1b", 1, 8, False),
+    (4, 1, 16, 1, "full", "1f1b", 4, 1, False), (4, 1, 16, 1, "full", "1f1b", 1, 4, False),
+    (8, 1, 8, 1, "selective-op", "1f1b", 4, 2, False),
+    (1, 1, 64, 1, "selective-op", "1f1b", 1, 1, True), (8, 1, 1, 8, "full", "1f1b", 2, 4, False)]
+
+
+def main_70b(rows=None) -> None:
+    from layerscope.capture.loss import choose_loss
+    from layerscope.planning.search.copies import _Evaluator
+    from layerscope.specs import build_model, command_inputs
+    model = build_model("hf:llama-2-70b", device="meta").model
+    args, kwargs = command_inputs("hf:llama-2-70b", model, None, torch.device("meta"), input_ids=(1, 4096))
+    world = WorldRun(optimizer_factory("adamw"), 2, choose_loss(model, args, kwargs, "auto"), True, "nccl",
+                     lambda: router_for(H100, "auto", simulated=True, cuda_target=True, autocast_device="cpu"))
+    for tp, pp, fsdp, rep, ac, schedule, mbs, m, reshard in (rows or LLAMA_70B):
+        batches = dict(microbatches=m, local_batch=mbs * m) if pp > 1 else dict(accumulation=m, local_batch=mbs)
+        c = ParallelConfig(gpus=64, tp=tp, pp=pp, fsdp=fsdp, replicate=rep, ac=ac, schedule=schedule,
+                           reshard_after_forward=reshard, global_batch=64, **batches)
+        ev = _Evaluator(model, args, kwargs, batch0=1, simulate=lambda md, a, k, cf: simulate_world(md, a, k, cf, world),
+                        gpu=H100, limit=H100.memory, fracs=FRACTIONS, tokens_of=lambda c: 64 * 4096)
+        t, cpu = time.perf_counter(), time.process_time()
+        b = ev.bounds(c)
+        bound, bound_cpu = time.perf_counter() - t, time.process_time() - cpu
+        t, cpu = time.perf_counter(), time.process_time()
+        plan = ev(c)
+        whole, whole_cpu = time.perf_counter() - t, time.process_time() - cpu
+        print(f"{c.label()}, {m} x {mbs}{', resharded' if reshard else ''}: peak {plan.peak_bytes / 2**30:.2f} GiB, "
+              f"bound {b.peak_bytes / 2**30:.2f} ({b.peak_bytes / plan.peak_bytes:.3f}); step "
+              f"{plan.step_time * 1e3:,.0f} ms, bound {b.step_time * 1e3:,.0f} ({b.step_time / plan.step_time:.3f}) "
+              f"(bounds {bound:.1f} s wall / {bound_cpu:.1f} s CPU, whole {whole:.1f} / {whole_cpu:.1f} s; "
+              f"load {os.getloadavg()[0]:.1f})", flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    main_70b() if "--70b" in sys.argv[1:] else main()

@@ -1,7 +1,7 @@
-"""The search's lower bounds (planning/search/bounds.py): by hand on a synthetic block, and never above the
-whole simulation of a configuration (a shrunk transformers Llama; pipelines under 1F1B and interleaved,
-and without a pipeline, with gradient accumulation; with and without FSDP, TP and checkpointing) that
-they let the search skip."""
+"""The search's lower bounds (planning/search/bounds.py, step_bound.py): by hand on a synthetic block, and never
+above the whole simulation of a configuration (a shrunk transformers Llama; pipelines under 1F1B, interleaved,
+GPipe and zero bubble, and without a pipeline, with gradient accumulation; with and without FSDP, its
+resharding, TP and checkpointing) that they let the search skip."""
 
 import dataclasses
 
@@ -12,7 +12,8 @@ from layerscope.capture.attention import resolve_gpu, router_for
 from layerscope.options import optimizer_factory
 from layerscope.planning.config import ParallelConfig
 from layerscope.planning.blocks import find_blocks
-from layerscope.planning.search.bounds import (BlockFigures, block_figures, figures_at, pipeline_bounds, proxy_config, stage_numels)
+from layerscope.planning.search.bounds import (BlockFigures, Outer, block_figures, figures_at, outer_paths, pipeline_bounds,
+                                               proxy_config, stage_numels)
 from layerscope.planning.simulate.results import ESTIMATES
 from layerscope.planning.search.copies import _shrunk
 from layerscope.planning.steptime.sharded_time import FRACTIONS, step_time
@@ -76,6 +77,11 @@ def test_the_host_bound_and_uneven_shards():
     assert pipeline_bounds(c, fast, [1000, 2000], 8, FRACTIONS).step_time == pytest.approx(4.054e-3)
     uneven = dataclasses.replace(FIG, one_role=False)
     assert pipeline_bounds(c, uneven, [1000, 2000], 8, FRACTIONS).step_time is None
+    # without data parallelism nothing makes the GPU wait but the host and the compute: each rank's actions
+    # hold its 4.05 ms of issue, 4.05 / 4 = 1.0125 ms a micro-batch's forward and backward on either stage,
+    # and 1F1B over 2 stages and 4 micro-batches takes (4 + 2 - 1) of them: 5.0625 ms
+    solo = dataclasses.replace(c, gpus=2, fsdp=1)
+    assert pipeline_bounds(solo, fast, [1000, 2000], 8, FRACTIONS).step_time == pytest.approx(5.0625e-3)
 
 
 def test_figures_at_larger_micro_batches():
@@ -108,6 +114,12 @@ CONFIGS = [  # tp, pp, fsdp, ac, schedule, micro-batch size, micro-batches (accu
     pytest.param(2, 1, 2, "full", "1f1b", 1, 3, False, marks=pytest.mark.slow),
     (2, 1, 1, "none", "1f1b", 2, 1, False),
     pytest.param(1, 1, 2, "selective-op", "1f1b", 2, 2, True, marks=pytest.mark.slow),
+    # the last stage's reduce-scatter after its compute (FSDP, 1F1B): the one fast pipeline
+    (1, 2, 2, "none", "1f1b", 2, 2, False),
+    pytest.param(2, 2, 1, "none", "interleaved", 1, 4, False, marks=pytest.mark.slow),
+    pytest.param(1, 2, 2, "full", "gpipe", 1, 2, False, marks=pytest.mark.slow),
+    pytest.param(1, 2, 2, "none", "zb", 1, 4, False, marks=pytest.mark.slow),
+    pytest.param(2, 2, 2, "full", "1f1b", 2, 2, True, marks=pytest.mark.slow),
 ]
 
 
@@ -123,11 +135,46 @@ def test_bounds_never_above_the_whole_simulation(tp, pp, fsdp, ac, schedule, mbs
     small = _shrunk(model, 2)
     q = proxy_config(c, mbs)
     qranks, _, groups, _, qruns = _simulate(small, mbs, q)
-    fig = block_figures(qruns[0], q, H100, FRACTIONS, [p for p, _ in find_blocks(small)],
-                        nccl=qranks[0].breakdown[ESTIMATES[0]] > 0, one_role=len(groups) == 1)
-    b = pipeline_bounds(c, fig, stage_numels(model, c.stages), 4, FRACTIONS)
+    paths = [p for p, _ in find_blocks(small)]
+    fig = block_figures(qruns[0], q, H100, FRACTIONS, paths, nccl=qranks[0].breakdown[ESTIMATES[0]] > 0,
+                        one_role=len(groups) == 1, outer=outer_paths(small, paths))
+    # the embedding's ops and the head's are found (the loss, the model's forward's own, is not theirs)
+    assert fig.first.forward > 0 and fig.first.ops > 0 and fig.last.forward > 0 and fig.last.backward > 0
+    assert (fig.tp > 0) == (tp > 1)        # tensor parallel's collectives are the block's
+    b = pipeline_bounds(c, fig, stage_numels(model, c.stages), 4, FRACTIONS, gpu=H100)
     assert 0.6 * peak < b.peak_bytes <= peak
     assert 0 < b.step_time <= step
+
+
+def test_tp_and_the_outer_modules_by_hand():
+    fig = dataclasses.replace(FIG, tp=0.5, first=Outer(0.25, 0.5, 0.0, 4), last=Outer(1.0, 2.0, 0.25, 6))
+    c = ParallelConfig(gpus=4, tp=1, pp=2, fsdp=2, ac="none", schedule="1f1b", microbatches=4, local_batch=4,
+                       reshard_after_forward=False)
+    # 8 blocks, 4 a stage. Stage 0 a micro-batch: forward 4 x 1 + 0.25 (the embedding) = 4.25 at least,
+    # backward 8 + 0.5 = 8.5, and with the blocks' TP (4 x 0.5) 14.75 the two together; stage 1: 4 + 1 (the
+    # head), 8 + 2, and 4 x 3.5 + 3 + 0.25 = 17.25 together. Stage 1 is the slower: the critical path is
+    # micro-batch 0's forward on stage 0, all of stage 1's actions, then stage 0's last backward. Its least:
+    # stage 1's 4 forwards and 4 backwards 4 x 17.25 = 69, stage 0's one forward and one backward 14.75
+    # (however the model shares the TP between them): 83.75 s
+    b = pipeline_bounds(c, fig, [1000, 2000], 8, FRACTIONS)
+    assert b.step_time == pytest.approx(83.75)
+    # without a pipeline: 3 micro-steps of 8 x (1 + 2 + 0.5) and both outer sides' 0.75 + 3.25: 3 x 32 = 96 s
+    solo = ParallelConfig(gpus=2, tp=1, pp=1, fsdp=2, ac="none", accumulation=3, local_batch=1)
+    assert pipeline_bounds(solo, fig, [3000], 8, FRACTIONS).step_time == pytest.approx(96.0)
+
+
+def test_the_last_stages_reduce_scatter_by_hand():
+    c = ParallelConfig(gpus=4, tp=1, pp=2, fsdp=2, ac="none", schedule="1f1b", microbatches=4, local_batch=4,
+                       reshard_after_forward=False)
+    # stage 1 holds 3.6e12 trainable elements: after its last backward FSDP2 reduce-scatters their fp32
+    # gradients, 14.4e12 B, over the FSDP pair on NVLink (450 GB/s at the link fraction 0.8): half of them
+    # through each rank, 7.2e12 / 360e9 = 20 s, plus one hop's 3 us. The step: stage 0's forward of
+    # micro-batch 0 (4 s), stage 1's 4 x (4 + 8) = 48 s of compute, its reduce-scatter (20 s): 72 s
+    # (without the GPU given: 60 s, 1F1B's (4 + 2 - 1) x 12)
+    numels = [1000, 3_600_000_000_000]
+    b = pipeline_bounds(c, FIG, numels, 8, FRACTIONS, gpu=H100)
+    assert b.step_time == pytest.approx(72.0 + 3e-6)
+    assert pipeline_bounds(c, FIG, numels, 8, FRACTIONS).step_time == pytest.approx(60.0)
 
 
 def test_frozen_parameters_and_autocast():
@@ -157,10 +204,11 @@ def test_block_of_a_path_as_the_scan_answers():
     paths = ["", "model", "model.layers", "model.layers.1", "model.layers.10", "model.layers.1.mlp",
              "model.layers.10.mlp.down_proj", "model.layers.11.self_attn.q_proj", "model.layers.12",
              "model.layers.1x", "enc.block.0.attn", "enc.block.01", "dec", "dec.x.y", "decoder", "lm_head"]
-    block_of = _BlockOf(blocks)
+    groups = [[b] for b in blocks]
+    block_of = _BlockOf(groups)
     for p in paths + paths:        # twice: the memo answers as the first time
-        assert block_of(p) == _in_block(p, blocks), p
+        assert block_of(p) == _in_block(p, groups), p
     assert block_of("model.layers.10.mlp") == 10 and block_of("enc.block.0.attn") == 12
     assert block_of("model.layers.1x") is None and block_of("decoder") is None
     for nested in (["a", "a.b"], ["a.b", "a"]):      # a block inside another, either order: the first listed
-        assert _BlockOf(nested)("a.b.c") == _in_block("a.b.c", nested) == 0
+        assert _BlockOf([[b] for b in nested])("a.b.c") == _in_block("a.b.c", [[b] for b in nested]) == 0

@@ -8,13 +8,19 @@ The block's figures come from a configuration without a pipeline that runs the s
 micro-batch: the same tensor parallel degree, checkpointing mode and micro-batch size, with or without
 data parallelism as the candidate has it (FSDP2's mixed precision, or torch.autocast without it: they save
 other tensors). For one block of that simulated rank (``block_figures``): the seconds of its forward and
-of its backward (recompute included) that the step-time model gives its ops and its tensor-parallel
-collectives (on the critical path there, priced on the same link), leaving out the other collectives and
-FSDP2's copies in and out of them (their sizes depend on the FSDP degree); and the bytes of the
+of its backward (recompute included) that the step-time model gives its ops, and those of its
+tensor-parallel collectives (on the critical path there, priced on the same link: the same degree and
+bytes), leaving out the other collectives and FSDP2's copies in and out of them (their sizes depend on the
+FSDP degree, and a pipeline gathers a stage once a step); and the bytes of the
 activations its ops made that are still alive when the step's last forward ends (what a micro-batch's
 forward leaves a block holding for its backward: a checkpointed block's input, every tensor an
 unchecked block saves). The model's blocks are taken to be alike, as the search's extension from its
-shrunk copies takes them (``search`` module docstring); the least of the copy's blocks is used.
+shrunk copies takes them (``search`` module docstring); the least of the copy's blocks is used. The
+same seconds of the modules with parameters before the block list (the embedding, on a pipeline's first
+stage) and after it (the final norm and the head, on its last; ``uniform_stages`` gives a stage these
+modules as the split does): the same modules on the same micro-batch, outside any block's checkpointing.
+The loss is not among them: without a pipeline the model's forward computes it, a pipeline's last stage
+with the schedule's loss function.
 
 Memory (``pipeline_bounds``). At the moment a rank of pipeline coordinate ``c`` has run the forwards
 its schedule runs before a backward frees them (``pipeline.schedule.rank_orders``: the warm-up of
@@ -43,30 +49,17 @@ its schedule runs before a backward frees them (``pipeline.schedule.rank_orders`
 * the cuBLAS workspaces the block's rank held, and the estimate of NCCL's buffers (16 channels x 4 MiB
   per communicator, one per mesh dimension), which a simulated rank's peak adds as well.
 
-Step time. Without a pipeline the step-time model's step is its rank's two-stream walk's end plus its
-optimizer step (``timing.assemble``); the walk puts every compute op and tensor-parallel collective of
-every micro-step on one stream in program order, and no op before the host has issued it, so that end
-is no earlier than the sum of its blocks' compute and TP collectives over the micro-steps, nor than the
-host's issue of their ops: the two bounds below with one stage. With a pipeline, the search's step-time
-model gives the step by the schedule's simulation
-(``timing.assemble``) from each stage's seconds per micro-batch: its rank's compute, its host's waits
-and its tensor-parallel collectives over the micro-batches, shared among the rank's stages, then its
-exposed FSDP communication and optimizer step. A rank's compute over ``m`` micro-batches is at least ``m`` times
-its blocks' forward and backward; the schedule's simulation is a longest path through a fixed order of
-actions, so it cannot get shorter when each action's seconds are made smaller. The bound: that
-simulation with each stage's seconds its rank's blocks' compute and tensor-parallel collectives alone,
-no sends, and each rank's optimizer step over the least its shards can hold (the optimizer's seconds
-are linear in those bytes, ``timing.optimizer_seconds``; none with CPU offload); or, if longer, for
-some rank the host's path: the step-time model's walk over a rank's ops charges the host for issuing
-each (a view too) and lets the GPU run an op no earlier than its issue, so the rank's two streams end
-no earlier than the host's issue of its ops, up to its last that takes seconds; in the schedule's
-simulation the rank's actions and then its exposed communication and optimizer step take at least
-those streams' end; and the rank's first action waits for micro-batch 0's forward through the stages
-before it. So the step is no shorter than that forward, the issue of every op of the rank's blocks
-over its micro-batches but one block's (which may trail its last kernel), at ``timing.host_op_seconds``
-an op, and its optimizer step. Both are used where every rank of a stage holds shards of the same
-sizes (the block's simulated rank was the only role): ranks of uneven shards are timed by their
-slowest role, whose compute may be another's.
+Step time (``step_bound``, argued in planning/search/step_bound.py). The step-time model's step is a
+longest path through the schedule's actions (one stage and its micro-steps without a pipeline), each
+pipeline coordinate's role's seconds shared among its stages' actions; the bound is, for a few of those
+paths, the least seconds the path can take given what is known of each role: its blocks' and outer
+modules' forward and backward compute (each action at least its share), those and their tensor-parallel
+collectives together, and the walk's end at least the host's issue of those ops or, in a pipeline with
+FSDP, their compute followed by the stage's last reduce-scatter of its accumulated gradients; each
+rank's optimizer step over the least its shards can hold (the optimizer's seconds are linear in those
+bytes, ``timing.optimizer_seconds``; none with CPU offload). Used where every rank of a stage holds
+shards of the same sizes (the block's simulated rank was the only role): ranks of uneven shards are
+timed by their slowest role, whose compute may be another's.
 
 Both are checked against whole pipeline simulations in tests/planning/sharded/test_bounds.py: never above them.
 """
@@ -80,22 +73,39 @@ import torch
 from torch import nn
 
 from ..config import ParallelConfig, default_schedule
-from ..steptime.schedule import rank_orders, simulate
+from ..steptime.schedule import rank_orders, stage_ranks
 from ...trace import BACKWARD, FORWARD
 from ..simulate.results import COLLECTIVES, NCCL_BYTES_PER_COMMUNICATOR, collective_group
 from ..simulate.sharded_rank import COMM_OPS
-from ..simulate.uniform_stages import stage_blocks, stage_params
-from ..steptime.sharded_time import (_compute_dtype, _one_collective, host_op_seconds, op_seconds, optimizer_seconds)
+from ..simulate.uniform_stages import _outer_paths, stage_blocks, stage_params
+from ...errors import InputError
+from ..steptime.sharded_time import _compute_dtype, _one_collective, op_seconds, optimizer_seconds
+from .step_bound import reduce_seconds, step_bound
 
-__all__ = ["BlockFigures", "PipelineBounds", "block_figures", "figures_at", "pipeline_bounds", "proxy_config",
+__all__ = ["BlockFigures", "NO_OUTER", "Outer", "PipelineBounds", "block_figures", "figures_at", "outer_paths", "pipeline_bounds", "proxy_config",
            "stage_numels"]
+
+
+@dataclass(frozen=True)
+class Outer:
+    """The modules with parameters outside the block list on one side of it, for one micro-batch (module
+    docstring): the seconds of their ops' forward and backward and of their tensor-parallel collectives,
+    and their ops."""
+
+    forward: float = 0.0
+    backward: float = 0.0
+    tp: float = 0.0
+    ops: int = 0
+
+
+NO_OUTER = Outer()
 
 
 @dataclass(frozen=True)
 class BlockFigures:
     """One block of a simulated rank without a pipeline, for one micro-batch (module docstring)."""
 
-    forward: float          # seconds: its forward's ops and tensor-parallel collectives (no other collective, no FSDP copy)
+    forward: float          # seconds: its forward's ops (no collective, no FSDP copy)
     backward: float         # its backward's (recompute included)
     saved: int              # bytes of activations its forward leaves alive for its backward
     ops: int                # its forward's and backward's ops, views too (the host issues each)
@@ -104,6 +114,9 @@ class BlockFigures:
     workspaces: int         # cuBLAS's workspaces alive then
     nccl: bool              # the rank's peak adds the estimate of NCCL's buffers
     one_role: bool          # every rank held shards of the same sizes
+    tp: float = 0.0         # its tensor-parallel collectives' seconds, forward and backward
+    first: Outer = NO_OUTER    # the modules before the blocks (the embedding): the first stage's
+    last: Outer = NO_OUTER    # those after them (the final norm, the head): the last stage's; not the loss
 
 
 @dataclass(frozen=True)
@@ -126,23 +139,35 @@ def proxy_config(c: ParallelConfig, micro_batch: int) -> ParallelConfig | None:
                                reshard_after_forward=False, schedule=default_schedule())
 
 
-def _in_block(path: str, blocks: list[str]) -> int | None:
-    for i, b in enumerate(blocks):
-        if path == b or path.startswith(b + "."):
+def outer_paths(model: nn.Module, block_paths: list[str]) -> tuple[list[str], list[str]]:
+    """The modules with parameters outside the block list at ``block_paths``: those before it (the first
+    stage's, as the uniform split gives them) and after it (the last stage's); none where a module holds
+    parameters of its own beside the list (the split refuses it)."""
+    try:
+        return _outer_paths(model, block_paths[0].rpartition(".")[0])
+    except InputError:
+        return [], []
+
+
+def _in_block(path: str, groups: list[list[str]]) -> int | None:
+    """The index of the group of module paths ``path`` lies in (a module of it or below one)."""
+    for i, group in enumerate(groups):
+        if any(path == b or path.startswith(b + ".") for b in group):
             return i
     return None
 
 
 class _BlockOf:
-    """``_in_block(path, blocks)`` by the path's prefixes in a dictionary, each path once: the same
-    answer (the first block, in ``blocks``' order, that is the path or a module above it), without a scan
+    """``_in_block(path, groups)`` by the path's prefixes in a dictionary, each path once: the same
+    answer (the first group, in ``groups``' order, holding the path or a module above it), without a scan
     of every block for every op and saved tensor (a composed 80-block rank's figures read 80 block paths
     against some 37,000 records: about a twentieth of a composed candidate's CPU)."""
 
-    def __init__(self, blocks: list[str]) -> None:
+    def __init__(self, groups: list[list[str]]) -> None:
         self.first: dict[str, int] = {}
-        for i, b in enumerate(blocks):
-            self.first.setdefault(b, i)
+        for i, group in enumerate(groups):
+            for b in group:
+                self.first.setdefault(b, i)
         self.memo: dict[str, int | None] = {}
 
     def __call__(self, path: str) -> int | None:
@@ -158,10 +183,12 @@ class _BlockOf:
         return found
 
 
-def block_figures(rr, config: ParallelConfig, gpu, f, block_paths: list[str], *, nccl: bool, one_role: bool
-                  ) -> BlockFigures | None:
+def block_figures(rr, config: ParallelConfig, gpu, f, block_paths: list[str], *, nccl: bool, one_role: bool,
+                  outer: tuple[list[str], list[str]] = ([], [])) -> BlockFigures | None:
     """The figures of the blocks at ``block_paths`` on the simulated rank ``rr`` (a RankRun of ``config``,
-    no pipeline): the least of them (module docstring); None without two blocks or a last-step forward."""
+    no pipeline): the least of them (module docstring), and of the modules at ``outer`` (those with
+    parameters before the block list and after it: ``uniform_stages.outer_paths``); None without two blocks
+    or a last-step forward."""
     run = rr.run
     if len(block_paths) < 2 or not run.passes:
         return None
@@ -172,10 +199,10 @@ def block_figures(rr, config: ParallelConfig, gpu, f, block_paths: list[str], *,
     end = ends[-1]
     micro = max(p.micro for p in run.passes if p.step == last)     # one micro-step of an accumulation
     dtype = _compute_dtype(config)
-    fwd = [0.0] * len(block_paths)
-    bwd = [0.0] * len(block_paths)
-    ops = [0] * len(block_paths)
-    block_of = _BlockOf(block_paths)
+    groups = [[b] for b in block_paths] + [list(outer[0]), list(outer[1])]     # each block, then either side
+    fwd, bwd, tps = [0.0] * len(groups), [0.0] * len(groups), [0.0] * len(groups)
+    ops = [0] * len(groups)
+    block_of = _BlockOf(groups)
     for p in run.passes:
         if p.step != last or p.micro != micro:
             continue
@@ -183,22 +210,25 @@ def block_figures(rr, config: ParallelConfig, gpu, f, block_paths: list[str], *,
         for op in p.trace.ops:
             tp = op.op in COLLECTIVES and collective_group(op.op, op.costs.bytes_read, op.costs.bytes_written,
                                                            config)[1] == "tp"
-            if (op.op in COLLECTIVES and not tp) or op.op in COMM_OPS or op.op.startswith("fsdp."):
+            # tensor parallel's collectives are counted (their functional ops are among COMM_OPS, the
+            # communication buffers' makers); FSDP's, and its copies in and out, are not (their sizes
+            # depend on the FSDP degree, and a pipeline gathers once a step)
+            if not tp and (op.op in COLLECTIVES or op.op in COMM_OPS or op.op.startswith("fsdp.")):
                 continue
-            if op.layer is None or not 0 <= op.layer < len(layers):
+            if op.layer is None or not 0 <= op.layer < len(layers) or op.phase not in (FORWARD, BACKWARD):
                 continue
             i = block_of(layers[op.layer].path)
             if i is None:
                 continue
-            d = _one_collective(op, config, gpu, f) if tp else op_seconds(op, gpu, dtype, f)
-            if op.phase == FORWARD:
-                fwd[i] += d
-            elif op.phase == BACKWARD:
-                bwd[i] += d
+            if tp:
+                tps[i] += _one_collective(op, config, gpu, f)
+            elif op.phase == FORWARD:
+                fwd[i] += op_seconds(op, gpu, dtype, f)
             else:
-                continue
+                bwd[i] += op_seconds(op, gpu, dtype, f)
             ops[i] += 1
-    saved = [0] * len(block_paths)
+    n = len(block_paths)
+    saved = [0] * n
     alive: dict[str, int] = {}
     for b in rr.tracker.blocks:
         if b.alloc > end or (b.free is not None and b.free < end):
@@ -211,6 +241,7 @@ def block_figures(rr, config: ParallelConfig, gpu, f, block_paths: list[str], *,
         if b.layer is None or not 0 <= b.layer < len(layers):
             continue
         i = block_of(layers[b.layer].path)
+        i = i if i is not None and i < n else None
         if i is not None:
             saved[i] += b.nbytes
     ratio = 0.0
@@ -219,16 +250,18 @@ def block_figures(rr, config: ParallelConfig, gpu, f, block_paths: list[str], *,
         ratio = min(per, default=0.0)
     params = sum(run.param_bytes.values())
     step = optimizer_seconds(run, gpu, f) / params if params else 0.0
-    return BlockFigures(forward=min(fwd), backward=min(bwd), saved=min(saved[:-1]), ops=min(ops),
+    first, after = (Outer(fwd[i], bwd[i], tps[i], ops[i]) for i in (n, n + 1))
+    return BlockFigures(forward=min(fwd[:n]), backward=min(bwd[:n]), saved=min(saved[:n - 1]), ops=min(ops[:n]),
                         optimizer_ratio=ratio, optimizer_per_byte=step, workspaces=alive.get("workspaces", 0),
-                        nccl=nccl, one_role=one_role)
+                        nccl=nccl, one_role=one_role, tp=min(tps[:n]), first=first, last=after)
 
 
 def figures_at(known: list[tuple[int, BlockFigures]], batch: int) -> BlockFigures:
     """A block's figures at micro-batch ``batch`` no larger than its true ones, from its figures at smaller
     or equal micro-batches (``known``: (micro-batch, figures), ascending). Every op's seconds in the
     step-time model are a maximum of terms linear in the batch with intercepts of their own (FLOPs,
-    bytes moved, a launch), so a block's seconds are convex and non-decreasing in the batch; so are its
+    bytes moved, a launch; a collective's are its bytes over the link plus its hops' latency), so
+    a block's seconds (and the outer modules') are convex and non-decreasing in the batch; so are its
     saved bytes (each saved tensor's size linear in the batch). Hence from the two largest points the
     line through them, and from one point its value, each no larger than the figure at ``batch``."""
     b2, f2 = known[-1]
@@ -238,8 +271,11 @@ def figures_at(known: list[tuple[int, BlockFigures]], batch: int) -> BlockFigure
 
     def line(a: float, b: float) -> float:
         return max(b, b + (batch - b2) * (b - a) / (b2 - b1))
+    def outer(a: Outer, b: Outer) -> Outer:
+        return Outer(line(a.forward, b.forward), line(a.backward, b.backward), line(a.tp, b.tp), b.ops)
     return dataclasses.replace(f2, forward=line(f1.forward, f2.forward), backward=line(f1.backward, f2.backward),
-                               saved=int(line(f1.saved, f2.saved)))
+                               saved=int(line(f1.saved, f2.saved)), tp=line(f1.tp, f2.tp),
+                               first=outer(f1.first, f2.first), last=outer(f1.last, f2.last))
 
 
 def stage_numels(model: nn.Module, stages: int, *, trainable: bool = False) -> list[int]:
@@ -254,10 +290,11 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 
 def pipeline_bounds(c: ParallelConfig, fig: BlockFigures, numels: list[int], blocks: int, f,
-                    trainable: list[int] | None = None) -> PipelineBounds:
+                    trainable: list[int] | None = None, gpu=None) -> PipelineBounds:
     """The lower bounds of the module docstring for candidate ``c``, with or without a pipeline
     (``numels``: per stage, from ``stage_numels``, and ``trainable`` those of them that get gradients
-    (None: all); ``blocks``: the model's; ``f``: the step-time model's fractions)."""
+    (None: all); ``blocks``: the model's; ``f``: the step-time model's fractions; ``gpu``: the GPU, for
+    the pipeline's last reduce-scatter (None: not counted))."""
     trainable = numels if trainable is None else trainable
     # bf16 without data parallelism runs under one autocast region over the step, whose casts of the weights
     # the micro-batches share: the block's saved bytes (one micro-batch, casts included) count once at a time
@@ -307,20 +344,10 @@ def pipeline_bounds(c: ParallelConfig, fig: BlockFigures, numels: list[int], blo
             peak, worst = total, r
     step = None
     if fig.one_role:
-        fw, bw, opt = [0.0] * k, [0.0] * k, [0.0] * k
-        for c0 in range(c.pp):                     # stage st on rank st % pp, as timing.assemble has it
-            on = [c0 + i * c.pp for i in range(spr)]
-            n = sum(full[st] for st in on)
-            for st in on:
-                fw[st] = n * fig.forward / spr
-                bw[st] = n * fig.backward / spr
-            if not c.offload:
-                opt[c0] = fig.optimizer_per_byte * master * sum(numels[st] // (c.tp * c.fsdp) for st in on)
-        step = simulate(c.schedule, fw, bw, m, send=[0.0] * (k - 1), optimizer=opt,
-                        stages_per_rank=spr).step_time
-        per_op = host_op_seconds(c, f)
-        for c0 in range(c.pp):     # the host's path: micro-batch 0 reaches the rank, it issues, then optimizes
-            n = sum(full[st] for st in range(c0, k, c.pp))
-            issue = per_op * fig.ops * max(0, m * n - 1)
-            step = max(step, sum(fw[:c0]) + issue + opt[c0])
+        where = stage_ranks(c.schedule, k, spr)
+        opt = [0.0 if c.offload else fig.optimizer_per_byte * master
+               * sum(numels[st] // (c.tp * c.fsdp) for st in range(k) if where[st] == r) for r in range(c.pp)]
+        reduce = ([reduce_seconds(trainable[st], c, gpu, f, grad) for st in range(k)]
+                  if gpu is not None and c.pp > 1 and c.fsdp > 1 else None)
+        step = step_bound(c, fig, full, opt, f, reduce)
     return PipelineBounds(peak, step, worst)

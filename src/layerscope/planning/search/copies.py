@@ -17,7 +17,8 @@ from ...capture.regions import NotComposable
 from ...errors import ForwardError, InputError
 from ..config import ParallelConfig
 from ..blocks import find_blocks
-from .bounds import (BlockFigures, PipelineBounds, block_figures, figures_at, pipeline_bounds, proxy_config, stage_numels)
+from .bounds import (BlockFigures, PipelineBounds, block_figures, figures_at, outer_paths, pipeline_bounds,
+                     proxy_config, stage_numels)
 from ..simulate.results import ESTIMATES, ParallelPlan, RankMemory, collectives_of
 from ..simulate.uniform_stages import stage_blocks
 from ..steptime.sharded_time import RankSeconds, assemble, rank_seconds, send_bytes
@@ -191,7 +192,7 @@ class _Evaluator:
             return
         paths = [p for p, _ in find_blocks(model)]
         fig = block_figures(runs[0], c, self.gpu, self.f, paths, nccl=ranks[0].breakdown.get(ESTIMATES[0], 0) > 0,
-                            one_role=len(groups) == 1)
+                            one_role=len(groups) == 1, outer=outer_paths(model, paths))
         if fig is not None:
             self.figures[key] = fig
 
@@ -247,7 +248,7 @@ class _Evaluator:
             self._numels[c.stages] = (stage_numels(self.model, c.stages),
                                       stage_numels(self.model, c.stages, trainable=True))
         numels, trainable = self._numels[c.stages]
-        return pipeline_bounds(c, fig, numels, self.blocks, self.f, trainable)
+        return pipeline_bounds(c, fig, numels, self.blocks, self.f, trainable, self.gpu)
 
     def __call__(self, c: ParallelConfig) -> ParallelPlan:
         """Candidate ``c``'s plan. Without a pipeline, where ``simulate`` has a ``composed`` form
