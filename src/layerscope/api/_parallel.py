@@ -255,8 +255,7 @@ def _searched(model: nn.Module, args: tuple, kwargs: dict, conf: _Configured, ra
         return simulate_world(m, a, k, c, world)
     rep = search_report(model, args, kwargs, gpus=conf.gpus, held={**conf.held, **conf.given},
                         gpu=ranks.named or resolve_gpu(None), limit=ranks.limit, simulate=simulate, fracs=ranks.fracs,
-                        options=ranks.echo, progress=run["progress"], search_limit=run["search_limit"],
-                        jobs=run["jobs"])
+                        options=ranks.echo, run=run)
     rep.add_notes(step_loss.note())
     return rep
 

@@ -24,8 +24,26 @@ def upcoming(walk) -> Iterator[ParallelConfig]:
     families by their heads' step times, each family's leanest member, the fastest of each checkpointing
     mode and resharding, then the rest fastest first."""
     fams, order = walk.families, walk.order
+    of = {id(c): k for k, fam in fams.items() for c in fam}
+    best = walk.best.plan.step_time if walk.best is not None else None
+    slow: dict[str, list] = {}          # per family, its simulated members no faster than the best (bound 2)
+    for x in walk.timed:
+        if best is not None and x.plan.step_time >= best:
+            slow.setdefault(of.get(id(x.config), family_of(x.config)), []).append(x.config)
+    left = walk._left()
+
+    def is_open(c: ParallelConfig) -> bool:
+        """``c`` not decided, and none of the walk's rules that need no simulation rules it out now: the
+        sharded state's bound, the family's dominance both ways, bound 2 within the family, the limit."""
+        if id(c) in walk.result or _state_bound(walk.params, c) > walk.limit:
+            return False
+        fam = of[id(c)]
+        return not (any(_mem_ge(c, o.config) for o in walk.ooms.get(fam, ()))
+                    or any(_time_ge(c, x.config) for x in walk.fits.get(fam, ()))
+                    or any(_time_ge(c, x) for x in slow.get(fam, ()))
+                    or left is not None and _passes(c) > left)
     for group in ([k for k in order if fams[k][0].pp == 1], [k for k in order if fams[k][0].pp > 1]):
-        yield from (fams[k][0] for k in group if _open(walk, fams[k][0]))
+        yield from (fams[k][0] for k in group if is_open(fams[k][0]))
 
         def head_time(k):
             r = walk.result.get(id(fams[k][0]))
@@ -35,9 +53,8 @@ def upcoming(walk) -> Iterator[ParallelConfig]:
             first = walk.result.get(id(fam[0]))
             if first is not None and first.status == "error":
                 continue
-            h, best = head_time(k), walk.best
-            if h is not None and best is not None and best is not first and fam[0].pp == 1 and \
-                    h >= best.plan.step_time:
+            h = head_time(k)
+            if h is not None and best is not None and walk.best is not first and fam[0].pp == 1 and h >= best:
                 continue          # the walk's bound 2 on the family's head
             lean = min(fam, key=lambda c: (_AC_MEMORY[c.ac], not c.reshard_after_forward, _mbs(c)))
             got = walk.result.get(id(lean))
@@ -50,23 +67,6 @@ def upcoming(walk) -> Iterator[ParallelConfig]:
             for c in [lean, *combos.values(), *fam]:
                 if id(c) not in seen:
                     seen.add(id(c))
-                    if _open(walk, c):
+                    if is_open(c):
                         yield c
 
-
-def _open(walk, c: ParallelConfig) -> bool:
-    """``c`` not decided, and none of the walk's rules that need no simulation rules it out now: the
-    sharded state's bound, the family's dominance both ways, bound 2 within the family, the limit."""
-    if id(c) in walk.result or _state_bound(walk.params, c) > walk.limit:
-        return False
-    fam = family_of(c)
-    if any(_mem_ge(c, o.config) for o in walk.ooms.get(fam, ())):
-        return False
-    if any(_time_ge(c, x.config) for x in walk.fits.get(fam, ())):
-        return False
-    best = walk.best.plan.step_time if walk.best is not None else None
-    if best is not None and any(x.plan.step_time >= best and family_of(x.config) == fam and _time_ge(c, x.config)
-                                for x in walk.timed):
-        return False
-    left = walk._left()
-    return left is None or _passes(c) <= left

@@ -109,6 +109,7 @@ class SearchPool:
         self.done: dict[tuple, tuple] = {}              # job -> its worker's answer, not yet asked for
         self.walk = None
         self._bounds: dict[int, tuple[int, Any]] = {}   # id(config) -> (figures known, its bounds then)
+        self._dry: int | None = None    # figures known when the guesses last gave no new job
 
     def __enter__(self) -> "SearchPool":
         global _EV
@@ -199,6 +200,7 @@ class SearchPool:
         for r in wait(list(self.busy) + list(sentinels), timeout=None if block else 0):
             if r in sentinels:
                 p = sentinels[r]
+                p.join()              # its exit code
                 raise LayerscopeError(f"a search worker process ended unexpectedly (exit code {p.exitcode}, "
                                       "killed for memory?); jobs=1 (--jobs 1) searches in this process alone")
             if r in self.busy:
@@ -212,7 +214,9 @@ class SearchPool:
         """Each free worker given the next job the walk may ask for (planning/search/ahead.py): for a
         candidate whose bounds need copies simulated first, those copies; else, unless its bounds rule it
         out now, the candidate."""
-        if self.walk is None or not self._idle():
+        if self.walk is None or not self._idle() or self._dry == self._known():
+            # no new job since, until new figures come: what the walk may ask only shrinks as it decides
+            # (planning/search/ahead.py), save the candidates whose bounds wait for figures
             return
         taken = set(self.done) | set(self.busy.values())
         for job in self._guesses():
@@ -222,6 +226,10 @@ class SearchPool:
             taken.add(job)
             if not self._idle():
                 return
+        self._dry = self._known()
+
+    def _known(self) -> int:
+        return sum(f is not None for f in self.ev.figures.values())
 
     def _guesses(self):
         walk, ev = self.walk, self.ev
@@ -241,7 +249,7 @@ class SearchPool:
 
     def _bounds_of(self, c: ParallelConfig):
         """``c``'s bounds from the figures known (none simulated), kept while no new figures come."""
-        known = sum(f is not None for f in self.ev.figures.values())
+        known = self._known()
         got = self._bounds.get(id(c))
         if got is None or got[0] != known:
             got = (known, self.ev.bounds(c, False))
