@@ -5,6 +5,7 @@ death or a Ctrl-C ends the search with no hang and no worker left."""
 
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -129,10 +130,16 @@ def test_one_job_starts_no_process(monkeypatch):
     assert _walk(space(16, 48, 64, gpus_per_node=8), _Synthetic(0), 1, None)[0][2] > 0
 
 
-def test_bad_jobs_is_one_line():
-    with pytest.raises(layerscope.InputError, match="jobs is a count of worker processes"):
-        layerscope.parallel(_llama(2), torch.zeros((1, 8), dtype=torch.long, device="meta"), gpus=2, gpu="H100",
-                            search=True, jobs=0)
+def test_bad_jobs_is_one_line(capsys):
+    from layerscope.cli import main
+    from layerscope.options import ParallelOptions
+    for bad in (0, 1.5, True):
+        with pytest.raises(layerscope.InputError, match="jobs is a count of worker processes"):
+            ParallelOptions(jobs=bad)
+    assert main(["parallel", "layerscope.examples:tiny_gpt", "--gpus", "2", "--gpu", "H100", "--search",
+                 "--jobs", "0"]) != 0
+    err = capsys.readouterr().err
+    assert "--jobs: must be at least 1, got 0" in err and err.count("\n") == 1
 
 
 class _Boom(Exception):
@@ -202,8 +209,8 @@ def _llama(layers=4):
 def _without_seconds(rep) -> tuple:
     s = dict(rep.search)
     s.pop("seconds")
-    # the notes but the search's seconds (its first one, "search-searched")
-    notes = [n for n in rep.notes if getattr(n, "code", None) != "search-searched"]
+    # the notes with the search's seconds left out ("... for a global batch of 8 in 17 s: ...")
+    notes = [re.sub(r" in [0-9.,]+ s:", " in - s:", str(n)) for n in rep.notes]
     return s, rep.plan, notes, str(rep).count("\n")
 
 
