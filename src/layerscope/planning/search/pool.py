@@ -19,8 +19,9 @@ figures kept before it, and is raised where the walk asked, as the serial simula
 it; a worker that dies (killed) ends the search with one line. The workers ignore SIGINT (Ctrl-C reaches
 the walk's process, which kills them); every exit kills them.
 
-Where ``fork`` is not a start method (Windows) the search runs serially: a fork is what shares the model
-and the copies without pickling them."""
+Where ``fork`` is not a start method (Windows), or this process has initialised CUDA (which a forked child
+cannot use), the search runs serially: a fork is what shares the model and the copies without pickling
+them."""
 
 from __future__ import annotations
 
@@ -55,7 +56,9 @@ def search_pool(ev, jobs: int | None) -> "SearchPool | None":
     """A pool of ``jobs`` workers for the evaluator ``ev`` (None: ``default_jobs()``); None, and no process,
     for one job or where processes cannot be forked."""
     n = default_jobs() if jobs is None else jobs
-    if n <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+    if n <= 1 or "fork" not in multiprocessing.get_all_start_methods() or torch.cuda.is_initialized():
+        # a forked child cannot use the CUDA its parent initialised (the user's model on a GPU, say): were a
+        # simulation to touch it, it would fail there; serial then
         return None
     return SearchPool(ev, n)
 
