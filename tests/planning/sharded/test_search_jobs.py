@@ -97,14 +97,14 @@ class _Synthetic:
                               rank=0)
 
 
-def _walk(cands, ev, jobs: int, max_passes):
+def _walk(cands, ev, jobs: int, max_passes, progress=False):
     pool = search_pool(ev, jobs)
     if pool is None:
         return walk_space(cands, ev, limit=60, params=0, bounds=ev.bounds, for_bounds=lambda: ev.proxies,
-                          max_passes=max_passes), ev.figures
+                          max_passes=max_passes, progress=progress), ev.figures
     with pool:
         return walk_space(cands, pool.evaluate, limit=60, params=0, bounds=ev.bounds, for_bounds=lambda: ev.proxies,
-                          max_passes=max_passes, ahead=pool), ev.figures
+                          max_passes=max_passes, ahead=pool, progress=progress), ev.figures
 
 
 @pytest.mark.parametrize("seed,max_passes", [(0, None), (1, None), (2, 40), (3, 12)])
@@ -122,6 +122,32 @@ def test_workers_give_the_serial_answer(seed, max_passes):
 
 def _no_fork():
     raise AssertionError("a process was forked")
+
+
+def test_progress_counts_what_the_walk_decided(monkeypatch):
+    """The progress line: simulated, ruled out and left, and the best so far, each time a candidate is
+    decided; at the end none left."""
+    from layerscope.planning.search import walk as walk_mod
+    lines = []
+
+    class Bar:
+        def __init__(self, total, text):
+            lines.append((0, total, text))
+
+        def update(self, done, text):
+            lines.append((done, lines[0][1], text))
+
+        def close(self):
+            pass
+    monkeypatch.setattr(walk_mod, "ProgressBar", Bar)
+    cands = space(16, 48, 64, gpus_per_node=8)
+    (ranked, _, count, _), _ = _walk(cands, _Synthetic(0), 2, None, progress=True)
+    assert lines[0] == (0, len(cands), f"searching configurations: 0 simulated, 0 ruled out, {len(cands)} left")
+    done, total, text = lines[-1]
+    best = ranked[0]
+    assert done == total == len(cands) and text == (
+        f"searching configurations: {count} simulated, {len(cands) - count} ruled out, 0 left; best "
+        f"{best.plan.step_time * 1e3:,.1f} ms ({label(best.config)})")
 
 
 def test_one_job_starts_no_process(monkeypatch):
