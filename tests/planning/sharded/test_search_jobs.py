@@ -263,3 +263,16 @@ def test_a_llama_search_with_workers_is_the_serial_one(monkeypatch):
     assert s["counts"]["fits"] >= 1 and s["counts"]["oom-bound"] >= 1 and s["simulated_for_bounds"] >= 1
     assert any(r["config"]["pp"] > 1 for r in s["candidates"])
     assert not _children()
+
+
+def test_a_worker_dead_before_its_job_ends_the_search_in_one_line():
+    """A worker that died while idle (killed): the job sent to it fails on a broken pipe, which the search
+    reports as the worker's end (the CLI would take a BrokenPipeError for its own closed output)."""
+    cands = space(16, 48, 64, gpus_per_node=8, fixed={"pp": 1})
+    with SearchPool(_Synthetic(0), 2) as pool:
+        for p, _ in pool.workers:
+            p.kill()
+            p.join()
+        with pytest.raises(LayerscopeError, match=r"ended unexpectedly \(exit code -9"):
+            pool.evaluate(cands[0])
+    assert not _children()

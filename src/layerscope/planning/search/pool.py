@@ -91,14 +91,17 @@ def _serve(conn, inherited) -> None:
     while True:
         try:
             job = conn.recv()
-        except (EOFError, OSError):
+        except (EOFError, OSError):          # the search's process closed the pipe, or is gone
             return
         got = _run(ev, job)
         try:
             data = pickle.dumps(got)
         except Exception as e:  # noqa: BLE001 - an exception that does not pickle: its words do
             data = pickle.dumps((None, got[1], RuntimeError(f"{type(got[2] or e).__name__}: {got[2] or e}")))
-        conn.send_bytes(data)
+        try:
+            conn.send_bytes(data)
+        except OSError:
+            return
 
 
 class SearchPool:
@@ -192,8 +195,17 @@ class SearchPool:
 
     def _send(self, job: tuple) -> None:
         conn = self._idle()[0]
-        conn.send(job)
+        try:
+            conn.send(job)
+        except OSError:               # its worker died (a broken pipe is not the CLI's closed stdout)
+            self._died(next(p for p, w in self.workers if w is conn))
         self.busy[conn] = job
+
+    @staticmethod
+    def _died(p) -> None:
+        p.join()                      # its exit code
+        raise LayerscopeError(f"a search worker process ended unexpectedly (exit code {p.exitcode}, killed for "
+                              "memory?); jobs=1 (--jobs 1) searches in this process alone")
 
     def _collect(self, block: bool) -> None:
         """The answers ready (waiting for one where ``block``); a worker that died: the search ends."""
@@ -202,10 +214,7 @@ class SearchPool:
         sentinels = {p.sentinel: p for p, _ in self.workers}
         for r in wait(list(self.busy) + list(sentinels), timeout=None if block else 0):
             if r in sentinels:
-                p = sentinels[r]
-                p.join()              # its exit code
-                raise LayerscopeError(f"a search worker process ended unexpectedly (exit code {p.exitcode}, "
-                                      "killed for memory?); jobs=1 (--jobs 1) searches in this process alone")
+                self._died(sentinels[r])
             if r in self.busy:
                 try:
                     data = r.recv_bytes()
