@@ -5,8 +5,9 @@ The walk (planning/search/walk.py) stays the one decision maker, serial and in i
 candidate it decides to simulate it asks of ``SearchPool.evaluate`` (each copy for the bounds, of
 ``SearchPool.proxy``, through copies._Evaluator._proxy), which hands back the worker's result, waiting for
 it, or first handing the candidate to a free worker. Meanwhile the free workers simulate what the walk may
-ask next (planning/search/ahead.py): a guess, which only decides what is ready early. The passes the
-search's limit counts are the walk's alone.
+ask next (planning/search/ahead.py): a guess, which only decides what is ready early. Where the walk
+asks for what no worker runs while every one runs a guess, its own process runs it (as the serial search
+would), rather than wait for a guess to end. The passes the search's limit counts are the walk's alone.
 
 Each worker is a fork of this process taken before the walk starts (the evaluator, the model and its
 shrunk copies inherited, nothing pickled but configurations and results; no process group is held at the
@@ -176,8 +177,7 @@ class SearchPool:
                 break
             if job not in self.busy.values():
                 if not self._idle():
-                    self._collect(block=True)      # every worker busy: the first free one takes it
-                    continue
+                    return self._here(job)         # every worker on a guess: this process runs it
                 self._send(job)
             self._fill()
             self._collect(block=True)
@@ -188,6 +188,16 @@ class SearchPool:
         if exc is not None:
             raise exc
         return out
+
+    def _here(self, job: tuple):
+        """``job`` run in the walk's own process, as the serial search runs it (its figures kept, its
+        exception raised, here), rather than after a guess a worker has begun."""
+        kind, c = job
+        self.ev.remote = None
+        try:
+            return self.ev(c) if kind == "eval" else self.ev._proxy(c)
+        finally:
+            self.ev.remote = self
 
     # --- the workers ----------------------------------------------------------------------------
     def _idle(self) -> list:
