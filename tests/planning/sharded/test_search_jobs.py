@@ -240,6 +240,7 @@ def _without_seconds(rep) -> tuple:
     return s, rep.plan, notes, str(rep).count("\n")
 
 
+@pytest.mark.slow      # two searches of 2 simulations and 2 copies each: 20 s at a load of 3 on 2 cores
 def test_a_llama_search_with_workers_is_the_serial_one(monkeypatch):
     """A shrunk Llama (4 blocks, hidden 64) on 8 simulated ranks: the search with 2 workers has the serial
     search's report, every candidate's row, the chosen plan's figures, the counts and passes (the seconds
