@@ -42,9 +42,6 @@ from .ahead import upcoming
 
 __all__ = ["SearchPool", "default_jobs", "search_pool"]
 
-_EV = None            # the evaluator a worker inherits: set only while the workers are forked
-
-
 def default_jobs() -> int:
     """The cores this process may run on (its affinity; a container's CPU set)."""
     try:
@@ -81,14 +78,14 @@ def _run(ev, job: tuple[str, ParallelConfig]) -> tuple[Any, dict, BaseException 
     return out, {k: f for k, f in ev.figures.items() if f is not None}, exc
 
 
-def _serve(conn, inherited) -> None:
-    """A worker: jobs from ``conn`` until it closes, each answered with ``_run``'s triple."""
+def _serve(ev, conn, inherited) -> None:
+    """A worker: jobs from ``conn`` until it closes, each answered with ``_run``'s triple; ``ev``, the
+    evaluator, inherited by the fork (a forked process's arguments are not pickled)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # Ctrl-C is the walk's process's: it kills the workers
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     for other in inherited:                            # the other workers' pipes, inherited by the fork
         other.close()
     torch.set_num_threads(1)                           # one core a worker: jobs workers use jobs cores
-    ev = _EV
     while True:
         try:
             job = conn.recv()
@@ -119,15 +116,13 @@ class SearchPool:
         self._dry: int | None = None    # figures known when the guesses last gave no new job
 
     def __enter__(self) -> "SearchPool":
-        global _EV
         ctx = multiprocessing.get_context("fork")
         # SIGINT blocked across the forks: a worker ignores it before it can arrive
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        _EV = self.ev
         try:
             for _ in range(self.jobs):
                 mine, theirs = ctx.Pipe()
-                p = ctx.Process(target=_serve, args=(theirs, [w for _, w in self.workers] + [mine]), daemon=True,
+                p = ctx.Process(target=_serve, args=(self.ev, theirs, [w for _, w in self.workers] + [mine]), daemon=True,
                                 name="layerscope-search")
                 p.start()
                 theirs.close()
@@ -136,7 +131,6 @@ class SearchPool:
             self.close()
             raise
         finally:
-            _EV = None
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         self.ev.remote = self
         return self
