@@ -221,6 +221,10 @@ class ParallelOptions:
              "of a micro-batch through a stage (a candidate without a pipeline takes 1, 2 with\n"
              "accumulation; a pipeline, stages x micro-batches; a copy made for the lower bounds,\n"
              "1): the answer does not depend on the machine's speed")
+    jobs: int | None = opt(
+        None, least=1, metavar="N",
+        help="with --search: simulate candidates in N worker processes at once (default: the cores\n"
+             "this process may use; 1: none); the answer is the same whatever N")
     time_budget: Any = opt(None, arg="float", hidden=True)      # replaced by search_limit: refused with why
     fractions: dict | None = opt(None, flag_name="--fraction", action="append", metavar="NAME=V",
                                  help="step-time model: replace an achievable fraction (matmul, attention, memory, "
@@ -238,6 +242,10 @@ class ParallelOptions:
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise InputError(f"search_limit is a count of simulation passes, at least 1 (or None: no limit), "
                              f"got {n!r}")
+        n = self.jobs
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise InputError(f"jobs is a count of worker processes, at least 1 (or None: the cores this process "
+                             f"may use), got {n!r}")
         check_choice("loss", self.loss, Loss)
         if self.loss_fn is not None and self.loss != "auto":
             raise InputError(f"give loss_fn= or loss= ({self.loss!r}), not both: a loss_fn is the loss")

@@ -18,5 +18,9 @@ class ProgressBar:
     def advance(self) -> None:
         self._p.advance(self._task)
 
+    def update(self, completed: int, text: str) -> None:
+        """``completed`` of the total done, and the line beside the bar."""
+        self._p.update(self._task, completed=completed, description=text)
+
     def close(self) -> None:
         self._p.stop()

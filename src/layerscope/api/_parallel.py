@@ -91,7 +91,9 @@ def parallel(model: nn.Module, *args: Any, gpus: int = 1, fsdp: int | None = Non
     trains per step, ``search_limit`` (default 40; None: no limit) is the simulation work after which it
     simulates no new candidate, in passes of a micro-batch through a pipeline stage (a candidate without a
     pipeline takes 1, 2 with accumulation; a pipeline, stages x micro-batches; a copy made for the lower
-    bounds, 1): nothing it decides depends on the machine's speed. The report shows the chosen plan, says whether it is proven best, and has every
+    bounds, 1): nothing it decides depends on the machine's speed; ``jobs`` (default: the cores this process
+    may use) worker processes simulate candidates at once, the answer the same whatever their number
+    (planning/search/pool.py; 1: none). The report shows the chosen plan, says whether it is proven best, and has every
     candidate in ``report.search``.
 
     Every run option (all but the configuration's degrees) can also come as one object:
@@ -256,7 +258,7 @@ def _searched(model: nn.Module, args: tuple, kwargs: dict, conf: _Configured, ra
     simulate.composed = lambda m, a, k, c: simulate_world(m, a, k, c, composed)
     rep = search_report(model, args, kwargs, gpus=conf.gpus, held={**conf.held, **conf.given},
                         gpu=ranks.named or resolve_gpu(None), limit=ranks.limit, simulate=simulate, fracs=ranks.fracs,
-                        options=ranks.echo, progress=run["progress"], search_limit=run["search_limit"])
+                        options=ranks.echo, run=run)
     rep.add_notes(step_loss.note())
     return rep
 

@@ -71,8 +71,8 @@ def command_line(c) -> str:
 
 
 def search_report(model: nn.Module, args: tuple, kwargs: dict, *, gpus: int, held: Mapping[str, Any], gpu,
-                  limit: int, simulate: Callable, fracs, options: dict, progress: bool,
-                  search_limit: int | None) -> ParallelReport:
+                  limit: int, simulate: Callable, fracs, options: dict, run: Mapping[str, Any]) -> ParallelReport:
+    """The search's report; ``run``: parallel()'s run options (``progress``, ``search_limit``, ``jobs``)."""
     first = next(iter(iter_tensors((args, kwargs))), None)
     if first is None or not first.dim():
         raise InputError("the search needs an input with a batch dimension (token ids [B, S], images [B, C, H, W])")
@@ -83,8 +83,8 @@ def search_report(model: nn.Module, args: tuple, kwargs: dict, *, gpus: int, hel
     base = {k: v for k, v in held.items() if k not in _NOT_BASE}
     task = SearchTask(gpus=gpus, global_batch=global_batch, limit=limit, gpu=gpu, fixed=fixed, base=base,
                       gpus_per_node=held.get("gpus_per_node", 8), fractions=fracs, tokens_per_sample=tokens,
-                      max_passes=search_limit)
-    res = search(model, args, kwargs, task, simulate, progress=progress)
+                      max_passes=run["search_limit"], jobs=run["jobs"])
+    res = search(model, args, kwargs, task, simulate, progress=run["progress"])
     best = res.best
     shown = best or next((c for c in res.candidates if c.plan is not None), None)
     if shown is None:

@@ -155,6 +155,7 @@ class _Evaluator:
         self._numels: dict[int, tuple[list[int], list[int]]] = {}
         self._splits: dict[int, list[tuple[int, int]]] = {}     # per stage count: (dense, routed) elements
         self.proxies = 0                                        # configurations simulated for bounds alone
+        self.remote = None          # the search's worker processes, where it has them (planning/search/pool.py)
 
     def _model(self, n: int) -> nn.Module:
         if n >= self.blocks or not self.shrinkable:
@@ -217,22 +218,38 @@ class _Evaluator:
         def known() -> list:       # (micro-batch, figures) of this key's kind, up to this micro-batch
             return sorted((k[4], f) for k, f in self.figures.items() if f is not None and k[:4] == key[:4]
                           and k[5] == key[5] and k[4] <= mbs)
+        for p in self.proxies_needed(c) if simulate else ():
+            self.figures[self._figure_key(p)] = None
+            try:
+                self._proxy(p)
+            except (InputError, ForwardError):
+                pass
+            self.proxies += 1
         have = known()
-        if not (have and have[-1][0] == mbs) and len(have) < 2 and simulate:
-            for b in sorted({1, min(2, mbs)}):     # the two least micro-batches: their line bounds the rest
-                kb = key[:4] + (b,) + key[5:]
-                if kb in self.figures:
-                    continue
-                self.figures[kb] = None
-                args, kwargs = _resized(self.args, self.kwargs, self.batch0, b)
-                try:
-                    # two blocks alike the rest past any unlike head: the figures' least block covers both kinds
-                    self._one(self._model(self.head + 2), proxy_config(c, b), args, kwargs)
-                except (InputError, ForwardError):
-                    pass
-                self.proxies += 1
-            have = known()
         return self._bounds_from(c, figures_at(have, mbs)) if have else None
+
+    def proxies_needed(self, c: ParallelConfig) -> list[ParallelConfig]:
+        """The configurations ``bounds(c)`` would simulate now, for their figures alone: the two least
+        micro-batches (their line bounds the rest) where fewer than two up to ``c``'s are known."""
+        mbs = _mbs(c)
+        q = proxy_config(c, mbs) if c.ep == 1 and c.cp == 1 and c.ac != "selective-layer" else None
+        if q is None:
+            return []
+        key = self._figure_key(q)
+        have = sorted(k[4] for k, f in self.figures.items() if f is not None and k[:4] == key[:4]
+                      and k[5] == key[5] and k[4] <= mbs)
+        if (have and have[-1] == mbs) or len(have) >= 2:
+            return []
+        return [proxy_config(c, b) for b in sorted({1, min(2, mbs)}) if key[:4] + (b,) + key[5:] not in self.figures]
+
+    def _proxy(self, q: ParallelConfig) -> None:
+        """``q`` (a ``proxy_config``) simulated for its block figures (kept), here or in the search's worker
+        processes: on a copy with two blocks alike the rest past any unlike head, whose least block covers
+        both kinds."""
+        if self.remote is not None:
+            return self.remote.proxy(q)
+        args, kwargs = _resized(self.args, self.kwargs, self.batch0, q.local_batch)
+        self._one(self._model(self.head + 2), q, args, kwargs)
 
     def _sparse_bounds(self, c: ParallelConfig) -> PipelineBounds:
         """A candidate with expert or context parallel: the state its ranks hold at least

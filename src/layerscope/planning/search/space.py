@@ -89,6 +89,7 @@ tests/planning/sharded/test_search.py. A model whose blocks are not one list is 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -105,6 +106,7 @@ from .candidates import Candidate, SearchResult, space
 from .refusals import refusals, refused_candidate, uses
 from .sparse import sparse_model, stage_split
 from .copies import _Evaluator
+from .pool import search_pool
 from .walk import walk_space
 
 __all__ = ["SearchTask", "search"]
@@ -116,7 +118,9 @@ class SearchTask:
     within ``limit`` bytes a rank on ``gpu``; ``fixed``: the searched degrees held, ``base``: the other
     configuration fields every candidate takes; ``fractions``: the achievable fractions (None: the
     model's); ``tokens_per_sample``: for tokens/s; ``max_passes``: the simulation work after which no new
-    candidate is simulated (module docstring: each left is reported as such); None: no limit."""
+    candidate is simulated (module docstring: each left is reported as such); None: no limit; ``jobs``: the
+    worker processes that simulate candidates ahead of the walk (planning/search/pool.py; None: the cores
+    this process may use; 1: none), which change nothing in the answer."""
 
     gpus: int
     global_batch: int
@@ -128,6 +132,7 @@ class SearchTask:
     fractions: Mapping[str, float] | None = None
     tokens_per_sample: int | None = None
     max_passes: int | None = None
+    jobs: int | None = 1
 
 
 def search(model: nn.Module, args: tuple, kwargs: dict, task: SearchTask, simulate: Callable,
@@ -162,8 +167,11 @@ def search(model: nn.Module, args: tuple, kwargs: dict, task: SearchTask, simula
     params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     ev = _Evaluator(model, args, kwargs, batch0=batch0, simulate=simulate, gpu=gpu, limit=limit, fracs=f,
                     tokens_of=lambda c: tokens_per_sample * global_batch if tokens_per_sample else None)
-    ranked, why, count, passes = walk_space(cands, ev, limit=limit, params=params, max_passes=max_passes,
-                                            progress=progress, bounds=ev.bounds, for_bounds=lambda: ev.proxies)
+    pool = search_pool(ev, task.jobs)
+    with pool if pool is not None else contextlib.nullcontext():
+        ranked, why, count, passes = walk_space(cands, pool.evaluate if pool is not None else ev, limit=limit,
+                                                params=params, max_passes=max_passes, progress=progress,
+                                                bounds=ev.bounds, for_bounds=lambda: ev.proxies, ahead=pool)
     ranked = ranked + tuple(refused)
     return SearchResult(ranked, why, count, time.perf_counter() - t0, global_batch, limit, ev.proxies, passes,
                         max_passes, used=tuple(sorted(getattr(ev, "used", {}).items())))

@@ -73,6 +73,9 @@ class _Walk:
         self.passes = 0                         # _passes of each candidate simulated
         self.fits: dict[str, list[Candidate]] = {}
         self.ooms: dict[str, list[Candidate]] = {}
+        self.families: dict[str, list[ParallelConfig]] = {}     # _walk_all's: what planning/search/ahead.py reads
+        self.order: list[str] = []
+        self.after: Callable[[], None] | None = None   # told after each candidate decided (the progress, the pool)
 
     @property
     def spent(self) -> int:
@@ -151,6 +154,8 @@ class _Walk:
                 self.best = cand
         elif cand.status in ("oom", "oom-bound"):
             ooms.append(cand)
+        if self.after is not None:
+            self.after()
         return cand
 
     def simulate_anyway(self) -> None:
@@ -248,9 +253,29 @@ def _families(cands: list[ParallelConfig]) -> tuple[dict[str, list[ParallelConfi
     return families, order
 
 
-def _walk_all(walk: _Walk, families: dict[str, list[ParallelConfig]], order: list[str], progress: bool) -> None:
-    """Every family walked: each group's heads first, then its families by their heads' step times."""
-    bar = ProgressBar(len(order), "searching configurations") if progress else None
+def _tally(walk: _Walk, total: int) -> str:
+    """The progress line: candidates simulated, ruled out and left, and the best so far."""
+    done = len(walk.result)
+    best = (f"; best {walk.best.plan.step_time * 1e3:,.1f} ms ({label(walk.best.config)})"
+            if walk.best is not None else "")
+    return (f"searching configurations: {len(walk.timed)} simulated, {done - len(walk.timed)} ruled out, "
+            f"{total - done} left{best}")
+
+
+def _walk_all(walk: _Walk, families: dict[str, list[ParallelConfig]], order: list[str], progress: bool,
+              ahead=None) -> None:
+    """Every family walked: each group's heads first, then its families by their heads' step times;
+    ``ahead`` (planning/search/pool.py) told after each candidate decided."""
+    total = sum(len(f) for f in families.values())
+    walk.families, walk.order = families, order
+    bar = ProgressBar(total, _tally(walk, total)) if progress else None
+
+    def after():
+        if ahead is not None:
+            ahead.follow(walk)
+        if bar is not None:
+            bar.update(len(walk.result), _tally(walk, total))
+    walk.after = after
     try:
         # every family's head first (its lower bound, memory aside), then the families in the order of
         # their heads' step times: the best plan is found early and bound 2 cuts the rest
@@ -261,8 +286,7 @@ def _walk_all(walk: _Walk, families: dict[str, list[ParallelConfig]], order: lis
             timed = sorted(group, key=lambda k: (_seconds(heads[k]) is None, _seconds(heads[k]) or 0.0))
             for key in timed:
                 walk.family(families[key])
-                if bar is not None:
-                    bar.advance()
+                after()
         if not walk.timed:
             walk.simulate_anyway()
     finally:
@@ -326,12 +350,14 @@ def _family_why(fam: list[ParallelConfig], result: dict[int, Candidate], best: C
 def walk_space(cands: list[ParallelConfig], evaluate: Callable[[ParallelConfig], ParallelPlan], *, limit: int,
                params: int, max_passes: int | None = None, progress: bool = False,
                bounds: Callable[[ParallelConfig, bool], PipelineBounds | None] | None = None,
-               for_bounds: Callable[[], int] | None = None):
+               for_bounds: Callable[[], int] | None = None, ahead=None):
     """The search over ``cands`` with ``evaluate(config) -> plan`` (fits, over_bytes, step_time) and
     ``bounds(config, may_simulate)``, a pipeline's lower bounds or None (``for_bounds()``: how many
     configurations it simulated so far), simulating at most ``max_passes`` (module docstring; None: no
     limit): the candidates ranked (fitting by step time, the misses by excess, the rest), each family's line
-    why it lost, how many were evaluated and the limit's work done."""
+    why it lost, how many were evaluated and the limit's work done. ``ahead.follow(walk)``, where given, is
+    told after each candidate decided (planning/search/pool.py: workers simulate what the walk may ask for
+    next); it changes nothing the walk decides."""
     count = [0]
 
     def ev(c):
@@ -340,7 +366,7 @@ def walk_space(cands: list[ParallelConfig], evaluate: Callable[[ParallelConfig],
     families, order = _families(cands)
     result: dict[int, Candidate] = {}
     walk = _Walk(ev, limit, params, max_passes, result, bounds, for_bounds)
-    _walk_all(walk, families, order, progress)
+    _walk_all(walk, families, order, progress, ahead)
     best = walk.best
     _bounded_out(result, best)
     out = [result.get(id(c)) or Candidate(c, "unsearched", "not reached") for c in cands]
