@@ -61,10 +61,12 @@ def search_pool(ev, jobs: int | None) -> "SearchPool | None":
     return SearchPool(ev, n)
 
 
-def _run(ev, job: tuple[str, ParallelConfig]) -> tuple[Any, dict, BaseException | None]:
-    """One job in a worker: (the plan or None, the block figures it kept, the exception it raised)."""
+def _run(ev, job: tuple[str, ParallelConfig]) -> tuple[Any, dict, BaseException | None, dict]:
+    """One job in a worker: (the plan or None, the block figures it kept, the exception it raised, how it
+    was evaluated: the evaluator's ``used`` counts of this job alone, which the search's notes add up)."""
     kind, c = job
     ev.figures, ev.remote = {}, None
+    ev.used = {"composed": 0, "copies": 0, "whole": 0}
     out, exc = None, None
     try:
         if kind == "eval":
@@ -75,7 +77,7 @@ def _run(ev, job: tuple[str, ParallelConfig]) -> tuple[Any, dict, BaseException 
         exc = e
         if not isinstance(e, LayerscopeError):
             e.add_note("in a search worker process:\n" + "".join(traceback.format_exception(e)))
-    return out, {k: f for k, f in ev.figures.items() if f is not None}, exc
+    return out, {k: f for k, f in ev.figures.items() if f is not None}, exc, dict(ev.used)
 
 
 def _serve(ev, conn, inherited) -> None:
@@ -95,7 +97,7 @@ def _serve(ev, conn, inherited) -> None:
         try:
             data = pickle.dumps(got)
         except Exception as e:  # noqa: BLE001 - an exception that does not pickle: its words do
-            data = pickle.dumps((None, got[1], RuntimeError(f"{type(got[2] or e).__name__}: {got[2] or e}")))
+            data = pickle.dumps((None, got[1], RuntimeError(f"{type(got[2] or e).__name__}: {got[2] or e}"), got[3]))
         try:
             conn.send_bytes(data)
         except OSError:
@@ -175,10 +177,13 @@ class SearchPool:
                 self._send(job)
             self._fill()
             self._collect(block=True)
-        out, figures, exc = self.done.pop(job)
+        out, figures, exc, used = self.done.pop(job)
         for k, f in figures.items():       # as the serial simulation keeps them: the first of a key
             if self.ev.figures.get(k) is None:
                 self.ev.figures[k] = f
+        mine = self.ev.__dict__.setdefault("used", {"composed": 0, "copies": 0, "whole": 0})
+        for k, v in used.items():          # counted when the walk takes the answer, as the serial search counts
+            mine[k] = mine.get(k, 0) + v
         if exc is not None:
             raise exc
         return out
