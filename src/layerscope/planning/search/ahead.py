@@ -13,14 +13,14 @@ from typing import Iterator
 
 from ..config import ParallelConfig
 from .candidates import _AC_MEMORY, _mbs, _passes, family_of
-from .walk import _mem_ge, _seconds, _state_bound, _time_ge
+from .walk import _mem_ge, _seconds, _state_bound, _time_ge, walk_groups
 
 __all__ = ["upcoming"]
 
 
 def upcoming(walk) -> Iterator[ParallelConfig]:
     """The candidates ``walk`` (a walk._Walk, its families set) has not decided and may simulate, in the
-    order it may ask for them: each group's heads (without a pipeline, then with one), then its
+    order it may ask for them: each group's heads (``walk.walk_groups``), then its
     families by their heads' step times, each family's leanest member, the fastest of each checkpointing
     mode and resharding, then the rest fastest first."""
     fams, order = walk.families, walk.order
@@ -42,7 +42,7 @@ def upcoming(walk) -> Iterator[ParallelConfig]:
                     or any(_time_ge(c, x.config) for x in walk.fits.get(fam, ()))
                     or any(_time_ge(c, x) for x in slow.get(fam, ()))
                     or left is not None and _passes(c) > left)
-    for group in ([k for k in order if fams[k][0].pp == 1], [k for k in order if fams[k][0].pp > 1]):
+    for group in walk_groups(fams, order):
         yield from (fams[k][0] for k in group if is_open(fams[k][0]))
 
         def head_time(k):
