@@ -277,3 +277,21 @@ def test_a_worker_dead_before_its_job_ends_the_search_in_one_line():
         with pytest.raises(LayerscopeError, match=r"ended unexpectedly \(exit code -9"):
             pool.evaluate(cands[0])
     assert not _children()
+
+
+def test_torchs_refusal_of_autograd_after_fork_is_recognised():
+    # torch 2.14 raises this in a forked child once the parent's autograd engine has its threads; the pool
+    # then closes its workers and runs every job in the search's process (pool.SearchPool._answer), as the
+    # serial search does; the message reaches the pool wrapped in the simulation's ForwardError
+    from layerscope.errors import ForwardError
+    from layerscope.planning.search.pool import _forked_autograd
+    torch_says = RuntimeError("Unable to handle autograd's threading in combination with fork-based "
+                              "multiprocessing. See https://github.com/pytorch/pytorch/wiki/Autograd-and-Fork")
+    try:
+        try:
+            raise torch_says
+        except RuntimeError as e:
+            raise ForwardError("the forward failed (simulating rank 0 of fsdp 16, tp 1, pp 1, ac none)") from e
+    except ForwardError as wrapped:
+        assert _forked_autograd(wrapped)
+    assert not _forked_autograd(ForwardError("mat1 and mat2 shapes cannot be multiplied"))

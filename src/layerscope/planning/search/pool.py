@@ -104,6 +104,16 @@ def _serve(ev, conn, inherited) -> None:
             return
 
 
+def _forked_autograd(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is torch's refusal of autograd in a forked child."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if "Autograd-and-Fork" in str(exc) or "fork-based multiprocessing" in str(exc):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 class SearchPool:
     """``jobs`` forked workers simulating for one search (module docstring); a context manager that kills
     them on exit."""
@@ -167,6 +177,8 @@ class SearchPool:
         self._fill()
 
     def _answer(self, job: tuple):
+        if not self.workers:                   # closed (below): the serial search's own runs
+            return self._here(job)
         while job not in self.done:
             self._collect(block=False)
             if job in self.done:
@@ -178,6 +190,12 @@ class SearchPool:
             self._fill()
             self._collect(block=True)
         out, figures, exc, used = self.done.pop(job)
+        if exc is not None and _forked_autograd(exc):
+            # torch (2.14) refuses autograd in a child forked after the parent's autograd engine started its
+            # threads: the workers cannot simulate, so none is used from here on and this process runs every
+            # job itself, as the serial search does (the answer is the same; only the speed is lost)
+            self.close()
+            return self._here(job)
         for k, f in figures.items():       # as the serial simulation keeps them: the first of a key
             if self.ev.figures.get(k) is None:
                 self.ev.figures[k] = f
