@@ -63,8 +63,6 @@ class IndexReads:
         if not self.values:
             return None
         idx = sorted(self.values | self.places)
-        if not idx:
-            return None
         for cache in self.caches.values():
             layers = getattr(cache, "layers", None)
             if not isinstance(layers, list):
