@@ -10,7 +10,7 @@ two pipelines and five configurations without one (docs/benchmarks.md; the first
 answer), each as the search has it
 (planning/search/copies.py): its bounds first, from a fresh evaluator's two-block copies (micro-batches 1
 and 2, larger ones by their line), then the configuration simulated on copies of 3 and 4 blocks a stage
-and extended. A few minutes each."""
+and extended. A few minutes each. ``--70b --cp``: three context-parallel configurations instead."""
 
 import os
 import sys
@@ -22,7 +22,8 @@ from layerscope.capture.attention import resolve_gpu, router_for
 from layerscope.options import optimizer_factory
 from layerscope.planning.config import ParallelConfig
 from layerscope.planning.blocks import find_blocks
-from layerscope.planning.search.bounds import block_figures, outer_paths, pipeline_bounds, proxy_config, stage_numels
+from layerscope.planning.search.bounds import (block_figures, least_block, one_role, outer_paths, pipeline_bounds,
+                                              proxy_config, regathered, stage_numels)
 from layerscope.planning.simulate.results import ESTIMATES
 from layerscope.planning.search.copies import _shrunk
 from layerscope.planning.steptime.sharded_time import FRACTIONS, step_time
@@ -69,8 +70,9 @@ def main() -> None:
         q = proxy_config(c, mbs)
         qranks, _, groups, _, qruns = simulate(small, mbs, q)
         fig = block_figures(qruns[0], q, H100, FRACTIONS, paths, nccl=qranks[0].breakdown[ESTIMATES[0]] > 0,
-                            one_role=len(groups) == 1, outer=outer_paths(small, paths))
-        b = pipeline_bounds(c, fig, stage_numels(model, c.stages), 8, FRACTIONS, gpu=H100)
+                            one_role=one_role(groups, q), outer=outer_paths(small, paths))
+        b = pipeline_bounds(c, fig, stage_numels(model, c.stages), 8, FRACTIONS, gpu=H100,
+                            regathered=regathered(model), block=least_block(model))
         bound = time.perf_counter() - t
         print(f"{c.label()}, {m} x {mbs}{', resharded' if reshard else ''}: peak {peak / 2**20:.2f} MiB, bound "
               f"{b.peak_bytes / peak:.3f}; step {step * 1e3:.1f} ms, bound {b.step_time / step:.3f} "
@@ -82,6 +84,8 @@ LLAMA_70B = [  # tp, pp, fsdp, replicate, ac, schedule, micro-batch size, micro-
     (4, 1, 16, 1, "full", "1f1b", 4, 1, False), (4, 1, 16, 1, "full", "1f1b", 1, 4, False),
     (8, 1, 8, 1, "selective-op", "1f1b", 4, 2, False),
     (1, 1, 64, 1, "selective-op", "1f1b", 1, 1, True), (8, 1, 1, 8, "full", "1f1b", 2, 4, False)]
+# context parallel (``--cp``): tp, cp, fsdp, ac, micro-batch size, accumulation, reshard after forward
+LLAMA_70B_CP = [(1, 2, 32, "none", 1, 2, True), (1, 8, 8, "none", 2, 4, True), (4, 2, 8, "full", 2, 2, False)]
 
 
 def main_70b(rows=None) -> None:
@@ -92,9 +96,12 @@ def main_70b(rows=None) -> None:
     args, kwargs = command_inputs("hf:llama-2-70b", model, None, torch.device("meta"), input_ids=(1, 4096))
     world = WorldRun(optimizer_factory("adamw"), 2, choose_loss(model, args, kwargs, "auto"), True, "nccl",
                      lambda: router_for(H100, "auto", simulated=True, cuda_target=True, autocast_device="cpu"))
-    for tp, pp, fsdp, rep, ac, schedule, mbs, m, reshard in (rows or LLAMA_70B):
+    if rows is None and "--cp" in sys.argv[1:]:
+        rows = [(tp, 1, fsdp, 1, ac, "1f1b", mbs, m, reshard, cp) for tp, cp, fsdp, ac, mbs, m, reshard in LLAMA_70B_CP]
+    for tp, pp, fsdp, rep, ac, schedule, mbs, m, reshard, *more in (rows or LLAMA_70B):
+        cp = more[0] if more else 1
         batches = dict(microbatches=m, local_batch=mbs * m) if pp > 1 else dict(accumulation=m, local_batch=mbs)
-        c = ParallelConfig(gpus=64, tp=tp, pp=pp, fsdp=fsdp, replicate=rep, ac=ac, schedule=schedule,
+        c = ParallelConfig(gpus=64, tp=tp, pp=pp, fsdp=fsdp, replicate=rep, cp=cp, ac=ac, schedule=schedule,
                            reshard_after_forward=reshard, global_batch=64, **batches)
         ev = _Evaluator(model, args, kwargs, batch0=1, simulate=lambda md, a, k, cf: simulate_world(md, a, k, cf, world),
                         gpu=H100, limit=H100.memory, fracs=FRACTIONS, tokens_of=lambda c: 64 * 4096)

@@ -256,6 +256,9 @@ def _searched(model: nn.Module, args: tuple, kwargs: dict, conf: _Configured, ra
     # a candidate without a pipeline: its ranks composed from five blocks, or NotComposable (copies.py)
     composed = dataclasses.replace(world, compose="only", checks={})     # one loop check per input shape
     simulate.composed = lambda m, a, k, c: simulate_world(m, a, k, c, composed)
+    # a stand-in simulated for its blocks' figures (copies.py _proxy): rank 0 alone
+    first = dataclasses.replace(world, first_only=True)
+    simulate.first = lambda m, a, k, c: simulate_world(m, a, k, c, first)
     rep = search_report(model, args, kwargs, gpus=conf.gpus, held={**conf.held, **conf.given},
                         gpu=ranks.named or resolve_gpu(None), limit=ranks.limit, simulate=simulate, fracs=ranks.fracs,
                         options=ranks.echo, run=run)

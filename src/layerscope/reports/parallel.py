@@ -107,8 +107,9 @@ def _search_facts(search: dict | None) -> list[Fact]:
         out.append(Fact("Out of memory", f"{r['label']}: over by {amount}"
                         + (f" ({r['why']})" if r["status"] != "oom" else ""), alert=True))
     refused = [r for r in rows if r["status"] == "refused"]
-    # one line a refused dimension (parallelize's refusal, its degree left out: it varies), the rows in the JSON
-    lines = [re.sub(r" \((cp|ep) \d+\)", "", r["why"].partition("; what is exact")[0]) for r in refused]
+    # one line a refusal (parallelize's of a dimension, the simulation's of a combination; the degrees left out:
+    # they vary), the rows in the JSON
+    lines = [re.sub(r" \((cp|ep|pp) \d+\)", "", r["why"].partition("; what is exact")[0]) for r in refused]
     for why in dict.fromkeys(lines):
         mine = [r for r, line in zip(refused, lines) if line == why]
         out.append(Fact("Refused", f"{len(mine):,} configurations ({len({r['family'] for r in mine}):,} families): "
@@ -132,7 +133,8 @@ def _search_headline(search: dict | None) -> Fact | None:
     if not search or "proven" not in search:     # a report saved before the search said so
         return None
     rows = search["candidates"]
-    # a configuration refused (a dimension this build does not apply: its own line) is not one searched
+    # a configuration refused (a dimension or combination this build does not simulate: its own line) is not one
+    # searched
     n, total = search["simulated"], sum(r["status"] != "refused" for r in rows)
     best = next((r for r in rows if r["status"] == "fits"), None)
     left = [r for r in rows if r["status"] == "unsearched"]

@@ -12,8 +12,8 @@ from layerscope.capture.attention import resolve_gpu, router_for
 from layerscope.options import optimizer_factory
 from layerscope.planning.config import ParallelConfig
 from layerscope.planning.blocks import find_blocks
-from layerscope.planning.search.bounds import (BlockFigures, Outer, block_figures, figures_at, outer_paths, pipeline_bounds,
-                                               proxy_config, stage_numels)
+from layerscope.planning.search.bounds import (BlockFigures, Outer, block_figures, figures_at, one_role, outer_paths,
+                                               least_block, pipeline_bounds, proxy_config, regathered, stage_numels)
 from layerscope.planning.simulate.results import ESTIMATES
 from layerscope.planning.search.copies import _shrunk
 from layerscope.planning.steptime.sharded_time import FRACTIONS, step_time
@@ -101,10 +101,11 @@ def _llama(layers: int):
         return LlamaForCausalLM(cfg)
 
 
-def _simulate(model, batch: int, c: ParallelConfig):
+def _simulate(model, batch: int, c: ParallelConfig, first_only: bool = False):
     ids = torch.zeros(batch, 64, dtype=torch.long, device="meta")
     router = lambda: router_for(H100, "auto", simulated=True, cuda_target=True, autocast_device="cpu")  # noqa: E731
-    return simulate_world(model, (ids,), {}, c, WorldRun(optimizer_factory("adamw"), 2, None, True, "nccl", router))
+    return simulate_world(model, (ids,), {}, c, WorldRun(optimizer_factory("adamw"), 2, None, True, "nccl", router,
+                                                        first_only=first_only))
 
 
 CONFIGS = [  # tp, pp, fsdp, ac, schedule, micro-batch size, micro-batches (accumulation without pp), reshard
@@ -141,9 +142,68 @@ def test_bounds_never_above_the_whole_simulation(tp, pp, fsdp, ac, schedule, mbs
     # the embedding's ops and the head's are found (the loss, the model's forward's own, is not theirs)
     assert fig.first.forward > 0 and fig.first.ops > 0 and fig.last.forward > 0 and fig.last.backward > 0
     assert (fig.tp > 0) == (tp > 1)        # tensor parallel's collectives are the block's
-    b = pipeline_bounds(c, fig, stage_numels(model, c.stages), 4, FRACTIONS, gpu=H100)
+    b = pipeline_bounds(c, fig, stage_numels(model, c.stages), 4, FRACTIONS, gpu=H100, regathered=regathered(model),
+                        block=least_block(model))
     assert 0.6 * peak < b.peak_bytes <= peak
     assert 0 < b.step_time <= step
+    # before any figure is known (copies._Evaluator._no_figures: no compute, no activations, the optimizer's
+    # ratio): the state, and without a pipeline FSDP's collectives, no more than the figures' bounds
+    none = dataclasses.replace(fig, forward=0.0, backward=0.0, saved=0, ops=0, optimizer_per_byte=0.0, workspaces=0,
+                               nccl=False, tp=0.0, first=Outer(), last=Outer(), one_role=pp == 1)
+    b0 = pipeline_bounds(c, none, stage_numels(model, c.stages), 4, FRACTIONS, gpu=H100, regathered=regathered(model),
+                         block=least_block(model))
+    assert b0.peak_bytes <= b.peak_bytes and (b0.step_time is None) == (pp > 1)
+    assert pp > 1 or b0.step_time <= b.step_time and (b0.step_time > 0) == (fsdp > 1)
+
+
+CP_CONFIGS = [  # tp, cp, fsdp, ac, micro-batch size, accumulation, reshard
+    (1, 2, 1, "none", 2, 1, False),
+    pytest.param(2, 2, 1, "full", 1, 2, False, marks=pytest.mark.slow),
+    pytest.param(1, 2, 2, "selective-op", 1, 1, False, marks=pytest.mark.slow),
+    pytest.param(1, 4, 1, "none", 1, 2, True, marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("tp, cp, fsdp, ac, mbs, acc, reshard", CP_CONFIGS)
+def test_context_parallel_bounds_never_above_the_whole_simulation(tp, cp, fsdp, ac, mbs, acc, reshard):
+    """Under context parallel the figures come from a rank of the same degree (the proxy keeps ``cp``): its
+    ring's collectives are on the critical path as the step-time model puts them, and FSDP shards over
+    ``fsdp x cp``; the bounds stay at or below the whole simulation of the candidate."""
+    model = _llama(4)
+    c = ParallelConfig(gpus=tp * cp * fsdp, tp=tp, cp=cp, fsdp=fsdp, ac=ac, accumulation=acc, local_batch=mbs,
+                       reshard_after_forward=reshard)
+    ranks, _, _, _, runs = _simulate(model, c.local_batch, c)
+    peak = max(r.peak_bytes for r in ranks)
+    step = step_time(runs, c, H100, tokens=None, f=FRACTIONS).step_time
+    small = _shrunk(model, 2)
+    q = proxy_config(c, mbs)
+    assert q.cp == cp and q.fsdp == 1 and q.gpus == tp * cp      # FSDP shards over the ring's ranks anyway
+    qranks, _, groups, _, qruns = _simulate(small, mbs, q)
+    paths = [p for p, _ in find_blocks(small)]
+    fig = block_figures(qruns[0], q, H100, FRACTIONS, paths, nccl=qranks[0].breakdown[ESTIMATES[0]] > 0,
+                        one_role=one_role(groups, q), outer=outer_paths(small, paths))
+    assert len(groups) == cp and fig.one_role       # a role a place in the ring, the shards alike
+    # the search's stand-in simulates rank 0 alone (WorldRun.first_only): the same roles, the same figures
+    alone = _simulate(small, mbs, q, first_only=True)
+    assert list(alone[4]) == [0] and alone[2] == groups and alone[0][0] == qranks[0]
+    assert block_figures(alone[4][0], q, H100, FRACTIONS, paths, nccl=fig.nccl, one_role=one_role(alone[2], q),
+                         outer=outer_paths(small, paths)) == fig
+    assert fig.tp > 0                     # the ring's hops (and TP's collectives) on the critical path
+    b = pipeline_bounds(c, fig, stage_numels(model, 1), 4, FRACTIONS, gpu=H100, regathered=regathered(model),
+                        block=least_block(model))
+    assert 0.5 * peak < b.peak_bytes <= peak
+    assert 0.5 * step < b.step_time <= step
+
+
+def test_context_parallel_shards_by_hand():
+    # FSDP over fsdp x cp = 2 x 2 (torchtitan's dp_shard x cp): 8,000 elements in shards of 2,000 at 4 B with
+    # AdamW's 2 B a byte (x 3): 24,000; not resharded after the forward, all gathered in bf16: 16,000;
+    # 7 blocks of 100 B (the last not counted) and cuBLAS's 64 B: 40,764
+    c = ParallelConfig(gpus=4, fsdp=2, cp=2, ac="none", local_batch=1, reshard_after_forward=False)
+    assert pipeline_bounds(c, FIG, [8000], 8, FRACTIONS).peak_bytes == 40764
+    # FSDP over cp alone (fsdp 1, cp 2) shards too, and bf16 runs under FSDP2's mixed precision, not autocast
+    solo = dataclasses.replace(c, gpus=2, fsdp=1)
+    assert pipeline_bounds(solo, FIG, [8000], 8, FRACTIONS).peak_bytes == 64 + 8000 // 2 * 12 + 16000 + 700
 
 
 def test_tp_and_the_outer_modules_by_hand():
@@ -175,6 +235,45 @@ def test_the_last_stages_reduce_scatter_by_hand():
     b = pipeline_bounds(c, FIG, numels, 8, FRACTIONS, gpu=H100)
     assert b.step_time == pytest.approx(72.0 + 3e-6)
     assert pipeline_bounds(c, FIG, numels, 8, FRACTIONS).step_time == pytest.approx(60.0)
+
+
+def test_fsdp_communication_stream_by_hand():
+    c = ParallelConfig(gpus=2, tp=1, pp=1, fsdp=2, ac="none", accumulation=1, local_batch=1,
+                       reshard_after_forward=False)
+    # 3.6e12 elements: FSDP2 gathers them in bf16 (7.2e12 B) in the forward and reduce-scatters their fp32
+    # gradients (14.4e12 B), half of each through a rank of the pair on NVLink (450 GB/s at the link
+    # fraction 0.8): 10.8e12 / 360e9 = 30 s and one hop's 3 us, above the blocks' 8 x 3 s = 24 s of compute
+    numels = [3_600_000_000_000]
+    assert pipeline_bounds(c, FIG, numels, 8, FRACTIONS, gpu=H100).step_time == pytest.approx(30.0 + 3e-6)
+    # resharded after the forward, the blocks' 3.0e12 elements but the largest block's are gathered again in
+    # the backward: 3.0e12 x 2 B / 2 / 360e9 = 8.33 s more
+    resharded = dataclasses.replace(c, reshard_after_forward=True)
+    b = pipeline_bounds(resharded, FIG, numels, 8, FRACTIONS, gpu=H100, regathered=3_000_000_000_000)
+    assert b.step_time == pytest.approx(30.0 + 3.0e12 / 360e9 + 3e-6)
+    # two micro-steps: all of it twice (60 s), above their 48 s of compute
+    twice = dataclasses.replace(c, accumulation=2)
+    assert pipeline_bounds(twice, FIG, numels, 8, FRACTIONS, gpu=H100).step_time == pytest.approx(60.0 + 6e-6)
+
+
+def test_fsdp_gathers_holding_the_compute_back_by_hand():
+    c = ParallelConfig(gpus=2, tp=1, pp=1, fsdp=2, ac="none", accumulation=1, local_batch=1,
+                       reshard_after_forward=True)
+    fig = dataclasses.replace(FIG, forward=2.0)
+    # 8 blocks of 3e11 elements (2.4e12 in all), FSDP over 2 on NVLink (360 GB/s at its fraction, 3 us a hop):
+    # a block's bf16 gather 3e11 x 2 B / 2 / 360e9 = 0.833 s, its fp32 reduce-scatter 1.667 s. The forward:
+    # 7 steps from one block's gather to the next of at least max(2, 0.833) = 2 s, and the last block's 2 s:
+    # 16 s; resharded, the backward's 7 steps of a block's backward, its reduce-scatter and the next
+    # block's gather, 2 + 1.667 + 0.833 = 4.5 s and their 2 hops each, then the last backward and its
+    # reduce-scatter, 3.667 s and a hop: 35.167 s + 45 us. 51.167 s, above the compute (8 x 4 = 32 s) and
+    # the stream's whole (the gathers 4.8e12 B, again 7 blocks' 4.2e12 B, the gradients 9.6e12 B: 18.6e12
+    # / 2 / 360e9 = 25.8 s)
+    b = pipeline_bounds(c, fig, [2_400_000_000_000], 8, FRACTIONS, gpu=H100, regathered=2_100_000_000_000,
+                        block=(300_000_000_000, 300_000_000_000))
+    assert b.step_time == pytest.approx(16 + 7 * 4.5 + 2 + 5 / 3 + 45e-6)
+    # not resharded: the forward's 16 s, 8 backwards of 2 s and the last reduce-scatter: 33.667 s and a hop
+    kept = dataclasses.replace(c, reshard_after_forward=False)
+    b = pipeline_bounds(kept, fig, [2_400_000_000_000], 8, FRACTIONS, gpu=H100, block=(300_000_000_000,) * 2)
+    assert b.step_time == pytest.approx(32 + 5 / 3 + 3e-6)
 
 
 def test_frozen_parameters_and_autocast():

@@ -105,7 +105,9 @@ def test_pipeline_bounds_keep_the_optimum(seed):
         return PipelineBounds(peak_bytes=0.9 * t.peak_bytes, step_time=0.9 * t.step_time, rank=0)
     plain = walk_space(cands, evaluate, limit=60, params=0)
     ranked, _, count, _ = walk_space(cands, evaluate, limit=60, params=0, bounds=bounds)
-    assert count < plain[2] and asked and all(asked)
+    # the walk asks each candidate's bounds from what is known first, and lets them simulate stand-ins only where
+    # those rule nothing out (no limit here: always then)
+    assert count < plain[2] and True in asked and all(not a or i and not asked[i - 1] for i, a in enumerate(asked))
     assert [label(c.config) for c in ranked[:1]] == [label(c.config) for c in plain[0][:1]]
     by_bound = [c for c in ranked if c.plan is None and (c.status == "oom-bound" or c.status == "slower" and
                                                          "no faster than the best found" in c.why)]

@@ -246,3 +246,19 @@ def test_a_searched_expert_parallel_plan_states_its_routing():
     text = str(rep)
     assert "ep 2 (routing skew:1.5)" in text
     assert any(n.startswith("expert parallel (ep 2)") and "skew:1.5" in n for n in rep.notes)
+
+
+def test_context_parallel_with_a_pipeline_is_refused_before_the_walk():
+    """The simulation refuses context parallel beside a pipeline (planning/context_parallel.py): the search
+    asks that check before its walk (space._gate, refusals.simulation_refuses) and lists each such candidate
+    refused with its line and exact figures, never as a family's error; the rest are walked."""
+    from layerscope.planning.search.space import _gate
+    m = _llama()
+    ids = torch.zeros((1, SEQ), dtype=torch.long, device="meta")
+    cands = space(4, 2, 4, fixed=dict(tp=1, ac="full", reshard_after_forward=True), seq=SEQ)
+    both = [c for c in cands if c.cp > 1 and c.pp > 1]
+    assert both and len(both) < len(cands)
+    keep, out = _gate(m, (ids,), {}, cands, 2, SEQ, 2**40)
+    assert [c.config for c in out] == both and keep == [c for c in cands if not (c.cp > 1 and c.pp > 1)]
+    assert {c.status for c in out} == {"refused"}
+    assert all("with a pipeline" in c.why and "what is exact" in c.why for c in out)

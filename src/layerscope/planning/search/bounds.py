@@ -5,12 +5,14 @@ without one). A configuration without a pipeline is taken as a pipeline of one s
 micro-batches are its gradient accumulation's micro-steps (one in flight at a time).
 
 The block's figures come from a configuration without a pipeline that runs the same block on the same
-micro-batch: the same tensor parallel degree, checkpointing mode and micro-batch size, with or without
-data parallelism as the candidate has it (FSDP2's mixed precision, or torch.autocast without it: they save
-other tensors). For one block of that simulated rank (``block_figures``): the seconds of its forward and
-of its backward (recompute included) that the step-time model gives its ops, and those of its
-tensor-parallel collectives (on the critical path there, priced on the same link: the same degree and
-bytes), leaving out the other collectives and FSDP2's copies in and out of them (their sizes depend on the
+micro-batch: the same tensor and context parallel degrees, checkpointing mode and micro-batch size, with
+or without data parallelism as the candidate has it (FSDP2's mixed precision, or torch.autocast without
+it: they save other tensors). For one block of rank 0 of that simulated configuration (``block_figures``;
+rank 0 alone is simulated for them, ``WorldRun.first_only``): the seconds of its forward and of its
+backward (recompute included) that the step-time model gives its ops, and those of its tensor-parallel
+collectives and of context parallel's ring (on the critical path there, priced on the same link: the same
+degree and bytes; under context parallel rank 0's place in the ring is the candidate's rank 0's), leaving
+out the other collectives and FSDP2's copies in and out of them (their sizes depend on the
 FSDP degree, and a pipeline gathers a stage once a step); and the bytes of the
 activations its ops made that are still alive when the step's last forward ends (what a micro-batch's
 forward leaves a block holding for its backward: a checkpointed block's input, every tensor an
@@ -26,8 +28,9 @@ Memory (``pipeline_bounds``). At the moment a rank of pipeline coordinate ``c`` 
 its schedule runs before a backward frees them (``pipeline.schedule.rank_orders``: the warm-up of
 1F1B, the interleaved schedule's), it holds at once, each of these in storage of its own:
 
-* its parameters' shards: at least ``numel / (tp x fsdp)`` elements of each parameter its stages own
-  (a tensor-parallel shard or a replicated one is no smaller), in the model's dtype (the master
+* its parameters' shards: at least ``numel / (tp x fsdp x cp)`` elements of each parameter its stages
+  own (FSDP shards over ``fsdp x cp`` under context parallel, as torchtitan's; a tensor-parallel shard or
+  a replicated one is no smaller), in the model's dtype (the master
   weights under bf16 mixed precision), unless offloaded to the host;
 * the optimizer's state of those shards, at the least ratio of state to parameter bytes the block's
   simulated rank held (AdamW: 2; none when the steps simulated leave no state alive at that moment);
@@ -55,10 +58,12 @@ pipeline coordinate's role's seconds shared among its stages' actions; the bound
 paths, the least seconds the path can take given what is known of each role: its blocks' and outer
 modules' forward and backward compute (each action at least its share), those and their tensor-parallel
 collectives together, and the walk's end at least the host's issue of those ops or, in a pipeline with
-FSDP, their compute followed by the stage's last reduce-scatter of its accumulated gradients; each
-rank's optimizer step over the least its shards can hold (the optimizer's seconds are linear in those
-bytes, ``timing.optimizer_seconds``; none with CPU offload). Used where every rank of a stage holds
-shards of the same sizes (the block's simulated rank was the only role): ranks of uneven shards are
+FSDP, their compute followed by the stage's last reduce-scatter of its accumulated gradients, or,
+without a pipeline, FSDP2's gathers and reduce-scatters one after the other on the communication
+stream; each rank's optimizer step over the least its shards can hold (the optimizer's seconds are
+linear in those bytes, ``timing.optimizer_seconds``; none with CPU offload). Used where every rank of a
+stage holds shards of the same sizes (the block's simulated rank was the only role, or under context
+parallel without a pipeline one role a place in the ring: ``one_role``): ranks of uneven shards are
 timed by their slowest role, whose compute may be another's.
 
 Both are checked against whole pipeline simulations in tests/planning/sharded/test_bounds.py: never above them.
@@ -72,18 +77,19 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..blocks import find_blocks
 from ..config import ParallelConfig, default_schedule
 from ..steptime.schedule import rank_orders, stage_ranks
 from ...trace import BACKWARD, FORWARD
-from ..simulate.results import COLLECTIVES, NCCL_BYTES_PER_COMMUNICATOR, collective_group
+from ..simulate.results import COLLECTIVES, NCCL_BYTES_PER_COMMUNICATOR, collective_group, ring_op
 from ..simulate.sharded_rank import COMM_OPS
 from ..simulate.uniform_stages import _outer_paths, stage_blocks, stage_params
 from ...errors import InputError
 from ..steptime.sharded_time import _compute_dtype, _one_collective, op_seconds, optimizer_seconds
-from .step_bound import reduce_seconds, step_bound
+from .step_bound import chain_seconds, reduce_seconds, step_bound, stream_seconds
 
-__all__ = ["BlockFigures", "NO_OUTER", "Outer", "PipelineBounds", "block_figures", "figures_at", "outer_paths", "pipeline_bounds", "proxy_config",
-           "stage_numels"]
+__all__ = ["BlockFigures", "NO_OUTER", "Outer", "PipelineBounds", "block_figures", "figures_at", "one_role", "outer_paths",
+           "least_block", "pipeline_bounds", "proxy_config", "regathered", "stage_numels"]
 
 
 @dataclass(frozen=True)
@@ -130,13 +136,22 @@ def proxy_config(c: ParallelConfig, micro_batch: int) -> ParallelConfig | None:
     """The configuration without a pipeline whose block figures bound ``c``'s: ``c``'s tensor parallel
     degree, checkpointing, dtypes and options, one micro-batch of ``micro_batch`` samples, FSDP over 2
     ranks where ``c`` has data parallelism (none where it has not, as bf16 then runs under autocast);
-    None where that would be one rank (its bf16 would not run as the pipeline's ranks run it)."""
-    dp = 2 if c.dp > 1 else 1
+    under context parallel none beside its ``cp`` ranks, over which FSDP shards anyway (FSDP2's mixed
+    precision either way: a block's ops and saved tensors are the same, FSDP's own left out); None where
+    that would be one rank (its bf16 would not run as the pipeline's ranks run it)."""
+    dp = 2 if c.dp > 1 and c.cp == 1 else 1
     if c.tp * c.cp * dp == 1:
         return None
     return dataclasses.replace(c, gpus=c.tp * c.cp * dp, pp=1, fsdp=dp, replicate=1, microbatches=1,
                                accumulation=1, local_batch=micro_batch, global_batch=None,
                                reshard_after_forward=False, schedule=default_schedule())
+
+
+def one_role(groups: dict[int, list[int]], config: ParallelConfig) -> bool:
+    """Whether the simulated rank 0 of ``config`` (no pipeline; ``groups``: the simulation's roles) stands
+    for every rank's shards: one role, or under context parallel one role a place in the ring (the roles
+    then differ in which halves of its chunks each ring step attends, not in their shards)."""
+    return len(groups) == 1 or (config.pp == 1 and config.cp > 1 and len(groups) == config.cp)
 
 
 def outer_paths(model: nn.Module, block_paths: list[str]) -> tuple[list[str], list[str]]:
@@ -208,11 +223,13 @@ def block_figures(rr, config: ParallelConfig, gpu, f, block_paths: list[str], *,
             continue
         layers = p.trace.layers
         for op in p.trace.ops:
-            tp = op.op in COLLECTIVES and collective_group(op.op, op.costs.bytes_read, op.costs.bytes_written,
-                                                           config)[1] == "tp"
-            # tensor parallel's collectives are counted (their functional ops are among COMM_OPS, the
-            # communication buffers' makers); FSDP's, and its copies in and out, are not (their sizes
-            # depend on the FSDP degree, and a pipeline gathers once a step)
+            in_ring = op.op in COLLECTIVES and ring_op(rr, p, op)
+            tp = op.op in COLLECTIVES and (in_ring or collective_group(
+                op.op, op.costs.bytes_read, op.costs.bytes_written, config)[1] == "tp")
+            # tensor parallel's collectives are counted, and context parallel's ring (both on the critical
+            # path in the step-time model; their functional ops are among COMM_OPS, the communication
+            # buffers' makers); FSDP's, and its copies in and out, are not (their sizes depend on the FSDP
+            # degree, and a pipeline gathers once a step)
             if not tp and (op.op in COLLECTIVES or op.op in COMM_OPS or op.op.startswith("fsdp.")):
                 continue
             if op.layer is None or not 0 <= op.layer < len(layers) or op.phase not in (FORWARD, BACKWARD):
@@ -221,7 +238,7 @@ def block_figures(rr, config: ParallelConfig, gpu, f, block_paths: list[str], *,
             if i is None:
                 continue
             if tp:
-                tps[i] += _one_collective(op, config, gpu, f)
+                tps[i] += _one_collective(op, config, gpu, f, in_ring)
             elif op.phase == FORWARD:
                 fwd[i] += op_seconds(op, gpu, dtype, f)
             else:
@@ -278,6 +295,20 @@ def figures_at(known: list[tuple[int, BlockFigures]], batch: int) -> BlockFigure
                                first=outer(f1.first, f2.first), last=outer(f1.last, f2.last))
 
 
+def regathered(model: nn.Module) -> int:
+    """Elements of the parameters of the model's blocks (``find_blocks``) but the largest block's: at least
+    what FSDP2 gathers again in a step's backward where it reshards each block after the forward."""
+    sizes = [sum(p.numel() for p in b.parameters()) for _, b in find_blocks(model)]
+    return sum(sizes) - max(sizes, default=0)
+
+
+def least_block(model: nn.Module) -> tuple[int, int]:
+    """The least elements of a block's parameters (``find_blocks``), and the least trainable ones."""
+    blocks = [b for _, b in find_blocks(model)]
+    return (min((sum(p.numel() for p in b.parameters()) for b in blocks), default=0),
+            min((sum(p.numel() for p in b.parameters() if p.requires_grad) for b in blocks), default=0))
+
+
 def stage_numels(model: nn.Module, stages: int, *, trainable: bool = False) -> list[int]:
     """Parameter elements each pipeline stage of the uniform split owns (a parameter shared within a stage
     once; one tied across stages in each stage that holds a copy); ``trainable``: those that get gradients."""
@@ -290,15 +321,20 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 
 def pipeline_bounds(c: ParallelConfig, fig: BlockFigures, numels: list[int], blocks: int, f,
-                    trainable: list[int] | None = None, gpu=None) -> PipelineBounds:
+                    trainable: list[int] | None = None, gpu=None, regathered: int = 0,
+                    block: tuple[int, int] = (0, 0)) -> PipelineBounds:
     """The lower bounds of the module docstring for candidate ``c``, with or without a pipeline
     (``numels``: per stage, from ``stage_numels``, and ``trainable`` those of them that get gradients
     (None: all); ``blocks``: the model's; ``f``: the step-time model's fractions; ``gpu``: the GPU, for
-    the pipeline's last reduce-scatter (None: not counted))."""
+    FSDP's collectives, the pipeline's last reduce-scatter and without a pipeline its communication
+    stream (None: not counted); ``regathered``: the elements of the blocks' parameters but the largest
+    block's (``regathered``), gathered again in the backward where FSDP reshards after the forward;
+    ``block``: the least block's elements and trainable elements (``least_block``), which price FSDP2's
+    gather and reduce-scatter of one block)."""
     trainable = numels if trainable is None else trainable
     # bf16 without data parallelism runs under one autocast region over the step, whose casts of the weights
     # the micro-batches share: the block's saved bytes (one micro-batch, casts included) count once at a time
-    autocast = c.dp == 1 and c.mixed_precision == "bf16"
+    autocast = c.dp * c.cp == 1 and c.mixed_precision == "bf16"
     k = c.stages
     spr = k // c.pp
     m = c.microbatches if c.pp > 1 else c.accumulation     # without a pipeline: its micro-steps, one at a time
@@ -310,16 +346,17 @@ def pipeline_bounds(c: ParallelConfig, fig: BlockFigures, numels: list[int], blo
     fixed = fig.workspaces + (NCCL_BYTES_PER_COMMUNICATOR * len(c.mesh_shape) if fig.nccl else 0)
     # the gradients a stage accumulates over its micro-batches, unsharded (FSDP2 reduces them after the last
     # backward): in the reduce dtype (or the model's, the smaller) with FSDP, else in the model's dtype
-    grad = min(_itemsize(c.reduce_dtype), master) if c.dp > 1 else master
+    shards = c.fsdp * c.cp          # FSDP's degree: over dp_shard x cp under context parallel (torchtitan's)
+    grad = min(_itemsize(c.reduce_dtype), master) if c.dp * c.cp > 1 else master
     peak, worst = 0, 0
     for r, acts in enumerate(orders):
         mine = sorted({a.stage for a in acts})
         state = 0
         for st in mine:
-            shard = numels[st] // (c.tp * c.fsdp)
+            shard = numels[st] // (c.tp * shards)
             if not c.offload:
                 state += int(shard * master * (1 + fig.optimizer_ratio))
-            if c.fsdp > 1 and not c.reshard_after_forward and spr == 1:
+            if shards > 1 and not c.reshard_after_forward and spr == 1:
                 state += numels[st] // c.tp * compute
         held: set = set()
         most = grads = 0
@@ -343,11 +380,17 @@ def pipeline_bounds(c: ParallelConfig, fig: BlockFigures, numels: list[int], blo
         if total > peak:
             peak, worst = total, r
     step = None
-    if fig.one_role:
+    if fig.one_role and (c.cp == 1 or c.pp == 1):
+        # under context parallel each place in the ring is a role of its own (simulate/results.py ``roles``):
+        # without a pipeline the step is the slowest role's, no shorter than rank 0's, whose figures these
+        # are; with one the schedule takes each stage's slowest role, whose compute may be another's
         where = stage_ranks(c.schedule, k, spr)
         opt = [0.0 if c.offload else fig.optimizer_per_byte * master
-               * sum(numels[st] // (c.tp * c.fsdp) for st in range(k) if where[st] == r) for r in range(c.pp)]
+               * sum(numels[st] // (c.tp * shards) for st in range(k) if where[st] == r) for r in range(c.pp)]
         reduce = ([reduce_seconds(trainable[st], c, gpu, f, grad) for st in range(k)]
-                  if gpu is not None and c.pp > 1 and c.fsdp > 1 else None)
-        step = step_bound(c, fig, full, opt, f, reduce)
+                  if gpu is not None and c.pp > 1 and shards > 1 else None)
+        stream = (max(stream_seconds(numels[0], trainable[0], regathered, c, gpu, f, compute, grad),
+                      chain_seconds(c, fig, blocks, *block, gpu, f, compute, grad))
+                  if gpu is not None and c.pp == 1 else 0.0)
+        step = step_bound(c, fig, full, opt, f, reduce, stream)
     return PipelineBounds(peak, step, worst)

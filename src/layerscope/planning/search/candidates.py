@@ -27,8 +27,9 @@ class Candidate:
     the limit by ``over_bytes``); "oom-bound" (its sharded state alone is over: ``over_bytes`` at
     least); "dominated" (holds at least what ``by`` held, which did not fit); "slower" (cannot be faster
     than ``by``, which fits); "error" (the configuration cannot be built: ``why``); "refused" (a
-    dimension it uses, context or expert parallel, is not applied by this build: ``why``, parallelize's
-    own line; planning/search/refusals.py)."""
+    dimension it uses, context or expert parallel, is not applied by this build, or the simulation refuses
+    the combination on these inputs, context parallel with a pipeline, say: ``why``, parallelize's or the
+    simulation's own line; planning/search/refusals.py)."""
 
     config: ParallelConfig
     status: str

@@ -17,8 +17,8 @@ from ...capture.regions import NotComposable
 from ...errors import ForwardError, InputError
 from ..config import ParallelConfig
 from ..blocks import find_blocks
-from .bounds import (BlockFigures, PipelineBounds, block_figures, figures_at, outer_paths, pipeline_bounds,
-                     proxy_config, stage_numels)
+from .bounds import (BlockFigures, PipelineBounds, block_figures, figures_at, one_role, outer_paths, pipeline_bounds,
+                     least_block, proxy_config, regathered, stage_numels)
 from ..simulate.results import ESTIMATES, ParallelPlan, RankMemory, collectives_of
 from ..simulate.uniform_stages import stage_blocks
 from ..steptime.sharded_time import RankSeconds, assemble, rank_seconds, send_bytes
@@ -153,6 +153,7 @@ class _Evaluator:
         self._models: dict[int, nn.Module] = {}
         self.figures: dict[tuple, BlockFigures | None] = {}    # block figures by _figure_key
         self._numels: dict[int, tuple[list[int], list[int]]] = {}
+        self._blocks: tuple | None = None           # bounds.regathered and bounds.least_block of the model
         self._splits: dict[int, list[tuple[int, int]]] = {}     # per stage count: (dense, routed) elements
         self.proxies = 0                                        # configurations simulated for bounds alone
         self.remote = None          # the search's worker processes, where it has them (planning/search/pool.py)
@@ -164,14 +165,17 @@ class _Evaluator:
             self._models[n] = _shrunk(self.model, n)
         return self._models[n]
 
-    def _one(self, model: nn.Module, c: ParallelConfig, args, kwargs):
+    def _one(self, model: nn.Module, c: ParallelConfig, args, kwargs, figures_only: bool = False):
         """(per-rank memory, per-role seconds, a pipeline transfer's bytes) of ``c`` on ``model``; without a
-        pipeline, its blocks' figures kept for the pipelines' bounds (planning/search/bounds.py)."""
+        pipeline, its blocks' figures kept for the pipelines' bounds (planning/search/bounds.py);
+        ``figures_only``: those alone (a stand-in's), nothing returned."""
         acc = c.accumulation
         sim = dataclasses.replace(c, accumulation=min(acc, 2), global_batch=None)
         ranks, _, groups, _, runs = self.simulate(model, args, kwargs, sim)
         if c.pp == 1:
             self._keep_figures(model, sim, ranks, groups, runs)
+        if figures_only:
+            return None
         secs = {r: rank_seconds(rr, sim, self.gpu, self.f) for r, rr in runs.items()}
         if acc > 2:
             one = {r: rank_seconds(rr, sim, self.gpu, self.f, micro=1) for r, rr in runs.items()}
@@ -183,17 +187,19 @@ class _Evaluator:
 
     @staticmethod
     def _figure_key(c: ParallelConfig) -> tuple:
-        return c.tp, c.cp, c.ac, c.ac_every, _mbs(c), c.dp > 1
+        # the last: FSDP2's mixed precision rather than autocast's (FSDP shards over cp: bounds.proxy_config)
+        return c.tp, c.cp, c.ac, c.ac_every, _mbs(c), c.dp > 1 or c.cp > 1
 
     def _keep_figures(self, model, c: ParallelConfig, ranks, groups, runs) -> None:
         key = self._figure_key(c)
-        if self.figures.get(key) is not None or 0 not in runs or c.reshard_after_forward or c.ep > 1 or c.cp > 1:
+        if self.figures.get(key) is not None or 0 not in runs or c.reshard_after_forward or c.ep > 1:
             # resharding adds ops to a block (the host's bound counts them): as the stand-ins, none; a rank with
-            # expert or context parallel runs other blocks than the candidates without (sparse.py bounds those)
+            # expert parallel runs other blocks than the candidates without (sparse.py bounds those); one with
+            # context parallel keeps its figures under its own degree (the key's), for candidates of that degree
             return
         paths = [p for p, _ in find_blocks(model)]
         fig = block_figures(runs[0], c, self.gpu, self.f, paths, nccl=ranks[0].breakdown.get(ESTIMATES[0], 0) > 0,
-                            one_role=len(groups) == 1, outer=outer_paths(model, paths))
+                            one_role=one_role(groups, c), outer=outer_paths(model, paths))
         if fig is not None:
             self.figures[key] = fig
 
@@ -204,8 +210,10 @@ class _Evaluator:
         largest smaller micro-batches (``figures_at``: a block's seconds and bytes are convex in the batch,
         and near linear where its ops are compute-bound), with ``simulate`` first simulating, on a copy with
         two blocks, micro-batches 1 and 2 where fewer than two are known; or else those of one smaller
-        micro-batch. None: no figures, or their simulations failed."""
-        if c.ep > 1 or c.cp > 1:       # no block figures of a rank with them: the exact state alone
+        micro-batch; or else, none known (not simulated, or their simulations failed), those that need no
+        block's figures (``_no_figures``: the state, and without a pipeline FSDP's collectives alone).
+        None: checkpointing every few blocks, or one rank."""
+        if c.ep > 1:       # no block figures of a rank with it (its dispatch rests on the routing): the state alone
             return self._sparse_bounds(c)
         if c.ac == "selective-layer":  # its blocks are not alike
             return None
@@ -226,13 +234,24 @@ class _Evaluator:
                 pass
             self.proxies += 1
         have = known()
-        return self._bounds_from(c, figures_at(have, mbs)) if have else None
+        return self._bounds_from(c, figures_at(have, mbs) if have else self._no_figures(c))
+
+    def _no_figures(self, c: ParallelConfig) -> BlockFigures:
+        """Figures that bound every block's from below before any is known: no seconds, no activations, no
+        workspace, the optimizer's least state ratio any simulated rank held (as ``_sparse_bounds``). From
+        them ``pipeline_bounds`` gives the state a rank holds (its shards, their optimizer state, with FSDP not
+        resharded its gathered stage, in a pipeline its unsharded gradients) and, without a pipeline, a step
+        no shorter than FSDP's collectives (bounds.py, step_bound.py (iii), (iv), each block's compute 0);
+        the search rules a candidate out on them before it simulates stand-ins for its figures."""
+        ratio = min((f.optimizer_ratio for f in self.figures.values() if f is not None), default=0.0)
+        return BlockFigures(forward=0.0, backward=0.0, saved=0, ops=0, optimizer_ratio=ratio, optimizer_per_byte=0.0,
+                            workspaces=0, nccl=False, one_role=c.pp == 1)
 
     def proxies_needed(self, c: ParallelConfig) -> list[ParallelConfig]:
         """The configurations ``bounds(c)`` would simulate now, for their figures alone: the two least
         micro-batches (their line bounds the rest) where fewer than two up to ``c``'s are known."""
         mbs = _mbs(c)
-        q = proxy_config(c, mbs) if c.ep == 1 and c.cp == 1 and c.ac != "selective-layer" else None
+        q = proxy_config(c, mbs) if c.ep == 1 and c.ac != "selective-layer" else None
         if q is None:
             return []
         key = self._figure_key(q)
@@ -249,10 +268,15 @@ class _Evaluator:
         if self.remote is not None:
             return self.remote.proxy(q)
         args, kwargs = _resized(self.args, self.kwargs, self.batch0, q.local_batch)
-        self._one(self._model(self.head + 2), q, args, kwargs)
+        # rank 0 alone where ``simulate`` can (``simulate.first``): its blocks' figures are rank 0's
+        plain, self.simulate = self.simulate, getattr(self.simulate, "first", self.simulate)
+        try:
+            self._one(self._model(self.head + 2), q, args, kwargs, figures_only=True)
+        finally:
+            self.simulate = plain
 
     def _sparse_bounds(self, c: ParallelConfig) -> PipelineBounds:
-        """A candidate with expert or context parallel: the state its ranks hold at least
+        """A candidate with expert parallel: the state its ranks hold at least
         (planning/search/sparse.py), with the optimizer's least state ratio any simulated rank held; no
         step bound."""
         if c.stages not in self._splits:
@@ -265,7 +289,9 @@ class _Evaluator:
             self._numels[c.stages] = (stage_numels(self.model, c.stages),
                                       stage_numels(self.model, c.stages, trainable=True))
         numels, trainable = self._numels[c.stages]
-        return pipeline_bounds(c, fig, numels, self.blocks, self.f, trainable, self.gpu)
+        if self._blocks is None:
+            self._blocks = regathered(self.model), least_block(self.model)
+        return pipeline_bounds(c, fig, numels, self.blocks, self.f, trainable, self.gpu, *self._blocks)
 
     def __call__(self, c: ParallelConfig) -> ParallelPlan:
         """Candidate ``c``'s plan. Without a pipeline, where ``simulate`` has a ``composed`` form

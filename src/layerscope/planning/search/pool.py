@@ -39,6 +39,7 @@ import torch
 from ...errors import LayerscopeError
 from ..config import ParallelConfig
 from .ahead import upcoming
+from .walk import _rules_out
 
 __all__ = ["SearchPool", "default_jobs", "search_pool"]
 
@@ -274,15 +275,16 @@ class SearchPool:
         walk, ev = self.walk, self.ev
         for c in upcoming(walk):
             if walk.bounds is not None:
+                # the walk's order: the bounds from what is known (without figures where none are), then
+                # the stand-ins it would make for the rest
+                b = self._bounds_of(c)
+                if _rules_out(b, walk.limit, walk.best.plan.step_time if walk.best is not None else None):
+                    continue
                 left = walk._left()
                 need = ev.proxies_needed(c)
                 if need:
                     if left is None or left >= 2:       # the walk makes them only with room for both
                         yield from (("proxy", q) for q in need)
-                    continue
-                b = self._bounds_of(c)
-                if b is not None and (b.peak_bytes > walk.limit or walk.best is not None and b.step_time is not None
-                                      and b.step_time >= walk.best.plan.step_time):
                     continue
             yield ("eval", c)
 

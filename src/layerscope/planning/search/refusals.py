@@ -20,10 +20,11 @@ from ...errors import InputError
 from ...options import iec
 from ..apply import parallelize
 from ..config import ParallelConfig
+from ..context_parallel import check_context_parallel
 from .candidates import Candidate
 from .sparse import SparseModel, alltoall_bytes, ring_bytes, sparse_state_bytes
 
-__all__ = ["GATED", "refusals", "refused_candidate", "uses"]
+__all__ = ["GATED", "refusals", "refused_candidate", "simulation_refuses", "uses"]
 
 # the dimensions parallelize may refuse while they are being built (ParallelConfig field names)
 GATED = ("cp", "ep")
@@ -59,6 +60,19 @@ def refusals(configs: Iterable[ParallelConfig]) -> dict[str, str]:
         if why is not None:
             out[d] = why
     return out
+
+
+def simulation_refuses(model: nn.Module, args: tuple, kwargs: dict, c: ParallelConfig) -> str | None:
+    """The line the simulation's own check refuses candidate ``c`` with on these inputs, before it runs
+    anything (context parallel: ``check_context_parallel``, for CUDA ranks, the search's target: a pipeline
+    beside it, attention other than SDPA, a mask, a sequence not in ``2 x cp`` chunks), or None."""
+    if c.cp == 1:
+        return None
+    try:
+        check_context_parallel(model, args, kwargs, c, "cuda")
+    except InputError as e:
+        return str(e).splitlines()[0]
+    return None
 
 
 def uses(c: ParallelConfig, refused: dict[str, str]) -> str | None:

@@ -17,11 +17,14 @@ with routed experts (planning/moe.py, found from the structure): every degree di
 takes no ranks of its own, so it multiplies the candidates of each data-parallel layout.
 
 A candidate using a dimension ``parallelize`` refuses (not applied by this build:
-planning/search/refusals.py asks it once a dimension) is neither simulated nor dropped: it is listed
-``refused`` with that line and what is exact about it (planning/search/sparse.py), after the ranked
-ones, and the walk below runs on the rest. Where ``parallelize`` applies it, such a candidate is walked as
-any other, its lower bound (3) the exact state alone (sparse.py: no activations, no step bound: a
-block's figures come from a rank without the dimension, which do not bound one with it).
+planning/search/refusals.py asks it once a dimension), or a combination the simulation's own check
+refuses on these inputs (context parallel with a pipeline: ``simulation_refuses``), is neither simulated
+nor dropped: it is listed ``refused`` with that line and what is exact about it
+(planning/search/sparse.py), after the ranked ones, and the walk below runs on the rest. Where
+``parallelize`` applies it, such a candidate is walked as any other: under expert parallel its lower
+bound (3) is the exact state alone (sparse.py: no activations, no step bound: a block's figures come
+from a rank without the dimension, whose dispatch rests on the routing); under context parallel (3) and
+(4) come from a block of a rank of the same degree (its ring's collectives on the critical path).
 
 A family is the candidates that share ``tp``, ``pp``, the data-parallel layout and the schedule. Its
 members differ in ``reshard_after_forward``, checkpointing and micro-batch size, and both models are
@@ -103,7 +106,7 @@ from ..moe import routed_experts
 from ..steptime.sharded_time import FRACTIONS
 from ..config import ParallelConfig
 from .candidates import Candidate, SearchResult, space
-from .refusals import refusals, refused_candidate, uses
+from .refusals import refusals, refused_candidate, simulation_refuses, uses
 from .sparse import sparse_model, stage_split
 from .copies import _Evaluator
 from .pool import search_pool
@@ -159,7 +162,7 @@ def search(model: nn.Module, args: tuple, kwargs: dict, task: SearchTask, simula
     if not cands:
         raise InputError(f"no configuration of {gpus} GPUs splits a global batch of {global_batch} (every "
                          "data-parallel degree must divide it) with what was fixed")
-    cands, refused = _gate(model, cands, blocks, seq, limit)
+    cands, refused = _gate(model, args, kwargs, cands, blocks, seq, limit)
     if not cands:
         raise InputError(f"no configuration of {gpus} GPUs splits a global batch of {global_batch} that this build "
                          f"can simulate: every one left uses {refused[0].why.partition('; ')[0]}")
@@ -177,22 +180,26 @@ def search(model: nn.Module, args: tuple, kwargs: dict, task: SearchTask, simula
                         max_passes, used=tuple(sorted(getattr(ev, "used", {}).items())))
 
 
-def _gate(model: nn.Module, cands: list[ParallelConfig], blocks: int, seq: int | None, limit: int
-          ) -> tuple[list[ParallelConfig], list[Candidate]]:
-    """The candidates this build can simulate, and the others listed as refused with parallelize's line
-    and their exact figures (planning/search/refusals.py); none left: that line, as an InputError."""
+def _gate(model: nn.Module, args: tuple, kwargs: dict, cands: list[ParallelConfig], blocks: int, seq: int | None,
+          limit: int) -> tuple[list[ParallelConfig], list[Candidate]]:
+    """The candidates this build can simulate, and the others listed as refused with their exact figures
+    (planning/search/refusals.py): with parallelize's line where it refuses a dimension, with the
+    simulation's own where it refuses a combination on these inputs (``simulation_refuses``: context
+    parallel with a pipeline, say), before the walk rather than as each family's error; none left: that
+    line, as an InputError."""
     refused = refusals(cands)
-    if not refused:
-        return cands, []
-    facts = sparse_model(model, blocks)
+    facts = None
     splits: dict[int, list[tuple[int, int]]] = {}
     keep, out = [], []
     for c in cands:
         d = uses(c, refused)
-        if d is None:
+        why = refused[d] if d is not None else simulation_refuses(model, args, kwargs, c)
+        if why is None:
             keep.append(c)
             continue
+        if facts is None:
+            facts = sparse_model(model, blocks)
         if c.stages not in splits:
             splits[c.stages] = stage_split(model, c.stages)
-        out.append(refused_candidate(c, refused[d], facts, splits[c.stages], seq, limit))
+        out.append(refused_candidate(c, why, facts, splits[c.stages], seq, limit))
     return keep, out

@@ -38,6 +38,29 @@ which a pipeline computes apart), over ``m`` micro-batches of the configuration'
   FSDP2 accumulates), ``(n - 1) / n`` of it through each rank of the FSDP group, priced as
   ``collective_seconds`` prices it on the group's link, with one call's latency. HSDP's all-reduce across
   replicas, after it, is not counted;
+  (iii) without a pipeline, with FSDP, the seconds of every collective the walk puts on its communication
+  stream, one after the other there (``rank_seconds``: each all-gather starts after the one before, each
+  reduce-scatter after it too): each micro-step, FSDP2 (reshard after backward, torch's default) gathers
+  every parameter in the forward, those of the blocks it resharded after the forward once more in the
+  backward (at least all but one block's: every block's own group, not the root's), and reduce-scatters
+  the trainable ones' gradients: their bytes counted as in (ii), the gathers' in the compute dtype, at
+  least ``numel / tp`` elements a rank (a replicated parameter is no smaller), with one call's latency a
+  micro-step (more calls take no less). HSDP's all-reduce, the same stream's, is not counted;
+  (iv) without a pipeline, with FSDP, the compute stream held back by FSDP2's gathers. The walk starts
+  an all-gather no earlier than where the compute stream stood when the one before it was issued, and
+  the compute waits for it right away (``rank_seconds``: ``start = max(tn, issue, host)``, ``tc =
+  max(tc, tn)``, ``issue = tc``); a reduce-scatter starts no earlier than the compute stream then, and
+  the next gather no earlier than its end. FSDP2 gathers each block in its pre-forward, with the block's
+  forward ops between one block's gather and the next: across each of those ``n - 1`` steps the compute
+  stream moves on by at least ``max(f, g)`` (``g`` a block's gather, priced as in (iii)), and the last
+  block's forward follows. Resharded after the forward, FSDP2 gathers each block again in its
+  pre-backward, before any of the block's backward ops (only its own copies come first, left out of
+  ``b``), runs the block's backward, reduce-scatters its gradients in its post-backward, and then
+  gathers the next block, which waits for that reduce-scatter on the stream: across each of those ``n -
+  1`` steps the compute stream moves by at least ``b + r + g`` (``r`` a block's reduce-scatter). Not
+  resharded, it moves by the ``n - 1`` backwards. Either way the last block's backward and its
+  reduce-scatter follow, and each micro-step repeats it all (the next one's first gather waits for the
+  stream). The least block's elements (and trainable ones) price ``g`` and ``r``;
 * without data parallelism ``M (fw + bw) >= E`` (i) as well: with no FSDP nothing runs on the communication
   stream for the compute to wait for (tensor parallel's collectives are on the compute stream), so the
   walk's compute stream ends at exactly ``F + B + TP + H``, no earlier than the host's issue.
@@ -66,7 +89,7 @@ from ..config import ParallelConfig
 from ..steptime.schedule import graph
 from ..steptime.sharded_time import collective_seconds, host_op_seconds, link_of
 
-__all__ = ["step_bound"]
+__all__ = ["chain_seconds", "reduce_seconds", "step_bound", "stream_seconds"]
 
 
 @dataclass(frozen=True)
@@ -83,15 +106,48 @@ class _Role:
 def reduce_seconds(trainable: int, c: ParallelConfig, gpu, f, grad: int) -> float:
     """The least seconds of the reduce-scatters of a stage's ``trainable`` elements of gradients, ``grad``
     bytes each, over the FSDP group of ``c`` (module docstring, (ii))."""
-    n = c.fsdp
+    n = c.fsdp * c.cp           # FSDP's group: dp_shard x cp under context parallel
     if trainable <= 0 or n <= 1:
         return 0.0
     whole = trainable // c.tp * grad
     return collective_seconds(whole * (n - 1) / n, n, link_of(c, "fsdp"), gpu, f)
 
 
+def stream_seconds(numel: int, trainable: int, regathered: int, c: ParallelConfig, gpu, f, compute: int,
+                   grad: int) -> float:
+    """The least seconds of FSDP2's communication stream over a step without a pipeline (module docstring,
+    (iii)): each micro-step gathers every parameter (``numel`` elements, at least ``numel / tp`` a rank, in
+    the ``compute`` dtype's bytes), again in the backward those of the blocks resharded after the forward
+    (``regathered``: all but one block's), and reduce-scatters the ``trainable`` elements' gradients
+    (``grad`` bytes each), ``(n - 1) / n`` of each through a rank of the FSDP group of ``n``, each call
+    no faster than one carrying its bytes alone."""
+    n = c.fsdp * c.cp
+    if n <= 1 or c.pp > 1:
+        return 0.0
+    gathered = (numel + (regathered if c.reshard_after_forward else 0)) // c.tp * compute
+    whole = gathered + trainable // c.tp * grad
+    return c.accumulation * collective_seconds(whole * (n - 1) / n, n, link_of(c, "fsdp"), gpu, f)
+
+
+def chain_seconds(c: ParallelConfig, fig, blocks: int, numel: int, trainable: int, gpu, f, compute: int,
+                  grad: int) -> float:
+    """The least seconds of the compute stream's end over a step without a pipeline, held back by FSDP2's
+    gathers one block at a time (module docstring, (iv)): ``blocks`` alike blocks of at least ``numel``
+    elements, ``trainable`` of them with gradients, ``fig`` their forward and backward (BlockFigures)."""
+    n = c.fsdp * c.cp
+    if n <= 1 or c.pp > 1 or blocks < 2:
+        return 0.0
+    link = link_of(c, "fsdp")
+    gather = collective_seconds(numel // c.tp * compute * (n - 1) / n, n, link, gpu, f)
+    reduce = collective_seconds(trainable // c.tp * grad * (n - 1) / n, n, link, gpu, f) if trainable else 0.0
+    forward = (blocks - 1) * max(fig.forward, gather) + fig.forward
+    backward = ((blocks - 1) * (fig.backward + reduce + gather) if c.reshard_after_forward
+                else (blocks - 1) * fig.backward) + fig.backward + reduce
+    return c.accumulation * (forward + backward)
+
+
 def _roles(c: ParallelConfig, fig, full: list[int], m: int, f, reduce: list[float], opt: list[float],
-           where: list[int]) -> list[_Role]:
+           where: list[int], stream: float = 0.0) -> list[_Role]:
     k = c.stages
     spr = k // c.pp
     big_m = m * spr
@@ -107,8 +163,9 @@ def _roles(c: ParallelConfig, fig, full: list[int], m: int, f, reduce: list[floa
         host = per_op * max(0, m * (n * fig.ops + sum(o.ops for o in outer)) - fig.ops)
         last = min((reduce[s] for s in mine), default=0.0)
         # without data parallelism the role's actions hold the host's waits whole (module docstring)
-        floor = host if c.dp == 1 else 0.0
-        out.append(_Role(lf, lb, max(lf + lb, total / big_m, floor / big_m), max(total + last, host), opt[r]))
+        floor = host if c.dp * c.cp == 1 else 0.0      # under context parallel FSDP shards over cp
+        out.append(_Role(lf, lb, max(lf + lb, total / big_m, floor / big_m), max(total + last, host, stream),
+                         opt[r]))
     return out
 
 
@@ -161,16 +218,18 @@ def _critical(g, points: list[tuple[list[float], list[float], list[float]]]) -> 
     return paths
 
 
-def step_bound(c: ParallelConfig, fig, full: list[int], opt: list[float], f, reduce: list[float] | None = None
-               ) -> float:
+def step_bound(c: ParallelConfig, fig, full: list[int], opt: list[float], f, reduce: list[float] | None = None,
+               stream: float = 0.0) -> float:
     """The least step of candidate ``c`` (module docstring) from ``fig`` (BlockFigures), ``full`` (the
-    model's blocks in each stage), ``opt`` (each pipeline coordinate's least optimizer seconds) and
-    ``reduce`` (each stage's least final reduce-scatter seconds, ``reduce_seconds``; None: none)."""
+    model's blocks in each stage), ``opt`` (each pipeline coordinate's least optimizer seconds),
+    ``reduce`` (each stage's least final reduce-scatter seconds, ``reduce_seconds``; None: none) and
+    ``stream`` (without a pipeline, the least seconds of FSDP2's communication stream, ``stream_seconds``,
+    or of the compute stream it holds back, ``chain_seconds``, the larger)."""
     k = c.stages
     spr = k // c.pp
     m = c.microbatches if c.pp > 1 else c.accumulation
     g = graph(c.schedule, k, m, spr)
-    roles = _roles(c, fig, full, m, f, reduce or [0.0] * k, opt, list(g.where))
+    roles = _roles(c, fig, full, m, f, reduce or [0.0] * k, opt, list(g.where), stream if c.pp == 1 else 0.0)
     big_m = m * spr
     paths = []
     index = {(a.stage, a.kind, a.microbatch): i for i, a in enumerate(g.actions)}

@@ -40,6 +40,12 @@ def _seconds(c: Candidate) -> float | None:
     return c.plan.step_time if c.plan is not None else c.bound
 
 
+def _rules_out(b: PipelineBounds | None, limit: int, best: float | None) -> bool:
+    """Whether bounds ``b`` rule their candidate out: over the memory limit, or no faster than ``best``."""
+    return b is not None and (b.peak_bytes > limit or best is not None and b.step_time is not None
+                              and b.step_time >= best)
+
+
 def _state_bound(params: int, c: ParallelConfig) -> int:
     """Bytes the average rank holds in parameter and gradient shards alone (bound 1)."""
     per = 8 if c.mixed_precision == "bf16" else 2 * torch.empty((), dtype=c.model_dtype).element_size()
@@ -100,21 +106,26 @@ class _Walk:
             return Candidate(c, "slower", f"no faster than {label(slow.config)}, which fits", by=label(slow.config))
         best = self.best.plan.step_time if self.best is not None else None
         left = self._left()      # a bound may simulate two copies (micro-batches 1 and 2): only with room for both
-        b = self.bounds(c, left is None or left >= 2) if self.bounds is not None else None
+        # the bounds from what is known first (without figures: the state and FSDP's collectives), then, where
+        # they rule nothing out, from the stand-ins' figures, made now
+        b = self.bounds(c, False) if self.bounds is not None else None
+        if not _rules_out(b, self.limit, best) and (left is None or left >= 2) and self.bounds is not None:
+            b = self.bounds(c, True)
         if b is not None:         # bounds 3 and 4 (planning/search/bounds.py): a candidate not simulated
             if b.peak_bytes > self.limit:
                 where = f"a rank at pipeline coordinate {b.rank}" if c.pp > 1 else "a rank"
                 held = ("gradients and the activations of the micro-batches in flight" if c.pp > 1 else
                         "and the activations of one micro-batch")
-                if c.ep > 1 or c.cp > 1:        # planning/search/sparse.py: the state alone
-                    held = "activations not counted under expert or context parallel"
+                if c.ep > 1:        # planning/search/sparse.py: the state alone
+                    held = "activations not counted under expert parallel"
                 return Candidate(c, "oom-bound", f"{where} holds at least {iec(b.peak_bytes)} (parameter shards, "
                                  f"optimizer state, gathered parameters, {held})",
                                  over_bytes=b.peak_bytes - self.limit, bound=b.step_time)
             if best is not None and b.step_time is not None and b.step_time >= best:
                 return Candidate(c, "slower", f"its step takes at least {b.step_time * 1e3:,.1f} ms (its blocks' "
-                                 "compute through the schedule, or the host's issue of their kernels), no faster "
-                                 "than the best found", by=label(self.best.config), bound=b.step_time)
+                                 "compute through the schedule, the host's issue of their kernels, or FSDP's "
+                                 "collectives), no faster than the best found", by=label(self.best.config),
+                                 bound=b.step_time)
         fam = family_of(c)
         slow = next((x for x in self.timed if best is not None and x.plan.step_time >= best
                      and family_of(x.config) == fam and _time_ge(c, x.config)), None)
@@ -264,11 +275,12 @@ def _tally(walk: _Walk, total: int) -> str:
 
 def walk_groups(families: dict[str, list[ParallelConfig]], order: list[str]) -> list[list[str]]:
     """The families in the groups the walk takes one after the other, each group's heads first: without
-    a pipeline or context parallel; then with context parallel (no step bound rules one out before its
-    simulation, ``copies._sparse_bounds``: walked among the first, their heads would spend the search's
-    limit before any family whose bounds can cut it; context parallel pays where the activations of the
-    whole sequence do not fit, that is where the first group finds nothing that fits, and the limit is
-    then theirs); then the pipelines (their simulations cost the most, so the limit reaches them last).
+    a pipeline or context parallel; then with context parallel (each of its degrees' bounds needs stand-ins
+    of its own, and its simulation a rank for each place in the ring: walked among the first, their heads
+    would spend the search's limit before the families that cost least; context parallel pays where the
+    activations of the whole sequence do not fit, that is where the first group finds nothing that fits,
+    and the limit is then theirs); then the pipelines (their simulations cost the most, so the limit
+    reaches them last).
     Llama-2-70B on 64 H100s at 4,096 tokens (2026-11-29): with the context-parallel families among the
     first, 23 candidates simulated within the default limit, 5 of them context parallel, and the answer
     fsdp 64, selective-op, 5,164.8 ms, where the old space's walk had found tp 4 x fsdp 16, full,

@@ -50,6 +50,10 @@ class WorldRun:
     # "only": else NotComposable (the search then simulates its copies)
     compose: bool | str = False
     checks: dict | None = None     # the composition's loop checks, kept across the worlds that share it (a search)
+    # rank 0 alone (its role's members filled, the other roles' ranks None): the search's stand-ins, which
+    # read rank 0's blocks and the roles (planning/search/copies.py ``_proxy``; under context parallel every
+    # place in the ring is a role of its own: cp simulations where the stand-in reads one)
+    first_only: bool = False
 
 
 def simulate_world(model, args, kwargs, config: ParallelConfig, world: WorldRun):
@@ -95,7 +99,7 @@ def simulate_world(model, args, kwargs, config: ParallelConfig, world: WorldRun)
         runs = {0: first}
         per_stage = config.world // config.pp
         groups: dict[int, list[int]] = {}
-        for s in range(config.pp):
+        for s in range(1 if world.first_only else config.pp):
             # each pipeline stage holds other parameters: its first rank is simulated, and its roles
             # come from its own shard layouts
             head = s * per_stage
@@ -106,11 +110,13 @@ def simulate_world(model, args, kwargs, config: ParallelConfig, world: WorldRun)
                 if mine:
                     groups[mine[0]] = mine
         for rep in groups:
-            if rep not in runs:
+            if rep not in runs and not world.first_only:
                 runs[rep] = one(rep, None)
     memories = {rep: rank_memory(rr, config, rep, nccl=backend == "nccl") for rep, rr in runs.items()}
     ranks: list = [None] * config.world
     for rep, members in groups.items():
+        if rep not in memories:
+            continue
         for r in members:
             ranks[r] = memories[rep] if r == rep else \
                 dataclasses.replace(memories[rep], rank=r, coords=mesh_coords(config, r))
