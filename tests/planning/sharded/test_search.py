@@ -362,3 +362,17 @@ def test_time_budget_is_refused_with_what_replaced_it(capsys):
                  "--time-budget", "5"]) != 0
     err = capsys.readouterr().err
     assert "--time-budget was replaced by --search-limit" in err and err.count("\n") == 1
+
+
+def test_a_bound_without_figures_says_so():
+    """A memory bound made before any block's figures (copies._Evaluator._no_figures: the state alone) says it
+    counts no activations, instead of listing them."""
+    cands = space(16, 48, 64, gpus_per_node=8)
+    evaluate = _piped(0)
+
+    def bounds(c, may_simulate):
+        return PipelineBounds(peak_bytes=10**9, step_time=None, rank=0, activations=False)
+    ranked, _, _, _ = walk_space(cands, evaluate, limit=60, params=0, bounds=bounds)
+    over = [c for c in ranked if c.status == "oom-bound"]
+    assert over and all(c.why.endswith("activations not counted: no block's figures yet)") for c in over)
+    assert any("gradients; activations" in c.why for c in over if c.config.pp > 1)

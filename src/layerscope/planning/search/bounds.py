@@ -130,6 +130,7 @@ class PipelineBounds:
     peak_bytes: int         # the largest simulated peak among the ranks at that pipeline coordinate is no lower
     step_time: float | None  # the predicted step is no shorter (None: no bound, uneven shards)
     rank: int               # the pipeline coordinate whose memory gives the bound
+    activations: bool = True    # the peak counts a block's activations (False: no block's figures were known)
 
 
 def proxy_config(c: ParallelConfig, micro_batch: int) -> ParallelConfig | None:
@@ -393,4 +394,4 @@ def pipeline_bounds(c: ParallelConfig, fig: BlockFigures, numels: list[int], blo
                       chain_seconds(c, fig, blocks, *block, gpu, f, compute, grad))
                   if gpu is not None and c.pp == 1 else 0.0)
         step = step_bound(c, fig, full, opt, f, reduce, stream)
-    return PipelineBounds(peak, step, worst)
+    return PipelineBounds(peak, step, worst, activations=fig.saved > 0)

@@ -282,7 +282,7 @@ class _Evaluator:
         if c.stages not in self._splits:
             self._splits[c.stages] = stage_split(self.model, c.stages)
         ratio = min((f.optimizer_ratio for f in self.figures.values() if f is not None), default=0.0)
-        return PipelineBounds(sparse_state_bytes(c, self._splits[c.stages], ratio), None, 0)
+        return PipelineBounds(sparse_state_bytes(c, self._splits[c.stages], ratio), None, 0, activations=False)
 
     def _bounds_from(self, c: ParallelConfig, fig: BlockFigures) -> PipelineBounds:
         if self._numels.get(c.stages) is None:

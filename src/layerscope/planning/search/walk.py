@@ -118,6 +118,8 @@ class _Walk:
                         "and the activations of one micro-batch")
                 if c.ep > 1:        # planning/search/sparse.py: the state alone
                     held = "activations not counted under expert parallel"
+                elif not b.activations:     # copies._Evaluator._no_figures: before any block's figures
+                    held = ("gradients; " if c.pp > 1 else "") + "activations not counted: no block's figures yet"
                 return Candidate(c, "oom-bound", f"{where} holds at least {iec(b.peak_bytes)} (parameter shards, "
                                  f"optimizer state, gathered parameters, {held})",
                                  over_bytes=b.peak_bytes - self.limit, bound=b.step_time)
