@@ -19,27 +19,16 @@ from layerscope.errors import ForwardError, LayerscopeError
 from layerscope.planning.config import ParallelConfig
 from layerscope.planning.search import pool as pool_mod
 from layerscope.planning.search.bounds import PipelineBounds
-from layerscope.planning.search.candidates import _AC_MEMORY, family_of, label, space
+from layerscope.planning.search.candidates import label, space
 from layerscope.planning.search.pool import SearchPool, search_pool
 from layerscope.planning.search.walk import walk_space
 
-AC_TIME = {"none": 0.0, "selective-op": 0.1, "full": 0.33}
-
+from .test_search import _piped
 
 def _world(seed: int, c: ParallelConfig) -> SimpleNamespace:
     """tests/planning/sharded/test_search.py's ``_piped`` world: memory grows with the micro-batch, a
     pipeline's step has a bubble and a cost per micro-batch."""
-    rng = random.Random(f"{seed} {family_of(c)}")
-    state, act, comp, per = rng.uniform(40, 160), rng.uniform(1, 8), rng.uniform(0.9, 1.1), rng.uniform(0.001, 0.02)
-    state /= c.pp
-    mbs = c.local_batch // c.microbatches
-    mem = state + act * mbs * (1 + _AC_MEMORY[c.ac]) + (0 if c.reshard_after_forward else 3)
-    work = comp * (1 + AC_TIME[c.ac]) * (1.1 if c.reshard_after_forward else 1)
-    if c.pp > 1:
-        t = work * (1 + (c.pp - 1) / (c.microbatches * c.stages // c.pp)) + per * c.microbatches
-    else:
-        t = work + per * 4 * c.accumulation
-    return SimpleNamespace(fits=mem <= 60, over_bytes=max(0, round(mem - 60)), peak_bytes=mem, step_time=t)
+    return _piped(seed)(c)
 
 
 class _Synthetic:
